@@ -1,0 +1,77 @@
+"""Shared fixtures: the bundled sample, the real data beside the repo (when present), and datatrove runs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_CORPUS = ROOT / "sample" / "corpus"
+SAMPLE_TOKENIZER = ROOT / "sample" / "tokenizer.json"
+SHARED = ROOT.parent / "shared" / "data"
+EOS = "<|endoftext|>"
+
+
+def shared_path(*parts: str) -> Path:
+    """A file of ``../shared/data``, or skip: a user's clone has no shared data."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: the real tokenizers and corpora live in ../shared/data beside the repo")
+    return path
+
+
+def write_jsonl(path: Path, records: list[dict | str]) -> Path:
+    """Records as JSON lines (strings are written verbatim), gzip-compressed when the name ends in .gz."""
+    data = "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in records).encode()
+    if path.suffix == ".gz":
+        data = gzip.compress(data, mtime=0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def sample_records() -> list[dict]:
+    records = []
+    for path in sorted(SAMPLE_CORPUS.glob("*.jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            records.extend(json.loads(line) for line in handle)
+    return records
+
+
+def run_datatrove(
+    inputs: Path, output: Path, tokenizer: Path, ranks: int, *, seed: int, eos: str | None = EOS, **options
+) -> Path:
+    """datatrove 0.10.1's JsonlReader + DocumentTokenizer, in a subprocess (its logger and executor stay out of
+    the test process). ``options`` go to DocumentTokenizer."""
+    script = f"""
+import json, sys
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.tokens import DocumentTokenizer
+options = json.loads(sys.argv[1])
+LocalPipelineExecutor(
+    pipeline=[
+        JsonlReader({str(inputs)!r}),
+        DocumentTokenizer({str(output)!r}, tokenizer_name_or_path={str(tokenizer)!r}, eos_token={eos!r},
+                          seed={seed}, **options),
+    ],
+    tasks={ranks}, workers=1, logging_dir={str(output) + "_logs"!r},
+).run()
+"""
+    subprocess.run([sys.executable, "-c", script, json.dumps(options)], check=True, capture_output=True)
+    return output
+
+
+@pytest.fixture(scope="session")
+def sample_tokenizer() -> Path:
+    return SAMPLE_TOKENIZER
+
+
+@pytest.fixture(scope="session")
+def sample_corpus() -> Path:
+    return SAMPLE_CORPUS

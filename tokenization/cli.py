@@ -1,0 +1,147 @@
+"""``tokenization``: the command line. Exit 0 on success, 1 on an error (one line), 2 on a usage error."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from tokenization.encoding import SPECIAL_TEXT_POLICIES, Encoder, TokenizerError
+from tokenization.formats.ds import TokenFile, TokenFileError
+from tokenization.sources import InputError
+from tokenization.storage import is_local, open_fs
+from tokenization.tokenize import TokenizeConfig, TooManyRejects, tokenize_rank
+
+ERRORS = (InputError, TokenizerError, TokenFileError, TooManyRejects, ValueError, OSError)
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenization", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tok = sub.add_parser("tokenize", help="tokenize one rank's share of the input into shuffled .ds files")
+    tok.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs; local or fsspec URLs")
+    tok.add_argument("--output", required=True, help="output folder or URL")
+    tok.add_argument("--tokenizer", required=True, help="tokenizer.json path, folder, URL or hub name")
+    tok.add_argument("--text-key", default="text", help="field holding the text; dotted for nested (default: text)")
+    tok.add_argument("--id-key", default="id", help="field holding the document id (default: id)")
+    tok.add_argument("--eos-token", help="token appended to every document, e.g. '<|endoftext|>'")
+    tok.add_argument("--seed", type=int, default=0, help="shuffle seed (default: 0)")
+    tok.add_argument("--rank", type=int, default=0)
+    tok.add_argument("--world-size", type=_positive, default=1)
+    tok.add_argument("--save-filename", help="prefix of the output names")
+    tok.add_argument("--no-shuffle", action="store_true", help="keep documents in input order")
+    tok.add_argument("--shuffle-chunk-size", type=_positive, help="also shuffle fixed-size chunks of N tokens")
+    tok.add_argument("--drop-last-chunk", action="store_true", help="drop the partial last chunk (datatrove)")
+    tok.add_argument("--max-tokens-per-file", type=_positive, help="split outputs at document boundaries")
+    tok.add_argument("--save-loss", action="store_true", help="write .ds.loss from no_loss_ranges")
+    tok.add_argument("--local-working-dir", help="local folder for the unshuffled pass")
+    tok.add_argument("--max-rejects", type=int, default=1000, help="fail the rank past this many bad records")
+    tok.add_argument(
+        "--special-tokens-in-text",
+        choices=SPECIAL_TEXT_POLICIES,
+        default="text",
+        help="literal special-token text in documents: encode as plain text (default) or as the special "
+        "token, as datatrove does; occurrences are counted either way",
+    )
+    tok.add_argument("--batch-size", type=_positive, default=10000, help="documents per encode batch")
+
+    ins = sub.add_parser("inspect", help="describe a .ds file or a folder of them")
+    ins.add_argument("path", help="a .ds file or a folder")
+    ins.add_argument("--decode", type=int, default=0, metavar="N", help="print the first N documents")
+    ins.add_argument("--tokenizer", help="tokenizer for --decode (default: the one named in the metadata)")
+    return parser
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    config = TokenizeConfig(
+        inputs=args.inputs,
+        output=args.output,
+        tokenizer=args.tokenizer,
+        text_key=args.text_key,
+        id_key=args.id_key,
+        eos_token=args.eos_token,
+        seed=args.seed,
+        rank=args.rank,
+        world_size=args.world_size,
+        save_filename=args.save_filename,
+        shuffle_documents=not args.no_shuffle,
+        shuffle_chunk_size=args.shuffle_chunk_size,
+        drop_last_chunk=args.drop_last_chunk,
+        max_tokens_per_file=args.max_tokens_per_file,
+        save_loss=args.save_loss,
+        local_working_dir=args.local_working_dir,
+        max_rejects=args.max_rejects,
+        special_text=args.special_tokens_in_text,
+        batch_size=args.batch_size,
+    )
+    result = tokenize_rank(config)
+    counts = result["counts"]
+    print(
+        f"rank {config.rank}/{config.world_size}: {counts['docs_read']} docs read, {counts['docs_written']} written, "
+        f"{counts['empty']} empty, {counts['rejected_total']} rejected, {counts['tokens_written']} tokens in "
+        f"{len(result['outputs'])} files, {counts['tokens_dropped']} dropped, "
+        f"{counts['special_token_literals_total']} special-token literals; {result['seconds']:.1f}s "
+        f"({result['throughput']['input_mb_per_s']} MB/s) -> {config.output}"
+    )
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    fs, path = open_fs(args.path)
+    if fs.isdir(path):
+        urls = sorted(p if is_local(fs) else fs.unstrip_protocol(p) for p in fs.glob(path.rstrip("/") + "/*.ds"))
+        if not urls:
+            raise TokenFileError(f"{args.path}: no .ds files")
+    else:
+        urls = [args.path]
+    total_tokens = total_docs = 0
+    files = [TokenFile(u) for u in urls]
+    for f in files:
+        docs = len(f.ends)
+        total_tokens += f.num_tokens
+        total_docs += docs
+        tokenizer = f.metadata.tokenizer if f.metadata else "?"
+        loss = "loss" if f.loss is not None else "no loss"
+        print(f"{f.url}: {f.num_tokens} tokens, {docs} index entries, uint{8 * f.token_size}, {loss}, {tokenizer}")
+    print(f"total: {len(files)} files, {total_docs} index entries, {total_tokens} tokens")
+    if args.decode:
+        name = args.tokenizer or (files[0].metadata.tokenizer if files[0].metadata else None)
+        if not name:
+            raise TokenFileError("--decode needs --tokenizer: the metadata names none")
+        tokenizer = Encoder(name).tokenizer
+        shown = 0
+        for f in files:
+            ends = np.asarray(f.ends, dtype=np.int64)
+            for i in range(min(len(ends), args.decode - shown)):
+                ids = f.document(i).tolist()
+                print(f"--- {f.url} document {i} ({len(ids)} tokens)")
+                print(tokenizer.decode(ids, skip_special_tokens=False))
+                shown += 1
+            if shown >= args.decode:
+                break
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return {"tokenize": cmd_tokenize, "inspect": cmd_inspect}[args.command](args)
+    except ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

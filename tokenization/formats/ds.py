@@ -1,0 +1,292 @@
+"""datatrove's token-file family: ``X.ds``, ``X.ds.index``, ``X.ds.loss`` and ``X.ds.metadata``.
+
+All binaries are little-endian and headerless, byte-compatible with datatrove 0.10.1 and nanotron:
+
+* ``X.ds``: token ids, uint16 (``token_size`` 2) or uint32 (``token_size`` 4);
+* ``X.ds.index``: uint64 exclusive end offset (in tokens) of each document;
+* ``X.ds.loss``: one byte per token, 0 = no loss;
+* ``X.ds.metadata``: ``"{tokenizer}|{token_size}\\n{token_count}\\n{human count}"`` with no trailing newline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenization.storage import is_local, open_fs
+
+INDEX_DTYPE = np.dtype("<u8")
+LOSS_DTYPE = np.dtype("u1")
+UINT16_VOCAB_LIMIT = 65536
+SUFFIXES = ("", ".index", ".loss", ".metadata")
+
+
+class TokenFileError(ValueError):
+    """A token file is missing, inconsistent or unreadable; the message names the file."""
+
+
+def token_size_for_vocab(vocab_size: int) -> int:
+    """Bytes per token: 2 while every id fits uint16 (datatrove's rule, added tokens included), else 4."""
+    return 4 if vocab_size > UINT16_VOCAB_LIMIT else 2
+
+
+def token_dtype(token_size: int) -> np.dtype:
+    if token_size not in (2, 4):
+        raise TokenFileError(f"token_size must be 2 or 4, got {token_size}")
+    return np.dtype("<u2") if token_size == 2 else np.dtype("<u4")
+
+
+def human_count(count: int, unit: str = "T") -> str:
+    """``humanize.metric(count, unit)`` for counts, as datatrove prints it: 3 significant digits and an SI prefix."""
+    if count == 0:
+        return f"0.00 {unit}"
+    exponent = math.floor(math.log10(count))
+    bucket = exponent // 3 * 3
+    value = count / 10**bucket
+    digits = max(0, 2 - exponent % 3)
+    if round(value, digits) >= 10 ** (exponent % 3 + 1):  # 999.6 rounds up into the next prefix
+        exponent += 1
+        value /= 10 ** (exponent // 3 * 3 - bucket)
+        digits = max(0, 2 - exponent % 3)
+    prefix = "kMGTPEZYRQ"[exponent // 3 - 1] if exponent >= 3 else ""
+    return f"{value:.{digits}f} {prefix}{unit}"
+
+
+@dataclass(frozen=True)
+class Metadata:
+    tokenizer: str
+    token_size: int
+    token_count: int
+
+    def render(self) -> str:
+        return f"{self.tokenizer}|{self.token_size}\n{self.token_count}\n{human_count(self.token_count)}"
+
+    @classmethod
+    def parse(cls, text: str, source: str = "metadata") -> Metadata:
+        lines = text.split("\n")
+        try:
+            tokenizer, size = lines[0].rsplit("|", 1)
+            return cls(tokenizer, int(size), int(lines[1]))
+        except (ValueError, IndexError) as exc:
+            raise TokenFileError(f"{source}: not a token-file metadata ({text[:80]!r})") from exc
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One file of a written family, as a manifest records it."""
+
+    name: str
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class WrittenTokenFile:
+    """What a :class:`TokenFileWriter` produced: the files, their checksums and the counts."""
+
+    path: Path
+    tokens: int
+    index_entries: int
+    files: tuple[WrittenFile, ...]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "tokens": self.tokens,
+            "index_entries": self.index_entries,
+            "files": {f.name: {"bytes": f.bytes, "sha256": f.sha256} for f in self.files},
+        }
+
+
+class _HashedFile:
+    """A binary file opened for appending, hashed as it is written."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.handle = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: np.ndarray | bytes) -> None:
+        view = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else data
+        self.handle.write(view)
+        self.digest.update(view)
+        self.size += len(view)
+
+    def close(self) -> WrittenFile:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        return WrittenFile(self.path.name, self.size, self.digest.hexdigest())
+
+
+class TokenFileWriter:
+    """Appends documents to one ``.ds`` family in a local directory, streaming every file.
+
+    Memory stays bounded: tokens, loss bytes and index entries go to disk as they arrive, and the
+    checksums are computed on the way, so closing costs no second read.
+    """
+
+    def __init__(self, path: Path, *, tokenizer: str, token_size: int, save_loss: bool):
+        self.path = Path(path)
+        self.dtype = token_dtype(token_size)
+        self.metadata_name = tokenizer
+        self.token_size = token_size
+        self.tokens = 0
+        self.index_entries = 0
+        self._ds = _HashedFile(self.path)
+        self._index = _HashedFile(self.path.with_name(self.path.name + ".index"))
+        self._loss = _HashedFile(self.path.with_name(self.path.name + ".loss")) if save_loss else None
+
+    def write(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None = None) -> None:
+        """Append ``tokens``; ``ends`` are index entries relative to the start of ``tokens``."""
+        if (self._loss is None) != (loss is None):
+            raise ValueError("loss bytes must be given exactly when the writer saves loss")
+        self._ds.write(tokens.astype(self.dtype, copy=False))
+        if self._loss is not None:
+            self._loss.write(loss.astype(LOSS_DTYPE, copy=False))
+        self._index.write((np.asarray(ends, dtype=np.int64) + self.tokens).astype(INDEX_DTYPE))
+        self.tokens += len(tokens)
+        self.index_entries += len(ends)
+
+    def close(self) -> WrittenTokenFile:
+        files = [self._ds.close(), self._index.close()]
+        if self._loss is not None:
+            files.append(self._loss.close())
+        meta_path = self.path.with_name(self.path.name + ".metadata")
+        meta = Metadata(self.metadata_name, self.token_size, self.tokens).render().encode()
+        meta_path.write_bytes(meta)
+        files.append(WrittenFile(meta_path.name, len(meta), hashlib.sha256(meta).hexdigest()))
+        return WrittenTokenFile(self.path, self.tokens, self.index_entries, tuple(files))
+
+
+class TokenFile:
+    """Reads one ``.ds`` family, local (memory-mapped) or any fsspec URL.
+
+    ``token_size`` comes from the ``.metadata`` file; it is never assumed. Pass it only for files written
+    without metadata, and it is then checked against the file sizes.
+    """
+
+    def __init__(self, url: str, token_size: int | None = None):
+        self.url = url
+        self.fs, self.path = open_fs(url)
+        if not self.fs.exists(self.path):
+            raise TokenFileError(f"{url}: no such token file")
+        self.metadata = self._read_metadata()
+        if self.metadata is not None:
+            if token_size is not None and token_size != self.metadata.token_size:
+                raise TokenFileError(
+                    f"{url}: metadata says token_size {self.metadata.token_size}, caller expects {token_size}"
+                )
+            token_size = self.metadata.token_size
+        if token_size is None:
+            raise TokenFileError(f"{url}.metadata is missing: pass the token size explicitly")
+        self.token_size = token_size
+        self.dtype = token_dtype(token_size)
+
+    def _read_metadata(self) -> Metadata | None:
+        meta = self.path + ".metadata"
+        if not self.fs.exists(meta):
+            return None
+        return Metadata.parse(self.fs.cat_file(meta).decode("utf-8"), f"{self.url}.metadata")
+
+    def _array(self, suffix: str, dtype: np.dtype) -> np.ndarray:
+        path = self.path + suffix
+        size = self.fs.size(path)
+        if size % dtype.itemsize:
+            raise TokenFileError(
+                f"{self.url}{suffix}: {size} bytes is not a whole number of {dtype.itemsize}-byte items"
+            )
+        if size == 0:
+            return np.empty(0, dtype)
+        if is_local(self.fs):
+            return np.memmap(path, dtype=dtype, mode="r")
+        return np.frombuffer(self.fs.cat_file(path), dtype=dtype)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._array("", self.dtype)
+
+    @property
+    def ends(self) -> np.ndarray:
+        if not self.fs.exists(self.path + ".index"):
+            raise TokenFileError(f"{self.url}.index is missing")
+        return self._array(".index", INDEX_DTYPE)
+
+    @property
+    def loss(self) -> np.ndarray | None:
+        if not self.fs.exists(self.path + ".loss"):
+            return None
+        return self._array(".loss", LOSS_DTYPE)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.fs.size(self.path) // self.token_size
+
+    def document(self, i: int) -> np.ndarray:
+        ends = self.ends
+        start = int(ends[i - 1]) if i > 0 else 0
+        return np.asarray(self.tokens[start : int(ends[i])])
+
+
+class SplitWriter:
+    """Writes a stream of units (documents, chunks, windows) into numbered ``.ds`` families.
+
+    A file is closed right after the unit that takes it past ``max_tokens`` (datatrove's rule, so a file
+    exceeds the limit by less than one unit), and the next file is opened only when another unit arrives,
+    so there is never an empty trailing file.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        name_for: Callable[[int], str],
+        *,
+        tokenizer: str,
+        token_size: int,
+        save_loss: bool,
+        max_tokens: int | None = None,
+    ):
+        self.directory = Path(directory)
+        self.name_for = name_for
+        self.options = {"tokenizer": tokenizer, "token_size": token_size, "save_loss": save_loss}
+        self.max_tokens = max_tokens
+        self.written: list[WrittenTokenFile] = []
+        self._current: TokenFileWriter | None = None
+
+    def write(self, tokens: np.ndarray, unit_ends: np.ndarray, index_ends: np.ndarray, loss: np.ndarray | None) -> None:
+        """Append whole units. ``unit_ends`` and ``index_ends`` are relative to ``tokens`` and sorted; every unit
+        end is also an index entry (chunk and window modes add inner document ends)."""
+        pos = 0
+        while pos < len(tokens):
+            if self._current is None:
+                path = self.directory / self.name_for(len(self.written))
+                self._current = TokenFileWriter(path, **self.options)
+            cut, full = len(tokens), False
+            if self.max_tokens:
+                room = self.max_tokens - self._current.tokens
+                k = int(np.searchsorted(unit_ends, pos + room, side="right"))
+                if k < len(unit_ends):
+                    cut, full = int(unit_ends[k]), True
+            lo, hi = np.searchsorted(index_ends, [pos, cut], side="right")
+            self._current.write(tokens[pos:cut], index_ends[lo:hi] - pos, None if loss is None else loss[pos:cut])
+            pos = cut
+            if full:
+                self.written.append(self._current.close())
+                self._current = None
+
+    def close(self) -> list[WrittenTokenFile]:
+        if self._current is not None:
+            self.written.append(self._current.close())
+            self._current = None
+        return self.written

@@ -32,7 +32,7 @@ def test_metadata_text_is_exact_and_parses_with_pipes_in_the_name() -> None:
     meta = Metadata("s3://bucket/tok|v2/tokenizer.json", 4, 1_234_567)
     assert meta.render() == "s3://bucket/tok|v2/tokenizer.json|4\n1234567\n1.23 MT"
     assert Metadata.parse(meta.render()) == meta
-    with pytest.raises(TokenFileError, match="x.ds.metadata: not a token-file metadata"):
+    with pytest.raises(TokenFileError, match=r"x\.ds\.metadata: not a token-file metadata"):
         Metadata.parse("garbage", "x.ds.metadata")
 
 

@@ -45,7 +45,7 @@ def test_folders_globs_and_lists_are_sorted_and_skip_markers(tmp_path) -> None:
     assert [f.url for f in list_input_files([str(tmp_path / "*.jsonl")])] == [str(tmp_path / "b.jsonl")]
     listed = list_input_files([str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl.gz")])
     assert [f.url for f in listed] == [str(tmp_path / "a.jsonl.gz"), str(tmp_path / "b.jsonl")]
-    with pytest.raises(InputError, match="notes.txt: unsupported input format"):
+    with pytest.raises(InputError, match=r"notes\.txt: unsupported input format"):
         list_input_files([str(tmp_path / "notes.txt")])
     with pytest.raises(InputError, match="missing: no such file or folder"):
         list_input_files([str(tmp_path / "missing")])
@@ -98,7 +98,11 @@ def test_bad_records_are_rejected_with_reasons_and_raw_lines(tmp_path) -> None:
     ]
     assert next(r for r in items if isinstance(r, Rejected) and r.line == 3).raw == '{"text": "caf\\xe9"}'
     records = [r for r in items if isinstance(r, Record)]
-    assert [(r.line, r.text, r.no_loss_ranges) for r in records] == [(1, "good", None), (9, "", None), (10, "masked", [(0, 3)])]
+    assert [(r.line, r.text, r.no_loss_ranges) for r in records] == [
+        (1, "good", None),
+        (9, "", None),
+        (10, "masked", [(0, 3)]),
+    ]
     assert reader.blank_lines == 1
 
 

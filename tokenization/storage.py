@@ -78,6 +78,15 @@ def write_bytes_atomic(fs: fsspec.AbstractFileSystem, dest: str, data: bytes) ->
         fs.pipe_file(dest, data)
 
 
+def list_names(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    """Names directly inside a folder, freshly listed; empty when the folder does not exist yet."""
+    fs.invalidate_cache(path)
+    try:
+        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        return []
+
+
 def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         fs.rm_file(path)

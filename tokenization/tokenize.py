@@ -26,7 +26,7 @@ from tokenization.encoding import Encoder, SpecialTextPolicy
 from tokenization.formats.ds import SplitWriter, TokenFile, WrittenTokenFile
 from tokenization.permute import fixed_units, permute_units
 from tokenization.sources import DocumentReader, Record, Rejected, list_input_files, shard
-from tokenization.storage import is_local, join, open_fs, publish_file, remove_if_exists
+from tokenization.storage import is_local, join, list_names, open_fs, publish_file, remove_if_exists
 
 log = logging.getLogger(__name__)
 
@@ -259,10 +259,9 @@ def _publish(
     fs.makedirs(out_path, exist_ok=True)
     keep = {f.name for w in written for f in w.files}
     pattern = rank_file_pattern(config.stem)
-    for entry in fs.ls(out_path, detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
+    for name in list_names(fs, out_path):
         if pattern.fullmatch(name) and name not in keep:
-            fs.rm_file(entry)
+            fs.rm_file(join(out_path, name))
     for w in written:
         for f in w.files:
             publish_file(w.path.with_name(f.name), fs, join(out_path, f.name))

@@ -1,0 +1,90 @@
+"""Properties of the byte-moving engine, for any document lengths, orders, chunk sizes and block sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenization.formats.ds import SplitWriter, TokenFile
+from tokenization.permute import fixed_units, permute_units
+
+lengths_st = st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=60)
+
+
+def _corpus(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens that name their document (doc i is all ``i``), loss bytes that name the position's parity."""
+    tokens = np.repeat(np.arange(len(lengths)), lengths)
+    loss = (np.arange(len(tokens)) % 2).astype(np.uint8)
+    return tokens, loss, np.cumsum(lengths)
+
+
+def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None):
+    for old in tmp_path.glob("out*"):
+        old.unlink()
+    writer = SplitWriter(
+        tmp_path, lambda s: f"out{s:03d}.ds", tokenizer="t", token_size=2, save_loss=True, max_tokens=max_tokens
+    )
+    permute_units(tokens, loss, ends, order, writer, inner_ends=inner, block_tokens=block)
+    files = [TokenFile(str(w.path)) for w in writer.close()]
+    out_tokens = np.concatenate([np.asarray(f.tokens) for f in files])
+    out_loss = np.concatenate([np.asarray(f.loss) for f in files])
+    offsets = np.cumsum([0] + [f.num_tokens for f in files])
+    out_ends = np.concatenate([np.asarray(f.ends, dtype=np.int64) + o for f, o in zip(files, offsets, strict=False)])
+    return out_tokens, out_loss, out_ends
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_st, seed=st.integers(0, 2**32 - 1), block=st.integers(1, 64))
+def test_document_shuffle_preserves_documents_and_loss_alignment(tmp_path_factory, lengths, seed, block) -> None:
+    tmp_path = tmp_path_factory.mktemp("p")
+    tokens, loss, ends = _corpus(lengths)
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    out_tokens, out_loss, out_ends = _permute(tmp_path, tokens, loss, ends, order, block=block)
+    docs = np.split(out_tokens, out_ends[:-1])
+    assert [int(d[0]) for d in docs] == order.tolist()  # document j of the output is input document order[j]
+    assert all((d == d[0]).all() and len(d) == lengths[d[0]] for d in docs)  # whole, in one piece
+    starts = np.concatenate([[0], ends[:-1]])
+    expected_loss = np.concatenate([loss[starts[i] : ends[i]] for i in order])
+    assert np.array_equal(out_loss, expected_loss)  # loss bytes moved with their tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=lengths_st,
+    seed=st.integers(0, 2**32 - 1),
+    chunk=st.integers(1, 50),
+    block=st.integers(1, 64),
+    max_tokens=st.one_of(st.none(), st.integers(1, 100)),
+)
+def test_chunk_shuffle_moves_every_document_end_with_its_chunk(
+    tmp_path_factory, lengths, seed, chunk, block, max_tokens
+) -> None:
+    tmp_path = tmp_path_factory.mktemp("c")
+    tokens, loss, doc_ends = _corpus(lengths)
+    chunk_ends, full = fixed_units(len(tokens), chunk)
+    order = np.random.default_rng(seed).permutation(full)
+    if len(chunk_ends) > full:
+        order = np.append(order, full)  # the kept tail
+    out_tokens, out_loss, out_ends = _permute(tmp_path, tokens, loss, chunk_ends, order, doc_ends, block, max_tokens)
+    pieces = [np.arange(k * chunk, min((k + 1) * chunk, len(tokens))) for k in order]
+    source_positions = np.concatenate(pieces)
+    assert np.array_equal(out_tokens, tokens[source_positions])
+    assert np.array_equal(out_loss, loss[source_positions])
+    expected_ends = set(np.cumsum([len(p) for p in pieces]).tolist())
+    out_start = 0
+    for piece in pieces:
+        expected_ends |= {int(e) - int(piece[0]) + out_start for e in doc_ends if piece[0] < e <= piece[-1]}
+        out_start += len(piece)
+    assert out_ends.tolist() == sorted(expected_ends)
+
+
+@given(lengths=lengths_st, seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=20, deadline=None)
+def test_same_seed_same_order(tmp_path_factory, lengths, seed) -> None:
+    tokens, loss, ends = _corpus(lengths)
+    runs = [
+        _permute(tmp_path_factory.mktemp("d"), tokens, loss, ends, np.random.default_rng(seed).permutation(len(ends)))
+        for _ in range(2)
+    ]
+    assert all(np.array_equal(a, b) for a, b in zip(*runs, strict=True))

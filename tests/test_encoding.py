@@ -45,6 +45,11 @@ def test_unloadable_tokenizer_names_the_path(tmp_path) -> None:
         Encoder(str(bad))
 
 
+def test_a_missing_tokenizer_file_is_not_looked_up_on_the_hub(tmp_path) -> None:
+    with pytest.raises(TokenizerError, match=r"tokenizr\.json: no such tokenizer file"):
+        Encoder(str(tmp_path / "tokenizr.json"))
+
+
 def test_eos_is_appended_and_folder_paths_load(sample_tokenizer) -> None:
     encoder = Encoder(str(sample_tokenizer.parent), EOS)
     plain = Tokenizer.from_file(str(sample_tokenizer)).encode("hello world").ids

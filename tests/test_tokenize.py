@@ -179,6 +179,8 @@ def test_a_failed_rerun_leaves_no_marker(tmp_path, sample_tokenizer) -> None:
         run([good], tmp_path / "out", sample_tokenizer, max_rejects=2)
     assert not (tmp_path / "out" / "_completions" / "00000.json").exists()
     assert not (tmp_path / "out" / ".staging").exists()
+    quarantined = (tmp_path / "out" / "_quarantine" / "00000.jsonl").read_text().splitlines()
+    assert [json.loads(q)["line"] for q in quarantined] == [2, 3, 4]
 
 
 def test_bad_records_are_quarantined_and_good_ones_match_a_clean_run(tmp_path, sample_tokenizer) -> None:

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 
 import numpy as np
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     tok = sub.add_parser("tokenize", help="tokenize one rank's share of the input into shuffled .ds files")
+    # dests are TokenizeConfig's field names, so the parsed arguments build the config directly
     tok.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs; local or fsspec URLs")
     tok.add_argument("--output", required=True, help="output folder or URL")
     tok.add_argument("--tokenizer", required=True, help="tokenizer.json path, folder, URL or hub name")
@@ -40,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--rank", type=int, default=0)
     tok.add_argument("--world-size", type=_positive, default=1)
     tok.add_argument("--save-filename", help="prefix of the output names")
-    tok.add_argument("--no-shuffle", action="store_true", help="keep documents in input order")
+    tok.add_argument(
+        "--no-shuffle", dest="shuffle_documents", action="store_false", help="keep documents in input order"
+    )
     tok.add_argument("--shuffle-chunk-size", type=_positive, help="also shuffle fixed-size chunks of N tokens")
     tok.add_argument("--drop-last-chunk", action="store_true", help="drop the partial last chunk (datatrove)")
     tok.add_argument("--max-tokens-per-file", type=_positive, help="split outputs at document boundaries")
@@ -49,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--max-rejects", type=int, default=1000, help="fail the rank past this many bad records")
     tok.add_argument(
         "--special-tokens-in-text",
+        dest="special_text",
         choices=SPECIAL_TEXT_POLICIES,
         default="text",
         help="literal special-token text in documents: encode as plain text (default) or as the special "
@@ -64,27 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    config = TokenizeConfig(
-        inputs=args.inputs,
-        output=args.output,
-        tokenizer=args.tokenizer,
-        text_key=args.text_key,
-        id_key=args.id_key,
-        eos_token=args.eos_token,
-        seed=args.seed,
-        rank=args.rank,
-        world_size=args.world_size,
-        save_filename=args.save_filename,
-        shuffle_documents=not args.no_shuffle,
-        shuffle_chunk_size=args.shuffle_chunk_size,
-        drop_last_chunk=args.drop_last_chunk,
-        max_tokens_per_file=args.max_tokens_per_file,
-        save_loss=args.save_loss,
-        local_working_dir=args.local_working_dir,
-        max_rejects=args.max_rejects,
-        special_text=args.special_tokens_in_text,
-        batch_size=args.batch_size,
-    )
+    names = {f.name for f in fields(TokenizeConfig)}
+    config = TokenizeConfig(**{k: v for k, v in vars(args).items() if k in names})
     result = tokenize_rank(config)
     counts = result["counts"]
     print(

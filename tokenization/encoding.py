@@ -45,6 +45,8 @@ def load_tokenizer_bytes(name_or_path: str) -> tuple[Tokenizer, bytes]:
             return Tokenizer.from_str(data.decode("utf-8")), data
         except Exception as exc:
             raise TokenizerError(f"{name_or_path}: not a tokenizers JSON file ({exc})") from exc
+    if name_or_path.endswith(".json") or name_or_path.startswith(("/", ".", "~")):
+        raise TokenizerError(f"{name_or_path}: no such tokenizer file")
     try:
         tokenizer = Tokenizer.from_pretrained(name_or_path)
     except Exception as exc:

@@ -124,6 +124,9 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
     started = time.time()
     encoder = Encoder(config.tokenizer, config.eos_token, config.special_text)  # fails before any data is read
     files = shard(list_input_files(config.inputs), config.rank, config.world_size)
+    log.info(
+        "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
+    )
     out_fs, out_path = open_fs(config.output)
     remove_if_exists(out_fs, manifest.marker_path(out_path, config.stem))
     with _working_dir(config, out_fs, out_path) as work:
@@ -139,11 +142,17 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
             save_loss=config.save_loss,
             max_tokens=config.max_tokens_per_file if direct else None,
         )
-        _encode_all(config, encoder, reader, writer, counts, quarantine, progress)
+        try:
+            _encode_all(config, encoder, reader, writer, counts, quarantine, progress)
+        except TooManyRejects:  # publish what was quarantined: it is what the user needs to look at
+            publish_file(quarantine, out_fs, manifest.quarantine_path(out_path, config.stem))
+            raise
         written = writer.close()
         counts.blank_lines = reader.blank_lines
+        log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
         if not direct and written:
             written = _shuffle(config, encoder, written[0].path, counts, work)
+            log.info("rank %d: pass 2 done, %s", config.rank, config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
         result = manifest.rank_manifest(
             stage="tokenize",
@@ -156,6 +165,7 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
             input_bytes=reader.total_bytes,
         )
         _publish(config, out_fs, out_path, written, quarantine, result)
+    log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
     return result
 
 

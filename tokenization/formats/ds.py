@@ -117,8 +117,8 @@ class _HashedFile:
         self.digest = hashlib.sha256()
         self.size = 0
 
-    def write(self, data: np.ndarray | bytes) -> None:
-        view = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else data
+    def write(self, data: np.ndarray) -> None:
+        view = memoryview(np.ascontiguousarray(data)).cast("B")
         self.handle.write(view)
         self.digest.update(view)
         self.size += len(view)

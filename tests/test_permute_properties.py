@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenization.formats.ds import SplitWriter, TokenFile
-from tokenization.permute import fixed_units, permute_units
+from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter
+from tokenization.permute import SourcePool, fixed_units, permute_units
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=60)
 
@@ -20,12 +20,15 @@ def _corpus(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None):
-    for old in tmp_path.glob("out*"):
+    for old in tmp_path.glob("*.ds*"):
         old.unlink()
+    source = TokenFileWriter(tmp_path / "src.ds", tokenizer="t", token_size=2, save_loss=True)
+    source.write(tokens, np.asarray(ends), loss)
+    pool = SourcePool([str(source.close().path)], 2, with_loss=True)
     writer = SplitWriter(
         tmp_path, lambda s: f"out{s:03d}.ds", tokenizer="t", token_size=2, save_loss=True, max_tokens=max_tokens
     )
-    permute_units(tokens, loss, ends, order, writer, inner_ends=inner, block_tokens=block)
+    permute_units(pool, ends, order, writer, inner_ends=inner, block_tokens=block)
     files = [TokenFile(str(w.path)) for w in writer.close()]
     out_tokens = np.concatenate([np.asarray(f.tokens) for f in files])
     out_loss = np.concatenate([np.asarray(f.loss) for f in files])

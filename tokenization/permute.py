@@ -1,34 +1,91 @@
-"""The one byte-moving engine that document, chunk and window shuffles share.
+"""The one byte-moving engine shared by the document, chunk and window shuffles and by the merge.
 
-A source token array is cut into contiguous *units* (documents, fixed-size chunks, context windows) by their
-end offsets. :func:`permute_units` writes the units in a given order, gathering tokens (and loss bytes) with
-vectorised numpy indexing over bounded blocks, and rebuilds the index: every unit end becomes an entry, and
-the source index entries that fall strictly inside a moved unit move with it.
+A *unit* is a contiguous token range ``[start, end)`` of one source file: a document, a fixed-size chunk or a
+context window. :func:`move_units` writes units in a given order, gathering tokens (and loss bytes) with
+vectorised numpy indexing over bounded blocks, and rebuilds the index: every unit end becomes an entry, and the
+source index entries that fall strictly inside a moved unit move with it.
 """
 
 from __future__ import annotations
 
+import shutil
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
 import numpy as np
 
-from tokenization.formats.ds import SplitWriter
+from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, token_dtype
+from tokenization.storage import is_local, open_fs
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output, ~32 MiB of index arithmetic
+MAX_OPEN_FILES = 128
 
 
-def unit_starts(ends: np.ndarray) -> np.ndarray:
-    starts = np.empty(len(ends), dtype=np.int64)
-    starts[:1] = 0
-    starts[1:] = ends[:-1]
-    return starts
+class SourcePool:
+    """Source token files, memory-mapped on demand, at most ``max_open`` at a time (least recently used first
+    out), so the number of open files stays bounded whatever the number of inputs. Remote files are copied to
+    ``cache_dir`` once, with large sequential reads, because the moves read them at random."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        token_size: int,
+        with_loss: bool,
+        max_open: int = MAX_OPEN_FILES,
+        cache_dir: Path | None = None,
+    ):
+        self.urls = list(urls)
+        self.token_size = token_size
+        self.dtype = token_dtype(token_size)
+        self.with_loss = with_loss
+        self.max_open = max_open
+        self.cache_dir = cache_dir
+        self._open: OrderedDict[int, tuple[np.ndarray, np.ndarray | None]] = OrderedDict()
+
+    def get(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+        if i in self._open:
+            self._open.move_to_end(i)
+            return self._open[i]
+        while len(self._open) >= self.max_open:
+            self._open.popitem(last=False)
+        source = TokenFile(self._local(i), self.token_size)
+        arrays = (source.tokens, source.loss if self.with_loss else None)
+        self._open[i] = arrays
+        return arrays
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def _local(self, i: int) -> str:
+        fs, path = open_fs(self.urls[i])
+        if is_local(fs):
+            return path
+        if self.cache_dir is None:
+            raise ValueError(f"{self.urls[i]} is remote: a local cache_dir is needed to read it at random")
+        local = self.cache_dir / f"{i:06d}" / path.rsplit("/", 1)[-1]
+        if not local.exists():
+            local.parent.mkdir(parents=True, exist_ok=True)
+            suffixes = ["", ".metadata"] + ([".loss"] if self.with_loss else [])
+            for suffix in suffixes:
+                if suffix != ".metadata" or fs.exists(path + suffix):
+                    fs.get_file(path + suffix, str(local) + suffix)
+        return str(local)
+
+    def close(self) -> None:
+        self._open.clear()
+        if self.cache_dir is not None:
+            shutil.rmtree(self.cache_dir, ignore_errors=True)
 
 
-def gather(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenate ``src[starts[i] : starts[i] + lengths[i]]`` for every i, in one vectorised gather."""
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised."""
     total = int(lengths.sum())
     out_starts = np.cumsum(lengths) - lengths
     index = np.arange(total, dtype=np.int64)
-    index += np.repeat(starts - out_starts, lengths)
-    return src[index]
+    index += np.repeat(np.asarray(starts, dtype=np.int64) - out_starts, lengths)
+    return index
 
 
 def fixed_units(total: int, size: int) -> tuple[np.ndarray, int]:
@@ -41,49 +98,56 @@ def fixed_units(total: int, size: int) -> tuple[np.ndarray, int]:
     return ends, full
 
 
-def permute_units(
-    tokens: np.ndarray,
-    loss: np.ndarray | None,
+def move_units(
+    pool: SourcePool,
+    source: np.ndarray,
+    starts: np.ndarray,
     ends: np.ndarray,
-    order: np.ndarray,
     writer: SplitWriter,
-    inner_ends: np.ndarray | None = None,
+    inner: Sequence[np.ndarray] | None = None,
     block_tokens: int = BLOCK_TOKENS,
 ) -> None:
-    """Write the units ``order[0], order[1], ...`` of ``tokens`` to ``writer``.
+    """Write unit ``i`` = ``pool[source[i]][starts[i]:ends[i]]`` for every i, in order, to ``writer``.
 
-    ``ends`` are the units' exclusive end offsets in source order; ``inner_ends`` (sorted) are source index
-    entries to carry along, such as document ends inside chunks. Units longer than ``block_tokens`` are
-    copied in slices, so memory is bounded by the block size, not by the largest unit.
+    ``inner[s]`` (sorted) are the index entries of source ``s`` to carry along, such as document ends inside
+    chunks. A unit longer than ``block_tokens`` is copied in slices, so memory is bounded by the block size,
+    not by the largest unit.
     """
+    source = np.asarray(source, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
-    starts = unit_starts(ends)
-    lengths = (ends - starts)[order]
-    out_ends = np.cumsum(lengths)
+    out_ends = np.cumsum(ends - starts)
     a = 0
-    while a < len(order):
+    while a < len(starts):
         base = int(out_ends[a - 1]) if a else 0
         b = max(a + 1, int(np.searchsorted(out_ends, base + block_tokens, side="right")))
-        units = order[a:b]
-        if b == a + 1 and lengths[a] > block_tokens:
-            _copy_long_unit(tokens, loss, int(starts[units[0]]), int(ends[units[0]]), writer, inner_ends, block_tokens)
+        if b == a + 1 and out_ends[a] - base > block_tokens:
+            _copy_long_unit(pool, int(source[a]), int(starts[a]), int(ends[a]), writer, inner, block_tokens)
         else:
-            src_starts, unit_lengths = starts[units], lengths[a:b]
-            rel_ends = out_ends[a:b] - base
-            index = rel_ends
-            if inner_ends is not None:
-                index = np.sort(
-                    np.concatenate(
-                        [rel_ends, _moved_inner_ends(inner_ends, src_starts, ends[units], rel_ends - unit_lengths)]
-                    )
-                )
-            writer.write(
-                gather(tokens, src_starts, unit_lengths),
-                rel_ends,
-                index,
-                None if loss is None else gather(loss, src_starts, unit_lengths),
-            )
+            _copy_block(pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, writer, inner)
         a = b
+
+
+def _copy_block(pool, source, starts, ends, rel_ends, writer, inner) -> None:
+    """Gather one block of units, one source file at a time, into a contiguous output buffer."""
+    lengths = ends - starts
+    out_starts = rel_ends - lengths
+    tokens = np.empty(int(rel_ends[-1]), dtype=pool.dtype)
+    loss = np.empty(len(tokens), dtype=LOSS_DTYPE) if pool.with_loss else None
+    moved = [rel_ends]
+    by_source = np.argsort(source, kind="stable")
+    ids, firsts = np.unique(source[by_source], return_index=True)
+    for s, group in zip(ids, np.split(by_source, firsts[1:]), strict=True):
+        src_tokens, src_loss = pool.get(int(s))
+        out_index = ranges(out_starts[group], lengths[group])
+        src_index = ranges(starts[group], lengths[group])
+        tokens[out_index] = src_tokens[src_index]
+        if loss is not None:
+            loss[out_index] = src_loss[src_index]
+        if inner is not None:
+            moved.append(_moved_inner_ends(inner[s], starts[group], ends[group], out_starts[group]))
+    index = rel_ends if inner is None else np.sort(np.concatenate(moved))
+    writer.write(tokens, rel_ends, index, loss)
 
 
 def _moved_inner_ends(inner: np.ndarray, starts: np.ndarray, ends: np.ndarray, out_starts: np.ndarray) -> np.ndarray:
@@ -91,33 +155,38 @@ def _moved_inner_ends(inner: np.ndarray, starts: np.ndarray, ends: np.ndarray, o
     lo = np.searchsorted(inner, starts, side="right")
     hi = np.searchsorted(inner, ends, side="left")
     counts = hi - lo
-    picked = gather(inner, lo, counts).astype(np.int64)
-    return picked + np.repeat(out_starts - starts, counts)
+    return inner[ranges(lo, counts)].astype(np.int64) + np.repeat(out_starts - starts, counts)
 
 
-def _copy_long_unit(
-    tokens: np.ndarray,
-    loss: np.ndarray | None,
-    start: int,
-    end: int,
-    writer: SplitWriter,
-    inner_ends: np.ndarray | None,
-    block_tokens: int,
-) -> None:
+def _copy_long_unit(pool, s: int, start: int, end: int, writer, inner, block_tokens: int) -> None:
     """Stream one unit too large for a block as consecutive slices; it stays one unit for file splitting."""
-    pieces = range(start, end, block_tokens)
-    for piece_start in pieces:
+    tokens, loss = pool.get(s)
+    for piece_start in range(start, end, block_tokens):
         piece_end = min(end, piece_start + block_tokens)
-        inner = np.empty(0, dtype=np.int64)
-        if inner_ends is not None:
-            lo, hi = np.searchsorted(inner_ends, [piece_start, piece_end], side="right")
-            inner = inner_ends[lo:hi].astype(np.int64)
-            inner = inner[inner < end] - piece_start
-        last = piece_end == end
-        unit_ends = np.array([piece_end - piece_start] if last else [], dtype=np.int64)
+        entries = np.empty(0, dtype=np.int64)
+        if inner is not None:
+            lo, hi = np.searchsorted(inner[s], [piece_start, piece_end], side="right")
+            entries = inner[s][lo:hi].astype(np.int64)
+            entries = entries[entries < end] - piece_start
+        unit_ends = np.array([piece_end - piece_start] if piece_end == end else [], dtype=np.int64)
         writer.write(
             np.asarray(tokens[piece_start:piece_end]),
             unit_ends,
-            np.concatenate([inner, unit_ends]),
+            np.concatenate([entries, unit_ends]),
             None if loss is None else np.asarray(loss[piece_start:piece_end]),
         )
+
+
+def permute_units(
+    pool: SourcePool,
+    ends: np.ndarray,
+    order: np.ndarray,
+    writer: SplitWriter,
+    inner_ends: np.ndarray | None = None,
+    block_tokens: int = BLOCK_TOKENS,
+) -> None:
+    """Write the units of source 0, cut by ``ends``, in the order ``order`` (the one-file shuffles)."""
+    ends = np.asarray(ends, dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    inner = None if inner_ends is None else [np.asarray(inner_ends, dtype=np.int64)]
+    move_units(pool, np.zeros(len(order), np.int64), starts[order], ends[order], writer, inner, block_tokens)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from tokenization import manifest
 from tokenization.encoding import Encoder, SpecialTextPolicy
 from tokenization.formats.ds import SplitWriter, TokenFile, WrittenTokenFile
-from tokenization.permute import fixed_units, permute_units
+from tokenization.permute import SourcePool, fixed_units, permute_units
 from tokenization.sources import DocumentReader, Record, Rejected, list_input_files, shard
 from tokenization.storage import is_local, join, list_names, open_fs, publish_file, remove_if_exists
 
@@ -231,10 +231,10 @@ def _shuffle(
 ) -> list[WrittenTokenFile]:
     """Pass 2: the document permutation, then the chunk permutation, each a byte move through the engine."""
     rng = np.random.default_rng(config.seed)
-    source = TokenFile(str(unshuffled), encoder.token_size)
     options = {"tokenizer": config.tokenizer, "token_size": encoder.token_size, "save_loss": config.save_loss}
+    source = unshuffled
     if config.shuffle_documents:
-        ends = np.asarray(source.ends, dtype=np.int64)
+        ends = np.asarray(TokenFile(str(source), encoder.token_size).ends, dtype=np.int64)
         order = rng.permutation(len(ends))
         last = not config.shuffle_chunk_size
         writer = SplitWriter(
@@ -243,22 +243,24 @@ def _shuffle(
             max_tokens=config.max_tokens_per_file if last else None,
             **options,
         )
-        permute_units(source.tokens, source.loss, ends, order, writer)
+        permute_units(SourcePool([str(source)], encoder.token_size, config.save_loss), ends, order, writer)
         written = writer.close()
         if last:
             return written
-        source = TokenFile(str(written[0].path), encoder.token_size)
-    doc_ends = np.asarray(source.ends, dtype=np.int64)
-    chunk_ends, full = fixed_units(source.num_tokens, config.shuffle_chunk_size)
+        source = written[0].path
+    doc_ends = np.asarray(TokenFile(str(source), encoder.token_size).ends, dtype=np.int64)
+    total = int(doc_ends[-1])
+    chunk_ends, full = fixed_units(total, config.shuffle_chunk_size)
     order = rng.permutation(full)
-    tail = source.num_tokens - full * config.shuffle_chunk_size
+    tail = total - full * config.shuffle_chunk_size
     if tail and config.drop_last_chunk:
         counts.tokens_dropped += tail
     elif tail:
         order = np.append(order, full)
         counts.partial_chunk_tokens = tail
     writer = SplitWriter(work, config.output_name, max_tokens=config.max_tokens_per_file, **options)
-    permute_units(source.tokens, source.loss, chunk_ends, order, writer, inner_ends=doc_ends)
+    pool = SourcePool([str(source)], encoder.token_size, config.save_loss)
+    permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
     return writer.close()
 
 

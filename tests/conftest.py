@@ -46,22 +46,32 @@ def sample_records() -> list[dict]:
 def run_datatrove(
     inputs: Path, output: Path, tokenizer: Path, ranks: int, *, seed: int, eos: str | None = EOS, **options
 ) -> Path:
-    """datatrove 0.10.1's JsonlReader + DocumentTokenizer, in a subprocess (its logger and executor stay out of
-    the test process). ``options`` go to DocumentTokenizer."""
+    """datatrove 0.10.1's JsonlReader + DocumentTokenizer; ``options`` go to DocumentTokenizer."""
+    step = f"""DocumentTokenizer({str(output)!r}, tokenizer_name_or_path={str(tokenizer)!r}, eos_token={eos!r},
+                                 seed={seed}, **options)"""
+    return _datatrove(f"JsonlReader({str(inputs)!r}), {step}", ranks, output, options)
+
+
+def run_datatrove_merger(inputs: Path, output: Path, *, seed: int, **options) -> Path:
+    """datatrove 0.10.1's DocumentTokenizerMerger; ``options`` go to it."""
+    step = f"DocumentTokenizerMerger({str(inputs)!r}, {str(output)!r}, seed={seed}, progress=False, **options)"
+    return _datatrove(step, 1, output, options)
+
+
+def run_datatrove_context_shuffler(inputs: Path, output: Path, *, seed: int, **options) -> Path:
+    step = f"DocumentTokenizerContextShuffler({str(inputs)!r}, {str(output)!r}, seed={seed}, **options)"
+    return _datatrove(step, 1, output, options)
+
+
+def _datatrove(steps: str, tasks: int, output: Path, options: dict) -> Path:
+    """Run a datatrove pipeline in a subprocess (its logger and executor stay out of the test process)."""
     script = f"""
 import json, sys
 from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.readers import JsonlReader
-from datatrove.pipeline.tokens import DocumentTokenizer
+from datatrove.pipeline.tokens import DocumentTokenizer, DocumentTokenizerContextShuffler, DocumentTokenizerMerger
 options = json.loads(sys.argv[1])
-LocalPipelineExecutor(
-    pipeline=[
-        JsonlReader({str(inputs)!r}),
-        DocumentTokenizer({str(output)!r}, tokenizer_name_or_path={str(tokenizer)!r}, eos_token={eos!r},
-                          seed={seed}, **options),
-    ],
-    tasks={ranks}, workers=1, logging_dir={str(output) + "_logs"!r},
-).run()
+LocalPipelineExecutor(pipeline=[{steps}], tasks={tasks}, workers=1, logging_dir={str(output) + "_logs"!r}).run()
 """
     subprocess.run([sys.executable, "-c", script, json.dumps(options)], check=True, capture_output=True)
     return output

@@ -12,6 +12,8 @@ import numpy as np
 
 from tokenization.encoding import SPECIAL_TEXT_POLICIES, Encoder, TokenizerError
 from tokenization.formats.ds import TokenFile, TokenFileError
+from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, merge
+from tokenization.permute import MAX_OPEN_FILES
 from tokenization.sources import InputError
 from tokenization.storage import is_local, open_fs
 from tokenization.tokenize import TokenizeConfig, TooManyRejects, tokenize_rank
@@ -61,6 +63,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tok.add_argument("--batch-size", type=_positive, default=10000, help="documents per encode batch")
 
+    mrg = sub.add_parser("merge", help="merge every rank file of a folder into globally reordered files (one task)")
+    mrg.add_argument("input", help="folder or URL holding the rank .ds files")
+    mrg.add_argument("--output", required=True, help="output folder or URL")
+    mrg.add_argument("--save-filename", required=True, help="name of the merged dataset")
+    mrg.add_argument("--seed", type=int, default=0, help="ordering seed (default: 0)")
+    mrg.add_argument(
+        "--mode",
+        choices=("interleave", "shuffle"),
+        default="interleave",
+        help="interleave: datatrove's random file interleave (default); shuffle: a uniform permutation of all units",
+    )
+    mrg.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="concatenate in file order")
+    mrg.add_argument("--max-tokens-per-file", type=_positive, default=DEFAULT_MAX_TOKENS_PER_FILE)
+    mrg.add_argument("--shuffle-chunk-size", type=_positive, help="move fixed chunks of N tokens, not documents")
+    mrg.add_argument("--drop-last-chunk", action="store_true", help="drop each file's partial chunk (datatrove)")
+    mrg.add_argument("--save-loss", action="store_true", help="merge the .ds.loss files too")
+    mrg.add_argument("--local-working-dir", help="local folder for staging (and for copies of remote inputs)")
+    mrg.add_argument("--max-open-files", type=_positive, default=MAX_OPEN_FILES, help="input files open at once")
+
     ins = sub.add_parser("inspect", help="describe a .ds file or a folder of them")
     ins.add_argument("path", help="a .ds file or a folder")
     ins.add_argument("--decode", type=int, default=0, metavar="N", help="print the first N documents")
@@ -68,9 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config(cls: type, args: argparse.Namespace):
+    """A stage config from parsed arguments: the parsers' dests are the configs' field names."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    names = {f.name for f in fields(TokenizeConfig)}
-    config = TokenizeConfig(**{k: v for k, v in vars(args).items() if k in names})
+    config = _config(TokenizeConfig, args)
     result = tokenize_rank(config)
     counts = result["counts"]
     print(
@@ -79,6 +105,18 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         f"{len(result['outputs'])} files, {counts['tokens_dropped']} dropped, "
         f"{counts['special_token_literals_total']} special-token literals; {result['seconds']:.1f}s "
         f"({result['throughput']['input_mb_per_s']} MB/s) -> {config.output}"
+    )
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    result = merge(_config(MergeConfig, args))
+    counts = result["counts"]
+    resumed = f", {counts['resumed_files']} resumed" if counts["resumed_files"] else ""
+    print(
+        f"merge {args.save_filename}: {counts['input_files']} inputs, {counts['units']} units, {counts['tokens']} "
+        f"tokens in {len(result['outputs'])} files{resumed}, {counts['tokens_dropped']} dropped; "
+        f"{result['seconds']:.1f}s -> {args.output}"
     )
     return 0
 
@@ -123,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return {"tokenize": cmd_tokenize, "inspect": cmd_inspect}[args.command](args)
+        commands = {"tokenize": cmd_tokenize, "merge": cmd_merge, "inspect": cmd_inspect}
+        return commands[args.command](args)
     except ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -19,9 +19,10 @@ import numpy as np
 import orjson
 import tokenizers
 
-from tokenization.storage import join, write_bytes_atomic
+from tokenization.storage import join, remove_if_exists, write_bytes_atomic
 
 MANIFEST_FORMAT = "corpus-tokenization/rank-manifest/1"
+MERGE_FORMAT = "corpus-tokenization/merge-manifest/1"
 
 
 def manifest_path(out_path: str, stem: str) -> str:
@@ -75,9 +76,27 @@ def rank_manifest(
     }
 
 
+def write_json(fs: fsspec.AbstractFileSystem, path: str, obj: dict) -> bytes:
+    data = orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    write_bytes_atomic(fs, path, data)
+    return data
+
+
+def read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict | None:
+    """A JSON file's content, or None when it does not exist."""
+    try:
+        return orjson.loads(fs.cat_file(path))
+    except FileNotFoundError:
+        return None
+
+
+def remove_marker(fs: fsspec.AbstractFileSystem, out_path: str, stem: str) -> None:
+    """The first step of any re-run: from now until the new marker, the output is not complete."""
+    remove_if_exists(fs, marker_path(out_path, stem))
+
+
 def commit(fs: fsspec.AbstractFileSystem, out_path: str, stem: str, manifest: dict) -> None:
     """Write the manifest, then the marker that names its checksum: the marker is always the last file."""
-    data = orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-    write_bytes_atomic(fs, manifest_path(out_path, stem), data)
+    data = write_json(fs, manifest_path(out_path, stem), manifest)
     marker = {"manifest": f"_manifests/{stem}.json", "sha256": hashlib.sha256(data).hexdigest()}
     write_bytes_atomic(fs, marker_path(out_path, stem), orjson.dumps(marker))

@@ -11,6 +11,9 @@ import errno
 import math
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import fsspec
@@ -95,3 +98,26 @@ def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+@contextmanager
+def working_dir(
+    local_working_dir: str | None, fs: fsspec.AbstractFileSystem, out_path: str, name: str
+) -> Iterator[Path]:
+    """A clean local directory for one task, removed afterwards (also on failure). It is ``{output}/.staging``
+    when the output is local, so that publishing is a rename; else a temporary directory."""
+    if local_working_dir:
+        path = Path(local_working_dir) / name
+    elif is_local(fs):
+        path = Path(out_path) / ".staging" / name
+    else:
+        path = Path(tempfile.mkdtemp(prefix=f"tokenization-{name}-"))
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        if path.parent.name == ".staging":
+            with contextlib.suppress(OSError):  # another task may still be using it
+                path.parent.rmdir()

@@ -8,11 +8,8 @@ first and the chunk permutation second, so the same seed gives the same bytes.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
-import shutil
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -26,7 +23,7 @@ from tokenization.encoding import Encoder, SpecialTextPolicy
 from tokenization.formats.ds import SplitWriter, TokenFile, WrittenTokenFile
 from tokenization.permute import SourcePool, fixed_units, permute_units
 from tokenization.sources import DocumentReader, Record, Rejected, list_input_files, shard
-from tokenization.storage import is_local, join, list_names, open_fs, publish_file, remove_if_exists
+from tokenization.storage import join, list_names, open_fs, publish_file, remove_if_exists, working_dir
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +125,8 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
         "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
     )
     out_fs, out_path = open_fs(config.output)
-    remove_if_exists(out_fs, manifest.marker_path(out_path, config.stem))
-    with _working_dir(config, out_fs, out_path) as work:
+    manifest.remove_marker(out_fs, out_path, config.stem)
+    with working_dir(config.local_working_dir, out_fs, out_path, config.stem) as work:
         counts = Counts()
         quarantine = work / "quarantine.jsonl"
         reader = DocumentReader(files, config.text_key, config.id_key)
@@ -283,30 +280,6 @@ def _publish(
     else:
         remove_if_exists(fs, bad)
     manifest.commit(fs, out_path, config.stem, result)
-
-
-class _working_dir:
-    """A clean local directory for one rank; inside the output folder when that is local (so publishing is a
-    rename), else a temporary directory. Removed afterwards, also on failure."""
-
-    def __init__(self, config: TokenizeConfig, fs, out_path: str):
-        if config.local_working_dir:
-            self.path = Path(config.local_working_dir) / config.stem
-        elif is_local(fs):
-            self.path = Path(out_path) / ".staging" / config.stem
-        else:
-            self.path = Path(tempfile.mkdtemp(prefix=f"tokenization-{config.stem}-"))
-
-    def __enter__(self) -> Path:
-        shutil.rmtree(self.path, ignore_errors=True)
-        self.path.mkdir(parents=True)
-        return self.path
-
-    def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-        if self.path.parent.name == ".staging":
-            with contextlib.suppress(OSError):  # another rank may still be using it
-                self.path.parent.rmdir()
 
 
 def _no_bar(progress: bool | None) -> bool | None:

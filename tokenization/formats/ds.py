@@ -242,9 +242,11 @@ class TokenFile:
 class SplitWriter:
     """Writes a stream of units (documents, chunks, windows) into numbered ``.ds`` families.
 
-    A file is closed right after the unit that takes it past ``max_tokens`` (datatrove's rule, so a file
-    exceeds the limit by less than one unit), and the next file is opened only when another unit arrives,
-    so there is never an empty trailing file.
+    A file is closed right after the unit that takes it past ``max_tokens`` (datatrove's tokenizer rule), or
+    that brings it to ``max_tokens`` with ``close_at_limit`` (datatrove's merger rule); either way a file
+    exceeds the limit by less than one unit. The next file opens only when another unit arrives, so there is
+    never an empty trailing file. ``on_close(file, units)`` is called as each file is finished, with the number
+    of units written so far: the merge publishes and checkpoints there.
     """
 
     def __init__(
@@ -256,12 +258,17 @@ class SplitWriter:
         token_size: int,
         save_loss: bool,
         max_tokens: int | None = None,
+        close_at_limit: bool = False,
+        on_close: Callable[[WrittenTokenFile, int], None] | None = None,
     ):
         self.directory = Path(directory)
         self.name_for = name_for
         self.options = {"tokenizer": tokenizer, "token_size": token_size, "save_loss": save_loss}
         self.max_tokens = max_tokens
+        self.side = "left" if close_at_limit else "right"
+        self.on_close = on_close
         self.written: list[WrittenTokenFile] = []
+        self.units = 0
         self._current: TokenFileWriter | None = None
 
     def write(self, tokens: np.ndarray, unit_ends: np.ndarray, index_ends: np.ndarray, loss: np.ndarray | None) -> None:
@@ -275,18 +282,24 @@ class SplitWriter:
             cut, full = len(tokens), False
             if self.max_tokens:
                 room = self.max_tokens - self._current.tokens
-                k = int(np.searchsorted(unit_ends, pos + room, side="right"))
+                k = int(np.searchsorted(unit_ends, pos + room, side=self.side))
                 if k < len(unit_ends):
                     cut, full = int(unit_ends[k]), True
             lo, hi = np.searchsorted(index_ends, [pos, cut], side="right")
             self._current.write(tokens[pos:cut], index_ends[lo:hi] - pos, None if loss is None else loss[pos:cut])
+            self.units += int(np.searchsorted(unit_ends, cut, side="right") - np.searchsorted(unit_ends, pos, "right"))
             pos = cut
             if full:
-                self.written.append(self._current.close())
-                self._current = None
+                self._finish()
+
+    def _finish(self) -> None:
+        written = self._current.close()
+        self._current = None
+        self.written.append(written)
+        if self.on_close is not None:
+            self.on_close(written, self.units)
 
     def close(self) -> list[WrittenTokenFile]:
         if self._current is not None:
-            self.written.append(self._current.close())
-            self._current = None
+            self._finish()
         return self.written

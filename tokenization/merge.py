@@ -1,0 +1,339 @@
+"""The merge: every rank file of a folder becomes one sequence of output files, globally reordered. One task.
+
+* ``interleave`` (default) is datatrove's DocumentTokenizerMerger: ``default_rng(seed).permutation`` of the
+  list ``[f] * units_f`` over the sorted input files; each entry ``f`` takes the *next* unit of file ``f``, so
+  the order inside a file is kept. Same inputs and seed, same bytes.
+* ``shuffle`` is a true uniform permutation of every unit of every file. It holds the permutation of all units
+  in memory: 8 bytes a unit, on top of the 8 bytes a unit of the loaded indexes.
+
+Inputs are validated before anything is written. Output files are published one by one, each with a manifest
+that records where in the ordering it ends; a merge killed at any point and run again with the same arguments
+resumes after the last published file and produces the same bytes as an uninterrupted run.
+
+Inputs may be remote, but they are read at random (a unit here, a unit there), so remote inputs are first
+copied to the local working directory: run the merge on a worker with a large local disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+import orjson
+
+from tokenization import manifest
+from tokenization.formats.ds import Metadata, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
+from tokenization.permute import MAX_OPEN_FILES, SourcePool, move_units
+from tokenization.storage import join, list_names, open_fs, publish_file, working_dir, write_bytes_atomic
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS_PER_FILE = 100_000_000_000  # datatrove's default: 100 GT
+UNITS_PER_SLICE = 1 << 20  # ordering entries turned into byte moves at a time
+IRRELEVANT_TO_BYTES = ("input", "output", "local_working_dir", "max_open_files")
+
+
+@dataclass
+class MergeConfig:
+    input: str
+    output: str
+    save_filename: str
+    seed: int = 0
+    mode: Literal["interleave", "shuffle"] = "interleave"
+    shuffle: bool = True
+    max_tokens_per_file: int = DEFAULT_MAX_TOKENS_PER_FILE
+    shuffle_chunk_size: int | None = None
+    drop_last_chunk: bool = False
+    save_loss: bool = False
+    local_working_dir: str | None = None
+    max_open_files: int = MAX_OPEN_FILES
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("interleave", "shuffle"):
+            raise ValueError(f"mode must be interleave or shuffle, got {self.mode!r}")
+        for name in ("max_tokens_per_file", "shuffle_chunk_size", "max_open_files"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if not self.save_filename:
+            raise ValueError("save_filename is required")
+
+
+@dataclass
+class MergeInputs:
+    """The validated inputs: names, token size, tokenizer, and every file's index entries (concatenated)."""
+
+    urls: list[str]
+    token_size: int
+    tokenizer: str
+    tokenizer_sha256: str | None
+    ends: np.ndarray  # all index entries, file after file
+    offsets: np.ndarray  # file f's entries are ends[offsets[f]:offsets[f + 1]]
+    sizes: list[int]
+
+    def file_ends(self, f: int) -> np.ndarray:
+        return self.ends[self.offsets[f] : self.offsets[f + 1]]
+
+    def tokens(self, f: int) -> int:
+        ends = self.file_ends(f)
+        return int(ends[-1]) if len(ends) else 0
+
+
+def list_token_files(folder: str) -> list[str]:
+    """The ``.ds`` files directly inside a folder, sorted by name as datatrove lists them."""
+    fs, path = open_fs(folder)
+    names = sorted(n for n in list_names(fs, path) if n.endswith(".ds"))
+    return [join(folder.rstrip("/"), n) for n in names]
+
+
+def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
+    """Check every input before anything is written; a mix of token sizes or tokenizers is an error."""
+    if not urls:
+        raise TokenFileError("no .ds files to merge")
+    hashes = _tokenizer_hashes(urls)
+    files = [TokenFile(u) for u in urls]  # raises when a .metadata is missing: the size is never assumed
+    first = files[0]
+    ends_list, sizes = [], []
+    for f in files:
+        if f.token_size != first.token_size:
+            raise TokenFileError(f"{f.url}: token_size {f.token_size} differs from {first.url}'s {first.token_size}")
+        if f.metadata.tokenizer != first.metadata.tokenizer:
+            raise TokenFileError(
+                f"{f.url}: tokenizer {f.metadata.tokenizer!r} differs from {first.url}'s {first.metadata.tokenizer!r}"
+            )
+        ends = np.asarray(f.ends, dtype=np.int64)
+        total = int(ends[-1]) if len(ends) else 0
+        if f.num_tokens != total or f.fs.size(f.path) % f.token_size:
+            raise TokenFileError(f"{f.url}: {f.fs.size(f.path)} bytes, but its index ends at token {total}")
+        if len(ends) and (ends[0] < 0 or np.any(np.diff(ends) < 0)):
+            raise TokenFileError(f"{f.url}.index: entries are not non-decreasing")
+        if save_loss:
+            if not f.fs.exists(f.path + ".loss"):
+                raise TokenFileError(f"{f.url}.loss is missing (merge without save_loss, or re-tokenize with it)")
+            if f.fs.size(f.path + ".loss") != total:
+                raise TokenFileError(f"{f.url}.loss: {f.fs.size(f.path + '.loss')} bytes for {total} tokens")
+        ends_list.append(ends)
+        sizes.append(f.fs.size(f.path))
+    distinct = {h for h in hashes.values() if h}
+    if len(distinct) > 1:
+        raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")
+    return MergeInputs(
+        urls=urls,
+        token_size=first.token_size,
+        tokenizer=first.metadata.tokenizer,
+        tokenizer_sha256=distinct.pop() if distinct else None,
+        ends=np.concatenate(ends_list) if ends_list else np.empty(0, np.int64),
+        offsets=np.concatenate([[0], np.cumsum([len(e) for e in ends_list])]).astype(np.int64),
+        sizes=sizes,
+    )
+
+
+def _tokenizer_hashes(urls: list[str]) -> dict[str, str | None]:
+    """The tokenizer sha256 that the rank manifests beside the inputs record for each input file."""
+    folder = urls[0].rsplit("/", 1)[0]
+    fs, path = open_fs(join(folder, "_manifests"))
+    by_name: dict[str, str] = {}
+    for name in list_names(fs, path):
+        if name.endswith(".json"):
+            data = orjson.loads(fs.cat_file(join(path, name)))
+            for output in data.get("outputs", []):
+                by_name[output["name"]] = data.get("tokenizer", {}).get("sha256")
+    return {u: by_name.get(u.rsplit("/", 1)[-1]) for u in urls}
+
+
+@dataclass
+class _Units:
+    """How the merge cuts each file into units, and in which order they come."""
+
+    inputs: MergeInputs
+    chunk: int | None
+    counts: np.ndarray  # full units per file (documents, or whole chunks)
+
+    def bounds(self, files: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token ranges of unit ``local[i]`` of file ``files[i]``."""
+        if self.chunk:
+            return local * self.chunk, (local + 1) * self.chunk
+        g = self.inputs.offsets[files] + local
+        ends = self.inputs.ends[g]
+        starts = np.where(local > 0, self.inputs.ends[np.maximum(g - 1, 0)], 0)
+        return starts, ends
+
+
+def plan_ordering(config: MergeConfig, units: _Units) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(file_ids, perm)``: entry j of the output is unit ``perm[j]`` (global, file-major) in shuffle mode,
+    else the next unit of file ``file_ids[j]``."""
+    n_files = len(units.counts)
+    dtype = np.uint16 if n_files <= np.iinfo(np.uint16).max + 1 else np.uint32
+    file_ids = np.repeat(np.arange(n_files, dtype=dtype), units.counts)
+    rng = np.random.default_rng(config.seed)
+    if not config.shuffle:
+        return file_ids, None
+    if config.mode == "shuffle":
+        return file_ids, rng.permutation(len(file_ids))
+    rng.shuffle(file_ids)  # in place; the same draw as datatrove's rng.permutation(file_ids)
+    return file_ids, None
+
+
+def merge(config: MergeConfig, progress: bool | None = None) -> dict:
+    """Run the merge (resuming when an earlier run of the same merge was interrupted); return its manifest."""
+    started = time.time()
+    urls = list_token_files(config.input)
+    inputs = validate_inputs(urls, config.save_loss)
+    chunk = config.shuffle_chunk_size
+    per_file_tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
+    counts = per_file_tokens // chunk if chunk else np.diff(inputs.offsets)
+    units = _Units(inputs, chunk, counts)
+    tails = (per_file_tokens - counts * chunk) if chunk else np.zeros(len(urls), np.int64)
+    keep_tails = bool(chunk) and not config.drop_last_chunk
+    total_tokens = int(per_file_tokens.sum()) - (0 if keep_tails else int(tails.sum()))
+    n_units = int(counts.sum()) + (int(np.count_nonzero(tails)) if keep_tails else 0)
+    most_files = min(-(-total_tokens // config.max_tokens_per_file), n_units)  # every file holds >= 1 unit
+    width = max(3, len(str(max(0, most_files - 1))))  # datatrove's 3 digits, wider only past 1,000 files
+    fingerprint = _fingerprint(config, inputs, width)
+    out_fs, out_path = open_fs(config.output)
+    stem = config.save_filename
+    manifest.remove_marker(out_fs, out_path, stem)
+    done = _completed_files(out_fs, out_path, config, width, fingerprint)
+    resume_units = done[-1]["units_end"] if done else 0
+    log.info(
+        "merge %s: %d inputs, %d units, %d tokens; %d files already done, resuming at unit %d",
+        stem, len(urls), int(counts.sum()), total_tokens, len(done), resume_units,
+    )  # fmt: skip
+    file_ids, perm = plan_ordering(config, units)
+
+    with working_dir(config.local_working_dir, out_fs, out_path, f"merge-{stem}") as work:
+        pool = SourcePool(urls, inputs.token_size, config.save_loss, config.max_open_files, work / "inputs")
+        published: list[dict] = []
+
+        def publish(written: WrittenTokenFile, units_written: int) -> None:
+            entry = {
+                "name": written.name, "fingerprint": fingerprint, "units_start": published_units(),
+                "units_end": resume_units + units_written, **written.to_json(),
+            }  # fmt: skip
+            for f in written.files:
+                publish_file(written.path.with_name(f.name), out_fs, join(out_path, f.name))
+            manifest.write_json(out_fs, manifest.manifest_path(out_path, written.path.stem), entry)
+            published.append(entry)
+
+        def published_units() -> int:
+            return published[-1]["units_end"] if published else resume_units
+
+        writer = SplitWriter(
+            work,
+            lambda sub: f"{sub + len(done):0{width}d}_{stem}.ds",
+            tokenizer=inputs.tokenizer,
+            token_size=inputs.token_size,
+            save_loss=config.save_loss,
+            max_tokens=config.max_tokens_per_file,
+            close_at_limit=True,
+            on_close=publish,
+        )
+        inner = [inputs.file_ends(f) for f in range(len(urls))] if chunk else None
+        total_units = len(file_ids)
+        cursor = np.bincount(file_ids[:resume_units], minlength=len(urls)).astype(np.int64)
+        for a in range(min(resume_units, total_units), total_units, UNITS_PER_SLICE):
+            b = min(total_units, a + UNITS_PER_SLICE)
+            files, local = _slice_units(file_ids, perm, units, cursor, a, b)
+            starts, ends = units.bounds(files, local)
+            move_units(pool, files, starts, ends, writer, inner)
+        if keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
+            pending = np.flatnonzero(tails)[max(0, resume_units - total_units) :]
+            move_units(pool, pending, counts[pending] * chunk, per_file_tokens[pending], writer, inner)
+        writer.close()
+        pool.close()
+
+    outputs = done + published
+    result = {
+        "format": manifest.MERGE_FORMAT,
+        "stage": "merge",
+        "save_filename": stem,
+        "seed": config.seed,
+        "versions": manifest.versions(),
+        "params": asdict(config),
+        "fingerprint": fingerprint,
+        "tokenizer": {"name": inputs.tokenizer, "sha256": inputs.tokenizer_sha256, "token_size": inputs.token_size},
+        "inputs": [{"url": u, "bytes": s} for u, s in zip(urls, inputs.sizes, strict=True)],
+        "counts": {
+            "input_files": len(urls),
+            "units": n_units,
+            "index_entries": sum(o["index_entries"] for o in outputs),
+            "tokens": sum(o["tokens"] for o in outputs),
+            "partial_chunk_tokens": int(tails.sum()) if keep_tails else 0,
+            "tokens_dropped": 0 if keep_tails else int(tails.sum()),
+            "resumed_files": len(done),
+        },
+        "outputs": outputs,
+        "seconds": round(time.time() - started, 3),
+    }
+    meta = Metadata(inputs.tokenizer, inputs.token_size, result["counts"]["tokens"]).render().encode()
+    write_bytes_atomic(out_fs, join(out_path, f"{stem}.ds.metadata"), meta)
+    manifest.commit(out_fs, out_path, stem, result)
+    return result
+
+
+def _slice_units(file_ids, perm, units: _Units, cursor: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Files and unit numbers within their file for ordering entries ``a..b``; advances ``cursor``."""
+    if perm is not None:  # shuffle mode: a global unit id -> (file, unit in file)
+        starts = np.concatenate([[0], np.cumsum(units.counts)])
+        global_ids = perm[a:b]
+        files = np.searchsorted(starts, global_ids, side="right") - 1
+        return files, global_ids - starts[files]
+    files = file_ids[a:b].astype(np.int64)
+    by_file = np.argsort(files, kind="stable")
+    sorted_files = files[by_file]
+    firsts = np.searchsorted(sorted_files, sorted_files, side="left")
+    rank = np.empty(len(files), dtype=np.int64)
+    rank[by_file] = np.arange(len(files)) - firsts
+    local = cursor[files] + rank
+    cursor += np.bincount(files, minlength=len(cursor))
+    return files, local
+
+
+def _fingerprint(config: MergeConfig, inputs: MergeInputs, width: int) -> str:
+    """Everything that decides the output bytes: a resumed run must agree on all of it."""
+    plan = {
+        "inputs": [[u.rsplit("/", 1)[-1], s] for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
+        "index_entries": len(inputs.ends),
+        "params": {k: v for k, v in asdict(config).items() if k not in IRRELEVANT_TO_BYTES},
+        "width": width,
+        "numpy": np.__version__,
+    }
+    return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _completed_files(fs, out_path: str, config: MergeConfig, width: int, fingerprint: str) -> list[dict]:
+    """The output files a previous run of this same merge finished, in order; everything after them (and all of
+    a different merge's files under this name) is removed."""
+    stem = config.save_filename
+    done: list[dict] = []
+    while True:
+        name = f"{len(done):0{width}d}_{stem}.ds"
+        entry = manifest.read_json(fs, manifest.manifest_path(out_path, name[: -len(".ds")]))
+        if not entry or entry.get("fingerprint") != fingerprint or not _files_intact(fs, out_path, entry):
+            break
+        done.append(entry)
+    keep = {n for e in done for n in e["files"]} | {f"{stem}.ds.metadata"}
+    for name in list_names(fs, out_path):
+        if _is_output_name(name, stem) and name not in keep:
+            fs.rm_file(join(out_path, name))
+    for name in list_names(fs, join(out_path, "_manifests")):
+        if _is_output_name(name.removesuffix(".json") + ".ds", stem) and name.removesuffix(".json") + ".ds" not in keep:
+            fs.rm_file(join(out_path, "_manifests", name))
+    return done
+
+
+def _is_output_name(name: str, stem: str) -> bool:
+    prefix, _, rest = name.partition("_")
+    return prefix.isdigit() and len(prefix) >= 3 and (rest == f"{stem}.ds" or rest.startswith(f"{stem}.ds."))
+
+
+def _files_intact(fs, out_path: str, entry: dict) -> bool:
+    for name, info in entry["files"].items():
+        path = join(out_path, name)
+        if not fs.exists(path) or fs.size(path) != info["bytes"]:
+            return False
+    return True

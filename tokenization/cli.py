@@ -10,6 +10,7 @@ from dataclasses import fields
 
 import numpy as np
 
+from tokenization.context import DEFAULT_WINDOW, ContextShuffleConfig, context_shuffle
 from tokenization.encoding import SPECIAL_TEXT_POLICIES, Encoder, TokenizerError
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, merge
@@ -82,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     mrg.add_argument("--local-working-dir", help="local folder for staging (and for copies of remote inputs)")
     mrg.add_argument("--max-open-files", type=_positive, default=MAX_OPEN_FILES, help="input files open at once")
 
+    ctx = sub.add_parser("context-shuffle", help="permute fixed-size context windows of token files")
+    ctx.add_argument("input", help="a .ds file or a folder of them")
+    ctx.add_argument("--output", required=True, help="output folder or URL (file names are kept)")
+    ctx.add_argument("--window-size", type=_positive, default=DEFAULT_WINDOW, help="tokens a window (default: 2049)")
+    ctx.add_argument("--seed", type=int, default=0, help="shuffle seed (default: 0)")
+    ctx.add_argument("--shard", type=int, default=0, help="this task's shard of the sorted files")
+    ctx.add_argument("--num-shards", type=_positive, default=1)
+    ctx.add_argument("--drop-tail", action="store_true", help="drop the tail shorter than a window (datatrove)")
+    ctx.add_argument("--local-working-dir", help="local folder for staging")
+
     ins = sub.add_parser("inspect", help="describe a .ds file or a folder of them")
     ins.add_argument("path", help="a .ds file or a folder")
     ins.add_argument("--decode", type=int, default=0, metavar="N", help="print the first N documents")
@@ -117,6 +128,17 @@ def cmd_merge(args: argparse.Namespace) -> int:
         f"merge {args.save_filename}: {counts['input_files']} inputs, {counts['units']} units, {counts['tokens']} "
         f"tokens in {len(result['outputs'])} files{resumed}, {counts['tokens_dropped']} dropped; "
         f"{result['seconds']:.1f}s -> {args.output}"
+    )
+    return 0
+
+
+def cmd_context_shuffle(args: argparse.Namespace) -> int:
+    result = context_shuffle(_config(ContextShuffleConfig, args))
+    counts = result["counts"]
+    print(
+        f"context shuffle shard {args.shard}/{args.num_shards}: {counts['files']} files, {counts['windows']} windows "
+        f"of {args.window_size}, {counts['tokens']} tokens, {counts['tail_tokens_kept']} tail tokens kept, "
+        f"{counts['tokens_dropped']} dropped; {result['seconds']:.1f}s -> {args.output}"
     )
     return 0
 
@@ -161,7 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        commands = {"tokenize": cmd_tokenize, "merge": cmd_merge, "inspect": cmd_inspect}
+        commands = {
+            "tokenize": cmd_tokenize,
+            "merge": cmd_merge,
+            "context-shuffle": cmd_context_shuffle,
+            "inspect": cmd_inspect,
+        }
         return commands[args.command](args)
     except ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -19,10 +19,11 @@ import numpy as np
 import orjson
 import tokenizers
 
-from tokenization.storage import join, remove_if_exists, write_bytes_atomic
+from tokenization.storage import join, list_names, open_fs, remove_if_exists, write_bytes_atomic
 
 MANIFEST_FORMAT = "corpus-tokenization/rank-manifest/1"
 MERGE_FORMAT = "corpus-tokenization/merge-manifest/1"
+CONTEXT_FORMAT = "corpus-tokenization/context-manifest/1"
 
 
 def manifest_path(out_path: str, stem: str) -> str:
@@ -100,3 +101,24 @@ def commit(fs: fsspec.AbstractFileSystem, out_path: str, stem: str, manifest: di
     data = write_json(fs, manifest_path(out_path, stem), manifest)
     marker = {"manifest": f"_manifests/{stem}.json", "sha256": hashlib.sha256(data).hexdigest()}
     write_bytes_atomic(fs, marker_path(out_path, stem), orjson.dumps(marker))
+
+
+def pseudo_ends(start: int, tokens: int, every: int | None, until: int) -> dict | None:
+    """The chunk or window boundaries in the index of a file that covers tokens ``[start, start + tokens)`` of
+    a stream cut every ``every`` tokens up to ``until`` (``start`` is on the grid): what ``verify`` must not
+    mistake for document ends. ``None`` when every entry is a document end."""
+    if not every or start >= until:
+        return None
+    return {"every": every, "until": min(start + tokens, until) - start}
+
+
+def output_entries(folder: str) -> dict[str, dict]:
+    """Every output file that the manifests in ``folder/_manifests`` describe, by file name."""
+    fs, path = open_fs(join(folder, "_manifests"))
+    entries: dict[str, dict] = {}
+    for name in list_names(fs, path):
+        if name.endswith(".json"):
+            data = orjson.loads(fs.cat_file(join(path, name)))
+            for entry in data.get("outputs", [data] if "files" in data else []):
+                entries[entry["name"]] = entry | {"_manifest": data}
+    return entries

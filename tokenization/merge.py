@@ -74,6 +74,7 @@ class MergeInputs:
     ends: np.ndarray  # all index entries, file after file
     offsets: np.ndarray  # file f's entries are ends[offsets[f]:offsets[f + 1]]
     sizes: list[int]
+    pseudo_ends: bool  # some input's index holds chunk or window boundaries besides document ends
 
     def file_ends(self, f: int) -> np.ndarray:
         return self.ends[self.offsets[f] : self.offsets[f + 1]]
@@ -94,7 +95,8 @@ def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
     """Check every input before anything is written; a mix of token sizes or tokenizers is an error."""
     if not urls:
         raise TokenFileError("no .ds files to merge")
-    hashes = _tokenizer_hashes(urls)
+    described = manifest.output_entries(urls[0].rsplit("/", 1)[0])
+    entries = [described.get(u.rsplit("/", 1)[-1], {}) for u in urls]
     files = [TokenFile(u) for u in urls]  # raises when a .metadata is missing: the size is never assumed
     first = files[0]
     ends_list, sizes = [], []
@@ -118,7 +120,7 @@ def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
                 raise TokenFileError(f"{f.url}.loss: {f.fs.size(f.path + '.loss')} bytes for {total} tokens")
         ends_list.append(ends)
         sizes.append(f.fs.size(f.path))
-    distinct = {h for h in hashes.values() if h}
+    distinct = {e["_manifest"].get("tokenizer", {}).get("sha256") for e in entries if e} - {None}
     if len(distinct) > 1:
         raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")
     return MergeInputs(
@@ -129,20 +131,8 @@ def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
         ends=np.concatenate(ends_list) if ends_list else np.empty(0, np.int64),
         offsets=np.concatenate([[0], np.cumsum([len(e) for e in ends_list])]).astype(np.int64),
         sizes=sizes,
+        pseudo_ends=any(e.get("pseudo_ends") for e in entries),
     )
-
-
-def _tokenizer_hashes(urls: list[str]) -> dict[str, str | None]:
-    """The tokenizer sha256 that the rank manifests beside the inputs record for each input file."""
-    folder = urls[0].rsplit("/", 1)[0]
-    fs, path = open_fs(join(folder, "_manifests"))
-    by_name: dict[str, str] = {}
-    for name in list_names(fs, path):
-        if name.endswith(".json"):
-            data = orjson.loads(fs.cat_file(join(path, name)))
-            for output in data.get("outputs", []):
-                by_name[output["name"]] = data.get("tokenizer", {}).get("sha256")
-    return {u: by_name.get(u.rsplit("/", 1)[-1]) for u in urls}
 
 
 @dataclass
@@ -210,9 +200,12 @@ def merge(config: MergeConfig, progress: bool | None = None) -> dict:
         published: list[dict] = []
 
         def publish(written: WrittenTokenFile, units_written: int) -> None:
+            start = sum(e["tokens"] for e in done + published)
+            grid = manifest.pseudo_ends(start, written.tokens, chunk, int(counts.sum()) * (chunk or 0))
             entry = {
                 "name": written.name, "fingerprint": fingerprint, "units_start": published_units(),
                 "units_end": resume_units + units_written, **written.to_json(),
+                "pseudo_ends": "unknown" if inputs.pseudo_ends else grid,
             }  # fmt: skip
             for f in written.files:
                 publish_file(written.path.with_name(f.name), out_fs, join(out_path, f.name))

@@ -11,23 +11,22 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
-from tqdm import tqdm
 
 from tokenization import manifest
+from tokenization.documents import BATCH_BYTES, Counts, encoded_batches
 from tokenization.encoding import Encoder, SpecialTextPolicy
 from tokenization.formats.ds import SplitWriter, TokenFile, WrittenTokenFile
 from tokenization.permute import SourcePool, fixed_units, permute_units
-from tokenization.sources import DocumentReader, Record, Rejected, list_input_files, shard
+from tokenization.sources import DocumentReader, Rejected, list_input_files, shard
 from tokenization.storage import join, list_names, open_fs, publish_file, remove_if_exists, working_dir
 
 log = logging.getLogger(__name__)
-
-BATCH_BYTES = 1 << 20  # UTF-8 bytes a batch; a token costs ~150 bytes inside an Encoding, and is >= 1 byte
 
 
 class TooManyRejects(RuntimeError):
@@ -86,31 +85,6 @@ class TokenizeConfig:
         return f"{self.stem}_{sub:05d}_{self.kind}.ds"
 
 
-@dataclass
-class Counts:
-    """What happened to every record this rank read: docs_read = docs_written + empty + sum(rejected)."""
-
-    docs_read: int = 0
-    docs_written: int = 0
-    empty: int = 0
-    rejected: Counter = field(default_factory=Counter)
-    blank_lines: int = 0
-    text_bytes: int = 0
-    tokens: int = 0
-    tokens_written: int = 0
-    tokens_dropped: int = 0
-    partial_chunk_tokens: int = 0
-    special_token_literals: Counter = field(default_factory=Counter)
-
-    def to_json(self) -> dict:
-        data = asdict(self)
-        data["rejected"] = dict(sorted(self.rejected.items()))
-        data["rejected_total"] = sum(self.rejected.values())
-        data["special_token_literals"] = dict(sorted(self.special_token_literals.items()))
-        data["special_token_literals_total"] = sum(self.special_token_literals.values())
-        return data
-
-
 def rank_file_pattern(stem: str) -> re.Pattern:
     """Every token file a rank with this stem may have written, in any mode and attempt."""
     return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?(unshuffled|doc_shuffled|chunk_shuffled)\.ds(\.\w+)?")
@@ -140,12 +114,16 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
             max_tokens=config.max_tokens_per_file if direct else None,
         )
         try:
-            _encode_all(config, encoder, reader, writer, counts, quarantine, progress)
+            with open(quarantine, "wb") as bad:
+                reject = _quarantine(config, counts, bad)
+                batches = encoded_batches(reader, encoder, counts, config, reject, f"rank {config.rank}", progress)
+                for batch in batches:
+                    ends = np.cumsum(batch.encoded.lengths)
+                    writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
         except TooManyRejects:  # publish what was quarantined: it is what the user needs to look at
             publish_file(quarantine, out_fs, manifest.quarantine_path(out_path, config.stem))
             raise
         written = writer.close()
-        counts.blank_lines = reader.blank_lines
         log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
         if not direct and written:
             written = _shuffle(config, encoder, written[0].path, counts, work)
@@ -172,61 +150,19 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
     return result
 
 
-def _encode_all(
-    config: TokenizeConfig,
-    encoder: Encoder,
-    reader: DocumentReader,
-    writer: SplitWriter,
-    counts: Counts,
-    quarantine: Path,
-    progress: bool | None,
-) -> None:
-    """Pass 1: read, encode in bounded batches, append to ``writer``; quarantine bad records."""
-    batch: list[Record] = []
-    batch_bytes = 0
-    bar = tqdm(
-        total=reader.total_bytes, unit="B", unit_scale=True, desc=f"rank {config.rank}", disable=_no_bar(progress)
-    )
+def _quarantine(config: TokenizeConfig, counts: Counts, bad: BinaryIO) -> Callable[[Rejected], None]:
+    """Write each rejected record to the quarantine file; fail the rank past ``max_rejects``."""
 
-    def flush() -> None:
-        nonlocal batch, batch_bytes
-        if not batch:
-            return
-        ranges = [r.no_loss_ranges for r in batch] if config.save_loss else None
-        encoded = encoder.encode([r.text for r in batch], ranges)
-        ends = np.cumsum(encoded.lengths)
-        writer.write(encoded.tokens, ends, ends, encoded.loss)
-        counts.docs_written += len(batch)
-        counts.tokens += len(encoded.tokens)
-        counts.special_token_literals.update(encoded.special_literals)
-        bar.update(reader.bytes_read - bar.n)
-        bar.set_postfix(docs=counts.docs_written, tokens=counts.tokens, refresh=False)
-        batch, batch_bytes = [], 0
+    def reject(item: Rejected) -> None:
+        bad.write(manifest.dumps_line(item.to_json()))
+        rejected = sum(counts.rejected.values())
+        if config.max_rejects is not None and rejected > config.max_rejects:
+            raise TooManyRejects(
+                f"rank {config.rank}: {rejected} rejected records exceed max_rejects={config.max_rejects}; "
+                f"latest: {item.file} line {item.line}: {item.reason}"
+            )
 
-    with open(quarantine, "wb") as bad:
-        for item in reader:
-            counts.docs_read += 1
-            if isinstance(item, Rejected):
-                counts.rejected[item.reason] += 1
-                bad.write(manifest.dumps_line(item.to_json()))
-                rejected = sum(counts.rejected.values())
-                if config.max_rejects is not None and rejected > config.max_rejects:
-                    raise TooManyRejects(
-                        f"rank {config.rank}: {rejected} rejected records exceed max_rejects={config.max_rejects}; "
-                        f"latest: {item.file} line {item.line}: {item.reason}"
-                    )
-            elif not item.text:
-                counts.empty += 1
-            else:
-                size = len(item.text.encode("utf-8"))
-                batch.append(item)
-                batch_bytes += size
-                counts.text_bytes += size
-                if len(batch) >= config.batch_size or batch_bytes >= config.batch_bytes:
-                    flush()
-        flush()
-    bar.update(reader.total_bytes - bar.n)
-    bar.close()
+    return reject
 
 
 def _shuffle(
@@ -286,8 +222,3 @@ def _publish(
     else:
         remove_if_exists(fs, bad)
     manifest.commit(fs, out_path, config.stem, result)
-
-
-def _no_bar(progress: bool | None) -> bool | None:
-    """tqdm's ``disable``: ``None`` lets tqdm show a bar only on a terminal."""
-    return None if progress is None else not progress

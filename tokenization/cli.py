@@ -11,6 +11,7 @@ from dataclasses import fields
 import numpy as np
 
 from tokenization.context import DEFAULT_WINDOW, ContextShuffleConfig, context_shuffle
+from tokenization.count import CountConfig, count_tokens
 from tokenization.encoding import SPECIAL_TEXT_POLICIES, Encoder, TokenizerError
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, merge
@@ -93,6 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     ctx.add_argument("--drop-tail", action="store_true", help="drop the tail shorter than a window (datatrove)")
     ctx.add_argument("--local-working-dir", help="local folder for staging")
 
+    cnt = sub.add_parser("count", help="count tokens as tokenize would, writing no token files")
+    cnt.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs; local or fsspec URLs")
+    cnt.add_argument("--tokenizer", required=True, help="tokenizer.json path, folder, URL or hub name")
+    cnt.add_argument("--text-key", default="text")
+    cnt.add_argument("--id-key", default="id")
+    cnt.add_argument("--eos-token", help="counted after every document, as tokenize appends it")
+    cnt.add_argument("--special-tokens-in-text", dest="special_text", choices=SPECIAL_TEXT_POLICIES, default="text")
+    cnt.add_argument("--stats-out", help="write the stats JSON here")
+    cnt.add_argument("--annotate", help="write the records back as JSON lines with a token_count field")
+
     ins = sub.add_parser("inspect", help="describe a .ds file or a folder of them")
     ins.add_argument("path", help="a .ds file or a folder")
     ins.add_argument("--decode", type=int, default=0, metavar="N", help="print the first N documents")
@@ -143,6 +154,16 @@ def cmd_context_shuffle(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_count(args: argparse.Namespace) -> int:
+    stats = count_tokens(_config(CountConfig, args))
+    rejected = sum(stats["rejected"].values())
+    print(
+        f"count: {stats['docs']} docs, {stats['tokens']} tokens ({stats['mean_tokens_per_doc']} a doc, longest "
+        f"{stats['max_tokens_per_doc']}), {stats['empty']} empty, {rejected} rejected in {len(stats['files'])} files"
+    )
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     fs, path = open_fs(args.path)
     if fs.isdir(path):
@@ -187,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tokenize": cmd_tokenize,
             "merge": cmd_merge,
             "context-shuffle": cmd_context_shuffle,
+            "count": cmd_count,
             "inspect": cmd_inspect,
         }
         return commands[args.command](args)

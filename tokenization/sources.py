@@ -42,6 +42,7 @@ class Record:
     no_loss_ranges: list[tuple[int, int]] | None
     file: str
     line: int
+    data: dict | None = None  # the whole record, kept only when the reader is asked to (count --annotate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,10 +180,11 @@ def _no_loss_ranges(value: object, text: str) -> list[tuple[int, int]] | str | N
 class DocumentReader:
     """Reads documents from a list of files, in order, tracking input bytes consumed for progress."""
 
-    def __init__(self, files: Sequence[InputFile], text_key: str = "text", id_key: str = "id"):
+    def __init__(self, files: Sequence[InputFile], text_key: str = "text", id_key: str = "id", keep_data: bool = False):
         self.files = list(files)
         self.text_key = text_key
         self.id_key = id_key
+        self.keep_data = keep_data
         self.blank_lines = 0
         self._done_bytes = 0
         self._raw: io.IOBase | None = None
@@ -225,7 +227,7 @@ class DocumentReader:
             return reject(ranges)
         doc_id = get_field(obj, self.id_key)
         doc_id = f"{url}/{line - 1}" if doc_id is MISSING or doc_id is None else str(doc_id)
-        return Record(text, doc_id, ranges, url, line)
+        return Record(text, doc_id, ranges, url, line, obj if self.keep_data else None)
 
     def _jsonl(self, url: str, compression: str | None) -> Iterator[Record | Rejected]:
         fs, path = open_fs(url)
@@ -271,7 +273,7 @@ class DocumentReader:
                 parquet = pq.ParquetFile(raw)
                 wanted = {self.text_key, self.id_key, "no_loss_ranges"}
                 wanted |= {key.split(".")[0] for key in (self.text_key, self.id_key)}
-                columns = [name for name in parquet.schema_arrow.names if name in wanted]
+                columns = None if self.keep_data else [n for n in parquet.schema_arrow.names if n in wanted]
                 for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
                     for obj in batch.to_pylist():
                         row += 1

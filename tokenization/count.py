@@ -1,0 +1,138 @@
+"""The token counter: the tokenize stage's encoding without its output, for budgets and mixture weights.
+
+It counts exactly what ``tokenize`` would write (same EOS, BOS and special-text policy, same empty and bad
+records skipped) and writes a stats JSON: totals, per input file, and a histogram of document lengths in
+tokens. With ``annotate`` it also writes every valid record back as JSON lines with a ``token_count`` field,
+as datatrove's TokensCounter annotates documents (0 for an empty document, which the stage does not write).
+"""
+
+from __future__ import annotations
+
+import gzip
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+import zstandard
+
+from tokenization import manifest
+from tokenization.documents import BATCH_BYTES, Counts, encoded_batches
+from tokenization.encoding import Encoder, SpecialTextPolicy
+from tokenization.sources import DocumentReader, Rejected, list_input_files
+from tokenization.storage import open_fs, publish_file, write_bytes_atomic
+
+HISTOGRAM_BUCKETS = 48  # powers of two: [1, 2), [2, 4), ... up to 2**47 tokens
+
+
+@dataclass
+class CountConfig:
+    inputs: list[str]
+    tokenizer: str
+    text_key: str = "text"
+    id_key: str = "id"
+    eos_token: str | None = None
+    special_text: SpecialTextPolicy = "text"
+    stats_out: str | None = None
+    annotate: str | None = None
+    batch_size: int = 10000
+    batch_bytes: int = BATCH_BYTES
+    save_loss: bool = False  # counting needs no loss bytes
+
+
+def count_tokens(config: CountConfig, progress: bool | None = None) -> dict:
+    """Count, write the stats (and the annotated records) where asked, and return the stats."""
+    started = time.time()
+    encoder = Encoder(config.tokenizer, config.eos_token, config.special_text)
+    files = list_input_files(config.inputs)
+    reader = DocumentReader(files, config.text_key, config.id_key, keep_data=bool(config.annotate))
+    counts = Counts()
+    per_file: dict[str, Counter] = defaultdict(Counter)
+    histogram = np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64)
+    longest = 0
+
+    def reject(item: Rejected) -> None:
+        per_file[item.file]["rejected"] += 1
+
+    with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
+        annotated = _open_annotation(Path(tmp), config.annotate) if config.annotate else None
+        for batch in encoded_batches(reader, encoder, counts, config, reject, "count", progress):
+            lengths = batch.token_counts()
+            for record, n in zip(batch.records, lengths.tolist(), strict=True):
+                stats = per_file[record.file]
+                stats["docs" if record.text else "empty"] += 1
+                stats["tokens"] += n
+                if annotated is not None:
+                    annotated.write(orjson.dumps(record.data | {"token_count": n}) + b"\n")
+            written = batch.encoded.lengths
+            if len(written):
+                np.add.at(histogram, np.minimum(np.log2(np.maximum(written, 1)).astype(int), HISTOGRAM_BUCKETS - 1), 1)
+                longest = max(longest, int(written.max()))
+        if annotated is not None:
+            annotated.close()
+            fs, path = open_fs(config.annotate)
+            publish_file(Path(annotated.name), fs, path)
+    c = counts.to_json()
+    nonzero = np.flatnonzero(histogram)
+    stats = {
+        "format": "corpus-tokenization/count/1",
+        "tokenizer": encoder.describe(),
+        "params": asdict(config),
+        "versions": manifest.versions(),
+        "docs": c["docs_written"],
+        "tokens": c["tokens"],
+        "empty": c["empty"],
+        "rejected": c["rejected"],
+        "docs_read": c["docs_read"],
+        "blank_lines": c["blank_lines"],
+        "special_token_literals": c["special_token_literals"],
+        "mean_tokens_per_doc": round(c["tokens"] / c["docs_written"], 3) if c["docs_written"] else 0,
+        "max_tokens_per_doc": longest,
+        "files": [{"url": f.url, "bytes": f.size, **_file_counts(per_file[f.url])} for f in files],
+        "length_histogram": [
+            {"min_tokens": 2**k, "max_tokens": 2 ** (k + 1) - 1, "docs": int(histogram[k])}
+            for k in range(nonzero[0], nonzero[-1] + 1)
+        ]
+        if len(nonzero)
+        else [],
+        "seconds": round(time.time() - started, 3),
+    }
+    if config.stats_out:
+        fs, path = open_fs(config.stats_out)
+        write_bytes_atomic(fs, path, orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+    return stats
+
+
+def _file_counts(stats: Counter) -> dict:
+    return {key: stats[key] for key in ("docs", "tokens", "empty", "rejected")}
+
+
+class _Annotation:
+    """A local JSON-lines file, compressed as its final name asks (``.gz``, ``.zst``), published when closed."""
+
+    def __init__(self, path: Path, compression: str | None):
+        self.name = str(path)
+        self._raw = open(path, "wb")  # noqa: SIM115 - closed in close()
+        if compression == "gzip":
+            self._out = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0)
+        elif compression == "zstd":
+            self._out = zstandard.ZstdCompressor().stream_writer(self._raw, closefd=False)
+        else:
+            self._out = self._raw
+
+    def write(self, data: bytes) -> None:
+        self._out.write(data)
+
+    def close(self) -> None:
+        if self._out is not self._raw:
+            self._out.close()
+        self._raw.close()
+
+
+def _open_annotation(tmp: Path, destination: str) -> _Annotation:
+    name = destination.rsplit("/", 1)[-1]
+    compression = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
+    return _Annotation(tmp / name, compression)

@@ -5,7 +5,12 @@ UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 RUN := $(UV) run --frozen
 DEMO_OUT := demo-output
 
-.PHONY: setup test lint demo clean
+MEGATRON_VENV := .venv-megatron
+# megatron-core needs torch; a CPU build is enough to read indexed datasets. Where a local wheel of the CPU build
+# is provided (/opt/wheels on CI), use it; else take it from the PyTorch CPU index.
+TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links /opt/wheels,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
+
+.PHONY: setup test lint demo clean megatron-env
 
 setup:
 	@command -v uv >/dev/null || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv>=0.5"
@@ -15,8 +20,16 @@ lint: setup
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 
-test: lint
+test: lint megatron-env
 	$(RUN) pytest
+
+# A separate environment holding megatron-core, only for the test that loads our .bin/.idx with its own reader.
+# If it cannot be installed, that test skips and says why.
+megatron-env:
+	@test -x $(MEGATRON_VENV)/bin/python || { \
+	  $(UV) venv -q $(MEGATRON_VENV) --python python3 && \
+	  $(UV) pip install -q --python $(MEGATRON_VENV)/bin/python $(TORCH_SOURCE) "torch==2.13.0+cpu" "megatron-core==0.16.1"; \
+	} || { rm -rf $(MEGATRON_VENV); echo "warning: megatron-core could not be installed; its test will skip"; }
 
 demo: setup
 	rm -rf $(DEMO_OUT)
@@ -27,4 +40,4 @@ demo: setup
 	$(RUN) tokenization inspect $(DEMO_OUT)/tokens --decode 1
 
 clean:
-	rm -rf $(DEMO_OUT) .pytest_cache
+	rm -rf $(DEMO_OUT) .pytest_cache $(MEGATRON_VENV)

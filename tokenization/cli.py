@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="literal special-token text in documents: encode as plain text (default) or as the special "
         "token, as datatrove does; occurrences are counted either way",
     )
+    tok.add_argument(
+        "--format", dest="output_format", choices=("ds", "megatron"), default="ds", help="output format (default: ds)"
+    )
     tok.add_argument("--batch-size", type=_positive, default=10000, help="documents per encode batch")
 
     mrg = sub.add_parser("merge", help="merge every rank file of a folder into globally reordered files (one task)")

@@ -14,14 +14,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 import numpy as np
 
 from tokenization import manifest
 from tokenization.documents import BATCH_BYTES, Counts, encoded_batches
 from tokenization.encoding import Encoder, SpecialTextPolicy
-from tokenization.formats.ds import SplitWriter, TokenFile, WrittenTokenFile
+from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
+from tokenization.formats.megatron import MegatronWriter
 from tokenization.permute import SourcePool, fixed_units, permute_units
 from tokenization.sources import DocumentReader, Rejected, list_input_files, shard
 from tokenization.storage import join, list_names, open_fs, publish_file, remove_if_exists, working_dir
@@ -55,6 +56,7 @@ class TokenizeConfig:
     local_working_dir: str | None = None
     max_rejects: int | None = 1000
     special_text: SpecialTextPolicy = "text"
+    output_format: Literal["ds", "megatron"] = "ds"
     batch_size: int = 10000
     batch_bytes: int = BATCH_BYTES
 
@@ -69,6 +71,10 @@ class TokenizeConfig:
             raise ValueError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
         if self.drop_last_chunk and not self.shuffle_chunk_size:
             raise ValueError("drop_last_chunk needs shuffle_chunk_size")
+        if self.output_format not in ("ds", "megatron"):
+            raise ValueError(f"output_format must be ds or megatron, got {self.output_format!r}")
+        if self.output_format == "megatron" and self.save_loss:
+            raise ValueError("Megatron's indexed dataset has no loss mask: save_loss needs the ds format")
 
     @property
     def stem(self) -> str:
@@ -82,12 +88,16 @@ class TokenizeConfig:
         return "doc_shuffled" if self.shuffle_documents else "unshuffled"
 
     def output_name(self, sub: int) -> str:
-        return f"{self.stem}_{sub:05d}_{self.kind}.ds"
+        return f"{self.stem}_{sub:05d}_{self.kind}.{'bin' if self.output_format == 'megatron' else 'ds'}"
+
+    @property
+    def writer_class(self) -> type:
+        return MegatronWriter if self.output_format == "megatron" else TokenFileWriter
 
 
 def rank_file_pattern(stem: str) -> re.Pattern:
     """Every token file a rank with this stem may have written, in any mode and attempt."""
-    return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?(unshuffled|doc_shuffled|chunk_shuffled)\.ds(\.\w+)?")
+    return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?(unshuffled|doc_shuffled|chunk_shuffled)\.(ds(\.\w+)?|bin|idx)")
 
 
 def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
@@ -112,6 +122,7 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
             token_size=encoder.token_size,
             save_loss=config.save_loss,
             max_tokens=config.max_tokens_per_file if direct else None,
+            writer_class=config.writer_class if direct else TokenFileWriter,
         )
         try:
             with open(quarantine, "wb") as bad:
@@ -180,6 +191,7 @@ def _shuffle(
             work,
             config.output_name if last else (lambda _: "doc_shuffled.ds"),
             max_tokens=config.max_tokens_per_file if last else None,
+            writer_class=config.writer_class if last else TokenFileWriter,
             **options,
         )
         permute_units(SourcePool([str(source)], encoder.token_size, config.save_loss), ends, order, writer)
@@ -197,7 +209,9 @@ def _shuffle(
     elif tail:
         order = np.append(order, full)
         counts.partial_chunk_tokens = tail
-    writer = SplitWriter(work, config.output_name, max_tokens=config.max_tokens_per_file, **options)
+    writer = SplitWriter(
+        work, config.output_name, max_tokens=config.max_tokens_per_file, writer_class=config.writer_class, **options
+    )
     pool = SourcePool([str(source)], encoder.token_size, config.save_loss)
     permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
     return writer.close()

@@ -108,7 +108,7 @@ class WrittenTokenFile:
         }
 
 
-class _HashedFile:
+class HashedFile:
     """A binary file opened for appending, hashed as it is written."""
 
     def __init__(self, path: Path):
@@ -144,9 +144,9 @@ class TokenFileWriter:
         self.token_size = token_size
         self.tokens = 0
         self.index_entries = 0
-        self._ds = _HashedFile(self.path)
-        self._index = _HashedFile(self.path.with_name(self.path.name + ".index"))
-        self._loss = _HashedFile(self.path.with_name(self.path.name + ".loss")) if save_loss else None
+        self._ds = HashedFile(self.path)
+        self._index = HashedFile(self.path.with_name(self.path.name + ".index"))
+        self._loss = HashedFile(self.path.with_name(self.path.name + ".loss")) if save_loss else None
 
     def write(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None = None) -> None:
         """Append ``tokens``; ``ends`` are index entries relative to the start of ``tokens``."""
@@ -168,6 +168,18 @@ class TokenFileWriter:
         meta_path.write_bytes(meta)
         files.append(WrittenFile(meta_path.name, len(meta), hashlib.sha256(meta).hexdigest()))
         return WrittenTokenFile(self.path, self.tokens, self.index_entries, tuple(files))
+
+
+def map_array(fs, path: str, dtype: np.dtype, label: str) -> np.ndarray:
+    """A whole binary file as an array: memory-mapped when local, read when remote."""
+    size = fs.size(path)
+    if size % dtype.itemsize:
+        raise TokenFileError(f"{label}: {size} bytes is not a whole number of {dtype.itemsize}-byte items")
+    if size == 0:
+        return np.empty(0, dtype)
+    if is_local(fs):
+        return np.memmap(path, dtype=dtype, mode="r")
+    return np.frombuffer(fs.cat_file(path), dtype=dtype)
 
 
 class TokenFile:
@@ -201,17 +213,7 @@ class TokenFile:
         return Metadata.parse(self.fs.cat_file(meta).decode("utf-8"), f"{self.url}.metadata")
 
     def _array(self, suffix: str, dtype: np.dtype) -> np.ndarray:
-        path = self.path + suffix
-        size = self.fs.size(path)
-        if size % dtype.itemsize:
-            raise TokenFileError(
-                f"{self.url}{suffix}: {size} bytes is not a whole number of {dtype.itemsize}-byte items"
-            )
-        if size == 0:
-            return np.empty(0, dtype)
-        if is_local(self.fs):
-            return np.memmap(path, dtype=dtype, mode="r")
-        return np.frombuffer(self.fs.cat_file(path), dtype=dtype)
+        return map_array(self.fs, self.path + suffix, dtype, self.url + suffix)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -260,6 +262,7 @@ class SplitWriter:
         max_tokens: int | None = None,
         close_at_limit: bool = False,
         on_close: Callable[[WrittenTokenFile, int], None] | None = None,
+        writer_class: type = TokenFileWriter,
     ):
         self.directory = Path(directory)
         self.name_for = name_for
@@ -267,9 +270,10 @@ class SplitWriter:
         self.max_tokens = max_tokens
         self.side = "left" if close_at_limit else "right"
         self.on_close = on_close
+        self.writer_class = writer_class
         self.written: list[WrittenTokenFile] = []
         self.units = 0
-        self._current: TokenFileWriter | None = None
+        self._current: TokenFileWriter | None = None  # or another writer_class with the same interface
 
     def write(self, tokens: np.ndarray, unit_ends: np.ndarray, index_ends: np.ndarray, loss: np.ndarray | None) -> None:
         """Append whole units. ``unit_ends`` and ``index_ends`` are relative to ``tokens`` and sorted; every unit
@@ -278,7 +282,7 @@ class SplitWriter:
         while pos < len(tokens):
             if self._current is None:
                 path = self.directory / self.name_for(len(self.written))
-                self._current = TokenFileWriter(path, **self.options)
+                self._current = self.writer_class(path, **self.options)
             cut, full = len(tokens), False
             if self.max_tokens:
                 room = self.max_tokens - self._current.tokens

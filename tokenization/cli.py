@@ -19,6 +19,7 @@ from tokenization.permute import MAX_OPEN_FILES
 from tokenization.sources import InputError
 from tokenization.storage import is_local, open_fs
 from tokenization.tokenize import TokenizeConfig, TooManyRejects, tokenize_rank
+from tokenization.verify import verify
 
 ERRORS = (InputError, TokenizerError, TokenFileError, TooManyRejects, ValueError, OSError)
 
@@ -107,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     cnt.add_argument("--stats-out", help="write the stats JSON here")
     cnt.add_argument("--annotate", help="write the records back as JSON lines with a token_count field")
 
+    ver = sub.add_parser("verify", help="check an output folder (.ds family or Megatron); exit 1 on any problem")
+    ver.add_argument("path", help="output folder or URL")
+    ver.add_argument("--tokenizer", help="also check ids against its vocabulary")
+    ver.add_argument("--eos-token", help="also check that every document ends with this token")
+
     ins = sub.add_parser("inspect", help="describe a .ds file or a folder of them")
     ins.add_argument("path", help="a .ds file or a folder")
     ins.add_argument("--decode", type=int, default=0, metavar="N", help="print the first N documents")
@@ -167,6 +173,15 @@ def cmd_count(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = verify(args.path, args.tokenizer, args.eos_token)
+    for line in report.problems + report.notes:
+        print(line)
+    state = "OK" if report.ok else f"FAILED, {len(report.problems)} problems"
+    print(f"verify {args.path}: {report.files} files, {report.tokens} tokens: {state}")
+    return 0 if report.ok else 1
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     fs, path = open_fs(args.path)
     if fs.isdir(path):
@@ -212,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "merge": cmd_merge,
             "context-shuffle": cmd_context_shuffle,
             "count": cmd_count,
+            "verify": cmd_verify,
             "inspect": cmd_inspect,
         }
         return commands[args.command](args)

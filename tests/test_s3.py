@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import socket
+import urllib.request
 
 import fsspec
 import pytest
 
+from tests.conftest import EOS
 from tests.test_tokenize import file_bytes, run
 from tokenization.storage import MAX_PARTS, MIB, MIN_PART_SIZE, part_size
+from tokenization.verify import verify
 
 
 @pytest.fixture
@@ -22,6 +25,7 @@ def s3(monkeypatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))  # moto keeps state
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -56,3 +60,23 @@ def test_part_size_keeps_every_upload_under_the_part_limit(size: int) -> None:
     chosen = part_size(size)
     assert chosen >= MIN_PART_SIZE and chosen % MIB == 0
     assert -(-size // chosen) <= MAX_PARTS * 0.9
+
+
+def test_merge_and_context_shuffle_from_and_to_s3(tmp_path, s3, sample_corpus, sample_tokenizer) -> None:
+    from tests.test_context import shuffled
+    from tests.test_merge import merged
+
+    for rank in range(2):
+        run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=8, save_loss=True)
+        run([sample_corpus], "s3://corpus/ranks", sample_tokenizer, rank=rank, world_size=2, seed=8, save_loss=True)
+    merged(tmp_path / "ranks", tmp_path / "merged", seed=4, save_loss=True, max_tokens_per_file=30_000)
+    merged("s3://corpus/ranks", "s3://corpus/merged", seed=4, save_loss=True, max_tokens_per_file=30_000)
+    shuffled(tmp_path / "merged", tmp_path / "context", seed=6, window_size=999)
+    shuffled("s3://corpus/merged", "s3://corpus/context", seed=6, window_size=999)
+    s3.invalidate_cache()
+    for stage in ("merged", "context"):
+        local = file_bytes(tmp_path / stage)
+        assert len(local) >= 8
+        for name, data in local.items():
+            assert s3.cat_file(f"corpus/{stage}/{name}") == data, f"{stage}/{name}"
+    assert verify("s3://corpus/context", str(sample_tokenizer), EOS).ok

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tokenization import permute
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter
 from tokenization.permute import SourcePool, fixed_units, permute_units
 
@@ -19,7 +22,7 @@ def _corpus(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tokens, loss, np.cumsum(lengths)
 
 
-def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None):
+def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None, slices=False):
     for old in tmp_path.glob("*.ds*"):
         old.unlink()
     source = TokenFileWriter(tmp_path / "src.ds", tokenizer="t", token_size=2, save_loss=True)
@@ -28,7 +31,9 @@ def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max
     writer = SplitWriter(
         tmp_path, lambda s: f"out{s:03d}.ds", tokenizer="t", token_size=2, save_loss=True, max_tokens=max_tokens
     )
-    permute_units(pool, ends, order, writer, inner_ends=inner, block_tokens=block)
+    # both gather paths: per-unit slice copies (threshold 0) and one vectorised fancy-index gather
+    with patch.object(permute, "SLICE_COPY_MIN_MEAN", 0 if slices else 10**9):
+        permute_units(pool, ends, order, writer, inner_ends=inner, block_tokens=block)
     files = [TokenFile(str(w.path)) for w in writer.close()]
     out_tokens = np.concatenate([np.asarray(f.tokens) for f in files])
     out_loss = np.concatenate([np.asarray(f.loss) for f in files])
@@ -38,12 +43,14 @@ def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=lengths_st, seed=st.integers(0, 2**32 - 1), block=st.integers(1, 64))
-def test_document_shuffle_preserves_documents_and_loss_alignment(tmp_path_factory, lengths, seed, block) -> None:
+@given(lengths=lengths_st, seed=st.integers(0, 2**32 - 1), block=st.integers(1, 64), slices=st.booleans())
+def test_document_shuffle_preserves_documents_and_loss_alignment(
+    tmp_path_factory, lengths, seed, block, slices
+) -> None:
     tmp_path = tmp_path_factory.mktemp("p")
     tokens, loss, ends = _corpus(lengths)
     order = np.random.default_rng(seed).permutation(len(lengths))
-    out_tokens, out_loss, out_ends = _permute(tmp_path, tokens, loss, ends, order, block=block)
+    out_tokens, out_loss, out_ends = _permute(tmp_path, tokens, loss, ends, order, block=block, slices=slices)
     docs = np.split(out_tokens, out_ends[:-1])
     assert [int(d[0]) for d in docs] == order.tolist()  # document j of the output is input document order[j]
     assert all((d == d[0]).all() and len(d) == lengths[d[0]] for d in docs)  # whole, in one piece
@@ -59,9 +66,10 @@ def test_document_shuffle_preserves_documents_and_loss_alignment(tmp_path_factor
     chunk=st.integers(1, 50),
     block=st.integers(1, 64),
     max_tokens=st.one_of(st.none(), st.integers(1, 100)),
+    slices=st.booleans(),
 )
 def test_chunk_shuffle_moves_every_document_end_with_its_chunk(
-    tmp_path_factory, lengths, seed, chunk, block, max_tokens
+    tmp_path_factory, lengths, seed, chunk, block, max_tokens, slices
 ) -> None:
     tmp_path = tmp_path_factory.mktemp("c")
     tokens, loss, doc_ends = _corpus(lengths)
@@ -69,7 +77,9 @@ def test_chunk_shuffle_moves_every_document_end_with_its_chunk(
     order = np.random.default_rng(seed).permutation(full)
     if len(chunk_ends) > full:
         order = np.append(order, full)  # the kept tail
-    out_tokens, out_loss, out_ends = _permute(tmp_path, tokens, loss, chunk_ends, order, doc_ends, block, max_tokens)
+    out_tokens, out_loss, out_ends = _permute(
+        tmp_path, tokens, loss, chunk_ends, order, doc_ends, block, max_tokens, slices
+    )
     pieces = [np.arange(k * chunk, min((k + 1) * chunk, len(tokens))) for k in order]
     source_positions = np.concatenate(pieces)
     assert np.array_equal(out_tokens, tokens[source_positions])

@@ -20,6 +20,7 @@ from tokenization.storage import is_local, open_fs
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output, ~32 MiB of index arithmetic
 MAX_OPEN_FILES = 128
+SLICE_COPY_MIN_MEAN = 64  # mean unit length (tokens) from which per-unit slice copies beat one fancy-index gather
 
 
 class SourcePool:
@@ -50,7 +51,8 @@ class SourcePool:
         while len(self._open) >= self.max_open:
             self._open.popitem(last=False)
         source = TokenFile(self._local(i), self.token_size)
-        arrays = (source.tokens, source.loss if self.with_loss else None)
+        loss = np.asarray(source.loss) if self.with_loss else None  # plain views: np.memmap slicing is slow
+        arrays = (np.asarray(source.tokens), loss)
         self._open[i] = arrays
         return arrays
 
@@ -139,15 +141,23 @@ def _copy_block(pool, source, starts, ends, rel_ends, writer, inner) -> None:
     ids, firsts = np.unique(source[by_source], return_index=True)
     for s, group in zip(ids, np.split(by_source, firsts[1:]), strict=True):
         src_tokens, src_loss = pool.get(int(s))
-        out_index = ranges(out_starts[group], lengths[group])
-        src_index = ranges(starts[group], lengths[group])
-        tokens[out_index] = src_tokens[src_index]
+        _gather(tokens, src_tokens, out_starts[group], starts[group], lengths[group])
         if loss is not None:
-            loss[out_index] = src_loss[src_index]
+            _gather(loss, src_loss, out_starts[group], starts[group], lengths[group])
         if inner is not None:
             moved.append(_moved_inner_ends(inner[s], starts[group], ends[group], out_starts[group]))
     index = rel_ends if inner is None else np.sort(np.concatenate(moved))
     writer.write(tokens, rel_ends, index, loss)
+
+
+def _gather(out: np.ndarray, src: np.ndarray, out_starts: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+    """``out[o:o+n] = src[s:s+n]`` for every unit. Short units go through one vectorised fancy-index gather;
+    longer ones are cheaper as one memcpy each (index arithmetic costs ~10 ns a token, a slice ~0.3 us a unit)."""
+    if len(lengths) and lengths.mean() < SLICE_COPY_MIN_MEAN:
+        out[ranges(out_starts, lengths)] = src[ranges(starts, lengths)]
+        return
+    for o, s, n in zip(out_starts.tolist(), starts.tolist(), lengths.tolist(), strict=True):
+        out[o : o + n] = src[s : s + n]
 
 
 def _moved_inner_ends(inner: np.ndarray, starts: np.ndarray, ends: np.ndarray, out_starts: np.ndarray) -> np.ndarray:

@@ -4,13 +4,30 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Airflow reads its configuration when first imported: point it at a private home, this repo's DAGs and plugins,
+# and SQLite, before any test imports it. Never [core] unit_test_mode (it loads Airflow's own test config).
+AIRFLOW_HOME = tempfile.mkdtemp(prefix="tokenization-airflow-home-")
+os.environ.update(
+    {
+        "AIRFLOW_HOME": AIRFLOW_HOME,
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
+        "TOKENIZATION_RETRY_DELAY_SECONDS": "0.1",
+        "TOKENIZATION_OUTPUT": str(Path(AIRFLOW_HOME) / "builds"),
+    }
+)
 SAMPLE_CORPUS = ROOT / "sample" / "corpus"
 SAMPLE_TOKENIZER = ROOT / "sample" / "tokenizer.json"
 SHARED = ROOT.parent / "shared" / "data"

@@ -1,0 +1,127 @@
+"""tokenize_corpus: cleaned text in, verified and shuffled training token files out, nightly or on demand.
+
+plan -> tokenize (one task per rank) -> wait_for_shards -> merge (single-slot pool, large-disk queue)
+     -> context_shuffle (one task per shard) -> publish (verify, dataset manifest, Asset event)
+
+Every task calls the ``tokenization`` package through the thin glue in ``plugins/tokenization_airflow``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import Asset, CronTriggerTimetable, Param, TriggerRule, dag, get_current_context, task
+from tokenization_airflow import tasks
+from tokenization_airflow.sensors import ShardSensor
+
+SAMPLE = Path(__file__).resolve().parents[1] / "sample"
+DATASET = Asset(name="tokenized_corpus", uri="file:///tokenization/tokenize_corpus/dataset")
+RETRIES = int(os.environ.get("TOKENIZATION_TASK_RETRIES", "2"))
+RETRY_DELAY = timedelta(seconds=float(os.environ.get("TOKENIZATION_RETRY_DELAY_SECONDS", "60")))
+OPTIONAL_POSITIVE = {"type": ["null", "integer"], "minimum": 1}
+
+PARAMS = {
+    "input": Param(os.environ.get("TOKENIZATION_INPUT", str(SAMPLE / "corpus")), type="string", minLength=1,
+                   title="Input", description="Folder, glob or URL of .jsonl[.gz|.zst] or .parquet files"),
+    "output": Param(os.environ.get("TOKENIZATION_OUTPUT", str(Path.cwd() / "tokenization-builds")), type="string",
+                    minLength=1, title="Output", description="Folder or URL; each run writes under {output}/{run id}"),
+    "tokenizer": Param(os.environ.get("TOKENIZATION_TOKENIZER", str(SAMPLE / "tokenizer.json")), type="string",
+                       minLength=1, title="Tokenizer", description="tokenizer.json path, folder, URL or hub name"),
+    "text_key": Param("text", type="string", minLength=1, description="Field holding the text (dotted for nested)"),
+    "id_key": Param("id", type="string", minLength=1, description="Field holding the document id"),
+    "eos_token": Param("<|endoftext|>", type=["null", "string"], description="Token appended to every document"),
+    "seed": Param(None, type=["null", "integer"], minimum=0,
+                  description="Shuffle seed; empty = derived from the run id (stable across retries)"),
+    "num_ranks": Param(4, type="integer", minimum=1, maximum=4096, description="Tokenize tasks (input shards)"),
+    "shuffle_documents": Param(True, type="boolean", description="Shuffle documents within each rank"),
+    "shuffle_chunk_size": Param(None, **OPTIONAL_POSITIVE, description="Also shuffle chunks of N tokens in a rank"),
+    "max_tokens_per_file": Param(None, **OPTIONAL_POSITIVE, description="Split rank files past N tokens"),
+    "save_loss": Param(False, type="boolean", description="Write .ds.loss from no_loss_ranges"),
+    "output_format": Param("ds", enum=["ds", "megatron"],
+                           description="ds: merged and context-shuffled .ds files; megatron: .bin/.idx per rank"),
+    "max_rejects": Param(1000, type="integer", minimum=0, description="Bad records a rank tolerates"),
+    "merge_mode": Param("interleave", enum=["interleave", "shuffle"],
+                        description="interleave: datatrove's file interleave; shuffle: uniform over all documents"),
+    "merge_max_tokens_per_file": Param(100_000_000_000, type="integer", minimum=1,
+                                       description="Tokens per merged file (cut at document boundaries)"),
+    "context_window": Param(2049, type="integer", minimum=0, description="Context window + 1; 0 skips the stage"),
+    "num_context_shards": Param(4, type="integer", minimum=1, maximum=1024, description="Context-shuffle tasks"),
+    "sensor_timeout": Param(6 * 3600, type="integer", minimum=1,
+                            description="Seconds to wait for every rank's shard before failing"),
+}  # fmt: skip
+
+
+@dag(
+    dag_id="tokenize_corpus",
+    schedule=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    params=PARAMS,
+    default_args={
+        "retries": RETRIES,
+        "retry_delay": RETRY_DELAY,
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": timedelta(minutes=30),
+    },
+    tags=["tokenization"],
+    doc_md=__doc__,
+)
+def tokenize_corpus():
+    @task(retries=0)
+    def plan(params: dict | None = None, run_id: str | None = None) -> list[int]:
+        """Returns the ranks to map over; the run's spec (folder, seed, ...) goes out as XCom ``spec``."""
+        spec = tasks.plan(params, run_id)
+        get_current_context()["ti"].xcom_push(key="spec", value=spec)
+        return spec["ranks"]
+
+    @task(map_index_template="rank-{{ rank_label }}")
+    def tokenize(spec: dict, rank: int, params: dict | None = None) -> dict:
+        context = get_current_context()
+        context["rank_label"] = rank
+        return tasks.tokenize(spec, rank, params, context["ti"].try_number)
+
+    @task(pool=tasks.MERGE_POOL, pool_slots=1, queue=tasks.MERGE_QUEUE)
+    def merge(spec: dict, params: dict | None = None) -> list[int]:
+        """Returns the context-shuffle shards to map over; the merge's result goes out as XCom ``merged``."""
+        merged = tasks.merge_ranks(spec, params) if spec["merges"] else None
+        get_current_context()["ti"].xcom_push(key="merged", value=merged)
+        return merged["context_shards"] if merged else []
+
+    @task(map_index_template="shard-{{ shard_label }}")
+    def context_shuffle(spec: dict, shard: int, shards: list, params: dict | None = None) -> dict:
+        get_current_context()["shard_label"] = shard
+        return tasks.shuffle_context(spec, shard, len(shards), params)
+
+    @task(trigger_rule=TriggerRule.NONE_FAILED, outlets=[DATASET])
+    def publish(spec: dict, merged: dict | None, contexts, params=None, run_id=None, outlet_events=None) -> dict:
+        shards = [contexts[i] for i in range(len(contexts))]  # indexing, not iterating past the end
+        build = tasks.publish(spec, params, run_id, merged, shards)
+        outlet_events[DATASET].extra = {
+            "dataset": build["dataset"], "run_id": run_id, "tokens": build["tokens"],
+            "files": len(build["files"]), "docs": build["conservation"]["docs_out"], "seed": build["seed"],
+        }  # fmt: skip
+        return {"dataset": build["dataset"], "tokens": build["tokens"], "verify": build["verify"]["ok"]}
+
+    ranks = plan()
+    spec = ranks["spec"]
+    shards = tokenize.partial(spec=spec).expand(rank=ranks)
+    wait = ShardSensor(
+        task_id="wait_for_shards",
+        spec=spec,
+        sensor_timeout="{{ params.sensor_timeout }}",
+        retries=0,
+        mode="reschedule",
+        poke_interval=10,
+        trigger_rule=TriggerRule.ALL_DONE,
+    )
+    context_shards = merge(spec)
+    contexts = context_shuffle.partial(spec=spec, shards=context_shards).expand(shard=context_shards)
+    shards >> wait >> context_shards
+    publish(spec, context_shards["merged"], contexts)
+
+
+tokenize_corpus()

@@ -4,13 +4,20 @@ export UV_PYTHON_DOWNLOADS := never
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 RUN := $(UV) run --frozen
 DEMO_OUT := demo-output
+DEMO_CONF := {"seed": 1234, "num_ranks": 3, "save_loss": true, "merge_max_tokens_per_file": 20000, "context_window": 1025, "num_context_shards": 2}
+# A project-local Airflow: its home inside the repo (git-ignored), SQLite, LocalExecutor, this repo's DAGs and plugins.
+AIRFLOW_LOCAL_HOME := $(CURDIR)/airflow-home
+AIRFLOW_ENV := PATH="$(CURDIR)/.venv/bin:$$PATH" AIRFLOW_HOME=$(AIRFLOW_LOCAL_HOME) \
+	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__EXECUTOR=LocalExecutor \
+	AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin TOKENIZATION_OUTPUT=$(CURDIR)/$(DEMO_OUT)
 
 MEGATRON_VENV := .venv-megatron
 # megatron-core needs torch; a CPU build is enough to read indexed datasets. Where a local wheel of the CPU build
 # is provided (/opt/wheels on CI), use it; else take it from the PyTorch CPU index.
 TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links /opt/wheels,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
-.PHONY: setup test lint demo clean megatron-env
+.PHONY: setup test lint demo airflow airflow-init clean megatron-env
 
 setup:
 	@command -v uv >/dev/null || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv>=0.5"
@@ -31,13 +38,27 @@ megatron-env:
 	  $(UV) pip install -q --python $(MEGATRON_VENV)/bin/python $(TORCH_SOURCE) "torch==2.13.0+cpu" "megatron-core==0.16.1"; \
 	} || { rm -rf $(MEGATRON_VENV); echo "warning: megatron-core could not be installed; its test will skip"; }
 
-demo: setup
-	rm -rf $(DEMO_OUT)
-	for rank in 0 1; do \
-	  $(RUN) tokenization tokenize sample/corpus --output $(DEMO_OUT)/tokens --tokenizer sample/tokenizer.json \
-	    --eos-token '<|endoftext|>' --seed 1234 --rank $$rank --world-size 2 --save-loss || exit 1; \
-	done
-	$(RUN) tokenization inspect $(DEMO_OUT)/tokens --decode 1
+airflow-init: setup
+	@mkdir -p $(AIRFLOW_LOCAL_HOME)
+	@$(AIRFLOW_ENV) airflow db migrate > $(AIRFLOW_LOCAL_HOME)/migrate.log 2>&1 || { tail -20 $(AIRFLOW_LOCAL_HOME)/migrate.log; exit 1; }
+	@$(AIRFLOW_ENV) airflow pools set tokenization_merge 1 "corpus-tokenization merge: one at a time" > /dev/null
+
+# The main job: the whole DAG, in process, on the bundled sample corpus and tokenizer; then its summary.
+demo: airflow-init
+	@echo 'running tokenize_corpus with $(DEMO_CONF) (log: $(AIRFLOW_LOCAL_HOME)/demo.log)'
+	@$(AIRFLOW_ENV) airflow dags test tokenize_corpus -c '$(DEMO_CONF)' > $(AIRFLOW_LOCAL_HOME)/demo.log 2>&1 \
+	  || { tail -40 $(AIRFLOW_LOCAL_HOME)/demo.log; exit 1; }
+	@$(RUN) python -m tokenization.build $(DEMO_OUT)
+
+# Airflow's UI and REST API on http://localhost:8080 with the DAG loaded (Ctrl-C stops it). The admin password is
+# created once in airflow-home/; the airflow_api connection lets the plan task check that the merge pool exists.
+airflow: airflow-init
+	@test -f $(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated || \
+	  python3 -c 'import json, secrets; print(json.dumps({"admin": secrets.token_urlsafe(12)}))' \
+	  > $(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated
+	@echo "log in as admin with the password in $(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated"
+	$(AIRFLOW_ENV) AIRFLOW_CONN_AIRFLOW_API="http://admin:$$(python3 -c 'import json; print(json.load(open("$(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated"))["admin"])')@localhost:8080" \
+	  python3 -c "import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp('airflow', ['airflow', 'standalone'])"
 
 clean:
-	rm -rf $(DEMO_OUT) .pytest_cache $(MEGATRON_VENV)
+	rm -rf $(DEMO_OUT) $(AIRFLOW_LOCAL_HOME) .pytest_cache $(MEGATRON_VENV)

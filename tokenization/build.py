@@ -112,14 +112,38 @@ def write_build_manifest(layout: Layout, record: dict) -> dict:
     return data
 
 
+def dataset_digest(dataset: str) -> str:
+    """One sha256 for a whole dataset, from the checksums its manifests record: equal digests, equal bytes."""
+    entries = manifest.output_entries(dataset)
+    pairs = sorted((name, info["sha256"]) for entry in entries.values() for name, info in entry["files"].items())
+    return hashlib.sha256(orjson.dumps(pairs)).hexdigest()
+
+
+def latest_build(folder: str) -> dict:
+    """The most recent complete build under a builds folder (the newest ``_BUILD.json``)."""
+    fs, path = open_fs(folder)
+    found = fs.glob(join(path, "*", BUILD_MANIFEST))
+    if not found:
+        raise FileNotFoundError(f"{folder}: no complete build ({BUILD_MANIFEST}) found")
+    newest = max(found, key=lambda p: fs.info(p).get("mtime") or fs.info(p).get("LastModified") or 0)
+    return orjson.loads(fs.cat_file(newest))
+
+
 def summary(build: dict) -> str:
     """A few lines for a person: where the dataset is, how much is in it, and whether it verified."""
     c = build["conservation"]
     lines = [
         f"dataset: {build['dataset']}",
+        f"digest:  {build['digest']} (sha256 of the files' checksums: equal digests, equal bytes)",
         f"documents: {c['docs_in']} read = {c['docs_out']} written + {c['empty']} empty + {c['quarantined']} "
         f"quarantined ({'holds' if c['holds'] else 'DOES NOT HOLD'})",
         f"tokens: {build['tokens']} in {len(build['files'])} files, {c['tokens_dropped']} dropped",
         f"verify: {'passed' if build['verify']['ok'] else 'FAILED'} ({build['verify']['files']} files)",
     ]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m tokenization.build BUILDS_FOLDER: the summary of the newest build
+    import sys
+
+    print(summary(latest_build(sys.argv[1])))

@@ -10,7 +10,14 @@ import logging
 import os
 import re
 
-from tokenization.build import DATASET_NAME, Layout, conservation, rank_manifests, write_build_manifest
+from tokenization.build import (
+    DATASET_NAME,
+    Layout,
+    conservation,
+    dataset_digest,
+    rank_manifests,
+    write_build_manifest,
+)
 from tokenization.context import ContextShuffleConfig, context_shuffle
 from tokenization.encoding import Encoder
 from tokenization.merge import MergeConfig, merge
@@ -51,7 +58,9 @@ def plan(params: dict, run_id: str) -> dict:
     files = list_input_files([params["input"]])
     encoder = Encoder(params["tokenizer"], params["eos_token"])
     merges = params["output_format"] == "ds"
-    if merges and pool_exists(MERGE_POOL) is False:
+    found = pool_exists(MERGE_POOL) if merges else None
+    log.info("merge pool %r: %s", MERGE_POOL, {True: "exists", False: "MISSING", None: "could not be checked"}[found])
+    if found is False:
         raise PlanError(
             f"pool {MERGE_POOL!r} does not exist, so the merge would wait forever: "
             f"create it with `airflow pools set {MERGE_POOL} 1 'corpus-tokenization merge'`"
@@ -154,6 +163,7 @@ def publish(spec: dict, params: dict, run_id: str, merged: dict | None, contexts
             "params": params,
             "conservation": balance,
             "tokens": report.tokens,
+            "digest": dataset_digest(dataset),
             "files": sorted(name for name in list_names(*open_fs(dataset)) if name.endswith((".ds", ".bin"))),
             "stages": {
                 "tokenize": {"ranks": spec["num_ranks"], "input_files": spec["input_files"], **balance},

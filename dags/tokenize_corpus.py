@@ -20,6 +20,7 @@ from tokenization_airflow.sensors import ShardSensor
 SAMPLE = Path(__file__).resolve().parents[1] / "sample"
 DATASET = Asset(name="tokenized_corpus", uri="file:///tokenization/tokenize_corpus/dataset")
 RETRIES = int(os.environ.get("TOKENIZATION_TASK_RETRIES", "2"))
+MAX_ACTIVE_RUNS = int(os.environ.get("TOKENIZATION_MAX_ACTIVE_RUNS", "1"))
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("TOKENIZATION_RETRY_DELAY_SECONDS", "60")))
 OPTIONAL_POSITIVE = {"type": ["null", "integer"], "minimum": 1}
 
@@ -30,6 +31,8 @@ PARAMS = {
                     minLength=1, title="Output", description="Folder or URL; each run writes under {output}/{run id}"),
     "tokenizer": Param(os.environ.get("TOKENIZATION_TOKENIZER", str(SAMPLE / "tokenizer.json")), type="string",
                        minLength=1, title="Tokenizer", description="tokenizer.json path, folder, URL or hub name"),
+    "aws_conn_id": Param("aws_default", type="string", minLength=1,
+                         description="Airflow connection for s3:// URLs (credentials, endpoint_url for MinIO)"),
     "text_key": Param("text", type="string", minLength=1, description="Field holding the text (dotted for nested)"),
     "id_key": Param("id", type="string", minLength=1, description="Field holding the document id"),
     "eos_token": Param("<|endoftext|>", type=["null", "string"], description="Token appended to every document"),
@@ -59,7 +62,7 @@ PARAMS = {
     schedule=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    max_active_runs=1,
+    max_active_runs=MAX_ACTIVE_RUNS,
     params=PARAMS,
     default_args={
         "retries": RETRIES,

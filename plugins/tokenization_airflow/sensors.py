@@ -6,6 +6,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from tokenization.build import Layout, incomplete_ranks
+from tokenization_airflow.storage import use_connection
 
 
 class ShardSensor(BaseSensorOperator):
@@ -31,6 +32,7 @@ class ShardSensor(BaseSensorOperator):
             raise AirflowSensorTimeout(f"shards still missing after {self.timeout:.0f}s: {missing}") from exc
 
     def poke(self, context) -> PokeReturnValue:
+        use_connection(context["params"]["aws_conn_id"])
         num_ranks = self.spec["num_ranks"]
         self._missing = incomplete_ranks(Layout(self.spec["run_dir"]).ranks, num_ranks)
         if self._missing:

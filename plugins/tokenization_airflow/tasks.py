@@ -26,6 +26,7 @@ from tokenization.storage import list_names, open_fs
 from tokenization.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.verify import verify
 from tokenization_airflow.pools import pool_exists
+from tokenization_airflow.storage import use_connection
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def resolve_seed(seed: int | None, run_id: str) -> int:
 
 def plan(params: dict, run_id: str) -> dict:
     """Check everything that can be checked before any work: inputs, tokenizer and EOS, the merge pool."""
+    use_connection(params["aws_conn_id"])
     if params["output_format"] == "megatron" and params["save_loss"]:
         raise PlanError("params save_loss and output_format=megatron conflict: Megatron files have no loss mask")
     files = list_input_files([params["input"]])
@@ -80,6 +82,7 @@ def plan(params: dict, run_id: str) -> dict:
 
 
 def tokenize(spec: dict, rank: int, params: dict, try_number: int) -> dict:
+    use_connection(params["aws_conn_id"])
     if try_number == 1 and str(rank) in os.environ.get(FAIL_RANKS_ENV, "").split(","):
         raise RuntimeError(f"rank {rank}: failing on purpose ({FAIL_RANKS_ENV}, a test-only switch)")
     config = TokenizeConfig(
@@ -105,6 +108,7 @@ def tokenize(spec: dict, rank: int, params: dict, try_number: int) -> dict:
 
 
 def merge_ranks(spec: dict, params: dict) -> dict:
+    use_connection(params["aws_conn_id"])
     layout = Layout(spec["run_dir"])
     config = MergeConfig(
         input=layout.ranks,
@@ -123,6 +127,7 @@ def merge_ranks(spec: dict, params: dict) -> dict:
 
 
 def shuffle_context(spec: dict, shard: int, num_shards: int, params: dict) -> dict:
+    use_connection(params["aws_conn_id"])
     layout = Layout(spec["run_dir"])
     config = ContextShuffleConfig(
         input=layout.merged,
@@ -138,6 +143,7 @@ def shuffle_context(spec: dict, shard: int, num_shards: int, params: dict) -> di
 
 def publish(spec: dict, params: dict, run_id: str, merged: dict | None, contexts: list[dict]) -> dict:
     """Verify the final dataset, check that every document is accounted for, then declare the build complete."""
+    use_connection(params["aws_conn_id"])
     layout = Layout(spec["run_dir"])
     dataset = layout.ranks if not spec["merges"] else layout.context if contexts else layout.merged
     report = verify(dataset, params["tokenizer"], params["eos_token"])

@@ -1,0 +1,42 @@
+"""Object-store credentials from an Airflow connection, never from code and never logged.
+
+An ``aws`` connection (login = access key id, password = secret key; extra ``endpoint_url`` for MinIO or any
+S3-compatible store, ``region_name``, ``aws_session_token``) configures every ``s3://`` URL of the task process
+through fsspec's config, with botocore's adaptive retries, so transient 500s, 503 SlowDowns and dropped
+connections are retried with backoff. Without the connection, s3fs uses the default AWS credential chain.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import fsspec
+
+log = logging.getLogger(__name__)
+
+RETRIES = {"max_attempts": 10, "mode": "adaptive"}
+
+
+def use_connection(conn_id: str | None) -> None:
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    options: dict = {"config_kwargs": {"retries": RETRIES}}
+    if conn_id:
+        try:
+            conn = Connection.get(conn_id)
+        except AirflowNotFoundException:
+            log.info("no connection %r: s3:// uses the default AWS credential chain", conn_id)
+            conn = None
+        if conn is not None:
+            extra = conn.extra_dejson
+            if conn.login:
+                options |= {"key": conn.login, "secret": conn.password}
+            if extra.get("aws_session_token"):
+                options["token"] = extra["aws_session_token"]
+            client = {k: extra[k] for k in ("endpoint_url", "region_name") if extra.get(k)}
+            if client:
+                options["client_kwargs"] = client
+            where = f" at {client['endpoint_url']}" if "endpoint_url" in client else ""
+            log.info("s3:// uses connection %r%s", conn_id, where)
+    fsspec.config.conf["s3"] = options

@@ -120,3 +120,11 @@ def test_truncated_compressed_file_names_file_and_last_good_line(tmp_path, compr
     assert message.startswith(f"{path}: corrupt or truncated")
     assert f"after line {len(seen)} (the last good line)" in message
     assert 0 < len(seen) < 2000
+
+
+def test_a_short_read_is_an_error_not_a_short_file(tmp_path) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl.gz", RECORDS * 50)
+    files = list_input_files([str(path)])
+    path.write_bytes(gzip.compress(b""))  # the storage now returns less than the listing said
+    with pytest.raises(InputError, match=r"a\.jsonl\.gz: read 20 of its \d+ bytes, then the storage said EOF"):
+        list(DocumentReader(files))

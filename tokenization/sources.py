@@ -206,7 +206,7 @@ class DocumentReader:
     def __iter__(self) -> Iterator[Record | Rejected]:
         for file in self.files:
             kind, compression = file_format(file.url)
-            yield from self._parquet(file.url) if kind == "parquet" else self._jsonl(file.url, compression)
+            yield from self._parquet(file.url) if kind == "parquet" else self._jsonl(file, compression)
             self._done_bytes += file.size
             self._raw = None
 
@@ -229,7 +229,8 @@ class DocumentReader:
         doc_id = f"{url}/{line - 1}" if doc_id is MISSING or doc_id is None else str(doc_id)
         return Record(text, doc_id, ranges, url, line, obj if self.keep_data else None)
 
-    def _jsonl(self, url: str, compression: str | None) -> Iterator[Record | Rejected]:
+    def _jsonl(self, file: InputFile, compression: str | None) -> Iterator[Record | Rejected]:
+        url = file.url
         fs, path = open_fs(url)
         line_no = 0
         with fs.open(path, "rb") as raw:
@@ -255,6 +256,8 @@ class DocumentReader:
                         yield Rejected(url, line_no, reason, line.decode("utf-8", "backslashreplace").rstrip("\n"))
                         continue
                     yield self._parse(obj, url, line_no, line)
+                if raw.tell() < file.size:  # a short read must never pass for a short file
+                    raise InputError(f"{url}: read {raw.tell()} of its {file.size} bytes, then the storage said EOF")
             except (EOFError, OSError, zlib.error, zstandard.ZstdError) as exc:
                 raise InputError(
                     f"{url}: corrupt or truncated {compression or 'file'} data after line {line_no} "

@@ -1,0 +1,333 @@
+"""A real Airflow deployment on this machine, for the distributed test: api-server, scheduler, dag-processor,
+triggerer and two Celery workers (``default``; ``large_disk`` with concurrency 1) on PostgreSQL and Redis, with
+S3 served by moto through a proxy that answers every Nth request with 503 SlowDown.
+
+Everything it creates is its own and is removed afterwards: a database, a Redis db, an AIRFLOW_HOME, the
+processes (stopped by process group, also on failure). Their logs are copied to ``artifacts/`` on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.server
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432"
+REDIS = ("127.0.0.1", 6379)
+
+
+def worker_hostname() -> str:
+    """``[core] hostname_callable`` of the test deployment: each worker reports the name it was given."""
+    return os.environ.get("TOKENIZATION_TEST_WORKER_NAME") or socket.getfqdn()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def services_missing() -> str | None:
+    """Why the distributed test cannot run here, or None."""
+    try:
+        import celery  # noqa: F401
+        import psycopg2
+    except ImportError as exc:
+        return f"{exc.name} is not installed (the 'airflow' dependency group, Python >= 3.11)"
+    try:
+        psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres", connect_timeout=3).close()
+    except psycopg2.OperationalError as exc:
+        return f"no PostgreSQL on 127.0.0.1:5432 ({str(exc).strip()})"
+    try:
+        with socket.create_connection(REDIS, timeout=3) as sock:
+            sock.sendall(b"PING\r\n")
+            if not sock.recv(16).startswith(b"+PONG"):
+                return "127.0.0.1:6379 does not answer like Redis"
+    except OSError as exc:
+        return f"no Redis on 127.0.0.1:6379 ({exc})"
+    return None
+
+
+def _postgres(sql: str) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(sql)
+    conn.close()
+
+
+class FaultProxy:
+    """Forwards HTTP to ``target``; every ``every``-th request gets a 503 SlowDown instead, as S3 sends them."""
+
+    def __init__(self, target_port: int, every: int):
+        self.target_port, self.every = target_port, every
+        self.requests = self.injected = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with proxy.lock:
+                    proxy.requests += 1
+                    fail = proxy.requests % proxy.every == 0
+                    proxy.injected += fail
+                if fail:
+                    payload = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                upstream = http.client.HTTPConnection("127.0.0.1", proxy.target_port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
+                upstream.request(self.command, self.path, body=body or None, headers=headers)
+                response = upstream.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                # a HEAD answer has no body but the object's Content-Length
+                length = response.getheader("Content-Length") if self.command == "HEAD" else str(len(data))
+                self.send_header("Content-Length", length or "0")
+                self.end_headers()
+                self.wfile.write(data)
+                upstream.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+class Cluster:
+    """Start with :meth:`start`, always :meth:`stop` (a context manager does both)."""
+
+    def __init__(self, workdir: Path, fail_ranks: str = "1"):
+        self.workdir = workdir
+        self.home = workdir / "airflow-home"
+        self.logs = workdir / "process-logs"
+        self.db = f"tokenization_test_{secrets.token_hex(4)}"
+        self.redis_db = self._free_redis_db()
+        self.port = free_port()
+        self.password = secrets.token_urlsafe(12)
+        self.jwt_secret = secrets.token_hex(32)  # every component must share it
+        self.fail_ranks = fail_ranks
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.moto = self.proxy = None
+        self.token: str | None = None
+
+    @staticmethod
+    def _free_redis_db() -> int:
+        for db in range(15, 0, -1):
+            if _redis_dbsize(db) == 0:
+                return db
+        raise RuntimeError("no empty Redis database among 1..15")
+
+    def __enter__(self) -> Cluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop(failed=True)
+            raise
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        self.stop(failed=exc_type is not None)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self, worker: str | None = None) -> dict[str, str]:
+        conn_aws = {
+            "conn_type": "aws",
+            "login": "testing",
+            "password": "testing",
+            "extra": {"endpoint_url": f"http://127.0.0.1:{self.proxy.port}", "region_name": "us-east-1"},
+        }
+        conn_api = {"conn_type": "http", "host": self.url, "login": "admin", "password": self.password}
+        env = os.environ.copy() | {
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "PYTHONPATH": str(ROOT),
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.cluster.worker_hostname",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"{PG_URL}/{self.db}",
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:6379/{self.redis_db}",
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://postgres@127.0.0.1:5432/{self.db}",
+            "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600",
+            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn_aws),
+            "AIRFLOW_CONN_AIRFLOW_API": json.dumps(conn_api),
+            "TOKENIZATION_TASK_RETRIES": "0",
+            "TOKENIZATION_MAX_ACTIVE_RUNS": "2",
+            "TOKENIZATION_OUTPUT": "s3://corpus/builds",
+        }
+        if worker:
+            env["TOKENIZATION_TEST_WORKER_NAME"] = worker
+            env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
+            if worker == "default-worker":
+                env["TOKENIZATION_TEST_FAIL_RANKS"] = self.fail_ranks
+        return env
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.home.mkdir(parents=True)
+        self.logs.mkdir(parents=True)
+        (self.home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": self.password}))
+        moto_port = free_port()
+        self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
+        self.moto.start()
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{moto_port}/moto-api/reset", method="POST"))
+        self.proxy = FaultProxy(moto_port, every=7)
+        _postgres(f"CREATE DATABASE {self.db}")
+        self._run("airflow", "db", "migrate")
+        self._run("airflow", "pools", "set", "tokenization_merge", "1", "corpus-tokenization merge")
+        commands = {
+            "api-server": (["airflow", "api-server", "--port", str(self.port)], None),
+            "scheduler": (["airflow", "scheduler"], None),
+            "dag-processor": (["airflow", "dag-processor"], None),
+            "triggerer": (["airflow", "triggerer"], None),
+            "default-worker": (["airflow", "celery", "worker", "-q", "default", "-c", "4", "-H", "default-worker"],
+                               "default-worker"),
+            "large-disk-worker": (["airflow", "celery", "worker", "-q", "large_disk", "-c", "1", "-H", "large-disk"],
+                                  "large-disk-worker"),
+        }  # fmt: skip
+        for name, (command, worker) in commands.items():
+            log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - owned by the process
+            self.processes[name] = subprocess.Popen(
+                command, env=self.env(worker), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+            )
+        self._wait(lambda: self._healthy(), 180, "the api-server and scheduler to become healthy")
+        self.token = self._token()
+
+    def _run(self, *command: str) -> None:
+        done = subprocess.run(command, env=self.env(), capture_output=True, text=True, cwd=ROOT)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+    def _healthy(self) -> bool:
+        for name, proc in self.processes.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.logs / (name + '.log')}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as response:
+                health = json.load(response)
+        except (urllib.error.URLError, OSError):
+            return False
+        return all(health.get(k, {}).get("status") == "healthy" for k in ("scheduler", "dag_processor", "triggerer"))
+
+    def _token(self) -> str:
+        body = json.dumps({"username": "admin", "password": self.password}).encode()
+        request = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.load(response)["access_token"]
+
+    def api(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.url}/api/v2{path}", data=data, method=method, headers={
+            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                body = response.read()
+                return json.loads(body) if body else {}
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{method} {path}: HTTP {exc.code} {exc.read()[:500]!r}") from exc
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=200")["task_instances"]
+
+    @staticmethod
+    def _wait(check, seconds: float, what: str) -> None:
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if check():
+                return
+            time.sleep(2)
+        raise TimeoutError(f"timed out after {seconds:.0f}s waiting for {what}")
+
+    def wait_for(self, check, seconds: float, what: str) -> None:
+        self._wait(check, seconds, what)
+
+    def stop(self, failed: bool) -> None:
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.time() + 30
+        for proc in self.processes.values():
+            try:
+                proc.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if failed and self.logs.exists():
+            artifacts = ROOT / "artifacts" / "distributed"
+            shutil.rmtree(artifacts, ignore_errors=True)
+            shutil.copytree(self.logs, artifacts)
+            if (self.home / "logs").exists():
+                shutil.copytree(self.home / "logs", artifacts / "task-logs")
+        if self.proxy:
+            self.proxy.stop()
+        if self.moto:
+            self.moto.stop()
+        with contextlib.suppress(OSError):
+            _redis_flush(self.redis_db)
+        with contextlib.suppress(Exception):
+            _postgres(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")
+
+
+def _redis_dbsize(db: int) -> int:
+    reply = _redis_session(["SELECT", str(db)], ["DBSIZE"])
+    return int(reply.split(b"\r\n")[-2].lstrip(b":"))
+
+
+def _redis_flush(db: int) -> None:
+    _redis_session(["SELECT", str(db)], ["FLUSHDB"])
+
+
+def _redis_session(*commands: list[str]) -> bytes:
+    """Send several commands on one connection (SELECT lasts only for its connection)."""
+    payload = b"".join(
+        f"*{len(c)}\r\n".encode() + b"".join(f"${len(p)}\r\n{p}\r\n".encode() for p in c) for c in commands
+    )
+    with socket.create_connection(REDIS, timeout=5) as sock:
+        sock.sendall(payload)
+        time.sleep(0.05)
+        return sock.recv(4096)

@@ -27,6 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432"
+# The deployment's topology, shared with the docker-compose test: Airflow components, and workers by queue.
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+WORKERS = {"default-worker": ("default", 4), "large-disk-worker": ("large_disk", 1)}
+MERGE_POOL = ("tokenization_merge", 1)
 REDIS = ("127.0.0.1", 6379)
 
 
@@ -218,17 +222,12 @@ class Cluster:
         self.proxy = FaultProxy(moto_port, every=7)
         _postgres(f"CREATE DATABASE {self.db}")
         self._run("airflow", "db", "migrate")
-        self._run("airflow", "pools", "set", "tokenization_merge", "1", "corpus-tokenization merge")
-        commands = {
-            "api-server": (["airflow", "api-server", "--port", str(self.port)], None),
-            "scheduler": (["airflow", "scheduler"], None),
-            "dag-processor": (["airflow", "dag-processor"], None),
-            "triggerer": (["airflow", "triggerer"], None),
-            "default-worker": (["airflow", "celery", "worker", "-q", "default", "-c", "4", "-H", "default-worker"],
-                               "default-worker"),
-            "large-disk-worker": (["airflow", "celery", "worker", "-q", "large_disk", "-c", "1", "-H", "large-disk"],
-                                  "large-disk-worker"),
-        }  # fmt: skip
+        self._run("airflow", "pools", "set", MERGE_POOL[0], str(MERGE_POOL[1]), "corpus-tokenization merge")
+        commands = {name: (["airflow", name], None) for name in COMPONENTS}
+        commands["api-server"][0].extend(["--port", str(self.port)])
+        for name, (queue, concurrency) in WORKERS.items():
+            worker = ["airflow", "celery", "worker", "-q", queue, "-c", str(concurrency), "-H", name]
+            commands[name] = (worker, name)
         for name, (command, worker) in commands.items():
             log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - owned by the process
             self.processes[name] = subprocess.Popen(

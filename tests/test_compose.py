@@ -1,0 +1,70 @@
+"""docker-compose.yaml (Docker does not run here): its services, queues, pool and settings against the native
+topology that tests/test_distributed.py runs for real."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.cluster import COMPONENTS, MERGE_POOL, WORKERS
+from tests.conftest import ROOT
+
+yaml = pytest.importorskip("yaml", reason="PyYAML comes with the 'airflow' dependency group")
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+
+
+def command(service: str) -> str:
+    value = SERVICES[service]["command"]
+    return value if isinstance(value, str) else " ".join(value)
+
+
+def test_services_match_the_native_topology() -> None:
+    components = {f"airflow-{'apiserver' if c == 'api-server' else c}" for c in COMPONENTS}
+    workers = {"airflow-worker", "airflow-worker-large-disk"}
+    assert set(SERVICES) == {"postgres", "redis", "minio", "airflow-init"} | components | workers
+    assert command("airflow-apiserver") == "api-server" and command("airflow-scheduler") == "scheduler"
+
+
+@pytest.mark.parametrize(("service", "worker"), [("airflow-worker", "default-worker"),
+                                                 ("airflow-worker-large-disk", "large-disk-worker")])  # fmt: skip
+def test_workers_consume_the_same_queues_with_the_same_concurrency(service, worker) -> None:
+    queue, concurrency = WORKERS[worker]
+    assert command(service) == f"celery worker --queues {queue} --concurrency {concurrency}"
+
+
+def test_the_large_disk_worker_stages_merges_on_its_own_volume() -> None:
+    worker = SERVICES["airflow-worker-large-disk"]
+    assert worker["environment"]["TOKENIZATION_MERGE_WORKDIR"] == "/merge-scratch"
+    assert "merge-scratch:/merge-scratch" in worker["volumes"] and "merge-scratch" in COMPOSE["volumes"]
+    assert worker["environment"]["TOKENIZATION_MERGE_QUEUE"] == WORKERS["large-disk-worker"][0]
+
+
+def test_init_migrates_and_creates_the_pool_the_password_and_the_bucket() -> None:
+    init = command("airflow-init")
+    assert "airflow db migrate" in init
+    assert f"airflow pools set {MERGE_POOL[0]} {MERGE_POOL[1]} " in init
+    assert "passwords.json" in init and "fs.mkdir(bucket)" in init
+    for service in SERVICES:
+        if service.startswith("airflow-") and service != "airflow-init":
+            depends = SERVICES[service]["depends_on"]
+            assert "airflow-init" in depends or "airflow-apiserver" in depends, service
+
+
+def test_every_component_shares_the_settings_and_secrets_come_from_env() -> None:
+    env = COMPOSE["x-airflow-common"]["environment"]
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://")
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"].startswith("db+postgresql+psycopg2://")
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
+    assert (
+        "endpoint_url" in env["AIRFLOW_CONN_AWS_DEFAULT"]
+        and "${MINIO_ROOT_PASSWORD}" in env["AIRFLOW_CONN_AWS_DEFAULT"]
+    )
+    assert COMPOSE["x-airflow-common"]["env_file"] == ".env"
+    example = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
+                   if line and not line.startswith("#"))  # fmt: skip
+    assert {"AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET"} <= set(example)
+    referenced = set(re.findall(r"\$\{(\w+)(?::-[^}]*)?\}", (ROOT / "docker-compose.yaml").read_text()))
+    assert referenced <= set(example), referenced - set(example)

@@ -141,9 +141,9 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
             log.info("rank %d: pass 2 done, %s", config.rank, config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
         outputs, start = [], 0
-        for w in written:  # chunk ends in the index are not document ends: say where they are, for verify
-            chunk = config.shuffle_chunk_size
-            full = (counts.tokens - counts.partial_chunk_tokens - counts.tokens_dropped) if chunk else 0
+        chunk = config.shuffle_chunk_size  # chunk ends in the index are not document ends: say where, for verify
+        full = (counts.tokens - counts.partial_chunk_tokens - counts.tokens_dropped) if chunk else 0
+        for w in written:
             outputs.append(w.to_json() | {"pseudo_ends": manifest.pseudo_ends(start, w.tokens, chunk, full)})
             start += w.tokens
         result = manifest.rank_manifest(

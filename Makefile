@@ -17,7 +17,7 @@ MEGATRON_VENV := .venv-megatron
 # is provided (/opt/wheels on CI), use it; else take it from the PyTorch CPU index.
 TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links /opt/wheels,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
-.PHONY: setup test lint demo airflow airflow-init clean megatron-env
+.PHONY: setup test lint demo airflow airflow-init clean megatron-env bench
 
 setup:
 	@command -v uv >/dev/null || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv>=0.5"
@@ -59,6 +59,10 @@ airflow: airflow-init
 	@echo "log in as admin with the password in $(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated"
 	$(AIRFLOW_ENV) AIRFLOW_CONN_AIRFLOW_API="http://admin:$$(python3 -c 'import json; print(json.load(open("$(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated"))["admin"])')@localhost:8080" \
 	  python3 -c "import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp('airflow', ['airflow', 'standalone'])"
+
+# Benchmarks against datatrove on ../shared/data (or --corpora/--tokenizer); writes bench/RESULTS.md.
+bench: setup
+	$(RUN) python bench/run.py
 
 clean:
 	rm -rf $(DEMO_OUT) $(AIRFLOW_LOCAL_HOME) .pytest_cache $(MEGATRON_VENV)

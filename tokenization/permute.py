@@ -8,6 +8,8 @@ source index entries that fall strictly inside a moved unit move with it.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import shutil
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -43,18 +45,29 @@ class SourcePool:
         self.max_open = max_open
         self.cache_dir = cache_dir
         self._open: OrderedDict[int, tuple[np.ndarray, np.ndarray | None]] = OrderedDict()
+        self._maps: dict[int, list[np.memmap]] = {}
 
     def get(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
         if i in self._open:
             self._open.move_to_end(i)
             return self._open[i]
         while len(self._open) >= self.max_open:
-            self._open.popitem(last=False)
+            evicted, _ = self._open.popitem(last=False)
+            self._maps.pop(evicted, None)
         source = TokenFile(self._local(i), self.token_size)
-        loss = np.asarray(source.loss) if self.with_loss else None  # plain views: np.memmap slicing is slow
-        arrays = (np.asarray(source.tokens), loss)
+        maps = [source.tokens] + ([source.loss] if self.with_loss else [])
+        self._maps[i] = [m for m in maps if isinstance(m, np.memmap)]
+        arrays = (np.asarray(maps[0]), np.asarray(maps[1]) if self.with_loss else None)  # np.memmap slicing is slow
         self._open[i] = arrays
         return arrays
+
+    def release_pages(self) -> None:
+        """Drop the mapped pages read so far from this process (they stay in the page cache), so that resident
+        memory stays flat however much of the inputs the moves have touched."""
+        for maps in self._maps.values():
+            for m in maps:
+                with contextlib.suppress(AttributeError, ValueError, OSError):
+                    m._mmap.madvise(mmap.MADV_DONTNEED)
 
     @property
     def open_count(self) -> int:
@@ -77,6 +90,7 @@ class SourcePool:
 
     def close(self) -> None:
         self._open.clear()
+        self._maps.clear()
         if self.cache_dir is not None:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
 
@@ -127,6 +141,7 @@ def move_units(
             _copy_long_unit(pool, int(source[a]), int(starts[a]), int(ends[a]), writer, inner, block_tokens)
         else:
             _copy_block(pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, writer, inner)
+        pool.release_pages()
         a = b
 
 

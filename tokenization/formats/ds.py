@@ -24,7 +24,6 @@ from tokenization.storage import is_local, open_fs
 INDEX_DTYPE = np.dtype("<u8")
 LOSS_DTYPE = np.dtype("u1")
 UINT16_VOCAB_LIMIT = 65536
-SUFFIXES = ("", ".index", ".loss", ".metadata")
 
 
 class TokenFileError(ValueError):

@@ -110,6 +110,6 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
                 p.rsplit("/", 1)[1]: s3.cat_file(p) for p in s3.find(dataset[5:]) if p.endswith(DATA_FILES)
             }
         injected = cluster.proxy.injected
-    reference = {k: v for k, v in local_reference(tmp_path / "local", sample_corpus, sample_tokenizer).items()}
+    reference = local_reference(tmp_path / "local", sample_corpus, sample_tokenizer)
     assert built["run_a"] == built["run_b"] == reference and len(reference) == 16
     print(f"absorbed {injected} injected 503s")

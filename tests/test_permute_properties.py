@@ -90,14 +90,3 @@ def test_chunk_shuffle_moves_every_document_end_with_its_chunk(
         expected_ends |= {int(e) - int(piece[0]) + out_start for e in doc_ends if piece[0] < e <= piece[-1]}
         out_start += len(piece)
     assert out_ends.tolist() == sorted(expected_ends)
-
-
-@given(lengths=lengths_st, seed=st.integers(0, 2**32 - 1))
-@settings(max_examples=20, deadline=None)
-def test_same_seed_same_order(tmp_path_factory, lengths, seed) -> None:
-    tokens, loss, ends = _corpus(lengths)
-    runs = [
-        _permute(tmp_path_factory.mktemp("d"), tokens, loss, ends, np.random.default_rng(seed).permutation(len(ends)))
-        for _ in range(2)
-    ]
-    assert all(np.array_equal(a, b) for a, b in zip(*runs, strict=True))

@@ -21,7 +21,7 @@ import zstandard
 
 from tokenization import manifest
 from tokenization.documents import BATCH_BYTES, Counts, encoded_batches
-from tokenization.encoding import Encoder, SpecialTextPolicy
+from tokenization.encoding import Encoder, EngineChoice, SpecialTextPolicy
 from tokenization.sources import DocumentReader, Rejected, list_input_files
 from tokenization.storage import open_fs, publish_file, write_bytes_atomic
 
@@ -41,40 +41,22 @@ class CountConfig:
     batch_size: int = 10000
     batch_bytes: int = BATCH_BYTES
     save_loss: bool = False  # counting needs no loss bytes
+    engine: EngineChoice = "auto"
+    threads: int | None = None
 
 
 def count_tokens(config: CountConfig, progress: bool | None = None) -> dict:
     """Count, write the stats (and the annotated records) where asked, and return the stats."""
     started = time.time()
-    encoder = Encoder(config.tokenizer, config.eos_token, config.special_text)
+    encoder = Encoder(config.tokenizer, config.eos_token, config.special_text, config.engine, config.threads)
     files = list_input_files(config.inputs)
-    reader = DocumentReader(files, config.text_key, config.id_key, keep_data=bool(config.annotate))
-    counts = Counts()
-    per_file: dict[str, Counter] = defaultdict(Counter)
-    histogram = np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64)
-    longest = 0
-
-    def reject(item: Rejected) -> None:
-        per_file[item.file]["rejected"] += 1
-
     with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
-        annotated = _open_annotation(Path(tmp), config.annotate) if config.annotate else None
-        for batch in encoded_batches(reader, encoder, counts, config, reject, "count", progress):
-            lengths = batch.token_counts()
-            for record, n in zip(batch.records, lengths.tolist(), strict=True):
-                stats = per_file[record.file]
-                stats["docs" if record.text else "empty"] += 1
-                stats["tokens"] += n
-                if annotated is not None:
-                    annotated.write(orjson.dumps(record.data | {"token_count": n}) + b"\n")
-            written = batch.encoded.lengths
-            if len(written):
-                np.add.at(histogram, np.minimum(np.log2(np.maximum(written, 1)).astype(int), HISTOGRAM_BUCKETS - 1), 1)
-                longest = max(longest, int(written.max()))
-        if annotated is not None:
-            annotated.close()
+        counts, per_file, histogram, longest = encoder.exactly(
+            lambda: _count_pass(config, encoder, files, Path(tmp), progress)
+        )
+        if config.annotate:
             fs, path = open_fs(config.annotate)
-            publish_file(Path(annotated.name), fs, path)
+            publish_file(Path(tmp) / _annotation_name(config.annotate), fs, path)
     c = counts.to_json()
     nonzero = np.flatnonzero(histogram)
     stats = {
@@ -106,6 +88,39 @@ def count_tokens(config: CountConfig, progress: bool | None = None) -> dict:
     return stats
 
 
+def _count_pass(
+    config: CountConfig, encoder: Encoder, files: list, tmp: Path, progress: bool | None
+) -> tuple[Counts, dict[str, Counter], np.ndarray, int]:
+    """One pass over the inputs: counts per file, the length histogram, and the annotated records in ``tmp``."""
+    reader = DocumentReader(files, config.text_key, config.id_key, keep_data=bool(config.annotate))
+    counts = Counts()
+    per_file: dict[str, Counter] = defaultdict(Counter)
+    histogram = np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64)
+    longest = 0
+
+    def reject(item: Rejected) -> None:
+        per_file[item.file]["rejected"] += 1
+
+    annotated = _open_annotation(tmp, config.annotate) if config.annotate else None
+    try:
+        for batch in encoded_batches(reader, encoder, counts, config, reject, "count", progress):
+            lengths = batch.token_counts()
+            for record, n in zip(batch.records, lengths.tolist(), strict=True):
+                stats = per_file[record.file]
+                stats["docs" if record.text else "empty"] += 1
+                stats["tokens"] += n
+                if annotated is not None:
+                    annotated.write(orjson.dumps(record.data | {"token_count": n}) + b"\n")
+            written = batch.encoded.lengths
+            if len(written):
+                np.add.at(histogram, np.minimum(np.log2(np.maximum(written, 1)).astype(int), HISTOGRAM_BUCKETS - 1), 1)
+                longest = max(longest, int(written.max()))
+    finally:
+        if annotated is not None:
+            annotated.close()
+    return counts, per_file, histogram, longest
+
+
 def _file_counts(stats: Counter) -> dict:
     return {key: stats[key] for key in ("docs", "tokens", "empty", "rejected")}
 
@@ -132,7 +147,11 @@ class _Annotation:
         self._raw.close()
 
 
+def _annotation_name(destination: str) -> str:
+    return destination.rsplit("/", 1)[-1]
+
+
 def _open_annotation(tmp: Path, destination: str) -> _Annotation:
-    name = destination.rsplit("/", 1)[-1]
+    name = _annotation_name(destination)
     compression = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
     return _Annotation(tmp / name, compression)

@@ -1,33 +1,57 @@
-"""Tokenizer loading and the encoding policy: EOS, BOS, literal special-token text, loss masks.
+"""Tokenizer loading and the encoding policy: EOS, BOS, literal special-token text, loss masks, engine.
 
 The EOS is appended by the tokenizer's post-processor, as datatrove does, but a BOS that the tokenizer's own
 post-processor adds is kept (datatrove drops it: huggingface/datatrove#345).
+
+Byte-level BPE tokenizers are encoded by the fast engine (``fast_bpe``) when it can represent them. Its ids must
+be HF's: every run re-encodes a sample of its documents with HF (the first ``CHECK_FIRST``, then one in
+``CHECK_EVERY``, and every document that needs loss offsets) and raises ``EngineMismatch`` on any difference, so
+that the stage can start over on HF.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 from tokenizers.processors import TemplateProcessing
 
+from tokenization.fast_bpe import FastBPE, Unsupported
 from tokenization.formats.ds import token_size_for_vocab
 from tokenization.storage import is_local, open_fs
 
+log = logging.getLogger(__name__)
+
 SpecialTextPolicy = Literal["text", "special"]
 SPECIAL_TEXT_POLICIES: tuple[str, ...] = ("text", "special")
+EngineChoice = Literal["auto", "hf"]
+ENGINES: tuple[str, ...] = ("auto", "hf")
+CHECK_FIRST = 64
+CHECK_EVERY = 64
+T = TypeVar("T")
+
+
+def available_threads() -> int:
+    """The cores this process may run on (a container's or taskset's limit, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class TokenizerError(ValueError):
     """The tokenizer cannot be loaded or does not fit the requested policy."""
+
+
+class EngineMismatch(RuntimeError):
+    """The fast engine gave other ids than HF for a document: the run must start over on HF."""
 
 
 def load_tokenizer_bytes(name_or_path: str) -> tuple[Tokenizer, bytes]:
@@ -74,16 +98,31 @@ class Encoder:
         name_or_path: str,
         eos_token: str | None = None,
         special_text: SpecialTextPolicy = "text",
+        engine: EngineChoice = "auto",
+        threads: int | None = None,
     ):
         if special_text not in SPECIAL_TEXT_POLICIES:
             raise TokenizerError(f"special-token policy must be one of {SPECIAL_TEXT_POLICIES}, got {special_text!r}")
+        if engine not in ENGINES:
+            raise TokenizerError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if threads is not None and threads < 1:
+            raise TokenizerError(f"threads must be at least 1, got {threads}")
         self.name = name_or_path
+        self.threads = threads or available_threads()
+        if threads:  # HF's Rust thread pool reads this when it first starts
+            os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         self.tokenizer, data = load_tokenizer_bytes(name_or_path)
+        self._spec = json.loads(data)
+        self.engine = "hf"
+        self.engine_note = "asked for HF" if engine == "hf" else None
+        self._fast: FastBPE | None = None
+        self.checked_docs = 0
+        self._docs_seen = 0
         self.sha256 = hashlib.sha256(data).hexdigest()
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.token_size = token_size_for_vocab(self.vocab_size)
         self.special_text = special_text
-        added = json.loads(data).get("added_tokens") or []
+        added = self._spec.get("added_tokens") or []
         self.special_tokens = sorted({t["content"] for t in added if t.get("special")}, key=len, reverse=True)
         self.eos_token = eos_token
         self.eos_id: int | None = None
@@ -99,6 +138,29 @@ class Encoder:
         self.tokenizer.encode_special_tokens = special_text == "text"
         self._literal_re = re.compile("|".join(map(re.escape, self.special_tokens))) if self.special_tokens else None
         self._literal_prefixes = tuple({t[:2] for t in self.special_tokens})
+        if engine == "auto":
+            self._choose_engine()
+
+    def _choose_engine(self) -> None:
+        try:
+            self._fast = FastBPE(self._spec, self.special_text, self.threads)
+            self.engine, self.engine_note = "tiktoken", None
+        except Unsupported as exc:
+            self.engine_note = f"fast engine declined: {exc}"
+            log.info("%s: encoding with HF tokenizers (%s)", self.name, self.engine_note)
+
+    def exactly(self, attempt: Callable[[], T]) -> T:
+        """Run a pass over the documents; if the fast engine disagreed with HF on any, run it again on HF."""
+        try:
+            return attempt()
+        except EngineMismatch as exc:
+            self.fall_back(str(exc))
+            return attempt()
+
+    def fall_back(self, reason: str) -> None:
+        """Encode with HF from now on, and say why in the log and the manifest."""
+        log.warning("%s: falling back to HF tokenizers: %s", self.name, reason)
+        self._fast, self.engine, self.engine_note = None, "hf", f"fell back: {reason}"
 
     def _leading_special_ids(self) -> list[int]:
         """The ids that the tokenizer's own post-processor puts before a document: its BOS, if any."""
@@ -128,6 +190,9 @@ class Encoder:
             "eos_id": self.eos_id,
             "bos_ids": self.bos_ids,
             "special_text": self.special_text,
+            "engine": self.engine,
+            "engine_note": self.engine_note,
+            "self_checked_docs": self.checked_docs,
         }
 
     def count_special_literals(self, text: str) -> Counter:
@@ -141,22 +206,72 @@ class Encoder:
         literals: Counter = Counter()
         for text in texts:
             literals.update(self.count_special_literals(text))
-        ids = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(texts)]
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        masked = [i for i, ranges in enumerate(no_loss or []) if ranges]
+        if self._fast is None:
+            ids = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(texts)]
+            lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        else:
+            tokens, lengths = self._encode_fast(texts)
         if len(tokens) and int(tokens.max()) >= self.vocab_size:
             raise TokenizerError(f"{self.name}: token id {int(tokens.max())} is outside the vocabulary")
-        loss = None
-        if no_loss is not None:
-            loss = np.ones(len(tokens), dtype=np.uint8)
-            masked = [i for i, ranges in enumerate(no_loss) if ranges]
-            if masked:
-                starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-                encodings = self.tokenizer.encode_batch([texts[i] for i in masked])
-                for i, encoding in zip(masked, encodings, strict=True):
-                    doc = loss[starts[i] : starts[i] + lengths[i]]
-                    doc[no_loss_mask(encoding, no_loss[i])] = 0
+        starts = np.cumsum(lengths) - lengths
+        loss = None if no_loss is None else np.ones(len(tokens), dtype=np.uint8)
+        checked = self._check_sample(texts, tokens, starts, lengths, exclude=set(masked))
+        if masked:  # offsets only for the documents that need them; their ids are checked as well
+            for i, encoding in zip(masked, self.tokenizer.encode_batch([texts[i] for i in masked]), strict=True):
+                doc = slice(starts[i], starts[i] + lengths[i])
+                if self._fast is not None:
+                    self._compare(self._docs_seen + i, tokens[doc], encoding.ids)
+                loss[doc][no_loss_mask(encoding, no_loss[i])] = 0
+            checked += len(masked) if self._fast is not None else 0
+        self.checked_docs += checked
+        self._docs_seen += len(texts)
         return Encoded(tokens, lengths, loss, literals)
+
+    def _encode_fast(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The fast engine's ids with the BOS and EOS the post-processor would add, placed by index arithmetic."""
+        ranks = self._fast.encode(texts)
+        body_lengths = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+        body = self._fast.ids(np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(body_lengths.sum())))
+        head, tail = self.bos_ids, [] if self.eos_id is None else [self.eos_id]
+        if not head and not tail:
+            return body, body_lengths
+        lengths = body_lengths + len(head) + len(tail)
+        starts = np.cumsum(lengths) - lengths
+        tokens = np.empty(int(lengths.sum()), dtype=np.int64)
+        shift = np.repeat(starts + len(head) - (np.cumsum(body_lengths) - body_lengths), body_lengths)
+        tokens[np.arange(len(body)) + shift] = body
+        for k, token in enumerate(head):
+            tokens[starts + k] = token
+        for k, token in enumerate(tail):
+            tokens[starts + lengths - len(tail) + k] = token
+        return tokens, lengths
+
+    def _check_sample(
+        self, texts: list[str], tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, exclude: set[int]
+    ) -> int:
+        """Re-encode this batch's share of the run's sample with HF; return how many documents were compared."""
+        if self._fast is None:
+            return 0
+        positions = self._docs_seen + np.arange(len(texts))
+        sample = [
+            i
+            for i in np.flatnonzero((positions < CHECK_FIRST) | (positions % CHECK_EVERY == 0)).tolist()
+            if i not in exclude
+        ]
+        for i, encoding in zip(sample, self.tokenizer.encode_batch_fast([texts[i] for i in sample]), strict=True):
+            self._compare(int(positions[i]), tokens[starts[i] : starts[i] + lengths[i]], encoding.ids)
+        return len(sample)
+
+    def _compare(self, position: int, fast: np.ndarray, reference: list[int]) -> None:
+        if len(fast) != len(reference) or not np.array_equal(fast, reference):
+            differ = np.flatnonzero(fast[: len(reference)] != np.asarray(reference[: len(fast)], dtype=np.int64))
+            at = int(differ[0]) if len(differ) else min(len(fast), len(reference))
+            raise EngineMismatch(
+                f"document {position} of this run: the fast engine and HF differ at token {at} "
+                f"({len(fast)} vs {len(reference)} tokens)"
+            )
 
 
 def no_loss_mask(encoding: Encoding, ranges: list[tuple[int, int]]) -> np.ndarray:

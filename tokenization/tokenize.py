@@ -20,7 +20,7 @@ import numpy as np
 
 from tokenization import manifest
 from tokenization.documents import BATCH_BYTES, Counts, encoded_batches
-from tokenization.encoding import Encoder, SpecialTextPolicy
+from tokenization.encoding import Encoder, EngineChoice, SpecialTextPolicy
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
 from tokenization.permute import SourcePool, fixed_units, permute_units
@@ -59,6 +59,11 @@ class TokenizeConfig:
     output_format: Literal["ds", "megatron"] = "ds"
     batch_size: int = 10000
     batch_bytes: int = BATCH_BYTES
+    engine: EngineChoice = "auto"
+    threads: int | None = None
+
+    def encoder(self) -> Encoder:
+        return Encoder(self.tokenizer, self.eos_token, self.special_text, self.engine, self.threads)
 
     def __post_init__(self) -> None:
         for name in ("shuffle_chunk_size", "max_tokens_per_file", "batch_size", "batch_bytes", "world_size"):
@@ -103,7 +108,7 @@ def rank_file_pattern(stem: str) -> re.Pattern:
 def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
     """Run one rank end to end and return its manifest. Re-running a rank replaces its output completely."""
     started = time.time()
-    encoder = Encoder(config.tokenizer, config.eos_token, config.special_text)  # fails before any data is read
+    encoder = config.encoder()  # fails before any data is read
     files = shard(list_input_files(config.inputs), config.rank, config.world_size)
     log.info(
         "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
@@ -111,32 +116,14 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
     out_fs, out_path = open_fs(config.output)
     manifest.remove_marker(out_fs, out_path, config.stem)
     with working_dir(config.local_working_dir, out_fs, out_path, config.stem) as work:
-        counts = Counts()
         quarantine = work / "quarantine.jsonl"
-        reader = DocumentReader(files, config.text_key, config.id_key)
-        direct = not (config.shuffle_documents or config.shuffle_chunk_size)
-        writer = SplitWriter(
-            work,
-            config.output_name if direct else (lambda _: "unshuffled.ds"),
-            tokenizer=config.tokenizer,
-            token_size=encoder.token_size,
-            save_loss=config.save_loss,
-            max_tokens=config.max_tokens_per_file if direct else None,
-            writer_class=config.writer_class if direct else TokenFileWriter,
-        )
         try:
-            with open(quarantine, "wb") as bad:
-                reject = _quarantine(config, counts, bad)
-                batches = encoded_batches(reader, encoder, counts, config, reject, f"rank {config.rank}", progress)
-                for batch in batches:
-                    ends = np.cumsum(batch.encoded.lengths)
-                    writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
+            counts, reader, written = encoder.exactly(lambda: _encode_pass(config, encoder, files, work, progress))
         except TooManyRejects:  # publish what was quarantined: it is what the user needs to look at
             publish_file(quarantine, out_fs, manifest.quarantine_path(out_path, config.stem))
             raise
-        written = writer.close()
         log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
-        if not direct and written:
+        if (config.shuffle_documents or config.shuffle_chunk_size) and written:
             written = _shuffle(config, encoder, written[0].path, counts, work)
             log.info("rank %d: pass 2 done, %s", config.rank, config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
@@ -159,6 +146,33 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
         _publish(config, out_fs, out_path, written, quarantine, result)
     log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
     return result
+
+
+def _encode_pass(
+    config: TokenizeConfig, encoder: Encoder, files: list, work: Path, progress: bool | None
+) -> tuple[Counts, DocumentReader, list[WrittenTokenFile]]:
+    """Pass 1: encode the rank's documents in input order into the working directory, rejects to quarantine."""
+    counts = Counts()
+    reader = DocumentReader(files, config.text_key, config.id_key)
+    direct = not (config.shuffle_documents or config.shuffle_chunk_size)
+    writer = SplitWriter(
+        work,
+        config.output_name if direct else (lambda _: "unshuffled.ds"),
+        tokenizer=config.tokenizer,
+        token_size=encoder.token_size,
+        save_loss=config.save_loss,
+        max_tokens=config.max_tokens_per_file if direct else None,
+        writer_class=config.writer_class if direct else TokenFileWriter,
+    )
+    with open(work / "quarantine.jsonl", "wb") as bad:
+        try:
+            reject = _quarantine(config, counts, bad)
+            for batch in encoded_batches(reader, encoder, counts, config, reject, f"rank {config.rank}", progress):
+                ends = np.cumsum(batch.encoded.lengths)
+                writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
+        finally:  # on errors too: no buffered byte of a failed attempt may reach a file that a retry reopens
+            written = writer.close()
+    return counts, reader, written
 
 
 def _quarantine(config: TokenizeConfig, counts: Counts, bad: BinaryIO) -> Callable[[Rejected], None]:

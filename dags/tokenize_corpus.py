@@ -46,6 +46,12 @@ PARAMS = {
     "output_format": Param("ds", enum=["ds", "megatron"],
                            description="ds: merged and context-shuffled .ds files; megatron: .bin/.idx per rank"),
     "max_rejects": Param(1000, type="integer", minimum=0, description="Bad records a rank tolerates"),
+    "engine": Param("auto", enum=["auto", "hf"],
+                    description="auto: the fast exact engine where it fits the tokenizer (self-checked against HF); "
+                                "hf: HF tokenizers only"),
+    "threads": Param(None, **OPTIONAL_POSITIVE,
+                     description="Encoding threads per rank; empty uses every core the task may use. Set cores / "
+                                 "worker concurrency when several ranks share a Celery worker"),
     "merge_mode": Param("interleave", enum=["interleave", "shuffle"],
                         description="interleave: datatrove's file interleave; shuffle: uniform over all documents"),
     "merge_max_tokens_per_file": Param(100_000_000_000, type="integer", minimum=1,

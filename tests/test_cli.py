@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -60,3 +61,17 @@ def test_usage_errors_exit_2(sample_tokenizer) -> None:
     assert cli("tokenize", "x", "--tokenizer", str(sample_tokenizer)).returncode == 2  # no --output
     assert cli("tokenize", "x", "--output", "o", "--tokenizer", "t", "--max-tokens-per-file", "0").returncode == 2
     assert cli("frobnicate").returncode == 2
+
+
+def test_engine_and_threads_reach_the_stats(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    engines = {}
+    for engine in ("auto", "hf"):
+        stats = tmp_path / f"{engine}.json"
+        done = cli("count", str(sample_corpus), "--tokenizer", str(sample_tokenizer), "--eos-token", EOS,
+                   "--engine", engine, "--threads", "1", "--stats-out", str(stats))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        engines[engine] = json.loads(stats.read_text())
+    assert [engines[e]["tokenizer"]["engine"] for e in ("auto", "hf")] == ["tiktoken", "hf"]
+    assert engines["auto"]["tokens"] == engines["hf"]["tokens"] == 64522
+    assert engines["auto"]["tokenizer"]["self_checked_docs"] == 5  # documents 0, 64, ..., 256 of 308
+    assert cli("count", str(sample_corpus), "--tokenizer", str(sample_tokenizer), "--threads", "0").returncode == 2

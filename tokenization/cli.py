@@ -12,7 +12,7 @@ import numpy as np
 
 from tokenization.context import DEFAULT_WINDOW, ContextShuffleConfig, context_shuffle
 from tokenization.count import CountConfig, count_tokens
-from tokenization.encoding import SPECIAL_TEXT_POLICIES, Encoder, TokenizerError
+from tokenization.encoding import ENGINES, SPECIAL_TEXT_POLICIES, Encoder, TokenizerError
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, merge
 from tokenization.permute import MAX_OPEN_FILES
@@ -22,6 +22,19 @@ from tokenization.tokenize import TokenizeConfig, TooManyRejects, tokenize_rank
 from tokenization.verify import verify
 
 ERRORS = (InputError, TokenizerError, TokenFileError, TooManyRejects, ValueError, OSError)
+
+
+def _engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="auto: the fast exact engine where it can represent the tokenizer, self-checked against HF; "
+        "hf: HF tokenizers only (default: auto)",
+    )
+    parser.add_argument(
+        "--threads", type=_positive, help="threads for encoding (default: every core this process may use)"
+    )
 
 
 def _positive(value: str) -> int:
@@ -68,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", dest="output_format", choices=("ds", "megatron"), default="ds", help="output format (default: ds)"
     )
     tok.add_argument("--batch-size", type=_positive, default=10000, help="documents per encode batch")
+    _engine_arguments(tok)
 
     mrg = sub.add_parser("merge", help="merge every rank file of a folder into globally reordered files (one task)")
     mrg.add_argument("input", help="folder or URL holding the rank .ds files")
@@ -107,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     cnt.add_argument("--special-tokens-in-text", dest="special_text", choices=SPECIAL_TEXT_POLICIES, default="text")
     cnt.add_argument("--stats-out", help="write the stats JSON here")
     cnt.add_argument("--annotate", help="write the records back as JSON lines with a token_count field")
+    _engine_arguments(cnt)
 
     ver = sub.add_parser("verify", help="check an output folder (.ds family or Megatron); exit 1 on any problem")
     ver.add_argument("path", help="output folder or URL")

@@ -6,9 +6,13 @@ rejected (handed to the caller's ``reject``); blank lines are counted apart.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from queue import Full, Queue
+from typing import TypeVar
 
 import numpy as np
 from tqdm import tqdm
@@ -17,6 +21,7 @@ from tokenization.encoding import Encoded, Encoder
 from tokenization.sources import DocumentReader, Record, Rejected
 
 BATCH_BYTES = 1 << 20  # UTF-8 bytes a batch; a token costs ~150 bytes inside an Encoding, and is >= 1 byte
+T = TypeVar("T")
 
 
 @dataclass
@@ -68,8 +73,11 @@ def encoded_batches(
     progress: bool | None = None,
 ) -> Iterator[Batch]:
     """Encode the reader's documents in batches bounded by ``options.batch_size`` documents and
-    ``options.batch_bytes`` bytes of text, with loss bytes when ``options.save_loss``. A progress bar shows on a
-    terminal (``progress=None``) or when asked."""
+    ``options.batch_bytes`` bytes of text, with loss bytes when ``options.save_loss``.
+
+    Three things overlap: a thread reads, decompresses and parses the input; another encodes one batch (the engine
+    releases the GIL) while the caller writes the previous one. A progress bar shows on a terminal
+    (``progress=None``) or when asked."""
     bar = tqdm(
         total=reader.total_bytes,
         unit="B",
@@ -77,21 +85,41 @@ def encoded_batches(
         desc=desc,
         disable=None if progress is None else not progress,
     )
-    records: list[Record] = []
-    size = 0
 
-    def flush() -> Batch:
+    def encode(records: list[Record]) -> Batch:
         texts = [r for r in records if r.text]
         ranges = [r.no_loss_ranges for r in texts] if options.save_loss else None
-        encoded = encoder.encode([r.text for r in texts], ranges)
-        counts.docs_written += len(texts)
-        counts.tokens += len(encoded.tokens)
-        counts.special_token_literals.update(encoded.special_literals)
+        return Batch(records, encoder.encode([r.text for r in texts], ranges))
+
+    def done(batch: Batch) -> Batch:
+        counts.docs_written += len(batch.encoded.lengths)
+        counts.tokens += len(batch.encoded.tokens)
+        counts.special_token_literals.update(batch.encoded.special_literals)
         bar.update(reader.bytes_read - bar.n)
         bar.set_postfix(docs=counts.docs_written, tokens=counts.tokens, refresh=False)
-        return Batch(records, encoded)
+        return batch
 
-    for item in reader:
+    with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoding:
+        pending: Future | None = None
+        for records in _record_batches(prefetched(reader), counts, options, reject):
+            submitted = encoding.submit(encode, records)
+            if pending is not None:
+                yield done(pending.result())
+            pending = submitted
+        if pending is not None:
+            yield done(pending.result())
+    counts.blank_lines = reader.blank_lines
+    bar.update(reader.total_bytes - bar.n)
+    bar.close()
+
+
+def _record_batches(
+    items: Iterator[Record | Rejected], counts: Counts, options, reject: Callable[[Rejected], None]
+) -> Iterator[list[Record]]:
+    """Group records into batches, counting each record read and handing each rejected one to ``reject``."""
+    records: list[Record] = []
+    size = 0
+    for item in items:
         counts.docs_read += 1
         if isinstance(item, Rejected):
             counts.rejected[item.reason] += 1
@@ -104,10 +132,50 @@ def encoded_batches(
         records.append(item)
         size += text_bytes
         if len(records) >= options.batch_size or size >= options.batch_bytes:
-            yield flush()
+            yield records
             records, size = [], 0
     if records:
-        yield flush()
-    counts.blank_lines = reader.blank_lines
-    bar.update(reader.total_bytes - bar.n)
-    bar.close()
+        yield records
+
+
+def prefetched(items: Iterable[T], chunk: int = 256, depth: int = 16) -> Iterator[T]:
+    """``items``, produced ahead by a background thread in chunks (at most ``depth`` waiting), so that reading
+    overlaps with the caller's work. The producer's errors are raised here; stopping early stops the producer."""
+    queue: Queue = Queue(depth)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                queue.put(item, timeout=0.1)
+                return True
+            except Full:
+                continue
+        return False
+
+    def produce() -> None:
+        group: list = []
+        try:
+            for item in items:
+                group.append(item)
+                if len(group) >= chunk:
+                    if not put(group):
+                        return
+                    group = []
+            put(group) and put(_END)
+        except BaseException as exc:  # the items before it first, then the error, which the consumer raises
+            put(group) and put(exc)
+
+    thread = threading.Thread(target=produce, name="read", daemon=True)
+    thread.start()
+    try:
+        while (group := queue.get()) is not _END:
+            if isinstance(group, BaseException):
+                raise group
+            yield from group
+    finally:
+        stop.set()
+        thread.join()
+
+
+_END = object()

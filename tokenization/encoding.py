@@ -4,8 +4,8 @@ The EOS is appended by the tokenizer's post-processor, as datatrove does, but a 
 post-processor adds is kept (datatrove drops it: huggingface/datatrove#345).
 
 Byte-level BPE tokenizers are encoded by the fast engine (``fast_bpe``) when it can represent them. Its ids must
-be HF's: every run re-encodes a sample of its documents with HF (the first ``CHECK_FIRST``, then one in
-``CHECK_EVERY``, and every document that needs loss offsets) and raises ``EngineMismatch`` on any difference, so
+be HF's: every run re-encodes a sample of its documents with HF (one in ``CHECK_EVERY``, from the first, and
+every document that needs loss offsets) and raises ``EngineMismatch`` on any difference, so
 that the stage can start over on HF.
 """
 
@@ -36,7 +36,6 @@ SpecialTextPolicy = Literal["text", "special"]
 SPECIAL_TEXT_POLICIES: tuple[str, ...] = ("text", "special")
 EngineChoice = Literal["auto", "hf"]
 ENGINES: tuple[str, ...] = ("auto", "hf")
-CHECK_FIRST = 64
 CHECK_EVERY = 64
 T = TypeVar("T")
 
@@ -255,11 +254,7 @@ class Encoder:
         if self._fast is None:
             return 0
         positions = self._docs_seen + np.arange(len(texts))
-        sample = [
-            i
-            for i in np.flatnonzero((positions < CHECK_FIRST) | (positions % CHECK_EVERY == 0)).tolist()
-            if i not in exclude
-        ]
+        sample = [i for i in np.flatnonzero(positions % CHECK_EVERY == 0).tolist() if i not in exclude]
         for i, encoding in zip(sample, self.tokenizer.encode_batch_fast([texts[i] for i in sample]), strict=True):
             self._compare(int(positions[i]), tokens[starts[i] : starts[i] + lengths[i]], encoding.ids)
         return len(sample)

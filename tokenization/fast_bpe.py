@@ -75,35 +75,45 @@ def _check_model(spec: dict) -> None:
         raise Unsupported("a special token that is a prefix of another")
 
 
+def _ranks(model: dict) -> tuple[dict[bytes, int], dict[bytes, int]]:
+    """The engine's ranks (bytes first, then each token at the first merge that makes it) and the vocabulary's
+    ids, both keyed by the token's bytes."""
+    vocab: dict[str, int] = model["vocab"]
+    alphabet = byte_alphabet()
+    stray = set().union(*map(set, vocab)) - alphabet.keys()
+    if stray:
+        raise Unsupported(f"vocabulary characters outside the byte-level alphabet: {''.join(sorted(stray))[:20]!r}")
+    table = str.maketrans({c: chr(b) for c, b in alphabet.items()})
+
+    def to_bytes(token: str) -> bytes:
+        try:
+            return token.translate(table).encode("latin-1")
+        except UnicodeEncodeError as exc:
+            raise Unsupported(f"merge part {token!r} is outside the byte-level alphabet") from exc
+
+    ranks: dict[bytes, int] = {bytes([b]): b for b in range(256)}
+    ids: dict[bytes, int] = {}
+    for token, token_id in vocab.items():
+        ids[to_bytes(token)] = token_id
+    for merge in model["merges"]:
+        left, right = merge.split(" ") if isinstance(merge, str) else merge
+        ranks.setdefault(to_bytes(left) + to_bytes(right), len(ranks))
+    if model.get("ignore_merges"):  # HF then takes a whole word from the vocabulary first, as tiktoken does
+        for token in sorted(ids, key=ids.__getitem__):
+            ranks.setdefault(token, len(ranks))
+    missing = next((t for t in ranks if t not in ids), None)
+    if missing is not None:
+        raise Unsupported(f"merge result {missing!r} is not in the vocabulary")
+    return ranks, ids
+
+
 class FastBPE:
     """Encodes texts to the tokenizer's ids (no BOS or EOS), on ``threads`` threads that release the GIL."""
 
     def __init__(self, spec: dict, special_text: str, threads: int):
         _check_model(spec)
         pattern = _pattern(spec.get("pre_tokenizer"))
-        model = spec["model"]
-        vocab: dict[str, int] = model["vocab"]
-        alphabet = byte_alphabet()
-
-        def to_bytes(token: str) -> bytes:
-            try:
-                return bytes(alphabet[c] for c in token)
-            except KeyError as exc:
-                raise Unsupported(f"token {token!r} is not in the byte-level alphabet") from exc
-
-        ranks: dict[bytes, int] = {bytes([b]): b for b in range(256)}
-        ids: dict[bytes, int] = {}
-        for token, token_id in vocab.items():
-            ids[to_bytes(token)] = token_id
-        for merge in model["merges"]:
-            left, right = merge.split(" ") if isinstance(merge, str) else merge
-            ranks.setdefault(to_bytes(left) + to_bytes(right), len(ranks))
-        if model.get("ignore_merges"):  # HF then takes a whole word from the vocabulary first, as tiktoken does
-            for token in sorted(ids, key=ids.__getitem__):
-                ranks.setdefault(token, len(ranks))
-        missing = next((t for t in ranks if t not in ids), None)
-        if missing is not None:
-            raise Unsupported(f"merge result {missing!r} is not in the vocabulary")
+        ranks, ids = _ranks(spec["model"])
         special = {t["content"]: t["id"] for t in spec.get("added_tokens") or []}
         self.rank_to_id = np.empty(len(ranks) + len(special), dtype=np.int64)
         for token, rank in ranks.items():

@@ -101,6 +101,8 @@ def tokenize(spec: dict, rank: int, params: dict, try_number: int) -> dict:
         save_loss=params["save_loss"],
         max_rejects=params["max_rejects"],
         output_format=params["output_format"],
+        engine=params["engine"],
+        threads=params["threads"],
         local_working_dir=os.environ.get("TOKENIZATION_WORKDIR"),
     )
     result = tokenize_rank(config, progress=False)

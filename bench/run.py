@@ -30,7 +30,7 @@ SNIPPETS = {
     "ours_tokenize": """
 from tokenization.tokenize import TokenizeConfig, tokenize_rank
 tokenize_rank(TokenizeConfig(inputs=[ARGS["corpus"]], output=ARGS["out"], tokenizer=ARGS["tokenizer"],
-              eos_token=ARGS["eos"], seed=1234), progress=False)
+              eos_token=ARGS["eos"], seed=1234, local_working_dir=ARGS["out"] + "_work"), progress=False)
 """,
     "datatrove_tokenize": """
 from datatrove.executor import LocalPipelineExecutor
@@ -47,6 +47,17 @@ texts = [orjson.loads(l)["text"] for f in sorted(glob.glob(ARGS["corpus"] + "/*.
 import time
 start = time.time()
 Tokenizer.from_file(ARGS["tokenizer"]).encode_batch_fast([t for t in texts if t])
+SECONDS = time.time() - start
+""",
+    "fast_encode": """
+import gzip, glob, json, orjson
+from tokenization.encoding import available_threads
+from tokenization.fast_bpe import FastBPE
+texts = [orjson.loads(l)["text"] for f in sorted(glob.glob(ARGS["corpus"] + "/*.gz")) for l in gzip.open(f)]
+engine = FastBPE(json.load(open(ARGS["tokenizer"])), "text", available_threads())
+import time
+start = time.time()
+engine.encode([t for t in texts if t])
 SECONDS = time.time() - start
 """,
     "ours_count": """
@@ -137,6 +148,36 @@ def synthetic_ranks(folder: Path, files: int, docs: int, low: int, high: int) ->
     return total * 2
 
 
+def link_corpus(source: Path, corpus: Path, copies: int) -> None:
+    """The corpus files (without the instruct file, which has no text field), ``copies`` times over."""
+    corpus.mkdir(parents=True, exist_ok=True)
+    for copy in range(copies):
+        for path in sorted(source.glob("*.jsonl.gz")):
+            if not path.name.startswith("instruct_"):
+                (corpus / f"{copy:03d}-{path.name}").symlink_to(path.resolve())
+
+
+def memory_rows(work: Path, source: Path, base: dict, scale: int, docs: int) -> list[dict]:
+    """Peak RSS of each stage on 1x and ``scale``x the input: flat, apart from the index arrays."""
+    rows = []
+    for copies in sorted({1, scale}):
+        corpus = work / f"corpus-x{copies}"
+        link_corpus(source, corpus, copies)
+        ranks = work / f"ranks-x{copies}"
+        token_mb = synthetic_ranks(ranks, 8, docs * copies // 4, 200, 600) / 1e6
+        for label, name, args, mb in (
+            ("tokenize + doc shuffle", "ours_tokenize", base | {"corpus": str(corpus)}, text_bytes(corpus) / 1e6),
+            ("merge", "ours_merge", {"ranks": str(ranks)}, token_mb),
+            ("context shuffle", "ours_context", {"ranks": str(ranks)}, token_mb),
+        ):
+            r = measure(name, args | {"out": str(work / f"{name}-x{copies}")})
+            rows.append({"stage": label, "copies": copies, "input_mb": mb, "seconds": r["seconds"], "rss": r["rss_mb"]})
+            print(rows[-1], flush=True)
+            shutil.rmtree(work / f"{name}-x{copies}", ignore_errors=True)
+        shutil.rmtree(ranks, ignore_errors=True)
+    return rows
+
+
 def text_bytes(corpus: Path) -> int:
     """UTF-8 bytes of text in the corpus, the unit of the tokenize and count throughputs."""
     import gzip
@@ -155,23 +196,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpora", default=str(SHARED / "corpora"))
     parser.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2" / "tokenizer.json"))
+    parser.add_argument(
+        "--hf-tokenizer",
+        default=str(SHARED / "tokenizers" / "mistral-7b" / "tokenizer.json"),
+        help="a tokenizer the fast engine declines, to measure the HF path (EOS </s>)",
+    )
+    parser.add_argument("--scale", type=int, default=10, help="the memory table's largest input, in corpus copies")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     parser.add_argument("--smoke", action="store_true", help="tiny inputs, one repeat: checks that it runs")
     args = parser.parse_args()
     if args.smoke:
-        args.corpora, args.tokenizer, args.repeats = (
+        args.corpora, args.tokenizer, args.hf_tokenizer, args.repeats, args.scale = (
             str(ROOT / "sample" / "corpus"),
             str(ROOT / "sample" / "tokenizer.json"),
+            None,
             1,
+            2,
         )
 
     work = Path(tempfile.mkdtemp(prefix="tokenization-bench-"))
     corpus = work / "corpus"
     corpus.mkdir()
-    for path in sorted(Path(args.corpora).glob("*.jsonl.gz")):
-        if not path.name.startswith("instruct_"):
-            (corpus / path.name).symlink_to(path)
+    link_corpus(Path(args.corpora), corpus, copies=1)
     text_mb = text_bytes(corpus) / 1e6
     rows = []
 
@@ -184,25 +231,27 @@ def main() -> None:
                     results[name] = r
         o, t = results[ours], results.get(theirs)
         rows.append({"stage": label, "ours_s": o["seconds"], "ours_mbs": mb / o["seconds"], "ours_rss": o["rss_mb"],
+                     "input_mb": mb,
                      "dt_s": t and t["seconds"], "dt_rss": t and t["rss_mb"],
                      "ratio": t and t["seconds"] / o["seconds"], "limit_s": limit})  # fmt: skip
         print(rows[-1], flush=True)
 
     base = {"corpus": str(corpus), "tokenizer": args.tokenizer, "eos": EOS}
     hf = best("hf_encode", base, args.repeats)["seconds"]
-    stage("tokenize + doc shuffle", "ours_tokenize", "datatrove_tokenize", base, text_mb, hf)
-    stage("count", "ours_count", "datatrove_count", base, text_mb, hf)
+    fast = best("fast_encode", base, args.repeats)["seconds"]
+    limit = f"HF {hf:.2f}, fast {fast:.2f}"
+    stage("tokenize + doc shuffle", "ours_tokenize", "datatrove_tokenize", base, text_mb, limit)
+    stage("count", "ours_count", "datatrove_count", base, text_mb, limit)
+    if args.hf_tokenizer:
+        mistral = base | {"tokenizer": args.hf_tokenizer, "eos": "</s>"}
+        limit = f"HF {best('hf_encode', mistral, args.repeats)['seconds']:.2f}"
+        label = f"tokenize + doc shuffle, {Path(args.hf_tokenizer).parent.name} (HF path)"
+        stage(label, "ours_tokenize", "datatrove_tokenize", mistral, text_mb, limit)
     docs = 2_000 if args.smoke else 150_000
     small = work / "small"
-    mb = synthetic_ranks(small, 8, docs, 200, 600) / 1e6
-    stage(
-        "merge, ~400-token docs",
-        "ours_merge",
-        "datatrove_merge",
-        {"ranks": str(small)},
-        mb,
-        copy_time(str(small), work),
-    )
+    small_mb = synthetic_ranks(small, 8, docs, 200, 600) / 1e6
+    small_cp = copy_time(str(small), work)
+    stage("merge, ~400-token docs", "ours_merge", "datatrove_merge", {"ranks": str(small)}, small_mb, small_cp)
     large = work / "large"
     mb = synthetic_ranks(large, 8, docs // 50, 10_000, 30_000) / 1e6
     stage(
@@ -213,15 +262,14 @@ def main() -> None:
         mb,
         copy_time(str(large), work),
     )
-    stage(
-        "context shuffle", "ours_context", "datatrove_context", {"ranks": str(small)}, mb, copy_time(str(small), work)
-    )
-    stage("verify", "ours_verify", None, {"ranks": str(small)}, mb, None)
-    write_table(rows, Path(args.out), text_mb, args)
+    stage("context shuffle", "ours_context", "datatrove_context", {"ranks": str(small)}, small_mb, small_cp)
+    stage("verify", "ours_verify", None, {"ranks": str(small)}, small_mb, None)
+    memory = memory_rows(work, Path(args.corpora), base, args.scale, docs)
+    write_table(rows, memory, Path(args.out), text_mb, args)
     shutil.rmtree(work, ignore_errors=True)
 
 
-def write_table(rows: list[dict], out: Path, text_mb: float, args) -> None:
+def write_table(rows: list[dict], memory: list[dict], out: Path, text_mb: float, args) -> None:
     machine = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
     lines = [
         f"Benchmarks on {machine}; {text_mb:.1f} MB of text from `{args.corpora}`, tokenizer "
@@ -233,11 +281,21 @@ def write_table(rows: list[dict], out: Path, text_mb: float, args) -> None:
     ]
     for r in rows:
         dt = f"{r['dt_s']:.2f} | {r['dt_rss']:.0f} | {r['ratio']:.2f}x" if r["dt_s"] else "- | - | -"
-        limit = f"{r['limit_s']:.2f}" if r["limit_s"] else "-"
+        limit = r["limit_s"] if isinstance(r["limit_s"], str) else f"{r['limit_s']:.2f}" if r["limit_s"] else "-"
         lines.append(
             f"| {r['stage']} | {r['ours_s']:.2f} | {r['ours_mbs']:.1f} | {r['ours_rss']:.0f} | {dt} | {limit} |"
         )
-    lines += ["", "limit: HF `encode_batch_fast` alone for tokenize and count; `cp` of the same bytes for the others."]
+    lines += [
+        "",
+        "limit: for tokenize and count, HF `encode_batch_fast` alone and the fast engine alone (on every core); "
+        "`cp` of the same bytes for the others. MB/s: text for tokenize and count, tokens for the others.",
+        "",
+        "Peak RSS as the input grows (tokenize: the corpus repeated; merge and context shuffle: ~400-token documents):",
+        "",
+        "| stage | input (MB) | seconds | peak RSS (MB) |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {m['stage']} | {m['input_mb']:.0f} | {m['seconds']:.2f} | {m['rss']:.0f} |" for m in memory]
     out.write_text("\n".join(lines) + "\n")
     print(out.read_text())
 

@@ -119,15 +119,15 @@ def test_open_files_stay_bounded(tmp_path, monkeypatch) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 6, 40)
     merged(inputs, tmp_path / "wide", seed=5, save_loss=True)
     peak = 0
-    real_get = permute.SourcePool.get
+    real_source = permute.SourcePool._source
 
-    def counting_get(self, i):
+    def counting_source(self, i):
         nonlocal peak
-        arrays = real_get(self, i)
+        source = real_source(self, i)
         peak = max(peak, self.open_count)
-        return arrays
+        return source
 
-    monkeypatch.setattr(permute.SourcePool, "get", counting_get)
+    monkeypatch.setattr(permute.SourcePool, "_source", counting_source)
     merged(inputs, tmp_path / "narrow", seed=5, save_loss=True, max_open_files=2)
     assert peak == 2
     assert file_bytes(tmp_path / "narrow") == file_bytes(tmp_path / "wide")

@@ -22,7 +22,17 @@ def _corpus(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tokens, loss, np.cumsum(lengths)
 
 
-def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None, slices=False):
+# Every way a block reads a source: (span reads, one pread a unit, per-unit slice copies) switched on or off.
+READ_PATHS = {
+    "span": {"SPAN_READ_MAX_WASTE": 10**9},
+    "pread": {"SPAN_READ_MAX_WASTE": 0, "PREAD_MIN_MEAN": 0},
+    "slices": {"SPAN_READ_MAX_WASTE": 0, "PREAD_MIN_MEAN": 10**9, "SLICE_COPY_MIN_MEAN": 0},
+    "gather": {"SPAN_READ_MAX_WASTE": 0, "PREAD_MIN_MEAN": 10**9, "SLICE_COPY_MIN_MEAN": 10**9},
+}
+read_paths = st.sampled_from(sorted(READ_PATHS))
+
+
+def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None, path="gather"):
     for old in tmp_path.glob("*.ds*"):
         old.unlink()
     source = TokenFileWriter(tmp_path / "src.ds", tokenizer="t", token_size=2, save_loss=True)
@@ -31,8 +41,7 @@ def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max
     writer = SplitWriter(
         tmp_path, lambda s: f"out{s:03d}.ds", tokenizer="t", token_size=2, save_loss=True, max_tokens=max_tokens
     )
-    # both gather paths: per-unit slice copies (threshold 0) and one vectorised fancy-index gather
-    with patch.object(permute, "SLICE_COPY_MIN_MEAN", 0 if slices else 10**9):
+    with patch.multiple(permute, **READ_PATHS[path]):
         permute_units(pool, ends, order, writer, inner_ends=inner, block_tokens=block)
     files = [TokenFile(str(w.path)) for w in writer.close()]
     out_tokens = np.concatenate([np.asarray(f.tokens) for f in files])
@@ -43,14 +52,12 @@ def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=lengths_st, seed=st.integers(0, 2**32 - 1), block=st.integers(1, 64), slices=st.booleans())
-def test_document_shuffle_preserves_documents_and_loss_alignment(
-    tmp_path_factory, lengths, seed, block, slices
-) -> None:
+@given(lengths=lengths_st, seed=st.integers(0, 2**32 - 1), block=st.integers(1, 64), path=read_paths)
+def test_document_shuffle_preserves_documents_and_loss_alignment(tmp_path_factory, lengths, seed, block, path) -> None:
     tmp_path = tmp_path_factory.mktemp("p")
     tokens, loss, ends = _corpus(lengths)
     order = np.random.default_rng(seed).permutation(len(lengths))
-    out_tokens, out_loss, out_ends = _permute(tmp_path, tokens, loss, ends, order, block=block, slices=slices)
+    out_tokens, out_loss, out_ends = _permute(tmp_path, tokens, loss, ends, order, block=block, path=path)
     docs = np.split(out_tokens, out_ends[:-1])
     assert [int(d[0]) for d in docs] == order.tolist()  # document j of the output is input document order[j]
     assert all((d == d[0]).all() and len(d) == lengths[d[0]] for d in docs)  # whole, in one piece
@@ -66,10 +73,10 @@ def test_document_shuffle_preserves_documents_and_loss_alignment(
     chunk=st.integers(1, 50),
     block=st.integers(1, 64),
     max_tokens=st.one_of(st.none(), st.integers(1, 100)),
-    slices=st.booleans(),
+    path=read_paths,
 )
 def test_chunk_shuffle_moves_every_document_end_with_its_chunk(
-    tmp_path_factory, lengths, seed, chunk, block, max_tokens, slices
+    tmp_path_factory, lengths, seed, chunk, block, max_tokens, path
 ) -> None:
     tmp_path = tmp_path_factory.mktemp("c")
     tokens, loss, doc_ends = _corpus(lengths)
@@ -78,7 +85,7 @@ def test_chunk_shuffle_moves_every_document_end_with_its_chunk(
     if len(chunk_ends) > full:
         order = np.append(order, full)  # the kept tail
     out_tokens, out_loss, out_ends = _permute(
-        tmp_path, tokens, loss, chunk_ends, order, doc_ends, block, max_tokens, slices
+        tmp_path, tokens, loss, chunk_ends, order, doc_ends, block, max_tokens, path
     )
     pieces = [np.arange(k * chunk, min((k + 1) * chunk, len(tokens))) for k in order]
     source_positions = np.concatenate(pieces)

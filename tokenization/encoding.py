@@ -232,7 +232,7 @@ class Encoder:
         """The fast engine's ids with the BOS and EOS the post-processor would add, placed by index arithmetic."""
         ranks = self._fast.encode(texts)
         body_lengths = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
-        body = self._fast.ids(np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(body_lengths.sum())))
+        body = self._fast.ids(np.concatenate(ranks) if ranks else np.empty(0, dtype=np.int64))
         head, tail = self.bos_ids, [] if self.eos_id is None else [self.eos_id]
         if not head and not tail:
             return body, body_lengths

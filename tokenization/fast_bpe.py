@@ -129,15 +129,16 @@ class FastBPE:
             )
         except Exception as exc:  # a regex the Rust engine rejects, for one
             raise Unsupported(f"tiktoken cannot build this encoding ({exc})") from exc
-        self._encode = (
-            encoding.encode_ordinary
-            if special_text == "text"
-            else partial(encoding.encode, allowed_special="all", disallowed_special=())
+        # Specials are split out only when the policy says so; otherwise they are encoded as the text they are.
+        self._encode = partial(
+            encoding.encode_to_numpy,
+            allowed_special="all" if special_text == "special" else set(),
+            disallowed_special=(),
         )
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fast-bpe") if threads > 1 else None
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """One list of engine ranks per text; ``ids`` maps them to the tokenizer's ids."""
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """One array of engine ranks per text; ``ids`` maps them to the tokenizer's ids."""
         if self._pool is None or len(texts) < 2:
             return list(map(self._encode, texts))
         return list(self._pool.map(self._encode, texts))

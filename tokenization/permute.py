@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import shutil
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -17,18 +18,26 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, token_dtype
+from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, token_dtype
 from tokenization.storage import is_local, open_fs
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output, ~32 MiB of index arithmetic
 MAX_OPEN_FILES = 128
 SLICE_COPY_MIN_MEAN = 64  # mean unit length (tokens) from which per-unit slice copies beat one fancy-index gather
+PREAD_MIN_MEAN = 1024  # mean unit length (tokens) from which one pread a unit costs little next to its copy
+SPAN_READ_MAX_WASTE = 2  # units are read as one span when it is at most this many times what they hold
 
 
 class SourcePool:
-    """Source token files, memory-mapped on demand, at most ``max_open`` at a time (least recently used first
-    out), so the number of open files stays bounded whatever the number of inputs. Remote files are copied to
-    ``cache_dir`` once, with large sequential reads, because the moves read them at random."""
+    """Source token files, opened on demand, at most ``max_open`` at a time (least recently used first out), so
+    the number of open files stays bounded whatever the number of inputs. Remote files are copied to
+    ``cache_dir`` once, with large sequential reads, because the moves read them at random.
+
+    Units are read with ``pread`` into private buffers where that is cheap (dense spans, long units), and
+    gathered from memory maps where it is not (many short units far apart). A page-cache fault maps a whole
+    folio (up to 2 MiB on current kernels), so mapped reads make resident memory grow with the file; ``read``
+    keeps it flat.
+    """
 
     def __init__(
         self,
@@ -44,30 +53,44 @@ class SourcePool:
         self.with_loss = with_loss
         self.max_open = max_open
         self.cache_dir = cache_dir
-        self._open: OrderedDict[int, tuple[np.ndarray, np.ndarray | None]] = OrderedDict()
-        self._maps: dict[int, list[np.memmap]] = {}
+        self._open: OrderedDict[int, _Source] = OrderedDict()
 
-    def get(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def _source(self, i: int) -> _Source:
         if i in self._open:
             self._open.move_to_end(i)
             return self._open[i]
         while len(self._open) >= self.max_open:
-            evicted, _ = self._open.popitem(last=False)
-            self._maps.pop(evicted, None)
-        source = TokenFile(self._local(i), self.token_size)
-        maps = [source.tokens] + ([source.loss] if self.with_loss else [])
-        self._maps[i] = [m for m in maps if isinstance(m, np.memmap)]
-        arrays = (np.asarray(maps[0]), np.asarray(maps[1]) if self.with_loss else None)  # np.memmap slicing is slow
-        self._open[i] = arrays
-        return arrays
+            self._open.popitem(last=False)[1].close()
+        self._open[i] = _Source(self._local(i), self.token_size, self.with_loss)
+        return self._open[i]
+
+    def get(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Source ``i``'s tokens and loss bytes, memory-mapped."""
+        return self._source(i).mapped()
+
+    def read(self, i: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Tokens (and loss bytes) ``[start, stop)`` of source ``i``, read into new arrays."""
+        source = self._source(i)
+        tokens = np.empty(stop - start, self.dtype)
+        source.pread(0, tokens, start)
+        loss = None
+        if self.with_loss:
+            loss = np.empty(stop - start, LOSS_DTYPE)
+            source.pread(1, loss, start)
+        return tokens, loss
+
+    def read_units(self, i: int, tokens: np.ndarray, loss: np.ndarray | None, out_starts, starts, lengths) -> None:
+        """``tokens[o:o+n] = source[s:s+n]`` for every unit, one ``pread`` each, straight into the output."""
+        source = self._source(i)
+        for o, s, n in zip(out_starts.tolist(), starts.tolist(), lengths.tolist(), strict=True):
+            source.pread(0, tokens[o : o + n], s)
+            if loss is not None:
+                source.pread(1, loss[o : o + n], s)
 
     def release_pages(self) -> None:
-        """Drop the mapped pages read so far from this process (they stay in the page cache), so that resident
-        memory stays flat however much of the inputs the moves have touched."""
-        for maps in self._maps.values():
-            for m in maps:
-                with contextlib.suppress(AttributeError, ValueError, OSError):
-                    m._mmap.madvise(mmap.MADV_DONTNEED)
+        """Drop the mapped pages read so far from this process (they stay in the page cache)."""
+        for source in self._open.values():
+            source.release_pages()
 
     @property
     def open_count(self) -> int:
@@ -89,10 +112,51 @@ class SourcePool:
         return str(local)
 
     def close(self) -> None:
+        for source in self._open.values():
+            source.close()
         self._open.clear()
-        self._maps.clear()
         if self.cache_dir is not None:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
+
+
+class _Source:
+    """One open source: a descriptor for its tokens and one for its loss bytes, and maps made on first use."""
+
+    def __init__(self, path: str, token_size: int, with_loss: bool):
+        self.file = TokenFile(path, token_size)
+        self.paths = [path] + ([path + ".loss"] if with_loss else [])
+        self.fds = [os.open(p, os.O_RDONLY) for p in self.paths]
+        self.with_loss = with_loss
+        self._mapped: tuple[np.ndarray, np.ndarray | None] | None = None
+        self._maps: list[np.memmap] = []
+
+    def pread(self, which: int, out: np.ndarray, start: int) -> None:
+        """Fill ``out`` from item ``start`` of file ``which`` (0 tokens, 1 loss); a short file is an error."""
+        view = memoryview(out).cast("B")
+        offset = start * out.itemsize
+        while len(view):
+            got = os.preadv(self.fds[which], [view], offset)
+            if got == 0:
+                raise TokenFileError(f"{self.paths[which]}: ends before byte {offset + len(view)}")
+            view, offset = view[got:], offset + got
+
+    def mapped(self) -> tuple[np.ndarray, np.ndarray | None]:
+        if self._mapped is None:
+            maps = [self.file.tokens] + ([self.file.loss] if self.with_loss else [])
+            self._maps = [m for m in maps if isinstance(m, np.memmap)]
+            # plain ndarray views: np.memmap slicing is slow
+            self._mapped = (np.asarray(maps[0]), np.asarray(maps[1]) if self.with_loss else None)
+        return self._mapped
+
+    def release_pages(self) -> None:
+        for m in self._maps:
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                m._mmap.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds, self._mapped, self._maps = [], None, []
 
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -155,14 +219,30 @@ def _copy_block(pool, source, starts, ends, rel_ends, writer, inner) -> None:
     by_source = np.argsort(source, kind="stable")
     ids, firsts = np.unique(source[by_source], return_index=True)
     for s, group in zip(ids, np.split(by_source, firsts[1:]), strict=True):
-        src_tokens, src_loss = pool.get(int(s))
-        _gather(tokens, src_tokens, out_starts[group], starts[group], lengths[group])
-        if loss is not None:
-            _gather(loss, src_loss, out_starts[group], starts[group], lengths[group])
+        _copy_from(pool, int(s), tokens, loss, out_starts[group], starts[group], lengths[group])
         if inner is not None:
             moved.append(_moved_inner_ends(inner[s], starts[group], ends[group], out_starts[group]))
     index = rel_ends if inner is None else np.sort(np.concatenate(moved))
     writer.write(tokens, rel_ends, index, loss)
+
+
+def _copy_from(pool, s: int, tokens, loss, out_starts, starts, lengths) -> None:
+    """One source's units of a block, by the cheapest read: one ``pread`` of their span when they lie close
+    together (a merge's interleave reads each file in order), one ``pread`` each when they are long, and a
+    gather from the memory map for many short units far apart."""
+    lo, hi = int(starts.min()), int((starts + lengths).max())
+    if hi - lo <= SPAN_READ_MAX_WASTE * int(lengths.sum()):
+        span_tokens, span_loss = pool.read(s, lo, hi)
+        _gather(tokens, span_tokens, out_starts, starts - lo, lengths)
+        if loss is not None:
+            _gather(loss, span_loss, out_starts, starts - lo, lengths)
+    elif lengths.mean() >= PREAD_MIN_MEAN:
+        pool.read_units(s, tokens, loss, out_starts, starts, lengths)
+    else:
+        src_tokens, src_loss = pool.get(s)
+        _gather(tokens, src_tokens, out_starts, starts, lengths)
+        if loss is not None:
+            _gather(loss, src_loss, out_starts, starts, lengths)
 
 
 def _gather(out: np.ndarray, src: np.ndarray, out_starts: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
@@ -185,7 +265,6 @@ def _moved_inner_ends(inner: np.ndarray, starts: np.ndarray, ends: np.ndarray, o
 
 def _copy_long_unit(pool, s: int, start: int, end: int, writer, inner, block_tokens: int) -> None:
     """Stream one unit too large for a block as consecutive slices; it stays one unit for file splitting."""
-    tokens, loss = pool.get(s)
     for piece_start in range(start, end, block_tokens):
         piece_end = min(end, piece_start + block_tokens)
         entries = np.empty(0, dtype=np.int64)
@@ -194,12 +273,8 @@ def _copy_long_unit(pool, s: int, start: int, end: int, writer, inner, block_tok
             entries = inner[s][lo:hi].astype(np.int64)
             entries = entries[entries < end] - piece_start
         unit_ends = np.array([piece_end - piece_start] if piece_end == end else [], dtype=np.int64)
-        writer.write(
-            np.asarray(tokens[piece_start:piece_end]),
-            unit_ends,
-            np.concatenate([entries, unit_ends]),
-            None if loss is None else np.asarray(loss[piece_start:piece_end]),
-        )
+        tokens, loss = pool.read(s, piece_start, piece_end)
+        writer.write(tokens, unit_ends, np.concatenate([entries, unit_ends]), loss)
 
 
 def permute_units(

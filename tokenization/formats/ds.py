@@ -14,6 +14,7 @@ import hashlib
 import math
 import os
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,24 +109,44 @@ class WrittenTokenFile:
 
 
 class HashedFile:
-    """A binary file opened for appending, hashed as it is written."""
+    """A binary file opened for appending, hashed as it is written.
+
+    Writing and hashing happen on a thread of the file's own (both release the GIL), so they overlap with the
+    caller gathering the next block. ``write`` takes the array over: the caller must not change it afterwards.
+    At most one block waits, so memory stays bounded by two blocks.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self.handle = open(path, "wb")  # noqa: SIM115 - closed in close()
         self.digest = hashlib.sha256()
         self.size = 0
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="write")
+        self._pending: Future | None = None
 
     def write(self, data: np.ndarray) -> None:
         view = memoryview(np.ascontiguousarray(data)).cast("B")
-        self.handle.write(view)
-        self.digest.update(view)
+        self._wait()
+        self._pending = self._thread.submit(self._append, view)
         self.size += len(view)
 
+    def _append(self, view: memoryview) -> None:
+        self.handle.write(view)
+        self.digest.update(view)
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()  # raises the writer thread's error (a full disk, say) here
+            self._pending = None
+
     def close(self) -> WrittenFile:
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
+        try:
+            self._wait()
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+        finally:
+            self._thread.shutdown()
+            self.handle.close()
         return WrittenFile(self.path.name, self.size, self.digest.hexdigest())
 
 

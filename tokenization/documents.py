@@ -21,6 +21,7 @@ from tokenization.encoding import Encoded, Encoder
 from tokenization.sources import DocumentReader, Record, Rejected
 
 BATCH_BYTES = 1 << 20  # UTF-8 bytes a batch; a token costs ~150 bytes inside an Encoding, and is >= 1 byte
+READ_AHEAD_CHARS = 1 << 20  # characters a chunk of records read ahead; a few chunks wait at most
 T = TypeVar("T")
 
 
@@ -101,7 +102,8 @@ def encoded_batches(
 
     with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoding:
         pending: Future | None = None
-        for records in _record_batches(prefetched(reader), counts, options, reject):
+        ahead = prefetched(reader, _text_length, chunk=READ_AHEAD_CHARS)
+        for records in _record_batches(ahead, counts, options, reject):
             submitted = encoding.submit(encode, records)
             if pending is not None:
                 yield done(pending.result())
@@ -138,9 +140,16 @@ def _record_batches(
         yield records
 
 
-def prefetched(items: Iterable[T], chunk: int = 256, depth: int = 16) -> Iterator[T]:
-    """``items``, produced ahead by a background thread in chunks (at most ``depth`` waiting), so that reading
-    overlaps with the caller's work. The producer's errors are raised here; stopping early stops the producer."""
+def _text_length(item: Record | Rejected) -> int:
+    return len(item.text) + 1 if isinstance(item, Record) else 1
+
+
+def prefetched(
+    items: Iterable[T], size: Callable[[T], int] = lambda _: 1, chunk: int = 256, depth: int = 4
+) -> Iterator[T]:
+    """``items``, produced ahead by a background thread in chunks of ``chunk`` (by ``size``), at most ``depth``
+    of them waiting, so that reading overlaps with the caller's work and memory stays bounded. The producer's
+    errors are raised here; stopping early stops the producer."""
     queue: Queue = Queue(depth)
     stop = threading.Event()
 
@@ -155,13 +164,15 @@ def prefetched(items: Iterable[T], chunk: int = 256, depth: int = 16) -> Iterato
 
     def produce() -> None:
         group: list = []
+        filled = 0
         try:
             for item in items:
                 group.append(item)
-                if len(group) >= chunk:
+                filled += size(item)
+                if filled >= chunk:
                     if not put(group):
                         return
-                    group = []
+                    group, filled = [], 0
             put(group) and put(_END)
         except BaseException as exc:  # the items before it first, then the error, which the consumer raises
             put(group) and put(exc)

@@ -17,7 +17,7 @@ MEGATRON_VENV := .venv-megatron
 # is provided (/opt/wheels on CI), use it; else take it from the PyTorch CPU index.
 TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links /opt/wheels,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
-.PHONY: setup test lint demo airflow airflow-init clean megatron-env bench
+.PHONY: setup test lint demo airflow airflow-init clean megatron-env browser-env bench
 
 setup:
 	@command -v uv >/dev/null || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv>=0.5"
@@ -27,8 +27,12 @@ lint: setup
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 
-test: lint megatron-env
+test: lint megatron-env browser-env
 	$(RUN) pytest
+
+# Debian's headless Chromium and ChromeDriver, for the browser test of the "Corpus builds" page (skips without).
+browser-env:
+	@bash scripts/ensure-chromium.sh
 
 # A separate environment holding megatron-core, only for the test that loads our .bin/.idx with its own reader.
 # If it cannot be installed, that test skips and says why.

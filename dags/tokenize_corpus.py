@@ -49,6 +49,9 @@ PARAMS = {
     "engine": Param("auto", enum=["auto", "hf"],
                     description="auto: the fast exact engine where it fits the tokenizer (self-checked against HF); "
                                 "hf: HF tokenizers only"),
+    "progress_seconds": Param(30, type="number", minimum=1,
+                              description="Seconds between progress lines in the task logs (percent, docs, tokens, "
+                                          "tokens/s, ETA)"),
     "threads": Param(None, **OPTIONAL_POSITIVE,
                      description="Encoding threads per rank; empty uses every core the task may use. Set cores / "
                                  "worker concurrency when several ranks share a Celery worker"),
@@ -113,7 +116,9 @@ def tokenize_corpus():
             "dataset": build["dataset"], "run_id": run_id, "tokens": build["tokens"],
             "files": len(build["files"]), "docs": build["conservation"]["docs_out"], "seed": build["seed"],
         }  # fmt: skip
-        return {"dataset": build["dataset"], "tokens": build["tokens"], "verify": build["verify"]["ok"]}
+        kept = build["conservation"]
+        return {"dataset": build["dataset"], "tokens": build["tokens"], "docs": kept["docs_out"],
+                "rejects": kept["quarantined"], "verify": build["verify"]["ok"]}  # fmt: skip
 
     ranks = plan()
     spec = ranks["spec"]

@@ -26,8 +26,15 @@ os.environ.update(
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
         "TOKENIZATION_RETRY_DELAY_SECONDS": "0.1",
         "TOKENIZATION_OUTPUT": str(Path(AIRFLOW_HOME) / "builds"),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
     }
 )
+# SimpleAuthManager keeps its generated passwords here; an existing entry is kept, so the tests know it.
+ADMIN_PASSWORD = "corpus-admin"
+Path(AIRFLOW_HOME, "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": ADMIN_PASSWORD}))
+MERGE_POOL = "tokenization_merge"
+DAG_CONF = {"num_ranks": 3, "seed": 1234, "context_window": 1025, "num_context_shards": 2,
+            "merge_max_tokens_per_file": 20_000, "save_loss": True}  # fmt: skip
 SAMPLE_CORPUS = ROOT / "sample" / "corpus"
 SAMPLE_TOKENIZER = ROOT / "sample" / "tokenizer.json"
 SHARED = ROOT.parent / "shared" / "data"
@@ -102,3 +109,39 @@ def sample_tokenizer() -> Path:
 @pytest.fixture(scope="session")
 def sample_corpus() -> Path:
     return SAMPLE_CORPUS
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """Airflow's SQLite database in the test home, migrated, with the merge pool."""
+    pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
+    from airflow.models.pool import Pool
+    from airflow.utils import db
+
+    db.initdb()
+    Pool.create_or_update_pool(MERGE_POOL, 1, "corpus-tokenization merge", include_deferred=False)
+
+
+@pytest.fixture(scope="session")
+def dag():
+    pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert bag.import_errors == {}, bag.import_errors
+    return bag.dags["tokenize_corpus"]
+
+
+def run_dag(dag, conf: dict):
+    """One whole run with ``dag.test()``: the run, its task instances by (task, map index), and success."""
+    from airflow.sdk import DagRunState
+
+    run = dag.test(run_conf=conf)
+    tis = {(ti.task_id, ti.map_index): ti for ti in run.get_task_instances()}
+    return run, tis, run.state == DagRunState.SUCCESS
+
+
+def build_of(run) -> tuple[Path, dict]:
+    """A run's folder and its build manifest."""
+    folder = Path(os.environ["TOKENIZATION_OUTPUT"]) / run.run_id.replace(":", "-").replace("+", "-")
+    return folder, json.loads((folder / "_BUILD.json").read_text())

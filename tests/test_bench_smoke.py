@@ -13,8 +13,11 @@ def test_bench_smoke_writes_the_table(tmp_path) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| stage")]
+    speed, memory = out.read_text().split("Peak RSS as the input grows")
+    rows = [line for line in speed.splitlines() if line.startswith("| ") and not line.startswith("| stage")]
     stages = [row.split(" | ")[0].removeprefix("| ") for row in rows]
     assert stages == ["tokenize + doc shuffle", "count", "merge, ~400-token docs", "merge, ~20k-token docs",
                       "context shuffle", "verify"]  # fmt: skip
     assert all("x |" in row for row in rows[:-1])  # a ratio to datatrove for every stage it has
+    grown = [line.split(" | ")[:2] for line in memory.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [stage for stage, _ in grown[1:]] == ["| tokenize + doc shuffle", "| merge", "| context shuffle"] * 2

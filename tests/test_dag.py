@@ -2,51 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import pytest
 
+from tests.conftest import DAG_CONF, MERGE_POOL, build_of, run_dag
 from tests.test_tokenize import file_bytes
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
-
-POOL = "tokenization_merge"
-CONF = {"num_ranks": 3, "seed": 1234, "context_window": 1025, "num_context_shards": 2,
-        "merge_max_tokens_per_file": 20_000, "save_loss": True}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def airflow_db():
-    from airflow.models.pool import Pool
-    from airflow.utils import db
-
-    db.initdb()
-    Pool.create_or_update_pool(POOL, 1, "corpus-tokenization merge", include_deferred=False)
-    yield
-
-
-@pytest.fixture(scope="module")
-def dag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
-    assert bag.import_errors == {}, bag.import_errors
-    return bag.dags["tokenize_corpus"]
-
-
-def run_dag(dag, conf: dict):
-    from airflow.sdk import DagRunState
-
-    run = dag.test(run_conf=conf)
-    tis = {(ti.task_id, ti.map_index): ti for ti in run.get_task_instances()}
-    return run, tis, run.state == DagRunState.SUCCESS
-
-
-def build_of(run) -> tuple[Path, dict]:
-    folder = Path(os.environ["TOKENIZATION_OUTPUT"]) / run.run_id.replace(":", "-").replace("+", "-")
-    return folder, json.loads((folder / "_BUILD.json").read_text())
 
 
 def test_shape(dag) -> None:
@@ -54,7 +15,7 @@ def test_shape(dag) -> None:
 
     assert set(dag.task_dict) == {"plan", "tokenize", "wait_for_shards", "merge", "context_shuffle", "publish"}
     merge, sensor = dag.get_task("merge"), dag.get_task("wait_for_shards")
-    assert merge.pool == POOL and merge.pool_slots == 1 and merge.queue == "large_disk"
+    assert merge.pool == MERGE_POOL and merge.pool_slots == 1 and merge.queue == "large_disk"
     assert sensor.mode == "reschedule" and sensor.trigger_rule == TriggerRule.ALL_DONE
     assert dag.get_task("publish").trigger_rule == TriggerRule.NONE_FAILED
     assert dag.get_task("tokenize").is_mapped and dag.get_task("context_shuffle").is_mapped
@@ -83,7 +44,7 @@ def test_a_run_equals_the_cli_pipeline(airflow_db, dag, tmp_path, sample_corpus,
     from tests.test_merge import merged
     from tests.test_tokenize import run
 
-    run_, tis, ok = run_dag(dag, CONF)
+    run_, tis, ok = run_dag(dag, DAG_CONF)
     assert ok, {k: ti.state for k, ti in tis.items()}
     assert tis[("tokenize", 1)].rendered_map_index == "rank-1"
     assert tis[("context_shuffle", 1)].rendered_map_index == "shard-1"
@@ -102,10 +63,10 @@ def test_a_run_equals_the_cli_pipeline(airflow_db, dag, tmp_path, sample_corpus,
 
 
 def test_a_failed_rank_is_retried_and_the_bytes_match_a_clean_run(airflow_db, dag, monkeypatch) -> None:
-    clean, _, ok = run_dag(dag, CONF)
+    clean, _, ok = run_dag(dag, DAG_CONF)
     assert ok
     monkeypatch.setenv("TOKENIZATION_TEST_FAIL_RANKS", "2")
-    faulty, tis, ok = run_dag(dag, CONF)
+    faulty, tis, ok = run_dag(dag, DAG_CONF)
     assert ok and tis[("tokenize", 2)].try_number == 2 and tis[("tokenize", 0)].try_number == 1
     assert file_bytes(build_of(faulty)[0] / "context") == file_bytes(build_of(clean)[0] / "context")
 
@@ -114,11 +75,11 @@ def test_a_missing_pool_fails_plan_with_the_command_to_create_it(airflow_db, dag
     from airflow.models.pool import Pool
     from tokenization_airflow import tasks
 
-    Pool.delete_pool(POOL)
+    Pool.delete_pool(MERGE_POOL)
     try:
-        with pytest.raises(tasks.PlanError, match=f"airflow pools set {POOL} 1"):
+        with pytest.raises(tasks.PlanError, match=f"airflow pools set {MERGE_POOL} 1"):
             tasks.plan(dict(dag.params.dump()), "manual__check")
-        _, tis, ok = run_dag(dag, CONF)
+        _, tis, ok = run_dag(dag, DAG_CONF)
         assert not ok and tis[("plan", -1)].state == "failed"
     finally:
-        Pool.create_or_update_pool(POOL, 1, "corpus-tokenization merge", include_deferred=False)
+        Pool.create_or_update_pool(MERGE_POOL, 1, "corpus-tokenization merge", include_deferred=False)

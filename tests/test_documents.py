@@ -1,12 +1,18 @@
-"""Reading ahead on a thread keeps the order, raises the reader's errors where they are consumed, and stops."""
+"""Reading ahead on a thread keeps the order, raises the reader's errors where they are consumed, and stops;
+progress lines for task logs."""
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 
 import pytest
 
+from tests.conftest import EOS
 from tokenization.documents import prefetched
+from tokenization.merge import MergeConfig, merge
+from tokenization.tokenize import TokenizeConfig, tokenize_rank
 
 
 def test_prefetched_keeps_order_and_raises_the_producers_error() -> None:
@@ -34,3 +40,28 @@ def test_stopping_early_stops_the_reader() -> None:
             break
     assert not [t for t in threading.enumerate() if t.name == "read"]
     assert len(produced) < 100
+
+
+def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer, caplog) -> None:
+    """Where a bar would collapse into one line, each stage logs percent, counts, tokens/s and ETA."""
+    caplog.set_level(logging.INFO, logger="tokenization.progress")
+    config = TokenizeConfig(inputs=[str(sample_corpus)], output=str(tmp_path / "ranks"),
+                            tokenizer=str(sample_tokenizer), eos_token=EOS, batch_bytes=20_000)  # fmt: skip
+    tokenize_rank(config, progress=1e-9)
+    lines = [r.getMessage() for r in caplog.records]
+    pattern = LINE.format(unit="B|kB|MB", counts="docs, [\\d,]+ tokens")
+    assert len(lines) > 5 and all(re.fullmatch(pattern, line) for line in lines), lines
+    assert lines[-1].startswith("rank 0: 100.0% of ") and " 308 docs, 64,522 tokens, " in lines[-1]
+
+    caplog.clear()
+    merge(MergeConfig(input=str(tmp_path / "ranks"), output=str(tmp_path / "merged"), save_filename="m"), 1e-9)
+    lines = [r.getMessage() for r in caplog.records]
+    pattern = LINE.format(unit="tok", counts="units, [\\d,]+ tokens")
+    assert lines and all(re.fullmatch(pattern, line) for line in lines), lines
+    assert lines[-1].startswith("merge m: 100.0% of 64,522 tok, 308 units, 64,522 tokens, ")
+
+
+LINE = (
+    r"[\w ]+: \d+\.\d% of [\d,.]+ (?:{unit}), [\d,]+ {counts}, \d+\.\d\d Mtok/s, "
+    r"ETA (?:\d+:\d\d:\d\d|unknown)( \(done in [\d.]+s\))?"
+)

@@ -140,6 +140,8 @@ def summary(build: dict) -> str:
         f"tokens: {build['tokens']} in {len(build['files'])} files, {c['tokens_dropped']} dropped",
         f"verify: {'passed' if build['verify']['ok'] else 'FAILED'} ({build['verify']['files']} files)",
     ]
+    if "report" in build:  # the run folder holds the dataset's folder and the report
+        lines.append(f"report: {join(build['dataset'].rsplit('/', 1)[0], build['report']['html'])}")
     return "\n".join(lines)
 
 

@@ -16,8 +16,9 @@ from tokenization.encoding import ENGINES, SPECIAL_TEXT_POLICIES, Encoder, Token
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, merge
 from tokenization.permute import MAX_OPEN_FILES
+from tokenization.report import REPORT_HTML, write_report
 from tokenization.sources import InputError
-from tokenization.storage import is_local, open_fs
+from tokenization.storage import is_local, join, open_fs
 from tokenization.tokenize import TokenizeConfig, TooManyRejects, tokenize_rank
 from tokenization.verify import verify
 
@@ -128,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--tokenizer", help="also check ids against its vocabulary")
     ver.add_argument("--eos-token", help="also check that every document ends with this token")
 
+    rep = sub.add_parser("report", help="write a build's report.html and report.json again, from its manifests")
+    rep.add_argument("run_dir", metavar="DIR_OR_URL", help="the run folder (holding ranks/ and _BUILD.json)")
+
     ins = sub.add_parser("inspect", help="describe a .ds file or a folder of them")
     ins.add_argument("path", help="a .ds file or a folder")
     ins.add_argument("--decode", type=int, default=0, metavar="N", help="print the first N documents")
@@ -197,6 +201,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    data = write_report(args.run_dir)
+    c = data["conservation"]
+    print(
+        f"report {join(args.run_dir, REPORT_HTML)}: {len(data['ranks'])} ranks, {c['docs_in']} docs read = "
+        f"{c['docs_out']} written + {c['empty']} empty + {c['quarantined']} quarantined, {data['tokens']} tokens "
+        f"in {len(data['files'])} files, {data['tokens_dropped']['total']} dropped"
+    )
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     fs, path = open_fs(args.path)
     if fs.isdir(path):
@@ -244,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "count": cmd_count,
             "verify": cmd_verify,
             "inspect": cmd_inspect,
+            "report": cmd_report,
         }
         return commands[args.command](args)
     except ERRORS as exc:

@@ -20,6 +20,7 @@ from tokenization import manifest
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileError
 from tokenization.merge import list_token_files
 from tokenization.permute import SourcePool, fixed_units, permute_units
+from tokenization.progress import Progress, ProgressMode
 from tokenization.storage import join, open_fs, publish_file, working_dir
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,11 @@ def shard_files(config: ContextShuffleConfig) -> list[str]:
     return files[config.shard :: config.num_shards]
 
 
-def context_shuffle(config: ContextShuffleConfig) -> dict:
+def context_shuffle(config: ContextShuffleConfig, progress: ProgressMode = None) -> dict:
     """Shuffle this task's files into ``config.output`` (same file names); return the task's manifest."""
     started = time.time()
     files = shard_files(config)
+    shown = Progress(f"context shuffle {config.stem}", sum(TokenFile(url).num_tokens for url in files), "tok", progress)
     out_fs, out_path = open_fs(config.output)
     manifest.remove_marker(out_fs, out_path, config.stem)
     rng = np.random.default_rng(config.seed)
@@ -84,7 +86,7 @@ def context_shuffle(config: ContextShuffleConfig) -> dict:
                 save_loss=with_loss,
             )  # fmt: skip
             pool = SourcePool([url], source.token_size, with_loss, cache_dir=work / "inputs")
-            permute_units(pool, windows, order, writer, inner_ends=ends)
+            permute_units(pool, windows, order, writer, inner_ends=ends, progress=shown)
             pool.close()
             for written in writer.close():
                 for f in written.files:
@@ -98,6 +100,7 @@ def context_shuffle(config: ContextShuffleConfig) -> dict:
             counts["windows"] += full
             counts["tail_tokens_kept" if not config.drop_tail else "tokens_dropped"] += tail
             log.info("context shuffle %s: %d windows of %d, tail %d", name, full, config.window_size, tail)
+    shown.close()
     result = {
         "format": manifest.CONTEXT_FORMAT,
         "stage": "context_shuffle",

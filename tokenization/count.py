@@ -15,17 +15,15 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import orjson
 import zstandard
 
 from tokenization import manifest
 from tokenization.documents import BATCH_BYTES, Counts, encoded_batches
 from tokenization.encoding import Encoder, EngineChoice, SpecialTextPolicy
+from tokenization.progress import ProgressMode
 from tokenization.sources import DocumentReader, Rejected, list_input_files
 from tokenization.storage import open_fs, publish_file, write_bytes_atomic
-
-HISTOGRAM_BUCKETS = 48  # powers of two: [1, 2), [2, 4), ... up to 2**47 tokens
 
 
 @dataclass
@@ -45,20 +43,17 @@ class CountConfig:
     threads: int | None = None
 
 
-def count_tokens(config: CountConfig, progress: bool | None = None) -> dict:
+def count_tokens(config: CountConfig, progress: ProgressMode = None) -> dict:
     """Count, write the stats (and the annotated records) where asked, and return the stats."""
     started = time.time()
     encoder = Encoder(config.tokenizer, config.eos_token, config.special_text, config.engine, config.threads)
     files = list_input_files(config.inputs)
     with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
-        counts, per_file, histogram, longest = encoder.exactly(
-            lambda: _count_pass(config, encoder, files, Path(tmp), progress)
-        )
+        counts, per_file, longest = encoder.exactly(lambda: _count_pass(config, encoder, files, Path(tmp), progress))
         if config.annotate:
             fs, path = open_fs(config.annotate)
             publish_file(Path(tmp) / _annotation_name(config.annotate), fs, path)
     c = counts.to_json()
-    nonzero = np.flatnonzero(histogram)
     stats = {
         "format": "corpus-tokenization/count/1",
         "tokenizer": encoder.describe(),
@@ -74,12 +69,7 @@ def count_tokens(config: CountConfig, progress: bool | None = None) -> dict:
         "mean_tokens_per_doc": round(c["tokens"] / c["docs_written"], 3) if c["docs_written"] else 0,
         "max_tokens_per_doc": longest,
         "files": [{"url": f.url, "bytes": f.size, **_file_counts(per_file[f.url])} for f in files],
-        "length_histogram": [
-            {"min_tokens": 2**k, "max_tokens": 2 ** (k + 1) - 1, "docs": int(histogram[k])}
-            for k in range(nonzero[0], nonzero[-1] + 1)
-        ]
-        if len(nonzero)
-        else [],
+        "length_histogram": c["length_histogram"],
         "seconds": round(time.time() - started, 3),
     }
     if config.stats_out:
@@ -89,13 +79,12 @@ def count_tokens(config: CountConfig, progress: bool | None = None) -> dict:
 
 
 def _count_pass(
-    config: CountConfig, encoder: Encoder, files: list, tmp: Path, progress: bool | None
-) -> tuple[Counts, dict[str, Counter], np.ndarray, int]:
-    """One pass over the inputs: counts per file, the length histogram, and the annotated records in ``tmp``."""
+    config: CountConfig, encoder: Encoder, files: list, tmp: Path, progress: ProgressMode
+) -> tuple[Counts, dict[str, Counter], int]:
+    """One pass over the inputs: counts per file, the longest document, and the annotated records in ``tmp``."""
     reader = DocumentReader(files, config.text_key, config.id_key, keep_data=bool(config.annotate))
     counts = Counts()
     per_file: dict[str, Counter] = defaultdict(Counter)
-    histogram = np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64)
     longest = 0
 
     def reject(item: Rejected) -> None:
@@ -111,14 +100,12 @@ def _count_pass(
                 stats["tokens"] += n
                 if annotated is not None:
                     annotated.write(orjson.dumps(record.data | {"token_count": n}) + b"\n")
-            written = batch.encoded.lengths
-            if len(written):
-                np.add.at(histogram, np.minimum(np.log2(np.maximum(written, 1)).astype(int), HISTOGRAM_BUCKETS - 1), 1)
-                longest = max(longest, int(written.max()))
+            if len(batch.encoded.lengths):
+                longest = max(longest, int(batch.encoded.lengths.max()))
     finally:
         if annotated is not None:
             annotated.close()
-    return counts, per_file, histogram, longest
+    return counts, per_file, longest
 
 
 def _file_counts(stats: Counter) -> dict:

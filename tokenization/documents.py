@@ -15,12 +15,13 @@ from queue import Full, Queue
 from typing import TypeVar
 
 import numpy as np
-from tqdm import tqdm
 
 from tokenization.encoding import Encoded, Encoder
+from tokenization.progress import Progress, ProgressMode
 from tokenization.sources import DocumentReader, Record, Rejected
 
 BATCH_BYTES = 1 << 20  # UTF-8 bytes a batch; a token costs ~150 bytes inside an Encoding, and is >= 1 byte
+HISTOGRAM_BUCKETS = 48  # powers of two: [1, 2), [2, 4), ... up to 2**47 tokens
 READ_AHEAD_CHARS = 1 << 20  # characters a chunk of records read ahead; a few chunks wait at most
 T = TypeVar("T")
 
@@ -40,14 +41,33 @@ class Counts:
     tokens_dropped: int = 0
     partial_chunk_tokens: int = 0
     special_token_literals: Counter = field(default_factory=Counter)
+    length_buckets: np.ndarray = field(default_factory=lambda: np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64))
+
+    def add_lengths(self, lengths: np.ndarray) -> None:
+        """Count documents of these token lengths in power-of-two buckets: [1, 2), [2, 4), ..."""
+        if len(lengths):
+            buckets = np.minimum(np.log2(np.maximum(lengths, 1)).astype(int), HISTOGRAM_BUCKETS - 1)
+            np.add.at(self.length_buckets, buckets, 1)
 
     def to_json(self) -> dict:
         data = asdict(self)
+        data["length_histogram"] = histogram_rows(data.pop("length_buckets"))
         data["rejected"] = dict(sorted(self.rejected.items()))
         data["rejected_total"] = sum(self.rejected.values())
         data["special_token_literals"] = dict(sorted(self.special_token_literals.items()))
         data["special_token_literals_total"] = sum(self.special_token_literals.values())
         return data
+
+
+def histogram_rows(buckets: np.ndarray) -> list[dict]:
+    """The buckets from the first to the last non-empty one, as ``{min_tokens, max_tokens, docs}`` rows."""
+    nonzero = np.flatnonzero(buckets)
+    if not len(nonzero):
+        return []
+    return [
+        {"min_tokens": 2**k, "max_tokens": 2 ** (k + 1) - 1, "docs": int(buckets[k])}
+        for k in range(nonzero[0], nonzero[-1] + 1)
+    ]
 
 
 @dataclass
@@ -71,21 +91,14 @@ def encoded_batches(
     options,
     reject: Callable[[Rejected], None],
     desc: str,
-    progress: bool | None = None,
+    progress: ProgressMode = None,
 ) -> Iterator[Batch]:
     """Encode the reader's documents in batches bounded by ``options.batch_size`` documents and
     ``options.batch_bytes`` bytes of text, with loss bytes when ``options.save_loss``.
 
     Three things overlap: a thread reads, decompresses and parses the input; another encodes one batch (the engine
-    releases the GIL) while the caller writes the previous one. A progress bar shows on a terminal
-    (``progress=None``) or when asked."""
-    bar = tqdm(
-        total=reader.total_bytes,
-        unit="B",
-        unit_scale=True,
-        desc=desc,
-        disable=None if progress is None else not progress,
-    )
+    releases the GIL) while the caller writes the previous one. Progress: see ``tokenization.progress``."""
+    shown = Progress(desc, reader.total_bytes, "B", progress)
 
     def encode(records: list[Record]) -> Batch:
         texts = [r for r in records if r.text]
@@ -95,9 +108,9 @@ def encoded_batches(
     def done(batch: Batch) -> Batch:
         counts.docs_written += len(batch.encoded.lengths)
         counts.tokens += len(batch.encoded.tokens)
+        counts.add_lengths(batch.encoded.lengths)
         counts.special_token_literals.update(batch.encoded.special_literals)
-        bar.update(reader.bytes_read - bar.n)
-        bar.set_postfix(docs=counts.docs_written, tokens=counts.tokens, refresh=False)
+        shown.update(reader.bytes_read, docs=counts.docs_written, tokens=counts.tokens)
         return batch
 
     with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoding:
@@ -111,8 +124,8 @@ def encoded_batches(
         if pending is not None:
             yield done(pending.result())
     counts.blank_lines = reader.blank_lines
-    bar.update(reader.total_bytes - bar.n)
-    bar.close()
+    shown.update(reader.total_bytes, docs=counts.docs_written, tokens=counts.tokens)
+    shown.close()
 
 
 def _record_batches(

@@ -28,6 +28,7 @@ import orjson
 from tokenization import manifest
 from tokenization.formats.ds import Metadata, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
 from tokenization.permute import MAX_OPEN_FILES, SourcePool, move_units
+from tokenization.progress import Progress, ProgressMode
 from tokenization.storage import join, list_names, open_fs, publish_file, working_dir, write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def plan_ordering(config: MergeConfig, units: _Units) -> tuple[np.ndarray, np.nd
     return file_ids, None
 
 
-def merge(config: MergeConfig, progress: bool | None = None) -> dict:
+def merge(config: MergeConfig, progress: ProgressMode = None) -> dict:
     """Run the merge (resuming when an earlier run of the same merge was interrupted); return its manifest."""
     started = time.time()
     urls = list_token_files(config.input)
@@ -227,16 +228,19 @@ def merge(config: MergeConfig, progress: bool | None = None) -> dict:
         )
         inner = [inputs.file_ends(f) for f in range(len(urls))] if chunk else None
         total_units = len(file_ids)
+        shown = Progress(f"merge {stem}", total_tokens, "tok", progress)
+        shown.update(sum(e["tokens"] for e in done), units=resume_units, tokens=sum(e["tokens"] for e in done))
         cursor = np.bincount(file_ids[:resume_units], minlength=len(urls)).astype(np.int64)
         for a in range(min(resume_units, total_units), total_units, UNITS_PER_SLICE):
             b = min(total_units, a + UNITS_PER_SLICE)
             files, local = _slice_units(file_ids, perm, units, cursor, a, b)
             starts, ends = units.bounds(files, local)
-            move_units(pool, files, starts, ends, writer, inner)
+            move_units(pool, files, starts, ends, writer, inner, progress=shown)
         if keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
             pending = np.flatnonzero(tails)[max(0, resume_units - total_units) :]
-            move_units(pool, pending, counts[pending] * chunk, per_file_tokens[pending], writer, inner)
+            move_units(pool, pending, counts[pending] * chunk, per_file_tokens[pending], writer, inner, progress=shown)
         writer.close()
+        shown.close()
         pool.close()
 
     outputs = done + published

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, token_dtype
+from tokenization.progress import Progress
 from tokenization.storage import is_local, open_fs
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output, ~32 MiB of index arithmetic
@@ -186,6 +187,7 @@ def move_units(
     writer: SplitWriter,
     inner: Sequence[np.ndarray] | None = None,
     block_tokens: int = BLOCK_TOKENS,
+    progress: Progress | None = None,
 ) -> None:
     """Write unit ``i`` = ``pool[source[i]][starts[i]:ends[i]]`` for every i, in order, to ``writer``.
 
@@ -206,6 +208,8 @@ def move_units(
         else:
             _copy_block(pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, writer, inner)
         pool.release_pages()
+        if progress is not None:
+            progress.advance(int(out_ends[b - 1]) - base, units=b - a, tokens=int(out_ends[b - 1]) - base)
         a = b
 
 
@@ -284,9 +288,10 @@ def permute_units(
     writer: SplitWriter,
     inner_ends: np.ndarray | None = None,
     block_tokens: int = BLOCK_TOKENS,
+    progress: Progress | None = None,
 ) -> None:
     """Write the units of source 0, cut by ``ends``, in the order ``order`` (the one-file shuffles)."""
     ends = np.asarray(ends, dtype=np.int64)
     starts = np.concatenate([[0], ends[:-1]])
     inner = None if inner_ends is None else [np.asarray(inner_ends, dtype=np.int64)]
-    move_units(pool, np.zeros(len(order), np.int64), starts[order], ends[order], writer, inner, block_tokens)
+    move_units(pool, np.zeros(len(order), np.int64), starts[order], ends[order], writer, inner, block_tokens, progress)

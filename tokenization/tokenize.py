@@ -24,6 +24,7 @@ from tokenization.encoding import Encoder, EngineChoice, SpecialTextPolicy
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
 from tokenization.permute import SourcePool, fixed_units, permute_units
+from tokenization.progress import ProgressMode
 from tokenization.sources import DocumentReader, Rejected, list_input_files, shard
 from tokenization.storage import join, list_names, open_fs, publish_file, remove_if_exists, working_dir
 
@@ -105,7 +106,7 @@ def rank_file_pattern(stem: str) -> re.Pattern:
     return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?(unshuffled|doc_shuffled|chunk_shuffled)\.(ds(\.\w+)?|bin|idx)")
 
 
-def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
+def tokenize_rank(config: TokenizeConfig, progress: ProgressMode = None) -> dict:
     """Run one rank end to end and return its manifest. Re-running a rank replaces its output completely."""
     started = time.time()
     encoder = config.encoder()  # fails before any data is read
@@ -149,7 +150,7 @@ def tokenize_rank(config: TokenizeConfig, progress: bool | None = None) -> dict:
 
 
 def _encode_pass(
-    config: TokenizeConfig, encoder: Encoder, files: list, work: Path, progress: bool | None
+    config: TokenizeConfig, encoder: Encoder, files: list, work: Path, progress: ProgressMode
 ) -> tuple[Counts, DocumentReader, list[WrittenTokenFile]]:
     """Pass 1: encode the rank's documents in input order into the working directory, rejects to quarantine."""
     counts = Counts()

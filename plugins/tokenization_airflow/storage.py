@@ -9,6 +9,7 @@ connections are retried with backoff. Without the connection, s3fs uses the defa
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 import fsspec
 
@@ -17,14 +18,23 @@ log = logging.getLogger(__name__)
 RETRIES = {"max_attempts": 10, "mode": "adaptive"}
 
 
-def use_connection(conn_id: str | None) -> None:
-    from airflow.sdk import Connection
+def use_connection(conn_id: str | None, lookup: Literal["task", "secrets"] = "task") -> None:
+    """Configure ``s3://`` from the connection: looked up through the Task SDK in a task, or from the secrets
+    backends and the metadata database in the api-server (where the builds page reads reports)."""
     from airflow.sdk.exceptions import AirflowNotFoundException
 
+    if lookup == "task":
+        from airflow.sdk import Connection
+
+        get = Connection.get
+    else:
+        from airflow.models.connection import Connection
+
+        get = Connection.get_connection_from_secrets
     options: dict = {"config_kwargs": {"retries": RETRIES}}
     if conn_id:
         try:
-            conn = Connection.get(conn_id)
+            conn = get(conn_id)
         except AirflowNotFoundException:
             log.info("no connection %r: s3:// uses the default AWS credential chain", conn_id)
             conn = None

@@ -11,6 +11,7 @@ import os
 import re
 
 from tokenization.build import (
+    BUILD_FORMAT,
     DATASET_NAME,
     Layout,
     conservation,
@@ -21,8 +22,9 @@ from tokenization.build import (
 from tokenization.context import ContextShuffleConfig, context_shuffle
 from tokenization.encoding import Encoder
 from tokenization.merge import MergeConfig, merge
+from tokenization.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.sources import list_input_files
-from tokenization.storage import list_names, open_fs
+from tokenization.storage import join, list_names, open_fs
 from tokenization.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.verify import verify
 from tokenization_airflow.pools import pool_exists
@@ -105,7 +107,7 @@ def tokenize(spec: dict, rank: int, params: dict, try_number: int) -> dict:
         threads=params["threads"],
         local_working_dir=os.environ.get("TOKENIZATION_WORKDIR"),
     )
-    result = tokenize_rank(config, progress=False)
+    result = tokenize_rank(config, progress=params["progress_seconds"])
     return {"rank": rank, "counts": result["counts"], "files": [o["name"] for o in result["outputs"]]}
 
 
@@ -122,7 +124,7 @@ def merge_ranks(spec: dict, params: dict) -> dict:
         save_loss=params["save_loss"],
         local_working_dir=os.environ.get("TOKENIZATION_MERGE_WORKDIR"),
     )
-    result = merge(config, progress=False)
+    result = merge(config, progress=params["progress_seconds"])
     files = [o["name"] for o in result["outputs"]]
     shards = min(params["num_context_shards"], len(files)) if params["context_window"] else 0
     return {"counts": result["counts"], "files": files, "context_shards": list(range(shards))}
@@ -140,7 +142,7 @@ def shuffle_context(spec: dict, shard: int, num_shards: int, params: dict) -> di
         num_shards=num_shards,
         local_working_dir=os.environ.get("TOKENIZATION_WORKDIR"),
     )
-    return {"shard": shard, "counts": context_shuffle(config)["counts"]}
+    return {"shard": shard, "counts": context_shuffle(config, progress=params["progress_seconds"])["counts"]}
 
 
 def publish(spec: dict, params: dict, run_id: str, merged: dict | None, contexts: list[dict]) -> dict:
@@ -148,11 +150,11 @@ def publish(spec: dict, params: dict, run_id: str, merged: dict | None, contexts
     use_connection(params["aws_conn_id"])
     layout = Layout(spec["run_dir"])
     dataset = layout.ranks if not spec["merges"] else layout.context if contexts else layout.merged
-    report = verify(dataset, params["tokenizer"], params["eos_token"])
-    for line in report.problems[:50] + report.notes:
+    checked = verify(dataset, params["tokenizer"], params["eos_token"])
+    for line in checked.problems[:50] + checked.notes:
         log.warning("verify: %s", line)
-    if not report.ok:
-        raise RuntimeError(f"verify found {len(report.problems)} problems in {dataset}; the build is not published")
+    if not checked.ok:
+        raise RuntimeError(f"verify found {len(checked.problems)} problems in {dataset}; the build is not published")
     ranks = rank_manifests(layout.ranks, spec["num_ranks"])
     balance = conservation(ranks)
     if not balance["holds"]:
@@ -161,24 +163,25 @@ def publish(spec: dict, params: dict, run_id: str, merged: dict | None, contexts
     for shard in contexts:
         for key, value in shard["counts"].items():
             context_counts[key] = context_counts.get(key, 0) + value
-    build = write_build_manifest(
-        layout,
-        {
-            "run_id": run_id,
-            "dataset": dataset,
-            "seed": spec["seed"],
-            "tokenizer": {"name": params["tokenizer"], "sha256": spec["tokenizer_sha256"]},
-            "params": params,
-            "conservation": balance,
-            "tokens": report.tokens,
-            "digest": dataset_digest(dataset),
-            "files": sorted(name for name in list_names(*open_fs(dataset)) if name.endswith((".ds", ".bin"))),
-            "stages": {
-                "tokenize": {"ranks": spec["num_ranks"], "input_files": spec["input_files"], **balance},
-                "merge": merged["counts"] if merged else None,
-                "context_shuffle": context_counts or None,
-            },
-            "verify": {"ok": report.ok, "files": report.files, "tokens": report.tokens, "notes": report.notes},
+    record = {
+        "run_id": run_id,
+        "dataset": dataset,
+        "seed": spec["seed"],
+        "tokenizer": {"name": params["tokenizer"], "sha256": spec["tokenizer_sha256"]},
+        "params": params,
+        "conservation": balance,
+        "tokens": checked.tokens,
+        "digest": dataset_digest(dataset),
+        "files": sorted(name for name in list_names(*open_fs(dataset)) if name.endswith((".ds", ".bin"))),
+        "stages": {
+            "tokenize": {"ranks": spec["num_ranks"], "input_files": spec["input_files"], **balance},
+            "merge": merged["counts"] if merged else None,
+            "context_shuffle": context_counts or None,
         },
-    )
+        "verify": {"ok": checked.ok, "files": checked.files, "tokens": checked.tokens, "notes": checked.notes},
+    }
+    report = write_report(layout.run_dir, {"format": BUILD_FORMAT, **record})  # before the marker of completion
+    log.info("report: %s", join(layout.run_dir, REPORT_HTML))
+    build = write_build_manifest(layout, record | {"report": {"html": REPORT_HTML, "json": REPORT_JSON}})
+    log.info("published: %d tokens, %d files, %s", report["tokens"], len(report["files"]), build["dataset"])
     return build

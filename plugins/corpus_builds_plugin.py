@@ -1,0 +1,33 @@
+"""Registers the "Corpus builds" page (a FastAPI app), its menu entry, a "Build report" tab on every DAG run and
+a "Build report" link on the ``publish`` task. The page itself lives in ``tokenization_airflow.builds_page``."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from airflow.plugins_manager import AirflowPlugin
+from airflow.providers.standard.decorators.python import _PythonDecoratedOperator
+from airflow.sdk import BaseOperatorLink
+from tokenization_airflow.builds_page import PREFIX, app, report_url
+
+
+class BuildReportLink(BaseOperatorLink):
+    """On ``publish`` (a TaskFlow task), a link to its run's report; computed by the api-server when shown."""
+
+    name = "Build report"
+    operators: ClassVar[list] = [_PythonDecoratedOperator]
+
+    def get_link(self, operator, *, ti_key) -> str:
+        return report_url(ti_key.dag_id, ti_key.run_id) if operator.task_id == "publish" else ""
+
+
+class CorpusBuildsPlugin(AirflowPlugin):
+    name = "corpus_builds"
+    fastapi_apps: ClassVar[list] = [{"app": app, "url_prefix": PREFIX, "name": "Corpus builds"}]
+    external_views: ClassVar[list] = [
+        {"name": "Corpus builds", "href": f"{PREFIX}/", "url_route": "corpus-builds", "destination": "nav",
+         "category": "browse"},
+        {"name": "Build report", "href": f"{PREFIX}/dags/{{DAG_ID}}/runs/{{RUN_ID}}", "url_route": "build-report",
+         "destination": "dag_run"},
+    ]  # fmt: skip
+    operator_extra_links: ClassVar[list] = [BuildReportLink()]

@@ -1,0 +1,171 @@
+"""The "Corpus builds" page: a FastAPI app that Airflow's api-server mounts at ``/corpus-builds``.
+
+Plugin apps are open by default in Airflow 3; every route here requires Airflow's own login (the UI's ``_token``
+cookie or a bearer token) and read access to the DAG's runs. Reports are served only for runs that exist, from
+the run folder their ``plan`` task recorded: no path ever comes from the request.
+"""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse
+
+from tokenization.report import REPORT_HTML
+from tokenization.storage import join, open_fs
+from tokenization_airflow.storage import use_connection
+
+PREFIX = "/corpus-builds"
+DAG_ID = "tokenize_corpus"
+RUNS_SHOWN = 100
+
+app = FastAPI(title="Corpus builds", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+async def authenticated_user(request: Request):
+    """The logged-in Airflow user, from a bearer token or the UI's cookie: 401 without, 403 if invalid."""
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+    from airflow.api_fastapi.core_api.security import resolve_user_from_token
+
+    header = request.headers.get("authorization", "")
+    token = header[7:] if header.lower().startswith("bearer ") else request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+    return await resolve_user_from_token(token)
+
+
+def readable_dag(dag_id: str, user) -> None:
+    """403 unless the user may read this DAG's runs."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+
+    allowed = get_auth_manager().is_authorized_dag(
+        method="GET", access_entity=DagAccessEntity.RUN, details=DagDetails(id=dag_id), user=user
+    )
+    if not allowed:
+        raise HTTPException(403, f"no read access to the runs of {dag_id}")
+
+
+User = Annotated[object, Depends(authenticated_user)]
+
+
+def report_url(dag_id: str, run_id: str) -> str:
+    return f"{PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+
+def list_builds(dag_id: str, limit: int = RUNS_SHOWN) -> list[dict]:
+    """The DAG's runs, newest first, with what ``publish`` recorded of each finished build."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        runs = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.run_after.desc()).limit(limit)
+        ).all()
+        published = dict(
+            session.execute(
+                select(XComModel.run_id, XComModel.value).where(
+                    XComModel.dag_id == dag_id,
+                    XComModel.task_id == "publish",
+                    XComModel.key == "return_value",
+                    XComModel.run_id.in_([r.run_id for r in runs]),
+                )
+            ).all()
+        )
+        return [_build_row(run, published.get(run.run_id)) for run in runs]
+
+
+def _build_row(run, published: dict | None) -> dict:
+    """A run, and what its ``publish`` returned (``None`` until the build is published)."""
+    build = published or {}
+    seconds = (run.end_date - run.start_date).total_seconds() if run.start_date and run.end_date else None
+    return {
+        "run_id": run.run_id,
+        "state": str(run.state),
+        "date": _iso(run.logical_date or run.run_after),
+        "started": _iso(run.start_date),
+        "seconds": round(seconds, 1) if seconds is not None else None,
+        "tokens": build.get("tokens"),
+        "docs": build.get("docs"),
+        "rejects": build.get("rejects"),
+        "dataset": build.get("dataset"),
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat(timespec="seconds") if moment else None
+
+
+def run_folder(dag_id: str, run_id: str) -> tuple[str, str | None]:
+    """The run's folder and storage connection, as its ``plan`` task recorded them; 404 for unknown runs."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).first()
+        if run is None:
+            raise HTTPException(404, f"{dag_id} has no run {run_id!r}")
+        spec = session.scalar(
+            select(XComModel.value).where(
+                XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.task_id == "plan",
+                XComModel.key == "spec",
+            )
+        )  # fmt: skip
+        if not spec:
+            raise HTTPException(404, f"run {run_id!r} of {dag_id} planned no corpus build (state: {run.state})")
+        return spec["run_dir"], (run.conf or {}).get("aws_conn_id")
+
+
+@app.get("/api/builds")
+def builds_json(user: User, dag_id: str = DAG_ID) -> list[dict]:
+    readable_dag(dag_id, user)
+    return list_builds(dag_id)
+
+
+@app.get("/", response_class=HTMLResponse)
+def builds_page(user: User, dag_id: str = DAG_ID) -> str:
+    readable_dag(dag_id, user)
+    rows = "".join(
+        f"<tr data-run-id='{_e(b['run_id'])}'><td><a href='{_e(report_url(dag_id, b['run_id']))}'>"
+        f"{_e(b['run_id'])}</a></td><td class='state {_e(b['state'])}'>{_e(b['state'])}</td>"
+        f"<td>{_e(b['date'])}</td><td data-key='tokens'>{_n(b['tokens'])}</td><td data-key='docs'>{_n(b['docs'])}</td>"
+        f"<td data-key='rejects'>{_n(b['rejects'])}</td><td>{_n(b['seconds'])}</td></tr>"
+        for b in list_builds(dag_id)
+    )
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Corpus builds</title>
+<style>
+body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #222; }}
+table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: .25em .7em; text-align: left; }}
+td {{ font-variant-numeric: tabular-nums; }} .success {{ color: #17642c; }} .failed {{ color: #a11; }}
+</style></head><body>
+<h1>Corpus builds of <code>{_e(dag_id)}</code></h1>
+<table id="builds"><tr><th>run</th><th>state</th><th>date</th><th>tokens</th><th>documents</th><th>rejects</th>
+<th>seconds</th></tr>{rows}</table>
+<p>Open a run for its report: per-rank counts, the conservation check, length histogram, files and verify.</p>
+</body></html>"""
+
+
+@app.get("/dags/{dag_id}/runs/{run_id}", response_class=HTMLResponse)
+def build_report(user: User, dag_id: str, run_id: str) -> str:
+    readable_dag(dag_id, user)
+    folder, conn_id = run_folder(dag_id, run_id)
+    use_connection(conn_id or "aws_default", lookup="secrets")
+    fs, path = open_fs(folder)
+    try:
+        return fs.cat_file(join(path, REPORT_HTML)).decode()
+    except FileNotFoundError:
+        raise HTTPException(404, f"run {run_id!r} has no report yet: it is written when the build publishes") from None
+
+
+def _e(value) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _n(value) -> str:
+    return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)

@@ -1,0 +1,217 @@
+"""The build report and the "Corpus builds" page: the report's numbers are the manifests' and the data's, the page
+refuses requests without Airflow's login and shows the run after it, in-process and in a real browser."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ADMIN_PASSWORD, DAG_CONF, ROOT, build_of, run_dag
+from tests.test_cli import cli
+from tokenization.formats.ds import TokenFile
+from tokenization.storage import list_names, open_fs
+
+pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
+
+DAG_ID = "tokenize_corpus"
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def build(airflow_db, dag) -> tuple[str, Path, dict]:
+    """One finished build: its run id, folder and build manifest."""
+    run, tis, ok = run_dag(dag, DAG_CONF)
+    assert ok, {k: ti.state for k, ti in tis.items()}
+    folder, manifest = build_of(run)
+    return run.run_id, folder, manifest
+
+
+@pytest.fixture(scope="module")
+def client(build):
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    return TestClient(create_app())
+
+
+@pytest.fixture(scope="module")
+def token(client) -> str:
+    answer = client.post("/auth/token", json={"username": "admin", "password": ADMIN_PASSWORD})
+    assert answer.status_code in (200, 201), answer.text
+    return answer.json()["access_token"]
+
+
+def report_url(run_id: str) -> str:
+    from urllib.parse import quote
+
+    return f"/corpus-builds/dags/{DAG_ID}/runs/{quote(run_id, safe='')}"
+
+
+def test_report_numbers_are_the_manifests_and_the_datas(build) -> None:
+    run_id, folder, manifest = build
+    report = json.loads((folder / "report.json").read_text())
+    assert report["run_id"] == run_id and (folder / "report.html").exists()
+    ranks = [json.loads((folder / "ranks" / "_manifests" / f"{r:05d}.json").read_text()) for r in range(3)]
+    assert [r["docs_read"] for r in report["ranks"]] == [m["counts"]["docs_read"] for m in ranks]
+    assert [r["tokens"] for r in report["ranks"]] == [m["counts"]["tokens_written"] for m in ranks]
+    c = report["conservation"]
+    assert (c["docs_in"], c["docs_out"], c["empty"], c["quarantined"], c["holds"]) == (309, 308, 1, 0, True)
+    dataset = folder / "context"
+    names = sorted(n for n in list_names(*open_fs(str(dataset))) if n.endswith(".ds"))
+    recounted = {n: TokenFile(str(dataset / n)).num_tokens for n in names}
+    assert {f["name"]: f["tokens"] for f in report["files"]} == recounted
+    assert report["tokens"] == sum(recounted.values()) == manifest["tokens"]
+    assert sum(row["docs"] for row in report["length_histogram"]) == c["docs_out"]
+    assert report["tokens_dropped"]["total"] == 0
+    assert report["tokenizer"]["engines"] == ["tiktoken"] and report["settings"]["seed"] == 1234
+
+    before = (folder / "report.json").read_bytes()
+    (folder / "report.json").unlink()
+    done = cli("report", str(folder))
+    assert done.returncode == 0, done.stderr
+    assert "309 docs read = 308 written + 1 empty + 0 quarantined" in done.stdout
+    assert (folder / "report.json").read_bytes() == before  # regenerated from the manifests alone, identically
+
+
+def test_report_of_a_folder_that_is_not_a_build_is_a_one_line_error(tmp_path) -> None:
+    done = cli("report", str(tmp_path))
+    assert done.returncode == 1 and done.stderr.strip().startswith(f"error: {tmp_path}: no _BUILD.json")
+
+
+def test_the_page_refuses_requests_without_login(client, build) -> None:
+    run_id = build[0]
+    for path in ("/corpus-builds/", "/corpus-builds/api/builds", report_url(run_id)):
+        assert client.get(path).status_code == 401, path
+        assert client.get(path, cookies={"_token": "forged"}).status_code == 403, path
+        assert client.get(path, headers={"Authorization": "Bearer forged"}).status_code == 403, path
+
+
+def test_the_page_lists_the_build_and_serves_its_report(client, token, build) -> None:
+    run_id, _, manifest = build
+    auth = {"Authorization": f"Bearer {token}"}
+    rows = client.get("/corpus-builds/api/builds", headers=auth).json()
+    row = next(r for r in rows if r["run_id"] == run_id)
+    assert row["state"] == "success" and row["tokens"] == manifest["tokens"]
+    assert (row["docs"], row["rejects"]) == (308, 0) and row["seconds"] > 0
+
+    page = client.get("/corpus-builds/", cookies={"_token": token})  # the UI's cookie, as in the iframe
+    assert page.status_code == 200 and run_id in page.text and f"{manifest['tokens']:,}" in page.text
+
+    report = client.get(report_url(run_id), cookies={"_token": token})
+    assert report.status_code == 200
+    assert 'id="length-histogram"><svg' in report.text and '<td data-key="tokens">' in report.text
+
+
+def test_only_reports_of_known_runs_are_served(client, token) -> None:
+    auth = {"Authorization": f"Bearer {token}"}
+    assert client.get(report_url("no-such-run"), headers=auth).status_code == 404
+    assert client.get(report_url("../../../etc/passwd"), headers=auth).status_code == 404
+    assert client.get("/corpus-builds/dags/other_dag/runs/x", headers=auth).status_code == 404
+
+
+def test_publish_links_to_the_report(client, token, build) -> None:
+    run_id = build[0]
+    auth = {"Authorization": f"Bearer {token}"}
+    base = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances"
+    links = client.get(f"{base}/publish/links", headers=auth).json()["extra_links"]
+    assert links == {"Build report": report_url(run_id)}
+    assert client.get(f"{base}/plan/links", headers=auth).json()["extra_links"] == {"Build report": None}
+    views = {v["name"]: v for p in client.get("/api/v2/plugins", headers=auth).json()["plugins"]
+             for v in p["external_views"]}  # fmt: skip
+    assert views["Corpus builds"]["href"] == "/corpus-builds/" and views["Build report"]["destination"] == "dag_run"
+
+
+def test_in_a_browser_after_login(build) -> None:
+    """Headless Chromium against a real api-server: log in through Airflow's page, then open ours."""
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("chromium and chromedriver are absent: `make test` installs Debian's (scripts/ensure-chromium.sh)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run_id, _, manifest = build
+    with api_server() as base:
+        options = webdriver.ChromeOptions()
+        options.binary_location = shutil.which("chromium")
+        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+            options.add_argument(flag)
+        service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
+        browser = webdriver.Chrome(options=options, service=service)
+        wait = WebDriverWait(browser, 60)
+        try:
+            browser.get(f"{base}/corpus-builds/")
+            assert "Not authenticated" in browser.page_source  # no cookie yet: refused
+            browser.get(f"{base}/auth/login?next={base}/corpus-builds/")
+            wait.until(expected_conditions.presence_of_element_located((By.NAME, "username"))).send_keys("admin")
+            browser.find_element(By.NAME, "password").send_keys(ADMIN_PASSWORD)
+            browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+            table = wait.until(expected_conditions.presence_of_element_located((By.ID, "builds")))
+            row = table.find_element(By.CSS_SELECTOR, f"tr[data-run-id='{run_id}']")
+            assert row.find_element(By.CSS_SELECTOR, "td[data-key=tokens]").text == f"{manifest['tokens']:,}"
+            assert row.find_element(By.CSS_SELECTOR, "td[data-key=docs]").text == "308"
+            ARTIFACTS.mkdir(exist_ok=True)
+            browser.save_screenshot(str(ARTIFACTS / "corpus-builds.png"))
+            row.find_element(By.TAG_NAME, "a").click()
+            figure = wait.until(expected_conditions.presence_of_element_located((By.ID, "length-histogram")))
+            assert figure.find_element(By.TAG_NAME, "svg").size["height"] > 100
+            tokens = browser.find_element(By.CSS_SELECTOR, "#totals td[data-key=tokens]").text
+            assert tokens == str(manifest["tokens"])
+            browser.save_screenshot(str(ARTIFACTS / "build-report.png"))
+
+            browser.get(f"{base}/plugin/corpus-builds")  # inside Airflow's own UI, under Browse: an iframe
+            frame = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "iframe")))
+            browser.switch_to.frame(frame)
+            wait.until(
+                expected_conditions.presence_of_element_located((By.CSS_SELECTOR, f"tr[data-run-id='{run_id}']"))
+            )
+            browser.switch_to.default_content()
+            browser.save_screenshot(str(ARTIFACTS / "airflow-ui-corpus-builds.png"))
+        finally:
+            browser.quit()
+
+
+@contextlib.contextmanager
+def api_server() -> Iterator[str]:
+    """``airflow api-server`` on a free port, with this repo's plugins and the tests' database; its base URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "api-server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "api-server", "--port", str(port), "--workers", "1"],
+            stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True,
+        )  # fmt: skip
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.time() + 120
+            while not _answers(f"{base}/api/v2/monitor/health"):
+                if server.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"the api-server did not come up; see {log}")
+                time.sleep(1)
+            yield base
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        return True
+    except OSError:
+        return False

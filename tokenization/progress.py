@@ -68,7 +68,7 @@ class Progress:
 
     def _postfix(self) -> dict:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        postfix = dict(self.counts)
+        postfix = {name: f"{n:,}" for name, n in self.counts.items()}
         if "tokens" in self.counts:
             postfix["tok/s"] = f"{self.counts['tokens'] / elapsed:,.0f}"
         return postfix

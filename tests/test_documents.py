@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from tests.conftest import EOS
-from tokenization.documents import prefetched
+from tokenization import documents
+from tokenization.documents import ReadAhead
 from tokenization.merge import MergeConfig, merge
 from tokenization.tokenize import TokenizeConfig, tokenize_rank
 
@@ -22,7 +23,7 @@ def test_prefetched_keeps_order_and_raises_the_producers_error() -> None:
 
     seen = []
     with pytest.raises(ValueError, match="line 1001"):
-        for item in prefetched(items(), chunk=7, depth=2):
+        for item in ReadAhead(items(), chunk=7, depth=2):
             seen.append(item)
     assert seen == list(range(1000))
 
@@ -35,27 +36,30 @@ def test_stopping_early_stops_the_reader() -> None:
             produced.append(i)
             yield i
 
-    for item in prefetched(items(), chunk=4, depth=2):
+    for item in ReadAhead(items(), chunk=4, depth=2):
         if item == 10:
             break
     assert not [t for t in threading.enumerate() if t.name == "read"]
     assert len(produced) < 100
 
 
-def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer, caplog) -> None:
+def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer, caplog, monkeypatch) -> None:
     """Where a bar would collapse into one line, each stage logs percent, counts, tokens/s and ETA."""
+    monkeypatch.setattr(documents, "READ_AHEAD_CHARS", 10_000)  # the sample is smaller than one real chunk
     caplog.set_level(logging.INFO, logger="tokenization.progress")
     config = TokenizeConfig(inputs=[str(sample_corpus)], output=str(tmp_path / "ranks"),
                             tokenizer=str(sample_tokenizer), eos_token=EOS, batch_bytes=20_000)  # fmt: skip
     tokenize_rank(config, progress=1e-9)
-    lines = [r.getMessage() for r in caplog.records]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress"]
     pattern = LINE.format(unit="B|kB|MB", counts="docs, [\\d,]+ tokens")
     assert len(lines) > 5 and all(re.fullmatch(pattern, line) for line in lines), lines
     assert lines[-1].startswith("rank 0: 100.0% of ") and " 308 docs, 64,522 tokens, " in lines[-1]
+    percents = [float(line.split(": ")[1].split("%")[0]) for line in lines]
+    assert percents == sorted(percents) and percents[0] < 50  # it follows the encoding, not the read-ahead
 
     caplog.clear()
     merge(MergeConfig(input=str(tmp_path / "ranks"), output=str(tmp_path / "merged"), save_filename="m"), 1e-9)
-    lines = [r.getMessage() for r in caplog.records]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress"]
     pattern = LINE.format(unit="tok", counts="units, [\\d,]+ tokens")
     assert lines and all(re.fullmatch(pattern, line) for line in lines), lines
     assert lines[-1].startswith("merge m: 100.0% of 64,522 tok, 308 units, 64,522 tokens, ")

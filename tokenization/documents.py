@@ -110,12 +110,12 @@ def encoded_batches(
         counts.tokens += len(batch.encoded.tokens)
         counts.add_lengths(batch.encoded.lengths)
         counts.special_token_literals.update(batch.encoded.special_literals)
-        shown.update(reader.bytes_read, docs=counts.docs_written, tokens=counts.tokens)
+        shown.update(ahead.mark, docs=counts.docs_written, tokens=counts.tokens)
         return batch
 
     with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoding:
         pending: Future | None = None
-        ahead = prefetched(reader, _text_length, chunk=READ_AHEAD_CHARS)
+        ahead = ReadAhead(reader, _text_length, chunk=READ_AHEAD_CHARS, where=lambda: reader.bytes_read)
         for records in _record_batches(ahead, counts, options, reject):
             submitted = encoding.submit(encode, records)
             if pending is not None:
@@ -157,49 +157,58 @@ def _text_length(item: Record | Rejected) -> int:
     return len(item.text) + 1 if isinstance(item, Record) else 1
 
 
-def prefetched(
-    items: Iterable[T], size: Callable[[T], int] = lambda _: 1, chunk: int = 256, depth: int = 4
-) -> Iterator[T]:
+class ReadAhead:
     """``items``, produced ahead by a background thread in chunks of ``chunk`` (by ``size``), at most ``depth``
     of them waiting, so that reading overlaps with the caller's work and memory stays bounded. The producer's
-    errors are raised here; stopping early stops the producer."""
-    queue: Queue = Queue(depth)
-    stop = threading.Event()
+    errors are raised where they are consumed; stopping early stops the producer. ``mark`` is what ``where()``
+    said when the chunk being consumed was read (the reader's byte position, for progress that does not run
+    ahead of the work)."""
 
-    def put(item: object) -> bool:
-        while not stop.is_set():
+    def __init__(
+        self, items: Iterable[T], size: Callable[[T], int] = lambda _: 1, chunk: int = 256, depth: int = 4,
+        where: Callable[[], int] = lambda: 0,
+    ):  # fmt: skip
+        self.items, self.size, self.chunk, self.where = items, size, chunk, where
+        self.queue: Queue = Queue(depth)
+        self.stop = threading.Event()
+        self.mark = 0
+
+    def _put(self, item: object) -> bool:
+        while not self.stop.is_set():
             try:
-                queue.put(item, timeout=0.1)
+                self.queue.put(item, timeout=0.1)
                 return True
             except Full:
                 continue
         return False
 
-    def produce() -> None:
+    def _produce(self) -> None:
         group: list = []
         filled = 0
         try:
-            for item in items:
+            for item in self.items:
                 group.append(item)
-                filled += size(item)
-                if filled >= chunk:
-                    if not put(group):
+                filled += self.size(item)
+                if filled >= self.chunk:
+                    if not self._put((group, self.where())):
                         return
                     group, filled = [], 0
-            put(group) and put(_END)
+            self._put((group, self.where())) and self._put(_END)
         except BaseException as exc:  # the items before it first, then the error, which the consumer raises
-            put(group) and put(exc)
+            self._put((group, self.where())) and self._put(exc)
 
-    thread = threading.Thread(target=produce, name="read", daemon=True)
-    thread.start()
-    try:
-        while (group := queue.get()) is not _END:
-            if isinstance(group, BaseException):
-                raise group
-            yield from group
-    finally:
-        stop.set()
-        thread.join()
+    def __iter__(self) -> Iterator[T]:
+        thread = threading.Thread(target=self._produce, name="read", daemon=True)
+        thread.start()
+        try:
+            while (got := self.queue.get()) is not _END:
+                if isinstance(got, BaseException):
+                    raise got
+                group, self.mark = got
+                yield from group
+        finally:
+            self.stop.set()
+            thread.join()
 
 
 _END = object()

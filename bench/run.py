@@ -24,36 +24,43 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 EOS = "<|endoftext|>"
+CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+COMPARED = (".ds", ".ds.index", ".ds.loss")
 
+# The documents' texts, read as the stages read them (any input format they take).
+READ_TEXTS = """
+from tokenization.sources import DocumentReader, Record, list_input_files
+texts = [r.text for r in DocumentReader(list_input_files([ARGS["corpus"]]), ARGS["text_key"]) if isinstance(r, Record)]
+"""
 # Each snippet runs in a fresh interpreter with ARGS (a dict) defined; it does the work being measured.
 SNIPPETS = {
     "ours_tokenize": """
 from tokenization.tokenize import TokenizeConfig, tokenize_rank
 tokenize_rank(TokenizeConfig(inputs=[ARGS["corpus"]], output=ARGS["out"], tokenizer=ARGS["tokenizer"],
-              eos_token=ARGS["eos"], seed=1234, local_working_dir=ARGS["out"] + "_work"), progress=False)
+              text_key=ARGS["text_key"], eos_token=ARGS["eos"], seed=1234, local_working_dir=ARGS["out"] + "_work",
+              special_text="special"), progress=False)
 """,
     "datatrove_tokenize": """
 from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.tokens import DocumentTokenizer
-LocalPipelineExecutor(pipeline=[JsonlReader(ARGS["corpus"]), DocumentTokenizer(ARGS["out"],
+LocalPipelineExecutor(pipeline=[JsonlReader(ARGS["corpus"], text_key=ARGS["text_key"]), DocumentTokenizer(ARGS["out"],
     tokenizer_name_or_path=ARGS["tokenizer"], eos_token=ARGS["eos"], seed=1234)], tasks=1, workers=1,
     logging_dir=ARGS["out"] + "_logs").run()
 """,
-    "hf_encode": """
-import gzip, glob, orjson
+    "hf_encode": READ_TEXTS
+    + """
 from tokenizers import Tokenizer
-texts = [orjson.loads(l)["text"] for f in sorted(glob.glob(ARGS["corpus"] + "/*.gz")) for l in gzip.open(f)]
 import time
 start = time.time()
 Tokenizer.from_file(ARGS["tokenizer"]).encode_batch_fast([t for t in texts if t])
 SECONDS = time.time() - start
 """,
-    "fast_encode": """
-import gzip, glob, json, orjson
+    "fast_encode": READ_TEXTS
+    + """
+import json
 from tokenization.encoding import available_threads
 from tokenization.fast_bpe import FastBPE
-texts = [orjson.loads(l)["text"] for f in sorted(glob.glob(ARGS["corpus"] + "/*.gz")) for l in gzip.open(f)]
 engine = FastBPE(json.load(open(ARGS["tokenizer"])), "text", available_threads())
 import time
 start = time.time()
@@ -62,14 +69,15 @@ SECONDS = time.time() - start
 """,
     "ours_count": """
 from tokenization.count import CountConfig, count_tokens
-count_tokens(CountConfig(inputs=[ARGS["corpus"]], tokenizer=ARGS["tokenizer"], eos_token=ARGS["eos"]), progress=False)
+count_tokens(CountConfig(inputs=[ARGS["corpus"]], tokenizer=ARGS["tokenizer"], text_key=ARGS["text_key"],
+             eos_token=ARGS["eos"], special_text="special"), progress=False)
 """,
     "datatrove_count": """
 from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.tokens import TokensCounter
-LocalPipelineExecutor(pipeline=[JsonlReader(ARGS["corpus"]), TokensCounter(ARGS["tokenizer"])], tasks=1, workers=1,
-    logging_dir=ARGS["out"] + "_logs").run()
+LocalPipelineExecutor(pipeline=[JsonlReader(ARGS["corpus"], text_key=ARGS["text_key"]),
+    TokensCounter(ARGS["tokenizer"])], tasks=1, workers=1, logging_dir=ARGS["out"] + "_logs").run()
 """,
     "ours_merge": """
 from tokenization.merge import MergeConfig, merge
@@ -83,7 +91,7 @@ LocalPipelineExecutor(pipeline=[DocumentTokenizerMerger(ARGS["ranks"], ARGS["out
 """,
     "ours_context": """
 from tokenization.context import ContextShuffleConfig, context_shuffle
-context_shuffle(ContextShuffleConfig(input=ARGS["ranks"], output=ARGS["out"], seed=1))
+context_shuffle(ContextShuffleConfig(input=ARGS["ranks"], output=ARGS["out"], seed=1, drop_tail=True), progress=False)
 """,
     "datatrove_context": """
 from datatrove.executor import LocalPipelineExecutor
@@ -149,10 +157,12 @@ def synthetic_ranks(folder: Path, files: int, docs: int, low: int, high: int) ->
 
 
 def link_corpus(source: Path, corpus: Path, copies: int) -> None:
-    """The corpus files (without the instruct file, which has no text field), ``copies`` times over."""
+    """The corpus's JSON-lines files (plain, .gz or .zst; not the shared ``instruct_`` file, which has no text
+    field), ``copies`` times over."""
     corpus.mkdir(parents=True, exist_ok=True)
+    found = sorted(p for p in source.iterdir() if p.name.endswith(CORPUS_SUFFIXES))
     for copy in range(copies):
-        for path in sorted(source.glob("*.jsonl.gz")):
+        for path in found:
             if not path.name.startswith("instruct_"):
                 (corpus / f"{copy:03d}-{path.name}").symlink_to(path.resolve())
 
@@ -166,7 +176,12 @@ def memory_rows(work: Path, source: Path, base: dict, scale: int, docs: int) -> 
         ranks = work / f"ranks-x{copies}"
         token_mb = synthetic_ranks(ranks, 8, docs * copies // 4, 200, 600) / 1e6
         for label, name, args, mb in (
-            ("tokenize + doc shuffle", "ours_tokenize", base | {"corpus": str(corpus)}, text_bytes(corpus) / 1e6),
+            (
+                "tokenize + doc shuffle",
+                "ours_tokenize",
+                base | {"corpus": str(corpus)},
+                text_bytes(corpus, base["text_key"]) / 1e6,
+            ),
             ("merge", "ours_merge", {"ranks": str(ranks)}, token_mb),
             ("context shuffle", "ours_context", {"ranks": str(ranks)}, token_mb),
         ):
@@ -178,13 +193,22 @@ def memory_rows(work: Path, source: Path, base: dict, scale: int, docs: int) -> 
     return rows
 
 
-def text_bytes(corpus: Path) -> int:
+def text_bytes(corpus: Path, text_key: str) -> int:
     """UTF-8 bytes of text in the corpus, the unit of the tokenize and count throughputs."""
-    import gzip
+    from tokenization.sources import DocumentReader, Record, list_input_files
 
-    import orjson
+    reader = DocumentReader(list_input_files([str(corpus)]), text_key)
+    return sum(len(r.text.encode()) for r in reader if isinstance(r, Record))
 
-    return sum(len(orjson.loads(line).get("text", "").encode()) for p in corpus.iterdir() for line in gzip.open(p))
+
+def same_bytes(ours: Path, theirs: Path, suffixes: tuple[str, ...]) -> str:
+    """Whether two outputs hold the same files with these suffixes, byte for byte."""
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(folder.glob("*")) if p.name.endswith(suffixes)}
+
+    a, b = files(ours), files(theirs)
+    return "yes" if a and a == b else "no"
 
 
 def best(name: str, args: dict, repeats: int) -> dict:
@@ -202,6 +226,7 @@ def main() -> None:
         help="a tokenizer the fast engine declines, to measure the HF path (EOS </s>)",
     )
     parser.add_argument("--scale", type=int, default=10, help="the memory table's largest input, in corpus copies")
+    parser.add_argument("--text-key", default="text", help="the field holding the text (default: text)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     parser.add_argument("--smoke", action="store_true", help="tiny inputs, one repeat: checks that it runs")
@@ -219,10 +244,10 @@ def main() -> None:
     corpus = work / "corpus"
     corpus.mkdir()
     link_corpus(Path(args.corpora), corpus, copies=1)
-    text_mb = text_bytes(corpus) / 1e6
+    text_mb = text_bytes(corpus, args.text_key) / 1e6
     rows = []
 
-    def stage(label: str, ours: str, theirs: str | None, stage_args: dict, mb: float, limit: float | None) -> None:
+    def stage(label: str, ours: str, theirs: str | None, stage_args: dict, mb: float, limit, compare=COMPARED) -> None:
         results = {}
         for _ in range(args.repeats):  # alternate, so both see the same machine state
             for name in filter(None, (ours, theirs)):
@@ -230,18 +255,19 @@ def main() -> None:
                 if name not in results or r["seconds"] < results[name]["seconds"]:
                     results[name] = r
         o, t = results[ours], results.get(theirs)
+        same = same_bytes(work / ours, work / theirs, compare) if theirs and compare else "-"
         rows.append({"stage": label, "ours_s": o["seconds"], "ours_mbs": mb / o["seconds"], "ours_rss": o["rss_mb"],
-                     "input_mb": mb,
+                     "input_mb": mb, "same": same,
                      "dt_s": t and t["seconds"], "dt_rss": t and t["rss_mb"],
                      "ratio": t and t["seconds"] / o["seconds"], "limit_s": limit})  # fmt: skip
         print(rows[-1], flush=True)
 
-    base = {"corpus": str(corpus), "tokenizer": args.tokenizer, "eos": EOS}
+    base = {"corpus": str(corpus), "tokenizer": args.tokenizer, "eos": EOS, "text_key": args.text_key}
     hf = best("hf_encode", base, args.repeats)["seconds"]
     fast = best("fast_encode", base, args.repeats)["seconds"]
     limit = f"HF {hf:.2f}, fast {fast:.2f}"
     stage("tokenize + doc shuffle", "ours_tokenize", "datatrove_tokenize", base, text_mb, limit)
-    stage("count", "ours_count", "datatrove_count", base, text_mb, limit)
+    stage("count", "ours_count", "datatrove_count", base, text_mb, limit, compare=())
     if args.hf_tokenizer:
         mistral = base | {"tokenizer": args.hf_tokenizer, "eos": "</s>"}
         limit = f"HF {best('hf_encode', mistral, args.repeats)['seconds']:.2f}"
@@ -262,7 +288,9 @@ def main() -> None:
         mb,
         copy_time(str(large), work),
     )
-    stage("context shuffle", "ours_context", "datatrove_context", {"ranks": str(small)}, small_mb, small_cp)
+    stage(  # datatrove's index holds only window ends; ours also carries the document ends, and the loss
+        "context shuffle", "ours_context", "datatrove_context", {"ranks": str(small)}, small_mb, small_cp, (".ds",)
+    )
     stage("verify", "ours_verify", None, {"ranks": str(small)}, small_mb, None)
     memory = memory_rows(work, Path(args.corpora), base, args.scale, docs)
     write_table(rows, memory, Path(args.out), text_mb, args)
@@ -276,11 +304,11 @@ def write_table(rows: list[dict], memory: list[dict], out: Path, text_mb: float,
         f"`{Path(args.tokenizer).parent.name}`; best of {args.repeats}, alternating runs.",
         "",
         "| stage | ours (s) | ours MB/s | ours peak RSS (MB) | datatrove (s) | datatrove peak RSS (MB) | speed-up "
-        "| limit (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| same bytes | limit (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        dt = f"{r['dt_s']:.2f} | {r['dt_rss']:.0f} | {r['ratio']:.2f}x" if r["dt_s"] else "- | - | -"
+        dt = f"{r['dt_s']:.2f} | {r['dt_rss']:.0f} | {r['ratio']:.2f}x | {r['same']}" if r["dt_s"] else "- | - | - | -"
         limit = r["limit_s"] if isinstance(r["limit_s"], str) else f"{r['limit_s']:.2f}" if r["limit_s"] else "-"
         lines.append(
             f"| {r['stage']} | {r['ours_s']:.2f} | {r['ours_mbs']:.1f} | {r['ours_rss']:.0f} | {dt} | {limit} |"
@@ -288,7 +316,12 @@ def write_table(rows: list[dict], memory: list[dict], out: Path, text_mb: float,
     lines += [
         "",
         "limit: for tokenize and count, HF `encode_batch_fast` alone and the fast engine alone (on every core); "
-        "`cp` of the same bytes for the others. MB/s: text for tokenize and count, tokens for the others.",
+        "`cp` of the same bytes for the others. MB/s: text for tokenize and count, tokens for the others. "
+        "same bytes: the .ds, .ds.index and .ds.loss files equal datatrove's (the context shuffle: the .ds; its "
+        "index also carries document ends, which datatrove's loses). Ours runs with datatrove's semantics "
+        "where the defaults differ (literal special-token text encoded as the special token, the context tail "
+        "dropped); with a tokenizer whose post-processor adds a BOS (Mistral) the bytes differ by design, as "
+        "datatrove drops that BOS (huggingface/datatrove#345).",
         "",
         "Peak RSS as the input grows (tokenize: the corpus repeated; merge and context shuffle: ~400-token documents):",
         "",

@@ -19,5 +19,6 @@ def test_bench_smoke_writes_the_table(tmp_path) -> None:
     assert stages == ["tokenize + doc shuffle", "count", "merge, ~400-token docs", "merge, ~20k-token docs",
                       "context shuffle", "verify"]  # fmt: skip
     assert all("x |" in row for row in rows[:-1])  # a ratio to datatrove for every stage it has
+    assert [row.split(" | ")[7] for row in rows] == ["yes", "-", "yes", "yes", "yes", "-"]  # datatrove's bytes
     grown = [line.split(" | ")[:2] for line in memory.splitlines() if line.startswith("| ") and "---" not in line]
     assert [stage for stage, _ in grown[1:]] == ["| tokenize + doc shuffle", "| merge", "| context shuffle"] * 2

@@ -61,15 +61,15 @@ def context_shuffle(config: ContextShuffleConfig, progress: ProgressMode = None)
     """Shuffle this task's files into ``config.output`` (same file names); return the task's manifest."""
     started = time.time()
     files = shard_files(config)
-    shown = Progress(f"context shuffle {config.stem}", sum(TokenFile(url).num_tokens for url in files), "tok", progress)
+    sources = [TokenFile(url) for url in files]
+    shown = Progress(f"context shuffle {config.stem}", sum(s.num_tokens for s in sources), "tok", progress)
     out_fs, out_path = open_fs(config.output)
     manifest.remove_marker(out_fs, out_path, config.stem)
     rng = np.random.default_rng(config.seed)
     described = manifest.output_entries(files[0].rsplit("/", 1)[0]) if files else {}
     outputs, counts = [], {"files": 0, "windows": 0, "tokens": 0, "tail_tokens_kept": 0, "tokens_dropped": 0}
     with working_dir(config.local_working_dir, out_fs, out_path, config.stem) as work:
-        for url in files:
-            source = TokenFile(url)
+        for url, source in zip(files, sources, strict=True):
             ends = np.asarray(source.ends, dtype=np.int64)
             total = int(ends[-1]) if len(ends) else 0
             if source.num_tokens != total:

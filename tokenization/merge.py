@@ -229,7 +229,8 @@ def merge(config: MergeConfig, progress: ProgressMode = None) -> dict:
         inner = [inputs.file_ends(f) for f in range(len(urls))] if chunk else None
         total_units = len(file_ids)
         shown = Progress(f"merge {stem}", total_tokens, "tok", progress)
-        shown.update(sum(e["tokens"] for e in done), units=resume_units, tokens=sum(e["tokens"] for e in done))
+        resumed_tokens = sum(e["tokens"] for e in done)
+        shown.update(resumed_tokens, units=resume_units, tokens=resumed_tokens)
         cursor = np.bincount(file_ids[:resume_units], minlength=len(urls)).astype(np.int64)
         for a in range(min(resume_units, total_units), total_units, UNITS_PER_SLICE):
             b = min(total_units, a + UNITS_PER_SLICE)

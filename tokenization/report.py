@@ -14,8 +14,8 @@ from collections import Counter
 import orjson
 
 from tokenization import manifest
-from tokenization.build import BUILD_MANIFEST, Layout, conservation
-from tokenization.storage import join, list_names, open_fs, write_bytes_atomic
+from tokenization.build import BUILD_MANIFEST, Layout, conservation, rank_manifests
+from tokenization.storage import join, open_fs, write_bytes_atomic
 
 REPORT_FORMAT = "corpus-tokenization/report/1"
 REPORT_JSON = "report.json"
@@ -35,9 +35,10 @@ def report_data(run_dir: str, build: dict | None = None) -> dict:
         build = manifest.read_json(fs, join(path, BUILD_MANIFEST))
         if build is None:
             raise FileNotFoundError(f"{run_dir}: no {BUILD_MANIFEST}; the build is not complete or this is not a run")
-    ranks = _rank_manifests(Layout(run_dir).ranks)
-    if not ranks:
-        raise FileNotFoundError(f"{Layout(run_dir).ranks}: no rank manifests")
+    ranks = rank_manifests(Layout(run_dir).ranks, build["stages"]["tokenize"]["ranks"])
+    missing = [rank for rank, found in enumerate(ranks) if found is None]
+    if missing:
+        raise FileNotFoundError(f"{Layout(run_dir).ranks}: no manifest for ranks {missing}")
     lengths: Counter = Counter()
     for rank in ranks:
         for row in rank["counts"].get("length_histogram", []):
@@ -79,12 +80,6 @@ def report_data(run_dir: str, build: dict | None = None) -> dict:
         "stages": stages,
         "verify": build.get("verify"),
     }
-
-
-def _rank_manifests(ranks_dir: str) -> list[dict]:
-    fs, path = open_fs(join(ranks_dir, "_manifests"))
-    found = [orjson.loads(fs.cat_file(join(path, n))) for n in list_names(fs, path) if n.endswith(".json")]
-    return sorted((m for m in found if m.get("stage") == "tokenize"), key=lambda m: m["rank"])
 
 
 def _rank_row(rank: dict) -> dict:

@@ -30,7 +30,8 @@ COMPARED = (".ds", ".ds.index", ".ds.loss")
 # The documents' texts, read as the stages read them (any input format they take).
 READ_TEXTS = """
 from tokenization.sources import DocumentReader, Record, list_input_files
-texts = [r.text for r in DocumentReader(list_input_files([ARGS["corpus"]]), ARGS["text_key"]) if isinstance(r, Record)]
+reader = DocumentReader(list_input_files([ARGS["corpus"]]).files, ARGS["text_key"])
+texts = [r.text for r in reader if isinstance(r, Record)]
 """
 # Each snippet runs in a fresh interpreter with ARGS (a dict) defined; it does the work being measured.
 SNIPPETS = {
@@ -197,7 +198,7 @@ def text_bytes(corpus: Path, text_key: str) -> int:
     """UTF-8 bytes of text in the corpus, the unit of the tokenize and count throughputs."""
     from tokenization.sources import DocumentReader, Record, list_input_files
 
-    reader = DocumentReader(list_input_files([str(corpus)]), text_key)
+    reader = DocumentReader(list_input_files([str(corpus)]).files, text_key)
     return sum(len(r.text.encode()) for r in reader if isinstance(r, Record))
 
 

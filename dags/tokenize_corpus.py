@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from pathlib import Path
 
 import pendulum
 from airflow.sdk import Asset, CronTriggerTimetable, Param, TriggerRule, dag, get_current_context, task
+from airflow.sdk.configuration import conf as airflow_conf
 from tokenization_airflow import tasks
+from tokenization_airflow.deployment import DEFAULT_INPUT, DEFAULT_OUTPUT, DEFAULT_TOKENIZER, MERGE_POOL, MERGE_QUEUE
 from tokenization_airflow.sensors import ShardSensor
 
-SAMPLE = Path(__file__).resolve().parents[1] / "sample"
+from tokenization.documents import DEFAULT_MAX_REJECT_FRACTION, DEFAULT_MAX_REJECTS
+
 DATASET = Asset(name="tokenized_corpus", uri="file:///tokenization/tokenize_corpus/dataset")
 RETRIES = int(os.environ.get("TOKENIZATION_TASK_RETRIES", "2"))
 MAX_ACTIVE_RUNS = int(os.environ.get("TOKENIZATION_MAX_ACTIVE_RUNS", "1"))
@@ -25,17 +27,22 @@ RETRY_DELAY = timedelta(seconds=float(os.environ.get("TOKENIZATION_RETRY_DELAY_S
 OPTIONAL_POSITIVE = {"type": ["null", "integer"], "minimum": 1}
 
 PARAMS = {
-    "input": Param(os.environ.get("TOKENIZATION_INPUT", str(SAMPLE / "corpus")), type="string", minLength=1,
-                   title="Input", description="Folder, glob or URL of .jsonl[.gz|.zst] or .parquet files"),
-    "output": Param(os.environ.get("TOKENIZATION_OUTPUT", str(Path.cwd() / "tokenization-builds")), type="string",
-                    minLength=1, title="Output", description="Folder or URL; each run writes under {output}/{run id}"),
-    "tokenizer": Param(os.environ.get("TOKENIZATION_TOKENIZER", str(SAMPLE / "tokenizer.json")), type="string",
-                       minLength=1, title="Tokenizer", description="tokenizer.json path, folder, URL or hub name"),
+    "input": Param(DEFAULT_INPUT, type="string", minLength=1, title="Input",
+                   description="Folder, glob or URL of .jsonl[.gz|.zst] or .parquet files, inside the allowed "
+                               "locations (TOKENIZATION_ALLOWED_LOCATIONS)"),
+    "output": Param(DEFAULT_OUTPUT, type="string", minLength=1, title="Output",
+                    description="Folder or s3:// URL inside the allowed locations; each run writes under "
+                                "{output}/{run id}"),
+    "tokenizer": Param(DEFAULT_TOKENIZER, type="string", minLength=1, title="Tokenizer",
+                       description="tokenizer.json path, folder, URL or hub name"),
     "aws_conn_id": Param("aws_default", type="string", minLength=1,
                          description="Airflow connection for s3:// URLs (credentials, endpoint_url for MinIO)"),
     "text_key": Param("text", type="string", minLength=1, description="Field holding the text (dotted for nested)"),
     "id_key": Param("id", type="string", minLength=1, description="Field holding the document id"),
-    "eos_token": Param("<|endoftext|>", type=["null", "string"], description="Token appended to every document"),
+    "eos_token": Param(None, type=["null", "string"], minLength=1,
+                       description="Token appended to every document; empty = the tokenizer's own end-of-text token "
+                                   "(from its tokenizer_config.json, its post-processor or its vocabulary)"),
+    "no_eos": Param(False, type="boolean", description="Append no end-of-text token (conflicts with eos_token)"),
     "seed": Param(None, type=["null", "integer"], minimum=0,
                   description="Shuffle seed; empty = derived from the run id (stable across retries)"),
     "num_ranks": Param(4, type="integer", minimum=1, maximum=4096, description="Tokenize tasks (input shards)"),
@@ -45,7 +52,10 @@ PARAMS = {
     "save_loss": Param(False, type="boolean", description="Write .ds.loss from no_loss_ranges"),
     "output_format": Param("ds", enum=["ds", "megatron"],
                            description="ds: merged and context-shuffled .ds files; megatron: .bin/.idx per rank"),
-    "max_rejects": Param(1000, type="integer", minimum=0, description="Bad records a rank tolerates"),
+    "max_rejects": Param(DEFAULT_MAX_REJECTS, type=["null", "integer"], minimum=0,
+                         description="A rank fails as soon as it rejects more records than this (empty: no limit)"),
+    "max_reject_fraction": Param(DEFAULT_MAX_REJECT_FRACTION, type=["null", "number"], minimum=0, maximum=1,
+                                 description="A rank fails when it rejects more than this share of its records"),
     "engine": Param("auto", enum=["auto", "hf"],
                     description="auto: the fast exact engine where it fits the tokenizer (self-checked against HF); "
                                 "hf: HF tokenizers only"),
@@ -84,9 +94,10 @@ PARAMS = {
 )
 def tokenize_corpus():
     @task(retries=0)
-    def plan(params: dict | None = None, run_id: str | None = None) -> list[int]:
+    def plan(params: dict | None = None, run_id: str | None = None, dag_run=None) -> list[int]:
         """Returns the ranks to map over; the run's spec (folder, seed, ...) goes out as XCom ``spec``."""
-        spec = tasks.plan(params, run_id)
+        max_map_length = airflow_conf.getint("core", "max_map_length", fallback=tasks.MAP_LENGTH_FALLBACK)
+        spec = tasks.plan(params, run_id, dag_run.conf or {}, set(PARAMS), max_map_length)
         get_current_context()["ti"].xcom_push(key="spec", value=spec)
         return spec["ranks"]
 
@@ -94,24 +105,25 @@ def tokenize_corpus():
     def tokenize(spec: dict, rank: int, params: dict | None = None) -> dict:
         context = get_current_context()
         context["rank_label"] = rank
-        return tasks.tokenize(spec, rank, params, context["ti"].try_number)
+        return tasks.tokenize(spec, rank, params, attempt_owner(context), context["ti"].try_number)
 
-    @task(pool=tasks.MERGE_POOL, pool_slots=1, queue=tasks.MERGE_QUEUE)
+    @task(pool=MERGE_POOL, pool_slots=1, queue=MERGE_QUEUE)
     def merge(spec: dict, params: dict | None = None) -> list[int]:
         """Returns the context-shuffle shards to map over; the merge's result goes out as XCom ``merged``."""
-        merged = tasks.merge_ranks(spec, params) if spec["merges"] else None
-        get_current_context()["ti"].xcom_push(key="merged", value=merged)
+        context = get_current_context()
+        merged = tasks.merge_ranks(spec, params, attempt_owner(context)) if spec["merges"] else None
+        context["ti"].xcom_push(key="merged", value=merged)
         return merged["context_shards"] if merged else []
 
     @task(map_index_template="shard-{{ shard_label }}")
     def context_shuffle(spec: dict, shard: int, shards: list, params: dict | None = None) -> dict:
-        get_current_context()["shard_label"] = shard
-        return tasks.shuffle_context(spec, shard, len(shards), params)
+        context = get_current_context()
+        context["shard_label"] = shard
+        return tasks.shuffle_context(spec, shard, len(shards), params, attempt_owner(context))
 
     @task(trigger_rule=TriggerRule.NONE_FAILED, outlets=[DATASET])
-    def publish(spec: dict, merged: dict | None, contexts, params=None, run_id=None, outlet_events=None) -> dict:
-        shards = [contexts[i] for i in range(len(contexts))]  # indexing, not iterating past the end
-        build = tasks.publish(spec, params, run_id, merged, shards)
+    def publish(spec: dict, params=None, run_id=None, outlet_events=None) -> dict:
+        build = tasks.publish(spec, params, run_id)
         outlet_events[DATASET].extra = {
             "dataset": build["dataset"], "run_id": run_id, "tokens": build["tokens"],
             "files": len(build["files"]), "docs": build["conservation"]["docs_out"], "seed": build["seed"],
@@ -135,7 +147,14 @@ def tokenize_corpus():
     context_shards = merge(spec)
     contexts = context_shuffle.partial(spec=spec, shards=context_shards).expand(shard=context_shards)
     shards >> wait >> context_shards
-    publish(spec, context_shards["merged"], contexts)
+    contexts >> publish(spec)
+
+
+def attempt_owner(context) -> str:
+    """Names this task attempt in the message that refuses a second attempt at the same output."""
+    ti = context["ti"]
+    index = f"[{ti.map_index}]" if ti.map_index >= 0 else ""
+    return f"Airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}{index} try {ti.try_number}"
 
 
 tokenize_corpus()

@@ -201,6 +201,8 @@ class Cluster:
             "TOKENIZATION_TASK_RETRIES": "0",
             "TOKENIZATION_MAX_ACTIVE_RUNS": "2",
             "TOKENIZATION_OUTPUT": "s3://corpus/builds",
+            "TOKENIZATION_ALLOWED_LOCATIONS": f"s3://corpus,{ROOT / 'sample'}",
+            "AIRFLOW__CORE__MAX_MAP_LENGTH": "4096",
         }
         if worker:
             env["TOKENIZATION_TEST_WORKER_NAME"] = worker

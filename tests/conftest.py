@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 import os
@@ -136,12 +137,19 @@ def run_dag(dag, conf: dict):
     """One whole run with ``dag.test()``: the run, its task instances by (task, map index), and success."""
     from airflow.sdk import DagRunState
 
-    run = dag.test(run_conf=conf)
+    saved = {task.task_id: copy.deepcopy(task.params) for task in dag.tasks}
+    try:
+        run = dag.test(run_conf=conf)
+    finally:  # dag.test writes the run's conf into the tasks' params: the next run must start from the defaults
+        for task in dag.tasks:
+            task.params = saved[task.task_id]
     tis = {(ti.task_id, ti.map_index): ti for ti in run.get_task_instances()}
     return run, tis, run.state == DagRunState.SUCCESS
 
 
 def build_of(run) -> tuple[Path, dict]:
     """A run's folder and its build manifest."""
-    folder = Path(os.environ["TOKENIZATION_OUTPUT"]) / run.run_id.replace(":", "-").replace("+", "-")
+    from tokenization.build import run_folder
+
+    folder = Path(run_folder(os.environ["TOKENIZATION_OUTPUT"], run.run_id))
     return folder, json.loads((folder / "_BUILD.json").read_text())

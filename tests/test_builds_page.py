@@ -114,6 +114,21 @@ def test_the_page_lists_the_build_and_serves_its_report(client, token, build) ->
     assert 'id="length-histogram"><svg' in report.text and '<td data-key="tokens">' in report.text
 
 
+def test_pages_forbid_scripts_and_reports_outside_the_allowed_locations_are_not_served(
+    client, token, build, monkeypatch
+) -> None:
+    """Finding 4: an output URL of the tester's made the page fetch it and serve its HTML from Airflow's origin."""
+    auth = {"Authorization": f"Bearer {token}"}
+    for path in ("/corpus-builds/", report_url(build[0])):
+        answer = client.get(path, headers=auth)
+        policy = answer.headers["content-security-policy"]
+        assert answer.status_code == 200 and "default-src 'none'" in policy and "script-src" not in policy
+        assert answer.headers["x-content-type-options"] == "nosniff"
+    monkeypatch.setenv("TOKENIZATION_ALLOWED_LOCATIONS", "s3://elsewhere")
+    refused = client.get(report_url(build[0]), headers=auth)
+    assert refused.status_code == 403 and "outside the allowed locations" in refused.text
+
+
 def test_only_reports_of_known_runs_are_served(client, token) -> None:
     auth = {"Authorization": f"Bearer {token}"}
     assert client.get(report_url("no-such-run"), headers=auth).status_code == 404

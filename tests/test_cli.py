@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -40,7 +41,8 @@ def test_errors_are_one_line_with_exit_1(tmp_path, sample_corpus, sample_tokeniz
                "--eos-token", "</s>")  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        f"error: EOS token '</s>' is not in the vocabulary of {sample_tokenizer} (special tokens: {EOS})"
+        f"error: EOS token '</s>' is not in the vocabulary of {sample_tokenizer}; its own end-of-text token is "
+        f"'{EOS}' (from its vocabulary): leave the EOS unset to use it"
     ]
     truncated = tmp_path / "cut.jsonl.gz"
     truncated.write_bytes((sample_corpus / "part-00000.jsonl.gz").read_bytes()[:5000])
@@ -57,10 +59,64 @@ def test_errors_are_one_line_with_exit_1(tmp_path, sample_corpus, sample_tokeniz
     assert done.returncode == 1 and "exceed max_rejects=1" in done.stderr
 
 
-def test_usage_errors_exit_2(sample_tokenizer) -> None:
+def test_usage_errors_exit_2(tmp_path, sample_corpus, sample_tokenizer) -> None:
     assert cli("tokenize", "x", "--tokenizer", str(sample_tokenizer)).returncode == 2  # no --output
     assert cli("tokenize", "x", "--output", "o", "--tokenizer", "t", "--max-tokens-per-file", "0").returncode == 2
     assert cli("frobnicate").returncode == 2
+    tokenize = ("tokenize", str(sample_corpus), "--output", str(tmp_path), "--tokenizer", str(sample_tokenizer))
+    for wrong, message in [
+        (("--rank", "3", "--world-size", "2"), "rank 3 is outside 0..1"),
+        (("--max-rejects", "-1"), "must be 0 or more, got -1"),
+        (("--max-reject-fraction", "1.5"), "must be between 0 and 1, got 1.5"),
+        (("--text-key", ""), "text_key must name a field"),
+        (("--eos-token", EOS, "--no-eos"), "not allowed with argument"),
+    ]:
+        done = cli(*tokenize, *wrong)
+        assert done.returncode == 2 and message in done.stderr, (wrong, done.stderr)
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_a_text_key_no_record_has_fails_naming_it_and_leaves_no_marker(tmp_path, sample_tokenizer) -> None:
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(233)])
+    done = cli("tokenize", str(pairs), "--output", str(tmp_path / "out"), "--tokenizer", str(sample_tokenizer))
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: rank 0: read 233 records but wrote none: 233 rejected (missing_text 233; first: {pairs} line 1); "
+        "text key 'text'; its records have the fields prompt, response"
+    )
+    assert not (tmp_path / "out" / "_completions").exists()
+    assert len((tmp_path / "out" / "_quarantine" / "00000.jsonl").read_text().splitlines()) == 233
+    counted = cli("count", str(pairs), "--tokenizer", str(sample_tokenizer), "--text-key", "body")
+    assert counted.returncode == 1 and "text key 'body'" in counted.stderr
+
+
+def test_a_mostly_rejected_rank_fails_on_the_fraction(tmp_path, sample_tokenizer) -> None:
+    records = [{"text": f"record {i}"} for i in range(50)] + ["{broken"] * 2
+    inputs = write_jsonl(tmp_path / "in.jsonl", records)
+    args = ("tokenize", str(inputs), "--tokenizer", str(sample_tokenizer))
+    done = cli(*args, "--output", str(tmp_path / "strict"))
+    assert done.returncode == 1 and "2 of 52 records rejected (3.85%), above max_reject_fraction=0.01" in done.stderr
+    assert cli(*args, "--output", str(tmp_path / "lenient"), "--max-reject-fraction", "0.05").returncode == 0
+
+
+def test_storage_and_network_failures_are_one_line(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    no_credentials = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
+                      "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | no_credentials
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenization.cli", "tokenize", str(sample_corpus), "--output", "s3://corpus/out",
+         "--tokenizer", str(sample_tokenizer)], capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: s3://corpus/out: NoCredentialsError: Unable to locate credentials (set credentials in the "
+        "environment, an AWS profile or the Airflow connection)"
+    )
+    unreachable = cli("tokenize", "http://127.0.0.1:9/corpus.jsonl", "--output", str(tmp_path),
+                      "--tokenizer", str(sample_tokenizer))  # fmt: skip
+    last = unreachable.stderr.strip().splitlines()[-1]
+    assert unreachable.returncode == 1 and last.startswith("error: http://127.0.0.1:9/corpus.jsonl: "), last
+    assert "Traceback" not in unreachable.stderr
 
 
 def test_engine_and_threads_reach_the_stats(tmp_path, sample_corpus, sample_tokenizer) -> None:

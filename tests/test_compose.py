@@ -3,7 +3,10 @@ topology that tests/test_distributed.py runs for real."""
 
 from __future__ import annotations
 
+import base64
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -68,3 +71,34 @@ def test_every_component_shares_the_settings_and_secrets_come_from_env() -> None
     assert {"AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET"} <= set(example)
     referenced = set(re.findall(r"\$\{(\w+)(?::-[^}]*)?\}", (ROOT / "docker-compose.yaml").read_text()))
     assert referenced <= set(example), referenced - set(example)
+
+
+def test_the_stack_refuses_to_start_with_the_placeholder_secrets() -> None:
+    """Finding 11: .env.example's placeholder JWT secret was accepted. airflow-init checks first, and every Airflow
+    service waits for airflow-init to succeed."""
+    assert command("airflow-init").split("\n")[1].strip() == "python /opt/airflow/scripts/check_secrets.py"
+    example = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
+                   if line and not line.startswith("#"))  # fmt: skip
+    script = [sys.executable, str(ROOT / "scripts" / "check_secrets.py")]
+    refused = subprocess.run(script, env=example, capture_output=True, text=True)
+    assert refused.returncode == 1
+    for name in ("AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW_ADMIN_PASSWORD",
+                 "MINIO_ROOT_PASSWORD"):  # fmt: skip
+        assert f"refusing to start: {name} is the placeholder of .env.example" in refused.stderr
+    good = example | {
+        "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(bytes(range(32))).decode(),
+        "AIRFLOW__API_AUTH__JWT_SECRET": "9f" * 32,
+        "AIRFLOW_ADMIN_PASSWORD": "a-long-admin-password",
+        "MINIO_ROOT_PASSWORD": "a-long-minio-password",
+    }
+    assert subprocess.run(script, env=good, capture_output=True, text=True).returncode == 0
+    bad_key = subprocess.run(script, env=good | {"AIRFLOW__CORE__FERNET_KEY": "x" * 44}, capture_output=True, text=True)
+    assert bad_key.returncode == 1 and "is not a Fernet key" in bad_key.stderr
+
+
+def test_thousands_of_ranks_can_be_mapped_and_builds_stay_in_the_allowed_locations() -> None:
+    env = COMPOSE["x-airflow-common"]["environment"]
+    assert int(env["AIRFLOW__CORE__MAX_MAP_LENGTH"]) >= 4096
+    allowed = env["TOKENIZATION_ALLOWED_LOCATIONS"].split(",")
+    assert allowed[0] == "s3://${TOKENIZATION_BUCKET}" and not any(p.startswith("http") for p in allowed)
+    assert env["TOKENIZATION_OUTPUT"].startswith(allowed[0]) and env["TOKENIZATION_INPUT"].startswith(allowed[1])

@@ -40,8 +40,10 @@ def test_counts_equal_what_tokenize_writes(tmp_path, sample_corpus, sample_token
 
 def test_eos_policy_and_bad_records_are_counted(tmp_path, sample_tokenizer) -> None:
     inputs = write_jsonl(tmp_path / "in.jsonl", [{"text": "one two"}, "{bad", {"text": ""}, {"text": "three"}])
-    without = count_tokens(CountConfig(inputs=[str(inputs)], tokenizer=str(sample_tokenizer)))
-    with_eos = count_tokens(CountConfig(inputs=[str(inputs)], tokenizer=str(sample_tokenizer), eos_token=EOS))
+    options = {"inputs": [str(inputs)], "tokenizer": str(sample_tokenizer), "max_reject_fraction": None}
+    without = count_tokens(CountConfig(**options, no_eos=True))
+    with_eos = count_tokens(CountConfig(**options))  # the tokenizer's own EOS
+    assert with_eos["tokenizer"]["eos_token"] == EOS
     assert with_eos["tokens"] == without["tokens"] + 2
     assert with_eos["rejected"] == {"malformed_json": 1} and with_eos["files"][0]["rejected"] == 1
     assert with_eos["docs_read"] == 4 == with_eos["docs"] + with_eos["empty"] + 1

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
 from tests.conftest import DAG_CONF, MERGE_POOL, build_of, run_dag
@@ -78,8 +81,85 @@ def test_a_missing_pool_fails_plan_with_the_command_to_create_it(airflow_db, dag
     Pool.delete_pool(MERGE_POOL)
     try:
         with pytest.raises(tasks.PlanError, match=f"airflow pools set {MERGE_POOL} 1"):
-            tasks.plan(dict(dag.params.dump()), "manual__check")
+            tasks.plan(dict(dag.params.dump()), "manual__check", {}, set(dag.params), 1024)
         _, tis, ok = run_dag(dag, DAG_CONF)
         assert not ok and tis[("plan", -1)].state == "failed"
     finally:
         Pool.create_or_update_pool(MERGE_POOL, 1, "corpus-tokenization merge", include_deferred=False)
+
+
+def failed_fast(dag, conf: dict) -> dict:
+    """Run with a conf that plan must refuse: the run fails within a minute, and no rank ever ran."""
+    started = time.monotonic()
+    _, tis, ok = run_dag(dag, conf)
+    assert not ok and time.monotonic() - started < 60
+    assert tis[("plan", -1)].state == "failed" and tis[("wait_for_shards", -1)].state == "failed"
+    assert not [key for key, ti in tis.items() if key[0] == "tokenize" and ti.state == "success"]
+    return tis
+
+
+def test_a_misspelled_param_is_refused_naming_it(airflow_db, dag) -> None:
+    from tokenization_airflow import tasks
+
+    with pytest.raises(
+        tasks.PlanError, match=r"unknown params in the run's conf: 'num_rank' \(did you mean 'num_ranks'\?\)"
+    ):
+        tasks.check_conf({"num_rank": 8, "seed": 1}, set(dag.params))
+    failed_fast(dag, {"num_rank": 8})
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "message"),
+    [
+        ("output", "http://127.0.0.1:8765/secret/index.html?x=", "http:// is not a storage this deployment"),
+        ("output", "/etc", "/etc is outside the locations this deployment allows"),
+        ("output", "../../", "../../ is outside the locations this deployment allows"),
+        ("input", "/etc/passwd", "/etc/passwd is outside the locations this deployment allows"),
+        ("tokenizer", "/etc/hostname", "/etc/hostname is outside the locations"),
+    ],
+)
+def test_locations_outside_the_allowed_ones_are_refused(airflow_db, dag, param, value, message) -> None:
+    from tokenization_airflow import tasks
+
+    from tokenization.locations import LocationError
+
+    with pytest.raises(LocationError, match=f"param {param}: .*{re.escape(message)}"):
+        tasks.check_locations(dict(dag.params.dump()) | {param: value})
+    if param == "output" and value.startswith("http"):
+        failed_fast(dag, {param: value})
+
+
+def test_more_ranks_than_airflow_maps_are_refused_naming_the_setting(airflow_db, dag, monkeypatch) -> None:
+    monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "2")
+    from tokenization_airflow import tasks
+
+    with pytest.raises(tasks.PlanError, match=r"num_ranks=3 exceeds Airflow's \[core\] max_map_length=2"):
+        tasks.check_map_length(3, 2)
+    failed_fast(dag, {"num_ranks": 3})
+
+
+def test_unpausing_starts_the_most_recent_nightly_slot(dag, monkeypatch) -> None:
+    """What the README says of unpausing: catchup is off, so the scheduler creates the run of the latest 02:00 UTC
+    slot at once (with the default params), then one run a night."""
+    import pendulum
+    from airflow.serialization.serialized_objects import DagSerialization
+    from airflow.timetables import trigger
+    from airflow.timetables.base import TimeRestriction
+
+    timetable = DagSerialization.from_dict(DagSerialization.to_dict(dag)).timetable  # as the scheduler holds it
+    monkeypatch.setattr(trigger, "utcnow", lambda: pendulum.datetime(2026, 11, 30, 14, 0, tz="UTC"))
+    first = timetable.next_dagrun_info(
+        last_automated_data_interval=None, restriction=TimeRestriction(dag.start_date, None, catchup=False)
+    )
+    assert first.run_after == pendulum.datetime(2026, 11, 30, 2, 0, tz="UTC")
+
+
+def test_the_sensor_fails_at_once_when_plan_failed_after_recording_the_run(airflow_db, dag, monkeypatch) -> None:
+    """Finding 8 as it happened: plan records the run's spec, then fails to push its list of ranks (more than
+    [core] max_map_length); the sensor has a spec, but no rank will ever exist, so it must not wait for them."""
+    from tokenization_airflow import tasks
+
+    monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "2")
+    monkeypatch.setattr(tasks, "check_map_length", lambda num_ranks, limit: None)
+    tis = failed_fast(dag, {"num_ranks": 3})
+    assert tis[("plan", -1)].xcom_pull(task_ids="plan", key="spec")["num_ranks"] == 3

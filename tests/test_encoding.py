@@ -1,14 +1,28 @@
-"""Encoding policy: EOS validation, BOS kept, literal special-token text, loss masks, uint32 vocabularies."""
+"""Encoding policy: the EOS (given, the tokenizer's own, or none), BOS kept, literal special-token text, loss
+masks, uint32 vocabularies."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import fsspec
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 
 from tests.conftest import EOS, shared_path
-from tokenization.encoding import Encoder, TokenizerError
+from tokenization.encoding import EOS_CANDIDATES, Encoder, Piece, TokenizerError, no_loss_mask
+
+# Each shared tokenizer's own end-of-text token and id, found with no EOS given.
+OWN_EOS = {
+    "gpt2": ("<|endoftext|>", 50256),
+    "llama3": ("<|end_of_text|>", 128001),
+    "mistral-7b": ("</s>", 2),
+    "falcon-7b": ("<|endoftext|>", 11),
+    "deepseek-v4": ("<｜end▁of▁sentence｜>", 1),
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +47,134 @@ def big_vocab_tokenizer(path) -> str:
     return str(path)
 
 
-def test_unknown_eos_is_a_clear_error(sample_tokenizer) -> None:
-    with pytest.raises(TokenizerError, match=r"EOS token '</s>' is not in the vocabulary of .*tokenizer.json"):
+def sample_with(folder: Path, sample_tokenizer: Path, specials: list[str], appended: str | None = None) -> Path:
+    """The sample tokenizer with more special tokens and, with ``appended``, a post-processor ``$A appended``."""
+    tokenizer = Tokenizer.from_file(str(sample_tokenizer))
+    tokenizer.add_special_tokens(specials)
+    if appended is not None:
+        tokenizer.post_processor = TemplateProcessing(
+            single=f"$A {appended}", special_tokens=[(appended, tokenizer.token_to_id(appended))]
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def word_tokenizer(path: Path, specials: list[str]) -> Path:
+    """A word-level tokenizer with these special tokens and none of the well-known end-of-text tokens."""
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(specials)
+    tokenizer.save(str(path))
+    return path
+
+
+def test_unknown_eos_suggests_the_tokenizers_own(sample_tokenizer) -> None:
+    with pytest.raises(TokenizerError) as raised:
         Encoder(str(sample_tokenizer), "</s>")
+    assert str(raised.value) == (
+        f"EOS token '</s>' is not in the vocabulary of {sample_tokenizer}; its own end-of-text token is "
+        f"'{EOS}' (from its vocabulary): leave the EOS unset to use it"
+    )
+
+
+def test_unknown_eos_suggests_llama3s_own_not_reserved_tokens() -> None:
+    path = shared_path("tokenizers", "llama3", "tokenizer.json")
+    with pytest.raises(TokenizerError) as raised:
+        Encoder(str(path), EOS)
+    assert str(raised.value) == (
+        f"EOS token '<|endoftext|>' is not in the vocabulary of {path}; its own end-of-text token is "
+        "'<|end_of_text|>' (from its vocabulary): leave the EOS unset to use it"
+    )
+
+
+def test_unknown_eos_lists_special_tokens_when_the_tokenizer_has_no_own(tmp_path) -> None:
+    path = word_tokenizer(tmp_path / "tokenizer.json", ["<pad>", "<sep>"])
+    with pytest.raises(TokenizerError) as raised:
+        Encoder(str(path), "</s>")
+    assert str(raised.value) == f"EOS token '</s>' is not in the vocabulary of {path} (special tokens: <pad>, <sep>)"
+
+
+@pytest.mark.parametrize("name", sorted(OWN_EOS))
+def test_the_eos_of_each_shared_tokenizer_is_its_own(name: str) -> None:
+    path = str(shared_path("tokenizers", name, "tokenizer.json"))
+    token, token_id = OWN_EOS[name]
+    encoder = Encoder(path)
+    described = encoder.describe()
+    assert (described["eos_token"], described["eos_id"], described["eos_source"]) == (token, token_id, "vocabulary")
+    plain = Tokenizer.from_file(path).encode("Hello world").ids  # mistral's BOS included
+    assert encoder.encode(["Hello world"]).tokens.tolist() == [*plain, token_id]
+
+
+def test_the_sample_tokenizers_own_eos(sample_tokenizer) -> None:
+    encoder = Encoder(str(sample_tokenizer))
+    assert (encoder.eos_token, encoder.eos_id, encoder.eos_source) == (EOS, 0, "vocabulary")
+    assert encoder.encode(["hello"]).tokens.tolist()[-1] == 0
+
+
+@pytest.mark.parametrize("named", ["<|im_end|>", {"content": "<|im_end|>", "special": True}])
+def test_tokenizer_config_json_beside_it_names_the_eos(tmp_path, sample_tokenizer, named) -> None:
+    path = sample_with(tmp_path, sample_tokenizer, ["<|im_end|>"])
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": named, "bos_token": None}))
+    encoder = Encoder(str(path))
+    im_end = encoder.tokenizer.token_to_id("<|im_end|>")
+    assert (encoder.eos_token, encoder.eos_id, encoder.eos_source) == ("<|im_end|>", im_end, "tokenizer_config.json")
+    assert encoder.encode(["hello"]).tokens.tolist()[-1] == im_end
+    assert Encoder(str(path), EOS).eos_source == "param"  # a given EOS still wins
+
+
+def test_tokenizer_config_json_is_read_beside_an_fsspec_url(sample_tokenizer) -> None:
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/own-eos/tokenizer.json", sample_tokenizer.read_bytes())
+    fs.pipe("/own-eos/tokenizer_config.json", json.dumps({"eos_token": EOS}).encode())
+    try:
+        encoder = Encoder("memory://own-eos/tokenizer.json")
+        assert (encoder.eos_token, encoder.eos_source) == (EOS, "tokenizer_config.json")
+    finally:
+        fs.rm("/own-eos", recursive=True)
+
+
+def test_the_eos_the_post_processor_appends_is_used_once(tmp_path, sample_tokenizer) -> None:
+    path = sample_with(tmp_path, sample_tokenizer, ["</s>"], appended="</s>")
+    encoder = Encoder(str(path))
+    end = encoder.tokenizer.token_to_id("</s>")
+    assert (encoder.eos_token, encoder.eos_id, encoder.eos_source) == ("</s>", end, "post-processor")
+    plain = Tokenizer.from_file(str(sample_tokenizer)).encode("hello world").ids
+    assert encoder.encode(["hello world"]).tokens.tolist() == [*plain, end]
+
+
+def test_well_known_eos_tokens_in_order(tmp_path, sample_tokenizer) -> None:
+    """The sample holds <|endoftext|>; adding </s> and <eos> does not change its EOS, which comes first."""
+    encoder = Encoder(str(sample_with(tmp_path, sample_tokenizer, ["<eos>", "</s>"])))
+    assert (encoder.eos_token, encoder.eos_source) == (EOS, "vocabulary")
+
+
+def test_no_eos_found_is_a_clear_error(tmp_path) -> None:
+    path = word_tokenizer(tmp_path / "tokenizer.json", ["<pad>"])
+    with pytest.raises(TokenizerError) as raised:
+        Encoder(str(path))
+    assert str(raised.value) == (
+        f"{path}: no end-of-text token found (no tokenizer_config.json beside it names one, its post-processor "
+        f"appends none, and its vocabulary holds none of {', '.join(EOS_CANDIDATES)}): pass --eos-token TOKEN, "
+        "or --no-eos to write documents without a separator"
+    )
+
+
+def test_no_eos_writes_documents_without_a_separator(sample_tokenizer) -> None:
+    encoder = Encoder(str(sample_tokenizer), no_eos=True)
+    plain = Tokenizer.from_file(str(sample_tokenizer)).encode("hello world").ids
+    assert encoder.encode(["hello world"]).tokens.tolist() == plain
+    described = encoder.describe()
+    assert (described["eos_token"], described["eos_id"], described["eos_source"]) == (None, None, None)
+    with pytest.raises(TokenizerError, match=r"an EOS token \('<\|endoftext\|>'\) and no EOS were both asked for"):
+        Encoder(str(sample_tokenizer), EOS, no_eos=True)
+
+
+def test_no_eos_keeps_the_tokenizers_post_processor(bos_tokenizer) -> None:
+    encoder = Encoder(bos_tokenizer, no_eos=True)
+    bos = encoder.tokenizer.token_to_id("<s>")
+    plain = Tokenizer.from_file(bos_tokenizer).encode("hello", add_special_tokens=False).ids
+    assert encoder.encode(["hello", "hello"]).tokens.tolist() == [bos, *plain, bos, *plain]
 
 
 def test_unloadable_tokenizer_names_the_path(tmp_path) -> None:
@@ -97,6 +236,21 @@ def test_loss_mask_zeroes_overlapping_tokens_keeps_eos_and_never_crops(sample_to
     assert loss[1, :-1].tolist() == overlaps_head[:-1].astype(int).tolist()  # masked to the end, not cropped
     assert loss[2].tolist() == [1] * n
     assert encoded.tokens.size == 3 * n
+
+
+def test_no_loss_mask_is_the_overlap_of_any_range(sample_tokenizer) -> None:
+    """Against the definition, token by token and range by range: random, empty, nested and touching ranges."""
+    text = (
+        "### Instruction:\nName a module, and say why.\n### Response:\nThe argparse module <|endoftext|> parses. " * 4
+    )
+    encoding = Tokenizer.from_file(str(sample_tokenizer)).encode(text)
+    spans = encoding.offsets
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        starts = rng.integers(0, len(text) + 1, size=int(rng.integers(1, 6)))
+        ranges = [(int(a), int(min(len(text), a + rng.choice([0, 1, 3, 40])))) for a in starts]
+        expected = [any(b < r_end and e > r_start for r_start, r_end in ranges) and e > b for b, e in spans]
+        assert no_loss_mask(encoding, Piece(0, 0, len(text)), ranges).tolist() == expected, ranges
 
 
 def test_vocabulary_past_uint16_uses_four_bytes(tmp_path) -> None:

@@ -17,7 +17,7 @@ RECORDS = [{"id": f"d{i}", "text": f"document number {i}"} for i in range(5)]
 
 
 def _read(files, **keys):
-    return list(DocumentReader(list_input_files([str(f) for f in files]), **keys))
+    return list(DocumentReader(list_input_files([str(f) for f in files]).files, **keys))
 
 
 @pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz", "a.jsonl.zst", "a.parquet"])
@@ -40,10 +40,11 @@ def test_folders_globs_and_lists_are_sorted_and_skip_markers(tmp_path) -> None:
     (tmp_path / "sub").mkdir()
     for name in ["b.jsonl", "a.jsonl.gz", "sub/c.jsonl", "_SUCCESS", ".hidden.jsonl", "notes.txt"]:
         (tmp_path / name).write_bytes(b"")
-    by_folder = [f.url for f in list_input_files([str(tmp_path)])]
-    assert by_folder == [str(tmp_path / n) for n in ["a.jsonl.gz", "b.jsonl", "sub/c.jsonl"]]
-    assert [f.url for f in list_input_files([str(tmp_path / "*.jsonl")])] == [str(tmp_path / "b.jsonl")]
-    listed = list_input_files([str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl.gz")])
+    listing = list_input_files([str(tmp_path)])
+    assert [f.url for f in listing.files] == [str(tmp_path / n) for n in ["a.jsonl.gz", "b.jsonl", "sub/c.jsonl"]]
+    assert listing.skipped == [str(tmp_path / "notes.txt")]
+    assert [f.url for f in list_input_files([str(tmp_path / "*.jsonl")]).files] == [str(tmp_path / "b.jsonl")]
+    listed = list_input_files([str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl.gz")]).files
     assert [f.url for f in listed] == [str(tmp_path / "a.jsonl.gz"), str(tmp_path / "b.jsonl")]
     with pytest.raises(InputError, match=r"notes\.txt: unsupported input format"):
         list_input_files([str(tmp_path / "notes.txt")])
@@ -51,10 +52,29 @@ def test_folders_globs_and_lists_are_sorted_and_skip_markers(tmp_path) -> None:
         list_input_files([str(tmp_path / "missing")])
 
 
+def test_files_of_unsupported_types_are_named_in_the_log_and_the_manifest(tmp_path, sample_tokenizer, caplog) -> None:
+    from tests.test_tokenize import run
+
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "kept"}])
+    for name in ["b.jsonl.bz2", "c.jsonl.gzip"]:
+        (tmp_path / "in" / name).write_bytes(b"not read")
+    result = run([tmp_path / "in"], tmp_path / "out", sample_tokenizer)
+    skipped = [str(tmp_path / "in" / n) for n in ["b.jsonl.bz2", "c.jsonl.gzip"]]
+    assert result["skipped_inputs"] == skipped and result["counts"]["docs_read"] == 1
+    assert f"skipped 2 input files of unsupported types: {', '.join(skipped)}" in caplog.text
+
+
+def test_a_leading_byte_order_mark_is_not_a_bad_record(tmp_path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"text": "first"}\n{"text": "second"}\n')
+    docs = _read([path])
+    assert [(d.text, d.line) for d in docs] == [("first", 1), ("second", 2)]
+
+
 def test_sharding_is_datatroves_stride(tmp_path) -> None:
     for i in range(7):
         (tmp_path / f"{i}.jsonl").write_bytes(b"")
-    files = list_input_files([str(tmp_path)])
+    files = list_input_files([str(tmp_path)]).files
     assert [f.url.rsplit("/", 1)[1] for f in shard(files, 1, 3)] == ["1.jsonl", "4.jsonl"]
     assert shard(files, 2, 8) == [files[2]] and shard(files[:1], 2, 3) == []
 
@@ -85,7 +105,7 @@ def test_bad_records_are_rejected_with_reasons_and_raw_lines(tmp_path) -> None:
         b'{"text": ""}\n'
         b'{"text": "masked", "no_loss_ranges": [[0, 3]]}\n'
     )
-    reader = DocumentReader(list_input_files([str(path)]))
+    reader = DocumentReader(list_input_files([str(path)]).files)
     items = list(reader)
     rejected = [(r.line, r.reason) for r in items if isinstance(r, Rejected)]
     assert rejected == [
@@ -112,7 +132,7 @@ def test_truncated_compressed_file_names_file_and_last_good_line(tmp_path, compr
     data = gzip.compress(lines) if compression == "gz" else zstandard.ZstdCompressor().compress(lines)
     path = tmp_path / f"cut.jsonl.{compression}"
     path.write_bytes(data[: len(data) // 2])
-    reader = DocumentReader(list_input_files([str(path)]))
+    reader = DocumentReader(list_input_files([str(path)]).files)
     seen = []
     with pytest.raises(InputError) as info:
         seen.extend(reader)
@@ -124,7 +144,7 @@ def test_truncated_compressed_file_names_file_and_last_good_line(tmp_path, compr
 
 def test_a_short_read_is_an_error_not_a_short_file(tmp_path) -> None:
     path = write_jsonl(tmp_path / "a.jsonl.gz", RECORDS * 50)
-    files = list_input_files([str(path)])
+    files = list_input_files([str(path)]).files
     path.write_bytes(gzip.compress(b""))  # the storage now returns less than the listing said
     with pytest.raises(InputError, match=r"a\.jsonl\.gz: read 20 of its \d+ bytes, then the storage said EOF"):
         list(DocumentReader(files))

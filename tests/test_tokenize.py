@@ -18,7 +18,8 @@ from tokenization.tokenize import TokenizeConfig, TooManyRejects, tokenize_rank
 
 
 def run(inputs, output, tokenizer, **options) -> dict:
-    options.setdefault("eos_token", EOS)
+    if not options.get("no_eos"):
+        options.setdefault("eos_token", EOS)
     return tokenize_rank(
         TokenizeConfig(inputs=[str(i) for i in inputs], output=str(output), tokenizer=str(tokenizer), **options)
     )
@@ -156,9 +157,22 @@ def test_manifest_checksums_and_marker(tmp_path, sample_corpus, sample_tokenizer
     result = run([sample_corpus], tmp_path, sample_tokenizer, save_filename="web", seed=9, save_loss=True)
     manifest_bytes = (tmp_path / "_manifests" / "web_00000.json").read_bytes()
     marker = json.loads((tmp_path / "_completions" / "web_00000.json").read_text())
-    assert marker == {"manifest": "_manifests/web_00000.json", "sha256": hashlib.sha256(manifest_bytes).hexdigest()}
     manifest = json.loads(manifest_bytes)
     assert manifest == json.loads(json.dumps(result))
+    published = {p.name for p in tmp_path.glob("web_00000_*")}
+    assert marker == {
+        "manifest": "_manifests/web_00000.json",
+        "sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+        "attempt": manifest["attempt"],
+        "files": {
+            name: {
+                "bytes": (tmp_path / name).stat().st_size,
+                "sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest(),
+            }
+            for name in published
+        },
+    }
+    assert len(published) == 4
     assert manifest["seed"] == 9 and manifest["tokenizer"]["eos_id"] == 0
     assert manifest["tokenizer"]["sha256"] == hashlib.sha256(sample_tokenizer.read_bytes()).hexdigest()
     assert [i["url"] for i in manifest["inputs"]] == sorted(str(p) for p in sample_corpus.glob("*.jsonl.gz"))
@@ -191,7 +205,7 @@ def test_bad_records_are_quarantined_and_good_ones_match_a_clean_run(tmp_path, s
     write_jsonl(tmp_path / "clean" / "a.jsonl", clean)
     write_jsonl(tmp_path / "dirty" / "a.jsonl", dirty)
     run([tmp_path / "clean"], tmp_path / "out_clean", sample_tokenizer, seed=2)
-    result = run([tmp_path / "dirty"], tmp_path / "out_dirty", sample_tokenizer, seed=2)
+    result = run([tmp_path / "dirty"], tmp_path / "out_dirty", sample_tokenizer, seed=2, max_reject_fraction=0.1)
     assert file_bytes(tmp_path / "out_clean") == file_bytes(tmp_path / "out_dirty")
     assert result["counts"]["rejected"] == {
         "malformed_json": 1, "missing_text": 1, "text_not_string": 1, "not_an_object": 1,
@@ -227,3 +241,17 @@ def test_remote_output_is_uploaded_with_marker_last(tmp_path, sample_corpus, sam
         assert memory.cat_file(f"/bucket/out/{name}") == data
     assert memory.exists("/bucket/out/_completions/00000.json")
     memory.rm("/bucket", recursive=True)
+
+
+def test_without_an_eos_llama3_documents_end_with_its_own(tmp_path, sample_corpus) -> None:
+    """Finding 6: without --eos-token, Llama-3 output had no separator between documents."""
+    from tests.conftest import shared_path
+
+    llama3 = shared_path("tokenizers", "llama3", "tokenizer.json")
+    result = tokenize_rank(TokenizeConfig(inputs=[str(sample_corpus)], output=str(tmp_path), tokenizer=str(llama3)))
+    assert (result["tokenizer"]["eos_token"], result["tokenizer"]["eos_id"]) == ("<|end_of_text|>", 128001)
+    assert result["tokenizer"]["eos_source"] == "vocabulary"
+    f = TokenFile(str(next(tmp_path.glob("*.ds"))))
+    ends = np.asarray(f.ends, dtype=np.int64)
+    assert len(ends) == result["counts"]["docs_written"] == 308
+    assert np.all(np.asarray(f.tokens)[ends - 1] == 128001)

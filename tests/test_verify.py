@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -47,7 +49,7 @@ def test_every_pipeline_output_passes(tmp_path, sample_corpus, sample_tokenizer)
 
 
 def test_a_missing_eos_is_found(tmp_path, sample_corpus, sample_tokenizer) -> None:
-    run([sample_corpus], tmp_path, sample_tokenizer, eos_token=None)
+    run([sample_corpus], tmp_path, sample_tokenizer, no_eos=True)
     report = check(tmp_path, sample_tokenizer)
     assert not report.ok and f"{tmp_path}/{NAME} @ token " in report.problems[0]
     assert "document ends without EOS 0" in report.problems[0]
@@ -102,3 +104,43 @@ def test_damaged_megatron_index_is_reported(tmp_path, sample_corpus, sample_toke
     problems = check(tmp_path, sample_tokenizer).problems
     assert any(p.startswith(f"{tmp_path}/00000_00000_doc_shuffled.bin: ") and "lengths add up" in p for p in problems)
     assert any("byte pointer disagrees" in p for p in problems)
+
+
+def test_a_deleted_family_is_reported(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """Finding 3: deleting a whole family that the manifest lists passed."""
+    run([sample_corpus], tmp_path, sample_tokenizer, max_tokens_per_file=20_000)
+    gone = "00000_00001_doc_shuffled.ds"
+    for path in tmp_path.glob(f"{gone}*"):
+        path.unlink()
+    report = check(tmp_path, sample_tokenizer)
+    assert f"{tmp_path}/{gone}: listed in the tokenize manifest but missing" in report.problems
+    assert main(["verify", str(tmp_path)]) == 1
+
+
+def test_an_unlisted_family_is_reported(tmp_path, rank, sample_corpus, sample_tokenizer) -> None:
+    run([sample_corpus], tmp_path / "other", sample_tokenizer, seed=3, save_filename="extra", save_loss=True)
+    for path in (tmp_path / "other").glob("extra_*.ds*"):
+        path.rename(rank / path.name)
+    report = check(rank, sample_tokenizer)
+    assert report.problems == [
+        f"{rank}/extra_00000_00000_doc_shuffled.ds: no manifest lists this file family: a leftover of another run, "
+        "or the output of a stage that did not finish"
+    ]
+
+
+def test_manifest_counts_and_markers_are_checked(rank, sample_tokenizer) -> None:
+    path = rank / "_manifests" / "00000.json"
+    record = json.loads(path.read_text())
+    record["outputs"][0]["tokens"] += 1
+    record["outputs"][0]["index_entries"] -= 1
+    path.write_text(json.dumps(record))
+    problems = check(rank, sample_tokenizer).problems
+    tokens = record["outputs"][0]["tokens"] - 1
+    assert f"{rank}/{NAME}: holds {tokens} tokens, its manifest says {tokens + 1}" in problems
+    assert any(p.startswith(f"{rank}/{NAME}: its index holds ") for p in problems)
+    assert f"{rank}/_manifests/00000.json: counts {tokens} tokens written, its outputs list {tokens + 1}" in problems
+    assert f"{rank}/_manifests/00000.json: differs from the checksum its completion marker records" in problems
+    (rank / "_completions" / "00000.json").unlink()
+    assert f"{rank}/_manifests/00000.json: has no completion marker: its stage did not finish" in (
+        check(rank, sample_tokenizer).problems
+    )

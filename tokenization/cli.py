@@ -10,19 +10,22 @@ from dataclasses import fields
 
 import numpy as np
 
+from tokenization.attempts import AttemptConflict, LeaseLost
 from tokenization.context import DEFAULT_WINDOW, ContextShuffleConfig, context_shuffle
 from tokenization.count import CountConfig, count_tokens
+from tokenization.documents import DEFAULT_MAX_REJECT_FRACTION, DEFAULT_MAX_REJECTS, TooManyRejects
 from tokenization.encoding import ENGINES, SPECIAL_TEXT_POLICIES, Encoder, TokenizerError
+from tokenization.errors import UsageError, external_error
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, merge
 from tokenization.permute import MAX_OPEN_FILES
 from tokenization.report import REPORT_HTML, write_report
 from tokenization.sources import InputError
 from tokenization.storage import is_local, join, open_fs
-from tokenization.tokenize import TokenizeConfig, TooManyRejects, tokenize_rank
+from tokenization.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.verify import verify
 
-ERRORS = (InputError, TokenizerError, TokenFileError, TooManyRejects, ValueError, OSError)
+ERRORS = (InputError, TokenizerError, TokenFileError, TooManyRejects, AttemptConflict, LeaseLost, ValueError, OSError)
 
 
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +48,54 @@ def _positive(value: str) -> int:
     return number
 
 
+def _count(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return number
+
+
+def _fraction(value: str) -> float:
+    number = float(value)
+    if not 0 <= number <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+    return number
+
+
+def _document_arguments(parser: argparse.ArgumentParser) -> None:
+    """Reading and encoding options that tokenize and count share."""
+    parser.add_argument("--text-key", default="text", help="field holding the text; dotted for nested (default: text)")
+    parser.add_argument("--id-key", default="id", help="field holding the document id (default: id)")
+    eos = parser.add_mutually_exclusive_group()
+    eos.add_argument(
+        "--eos-token",
+        help="token appended to every document (default: the tokenizer's own end-of-text token, from its "
+        "tokenizer_config.json, its post-processor or its vocabulary)",
+    )
+    eos.add_argument("--no-eos", action="store_true", help="append no end-of-text token")
+    parser.add_argument(
+        "--special-tokens-in-text",
+        dest="special_text",
+        choices=SPECIAL_TEXT_POLICIES,
+        default="text",
+        help="literal special-token text in documents: encode as plain text (default) or as the special "
+        "token, as datatrove does; occurrences are counted either way",
+    )
+    parser.add_argument(
+        "--max-rejects",
+        type=_count,
+        default=DEFAULT_MAX_REJECTS,
+        help=f"fail as soon as more records than this are rejected (default: {DEFAULT_MAX_REJECTS})",
+    )
+    parser.add_argument(
+        "--max-reject-fraction",
+        type=_fraction,
+        default=DEFAULT_MAX_REJECT_FRACTION,
+        help=f"fail when more than this share of the records read is rejected (default: {DEFAULT_MAX_REJECT_FRACTION})",
+    )
+    _engine_arguments(parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenization", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,9 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs; local or fsspec URLs")
     tok.add_argument("--output", required=True, help="output folder or URL")
     tok.add_argument("--tokenizer", required=True, help="tokenizer.json path, folder, URL or hub name")
-    tok.add_argument("--text-key", default="text", help="field holding the text; dotted for nested (default: text)")
-    tok.add_argument("--id-key", default="id", help="field holding the document id (default: id)")
-    tok.add_argument("--eos-token", help="token appended to every document, e.g. '<|endoftext|>'")
+    _document_arguments(tok)
     tok.add_argument("--seed", type=int, default=0, help="shuffle seed (default: 0)")
     tok.add_argument("--rank", type=int, default=0)
     tok.add_argument("--world-size", type=_positive, default=1)
@@ -69,20 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--max-tokens-per-file", type=_positive, help="split outputs at document boundaries")
     tok.add_argument("--save-loss", action="store_true", help="write .ds.loss from no_loss_ranges")
     tok.add_argument("--local-working-dir", help="local folder for the unshuffled pass")
-    tok.add_argument("--max-rejects", type=int, default=1000, help="fail the rank past this many bad records")
-    tok.add_argument(
-        "--special-tokens-in-text",
-        dest="special_text",
-        choices=SPECIAL_TEXT_POLICIES,
-        default="text",
-        help="literal special-token text in documents: encode as plain text (default) or as the special "
-        "token, as datatrove does; occurrences are counted either way",
-    )
     tok.add_argument(
         "--format", dest="output_format", choices=("ds", "megatron"), default="ds", help="output format (default: ds)"
     )
     tok.add_argument("--batch-size", type=_positive, default=10000, help="documents per encode batch")
-    _engine_arguments(tok)
 
     mrg = sub.add_parser("merge", help="merge every rank file of a folder into globally reordered files (one task)")
     mrg.add_argument("input", help="folder or URL holding the rank .ds files")
@@ -116,13 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     cnt = sub.add_parser("count", help="count tokens as tokenize would, writing no token files")
     cnt.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs; local or fsspec URLs")
     cnt.add_argument("--tokenizer", required=True, help="tokenizer.json path, folder, URL or hub name")
-    cnt.add_argument("--text-key", default="text")
-    cnt.add_argument("--id-key", default="id")
-    cnt.add_argument("--eos-token", help="counted after every document, as tokenize appends it")
-    cnt.add_argument("--special-tokens-in-text", dest="special_text", choices=SPECIAL_TEXT_POLICIES, default="text")
+    _document_arguments(cnt)
     cnt.add_argument("--stats-out", help="write the stats JSON here")
     cnt.add_argument("--annotate", help="write the records back as JSON lines with a token_count field")
-    _engine_arguments(cnt)
 
     ver = sub.add_parser("verify", help="check an output folder (.ds family or Megatron); exit 1 on any problem")
     ver.add_argument("path", help="output folder or URL")
@@ -234,7 +269,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         name = args.tokenizer or (files[0].metadata.tokenizer if files[0].metadata else None)
         if not name:
             raise TokenFileError("--decode needs --tokenizer: the metadata names none")
-        tokenizer = Encoder(name).tokenizer
+        tokenizer = Encoder(name, no_eos=True).tokenizer
         shown = 0
         for f in files:
             ends = np.asarray(f.ends, dtype=np.int64)
@@ -249,7 +284,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         commands = {
@@ -262,8 +298,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "report": cmd_report,
         }
         return commands[args.command](args)
+    except UsageError as exc:
+        parser.error(str(exc))  # exits 2, as argparse does for its own usage errors
     except ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # storage and network libraries: their last line is all a user can act on
+        message = external_error(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         return 1
 
 

@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from tokenization import manifest
+from tokenization.attempts import attempt_at
+from tokenization.errors import UsageError
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileError
-from tokenization.merge import list_token_files
 from tokenization.permute import SourcePool, fixed_units, permute_units
 from tokenization.progress import Progress, ProgressMode
-from tokenization.storage import join, open_fs, publish_file, working_dir
+from tokenization.storage import open_fs
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,9 @@ class ContextShuffleConfig:
 
     def __post_init__(self) -> None:
         if self.window_size <= 0:
-            raise ValueError(f"window_size must be positive, got {self.window_size}")
+            raise UsageError(f"window_size must be positive, got {self.window_size}")
         if not 0 <= self.shard < self.num_shards:
-            raise ValueError(f"shard {self.shard} is outside 0..{self.num_shards - 1}")
+            raise UsageError(f"shard {self.shard} is outside 0..{self.num_shards - 1}")
 
     @property
     def stem(self) -> str:
@@ -53,22 +54,21 @@ class ContextShuffleConfig:
 def shard_files(config: ContextShuffleConfig) -> list[str]:
     """The task's share of the input: one ``.ds`` file, or ``files[shard::num_shards]`` of a folder's."""
     fs, path = open_fs(config.input)
-    files = list_token_files(config.input) if fs.isdir(path) else [config.input]
+    files = manifest.token_files(config.input) if fs.isdir(path) else [config.input]
     return files[config.shard :: config.num_shards]
 
 
-def context_shuffle(config: ContextShuffleConfig, progress: ProgressMode = None) -> dict:
+def context_shuffle(config: ContextShuffleConfig, progress: ProgressMode = None, owner: str | None = None) -> dict:
     """Shuffle this task's files into ``config.output`` (same file names); return the task's manifest."""
     started = time.time()
     files = shard_files(config)
     sources = [TokenFile(url) for url in files]
     shown = Progress(f"context shuffle {config.stem}", sum(s.num_tokens for s in sources), "tok", progress)
-    out_fs, out_path = open_fs(config.output)
-    manifest.remove_marker(out_fs, out_path, config.stem)
     rng = np.random.default_rng(config.seed)
     described = manifest.output_entries(files[0].rsplit("/", 1)[0]) if files else {}
     outputs, counts = [], {"files": 0, "windows": 0, "tokens": 0, "tail_tokens_kept": 0, "tokens_dropped": 0}
-    with working_dir(config.local_working_dir, out_fs, out_path, config.stem) as work:
+    with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
+        work = attempt.work
         for url, source in zip(files, sources, strict=True):
             ends = np.asarray(source.ends, dtype=np.int64)
             total = int(ends[-1]) if len(ends) else 0
@@ -90,7 +90,7 @@ def context_shuffle(config: ContextShuffleConfig, progress: ProgressMode = None)
             pool.close()
             for written in writer.close():
                 for f in written.files:
-                    publish_file(written.path.with_name(f.name), out_fs, join(out_path, f.name))
+                    attempt.publish(written.path.with_name(f.name), f.name)
                 nested = described.get(name, {}).get("pseudo_ends") is not None
                 grid = manifest.pseudo_ends(0, written.tokens, config.window_size, full * config.window_size)
                 entry = written.to_json() | {"source": url, "pseudo_ends": "unknown" if nested else grid}
@@ -100,17 +100,17 @@ def context_shuffle(config: ContextShuffleConfig, progress: ProgressMode = None)
             counts["windows"] += full
             counts["tail_tokens_kept" if not config.drop_tail else "tokens_dropped"] += tail
             log.info("context shuffle %s: %d windows of %d, tail %d", name, full, config.window_size, tail)
-    shown.close()
-    result = {
-        "format": manifest.CONTEXT_FORMAT,
-        "stage": "context_shuffle",
-        "seed": config.seed,
-        "versions": manifest.versions(),
-        "params": asdict(config),
-        "inputs": files,
-        "counts": counts,
-        "outputs": outputs,
-        "seconds": round(time.time() - started, 3),
-    }
-    manifest.commit(out_fs, out_path, config.stem, result)
-    return result
+        shown.close()
+        result = {
+            "format": manifest.CONTEXT_FORMAT,
+            "stage": "context_shuffle",
+            "seed": config.seed,
+            "versions": manifest.versions(),
+            "params": asdict(config),
+            "inputs": files,
+            "counts": counts,
+            "outputs": outputs,
+            "seconds": round(time.time() - started, 3),
+        }
+        attempt.commit(result, manifest.output_files(outputs))
+    return result | {"attempt": attempt.id}

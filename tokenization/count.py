@@ -19,7 +19,15 @@ import orjson
 import zstandard
 
 from tokenization import manifest
-from tokenization.documents import BATCH_BYTES, Counts, encoded_batches
+from tokenization.documents import (
+    BATCH_BYTES,
+    DEFAULT_MAX_REJECT_FRACTION,
+    DEFAULT_MAX_REJECTS,
+    Counts,
+    RejectTally,
+    check_document_options,
+    encoded_batches,
+)
 from tokenization.encoding import Encoder, EngineChoice, SpecialTextPolicy
 from tokenization.progress import ProgressMode
 from tokenization.sources import DocumentReader, Rejected, list_input_files
@@ -32,7 +40,8 @@ class CountConfig:
     tokenizer: str
     text_key: str = "text"
     id_key: str = "id"
-    eos_token: str | None = None
+    eos_token: str | None = None  # None: the tokenizer's own end-of-text token
+    no_eos: bool = False
     special_text: SpecialTextPolicy = "text"
     stats_out: str | None = None
     annotate: str | None = None
@@ -41,13 +50,20 @@ class CountConfig:
     save_loss: bool = False  # counting needs no loss bytes
     engine: EngineChoice = "auto"
     threads: int | None = None
+    max_rejects: int | None = DEFAULT_MAX_REJECTS
+    max_reject_fraction: float | None = DEFAULT_MAX_REJECT_FRACTION
+
+    def __post_init__(self) -> None:
+        check_document_options(self.text_key, self.eos_token, self.no_eos, self.max_rejects, self.max_reject_fraction)
 
 
 def count_tokens(config: CountConfig, progress: ProgressMode = None) -> dict:
     """Count, write the stats (and the annotated records) where asked, and return the stats."""
     started = time.time()
-    encoder = Encoder(config.tokenizer, config.eos_token, config.special_text, config.engine, config.threads)
-    files = list_input_files(config.inputs)
+    encoder = Encoder(
+        config.tokenizer, config.eos_token, config.special_text, config.engine, config.threads, no_eos=config.no_eos
+    )
+    files = list_input_files(config.inputs).files
     with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
         counts, per_file, longest = encoder.exactly(lambda: _count_pass(config, encoder, files, Path(tmp), progress))
         if config.annotate:
@@ -87,8 +103,11 @@ def _count_pass(
     per_file: dict[str, Counter] = defaultdict(Counter)
     longest = 0
 
+    tally = RejectTally(counts, "count", config.text_key, config.max_rejects, config.max_reject_fraction)
+
     def reject(item: Rejected) -> None:
         per_file[item.file]["rejected"] += 1
+        tally(item)
 
     annotated = _open_annotation(tmp, config.annotate) if config.annotate else None
     try:
@@ -105,6 +124,7 @@ def _count_pass(
     finally:
         if annotated is not None:
             annotated.close()
+    tally.check()
     return counts, per_file, longest
 
 

@@ -12,18 +12,41 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from queue import Full, Queue
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import numpy as np
+import orjson
 
 from tokenization.encoding import Encoded, Encoder
+from tokenization.errors import UsageError
 from tokenization.progress import Progress, ProgressMode
 from tokenization.sources import DocumentReader, Record, Rejected
 
 BATCH_BYTES = 1 << 20  # UTF-8 bytes a batch; a token costs ~150 bytes inside an Encoding, and is >= 1 byte
 HISTOGRAM_BUCKETS = 48  # powers of two: [1, 2), [2, 4), ... up to 2**47 tokens
 READ_AHEAD_CHARS = 1 << 20  # characters a chunk of records read ahead; a few chunks wait at most
+DEFAULT_MAX_REJECTS = 1000  # records: a rank fails as soon as it has rejected more than this
+DEFAULT_MAX_REJECT_FRACTION = 0.01  # of the records read: checked when the rank has read them all
+TOP_REASONS = 3  # reject reasons named in an error
 T = TypeVar("T")
+
+
+class TooManyRejects(RuntimeError):
+    """A rank rejected more records than its limits allow, or wrote none of the records it read."""
+
+
+def check_document_options(
+    text_key: str, eos_token: str | None, no_eos: bool, max_rejects: int | None, max_fraction: float | None
+) -> None:
+    """Usage errors in the options that tokenize and count share, raised before anything is read."""
+    if not text_key:
+        raise UsageError("text_key must name a field, got an empty string")
+    if no_eos and eos_token is not None:
+        raise UsageError(f"no_eos conflicts with eos_token {eos_token!r}: give one of them")
+    if max_rejects is not None and max_rejects < 0:
+        raise UsageError(f"max_rejects must be >= 0, got {max_rejects}")
+    if max_fraction is not None and not 0 <= max_fraction <= 1:
+        raise UsageError(f"max_reject_fraction must be between 0 and 1, got {max_fraction}")
 
 
 @dataclass
@@ -68,6 +91,71 @@ def histogram_rows(buckets: np.ndarray) -> list[dict]:
         {"min_tokens": 2**k, "max_tokens": 2 ** (k + 1) - 1, "docs": int(buckets[k])}
         for k in range(nonzero[0], nonzero[-1] + 1)
     ]
+
+
+class RejectTally:
+    """The ``reject`` callback of a pass: writes each rejected record to ``sink``, fails the pass as soon as
+    ``max_rejects`` is passed, and, once every record is read, fails it if the reject fraction is too high or if
+    records were read but none written (a wrong text key rejects them all; such a rank must never look complete).
+    """
+
+    def __init__(
+        self,
+        counts: Counts,
+        where: str,
+        text_key: str,
+        max_rejects: int | None = DEFAULT_MAX_REJECTS,
+        max_fraction: float | None = DEFAULT_MAX_REJECT_FRACTION,
+        sink: BinaryIO | None = None,
+    ):
+        self.counts, self.where, self.text_key, self.sink = counts, where, text_key, sink
+        self.max_rejects, self.max_fraction = max_rejects, max_fraction
+        self.first: dict[str, Rejected] = {}
+
+    def __call__(self, item: Rejected) -> None:
+        if self.sink is not None:
+            self.sink.write(orjson.dumps(item.to_json()) + b"\n")
+        self.first.setdefault(item.reason, item)
+        rejected = sum(self.counts.rejected.values())
+        if self.max_rejects is not None and rejected > self.max_rejects:
+            raise TooManyRejects(
+                f"{self.where}: {rejected} rejected records exceed max_rejects={self.max_rejects}; "
+                f"latest: {item.file} line {item.line}: {item.reason}"
+            )
+
+    def check(self) -> None:
+        """The limits that need the whole pass: some document written, and the reject fraction."""
+        c = self.counts
+        rejected = sum(c.rejected.values())
+        if c.docs_read and not c.docs_written:
+            what = f"{rejected} rejected ({self._reasons()})" if rejected else f"all {c.empty} were empty"
+            raise TooManyRejects(
+                f"{self.where}: read {c.docs_read} records but wrote none: {what}; text key {self.text_key!r}"
+                f"{self._keys_hint()}"
+            )
+        if self.max_fraction is not None and c.docs_read and rejected / c.docs_read > self.max_fraction:
+            raise TooManyRejects(
+                f"{self.where}: {rejected} of {c.docs_read} records rejected ({rejected / c.docs_read:.2%}), above "
+                f"max_reject_fraction={self.max_fraction}: {self._reasons()}{self._keys_hint()}"
+            )
+
+    def _reasons(self) -> str:
+        top = self.counts.rejected.most_common(TOP_REASONS)
+        first = self.first[top[0][0]]
+        return f"{', '.join(f'{reason} {n}' for reason, n in top)}; first: {first.file} line {first.line}"
+
+    def _keys_hint(self) -> str:
+        """The fields a record had when its text field was missing: usually the key the user meant."""
+        missing = self.first.get("missing_text")
+        if missing is None:
+            return ""
+        try:
+            record = orjson.loads(missing.raw)
+        except orjson.JSONDecodeError:
+            return ""
+        if not isinstance(record, dict) or self.text_key in record:
+            return ""
+        return f"; its records have the fields {', '.join(record)}"
 
 
 @dataclass

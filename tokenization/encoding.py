@@ -1,12 +1,21 @@
-"""Tokenizer loading and the encoding policy: EOS, BOS, literal special-token text, loss masks, engine.
+"""Tokenizer loading and the encoding policy: EOS, BOS, literal special-token text, loss masks, engine, and the
+pieces that bound the memory a long document needs.
 
 The EOS is appended by the tokenizer's post-processor, as datatrove does, but a BOS that the tokenizer's own
-post-processor adds is kept (datatrove drops it: huggingface/datatrove#345).
+post-processor adds is kept (datatrove drops it: huggingface/datatrove#345). Unless told otherwise, the EOS is the
+tokenizer's own end-of-text token (``Encoder._own_eos`` says where it is looked for).
 
 Byte-level BPE tokenizers are encoded by the fast engine (``fast_bpe``) when it can represent them. Its ids must
-be HF's: every run re-encodes a sample of its documents with HF (one in ``CHECK_EVERY``, from the first, and
-every document that needs loss offsets) and raises ``EngineMismatch`` on any difference, so
-that the stage can start over on HF.
+be HF's: every run re-encodes a sample of its pieces with HF (one in ``CHECK_EVERY``, from the first, and every
+piece that needs loss offsets) and raises ``EngineMismatch`` on any difference, so that the stage can start over
+on HF.
+
+HF holds ~100 bytes for every character it encodes (an ``Encoding`` keeps strings and offsets for each token,
+a normalized string keeps alignments for each byte): one 50 MB document would need 5 GB. A text longer than
+``PIECE_CHARS`` is therefore cut into pieces, at single spaces between letters where HF confirms, on a window
+around the cut, that the two sides encode to exactly the ids (and character spans) of the whole; pieces are
+encoded in groups of ``GROUP_CHARS``, without special tokens, and the post-processor's head (BOS) and tail (EOS)
+are placed once per document by index arithmetic, for either engine.
 """
 
 from __future__ import annotations
@@ -15,13 +24,16 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import chain
-from typing import Literal, TypeVar
+from functools import cached_property
+from itertools import chain, islice
+from typing import Literal, NamedTuple, TypeVar
 
+import fsspec
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 from tokenizers.processors import TemplateProcessing
@@ -36,8 +48,24 @@ SpecialTextPolicy = Literal["text", "special"]
 SPECIAL_TEXT_POLICIES: tuple[str, ...] = ("text", "special")
 EngineChoice = Literal["auto", "hf"]
 ENGINES: tuple[str, ...] = ("auto", "hf")
-CHECK_EVERY = 64
+CHECK_EVERY = 64  # one piece in 64 is encoded again by HF: ~1/64 of HF's cost on top of the fast engine's
+# Well-known end-of-text tokens, in order of preference (GPT-2 and many others, Llama-3, SentencePiece, Gemma,
+# DeepSeek, Phi-3): a tokenizer that holds both <|endoftext|> and </s> ends documents with <|endoftext|>.
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<｜end▁of▁sentence｜>", "<|end|>")
+EOS_ORIGINS = {  # how a message names the place where the tokenizer's own EOS was found
+    "tokenizer_config.json": "tokenizer_config.json",
+    "post-processor": "its post-processor",
+    "vocabulary": "its vocabulary",
+}
+PIECE_CHARS = 1 << 18  # a longer text is cut into pieces of about this size; HF holds ~100 bytes a character
+GROUP_CHARS = 1 << 20  # characters of pieces HF encodes at once: ~100 MB of Encodings, dropped once the ids are out
+CUT_SEARCH_CHARS = 1 << 14  # how far past its target a cut is looked for; a regex scan, ~0.1 ms
+CUT_TRIES = 8  # candidate cuts HF checks at most per target, each three encodes of <= 2 * WINDOW_CHARS characters
+WINDOW_CHARS = 512  # characters on each side of a candidate cut that HF encodes to confirm it
+CUT = re.compile(r"(?<=[^\W\d_]) (?=[^\W\d_])")  # a single space between two letters
+CUT_PROBE = "The quick brown fox jumps over the lazy dog, said Ada to her old friend Charles."
 T = TypeVar("T")
+Ranges = list[tuple[int, int]]  # [start, end) character ranges of a document
 
 
 def available_threads() -> int:
@@ -53,30 +81,60 @@ class EngineMismatch(RuntimeError):
     """The fast engine gave other ids than HF for a document: the run must start over on HF."""
 
 
+def tokenizer_location(name_or_path: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
+    """Where the ``tokenizer.json`` of a file, a folder holding one, or any fsspec URL is; None for a HuggingFace
+    hub name."""
+    fs, path = open_fs(name_or_path)
+    if is_local(fs) and not os.path.exists(path):
+        if name_or_path.endswith(".json") or name_or_path.startswith(("/", ".", "~")):
+            raise TokenizerError(f"{name_or_path}: no such tokenizer file")
+        return None
+    if fs.isdir(path):
+        path = path.rstrip("/") + "/tokenizer.json"
+    return fs, path
+
+
 def load_tokenizer_bytes(name_or_path: str) -> tuple[Tokenizer, bytes]:
     """A tokenizer and its serialized form, from a ``tokenizer.json`` file, a folder holding one, or any fsspec
     URL. Anything else is taken as a HuggingFace hub name, which needs network access."""
-    fs, path = open_fs(name_or_path)
-    if not is_local(fs) or os.path.exists(path):
-        if fs.isdir(path):
-            path = path.rstrip("/") + "/tokenizer.json"
+    location = tokenizer_location(name_or_path)
+    if location is None:
         try:
-            data = fs.cat_file(path)
-        except FileNotFoundError as exc:
-            raise TokenizerError(f"{name_or_path}: no tokenizer.json found") from exc
-        try:
-            return Tokenizer.from_str(data.decode("utf-8")), data
+            tokenizer = Tokenizer.from_pretrained(name_or_path)
         except Exception as exc:
-            raise TokenizerError(f"{name_or_path}: not a tokenizers JSON file ({exc})") from exc
-    if name_or_path.endswith(".json") or name_or_path.startswith(("/", ".", "~")):
-        raise TokenizerError(f"{name_or_path}: no such tokenizer file")
+            raise TokenizerError(
+                f"{name_or_path}: not a local tokenizer file and could not be loaded from the HuggingFace hub ({exc})"
+            ) from exc
+        return tokenizer, tokenizer.to_str().encode("utf-8")
+    fs, path = location
     try:
-        tokenizer = Tokenizer.from_pretrained(name_or_path)
+        data = fs.cat_file(path)
+    except FileNotFoundError as exc:
+        raise TokenizerError(f"{name_or_path}: no tokenizer.json found") from exc
+    try:
+        return Tokenizer.from_str(data.decode("utf-8")), data
     except Exception as exc:
-        raise TokenizerError(
-            f"{name_or_path}: not a local tokenizer file and could not be loaded from the HuggingFace hub ({exc})"
-        ) from exc
-    return tokenizer, tokenizer.to_str().encode("utf-8")
+        raise TokenizerError(f"{name_or_path}: not a tokenizers JSON file ({exc})") from exc
+
+
+def configured_eos(name_or_path: str) -> str | None:
+    """The ``eos_token`` named by a ``tokenizer_config.json`` beside the tokenizer (a string or a dict with
+    ``content``), or None. A hub name has none: reading its config would need the network."""
+    location = tokenizer_location(name_or_path)
+    if location is None:
+        return None
+    fs, path = location
+    config_path = posixpath.join(posixpath.dirname(path), "tokenizer_config.json")
+    try:
+        config = json.loads(fs.cat_file(config_path))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise TokenizerError(f"{config_path}: not a JSON file ({exc})") from exc
+    eos = config.get("eos_token") if isinstance(config, dict) else None
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else None
 
 
 @dataclass
@@ -89,6 +147,16 @@ class Encoded:
     special_literals: Counter = field(default_factory=Counter)
 
 
+class Piece(NamedTuple):
+    """Characters ``[start, end)`` of document ``doc`` of a batch, encoded on their own. ``dropped_space``: the
+    space just before ``start`` was left out of the text, and belongs to the first token."""
+
+    doc: int
+    start: int
+    end: int
+    dropped_space: bool = False
+
+
 class Encoder:
     """Encodes documents exactly as the tokenize stage writes them (and as ``count`` counts them)."""
 
@@ -99,6 +167,8 @@ class Encoder:
         special_text: SpecialTextPolicy = "text",
         engine: EngineChoice = "auto",
         threads: int | None = None,
+        *,
+        no_eos: bool = False,
     ):
         if special_text not in SPECIAL_TEXT_POLICIES:
             raise TokenizerError(f"special-token policy must be one of {SPECIAL_TEXT_POLICIES}, got {special_text!r}")
@@ -106,34 +176,36 @@ class Encoder:
             raise TokenizerError(f"engine must be one of {ENGINES}, got {engine!r}")
         if threads is not None and threads < 1:
             raise TokenizerError(f"threads must be at least 1, got {threads}")
+        if no_eos and eos_token is not None:
+            raise TokenizerError(f"an EOS token ({eos_token!r}) and no EOS were both asked for: choose one")
         self.name = name_or_path
         self.threads = threads or available_threads()
         if threads:  # HF's Rust thread pool reads this when it first starts
             os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         self.tokenizer, data = load_tokenizer_bytes(name_or_path)
+        self.tokenizer.no_truncation()  # a document is never cropped, nor padded
+        self.tokenizer.no_padding()
         self._spec = json.loads(data)
         self.engine = "hf"
         self.engine_note = "asked for HF" if engine == "hf" else None
         self._fast: FastBPE | None = None
         self.checked_docs = 0
         self._docs_seen = 0
+        self._pieces_seen = 0
         self.sha256 = hashlib.sha256(data).hexdigest()
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.token_size = token_size_for_vocab(self.vocab_size)
         self.special_text = special_text
         added = self._spec.get("added_tokens") or []
-        self.special_tokens = sorted({t["content"] for t in added if t.get("special")}, key=len, reverse=True)
-        self.eos_token = eos_token
-        self.eos_id: int | None = None
-        self.bos_ids: list[int] = self._leading_special_ids()
-        if eos_token is not None:
-            self.eos_id = self.tokenizer.token_to_id(eos_token)
-            if self.eos_id is None:
-                hint = ", ".join(self.special_tokens[:8]) or "none"
-                raise TokenizerError(
-                    f"EOS token {eos_token!r} is not in the vocabulary of {name_or_path} (special tokens: {hint})"
-                )
-            self._append_eos(eos_token, self.eos_id)
+        specials = {t["content"] for t in added if t.get("special")}
+        self.special_tokens = sorted(specials, key=lambda t: (-len(t), t))  # longest first, for the literal regex
+        self.bos_ids, appended = self._special_ids_around()
+        self.eos_token, self.eos_source = (None, None) if no_eos else self._choose_eos(eos_token, appended)
+        self.eos_id = None if self.eos_token is None else self.tokenizer.token_to_id(self.eos_token)
+        self.tail_ids = appended  # what the post-processor appends: the EOS, when there is one
+        if self.eos_id is not None:
+            self._append_eos(self.eos_token, self.eos_id)
+            self.tail_ids = [self.eos_id]
         self.tokenizer.encode_special_tokens = special_text == "text"
         self._literal_re = re.compile("|".join(map(re.escape, self.special_tokens))) if self.special_tokens else None
         self._literal_prefixes = tuple({t[:2] for t in self.special_tokens})
@@ -161,15 +233,53 @@ class Encoder:
         log.warning("%s: falling back to HF tokenizers: %s", self.name, reason)
         self._fast, self.engine, self.engine_note = None, "hf", f"fell back: {reason}"
 
-    def _leading_special_ids(self) -> list[int]:
-        """The ids that the tokenizer's own post-processor puts before a document: its BOS, if any."""
+    def _special_ids_around(self) -> tuple[list[int], list[int]]:
+        """The ids that the tokenizer's own post-processor puts before a document (its BOS, if any) and after it."""
         probe = "a"
         with_specials = self.tokenizer.encode(probe, add_special_tokens=True).ids
         plain = self.tokenizer.encode(probe, add_special_tokens=False).ids
         for k in range(len(with_specials) - len(plain) + 1):
             if with_specials[k : k + len(plain)] == plain:
-                return with_specials[:k]
-        return []
+                return with_specials[:k], with_specials[k + len(plain) :]
+        raise TokenizerError(f"{self.name}: its post-processor changes the text's ids, not only the ends")
+
+    def _choose_eos(self, eos_token: str | None, appended: list[int]) -> tuple[str, str]:
+        """The EOS to append and where it came from: the parameter, or else the tokenizer's own."""
+        if eos_token is not None:
+            if self.tokenizer.token_to_id(eos_token) is None:
+                raise TokenizerError(self._unknown_eos(eos_token, appended))
+            return eos_token, "param"
+        own = self._own_eos(appended)
+        if own is None:
+            raise TokenizerError(
+                f"{self.name}: no end-of-text token found (no tokenizer_config.json beside it names one, its "
+                f"post-processor appends none, and its vocabulary holds none of {', '.join(EOS_CANDIDATES)}): "
+                "pass --eos-token TOKEN, or --no-eos to write documents without a separator"
+            )
+        return own
+
+    def _own_eos(self, appended: list[int]) -> tuple[str, str] | None:
+        """The tokenizer's own end-of-text token and where it was found: the ``tokenizer_config.json`` beside it,
+        else the last special token its post-processor appends, else the first of ``EOS_CANDIDATES`` it holds."""
+        configured = configured_eos(self.name)
+        if configured is not None and self.tokenizer.token_to_id(configured) is not None:
+            return configured, "tokenizer_config.json"
+        if configured is not None:
+            log.warning("%s: tokenizer_config.json names EOS %r, which is not in the vocabulary", self.name, configured)
+        if appended:
+            return self.tokenizer.id_to_token(appended[-1]), "post-processor"
+        known = next((t for t in EOS_CANDIDATES if self.tokenizer.token_to_id(t) is not None), None)
+        return None if known is None else (known, "vocabulary")
+
+    def _unknown_eos(self, eos_token: str, appended: list[int]) -> str:
+        """Why ``eos_token`` cannot be used, and what can: the tokenizer's own EOS, or else a few special tokens."""
+        message = f"EOS token {eos_token!r} is not in the vocabulary of {self.name}"
+        own = self._own_eos(appended)
+        if own is None:
+            return f"{message} (special tokens: {', '.join(self.special_tokens[:8]) or 'none'})"
+        token, source = own
+        origin = EOS_ORIGINS[source]
+        return f"{message}; its own end-of-text token is {token!r} (from {origin}): leave the EOS unset to use it"
 
     def _append_eos(self, eos_token: str, eos_id: int) -> None:
         bos = [(self.tokenizer.id_to_token(i), i) for i in self.bos_ids]
@@ -187,6 +297,7 @@ class Encoder:
             "token_size": self.token_size,
             "eos_token": self.eos_token,
             "eos_id": self.eos_id,
+            "eos_source": self.eos_source,
             "bos_ids": self.bos_ids,
             "special_text": self.special_text,
             "engine": self.engine,
@@ -199,82 +310,191 @@ class Encoder:
             return Counter()
         return Counter(self._literal_re.findall(text))
 
-    def encode(self, texts: list[str], no_loss: list[list[tuple[int, int]] | None] | None = None) -> Encoded:
+    def encode(self, texts: list[str], no_loss: list[Ranges | None] | None = None) -> Encoded:
         """Encode a batch. With ``no_loss`` (one entry per text) loss bytes are computed: 0 for every token that
         overlaps a no-loss character range, 1 elsewhere; the document is never cropped and its EOS keeps loss."""
         literals: Counter = Counter()
         for text in texts:
             literals.update(self.count_special_literals(text))
-        masked = [i for i, ranges in enumerate(no_loss or []) if ranges]
-        if self._fast is None:
-            ids = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(texts)]
-            lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-            tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-        else:
-            tokens, lengths = self._encode_fast(texts)
-        if len(tokens) and int(tokens.max()) >= self.vocab_size:
-            raise TokenizerError(f"{self.name}: token id {int(tokens.max())} is outside the vocabulary")
-        starts = np.cumsum(lengths) - lengths
-        loss = None if no_loss is None else np.ones(len(tokens), dtype=np.uint8)
-        checked = self._check_sample(texts, tokens, starts, lengths, exclude=set(masked))
-        if masked:  # offsets only for the documents that need them; their ids are checked as well
-            for i, encoding in zip(masked, self.tokenizer.encode_batch([texts[i] for i in masked]), strict=True):
-                doc = slice(starts[i], starts[i] + lengths[i])
-                if self._fast is not None:
-                    self._compare(self._docs_seen + i, tokens[doc], encoding.ids)
-                loss[doc][no_loss_mask(encoding, no_loss[i])] = 0
-            checked += len(masked) if self._fast is not None else 0
-        self.checked_docs += checked
+        pieces = [piece for doc, text in enumerate(texts) for piece in self._pieces(doc, text)]
+        parts = [self._encode_group(texts, pieces, group, no_loss) for group in piece_groups(pieces)]
+        body = joined([ids for ids, _, _ in parts], np.int64)
+        body_lengths = np.zeros(len(texts), dtype=np.int64)
+        np.add.at(body_lengths, [piece.doc for piece in pieces], joined([n for _, n, _ in parts], np.int64))
+        self._pieces_seen += len(pieces)
         self._docs_seen += len(texts)
+        if len(body) and int(body.max()) >= self.vocab_size:
+            raise TokenizerError(f"{self.name}: token id {int(body.max())} is outside the vocabulary")
+        tokens = framed(body, body_lengths, self.bos_ids, self.tail_ids)
+        loss = None
+        if no_loss is not None:  # the head and tail keep their loss
+            kept = ~joined([held_out for _, _, held_out in parts], bool)
+            loss = framed(kept.view(np.uint8), body_lengths, [1] * len(self.bos_ids), [1] * len(self.tail_ids))
+        lengths = body_lengths + len(self.bos_ids) + len(self.tail_ids)
         return Encoded(tokens, lengths, loss, literals)
 
-    def _encode_fast(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The fast engine's ids with the BOS and EOS the post-processor would add, placed by index arithmetic."""
-        ranks = self._fast.encode(texts)
-        body_lengths = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
-        body = self._fast.ids(np.concatenate(ranks) if ranks else np.empty(0, dtype=np.int64))
-        head, tail = self.bos_ids, [] if self.eos_id is None else [self.eos_id]
-        if not head and not tail:
-            return body, body_lengths
-        lengths = body_lengths + len(head) + len(tail)
-        starts = np.cumsum(lengths) - lengths
-        tokens = np.empty(int(lengths.sum()), dtype=np.int64)
-        shift = np.repeat(starts + len(head) - (np.cumsum(body_lengths) - body_lengths), body_lengths)
-        tokens[np.arange(len(body)) + shift] = body
-        for k, token in enumerate(head):
-            tokens[starts + k] = token
-        for k, token in enumerate(tail):
-            tokens[starts + lengths - len(tail) + k] = token
-        return tokens, lengths
-
-    def _check_sample(
-        self, texts: list[str], tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, exclude: set[int]
-    ) -> int:
-        """Re-encode this batch's share of the run's sample with HF; return how many documents were compared."""
+    def _encode_group(
+        self, texts: list[str], pieces: list[Piece], group: range, no_loss: list[Ranges | None] | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The group's ids (flat), its pieces' lengths and, with ``no_loss``, which tokens carry none. HF encodes
+        every piece on its engine, else the fast engine's sampled pieces and every piece that needs offsets; the
+        Encodings are dropped here, once their ids are out."""
+        strings = [texts[pieces[k].doc][pieces[k].start : pieces[k].end] for k in group]
+        needs_spans = [no_loss is not None and bool(no_loss[pieces[k].doc]) for k in group]
         if self._fast is None:
-            return 0
-        positions = self._docs_seen + np.arange(len(texts))
-        sample = [i for i in np.flatnonzero(positions % CHECK_EVERY == 0).tolist() if i not in exclude]
-        for i, encoding in zip(sample, self.tokenizer.encode_batch_fast([texts[i] for i in sample]), strict=True):
-            self._compare(int(positions[i]), tokens[starts[i] : starts[i] + lengths[i]], encoding.ids)
-        return len(sample)
+            reference = list(range(len(group)))
+        else:
+            reference = [j for j, k in enumerate(group) if needs_spans[j] or (self._pieces_seen + k) % CHECK_EVERY == 0]
+        encode = self.tokenizer.encode_batch if any(needs_spans) else self.tokenizer.encode_batch_fast
+        encodings = encode([strings[j] for j in reference], add_special_tokens=False)
+        ids, lengths = flat_ids([e.ids for e in encodings]) if self._fast is None else self._fast_ids(strings)
+        starts = np.cumsum(lengths) - lengths
+        if self._fast is not None:
+            for j, encoding in zip(reference, encodings, strict=True):
+                self._compare(texts, pieces[group[j]], ids[starts[j] : starts[j] + lengths[j]], encoding.ids)
+            self.checked_docs += len(reference)
+        if no_loss is None:
+            return ids, lengths, None
+        held_out = np.zeros(len(ids), dtype=bool)
+        for j, encoding in zip(reference, encodings, strict=True):
+            if needs_spans[j]:
+                piece = pieces[group[j]]
+                held_out[starts[j] : starts[j] + lengths[j]] = no_loss_mask(encoding, piece, no_loss[piece.doc])
+        return ids, lengths, held_out
 
-    def _compare(self, position: int, fast: np.ndarray, reference: list[int]) -> None:
+    def _fast_ids(self, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The fast engine's ids for these texts, flat, and how many each text has."""
+        ranks = self._fast.encode(strings)
+        return self._fast.ids(joined(ranks, np.int64)), np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+
+    def _compare(self, texts: list[str], piece: Piece, fast: np.ndarray, reference: list[int]) -> None:
         if len(fast) != len(reference) or not np.array_equal(fast, reference):
             differ = np.flatnonzero(fast[: len(reference)] != np.asarray(reference[: len(fast)], dtype=np.int64))
             at = int(differ[0]) if len(differ) else min(len(fast), len(reference))
+            whole = piece.end - piece.start == len(texts[piece.doc])
+            part = "" if whole else f" (characters {piece.start}-{piece.end})"
             raise EngineMismatch(
-                f"document {position} of this run: the fast engine and HF differ at token {at} "
-                f"({len(fast)} vs {len(reference)} tokens)"
+                f"document {self._docs_seen + piece.doc} of this run{part}: the fast engine and HF differ at token "
+                f"{at} ({len(fast)} vs {len(reference)} tokens)"
             )
 
+    def _pieces(self, doc: int, text: str) -> list[Piece]:
+        """The text as pieces of about ``PIECE_CHARS`` characters: one when it is short or cannot be cut."""
+        skip = self._continuation if len(text) > PIECE_CHARS else None
+        if skip is None:
+            return [Piece(doc, 0, len(text))]
+        cuts = self._cuts(text, skip)  # a cut is the index of a space
+        ends = [*cuts, len(text)]
+        rest = [Piece(doc, cut + skip, end, skip == 1) for cut, end in zip(cuts, ends[1:], strict=True)]
+        return [Piece(doc, 0, ends[0]), *rest]
 
-def no_loss_mask(encoding: Encoding, ranges: list[tuple[int, int]]) -> np.ndarray:
-    """Tokens of ``encoding`` whose character span overlaps any ``[start, end)`` range; special tokens never do."""
-    offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-    begin, end = offsets[:, 0], offsets[:, 1]
-    regular = (np.asarray(encoding.special_tokens_mask) == 0) & (end > begin)
-    mask = np.zeros(len(offsets), dtype=bool)
-    for range_start, range_end in ranges:
-        mask |= (begin < range_end) & (end > range_start)
-    return mask & regular
+    @cached_property
+    def _continuation(self) -> int | None:
+        """How the piece after a cut begins: 0, with its space (byte-level BPE, where " world" is one pre-token),
+        or 1, without it (normalizers that prepend "▁", as SentencePiece does: "world" becomes "▁world", which is
+        what the whole text holds). None when neither reproduces the probe: long texts are then encoded whole."""
+        cuts = [match.start() for match in CUT.finditer(CUT_PROBE)]
+        for skip in (0, 1):
+            if all(self._splits_exactly(CUT_PROBE, cut, skip) for cut in cuts):
+                return skip
+        log.warning("%s: no exact way to cut long documents into pieces: each is encoded whole", self.name)
+        return None
+
+    def _cuts(self, text: str, skip: int) -> list[int]:
+        """Where to cut a long text: spaces about ``PIECE_CHARS`` apart at which HF splits it exactly."""
+        cuts: list[int] = []
+        target = PIECE_CHARS
+        while target < len(text):
+            cut = self._cut_near(text, target, skip)
+            if cut is None:  # no exact cut close by: this piece grows
+                target += PIECE_CHARS
+            else:
+                cuts.append(cut)
+                target = cut + PIECE_CHARS
+        return cuts
+
+    def _cut_near(self, text: str, target: int, skip: int) -> int | None:
+        """The first candidate cut at or after ``target`` that HF confirms on a window around it."""
+        for match in islice(CUT.finditer(text, target, target + CUT_SEARCH_CHARS), CUT_TRIES):
+            cut = match.start()
+            begin = max(0, cut - WINDOW_CHARS)
+            if self._splits_exactly(text[begin : cut + WINDOW_CHARS], cut - begin, skip):
+                return cut
+        return None
+
+    def _splits_exactly(self, text: str, cut: int, skip: int) -> bool:
+        """HF gives ``text`` the ids and character spans of ``text[:cut]`` followed by those of the rest, which
+        begins ``skip`` characters after the cut."""
+        left, rest = Piece(0, 0, cut), Piece(0, cut + skip, len(text), skip == 1)
+        whole, *parts = self.tokenizer.encode_batch([text, text[:cut], text[rest.start :]], add_special_tokens=False)
+        if whole.ids != parts[0].ids + parts[1].ids:
+            return False
+        spans = np.concatenate([token_spans(parts[0], left), token_spans(parts[1], rest)])
+        return np.array_equal(token_spans(whole, Piece(0, 0, len(text))), spans)
+
+
+def piece_groups(pieces: list[Piece]) -> Iterator[range]:
+    """Runs of consecutive pieces of about ``GROUP_CHARS`` characters in all (at least one piece each)."""
+    begin, size = 0, 0
+    for k, piece in enumerate(pieces):
+        size += piece.end - piece.start
+        if size >= GROUP_CHARS:
+            yield range(begin, k + 1)
+            begin, size = k + 1, 0
+    if begin < len(pieces):
+        yield range(begin, len(pieces))
+
+
+def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    """``arrays`` end to end, also when there are none."""
+    return np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)
+
+
+def flat_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of ids as one flat array, and how many each list has."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    return np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum())), lengths
+
+
+def framed(body: np.ndarray, body_lengths: np.ndarray, head: list[int], tail: list[int]) -> np.ndarray:
+    """Each document's run of ``body`` between ``head`` and ``tail``, placed by index arithmetic."""
+    if not head and not tail:
+        return body
+    lengths = body_lengths + len(head) + len(tail)
+    starts = np.cumsum(lengths) - lengths
+    out = np.empty(int(lengths.sum()), dtype=body.dtype)
+    where = np.repeat(starts + len(head) - (np.cumsum(body_lengths) - body_lengths), body_lengths)
+    where += np.arange(len(body))
+    out[where] = body
+    for k, value in enumerate(head):
+        out[starts + k] = value
+    for k, value in enumerate(tail):
+        out[starts + lengths - len(tail) + k] = value
+    return out
+
+
+def token_spans(encoding: Encoding, piece: Piece) -> np.ndarray:
+    """The tokens' ``[begin, end)`` characters in the piece's document. A dropped space belongs to the first token,
+    which is that space alone when it shares its characters with the next (a prepended "▁" before byte tokens)."""
+    spans = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2) + piece.start
+    if piece.dropped_space and len(spans):
+        spans[0, 0] = piece.start - 1
+        if len(spans) > 1 and spans[0, 1] > spans[1, 0]:
+            spans[0, 1] = piece.start
+    return spans
+
+
+def no_loss_mask(encoding: Encoding, piece: Piece, ranges: Ranges) -> np.ndarray:
+    """Tokens of the piece's ``encoding`` whose span overlaps any ``[start, end)`` range of its document; special
+    tokens never do. A token overlaps one when the ranges that start before its end reach past its beginning:
+    O(log ranges) a token, as a document may have many ranges and many pieces."""
+    spans = token_spans(encoding, piece)
+    begin, end = spans[:, 0], spans[:, 1]
+    if not ranges:
+        return np.zeros(len(spans), dtype=bool)
+    bounds = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    bounds = bounds[np.argsort(bounds[:, 0])]
+    reach = np.maximum.accumulate(bounds[:, 1])
+    before = np.searchsorted(bounds[:, 0], end)  # how many ranges start before each token ends
+    overlaps = (before > 0) & (reach[np.maximum(before - 1, 0)] > begin)
+    return overlaps & (np.asarray(encoding.special_tokens_mask) == 0) & (end > begin)

@@ -4,12 +4,12 @@ Layout inside an output folder, beside the token files::
 
     _manifests/{stem}.json      seed, tokenizer hash, inputs, params, counts, checksum of every output file
     _quarantine/{stem}.jsonl    rejected records: file, line, reason, raw line
-    _completions/{stem}.json    written last; holds the manifest's sha256, so a reader can check it
+    _completions/{stem}.json    written last (see ``tokenization.attempts``): the attempt, the manifest's sha256,
+                                and every published file with its size and sha256
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import platform
 from dataclasses import asdict, is_dataclass
@@ -19,23 +19,36 @@ import numpy as np
 import orjson
 import tokenizers
 
-from tokenization.storage import join, list_names, open_fs, remove_if_exists, write_bytes_atomic
+from tokenization.formats.ds import TokenFileError
+from tokenization.storage import join, list_names, open_fs
 
 MANIFEST_FORMAT = "corpus-tokenization/rank-manifest/1"
 MERGE_FORMAT = "corpus-tokenization/merge-manifest/1"
 CONTEXT_FORMAT = "corpus-tokenization/context-manifest/1"
 
 
+def manifest_name(stem: str) -> str:
+    return f"_manifests/{stem}.json"
+
+
+def marker_name(stem: str) -> str:
+    return f"_completions/{stem}.json"
+
+
+def quarantine_name(stem: str) -> str:
+    return f"_quarantine/{stem}.jsonl"
+
+
 def manifest_path(out_path: str, stem: str) -> str:
-    return join(out_path, "_manifests", f"{stem}.json")
+    return join(out_path, manifest_name(stem))
 
 
 def quarantine_path(out_path: str, stem: str) -> str:
-    return join(out_path, "_quarantine", f"{stem}.jsonl")
+    return join(out_path, quarantine_name(stem))
 
 
 def marker_path(out_path: str, stem: str) -> str:
-    return join(out_path, "_completions", f"{stem}.json")
+    return join(out_path, marker_name(stem))
 
 
 def dumps_line(obj: dict) -> bytes:
@@ -77,10 +90,9 @@ def rank_manifest(
     }
 
 
-def write_json(fs: fsspec.AbstractFileSystem, path: str, obj: dict) -> bytes:
-    data = orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-    write_bytes_atomic(fs, path, data)
-    return data
+def dumps(obj: dict) -> bytes:
+    """A manifest's bytes: indented, keys sorted, so equal records are equal files."""
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
 
 def read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict | None:
@@ -91,18 +103,6 @@ def read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict | None:
         return None
 
 
-def remove_marker(fs: fsspec.AbstractFileSystem, out_path: str, stem: str) -> None:
-    """The first step of any re-run: from now until the new marker, the output is not complete."""
-    remove_if_exists(fs, marker_path(out_path, stem))
-
-
-def commit(fs: fsspec.AbstractFileSystem, out_path: str, stem: str, manifest: dict) -> None:
-    """Write the manifest, then the marker that names its checksum: the marker is always the last file."""
-    data = write_json(fs, manifest_path(out_path, stem), manifest)
-    marker = {"manifest": f"_manifests/{stem}.json", "sha256": hashlib.sha256(data).hexdigest()}
-    write_bytes_atomic(fs, marker_path(out_path, stem), orjson.dumps(marker))
-
-
 def pseudo_ends(start: int, tokens: int, every: int | None, until: int) -> dict | None:
     """The chunk or window boundaries in the index of a file that covers tokens ``[start, start + tokens)`` of
     a stream cut every ``every`` tokens up to ``until`` (``start`` is on the grid): what ``verify`` must not
@@ -110,6 +110,11 @@ def pseudo_ends(start: int, tokens: int, every: int | None, until: int) -> dict 
     if not every or start >= until:
         return None
     return {"every": every, "until": min(start + tokens, until) - start}
+
+
+def output_files(outputs: list[dict]) -> dict[str, dict]:
+    """Every file of a stage's output entries, ``name -> {bytes, sha256}``: what its completion marker lists."""
+    return {name: info for entry in outputs for name, info in entry["files"].items()}
 
 
 def output_entries(folder: str) -> dict[str, dict]:
@@ -122,3 +127,36 @@ def output_entries(folder: str) -> dict[str, dict]:
             for entry in data.get("outputs", [data] if "files" in data else []):
                 entries[entry["name"]] = entry | {"_manifest": data}
     return entries
+
+
+def completion_markers(fs: fsspec.AbstractFileSystem, out_path: str) -> dict[str, dict]:
+    """Every completion marker of an output folder, by stem."""
+    folder = join(out_path, "_completions")
+    markers = {}
+    for name in list_names(fs, folder):
+        marker = read_json(fs, join(folder, name)) if name.endswith(".json") else None
+        if marker is not None:
+            markers[name.removesuffix(".json")] = marker
+    return markers
+
+
+def token_files(folder: str) -> list[str]:
+    """The ``.ds`` files of a folder that a stage should read, sorted by name as datatrove lists them.
+
+    A folder written by this package holds completion markers, and then exactly the ``.ds`` files they list count:
+    a ``.ds`` file that no marker lists (a leftover of another run, an attempt that did not finish) is an error, as
+    is a listed one that is missing. A folder without markers (datatrove's output, say) gives every ``.ds`` file.
+    """
+    fs, path = open_fs(folder)
+    present = {name for name in list_names(fs, path) if name.endswith(".ds")}
+    markers = completion_markers(fs, path)
+    if markers:
+        listed = {name for marker in markers.values() for name in marker.get("files", {}) if name.endswith(".ds")}
+        if unlisted := sorted(present - listed):
+            raise TokenFileError(
+                f"{join(folder, unlisted[0])}: no completion marker lists it ({len(unlisted)} such files): a leftover "
+                f"of another run, or of an attempt that did not finish; remove it or finish that stage first"
+            )
+        if missing := sorted(listed - present):
+            raise TokenFileError(f"{join(folder, missing[0])}: listed by a completion marker but missing")
+    return [join(folder.rstrip("/"), name) for name in sorted(present)]

@@ -26,10 +26,12 @@ import numpy as np
 import orjson
 
 from tokenization import manifest
+from tokenization.attempts import attempt_at
+from tokenization.errors import UsageError
 from tokenization.formats.ds import Metadata, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
 from tokenization.permute import MAX_OPEN_FILES, SourcePool, move_units
 from tokenization.progress import Progress, ProgressMode
-from tokenization.storage import join, list_names, open_fs, publish_file, working_dir, write_bytes_atomic
+from tokenization.storage import join, list_names
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +57,13 @@ class MergeConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in ("interleave", "shuffle"):
-            raise ValueError(f"mode must be interleave or shuffle, got {self.mode!r}")
+            raise UsageError(f"mode must be interleave or shuffle, got {self.mode!r}")
         for name in ("max_tokens_per_file", "shuffle_chunk_size", "max_open_files"):
             value = getattr(self, name)
             if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
+                raise UsageError(f"{name} must be positive, got {value}")
         if not self.save_filename:
-            raise ValueError("save_filename is required")
+            raise UsageError("save_filename is required")
 
 
 @dataclass
@@ -83,13 +85,6 @@ class MergeInputs:
     def tokens(self, f: int) -> int:
         ends = self.file_ends(f)
         return int(ends[-1]) if len(ends) else 0
-
-
-def list_token_files(folder: str) -> list[str]:
-    """The ``.ds`` files directly inside a folder, sorted by name as datatrove lists them."""
-    fs, path = open_fs(folder)
-    names = sorted(n for n in list_names(fs, path) if n.endswith(".ds"))
-    return [join(folder.rstrip("/"), n) for n in names]
 
 
 def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
@@ -169,10 +164,10 @@ def plan_ordering(config: MergeConfig, units: _Units) -> tuple[np.ndarray, np.nd
     return file_ids, None
 
 
-def merge(config: MergeConfig, progress: ProgressMode = None) -> dict:
+def merge(config: MergeConfig, progress: ProgressMode = None, owner: str | None = None) -> dict:
     """Run the merge (resuming when an earlier run of the same merge was interrupted); return its manifest."""
     started = time.time()
-    urls = list_token_files(config.input)
+    urls = manifest.token_files(config.input)
     inputs = validate_inputs(urls, config.save_loss)
     chunk = config.shuffle_chunk_size
     per_file_tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
@@ -185,19 +180,17 @@ def merge(config: MergeConfig, progress: ProgressMode = None) -> dict:
     most_files = min(-(-total_tokens // config.max_tokens_per_file), n_units)  # every file holds >= 1 unit
     width = max(3, len(str(max(0, most_files - 1))))  # datatrove's 3 digits, wider only past 1,000 files
     fingerprint = _fingerprint(config, inputs, width)
-    out_fs, out_path = open_fs(config.output)
     stem = config.save_filename
-    manifest.remove_marker(out_fs, out_path, stem)
-    done = _completed_files(out_fs, out_path, config, width, fingerprint)
-    resume_units = done[-1]["units_end"] if done else 0
-    log.info(
-        "merge %s: %d inputs, %d units, %d tokens; %d files already done, resuming at unit %d",
-        stem, len(urls), int(counts.sum()), total_tokens, len(done), resume_units,
-    )  # fmt: skip
     file_ids, perm = plan_ordering(config, units)
 
-    with working_dir(config.local_working_dir, out_fs, out_path, f"merge-{stem}") as work:
-        pool = SourcePool(urls, inputs.token_size, config.save_loss, config.max_open_files, work / "inputs")
+    with attempt_at(config.output, stem, config.local_working_dir, owner) as attempt:
+        done = _completed_files(attempt.fs, attempt.out_path, config, width, fingerprint)
+        resume_units = done[-1]["units_end"] if done else 0
+        log.info(
+            "merge %s: %d inputs, %d units, %d tokens; %d files already done, resuming at unit %d",
+            stem, len(urls), int(counts.sum()), total_tokens, len(done), resume_units,
+        )  # fmt: skip
+        pool = SourcePool(urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
         published: list[dict] = []
 
         def publish(written: WrittenTokenFile, units_written: int) -> None:
@@ -209,15 +202,15 @@ def merge(config: MergeConfig, progress: ProgressMode = None) -> dict:
                 "pseudo_ends": "unknown" if inputs.pseudo_ends else grid,
             }  # fmt: skip
             for f in written.files:
-                publish_file(written.path.with_name(f.name), out_fs, join(out_path, f.name))
-            manifest.write_json(out_fs, manifest.manifest_path(out_path, written.path.stem), entry)
+                attempt.publish(written.path.with_name(f.name), f.name)
+            attempt.write(manifest.manifest_name(written.path.stem), manifest.dumps(entry))
             published.append(entry)
 
         def published_units() -> int:
             return published[-1]["units_end"] if published else resume_units
 
         writer = SplitWriter(
-            work,
+            attempt.work,
             lambda sub: f"{sub + len(done):0{width}d}_{stem}.ds",
             tokenizer=inputs.tokenizer,
             token_size=inputs.token_size,
@@ -244,33 +237,35 @@ def merge(config: MergeConfig, progress: ProgressMode = None) -> dict:
         shown.close()
         pool.close()
 
-    outputs = done + published
-    result = {
-        "format": manifest.MERGE_FORMAT,
-        "stage": "merge",
-        "save_filename": stem,
-        "seed": config.seed,
-        "versions": manifest.versions(),
-        "params": asdict(config),
-        "fingerprint": fingerprint,
-        "tokenizer": {"name": inputs.tokenizer, "sha256": inputs.tokenizer_sha256, "token_size": inputs.token_size},
-        "inputs": [{"url": u, "bytes": s} for u, s in zip(urls, inputs.sizes, strict=True)],
-        "counts": {
-            "input_files": len(urls),
-            "units": n_units,
-            "index_entries": sum(o["index_entries"] for o in outputs),
-            "tokens": sum(o["tokens"] for o in outputs),
-            "partial_chunk_tokens": int(tails.sum()) if keep_tails else 0,
-            "tokens_dropped": 0 if keep_tails else int(tails.sum()),
-            "resumed_files": len(done),
-        },
-        "outputs": outputs,
-        "seconds": round(time.time() - started, 3),
-    }
-    meta = Metadata(inputs.tokenizer, inputs.token_size, result["counts"]["tokens"]).render().encode()
-    write_bytes_atomic(out_fs, join(out_path, f"{stem}.ds.metadata"), meta)
-    manifest.commit(out_fs, out_path, stem, result)
-    return result
+        outputs = done + published
+        result = {
+            "format": manifest.MERGE_FORMAT,
+            "stage": "merge",
+            "save_filename": stem,
+            "seed": config.seed,
+            "versions": manifest.versions(),
+            "params": asdict(config),
+            "fingerprint": fingerprint,
+            "tokenizer": {"name": inputs.tokenizer, "sha256": inputs.tokenizer_sha256, "token_size": inputs.token_size},
+            "inputs": [{"url": u, "bytes": s} for u, s in zip(urls, inputs.sizes, strict=True)],
+            "counts": {
+                "input_files": len(urls),
+                "units": n_units,
+                "index_entries": sum(o["index_entries"] for o in outputs),
+                "tokens": sum(o["tokens"] for o in outputs),
+                "partial_chunk_tokens": int(tails.sum()) if keep_tails else 0,
+                "tokens_dropped": 0 if keep_tails else int(tails.sum()),
+                "resumed_files": len(done),
+            },
+            "outputs": outputs,
+            "seconds": round(time.time() - started, 3),
+        }
+        meta = Metadata(inputs.tokenizer, inputs.token_size, result["counts"]["tokens"]).render().encode()
+        attempt.write(f"{stem}.ds.metadata", meta)
+        files = manifest.output_files(outputs)
+        files[f"{stem}.ds.metadata"] = {"bytes": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}
+        attempt.commit(result, files)
+    return result | {"attempt": attempt.id}
 
 
 def _slice_units(file_ids, perm, units: _Units, cursor: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, token_dtype
 from tokenization.progress import Progress
-from tokenization.storage import is_local, open_fs
+from tokenization.storage import is_local, open_fs, writing
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output, ~32 MiB of index arithmetic
 MAX_OPEN_FILES = 128
@@ -105,11 +105,12 @@ class SourcePool:
             raise ValueError(f"{self.urls[i]} is remote: a local cache_dir is needed to read it at random")
         local = self.cache_dir / f"{i:06d}" / path.rsplit("/", 1)[-1]
         if not local.exists():
-            local.parent.mkdir(parents=True, exist_ok=True)
             suffixes = ["", ".metadata"] + ([".loss"] if self.with_loss else [])
             for suffix in suffixes:
                 if suffix != ".metadata" or fs.exists(path + suffix):
-                    fs.get_file(path + suffix, str(local) + suffix)
+                    with writing(f"{local}{suffix}"):
+                        local.parent.mkdir(parents=True, exist_ok=True)
+                        fs.get_file(path + suffix, str(local) + suffix)
         return str(local)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import logging
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import orjson
 import zstandard
 
+from tokenization.errors import reaching
 from tokenization.storage import is_local, open_fs
 
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
@@ -23,6 +25,9 @@ PARQUET_EXTENSION = ".parquet"
 PARQUET_BATCH_ROWS = 1024
 READ_BUFFER = 1 << 20
 MISSING = object()
+UTF8_BOM = b"\xef\xbb\xbf"
+
+log = logging.getLogger(__name__)
 
 
 class InputError(ValueError):
@@ -33,6 +38,14 @@ class InputError(ValueError):
 class InputFile:
     url: str
     size: int
+
+
+@dataclass(frozen=True)
+class InputListing:
+    """The input files, sorted by URL, and the files of unsupported types that folders held (named, not read)."""
+
+    files: list[InputFile]
+    skipped: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,30 +126,47 @@ def _visible(path: str) -> bool:
     return not path.rsplit("/", 1)[-1].startswith((".", "_"))
 
 
-def list_input_files(inputs: Sequence[str]) -> list[InputFile]:
+def list_input_files(inputs: Sequence[str]) -> InputListing:
     """Every input file, sorted by URL: folders are searched recursively, globs expanded, files taken as named.
 
-    Names starting with ``.`` or ``_`` (markers, temp files) are ignored in folders and globs; inside folders
-    only supported formats count, while a named or globbed file of another format is an error.
+    Names starting with ``.`` or ``_`` (markers, temp files) are ignored in folders and globs. Inside folders, files
+    of other formats are skipped and listed in ``skipped`` (the caller logs and records them); a named or globbed
+    file of another format is an error.
     """
     found: dict[str, int] = {}
+    skipped: list[str] = []
     for spec in inputs:
-        fs, path = open_fs(spec)
-        if any(ch in path for ch in "*?["):
-            entries = {p: i for p, i in fs.glob(path, detail=True).items() if i["type"] != "directory" and _visible(p)}
-        elif fs.isdir(path):
-            entries = {p: i for p, i in fs.find(path, detail=True).items() if _visible(p) and _is_supported(p)}
-        elif fs.exists(path):
-            entries = {path: fs.info(path)}
-        else:
-            raise InputError(f"{spec}: no such file or folder")
-        for p, info in entries.items():
-            url = p if is_local(fs) else fs.unstrip_protocol(p)
-            file_format(url)
-            found[url] = int(info.get("size") or 0)
+        with reaching(spec):
+            found.update(_list(spec, skipped))
+    if skipped:
+        log.warning("skipped %d input files of unsupported types: %s", len(skipped), ", ".join(skipped))
     if not found:
-        raise InputError(f"no input files found in {', '.join(inputs)}")
-    return [InputFile(url, found[url]) for url in sorted(found)]
+        unsupported = f" (skipped as unsupported: {', '.join(skipped)})" if skipped else ""
+        raise InputError(f"no input files found in {', '.join(inputs)}{unsupported}")
+    return InputListing([InputFile(url, found[url]) for url in sorted(found)], skipped)
+
+
+def _list(spec: str, skipped: list[str]) -> dict[str, int]:
+    """One input spec's files with their sizes, by URL; unsupported files of folders go to ``skipped``."""
+    fs, path = open_fs(spec)
+    if any(ch in path for ch in "*?["):
+        entries = {p: i for p, i in fs.glob(path, detail=True).items() if i["type"] != "directory" and _visible(p)}
+    elif fs.isdir(path):
+        entries = {p: i for p, i in fs.find(path, detail=True).items() if _visible(p)}
+        skipped += sorted(_url(fs, p) for p in entries if not _is_supported(p))
+        entries = {p: i for p, i in entries.items() if _is_supported(p)}
+    elif fs.exists(path):
+        entries = {path: fs.info(path)}
+    else:
+        raise InputError(f"{spec}: no such file or folder")
+    sizes = {_url(fs, p): int(info.get("size") or 0) for p, info in entries.items()}
+    for url in sizes:
+        file_format(url)  # a named or globbed file of another format is an error
+    return sizes
+
+
+def _url(fs, path: str) -> str:
+    return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
 def shard(files: Sequence[InputFile], rank: int, world_size: int) -> list[InputFile]:
@@ -242,6 +272,8 @@ class DocumentReader:
                 elif compression == "zstd":
                     stream = io.BufferedReader(_ZstdFrames(raw), READ_BUFFER)
                 for line_no, line in enumerate(stream, 1):
+                    if line_no == 1 and line.startswith(UTF8_BOM):  # editors on Windows write one
+                        line = line[len(UTF8_BOM) :]
                     if not line.strip():
                         self.blank_lines += 1
                         continue

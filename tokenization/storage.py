@@ -1,7 +1,10 @@
-"""Storage on any fsspec URL: atomic publication of finished files, and S3-safe uploads.
+"""Storage on any fsspec URL: atomic publication of finished files, S3-safe uploads, and write errors that say
+where.
 
-A reader must never see half a file. Locally a file is written under a temporary name and renamed;
-on an object store an object only appears once its upload completes, so it is uploaded to its final key.
+A reader must never see half a file. Locally a file is written under a temporary name and renamed; on an object
+store an object only appears once its upload completes, so it is uploaded to its final key. A write that fails
+removes its temporary file and raises :class:`WriteError`, which names the file and, locally, the filesystem and
+its free space (a bare ``[Errno 28] No space left on device`` names neither).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import errno
 import math
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +26,11 @@ MIB = 1 << 20
 MIN_PART_SIZE = 8 * MIB
 MAX_PARTS = 10_000
 PART_HEADROOM = 0.9  # stay well inside the 10,000-part limit of S3 multipart uploads
+TEMPORARY_MARK = ".tmp-"  # in the name of every temporary file this package writes beside a final one
+
+
+class WriteError(OSError):
+    """A file could not be written; the message names it and, locally, its filesystem."""
 
 
 def open_fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -35,6 +43,10 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
+def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    return "s3" in _protocols(fs)
+
+
 def join(base: str, *parts: str) -> str:
     return "/".join([str(base).rstrip("/"), *parts])
 
@@ -45,49 +57,143 @@ def part_size(file_size: int) -> int:
     return max(MIN_PART_SIZE, math.ceil(needed / MIB) * MIB)
 
 
-def publish_file(src: Path, fs: fsspec.AbstractFileSystem, dest: str) -> None:
-    """Move a finished local file to its final place, atomically for readers."""
+def filesystem_of(path: str | Path) -> str:
+    """Where a local path lives: its mount point and the space left there, for error messages."""
+    mount = Path(os.path.abspath(path))
+    while not mount.exists() or not os.path.ismount(mount):
+        if mount.parent == mount:
+            break
+        mount = mount.parent
+    try:
+        stat = os.statvfs(mount)
+    except OSError:
+        return f"filesystem {mount}"
+    free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    return f"filesystem {mount}: {free / MIB:,.1f} MiB free of {total / MIB:,.1f} MiB"
+
+
+def write_error(exc: OSError, path: str | Path, local: bool = True) -> WriteError:
+    """``exc`` raised while writing ``path``, as an error that says which file and which filesystem."""
+    if isinstance(exc, WriteError):
+        return exc
+    reason = exc.strerror or str(exc)
+    where = f" ({filesystem_of(path)})" if local else ""
+    error = WriteError(f"{path}: {reason}{where}")  # one argument: printed as it is, without "[Errno n]"
+    error.errno = exc.errno or errno.EIO
+    return error
+
+
+@contextmanager
+def writing(path: str | Path, local: bool = True) -> Iterator[None]:
+    """Turn an ``OSError`` raised inside into a :class:`WriteError` naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        raise write_error(exc, path, local) from exc
+
+
+def temporary_name(dest: str, tmp_dir: Path | None = None) -> str:
+    """A name no other writer uses, on the same filesystem as ``dest`` (so that a rename publishes it)."""
+    name = f".{os.path.basename(dest)}{TEMPORARY_MARK}{uuid.uuid4().hex[:12]}"
+    return str((tmp_dir or Path(os.path.dirname(dest))) / name)
+
+
+def publish_file(src: Path, fs: fsspec.AbstractFileSystem, dest: str, tmp_dir: Path | None = None) -> None:
+    """Move a finished local file to its final place, atomically for readers. ``tmp_dir`` (on the destination's
+    filesystem) holds the copy when a rename cannot cross filesystems."""
     if is_local(fs):
-        fs.makedirs(os.path.dirname(dest), exist_ok=True)
-        try:
-            os.replace(src, dest)
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            tmp = f"{dest}.tmp-{os.getpid()}"
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dest)
-            src.unlink()
+        with writing(dest):
+            fs.makedirs(os.path.dirname(dest), exist_ok=True)
+            try:
+                os.replace(src, dest)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                tmp = temporary_name(dest, tmp_dir)
+                try:
+                    shutil.copyfile(src, tmp)
+                    os.replace(tmp, dest)
+                finally:
+                    _unlink(tmp)
+                src.unlink()
         return
-    size = src.stat().st_size
-    if "s3" in _protocols(fs):
-        fs.put_file(str(src), dest, chunksize=part_size(size))
-    else:
-        fs.put_file(str(src), dest)
+    with writing(dest, local=False):
+        size = src.stat().st_size
+        if is_s3(fs):
+            fs.put_file(str(src), dest, chunksize=part_size(size))
+        else:
+            fs.put_file(str(src), dest)
     src.unlink()
 
 
-def write_bytes_atomic(fs: fsspec.AbstractFileSystem, dest: str, data: bytes) -> None:
-    """Write a small file so that it appears whole or not at all."""
-    if is_local(fs):
+def write_bytes_atomic(fs: fsspec.AbstractFileSystem, dest: str, data: bytes, tmp_dir: Path | None = None) -> None:
+    """Write a small file so that it appears whole or not at all; a failed write leaves nothing behind."""
+    if not is_local(fs):
+        with writing(dest, local=False):
+            fs.pipe_file(dest, data)
+        return
+    with writing(dest):
         fs.makedirs(os.path.dirname(dest), exist_ok=True)
-        tmp = f"{dest}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as handle:
+        tmp = temporary_name(dest, tmp_dir)
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, dest)
+        finally:
+            _unlink(tmp)
+
+
+def put_if(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, absent: bool = False, etag: str | None = None):
+    """Write a small object only if it does not exist yet (``absent``) or still has ``etag``; return its new ETag
+    (None where the store has none). A failed condition raises ``FileExistsError``. S3 enforces the condition
+    itself (``If-None-Match`` / ``If-Match``); a local file is created with ``O_EXCL``; other stores are checked
+    first, which leaves a race that callers must say they cannot exclude."""
+    if is_s3(fs):
+        bucket, key, _ = fs.split_path(path)
+        condition = {"IfNoneMatch": "*"} if absent else {"IfMatch": etag} if etag else {}
+        try:
+            return fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
+        except OSError as exc:  # s3fs: FileExistsError for If-None-Match, EINVAL for If-Match
+            if condition and (isinstance(exc, FileExistsError) or exc.errno == errno.EINVAL):
+                raise FileExistsError(errno.EEXIST, f"{path}: changed by another writer") from exc
+            raise
+        finally:
+            fs.invalidate_cache(path)
+    if absent and is_local(fs):
+        with writing(path):
+            fs.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # FileExistsError when it exists
+        with writing(path), os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, dest)
-    else:
-        fs.pipe_file(dest, data)
+        return None
+    if absent and fs.exists(path):
+        raise FileExistsError(errno.EEXIST, f"{path}: exists")
+    write_bytes_atomic(fs, path, data)
+    return None
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def list_names(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
     """Names directly inside a folder, freshly listed; empty when the folder does not exist yet."""
+    return list(list_sizes(fs, path))
+
+
+def list_sizes(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, int]:
+    """Files directly inside a folder with their sizes, from one fresh listing (one request on an object store)."""
     fs.invalidate_cache(path)
     try:
-        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
+        entries = fs.ls(path, detail=True)
     except FileNotFoundError:
-        return []
+        return {}
+    return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries}
 
 
 def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
@@ -98,26 +204,3 @@ def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-@contextmanager
-def working_dir(
-    local_working_dir: str | None, fs: fsspec.AbstractFileSystem, out_path: str, name: str
-) -> Iterator[Path]:
-    """A clean local directory for one task, removed afterwards (also on failure). It is ``{output}/.staging``
-    when the output is local, so that publishing is a rename; else a temporary directory."""
-    if local_working_dir:
-        path = Path(local_working_dir) / name
-    elif is_local(fs):
-        path = Path(out_path) / ".staging" / name
-    else:
-        path = Path(tempfile.mkdtemp(prefix=f"tokenization-{name}-"))
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-        if path.parent.name == ".staging":
-            with contextlib.suppress(OSError):  # another task may still be using it
-                path.parent.rmdir()

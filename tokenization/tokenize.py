@@ -8,31 +8,40 @@ first and the chunk permutation second, so the same seed gives the same bytes.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Literal
 
 import numpy as np
 
 from tokenization import manifest
-from tokenization.documents import BATCH_BYTES, Counts, encoded_batches
+from tokenization.attempts import Attempt, attempt_at
+from tokenization.documents import (
+    BATCH_BYTES,
+    DEFAULT_MAX_REJECT_FRACTION,
+    DEFAULT_MAX_REJECTS,
+    Counts,
+    RejectTally,
+    TooManyRejects,
+    check_document_options,
+    encoded_batches,
+)
 from tokenization.encoding import Encoder, EngineChoice, SpecialTextPolicy
+from tokenization.errors import UsageError
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
 from tokenization.permute import SourcePool, fixed_units, permute_units
 from tokenization.progress import ProgressMode
-from tokenization.sources import DocumentReader, Rejected, list_input_files, shard
-from tokenization.storage import join, list_names, open_fs, publish_file, remove_if_exists, working_dir
+from tokenization.sources import DocumentReader, list_input_files, shard
+from tokenization.storage import join, list_names, remove_if_exists, writing
 
 log = logging.getLogger(__name__)
 
-
-class TooManyRejects(RuntimeError):
-    """More bad records than ``max_rejects`` allows."""
+QUARANTINE = "quarantine.jsonl"  # in the attempt's working folder, published as _quarantine/{stem}.jsonl
 
 
 @dataclass
@@ -44,7 +53,8 @@ class TokenizeConfig:
     tokenizer: str
     text_key: str = "text"
     id_key: str = "id"
-    eos_token: str | None = None
+    eos_token: str | None = None  # None: the tokenizer's own end-of-text token
+    no_eos: bool = False
     seed: int = 0
     rank: int = 0
     world_size: int = 1
@@ -55,7 +65,8 @@ class TokenizeConfig:
     max_tokens_per_file: int | None = None
     save_loss: bool = False
     local_working_dir: str | None = None
-    max_rejects: int | None = 1000
+    max_rejects: int | None = DEFAULT_MAX_REJECTS
+    max_reject_fraction: float | None = DEFAULT_MAX_REJECT_FRACTION
     special_text: SpecialTextPolicy = "text"
     output_format: Literal["ds", "megatron"] = "ds"
     batch_size: int = 10000
@@ -64,23 +75,22 @@ class TokenizeConfig:
     threads: int | None = None
 
     def encoder(self) -> Encoder:
-        return Encoder(self.tokenizer, self.eos_token, self.special_text, self.engine, self.threads)
+        return Encoder(self.tokenizer, self.eos_token, self.special_text, self.engine, self.threads, no_eos=self.no_eos)
 
     def __post_init__(self) -> None:
         for name in ("shuffle_chunk_size", "max_tokens_per_file", "batch_size", "batch_bytes", "world_size"):
             value = getattr(self, name)
             if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if self.max_rejects is not None and self.max_rejects < 0:
-            raise ValueError(f"max_rejects must be >= 0, got {self.max_rejects}")
+                raise UsageError(f"{name} must be positive, got {value}")
+        check_document_options(self.text_key, self.eos_token, self.no_eos, self.max_rejects, self.max_reject_fraction)
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
+            raise UsageError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
         if self.drop_last_chunk and not self.shuffle_chunk_size:
-            raise ValueError("drop_last_chunk needs shuffle_chunk_size")
+            raise UsageError("drop_last_chunk needs shuffle_chunk_size")
         if self.output_format not in ("ds", "megatron"):
-            raise ValueError(f"output_format must be ds or megatron, got {self.output_format!r}")
+            raise UsageError(f"output_format must be ds or megatron, got {self.output_format!r}")
         if self.output_format == "megatron" and self.save_loss:
-            raise ValueError("Megatron's indexed dataset has no loss mask: save_loss needs the ds format")
+            raise UsageError("Megatron's indexed dataset has no loss mask: save_loss needs the ds format")
 
     @property
     def stem(self) -> str:
@@ -106,26 +116,28 @@ def rank_file_pattern(stem: str) -> re.Pattern:
     return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?(unshuffled|doc_shuffled|chunk_shuffled)\.(ds(\.\w+)?|bin|idx)")
 
 
-def tokenize_rank(config: TokenizeConfig, progress: ProgressMode = None) -> dict:
-    """Run one rank end to end and return its manifest. Re-running a rank replaces its output completely."""
+def tokenize_rank(config: TokenizeConfig, progress: ProgressMode = None, owner: str | None = None) -> dict:
+    """Run one rank end to end and return its manifest. Re-running a rank replaces its output completely; a second
+    attempt at the same rank while one runs is refused (``owner`` names this attempt's caller in that message)."""
     started = time.time()
     encoder = config.encoder()  # fails before any data is read
-    files = shard(list_input_files(config.inputs), config.rank, config.world_size)
+    listing = list_input_files(config.inputs)
+    files = shard(listing.files, config.rank, config.world_size)
     log.info(
         "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
     )
-    out_fs, out_path = open_fs(config.output)
-    manifest.remove_marker(out_fs, out_path, config.stem)
-    with working_dir(config.local_working_dir, out_fs, out_path, config.stem) as work:
-        quarantine = work / "quarantine.jsonl"
+    with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
+        quarantine = attempt.work / QUARANTINE
         try:
-            counts, reader, written = encoder.exactly(lambda: _encode_pass(config, encoder, files, work, progress))
+            counts, reader, written = encoder.exactly(
+                lambda: _encode_pass(config, encoder, files, attempt.work, progress)
+            )
         except TooManyRejects:  # publish what was quarantined: it is what the user needs to look at
-            publish_file(quarantine, out_fs, manifest.quarantine_path(out_path, config.stem))
+            attempt.publish(quarantine, manifest.quarantine_name(config.stem))
             raise
         log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
         if (config.shuffle_documents or config.shuffle_chunk_size) and written:
-            written = _shuffle(config, encoder, written[0].path, counts, work)
+            written = _shuffle(config, encoder, written[0].path, counts, attempt.work)
             log.info("rank %d: pass 2 done, %s", config.rank, config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
         outputs, start = [], 0
@@ -143,10 +155,10 @@ def tokenize_rank(config: TokenizeConfig, progress: ProgressMode = None) -> dict
             outputs=outputs,
             seconds=time.time() - started,
             input_bytes=reader.total_bytes,
-        )
-        _publish(config, out_fs, out_path, written, quarantine, result)
+        ) | {"skipped_inputs": listing.skipped}
+        _publish(config, attempt, written, quarantine, result)
     log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
-    return result
+    return result | {"attempt": attempt.id}
 
 
 def _encode_pass(
@@ -165,30 +177,20 @@ def _encode_pass(
         max_tokens=config.max_tokens_per_file if direct else None,
         writer_class=config.writer_class if direct else TokenFileWriter,
     )
-    with open(work / "quarantine.jsonl", "wb") as bad:
+    where = f"rank {config.rank}"
+    quarantine = work / QUARANTINE
+    with writing(quarantine), open(quarantine, "wb") as bad:
         try:
-            reject = _quarantine(config, counts, bad)
-            for batch in encoded_batches(reader, encoder, counts, config, reject, f"rank {config.rank}", progress):
+            tally = RejectTally(
+                counts, where, config.text_key, config.max_rejects, config.max_reject_fraction, sink=bad
+            )
+            for batch in encoded_batches(reader, encoder, counts, config, tally, where, progress):
                 ends = np.cumsum(batch.encoded.lengths)
                 writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
         finally:  # on errors too: no buffered byte of a failed attempt may reach a file that a retry reopens
             written = writer.close()
+    tally.check()
     return counts, reader, written
-
-
-def _quarantine(config: TokenizeConfig, counts: Counts, bad: BinaryIO) -> Callable[[Rejected], None]:
-    """Write each rejected record to the quarantine file; fail the rank past ``max_rejects``."""
-
-    def reject(item: Rejected) -> None:
-        bad.write(manifest.dumps_line(item.to_json()))
-        rejected = sum(counts.rejected.values())
-        if config.max_rejects is not None and rejected > config.max_rejects:
-            raise TooManyRejects(
-                f"rank {config.rank}: {rejected} rejected records exceed max_rejects={config.max_rejects}; "
-                f"latest: {item.file} line {item.line}: {item.reason}"
-            )
-
-    return reject
 
 
 def _shuffle(
@@ -233,10 +235,10 @@ def _shuffle(
 
 
 def _publish(
-    config: TokenizeConfig, fs, out_path: str, written: list[WrittenTokenFile], quarantine: Path, result: dict
+    config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], quarantine: Path, result: dict
 ) -> None:
     """Replace the rank's previous output with the new files, then the manifest, then the marker."""
-    fs.makedirs(out_path, exist_ok=True)
+    fs, out_path = attempt.fs, attempt.out_path
     keep = {f.name for w in written for f in w.files}
     pattern = rank_file_pattern(config.stem)
     for name in list_names(fs, out_path):
@@ -244,10 +246,12 @@ def _publish(
             fs.rm_file(join(out_path, name))
     for w in written:
         for f in w.files:
-            publish_file(w.path.with_name(f.name), fs, join(out_path, f.name))
-    bad = manifest.quarantine_path(out_path, config.stem)
+            attempt.publish(w.path.with_name(f.name), f.name)
+    files = manifest.output_files(result["outputs"])
+    bad = manifest.quarantine_name(config.stem)
     if quarantine.stat().st_size:
-        publish_file(quarantine, fs, bad)
+        files[bad] = {"bytes": quarantine.stat().st_size, "sha256": hashlib.sha256(quarantine.read_bytes()).hexdigest()}
+        attempt.publish(quarantine, bad)
     else:
-        remove_if_exists(fs, bad)
-    manifest.commit(fs, out_path, config.stem, result)
+        remove_if_exists(fs, join(out_path, bad))
+    attempt.commit(result, files)

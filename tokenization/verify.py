@@ -1,8 +1,11 @@
 """``verify``: check an output folder of ``.ds`` families or Megatron ``.bin/.idx`` pairs before anyone trains.
 
-Every problem is reported with its file and, where it has one, the token offset. Files are streamed in large
-blocks (tokens, loss bytes and checksums in one pass), so memory stays bounded by the block size and the
-index arrays, and a gigabyte takes seconds.
+Every problem is reported with its file and, where it has one, the token offset. Completeness comes first: the
+folder's manifests list the file families it must hold, so a family that is missing, a family that no manifest
+lists (a leftover, or the output of a stage that did not finish), a manifest without its completion marker, and
+counts that differ from what the files hold are all problems. Files are then streamed in large blocks (tokens,
+loss bytes and checksums in one pass), so memory stays bounded by the block size and the index arrays, and a
+gigabyte takes seconds.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from tokenization import manifest
 from tokenization.encoding import Encoder
@@ -58,7 +62,7 @@ def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None)
     report = Report()
     checks = _Checks()
     if tokenizer:
-        encoder = Encoder(tokenizer, eos_token)
+        encoder = Encoder(tokenizer, eos_token, no_eos=eos_token is None)
         checks = _Checks(encoder.vocab_size, encoder.eos_id)
     fs, path = open_fs(url)
     names = set(list_names(fs, path))
@@ -67,12 +71,63 @@ def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None)
     bin_files = sorted(n for n in names if n.endswith(".bin"))
     if not ds_files and not bin_files:
         report.problem(url, "no .ds or .bin files")
+    _check_completeness(fs, path, url, {*ds_files, *bin_files}, described, report)
     for name in ds_files:
         _verify_ds(fs, join(path, name), join(url.rstrip("/"), name), described.get(name), checks, report)
     for name in bin_files:
         _verify_megatron(fs, join(url.rstrip("/"), name), described.get(name), checks, report)
     _verify_dataset_metadata(fs, path, names, report)
     return report
+
+
+def _check_completeness(fs, path: str, url: str, families: set[str], described: dict, report: Report) -> None:
+    """Every family a manifest lists is there, every family there is listed, and every stage manifest is complete
+    (its marker exists and names its checksum) and adds up to its outputs."""
+    stages = _stage_manifests(fs, path)
+    if not stages:
+        report.notes.append(f"{url}: no manifests, so which files belong here cannot be checked")
+        return
+    for name in sorted(set(described) - families):
+        report.problem(join(url.rstrip("/"), name), f"listed in {_source(described[name])} but missing")
+    for name in sorted(families - set(described)):
+        report.problem(
+            join(url.rstrip("/"), name),
+            "no manifest lists this file family: a leftover of another run, or the output of a stage that did "
+            "not finish",
+        )
+    markers = manifest.completion_markers(fs, path)
+    for stem, (data, record) in sorted(stages.items()):
+        where = join(url.rstrip("/"), manifest.manifest_name(stem))
+        marker = markers.get(stem)
+        if marker is None:
+            report.problem(where, "has no completion marker: its stage did not finish")
+        elif marker.get("sha256") != hashlib.sha256(data).hexdigest():
+            report.problem(where, "differs from the checksum its completion marker records")
+        counts = record.get("counts", {})
+        said = counts.get("tokens_written", counts.get("tokens"))
+        held = sum(entry["tokens"] for entry in record["outputs"])
+        if said != held:
+            report.problem(where, f"counts {said} tokens written, its outputs list {held}")
+
+
+def _stage_manifests(fs, path: str) -> dict[str, tuple[bytes, dict]]:
+    """The manifests of whole stages (a rank, a merge, a context shard) with their bytes, by stem; the merge's
+    per-file checkpoints are listed by its manifest and have no marker of their own."""
+    folder = join(path, "_manifests")
+    stages = {}
+    for name in list_names(fs, folder):
+        if name.endswith(".json"):
+            data = fs.cat_file(join(folder, name))
+            record = orjson.loads(data)
+            if "outputs" in record:
+                stages[name.removesuffix(".json")] = (data, record)
+    return stages
+
+
+def _source(entry: dict) -> str:
+    owner = entry["_manifest"]
+    stem = owner.get("save_filename") or owner.get("params", {}).get("save_filename")
+    return f"the {owner.get('stage', 'stage')} manifest{f' of {stem}' if stem else ''}"
 
 
 def _verify_ds(fs, path: str, label: str, entry: dict | None, checks: _Checks, report: Report) -> None:
@@ -105,6 +160,7 @@ def _verify_ds(fs, path: str, label: str, entry: dict | None, checks: _Checks, r
     if meta and meta.token_count != tokens:
         report.problem(f"{label}.metadata", f"says {meta.token_count} tokens, the file holds {tokens}")
     _check_index(ends, label, checks, report)
+    _check_counts(entry, tokens, len(ends), label, report)
     hashes = {path.rsplit("/", 1)[-1]: hashlib.sha256()}
     has_loss = fs.exists(path + ".loss")
     if has_loss and fs.size(path + ".loss") != tokens:
@@ -140,11 +196,22 @@ def _verify_megatron(fs, label: str, entry: dict | None, checks: _Checks, report
     if len(doc) == 0 or doc[0] != 0 or doc[-1] != len(lengths) or np.any(np.diff(doc) < 0):
         report.problem(mg.url + ".idx", "document indices do not run from 0 to the sequence count")
     report.problems_at(label, "negative sequence length", np.flatnonzero(lengths < 0))
+    _check_counts(entry, total, len(lengths), label, report)
     hashes = {mg.bin_path.rsplit("/", 1)[-1]: hashlib.sha256()}
     for offset, block in _blocks(fs, mg.bin_path, mg.dtype, hashes[mg.bin_path.rsplit("/", 1)[-1]]):
         _check_tokens(block, offset, ends, entry, label, checks, report)
     _check_checksums(fs, mg.bin_path.rsplit("/", 1)[0], entry, hashes, label, report)
     report.tokens += mg.num_tokens
+
+
+def _check_counts(entry: dict | None, tokens: int, entries: int, label: str, report: Report) -> None:
+    """The tokens and index entries that the manifest records for this family, against the files."""
+    if entry is None:
+        return
+    if entry["tokens"] != tokens:
+        report.problem(label, f"holds {tokens} tokens, its manifest says {entry['tokens']}")
+    if entry["index_entries"] != entries:
+        report.problem(label, f"its index holds {entries} entries, its manifest says {entry['index_entries']}")
 
 
 def _check_index(ends: np.ndarray, label: str, checks: _Checks, report: Report) -> None:

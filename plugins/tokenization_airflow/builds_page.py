@@ -2,7 +2,9 @@
 
 Plugin apps are open by default in Airflow 3; every route here requires Airflow's own login (the UI's ``_token``
 cookie or a bearer token) and read access to the DAG's runs. Reports are served only for runs that exist, from
-the run folder their ``plan`` task recorded: no path ever comes from the request.
+the run folder their ``plan`` task recorded (no path ever comes from the request) and only when that folder lies
+inside the deployment's allowed locations. Every page goes out with a Content-Security-Policy that forbids
+scripts, so a report's HTML can never run code in Airflow's origin.
 """
 
 from __future__ import annotations
@@ -17,11 +19,18 @@ from fastapi.responses import HTMLResponse
 
 from tokenization.report import REPORT_HTML
 from tokenization.storage import join, open_fs
+from tokenization_airflow.deployment import allowed_locations
 from tokenization_airflow.storage import use_connection
 
 PREFIX = "/corpus-builds"
 DAG_ID = "tokenize_corpus"
 RUNS_SHOWN = 100
+# No scripts, no outside resources, no forms; inline styles and data: images only (the report's SVG is inline).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+    "frame-ancestors 'self'; base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
 
 app = FastAPI(title="Corpus builds", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -100,7 +109,7 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat(timespec="seconds") if moment else None
 
 
-def run_folder(dag_id: str, run_id: str) -> tuple[str, str | None]:
+def recorded_run_folder(dag_id: str, run_id: str) -> tuple[str, str | None]:
     """The run's folder and storage connection, as its ``plan`` task recorded them; 404 for unknown runs."""
     from airflow.models.dagrun import DagRun
     from airflow.models.xcom import XComModel
@@ -129,7 +138,7 @@ def builds_json(user: User, dag_id: str = DAG_ID) -> list[dict]:
 
 
 @app.get("/", response_class=HTMLResponse)
-def builds_page(user: User, dag_id: str = DAG_ID) -> str:
+def builds_page(user: User, dag_id: str = DAG_ID) -> HTMLResponse:
     readable_dag(dag_id, user)
     rows = "".join(
         f"<tr data-run-id='{_e(b['run_id'])}'><td><a href='{_e(report_url(dag_id, b['run_id']))}'>"
@@ -138,13 +147,16 @@ def builds_page(user: User, dag_id: str = DAG_ID) -> str:
         f"<td data-key='rejects'>{_n(b['rejects'])}</td><td>{_n(b['seconds'])}</td></tr>"
         for b in list_builds(dag_id)
     )
-    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Corpus builds</title>
+    return HTMLResponse(PAGE.format(dag_id=_e(dag_id), rows=rows), headers=SECURITY_HEADERS)
+
+
+PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Corpus builds</title>
 <style>
 body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #222; }}
 table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: .25em .7em; text-align: left; }}
 td {{ font-variant-numeric: tabular-nums; }} .success {{ color: #17642c; }} .failed {{ color: #a11; }}
 </style></head><body>
-<h1>Corpus builds of <code>{_e(dag_id)}</code></h1>
+<h1>Corpus builds of <code>{dag_id}</code></h1>
 <table id="builds"><tr><th>run</th><th>state</th><th>date</th><th>tokens</th><th>documents</th><th>rejects</th>
 <th>seconds</th></tr>{rows}</table>
 <p>Open a run for its report: per-rank counts, the conservation check, length histogram, files and verify.</p>
@@ -152,13 +164,15 @@ td {{ font-variant-numeric: tabular-nums; }} .success {{ color: #17642c; }} .fai
 
 
 @app.get("/dags/{dag_id}/runs/{run_id}", response_class=HTMLResponse)
-def build_report(user: User, dag_id: str, run_id: str) -> str:
+def build_report(user: User, dag_id: str, run_id: str) -> HTMLResponse:
     readable_dag(dag_id, user)
-    folder, conn_id = run_folder(dag_id, run_id)
+    folder, conn_id = recorded_run_folder(dag_id, run_id)
+    if not allowed_locations().allows(folder):
+        raise HTTPException(403, f"run {run_id!r} wrote outside the allowed locations: its report is not served")
     use_connection(conn_id or "aws_default", lookup="secrets")
     fs, path = open_fs(folder)
     try:
-        return fs.cat_file(join(path, REPORT_HTML)).decode()
+        return HTMLResponse(fs.cat_file(join(path, REPORT_HTML)).decode(), headers=SECURITY_HEADERS)
     except FileNotFoundError:
         raise HTTPException(404, f"run {run_id!r} has no report yet: it is written when the build publishes") from None
 

@@ -1,26 +1,31 @@
-"""The shard sensor: waits until every rank's shard is complete on storage (marker present, manifest intact)."""
+"""The shard sensor: waits until every rank's shard is complete on storage (marker present, manifest intact), for as
+long as every missing rank can still finish."""
 
 from __future__ import annotations
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowSensorTimeout
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
-from tokenization.build import Layout, incomplete_ranks
+from tokenization.build import BuildError, Layout, incomplete_ranks
 from tokenization_airflow.storage import use_connection
+
+NEVER_FINISHING = ("upstream_failed", "removed", "skipped")  # states a rank's task cannot leave by itself
 
 
 class ShardSensor(BaseSensorOperator):
     """Succeeds when all ranks of the run ``spec`` (from ``plan``: ``run_dir``, ``num_ranks``) are complete;
     meant for ``mode="reschedule"`` and ``trigger_rule="all_done"``, so that it keeps waiting while a failed rank
-    is cleared and re-run. ``sensor_timeout`` (seconds, templated) replaces ``timeout``; on timeout the missing
-    ranks are named."""
+    is cleared and re-run. It fails at once when a rank can never finish (``plan`` failed, so no rank was
+    created; or a rank is upstream_failed). ``sensor_timeout`` (seconds, templated) replaces ``timeout``; on
+    timeout the missing ranks are named."""
 
     template_fields = ("spec", "sensor_timeout")
 
-    def __init__(self, *, spec: dict, sensor_timeout: int | str, **kwargs):
+    def __init__(self, *, spec: dict, sensor_timeout: int | str, ranks_task_id: str = "tokenize", **kwargs):
         super().__init__(**kwargs)
         self.spec = spec
         self.sensor_timeout = sensor_timeout
+        self.ranks_task_id = ranks_task_id
         self._missing: dict[int, str] = {}
 
     def execute(self, context):
@@ -34,7 +39,30 @@ class ShardSensor(BaseSensorOperator):
     def poke(self, context) -> PokeReturnValue:
         use_connection(context["params"]["aws_conn_id"])
         num_ranks = self.spec["num_ranks"]
-        self._missing = incomplete_ranks(Layout(self.spec["run_dir"]).ranks, num_ranks)
+        try:
+            self._missing = incomplete_ranks(Layout(self.spec["run_dir"]).ranks, num_ranks)
+        except BuildError as exc:
+            raise AirflowFailException(str(exc)) from exc
         if self._missing:
+            self._fail_if_hopeless(context, self._missing)
             self.log.info("waiting for %d of %d ranks: %s", len(self._missing), num_ranks, sorted(self._missing))
         return PokeReturnValue(is_done=not self._missing)
+
+    def _fail_if_hopeless(self, context, missing: dict[int, str]) -> None:
+        """Fail now if a missing rank's task was never created or can never run; a failed one may be cleared."""
+        ti = context["ti"]
+        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[self.ranks_task_id], run_ids=[ti.run_id])
+        states = states.get(ti.run_id, {})
+        if self.ranks_task_id in states:  # never expanded: plan failed
+            raise AirflowFailException(
+                f"no rank was created ({self.ranks_task_id} is {states[self.ranks_task_id]}): plan failed, see its log"
+            )
+        keys = {rank: f"{self.ranks_task_id}_{rank}" for rank in missing}
+        hopeless = {
+            rank: states.get(key, "never created")
+            for rank, key in keys.items()
+            if key not in states or states[key] in NEVER_FINISHING
+        }  # a cleared rank's state is None for a moment: it can still finish
+        if hopeless:
+            listed = ", ".join(f"rank {rank} ({state})" for rank, state in sorted(hopeless.items()))
+            raise AirflowFailException(f"ranks that can never finish, so the build cannot: {listed}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenization.storage import is_local, open_fs
+from tokenization.storage import is_local, open_fs, writing
 
 INDEX_DTYPE = np.dtype("<u8")
 LOSS_DTYPE = np.dtype("u1")
@@ -118,7 +118,8 @@ class HashedFile:
 
     def __init__(self, path: Path):
         self.path = path
-        self.handle = open(path, "wb")  # noqa: SIM115 - closed in close()
+        with writing(path):
+            self.handle = open(path, "wb")  # noqa: SIM115 - closed in close()
         self.digest = hashlib.sha256()
         self.size = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="write")
@@ -136,17 +137,20 @@ class HashedFile:
 
     def _wait(self) -> None:
         if self._pending is not None:
-            self._pending.result()  # raises the writer thread's error (a full disk, say) here
-            self._pending = None
+            pending, self._pending = self._pending, None
+            with writing(self.path):
+                pending.result()  # raises the writer thread's error (a full disk, say) here
 
     def close(self) -> WrittenFile:
         try:
             self._wait()
-            self.handle.flush()
-            os.fsync(self.handle.fileno())
+            with writing(self.path):
+                self.handle.flush()
+                os.fsync(self.handle.fileno())
         finally:
             self._thread.shutdown()
-            self.handle.close()
+            with writing(self.path):
+                self.handle.close()
         return WrittenFile(self.path.name, self.size, self.digest.hexdigest())
 
 
@@ -185,7 +189,8 @@ class TokenFileWriter:
             files.append(self._loss.close())
         meta_path = self.path.with_name(self.path.name + ".metadata")
         meta = Metadata(self.metadata_name, self.token_size, self.tokens).render().encode()
-        meta_path.write_bytes(meta)
+        with writing(meta_path):
+            meta_path.write_bytes(meta)
         files.append(WrittenFile(meta_path.name, len(meta), hashlib.sha256(meta).hexdigest()))
         return WrittenTokenFile(self.path, self.tokens, self.index_entries, tuple(files))
 

@@ -1,0 +1,23 @@
+"""The deployment's settings, read from the environment of every Airflow component: default locations, the
+locations builds may use, the merge's queue and pool. The DAG, its tasks and the builds page read them here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tokenization.locations import AllowedLocations
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample"
+DEFAULT_INPUT = os.environ.get("TOKENIZATION_INPUT", str(SAMPLE / "corpus"))
+DEFAULT_OUTPUT = os.environ.get("TOKENIZATION_OUTPUT", str(Path.cwd() / "tokenization-builds"))
+DEFAULT_TOKENIZER = os.environ.get("TOKENIZATION_TOKENIZER", str(SAMPLE / "tokenizer.json"))
+MERGE_POOL = "tokenization_merge"
+MERGE_QUEUE = os.environ.get("TOKENIZATION_MERGE_QUEUE", "large_disk")
+
+
+def allowed_locations() -> AllowedLocations:
+    """``TOKENIZATION_ALLOWED_LOCATIONS``, or, unset, the default input, the default output and the default
+    tokenizer's folder."""
+    tokenizer_folder = DEFAULT_TOKENIZER.rsplit("/", 1)[0] if DEFAULT_TOKENIZER.endswith(".json") else DEFAULT_TOKENIZER
+    return AllowedLocations.from_env([DEFAULT_INPUT, DEFAULT_OUTPUT, tokenizer_folder])

@@ -1,0 +1,48 @@
+"""Errors a user acts on: a usage error (wrong arguments, exit status 2), and the one-line form of failures raised
+by storage and network libraries (missing credentials, unreachable hosts), whose tracebacks tell a user nothing
+more than their last line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+EXTERNAL_MODULES = ("botocore", "aiobotocore", "s3fs", "aiohttp", "httpx", "httpx2", "requests", "urllib3",
+                    "huggingface_hub", "fsspec", "gcsfs", "adlfs")  # fmt: skip
+CREDENTIALS_HINT = "set credentials in the environment, an AWS profile or the Airflow connection"
+
+
+class UsageError(ValueError):
+    """The arguments are wrong (a value out of range, options that conflict): nothing was read or written."""
+
+
+class StorageError(OSError):
+    """A storage location could not be reached or read; the message names it."""
+
+
+def external_error(exc: BaseException) -> str | None:
+    """A one-line message for an error raised by a storage or network library, or None for any other error."""
+    seen: list[BaseException] = []
+    error: BaseException | None = exc
+    while error is not None and error not in seen:
+        if type(error).__module__.split(".")[0] in EXTERNAL_MODULES:
+            lines = str(error).strip().splitlines()
+            message = f"{type(error).__name__}: {lines[0] if lines else 'no details'}"
+            return f"{message} ({CREDENTIALS_HINT})" if "credential" in message.lower() else message
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@contextmanager
+def reaching(url: str) -> Iterator[None]:
+    """Name ``url`` in any storage or network failure raised inside, in one line."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:
+        message = external_error(exc)
+        if message is None:
+            raise
+        raise StorageError(f"{url}: {message}") from exc

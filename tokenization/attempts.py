@@ -276,7 +276,7 @@ class Attempt:
         """Write the manifest, then the marker that names this attempt, the manifest's sha256 and every file it
         published (``name -> {bytes, sha256}``): the marker is the last file and only the lease holder writes it."""
         self.lease.confirm()
-        data = orjson.dumps(record | {"attempt": self.id}, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+        data = manifest.dumps(record | {"attempt": self.id})
         self.write(manifest.manifest_name(self.stem), data)
         marker = {
             "manifest": manifest.manifest_name(self.stem),

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -229,8 +228,8 @@ class ObjectLease:
 
 def _read_holder(data: bytes) -> Holder | None:
     try:
-        return Holder(**json.loads(data))
-    except (ValueError, TypeError):
+        return Holder(**orjson.loads(data))
+    except (orjson.JSONDecodeError, TypeError):
         return None
 
 

@@ -145,7 +145,9 @@ def write_bytes_atomic(fs: fsspec.AbstractFileSystem, dest: str, data: bytes, tm
             _unlink(tmp)
 
 
-def put_if(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, absent: bool = False, etag: str | None = None):
+def put_if(
+    fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, absent: bool = False, etag: str | None = None
+) -> str | None:
     """Write a small object only if it does not exist yet (``absent``) or still has ``etag``; return its new ETag
     (None where the store has none). A failed condition raises ``FileExistsError``. S3 enforces the condition
     itself (``If-None-Match`` / ``If-Match``); a local file is created with ``O_EXCL``; other stores are checked

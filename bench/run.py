@@ -1,38 +1,45 @@
 """Benchmarks: this project against datatrove 0.10.1 on the same input, in the same run, alternating.
 
-    python bench/run.py [--corpora DIR] [--tokenizer PATH] [--repeats N] [--out bench/RESULTS.md] [--smoke]
+    python bench/run.py [--corpora DIR] [--tokenizer PATH] [--tokenizers DIR] [--big-mb MB] [--repeats N]
+                        [--only ROWS] [--out FILE] [--smoke]
+
+A full run (15-20 minutes, most of it datatrove on the GB row) rewrites bench/RESULTS.md; ``--only merge,context``
+reruns some rows and prints them, writing only to ``--out``.
 
 Every measurement runs in its own process, which reports its wall time and its own peak RSS, so stages do not
-inherit each other's memory. Raw limits are measured alongside: HF ``encode_batch_fast`` alone (the ceiling of
-any pipeline built on it) and ``cp`` of the same bytes. These are benchmarks, not tests: nothing asserts a time.
+inherit each other's memory. Limits are measured alongside, so that a speed-up over datatrove is not read as
+closeness to what the machine allows: HF ``encode_batch_fast`` alone and gigatoken ``encode_batch`` alone (loading
+excluded; it is reported apart) for the encoding rows, ``cp -r`` + ``sync`` of the same bytes for the byte-moving
+rows. These are benchmarks, not tests: nothing asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
+import math
 import os
 import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
+RESULTS = ROOT / "bench" / "RESULTS.md"
 EOS = "<|endoftext|>"
+OTHER_TOKENIZERS = {"llama3": "<|end_of_text|>", "mistral-7b": "</s>"}  # a uint32 one, and one that adds a BOS
+ROWS = ("tokenize", "count", *OTHER_TOKENIZERS, "1gb", "merge", "context", "verify", "memory")
 CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 COMPARED = (".ds", ".ds.index", ".ds.loss")
 
-# The documents' texts, read as the stages read them (any input format they take).
-READ_TEXTS = """
-from tokenization.sources import DocumentReader, Record, list_input_files
-reader = DocumentReader(list_input_files([ARGS["corpus"]]).files, ARGS["text_key"])
-texts = [r.text for r in reader if isinstance(r, Record)]
-"""
 # Each snippet runs in a fresh interpreter with ARGS (a dict) defined; it does the work being measured.
 SNIPPETS = {
     "ours_tokenize": """
@@ -48,25 +55,6 @@ from datatrove.pipeline.tokens import DocumentTokenizer
 LocalPipelineExecutor(pipeline=[JsonlReader(ARGS["corpus"], text_key=ARGS["text_key"]), DocumentTokenizer(ARGS["out"],
     tokenizer_name_or_path=ARGS["tokenizer"], eos_token=ARGS["eos"], seed=1234)], tasks=1, workers=1,
     logging_dir=ARGS["out"] + "_logs").run()
-""",
-    "hf_encode": READ_TEXTS
-    + """
-from tokenizers import Tokenizer
-import time
-start = time.time()
-Tokenizer.from_file(ARGS["tokenizer"]).encode_batch_fast([t for t in texts if t])
-SECONDS = time.time() - start
-""",
-    "fast_encode": READ_TEXTS
-    + """
-import json
-from tokenization.encoding import available_threads
-from tokenization.fast_bpe import FastBPE
-engine = FastBPE(json.load(open(ARGS["tokenizer"])), "text", available_threads())
-import time
-start = time.time()
-engine.encode([t for t in texts if t])
-SECONDS = time.time() - start
 """,
     "ours_count": """
 from tokenization.count import CountConfig, count_tokens
@@ -105,44 +93,102 @@ from tokenization.verify import verify
 assert verify(ARGS["ranks"]).ok
 """,
 }
+# How each engine is imported, loads a tokenizer, and encodes ``texts`` to one flat array of ids: the limits of any
+# pipeline built on it (both use every core). gigatoken is used directly, not through this project, so that the
+# limit does not move when the project's own code does.
+ENGINES = {
+    "HF": (
+        "from tokenizers import Tokenizer",
+        "Tokenizer.from_file(ARGS['tokenizer'])",
+        "tok.encode_batch_fast(texts)",
+    ),
+    "gigatoken": (
+        "import awkward as ak, gigatoken, numpy as np",
+        "gigatoken.Tokenizer.from_json(open(ARGS['tokenizer'], 'rb').read())",
+        "np.asarray(ak.flatten(tok.encode_batch(texts)))",
+    ),
+}
+# The imports and the texts in memory first (read as the stages read them), then loading and encoding timed apart:
+# a stage pays the load once per process, so it is reported on its own rather than hidden in the limit.
+ENCODE = """
+{imports}
+from tokenization.sources import DocumentReader, Record, list_input_files
+reader = DocumentReader(list_input_files([ARGS["corpus"]]).files, ARGS["text_key"])
+texts = [r.text for r in reader if isinstance(r, Record) and r.text]
+start = time.time()
+tok = {load}
+LOAD_SECONDS = time.time() - start
+start = time.time()
+{encode}
+SECONDS = time.time() - start
+"""
+SNIPPETS |= {
+    f"{engine}_encode": ENCODE.format(imports=imports, load=load, encode=encode)
+    for engine, (imports, load, encode) in ENGINES.items()
+}
 RUNNER = """
 import json, sys, time
 ARGS = json.loads(sys.argv[1])
-SECONDS = None
+SECONDS = LOAD_SECONDS = None
 start = time.time()
 exec(compile(sys.argv[2], "snippet", "exec"))
 elapsed = SECONDS if SECONDS is not None else time.time() - start
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent, VmHWM belongs to this image only
 peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(json.dumps({"seconds": elapsed, "rss_mb": peak / 1024}))
+print(json.dumps({"seconds": elapsed, "rss_mb": peak / 1024, "load_seconds": LOAD_SECONDS}))
 """
 
 
 def measure(name: str, args: dict) -> dict:
+    """One run of a snippet in a fresh interpreter: its seconds, peak RSS and (encoders) load seconds."""
     out = args.get("out")
     if out:
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(out + "_logs", ignore_errors=True)
-    done = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(args), SNIPPETS[name]], capture_output=True,
-                          text=True, cwd=ROOT)  # fmt: skip
+    command = [sys.executable, "-c", RUNNER, json.dumps(args), SNIPPETS[name]]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def copy_time(src: str, work: Path) -> float:
-    import time
+def alternating(plan: dict[str, int], args: dict, work: Path) -> dict[str, list[dict]]:
+    """Each snippet's runs, as many as ``plan`` says, interleaved so that all see the same machine state (page
+    cache, clock, other load) rather than one getting the quiet minute."""
+    runs: dict[str, list[dict]] = {name: [] for name in plan}
+    for i in range(max(plan.values())):
+        for name, times in plan.items():
+            if i < times:
+                runs[name].append(measure(name, args | {"out": str(work / name)}))
+    return runs
 
+
+def fastest(runs: list[dict]) -> dict:
+    return min(runs, key=lambda r: r["seconds"])
+
+
+def engine_limits(args: dict, repeats: int, work: Path) -> dict[str, dict[str, float]]:
+    """Per engine, its best encode time and best load time over ``repeats`` alternating runs."""
+    runs = alternating({f"{engine}_encode": repeats for engine in ENGINES}, args, work)
+    return {
+        engine: {key: min(r[key] for r in runs[f"{engine}_encode"]) for key in ("seconds", "load_seconds")}
+        for engine in ENGINES
+    }
+
+
+def copy_time(src: Path, work: Path) -> float:
+    """``cp -r`` then ``sync``: what moving these bytes through the page cache to disk costs at the least."""
     dest = work / "cp-copy"
     shutil.rmtree(dest, ignore_errors=True)
     start = time.time()
-    subprocess.run(["cp", "-r", src, str(dest)], check=True)
+    subprocess.run(["cp", "-r", str(src), str(dest)], check=True)
     os.sync()
     return time.time() - start
 
 
 def synthetic_ranks(folder: Path, files: int, docs: int, low: int, high: int) -> int:
-    """Rank files of random tokens and document lengths (the merge cost depends on lengths, not on text)."""
+    """Rank files of random tokens and document lengths (the merge cost depends on lengths, not on text); their
+    token bytes."""
     from tokenization.formats.ds import TokenFileWriter
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -150,8 +196,8 @@ def synthetic_ranks(folder: Path, files: int, docs: int, low: int, high: int) ->
     total = 0
     for f in range(files):
         lengths = rng.integers(low, high, docs)
-        writer = TokenFileWriter(folder / f"{f:05d}_00000_doc_shuffled.ds", tokenizer="gpt2", token_size=2,
-                                 save_loss=False)  # fmt: skip
+        path = folder / f"{f:05d}_00000_doc_shuffled.ds"
+        writer = TokenFileWriter(path, tokenizer="gpt2", token_size=2, save_loss=False)
         writer.write(rng.integers(1, 50000, int(lengths.sum())).astype(np.uint16), np.cumsum(lengths))
         total += writer.close().tokens
     return total * 2
@@ -168,32 +214,6 @@ def link_corpus(source: Path, corpus: Path, copies: int) -> None:
                 (corpus / f"{copy:03d}-{path.name}").symlink_to(path.resolve())
 
 
-def memory_rows(work: Path, source: Path, base: dict, scale: int, docs: int) -> list[dict]:
-    """Peak RSS of each stage on 1x and ``scale``x the input: flat, apart from the index arrays."""
-    rows = []
-    for copies in sorted({1, scale}):
-        corpus = work / f"corpus-x{copies}"
-        link_corpus(source, corpus, copies)
-        ranks = work / f"ranks-x{copies}"
-        token_mb = synthetic_ranks(ranks, 8, docs * copies // 4, 200, 600) / 1e6
-        for label, name, args, mb in (
-            (
-                "tokenize + doc shuffle",
-                "ours_tokenize",
-                base | {"corpus": str(corpus)},
-                text_bytes(corpus, base["text_key"]) / 1e6,
-            ),
-            ("merge", "ours_merge", {"ranks": str(ranks)}, token_mb),
-            ("context shuffle", "ours_context", {"ranks": str(ranks)}, token_mb),
-        ):
-            r = measure(name, args | {"out": str(work / f"{name}-x{copies}")})
-            rows.append({"stage": label, "copies": copies, "input_mb": mb, "seconds": r["seconds"], "rss": r["rss_mb"]})
-            print(rows[-1], flush=True)
-            shutil.rmtree(work / f"{name}-x{copies}", ignore_errors=True)
-        shutil.rmtree(ranks, ignore_errors=True)
-    return rows
-
-
 def text_bytes(corpus: Path, text_key: str) -> int:
     """UTF-8 bytes of text in the corpus, the unit of the tokenize and count throughputs."""
     from tokenization.sources import DocumentReader, Record, list_input_files
@@ -203,135 +223,275 @@ def text_bytes(corpus: Path, text_key: str) -> int:
 
 
 def same_bytes(ours: Path, theirs: Path, suffixes: tuple[str, ...]) -> str:
-    """Whether two outputs hold the same files with these suffixes, byte for byte."""
+    """Whether two outputs hold the same files with these suffixes, byte for byte (streamed: the 1 GB row's files
+    do not fit comfortably in memory twice)."""
 
-    def files(folder: Path) -> dict[str, bytes]:
-        return {p.name: p.read_bytes() for p in sorted(folder.glob("*")) if p.name.endswith(suffixes)}
+    def names(folder: Path) -> list[str]:
+        return sorted(p.name for p in folder.iterdir() if p.name.endswith(suffixes))
 
-    a, b = files(ours), files(theirs)
-    return "yes" if a and a == b else "no"
-
-
-def best(name: str, args: dict, repeats: int) -> dict:
-    runs = [measure(name, args) for _ in range(repeats)]
-    return min(runs, key=lambda r: r["seconds"])
+    found = names(ours)
+    equal = found == names(theirs) and all(filecmp.cmp(ours / n, theirs / n, shallow=False) for n in found)
+    if found and equal:
+        return "yes"
+    return "same documents without our BOS" if ".ds" in suffixes and same_without_bos(ours, theirs) else "no"
 
 
-def main() -> None:
+def same_without_bos(ours: Path, theirs: Path) -> bool:
+    """Whether our documents, each without its first token, are datatrove's, in the same order: datatrove drops
+    the BOS that a tokenizer's post-processor adds (huggingface/datatrove#345), which ours keeps."""
+    from tokenization.formats.ds import TokenFile
+
+    a, b = ([TokenFile(str(p)) for p in sorted(folder.glob("*.ds"))] for folder in (ours, theirs))
+    if not a or len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        ends = np.asarray(x.ends, dtype=np.int64)
+        body = np.ones(len(x.tokens), dtype=bool)
+        body[ends - np.diff(ends, prepend=0)] = False
+        shifted = ends - np.arange(1, len(ends) + 1)
+        if not (np.array_equal(x.tokens[body], y.tokens) and np.array_equal(shifted, np.asarray(y.ends))):
+            return False
+    return True
+
+
+def size(mb: float) -> str:
+    return f"{mb / 1000:.2f} GB" if mb >= 1000 else f"{mb:.1f} MB"
+
+
+@dataclass
+class Bench:
+    """The rows of the speed table, each ours against datatrove (if it has the stage) and against its limits."""
+
+    work: Path
+    repeats: int
+    rows: list[dict] = field(default_factory=list)
+    loads: list[dict] = field(default_factory=list)  # each tokenizer's load time, per engine
+
+    def compare(
+        self,
+        label: str,
+        ours: str,
+        theirs: str | None,
+        args: dict,
+        mb: float,
+        limits: dict,
+        compare: tuple[str, ...] = COMPARED,
+        runs: tuple[int, int] | None = None,
+    ) -> None:
+        """One row. ``compare``: the suffixes whose bytes must equal datatrove's (none: not compared); ``runs``:
+        (ours, datatrove) run counts, when datatrove is too slow for ``repeats`` of it."""
+        ours_runs, their_runs = runs or (self.repeats, self.repeats)
+        plan = {ours: ours_runs} | ({theirs: their_runs} if theirs else {})
+        best = {name: fastest(results) for name, results in alternating(plan, args, self.work).items()}
+        o, t = best[ours], best.get(theirs)
+        cp = limits.get("cp + sync")
+        row = {
+            "stage": label,
+            "ours_s": o["seconds"],
+            "ours_mbs": mb / o["seconds"],
+            "ours_rss": o["rss_mb"],
+            "dt_s": t and t["seconds"],
+            "dt_rss": t and t["rss_mb"],
+            "speedup": t and t["seconds"] / o["seconds"],
+            "same": same_bytes(self.work / ours, self.work / theirs, compare) if t and compare else None,
+            "vs_cp": cp and o["seconds"] / cp,
+        }
+        self.rows.append(row | limits)
+        print(self.rows[-1], flush=True)
+
+
+# (header, key, format) of each table; a missing value prints as "-".
+SPEED_COLUMNS = (
+    ("stage", "stage", "{}"),
+    ("ours (s)", "ours_s", "{:.2f}"),
+    ("ours MB/s", "ours_mbs", "{:.1f}"),
+    ("ours peak RSS (MB)", "ours_rss", "{:.0f}"),
+    ("datatrove (s)", "dt_s", "{:.2f}"),
+    ("datatrove peak RSS (MB)", "dt_rss", "{:.0f}"),
+    ("speed-up", "speedup", "{:.2f}x"),
+    ("same bytes", "same", "{}"),
+    ("HF alone (s)", "HF", "{:.2f}"),
+    ("gigatoken alone (s)", "gigatoken", "{:.2f}"),
+    ("cp + sync (s)", "cp + sync", "{:.2f}"),
+    ("ours / cp + sync", "vs_cp", "{:.2f}x"),
+)
+LOAD_COLUMNS = (
+    ("tokenizer", "tokenizer", "{}"),
+    ("HF load (s)", "HF", "{:.2f}"),
+    ("gigatoken load (s)", "gigatoken", "{:.2f}"),
+)
+MEMORY_COLUMNS = (
+    ("stage", "stage", "{}"),
+    ("input (MB)", "input_mb", "{:.1f}"),
+    ("seconds", "seconds", "{:.2f}"),
+    ("peak RSS (MB)", "rss", "{:.0f}"),
+)
+
+
+def markdown_table(columns: tuple[tuple[str, str, str], ...], rows: list[dict]) -> list[str]:
+    def cell(row: dict, key: str, fmt: str) -> str:
+        return "-" if row.get(key) is None else fmt.format(row[key])
+
+    lines = ["| " + " | ".join(header for header, _, _ in columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(cell(row, key, fmt) for _, key, fmt in columns) + " |" for row in rows]
+
+
+# The stages that encode text: label, snippets (ours, datatrove's), and the outputs compared byte for byte.
+ENCODING_STAGES = {
+    "tokenize": ("tokenize + doc shuffle", "ours_tokenize", "datatrove_tokenize", COMPARED),
+    "count": ("count", "ours_count", "datatrove_count", ()),
+}
+
+
+def encoding_rows(bench: Bench, base: dict, mb: float, stages: list[str]) -> None:
+    """These encoding stages with one tokenizer, each against HF alone and gigatoken alone on the same texts."""
+    name = Path(base["tokenizer"]).parent.name
+    limits = engine_limits(base, bench.repeats, bench.work)
+    bench.loads.append({"tokenizer": name} | {engine: limit["load_seconds"] for engine, limit in limits.items()})
+    encode = {engine: limit["seconds"] for engine, limit in limits.items()}
+    for stage in stages:
+        label, ours, theirs, compare = ENCODING_STAGES[stage]
+        bench.compare(f"{label}, {name}", ours, theirs, base, mb, encode, compare=compare)
+
+
+def big_row(bench: Bench, source: Path, base: dict, mb: float, target_mb: float) -> None:
+    """Tokenize on at least ``target_mb`` of text (the corpus linked enough times): datatrove once, as it takes
+    minutes, and ours at most twice."""
+    copies = math.ceil(target_mb / mb)
+    corpus = bench.work / "corpus-big"
+    link_corpus(source, corpus, copies)
+    label = f"tokenize + doc shuffle, {Path(base['tokenizer']).parent.name}, {size(mb * copies)} ({copies} copies)"
+    runs = (min(2, bench.repeats), 1)
+    args = base | {"corpus": str(corpus)}
+    bench.compare(label, "ours_tokenize", "datatrove_tokenize", args, mb * copies, {}, runs=runs)
+
+
+def byte_rows(bench: Bench, docs: int, wanted: set[str]) -> None:
+    """Merge and context shuffle of synthetic ranks, against ``cp`` + ``sync`` of the same bytes; and verify."""
+    small = bench.work / "small"
+    small_mb = synthetic_ranks(small, 8, docs, 200, 600) / 1e6
+    small_cp = {"cp + sync": copy_time(small, bench.work)}
+    ranks = {"ranks": str(small)}
+    if "merge" in wanted:
+        bench.compare("merge, ~400-token docs", "ours_merge", "datatrove_merge", ranks, small_mb, small_cp)
+        large = bench.work / "large"
+        large_mb = synthetic_ranks(large, 8, docs // 50, 10_000, 30_000) / 1e6
+        large_cp = {"cp + sync": copy_time(large, bench.work)}
+        args = {"ranks": str(large)}
+        bench.compare("merge, ~20k-token docs", "ours_merge", "datatrove_merge", args, large_mb, large_cp)
+    if "context" in wanted:  # datatrove's index holds only window ends; ours also carries document ends, and loss
+        names = ("ours_context", "datatrove_context")
+        bench.compare("context shuffle", *names, ranks, small_mb, small_cp, compare=(".ds",))
+    if "verify" in wanted:
+        bench.compare("verify", "ours_verify", None, ranks, small_mb, {})
+
+
+def memory_rows(work: Path, source: Path, base: dict, text_mb: float, scale: int, docs: int) -> list[dict]:
+    """Peak RSS of each stage on 1x and ``scale``x the input: flat, apart from the index arrays."""
+    rows = []
+    for copies in sorted({1, scale}):
+        corpus = work / f"corpus-x{copies}"
+        link_corpus(source, corpus, copies)
+        ranks = work / f"ranks-x{copies}"
+        token_mb = synthetic_ranks(ranks, 8, docs * copies // 4, 200, 600) / 1e6
+        for label, name, args, mb in (
+            ("tokenize + doc shuffle", "ours_tokenize", base | {"corpus": str(corpus)}, text_mb * copies),
+            ("merge", "ours_merge", {"ranks": str(ranks)}, token_mb),
+            ("context shuffle", "ours_context", {"ranks": str(ranks)}, token_mb),
+        ):
+            r = measure(name, args | {"out": str(work / f"{name}-x{copies}")})
+            rows.append({"stage": label, "input_mb": mb, "seconds": r["seconds"], "rss": r["rss_mb"]})
+            print(rows[-1], flush=True)
+            shutil.rmtree(work / f"{name}-x{copies}", ignore_errors=True)
+        shutil.rmtree(ranks, ignore_errors=True)
+    return rows
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpora", default=str(SHARED / "corpora"))
     parser.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2" / "tokenizer.json"))
-    parser.add_argument(
-        "--hf-tokenizer",
-        default=str(SHARED / "tokenizers" / "mistral-7b" / "tokenizer.json"),
-        help="a tokenizer the fast engine declines, to measure the HF path (EOS </s>)",
-    )
+    others = " and ".join(OTHER_TOKENIZERS)
+    parser.add_argument("--tokenizers", default=str(SHARED / "tokenizers"), help=f"the folder holding {others}")
+    parser.add_argument("--big-mb", type=float, default=1000, help="the text the 1gb row reaches, in MB")
     parser.add_argument("--scale", type=int, default=10, help="the memory table's largest input, in corpus copies")
     parser.add_argument("--text-key", default="text", help="the field holding the text (default: text)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    parser.add_argument("--only", type=lambda s: s.split(","), default=list(ROWS), help=f"rows, of {','.join(ROWS)}")
+    parser.add_argument("--out", help=f"where the tables go (default: {RESULTS.relative_to(ROOT)} on a full run)")
     parser.add_argument("--smoke", action="store_true", help="tiny inputs, one repeat: checks that it runs")
     args = parser.parse_args()
+    if unknown := set(args.only) - set(ROWS):
+        parser.error(f"unknown rows {sorted(unknown)}; rows are {','.join(ROWS)}")
+    full = set(args.only) == set(ROWS) and not args.smoke
+    args.out = args.out or (str(RESULTS) if full else None)
     if args.smoke:
-        args.corpora, args.tokenizer, args.hf_tokenizer, args.repeats, args.scale = (
-            str(ROOT / "sample" / "corpus"),
-            str(ROOT / "sample" / "tokenizer.json"),
-            None,
-            1,
-            2,
-        )
+        args.corpora = str(ROOT / "sample" / "corpus")
+        args.tokenizer = str(ROOT / "sample" / "tokenizer.json")
+        args.repeats, args.scale, args.big_mb = 1, 2, 1.0
+        args.only = [row for row in args.only if row not in OTHER_TOKENIZERS]  # the sample has one tokenizer
+    return args
 
+
+def main() -> None:
+    args = parse_args()
+    wanted = set(args.only)
     work = Path(tempfile.mkdtemp(prefix="tokenization-bench-"))
     corpus = work / "corpus"
-    corpus.mkdir()
     link_corpus(Path(args.corpora), corpus, copies=1)
     text_mb = text_bytes(corpus, args.text_key) / 1e6
-    rows = []
-
-    def stage(label: str, ours: str, theirs: str | None, stage_args: dict, mb: float, limit, compare=COMPARED) -> None:
-        results = {}
-        for _ in range(args.repeats):  # alternate, so both see the same machine state
-            for name in filter(None, (ours, theirs)):
-                r = measure(name, stage_args | {"out": str(work / name)})
-                if name not in results or r["seconds"] < results[name]["seconds"]:
-                    results[name] = r
-        o, t = results[ours], results.get(theirs)
-        same = same_bytes(work / ours, work / theirs, compare) if theirs and compare else "-"
-        rows.append({"stage": label, "ours_s": o["seconds"], "ours_mbs": mb / o["seconds"], "ours_rss": o["rss_mb"],
-                     "input_mb": mb, "same": same,
-                     "dt_s": t and t["seconds"], "dt_rss": t and t["rss_mb"],
-                     "ratio": t and t["seconds"] / o["seconds"], "limit_s": limit})  # fmt: skip
-        print(rows[-1], flush=True)
-
+    bench, memory = Bench(work, args.repeats), []
     base = {"corpus": str(corpus), "tokenizer": args.tokenizer, "eos": EOS, "text_key": args.text_key}
-    hf = best("hf_encode", base, args.repeats)["seconds"]
-    fast = best("fast_encode", base, args.repeats)["seconds"]
-    limit = f"HF {hf:.2f}, fast {fast:.2f}"
-    stage("tokenize + doc shuffle", "ours_tokenize", "datatrove_tokenize", base, text_mb, limit)
-    stage("count", "ours_count", "datatrove_count", base, text_mb, limit, compare=())
-    if args.hf_tokenizer:
-        mistral = base | {"tokenizer": args.hf_tokenizer, "eos": "</s>"}
-        limit = f"HF {best('hf_encode', mistral, args.repeats)['seconds']:.2f}"
-        label = f"tokenize + doc shuffle, {Path(args.hf_tokenizer).parent.name} (HF path)"
-        stage(label, "ours_tokenize", "datatrove_tokenize", mistral, text_mb, limit)
+    if stages := [stage for stage in ENCODING_STAGES if stage in wanted]:
+        encoding_rows(bench, base, text_mb, stages)
+    for name, eos in OTHER_TOKENIZERS.items():
+        if name in wanted:
+            other = {"tokenizer": str(Path(args.tokenizers) / name / "tokenizer.json"), "eos": eos}
+            encoding_rows(bench, base | other, text_mb, ["tokenize"])
+    if "1gb" in wanted:
+        big_row(bench, Path(args.corpora), base, text_mb, args.big_mb)
     docs = 2_000 if args.smoke else 150_000
-    small = work / "small"
-    small_mb = synthetic_ranks(small, 8, docs, 200, 600) / 1e6
-    small_cp = copy_time(str(small), work)
-    stage("merge, ~400-token docs", "ours_merge", "datatrove_merge", {"ranks": str(small)}, small_mb, small_cp)
-    large = work / "large"
-    mb = synthetic_ranks(large, 8, docs // 50, 10_000, 30_000) / 1e6
-    stage(
-        "merge, ~20k-token docs",
-        "ours_merge",
-        "datatrove_merge",
-        {"ranks": str(large)},
-        mb,
-        copy_time(str(large), work),
-    )
-    stage(  # datatrove's index holds only window ends; ours also carries the document ends, and the loss
-        "context shuffle", "ours_context", "datatrove_context", {"ranks": str(small)}, small_mb, small_cp, (".ds",)
-    )
-    stage("verify", "ours_verify", None, {"ranks": str(small)}, small_mb, None)
-    memory = memory_rows(work, Path(args.corpora), base, args.scale, docs)
-    write_table(rows, memory, Path(args.out), text_mb, args)
+    if wanted & {"merge", "context", "verify"}:
+        byte_rows(bench, docs, wanted)
+    if "memory" in wanted:
+        memory = memory_rows(work, Path(args.corpora), base, text_mb, args.scale, docs)
+    text = "\n".join(report(bench, memory, text_mb, args)) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
     shutil.rmtree(work, ignore_errors=True)
 
 
-def write_table(rows: list[dict], memory: list[dict], out: Path, text_mb: float, args) -> None:
+def report(bench: Bench, memory: list[dict], text_mb: float, args: argparse.Namespace) -> list[str]:
+    """The speed table with its limits, the tokenizers' load times, and the memory table, in Markdown."""
     machine = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
+    big = f" (the GB row: datatrove once, ours best of {min(2, args.repeats)})" if "1gb" in args.only else ""
     lines = [
-        f"Benchmarks on {machine}; {text_mb:.1f} MB of text from `{args.corpora}`, tokenizer "
-        f"`{Path(args.tokenizer).parent.name}`; best of {args.repeats}, alternating runs.",
+        f"Benchmarks on {machine}; {text_mb:.1f} MB of text from `{args.corpora}`; best of {args.repeats} "
+        f"alternating runs{big}.",
         "",
-        "| stage | ours (s) | ours MB/s | ours peak RSS (MB) | datatrove (s) | datatrove peak RSS (MB) | speed-up "
-        "| same bytes | limit (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        dt = f"{r['dt_s']:.2f} | {r['dt_rss']:.0f} | {r['ratio']:.2f}x | {r['same']}" if r["dt_s"] else "- | - | - | -"
-        limit = r["limit_s"] if isinstance(r["limit_s"], str) else f"{r['limit_s']:.2f}" if r["limit_s"] else "-"
-        lines.append(
-            f"| {r['stage']} | {r['ours_s']:.2f} | {r['ours_mbs']:.1f} | {r['ours_rss']:.0f} | {dt} | {limit} |"
-        )
-    lines += [
+        *markdown_table(SPEED_COLUMNS, bench.rows),
         "",
-        "limit: for tokenize and count, HF `encode_batch_fast` alone and the fast engine alone (on every core); "
-        "`cp` of the same bytes for the others. MB/s: text for tokenize and count, tokens for the others. "
-        "same bytes: the .ds, .ds.index and .ds.loss files equal datatrove's (the context shuffle: the .ds; its "
-        "index also carries document ends, which datatrove's loses). Ours runs with datatrove's semantics "
+        "Each stage's time is a whole process: start, imports, loading the tokenizer (below), reading, writing. "
+        "Limits: HF `encode_batch_fast` alone and gigatoken `encode_batch` alone, on every core, on the same texts "
+        "already in memory, loading excluded; for the byte-moving rows, `cp -r` then `sync` of the same files, and "
+        "ours / cp + sync is ours divided by it. MB/s: text for tokenize and count, tokens for the "
+        "others. same bytes: the .ds, .ds.index and .ds.loss files equal datatrove's (the context shuffle: the .ds; "
+        "its index also carries document ends, which datatrove's loses). Ours runs with datatrove's semantics "
         "where the defaults differ (literal special-token text encoded as the special token, the context tail "
         "dropped); with a tokenizer whose post-processor adds a BOS (Mistral) the bytes differ by design, as "
-        "datatrove drops that BOS (huggingface/datatrove#345).",
-        "",
-        "Peak RSS as the input grows (tokenize: the corpus repeated; merge and context shuffle: ~400-token documents):",
-        "",
-        "| stage | input (MB) | seconds | peak RSS (MB) |",
-        "|---|---|---|---|",
+        "datatrove drops that BOS (huggingface/datatrove#345), and the documents are compared without it. "
+        "The GB row repeats the same corpus, which warms "
+        "gigatoken's word cache: a real corpus of that size, with more distinct words, tokenizes slower.",
     ]
-    lines += [f"| {m['stage']} | {m['input_mb']:.0f} | {m['seconds']:.2f} | {m['rss']:.0f} |" for m in memory]
-    out.write_text("\n".join(lines) + "\n")
-    print(out.read_text())
+    if bench.loads:
+        lines += ["", "Tokenizer load, in its own process (part of each stage's time):", ""]
+        lines += markdown_table(LOAD_COLUMNS, bench.loads)
+    if memory:
+        grows = "tokenize: the corpus repeated; merge and context shuffle: ~400-token documents"
+        lines += ["", f"Peak RSS as the input grows ({grows}):", ""]
+        lines += markdown_table(MEMORY_COLUMNS, memory)
+    return lines
 
 
 if __name__ == "__main__":

@@ -82,8 +82,11 @@ def test_two_attempts_at_once_never_mix(tmp_path, corpus, sample_tokenizer, clea
 def test_a_second_attempt_is_refused_naming_the_first(tmp_path, corpus, sample_tokenizer, clean) -> None:
     first = tokenize(corpus, tmp_path, sample_tokenizer)
     wait_for(lambda: (tmp_path / ".00000.lock").exists() and (tmp_path / ".staging").exists())
+    first.send_signal(signal.SIGSTOP)  # held mid-attempt, however fast it is, until the second has been refused
+    assert first.poll() is None and (tmp_path / ".00000.lock").exists()
     second = tokenize(corpus, tmp_path, sample_tokenizer)
     assert second.wait() == 1
+    first.send_signal(signal.SIGCONT)
     refusal = second.stderr.read().strip().splitlines()[-1]
     assert refusal.startswith(f"error: {tmp_path}/.00000.lock: attempt ") and f"pid {first.pid}" in refusal
     assert first.wait() == 0 and file_bytes(tmp_path) == clean and leftovers(tmp_path) == []

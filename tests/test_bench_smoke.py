@@ -1,24 +1,65 @@
-"""The benchmark script runs end to end on the bundled sample (a smoke test: nothing is asserted about time)."""
+"""The benchmark script runs end to end on the bundled sample (a smoke test: nothing is asserted about time), and
+its tables say what they claim: which rows, which limit each row is held against, and datatrove's bytes."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 from tests.conftest import ROOT
 
+NUMBER = re.compile(r"\d+\.\d+")
+RATIO = re.compile(r"\d+\.\d+x")
 
-def test_bench_smoke_writes_the_table(tmp_path) -> None:
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), *args], capture_output=True, text=True)
+
+
+def tables(text: str) -> dict[str, list[dict[str, str]]]:
+    """Each Markdown table in ``text``, by its first header, as rows of cells by header."""
+    found: dict[str, list[dict[str, str]]] = {}
+    for block in re.findall(r"(?:^\|.*\|\n)+", text, flags=re.MULTILINE):
+        header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()]
+        found[header[0]] = [dict(zip(header, row, strict=True)) for row in rows]
+    return found
+
+
+def column(rows: list[dict[str, str]], header: str) -> list[str]:
+    return [row[header] for row in rows]
+
+
+def test_bench_smoke_writes_the_tables(tmp_path) -> None:
     out = tmp_path / "RESULTS.md"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    done = bench("--smoke", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     speed, memory = out.read_text().split("Peak RSS as the input grows")
-    rows = [line for line in speed.splitlines() if line.startswith("| ") and not line.startswith("| stage")]
-    stages = [row.split(" | ")[0].removeprefix("| ") for row in rows]
-    assert stages == ["tokenize + doc shuffle", "count", "merge, ~400-token docs", "merge, ~20k-token docs",
-                      "context shuffle", "verify"]  # fmt: skip
-    assert all("x |" in row for row in rows[:-1])  # a ratio to datatrove for every stage it has
-    assert [row.split(" | ")[7] for row in rows] == ["yes", "-", "yes", "yes", "yes", "-"]  # datatrove's bytes
-    grown = [line.split(" | ")[:2] for line in memory.splitlines() if line.startswith("| ") and "---" not in line]
-    assert [stage for stage, _ in grown[1:]] == ["| tokenize + doc shuffle", "| merge", "| context shuffle"] * 2
+    rows, loads = tables(speed)["stage"], tables(speed)["tokenizer"]
+
+    stages = column(rows, "stage")
+    assert stages[:2] == ["tokenize + doc shuffle, sample", "count, sample"]
+    assert re.fullmatch(r"tokenize \+ doc shuffle, sample, \d+\.\d MB \(\d+ copies\)", stages[2])  # the GB row
+    assert stages[3:] == ["merge, ~400-token docs", "merge, ~20k-token docs", "context shuffle", "verify"]
+    assert all(RATIO.fullmatch(speed_up) for speed_up in column(rows[:-1], "speed-up"))  # datatrove has all but verify
+    assert column(rows, "same bytes") == ["yes", "-", "yes", "yes", "yes", "yes", "-"]
+
+    encoding, byte_moving = rows[:2], rows[3:6]  # the limits: engines alone, or cp + sync
+    for header in ("HF alone (s)", "gigatoken alone (s)"):
+        assert all(NUMBER.fullmatch(cell) for cell in column(encoding, header))
+        assert set(column(rows[2:], header)) == {"-"}
+    assert all(NUMBER.fullmatch(cell) for cell in column(byte_moving, "cp + sync (s)"))
+    assert all(RATIO.fullmatch(cell) for cell in column(byte_moving, "ours / cp + sync"))
+    assert set(column(rows[:3] + rows[6:], "cp + sync (s)")) == {"-"}
+
+    assert [row["tokenizer"] for row in loads] == ["sample"]
+    assert all(NUMBER.fullmatch(row[engine]) for row in loads for engine in ("HF load (s)", "gigatoken load (s)"))
+
+    grown = column(tables(memory)["stage"], "stage")
+    assert grown == ["tokenize + doc shuffle", "merge", "context shuffle"] * 2
+
+
+def test_bench_refuses_unknown_rows() -> None:
+    done = bench("--only", "tokenize,nonsense")
+    assert done.returncode == 2
+    assert "unknown rows ['nonsense']" in done.stderr

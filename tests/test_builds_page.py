@@ -75,7 +75,7 @@ def test_report_numbers_are_the_manifests_and_the_datas(build) -> None:
     assert report["tokens"] == sum(recounted.values()) == manifest["tokens"]
     assert sum(row["docs"] for row in report["length_histogram"]) == c["docs_out"]
     assert report["tokens_dropped"]["total"] == 0
-    assert report["tokenizer"]["engines"] == ["tiktoken"] and report["settings"]["seed"] == 1234
+    assert report["tokenizer"]["engines"] == ["gigatoken"] and report["settings"]["seed"] == 1234
 
     before = (folder / "report.json").read_bytes()
     (folder / "report.json").unlink()

@@ -127,7 +127,7 @@ def test_engine_and_threads_reach_the_stats(tmp_path, sample_corpus, sample_toke
                    "--engine", engine, "--threads", "1", "--stats-out", str(stats))  # fmt: skip
         assert done.returncode == 0, done.stderr
         engines[engine] = json.loads(stats.read_text())
-    assert [engines[e]["tokenizer"]["engine"] for e in ("auto", "hf")] == ["tiktoken", "hf"]
+    assert [engines[e]["tokenizer"]["engine"] for e in ("auto", "hf")] == ["gigatoken", "hf"]
     assert engines["auto"]["tokens"] == engines["hf"]["tokens"] == 64522
-    assert engines["auto"]["tokenizer"]["self_checked_docs"] == 5  # documents 0, 64, ..., 256 of 308
+    assert engines["auto"]["tokenizer"]["self_checked_docs"] == 1  # document 0 of 308: one in CHECK_EVERY
     assert cli("count", str(sample_corpus), "--tokenizer", str(sample_tokenizer), "--threads", "0").returncode == 2

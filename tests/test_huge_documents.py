@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from tests.conftest import shared_path
 from tokenization import encoding
 from tokenization.encoding import CUT_PROBE, Encoder, EngineMismatch, Piece
-from tokenization.fast_bpe import FastBPE
+from tokenization.fast_engine import FastEngine
 from tokenization.formats.ds import TokenFile
 
 PIECE_CHARS = 2048  # ~50 pieces a document below
@@ -69,7 +69,7 @@ def test_cut_documents_get_hfs_ids_for_the_whole(name: str, engine: str, long_do
     path = str(shared_path("tokenizers", name, "tokenizer.json"))
     encoder = Encoder(path, engine=engine)
     got = document_ids(encoder.encode(long_docs))
-    assert encoder.engine == ("tiktoken" if engine == "auto" else "hf")
+    assert encoder.engine == ("gigatoken" if engine == "auto" else "hf")
     reference = Tokenizer.from_file(path)  # its own post-processor: mistral's BOS
     reference.encode_special_tokens = True
     expected = [[*e.ids, encoder.eos_id] for e in reference.encode_batch_fast(long_docs)]
@@ -119,22 +119,23 @@ def test_cut_documents_get_the_loss_bytes_of_a_whole_one(name, engine, long_docs
 
 def test_the_fast_engines_self_check_samples_pieces(long_docs, pieces, monkeypatch) -> None:
     """A huge document is checked one piece in ``CHECK_EVERY``, never whole, and a wrong piece is found."""
+    monkeypatch.setattr(encoding, "CHECK_EVERY", 8)
     path = str(shared_path("tokenizers", "gpt2", "tokenizer.json"))
     encoder = Encoder(path)
     encoder.encode([long_docs[1]])
     assert len(pieces) > 1 and encoder.checked_docs == 1 + (len(pieces) - 1) // encoding.CHECK_EVERY
     monkeypatch.setattr(encoding, "PIECE_CHARS", PIECE_CHARS // 4)
-    original, seen = FastBPE.encode, []
+    original, seen = FastEngine.encode, []
 
     def wrong_on_one(self, texts):
-        ranks = original(self, texts)
-        for k in range(len(texts)):
-            if len(seen) + k == encoding.CHECK_EVERY:
-                ranks[k] = ranks[k][:-1]
+        ids, lengths = original(self, texts)
+        k = encoding.CHECK_EVERY - len(seen)
+        if 0 <= k < len(texts):
+            ids[lengths[:k].sum()] += 1
         seen.extend(texts)
-        return ranks
+        return ids, lengths
 
-    monkeypatch.setattr(FastBPE, "encode", wrong_on_one)
+    monkeypatch.setattr(FastEngine, "encode", wrong_on_one)
     with pytest.raises(EngineMismatch, match=r"^document 0 of this run \(characters [1-9]\d*-\d+\): the fast engine"):
         Encoder(path).encode([long_docs[1]])
 
@@ -187,8 +188,7 @@ def test_a_50_mb_document_needs_under_1_gb(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     peak_kb = int(done.stderr.strip().splitlines()[-1])
     assert peak_kb < MAX_RSS_KB, f"peak RSS {peak_kb} kB"
-    fast = FastBPE(json.loads(gpt2.read_text()), "text", 1)
-    expected = fast.ids(fast.encode([text])[0])
+    expected, _ = FastEngine(gpt2.read_bytes(), 1).encode([text])
     written = TokenFile(str(next((tmp_path / "out").glob("*.ds")))).tokens
     assert len(written) == len(expected) + 1 and written[-1] == 50256
     np.testing.assert_array_equal(written[:-1], expected)

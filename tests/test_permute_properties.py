@@ -22,17 +22,15 @@ def _corpus(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tokens, loss, np.cumsum(lengths)
 
 
-# Every way a block reads a source: (span reads, one pread a unit, per-unit slice copies) switched on or off.
+# Every way a block reads a source: one span read, one pread a unit.
 READ_PATHS = {
     "span": {"SPAN_READ_MAX_WASTE": 10**9},
-    "pread": {"SPAN_READ_MAX_WASTE": 0, "PREAD_MIN_MEAN": 0},
-    "slices": {"SPAN_READ_MAX_WASTE": 0, "PREAD_MIN_MEAN": 10**9, "SLICE_COPY_MIN_MEAN": 0},
-    "gather": {"SPAN_READ_MAX_WASTE": 0, "PREAD_MIN_MEAN": 10**9, "SLICE_COPY_MIN_MEAN": 10**9},
+    "pread": {"SPAN_READ_MAX_WASTE": 0},
 }
 read_paths = st.sampled_from(sorted(READ_PATHS))
 
 
-def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None, path="gather"):
+def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None, path="pread"):
     for old in tmp_path.glob("*.ds*"):
         old.unlink()
     source = TokenFileWriter(tmp_path / "src.ds", tokenizer="t", token_size=2, save_loss=True)

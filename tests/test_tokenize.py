@@ -182,6 +182,17 @@ def test_manifest_checksums_and_marker(tmp_path, sample_corpus, sample_tokenizer
             assert (len(data), hashlib.sha256(data).hexdigest()) == (info["bytes"], info["sha256"])
 
 
+def test_throughput_counts_text_bytes_without_the_tokenizers_loading(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    result = run([sample_corpus], tmp_path, sample_tokenizer)
+    text_bytes = sum(len(r["text"].encode()) for r in sample_records())
+    load = result["tokenizer"]["load_seconds"]
+    assert result["counts"]["text_bytes"] == text_bytes > 2 * result["input_bytes"]  # the input is gzipped
+    assert 0 < load < result["seconds"]
+    working = result["seconds"] - load
+    assert result["throughput"]["text_mb_per_s"] == pytest.approx(text_bytes / 1e6 / working, rel=1e-3)
+    assert result["throughput"]["tokens_per_s"] == pytest.approx(result["counts"]["tokens"] / working, rel=1e-3)
+
+
 def test_a_failed_rerun_leaves_no_marker(tmp_path, sample_tokenizer) -> None:
     good = write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "fine"}] * 3)
     run([good], tmp_path / "out", sample_tokenizer)

@@ -189,7 +189,8 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         f"{counts['empty']} empty, {counts['rejected_total']} rejected, {counts['tokens_written']} tokens in "
         f"{len(result['outputs'])} files, {counts['tokens_dropped']} dropped, "
         f"{counts['special_token_literals_total']} special-token literals; {result['seconds']:.1f}s "
-        f"({result['throughput']['input_mb_per_s']} MB/s) -> {config.output}"
+        f"({result['tokenizer']['load_seconds']:.1f}s loading the tokenizer, then "
+        f"{result['throughput']['text_mb_per_s']} MB/s of text) -> {config.output}"
     )
     return 0
 

@@ -70,6 +70,7 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> dict:
             fs, path = open_fs(config.annotate)
             publish_file(Path(tmp) / _annotation_name(config.annotate), fs, path)
     c = counts.to_json()
+    seconds = round(time.time() - started, 3)
     stats = {
         "format": "corpus-tokenization/count/1",
         "tokenizer": encoder.describe(),
@@ -86,7 +87,8 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> dict:
         "max_tokens_per_doc": longest,
         "files": [{"url": f.url, "bytes": f.size, **_file_counts(per_file[f.url])} for f in files],
         "length_histogram": c["length_histogram"],
-        "seconds": round(time.time() - started, 3),
+        "seconds": seconds,
+        "throughput": manifest.throughput(seconds, encoder.load_seconds, c["text_bytes"], c["tokens"]),
     }
     if config.stats_out:
         fs, path = open_fs(config.stats_out)

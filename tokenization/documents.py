@@ -17,7 +17,7 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 import orjson
 
-from tokenization.encoding import Encoded, Encoder
+from tokenization.encoding import Encoded, Encoder, Prepared
 from tokenization.errors import UsageError
 from tokenization.progress import Progress, ProgressMode
 from tokenization.sources import DocumentReader, Record, Rejected
@@ -185,13 +185,17 @@ def encoded_batches(
     ``options.batch_bytes`` bytes of text, with loss bytes when ``options.save_loss``.
 
     Three things overlap: a thread reads, decompresses and parses the input; another encodes one batch (the engine
-    releases the GIL) while the caller writes the previous one. Progress: see ``tokenization.progress``."""
+    releases the GIL) while the caller writes the previous one and prepares the next (``Encoder.prepare``).
+    Progress: see ``tokenization.progress``."""
     shown = Progress(desc, reader.total_bytes, "B", progress)
 
-    def encode(records: list[Record]) -> Batch:
+    def prepared(records: list[Record]) -> Prepared:
         texts = [r for r in records if r.text]
         ranges = [r.no_loss_ranges for r in texts] if options.save_loss else None
-        return Batch(records, encoder.encode([r.text for r in texts], ranges))
+        return encoder.prepare([r.text for r in texts], ranges)
+
+    def encode(records: list[Record], batch: Prepared) -> Batch:
+        return Batch(records, encoder.encode_prepared(batch))
 
     def done(batch: Batch) -> Batch:
         counts.docs_written += len(batch.encoded.lengths)
@@ -205,7 +209,7 @@ def encoded_batches(
         pending: Future | None = None
         ahead = ReadAhead(reader, _text_length, chunk=READ_AHEAD_CHARS, where=lambda: reader.bytes_read)
         for records in _record_batches(ahead, counts, options, reject):
-            submitted = encoding.submit(encode, records)
+            submitted = encoding.submit(encode, records, prepared(records))  # prepared while the last batch encodes
             if pending is not None:
                 yield done(pending.result())
             pending = submitted

@@ -5,10 +5,11 @@ The EOS is appended by the tokenizer's post-processor, as datatrove does, but a 
 post-processor adds is kept (datatrove drops it: huggingface/datatrove#345). Unless told otherwise, the EOS is the
 tokenizer's own end-of-text token (``Encoder._own_eos`` says where it is looked for).
 
-Byte-level BPE tokenizers are encoded by the fast engine (``fast_bpe``) when it can represent them. Its ids must
-be HF's: every run re-encodes a sample of its pieces with HF (one in ``CHECK_EVERY``, from the first, and every
-piece that needs loss offsets) and raises ``EngineMismatch`` on any difference, so that the stage can start over
-on HF.
+Tokenizers are encoded by the fast engine (``fast_engine``) when it loads them. Its ids must be HF's: every run
+re-encodes a sample of its pieces with HF (one in ``CHECK_EVERY``, from the first, and every piece that needs loss
+offsets) and raises ``EngineMismatch`` on any difference, so that the stage can start over on HF. Under the "text"
+policy, pieces that hold special-token text are encoded by HF alone, as the fast engine always reads that text as
+the special token.
 
 HF holds ~100 bytes for every character it encodes (an ``Encoding`` keeps strings and offsets for each token,
 a normalized string keeps alignments for each byte): one 50 MB document would need 5 GB. A text longer than
@@ -26,6 +27,7 @@ import logging
 import os
 import posixpath
 import re
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 from tokenizers.processors import TemplateProcessing
 
-from tokenization.fast_bpe import FastBPE, Unsupported
+from tokenization.fast_engine import FastEngine, Unsupported
 from tokenization.formats.ds import token_size_for_vocab
 from tokenization.storage import is_local, open_fs
 
@@ -48,7 +50,7 @@ SpecialTextPolicy = Literal["text", "special"]
 SPECIAL_TEXT_POLICIES: tuple[str, ...] = ("text", "special")
 EngineChoice = Literal["auto", "hf"]
 ENGINES: tuple[str, ...] = ("auto", "hf")
-CHECK_EVERY = 64  # one piece in 64 is encoded again by HF: ~1/64 of HF's cost on top of the fast engine's
+CHECK_EVERY = 1024  # one piece in 1024 is encoded again by HF, on a few cores at ~1 MB/s: ~5% on top of the engine
 # Well-known end-of-text tokens, in order of preference (GPT-2 and many others, Llama-3, SentencePiece, Gemma,
 # DeepSeek, Phi-3): a tokenizer that holds both <|endoftext|> and </s> ends documents with <|endoftext|>.
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<｜end▁of▁sentence｜>", "<|end|>")
@@ -157,6 +159,16 @@ class Piece(NamedTuple):
     dropped_space: bool = False
 
 
+class Prepared(NamedTuple):
+    """A batch ready for the engine: its texts, no-loss ranges, pieces, and the special-token text it holds."""
+
+    texts: list[str]
+    no_loss: list[Ranges | None] | None
+    pieces: list[Piece]
+    literals: Counter
+    literal_docs: set[int]
+
+
 class Encoder:
     """Encodes documents exactly as the tokenize stage writes them (and as ``count`` counts them)."""
 
@@ -178,6 +190,7 @@ class Encoder:
             raise TokenizerError(f"threads must be at least 1, got {threads}")
         if no_eos and eos_token is not None:
             raise TokenizerError(f"an EOS token ({eos_token!r}) and no EOS were both asked for: choose one")
+        started = time.perf_counter()
         self.name = name_or_path
         self.threads = threads or available_threads()
         if threads:  # HF's Rust thread pool reads this when it first starts
@@ -185,10 +198,9 @@ class Encoder:
         self.tokenizer, data = load_tokenizer_bytes(name_or_path)
         self.tokenizer.no_truncation()  # a document is never cropped, nor padded
         self.tokenizer.no_padding()
-        self._spec = json.loads(data)
         self.engine = "hf"
         self.engine_note = "asked for HF" if engine == "hf" else None
-        self._fast: FastBPE | None = None
+        self._fast: FastEngine | None = None
         self.checked_docs = 0
         self._docs_seen = 0
         self._pieces_seen = 0
@@ -196,7 +208,7 @@ class Encoder:
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.token_size = token_size_for_vocab(self.vocab_size)
         self.special_text = special_text
-        added = self._spec.get("added_tokens") or []
+        added = json.loads(data).get("added_tokens") or []
         specials = {t["content"] for t in added if t.get("special")}
         self.special_tokens = sorted(specials, key=lambda t: (-len(t), t))  # longest first, for the literal regex
         self.bos_ids, appended = self._special_ids_around()
@@ -210,12 +222,13 @@ class Encoder:
         self._literal_re = re.compile("|".join(map(re.escape, self.special_tokens))) if self.special_tokens else None
         self._literal_prefixes = tuple({t[:2] for t in self.special_tokens})
         if engine == "auto":
-            self._choose_engine()
+            self._choose_engine(data)
+        self.load_seconds = round(time.perf_counter() - started, 3)  # reported apart from the work's rates
 
-    def _choose_engine(self) -> None:
+    def _choose_engine(self, data: bytes) -> None:
         try:
-            self._fast = FastBPE(self._spec, self.special_text, self.threads)
-            self.engine, self.engine_note = "tiktoken", None
+            self._fast = FastEngine(data, self.threads)
+            self.engine, self.engine_note = "gigatoken", None
         except Unsupported as exc:
             self.engine_note = f"fast engine declined: {exc}"
             log.info("%s: encoding with HF tokenizers (%s)", self.name, self.engine_note)
@@ -303,6 +316,7 @@ class Encoder:
             "engine": self.engine,
             "engine_note": self.engine_note,
             "self_checked_docs": self.checked_docs,
+            "load_seconds": self.load_seconds,
         }
 
     def count_special_literals(self, text: str) -> Counter:
@@ -313,11 +327,25 @@ class Encoder:
     def encode(self, texts: list[str], no_loss: list[Ranges | None] | None = None) -> Encoded:
         """Encode a batch. With ``no_loss`` (one entry per text) loss bytes are computed: 0 for every token that
         overlaps a no-loss character range, 1 elsewhere; the document is never cropped and its EOS keeps loss."""
+        return self.encode_prepared(self.prepare(texts, no_loss))
+
+    def prepare(self, texts: list[str], no_loss: list[Ranges | None] | None = None) -> Prepared:
+        """The Python half of encoding a batch: its special-token text counted, its long texts cut into pieces. It
+        holds the GIL, so a pipeline runs it on another thread while the engine encodes the batch before."""
         literals: Counter = Counter()
-        for text in texts:
-            literals.update(self.count_special_literals(text))
+        literal_docs: set[int] = set()
+        for doc, text in enumerate(texts):
+            found = self.count_special_literals(text)
+            if found:
+                literals.update(found)
+                literal_docs.add(doc)
         pieces = [piece for doc, text in enumerate(texts) for piece in self._pieces(doc, text)]
-        parts = [self._encode_group(texts, pieces, group, no_loss) for group in piece_groups(pieces)]
+        return Prepared(texts, no_loss, pieces, literals, literal_docs)
+
+    def encode_prepared(self, batch: Prepared) -> Encoded:
+        """Encode a prepared batch: its pieces by the engine, then each document framed by its BOS and EOS."""
+        texts, no_loss, pieces, literal_docs = batch.texts, batch.no_loss, batch.pieces, batch.literal_docs
+        parts = [self._encode_group(texts, pieces, group, no_loss, literal_docs) for group in piece_groups(pieces)]
         body = joined([ids for ids, _, _ in parts], np.int64)
         body_lengths = np.zeros(len(texts), dtype=np.int64)
         np.add.at(body_lengths, [piece.doc for piece in pieces], joined([n for _, n, _ in parts], np.int64))
@@ -331,41 +359,55 @@ class Encoder:
             kept = ~joined([held_out for _, _, held_out in parts], bool)
             loss = framed(kept.view(np.uint8), body_lengths, [1] * len(self.bos_ids), [1] * len(self.tail_ids))
         lengths = body_lengths + len(self.bos_ids) + len(self.tail_ids)
-        return Encoded(tokens, lengths, loss, literals)
+        return Encoded(tokens, lengths, loss, batch.literals)
 
     def _encode_group(
-        self, texts: list[str], pieces: list[Piece], group: range, no_loss: list[Ranges | None] | None
+        self,
+        texts: list[str],
+        pieces: list[Piece],
+        group: range,
+        no_loss: list[Ranges | None] | None,
+        literal_docs: set[int],
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The group's ids (flat), its pieces' lengths and, with ``no_loss``, which tokens carry none. HF encodes
-        every piece on its engine, else the fast engine's sampled pieces and every piece that needs offsets; the
+        every piece on its engine; else it encodes the fast engine's sampled pieces, every piece that needs offsets
+        and, under the "text" policy, every piece holding special-token text, whose ids are then HF's. The
         Encodings are dropped here, once their ids are out."""
         strings = [texts[pieces[k].doc][pieces[k].start : pieces[k].end] for k in group]
         needs_spans = [no_loss is not None and bool(no_loss[pieces[k].doc]) for k in group]
-        if self._fast is None:
-            reference = list(range(len(group)))
-        else:
-            reference = [j for j, k in enumerate(group) if needs_spans[j] or (self._pieces_seen + k) % CHECK_EVERY == 0]
-        encode = self.tokenizer.encode_batch if any(needs_spans) else self.tokenizer.encode_batch_fast
-        encodings = encode([strings[j] for j in reference], add_special_tokens=False)
-        ids, lengths = flat_ids([e.ids for e in encodings]) if self._fast is None else self._fast_ids(strings)
-        starts = np.cumsum(lengths) - lengths
+        by_hf = set(range(len(group)))
         if self._fast is not None:
-            for j, encoding in zip(reference, encodings, strict=True):
-                self._compare(texts, pieces[group[j]], ids[starts[j] : starts[j] + lengths[j]], encoding.ids)
-            self.checked_docs += len(reference)
+            held = [j for j, k in enumerate(group) if pieces[k].doc in literal_docs]
+            by_hf = {j for j in held if self._holds_literal(strings[j])}
+        reference = [
+            j for j, k in enumerate(group) if j in by_hf or needs_spans[j] or (self._pieces_seen + k) % CHECK_EVERY == 0
+        ]
+        encode = self.tokenizer.encode_batch if any(needs_spans) else self.tokenizer.encode_batch_fast
+        encodings = dict(zip(reference, encode([strings[j] for j in reference], add_special_tokens=False), strict=True))
+        if self._fast is None:
+            ids, lengths = flat_ids([e.ids for e in encodings.values()])
+        else:
+            ids, lengths = self._fast.encode(strings)
+            starts = np.cumsum(lengths) - lengths
+            checked = [j for j in reference if j not in by_hf]
+            for j in checked:
+                self._compare(texts, pieces[group[j]], ids[starts[j] : starts[j] + lengths[j]], encodings[j].ids)
+            self.checked_docs += len(checked)
+            if by_hf:
+                ids, lengths = replaced(ids, lengths, {j: encodings[j].ids for j in by_hf})
         if no_loss is None:
             return ids, lengths, None
+        starts = np.cumsum(lengths) - lengths
         held_out = np.zeros(len(ids), dtype=bool)
-        for j, encoding in zip(reference, encodings, strict=True):
+        for j, encoding in encodings.items():
             if needs_spans[j]:
                 piece = pieces[group[j]]
                 held_out[starts[j] : starts[j] + lengths[j]] = no_loss_mask(encoding, piece, no_loss[piece.doc])
         return ids, lengths, held_out
 
-    def _fast_ids(self, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The fast engine's ids for these texts, flat, and how many each text has."""
-        ranks = self._fast.encode(strings)
-        return self._fast.ids(joined(ranks, np.int64)), np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+    def _holds_literal(self, text: str) -> bool:
+        """Whether the text holds special-token text that the "text" policy encodes as plain text."""
+        return self.special_text == "text" and self._literal_re is not None and bool(self._literal_re.search(text))
 
     def _compare(self, texts: list[str], piece: Piece, fast: np.ndarray, reference: list[int]) -> None:
         if len(fast) != len(reference) or not np.array_equal(fast, reference):
@@ -445,6 +487,14 @@ def piece_groups(pieces: list[Piece]) -> Iterator[range]:
         yield range(begin, len(pieces))
 
 
+def replaced(ids: np.ndarray, lengths: np.ndarray, by_index: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Flat ``ids`` cut by ``lengths``, with the runs of the given indices replaced by other ids."""
+    runs = np.split(ids, np.cumsum(lengths)[:-1])
+    for j, other in by_index.items():
+        runs[j] = np.asarray(other, dtype=ids.dtype)
+    return joined(runs, ids.dtype), np.fromiter(map(len, runs), dtype=np.int64, count=len(runs))
+
+
 def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
     """``arrays`` end to end, also when there are none."""
     return np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)
@@ -457,19 +507,20 @@ def flat_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def framed(body: np.ndarray, body_lengths: np.ndarray, head: list[int], tail: list[int]) -> np.ndarray:
-    """Each document's run of ``body`` between ``head`` and ``tail``, placed by index arithmetic."""
+    """Each document's run of ``body`` between ``head`` and ``tail``. The frame's places are marked in a byte mask
+    and the body fills the rest in one masked copy (~1 ns a token; index arrays would cost 16 bytes a token)."""
     if not head and not tail:
         return body
     lengths = body_lengths + len(head) + len(tail)
-    starts = np.cumsum(lengths) - lengths
-    out = np.empty(int(lengths.sum()), dtype=body.dtype)
-    where = np.repeat(starts + len(head) - (np.cumsum(body_lengths) - body_lengths), body_lengths)
-    where += np.arange(len(body))
-    out[where] = body
-    for k, value in enumerate(head):
-        out[starts + k] = value
-    for k, value in enumerate(tail):
-        out[starts + lengths - len(tail) + k] = value
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=body.dtype)
+    frame = np.zeros(len(out), dtype=bool)
+    starts = ends - lengths
+    places = [(starts + k, v) for k, v in enumerate(head)] + [(ends - len(tail) + k, v) for k, v in enumerate(tail)]
+    for where, value in places:
+        out[where] = value
+        frame[where] = True
+    out[~frame] = body
     return out
 
 

@@ -94,6 +94,8 @@ def _rank_row(rank: dict) -> dict:
         "rejected_total": c["rejected_total"],
         "special_token_literals": c["special_token_literals_total"],
         "seconds": rank["seconds"],
+        "load_seconds": rank["tokenizer"].get("load_seconds"),
+        "text_mb_per_s": rank.get("throughput", {}).get("text_mb_per_s"),
         "engine": rank["tokenizer"].get("engine", "hf"),
     }
 
@@ -125,7 +127,8 @@ def render_html(data: dict) -> str:
     ]
     rank_rows = [
         [r["rank"], r["docs_read"], r["docs_written"], r["tokens"], r["empty"], _reasons(r["rejected"]),
-         r["special_token_literals"], f"{r['seconds']:.1f}", r["engine"]]
+         r["special_token_literals"], f"{r['seconds']:.1f}", _show(r["load_seconds"]), _show(r["text_mb_per_s"]),
+         r["engine"]]
         for r in data["ranks"]
     ]  # fmt: skip
     file_rows = [[f["name"], f["tokens"], f["index_entries"]] for f in data["files"]]
@@ -157,6 +160,8 @@ written + {c["empty"]} empty + {c["quarantined"]} quarantined ({holds}).</p>
                 "rejected",
                 "special-token literals",
                 "seconds",
+                "tokenizer loading (s)",
+                "MB/s of text",
                 "engine",
             ],
             rank_rows,

@@ -6,15 +6,14 @@ Every line or row read ends up as exactly one of: a :class:`Record` (which may h
 
 from __future__ import annotations
 
-import gzip
 import io
 import logging
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import orjson
 import zstandard
+from isal import igzip, isal_zlib
 
 from tokenization.errors import reaching
 from tokenization.storage import is_local, open_fs
@@ -267,8 +266,8 @@ class DocumentReader:
             self._raw = raw
             try:
                 stream: io.IOBase = raw
-                if compression == "gzip":
-                    stream = gzip.GzipFile(fileobj=raw, mode="rb")
+                if compression == "gzip":  # ISA-L inflates ~3x faster than zlib: the reader keeps up with the encoder
+                    stream = igzip.GzipFile(fileobj=raw, mode="rb")
                 elif compression == "zstd":
                     stream = io.BufferedReader(_ZstdFrames(raw), READ_BUFFER)
                 for line_no, line in enumerate(stream, 1):
@@ -290,7 +289,7 @@ class DocumentReader:
                     yield self._parse(obj, url, line_no, line)
                 if raw.tell() < file.size:  # a short read must never pass for a short file
                     raise InputError(f"{url}: read {raw.tell()} of its {file.size} bytes, then the storage said EOF")
-            except (EOFError, OSError, zlib.error, zstandard.ZstdError) as exc:
+            except (EOFError, OSError, isal_zlib.error, zstandard.ZstdError) as exc:
                 raise InputError(
                     f"{url}: corrupt or truncated {compression or 'file'} data after line {line_no} "
                     f"(the last good line); {type(exc).__name__}: {exc}"

@@ -25,9 +25,18 @@ class CorpusBuildsPlugin(AirflowPlugin):
     name = "corpus_builds"
     fastapi_apps: ClassVar[list] = [{"app": app, "url_prefix": PREFIX, "name": "Corpus builds"}]
     external_views: ClassVar[list] = [
-        {"name": "Corpus builds", "href": f"{PREFIX}/", "url_route": "corpus-builds", "destination": "nav",
-         "category": "browse"},
-        {"name": "Build report", "href": f"{PREFIX}/dags/{{DAG_ID}}/runs/{{RUN_ID}}", "url_route": "build-report",
-         "destination": "dag_run"},
-    ]  # fmt: skip
+        {
+            "name": "Corpus builds",
+            "href": f"{PREFIX}/",
+            "url_route": "corpus-builds",
+            "destination": "nav",
+            "category": "browse",
+        },
+        {
+            "name": "Build report",
+            "href": f"{PREFIX}/dags/{{DAG_ID}}/runs/{{RUN_ID}}",
+            "url_route": "build-report",
+            "destination": "dag_run",
+        },
+    ]
     operator_extra_links: ClassVar[list] = [BuildReportLink()]

@@ -207,8 +207,9 @@ class Cluster:
         if worker:
             env["TOKENIZATION_TEST_WORKER_NAME"] = worker
             env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
-            if worker == "default-worker":
-                env["TOKENIZATION_TEST_FAIL_RANKS"] = self.fail_ranks
+            if worker == "default-worker":  # its ranks fail their first attempt: see tests/faults
+                env["PYTHONPATH"] = f"{ROOT / 'tests' / 'faults'}:{ROOT}"
+                env |= {"FAULT_RANKS": self.fail_ranks, "FAULT_DIR": str(self.workdir)}
         return env
 
     def start(self) -> None:
@@ -256,15 +257,20 @@ class Cluster:
 
     def _token(self) -> str:
         body = json.dumps({"username": "admin", "password": self.password}).encode()
-        request = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"{self.url}/auth/token", data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.load(response)["access_token"]
 
     def api(self, method: str, path: str, body: dict | None = None) -> dict:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.url}/api/v2{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"{self.url}/api/v2{path}",
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 body = response.read()

@@ -34,8 +34,14 @@ os.environ.update(
 ADMIN_PASSWORD = "corpus-admin"
 Path(AIRFLOW_HOME, "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": ADMIN_PASSWORD}))
 MERGE_POOL = "tokenization_merge"
-DAG_CONF = {"num_ranks": 3, "seed": 1234, "context_window": 1025, "num_context_shards": 2,
-            "merge_max_tokens_per_file": 20_000, "save_loss": True}  # fmt: skip
+DAG_CONF = {
+    "num_ranks": 3,
+    "seed": 1234,
+    "context_window": 1025,
+    "num_context_shards": 2,
+    "merge_max_tokens_per_file": 20_000,
+    "save_loss": True,
+}
 SAMPLE_CORPUS = ROOT / "sample" / "corpus"
 SAMPLE_TOKENIZER = ROOT / "sample" / "tokenizer.json"
 SHARED = ROOT.parent / "shared" / "data"
@@ -149,7 +155,7 @@ def run_dag(dag, conf: dict):
 
 def build_of(run) -> tuple[Path, dict]:
     """A run's folder and its build manifest."""
-    from tokenization.build import run_folder
+    from tokenization.runs import folder_for
 
-    folder = Path(run_folder(os.environ["TOKENIZATION_OUTPUT"], run.run_id))
+    folder = Path(folder_for(os.environ["TOKENIZATION_OUTPUT"], run.run_id))
     return folder, json.loads((folder / "_BUILD.json").read_text())

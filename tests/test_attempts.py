@@ -33,17 +33,28 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def tokenize(corpus: Path, output: Path, tokenizer: Path, **popen) -> subprocess.Popen:
-    command = [sys.executable, "-m", "tokenization.cli", "tokenize", str(corpus), "--output", str(output),
-               "--tokenizer", str(tokenizer), *RANK_ARGS]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "tokenization.cli",
+        "tokenize",
+        str(corpus),
+        "--output",
+        str(output),
+        "--tokenizer",
+        str(tokenizer),
+        *RANK_ARGS,
+    ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
 def leftovers(output: Path) -> list[str]:
     """Anything temporary in an output folder: staging folders, temporary files, lock files."""
     return sorted(
-        str(p.relative_to(output)) for p in output.rglob("*") if ".tmp-" in p.name or p.name in (".staging",)
-        or p.name.endswith(".lock")
-    )  # fmt: skip
+        str(p.relative_to(output))
+        for p in output.rglob("*")
+        if ".tmp-" in p.name or p.name in (".staging",) or p.name.endswith(".lock")
+    )
 
 
 def wait_for(path_test, seconds: float = 60) -> None:
@@ -144,7 +155,7 @@ def test_attempts_of_outputs_that_share_a_working_directory_stay_apart(tmp_path)
 
 
 def test_the_s3_lease_is_conditional_and_taken_over_only_when_stale(s3, monkeypatch) -> None:  # noqa: F811
-    first, second = ObjectLease(s3, "corpus/out", "00000"), ObjectLease(s3, "corpus/out", "00000")
+    first, second = ObjectLease(s3.fs, "corpus/out", "00000"), ObjectLease(s3.fs, "corpus/out", "00000")
     first.acquire(new_holder("first"))
     with pytest.raises(AttemptConflict, match=r"_leases/00000.json: attempt .* \(first, .*renewed \d+ s ago"):
         second.acquire(new_holder("second"))
@@ -154,6 +165,6 @@ def test_the_s3_lease_is_conditional_and_taken_over_only_when_stale(s3, monkeypa
         first.confirm()
     second.confirm()
     first.release()  # not its lease any more: it must leave it alone
-    assert s3.exists("corpus/out/_leases/00000.json")
+    assert s3.fs.exists("corpus/out/_leases/00000.json")
     second.release()
-    assert not s3.exists("corpus/out/_leases/00000.json")
+    assert not s3.fs.exists("corpus/out/_leases/00000.json")

@@ -10,43 +10,35 @@ import pytest
 from tests.test_merge import merged
 from tests.test_tokenize import run
 from tokenization import manifest
-from tokenization.build import (
-    BuildError,
-    Layout,
-    claim_run_folder,
-    incomplete_ranks,
-    rank_manifests,
-    run_folder,
-    stage_counts,
-    token_flow,
-)
+from tokenization.accounting import incomplete_ranks, rank_manifests, stage_counts, token_flow
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFileError
+from tokenization.runs import BuildError, Layout, claim, folder_for
 
 
 def test_run_ids_map_to_folders_one_to_one() -> None:
     """Finding 2: ':' and '+' both became '-', so 'qa:col' and 'qa-col' shared a folder."""
     ids = ["qa-col", "qa:col", "qa+col", "qa%3Acol", "scheduled__2026-11-30T02:00:00+00:00", ".hidden", "a~b"]
-    folders = [run_folder("/builds", run_id) for run_id in ids]
+    folders = [folder_for("/builds", run_id) for run_id in ids]
     assert len(set(folders)) == len(ids)
     assert folders[:2] == ["/builds/qa-col", "/builds/qa%3Acol"]
     assert folders[4] == "/builds/scheduled__2026-11-30T02%3A00%3A00%2B00%3A00"
     assert folders[5] == "/builds/%2Ehidden" and folders[6] == "/builds/a~b"
     for bad in ["", ".", ".."]:
         with pytest.raises(UsageError, match="cannot name a folder"):
-            run_folder("/builds", bad)
+            folder_for("/builds", bad)
 
 
 def test_a_folder_of_another_run_is_refused(tmp_path) -> None:
     folder = str(tmp_path / "run")
-    claim_run_folder(folder, "nightly")
-    claim_run_folder(folder, "nightly")  # a retry of the same run
+    claim(folder, "nightly")
+    claim(folder, "nightly")  # a retry of the same run
     with pytest.raises(BuildError, match=r"holds the output of run 'nightly', not of 'manual': two runs never share"):
-        claim_run_folder(folder, "manual")
+        claim(folder, "manual")
     (tmp_path / "unclaimed").mkdir()
     (tmp_path / "unclaimed" / "ranks").mkdir()
     with pytest.raises(BuildError, match=r"unclaimed already holds ranks, which no run claims"):
-        claim_run_folder(str(tmp_path / "unclaimed"), "manual")
+        claim(str(tmp_path / "unclaimed"), "manual")
 
 
 @pytest.fixture
@@ -94,3 +86,53 @@ def test_a_copied_in_family_is_not_read(tmp_path, sample_corpus, sample_tokenize
         manifest.token_files(str(tmp_path / "ranks"))
     marker = orjson.loads((tmp_path / "ranks" / "_completions" / "00000.json").read_bytes())
     assert sorted(marker["files"]) == sorted(p.name for p in (tmp_path / "ranks").glob("00000_*"))
+
+
+def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """``Build.run``: ranks as processes, merge, context shards, publish; the same params give the same digest
+    under any build id, and running a build again keeps its complete ranks."""
+    from tokenization.build import Build, BuildConfig
+
+    config = BuildConfig(
+        input=str(sample_corpus),
+        output=str(tmp_path),
+        tokenizer=str(sample_tokenizer),
+        seed=7,
+        num_ranks=3,
+        save_loss=True,
+        context_window=1025,
+        num_context_shards=2,
+        merge_max_tokens_per_file=20_000,
+    )
+    first = Build.start(config, "first").run(parallel=2)
+    assert (first.verified, first.docs, first.rejects, first.files, first.tokens) == (True, 308, 0, 4, 64_522)
+    record = orjson.loads((tmp_path / "first" / "_BUILD.json").read_bytes())
+    assert record == first.record and record["dataset"] == str(tmp_path / "first" / "context")
+    assert record["inputs"] == {"spec": str(sample_corpus), "files": 4, "bytes": 93_196, "skipped": 0}
+    assert record["wall_seconds"] > 0 and record["started"] <= record["finished"]
+    assert "storage_options" not in record["params"] and record["params"]["num_ranks"] == 3
+    assert (tmp_path / "first" / "report.html").exists()
+    assert first.summary() == {
+        "dataset": first.dataset,
+        "digest": first.digest,
+        "tokens": 64_522,
+        "docs": 308,
+        "rejects": 0,
+        "files": 4,
+        "verified": True,
+        "seed": 7,
+        "tokenizer": str(sample_tokenizer),
+        "input": str(sample_corpus),
+    }
+
+    assert Build.start(config, "second").run(parallel=1).digest == first.digest
+    markers = tmp_path / "first" / "ranks" / "_completions"
+    kept = {p.name: p.read_bytes() for p in markers.iterdir()}
+    (markers / "00001.json").unlink()  # rank 1 did not finish
+    again = Build.start(config, "first").run(parallel=2)
+    assert again.digest == first.digest
+    redone = {p.name: p.read_bytes() for p in markers.iterdir()}
+    assert {k: v for k, v in redone.items() if k != "00001.json"} == {
+        k: v for k, v in kept.items() if k != "00001.json"
+    }
+    assert redone["00001.json"] != kept["00001.json"]  # a new attempt wrote it

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -76,6 +77,10 @@ def test_report_numbers_are_the_manifests_and_the_datas(build) -> None:
     assert sum(row["docs"] for row in report["length_histogram"]) == c["docs_out"]
     assert report["tokens_dropped"]["total"] == 0
     assert report["tokenizer"]["engines"] == ["gigatoken"] and report["settings"]["seed"] == 1234
+    read = sorted(f["url"] for m in ranks for f in m["inputs"])
+    assert [f["url"] for f in report["input_files"]] == read and report["inputs"]["files"] == len(read) == 4
+    assert report["inputs"]["spec"] == manifest["params"]["input"]
+    assert report["throughput"]["text_bytes"] == sum(m["counts"]["text_bytes"] for m in ranks)
 
     before = (folder / "report.json").read_bytes()
     (folder / "report.json").unlink()
@@ -105,9 +110,14 @@ def test_the_page_lists_the_build_and_serves_its_report(client, token, build) ->
     row = next(r for r in rows if r["run_id"] == run_id)
     assert row["state"] == "success" and row["tokens"] == manifest["tokens"]
     assert (row["docs"], row["rejects"]) == (308, 0) and row["seconds"] > 0
+    params = manifest["params"]
+    assert (row["tokenizer"], row["input"], row["seed"]) == (params["tokenizer"], params["input"], 1234)
 
     page = client.get("/corpus-builds/", cookies={"_token": token})  # the UI's cookie, as in the iframe
-    assert page.status_code == 200 and run_id in page.text and f"{manifest['tokens']:,}" in page.text
+    assert page.status_code == 200 and run_id in page.text
+    assert f'<td class="num" data-key="tokens">{manifest["tokens"]:,}</td>' in page.text
+    breakable = params["input"].replace("/", "/<wbr>")  # may wrap after each slash
+    assert f'<td data-key="input"><code>{breakable}</code></td>' in page.text
 
     report = client.get(report_url(run_id), cookies={"_token": token})
     assert report.status_code == 200
@@ -143,8 +153,9 @@ def test_publish_links_to_the_report(client, token, build) -> None:
     links = client.get(f"{base}/publish/links", headers=auth).json()["extra_links"]
     assert links == {"Build report": report_url(run_id)}
     assert client.get(f"{base}/plan/links", headers=auth).json()["extra_links"] == {"Build report": None}
-    views = {v["name"]: v for p in client.get("/api/v2/plugins", headers=auth).json()["plugins"]
-             for v in p["external_views"]}  # fmt: skip
+    views = {
+        v["name"]: v for p in client.get("/api/v2/plugins", headers=auth).json()["plugins"] for v in p["external_views"]
+    }
     assert views["Corpus builds"]["href"] == "/corpus-builds/" and views["Build report"]["destination"] == "dag_run"
 
 
@@ -174,17 +185,38 @@ def test_in_a_browser_after_login(build) -> None:
             browser.find_element(By.NAME, "password").send_keys(ADMIN_PASSWORD)
             browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
             table = wait.until(expected_conditions.presence_of_element_located((By.ID, "builds")))
+            header = [th.text for th in table.find_elements(By.CSS_SELECTOR, "thead th")]
+            assert header == [
+                *("run", "state", "started", "duration", "tokenizer", "input"),
+                *("seed", "tokens", "documents", "rejects"),
+            ]
             row = table.find_element(By.CSS_SELECTOR, f"tr[data-run-id='{run_id}']")
-            assert row.find_element(By.CSS_SELECTOR, "td[data-key=tokens]").text == f"{manifest['tokens']:,}"
-            assert row.find_element(By.CSS_SELECTOR, "td[data-key=docs]").text == "308"
-            ARTIFACTS.mkdir(exist_ok=True)
-            browser.save_screenshot(str(ARTIFACTS / "corpus-builds.png"))
+            shown = {cell.get_attribute("data-key"): cell.text for cell in row.find_elements(By.CSS_SELECTOR, "td")}
+            assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", shown.pop("started"))
+            assert re.fullmatch(r"[\d.]+ s|\d+ min \d+ s", shown.pop("duration"))
+            params = manifest["params"]
+            assert shown == {
+                "run": run_id,
+                "state": "success",
+                "tokenizer": params["tokenizer"],
+                "input": params["input"],
+                "seed": "1234",
+                "tokens": f"{manifest['tokens']:,}",
+                "docs": "308",
+                "rejects": "0",
+            }
+            full_page_screenshot(browser, ARTIFACTS / "corpus-builds.png")
             row.find_element(By.TAG_NAME, "a").click()
             figure = wait.until(expected_conditions.presence_of_element_located((By.ID, "length-histogram")))
             assert figure.find_element(By.TAG_NAME, "svg").size["height"] > 100
+            verified = browser.find_element(By.ID, "verify").text
+            assert verified.startswith(f"Verify passed: {len(manifest['files'])} files, {manifest['tokens']:,} tokens")
+            conserved = browser.find_element(By.ID, "conservation").text
+            assert conserved.startswith("Documents conservation holds: 309 read = 308 written + 1 empty")
             tokens = browser.find_element(By.CSS_SELECTOR, "#totals td[data-key=tokens]").text
-            assert tokens == str(manifest["tokens"])
-            browser.save_screenshot(str(ARTIFACTS / "build-report.png"))
+            assert tokens == f"{manifest['tokens']:,}"
+            assert browser.find_element(By.CSS_SELECTOR, "#tokenizer td[data-key=engines]").text == "gigatoken"
+            full_page_screenshot(browser, ARTIFACTS / "build-report.png")
 
             browser.get(f"{base}/plugin/corpus-builds")  # inside Airflow's own UI, under Browse: an iframe
             frame = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "iframe")))
@@ -198,6 +230,20 @@ def test_in_a_browser_after_login(build) -> None:
             browser.quit()
 
 
+def full_page_screenshot(browser, path: Path) -> None:
+    """The whole page, not only what the window shows: the viewport is made as tall as the page for the shot."""
+    path.parent.mkdir(exist_ok=True)
+    size = browser.execute_script(
+        "return [document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
+    )
+    metrics = {"width": size[0], "height": size[1], "deviceScaleFactor": 1, "mobile": False}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    try:
+        browser.save_screenshot(str(path))
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
 @contextlib.contextmanager
 def api_server() -> Iterator[str]:
     """``airflow api-server`` on a free port, with this repo's plugins and the tests' database; its base URL."""
@@ -209,8 +255,11 @@ def api_server() -> Iterator[str]:
     with open(log, "wb") as out:
         server = subprocess.Popen(
             [sys.executable, "-m", "airflow", "api-server", "--port", str(port), "--workers", "1"],
-            stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True,
-        )  # fmt: skip
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=os.environ.copy(),
+            start_new_session=True,
+        )
         try:
             base = f"http://127.0.0.1:{port}"
             deadline = time.time() + 120

@@ -16,9 +16,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_tokenize_then_inspect(tmp_path, sample_corpus, sample_tokenizer) -> None:
     out = tmp_path / "out"
-    done = cli("tokenize", str(sample_corpus), "--output", str(out), "--tokenizer", str(sample_tokenizer),
-               "--eos-token", EOS, "--seed", "3", "--rank", "1", "--world-size", "2", "--save-filename", "demo",
-               "--save-loss", "--max-tokens-per-file", "20000")  # fmt: skip
+    options = ["--seed", "3", "--rank", "1", "--world-size", "2", "--save-filename", "demo", "--save-loss"]
+    options += ["--max-tokens-per-file", "20000", "--eos-token", EOS]
+    done = cli("tokenize", str(sample_corpus), "--output", str(out), "--tokenizer", str(sample_tokenizer), *options)
     assert done.returncode == 0, done.stderr
     summary = done.stdout.strip().splitlines()[-1]
     assert summary.startswith("rank 1/2: ") and " 0 rejected, " in summary and " 0 dropped, " in summary
@@ -36,9 +36,45 @@ def test_tokenize_then_inspect(tmp_path, sample_corpus, sample_tokenizer) -> Non
     assert shown.stdout.rstrip().endswith(EOS)
 
 
+def test_inspect_reads_megatron_output_and_count_speaks_plainly(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    out = tmp_path / "megatron"
+    made = cli(
+        "tokenize",
+        str(sample_corpus),
+        "--output",
+        str(out),
+        "--tokenizer",
+        str(sample_tokenizer),
+        "--format",
+        "megatron",
+        "--no-shuffle",
+    )
+    assert made.returncode == 0, made.stderr
+    shown = cli("inspect", str(out), "--decode", "1", "--tokenizer", str(sample_tokenizer))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"{out}/00000_00000_unshuffled.bin: 64,522 tokens, 308 sequences, Megatron uint16"
+    assert lines[1] == "total: 1 files, 308 index entries, 64,522 tokens"
+    assert lines[2].startswith(f"--- {out}/00000_00000_unshuffled.bin document 0 (")
+    counted = cli("count", str(sample_corpus), "--tokenizer", str(sample_tokenizer))
+    assert counted.returncode == 0, counted.stderr
+    assert counted.stdout.strip() == (
+        "count: 308 docs, 64,522 tokens (209.5 tokens a document on average, the longest 1,474), 1 empty, "
+        "0 rejected, in 4 files"
+    )
+
+
 def test_errors_are_one_line_with_exit_1(tmp_path, sample_corpus, sample_tokenizer) -> None:
-    done = cli("tokenize", str(sample_corpus), "--output", str(tmp_path), "--tokenizer", str(sample_tokenizer),
-               "--eos-token", "</s>")  # fmt: skip
+    done = cli(
+        "tokenize",
+        str(sample_corpus),
+        "--output",
+        str(tmp_path),
+        "--tokenizer",
+        str(sample_tokenizer),
+        "--eos-token",
+        "</s>",
+    )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         f"error: EOS token '</s>' is not in the vocabulary of {sample_tokenizer}; its own end-of-text token is "
@@ -54,8 +90,16 @@ def test_errors_are_one_line_with_exit_1(tmp_path, sample_corpus, sample_tokeniz
         .startswith(f"error: {truncated}: corrupt or truncated gzip data after line ")
     )
     bad = write_jsonl(tmp_path / "bad.jsonl", ["{nope"] * 3)
-    done = cli("tokenize", str(bad), "--output", str(tmp_path / "b"), "--tokenizer", str(sample_tokenizer),
-               "--max-rejects", "1")  # fmt: skip
+    done = cli(
+        "tokenize",
+        str(bad),
+        "--output",
+        str(tmp_path / "b"),
+        "--tokenizer",
+        str(sample_tokenizer),
+        "--max-rejects",
+        "1",
+    )
     assert done.returncode == 1 and "exceed max_rejects=1" in done.stderr
 
 
@@ -66,13 +110,15 @@ def test_usage_errors_exit_2(tmp_path, sample_corpus, sample_tokenizer) -> None:
     tokenize = ("tokenize", str(sample_corpus), "--output", str(tmp_path), "--tokenizer", str(sample_tokenizer))
     for wrong, message in [
         (("--rank", "3", "--world-size", "2"), "rank 3 is outside 0..1"),
-        (("--max-rejects", "-1"), "must be 0 or more, got -1"),
-        (("--max-reject-fraction", "1.5"), "must be between 0 and 1, got 1.5"),
-        (("--text-key", ""), "text_key must name a field"),
-        (("--eos-token", EOS, "--no-eos"), "not allowed with argument"),
+        (("--max-rejects", "-1"), "max_rejects must be at least 0, got -1"),
+        (("--max-reject-fraction", "1.5"), "max_reject_fraction must be at most 1, got 1.5"),
+        (("--text-key", ""), "text_key must not be empty"),
+        (("--eos-token", EOS, "--no-eos"), "no_eos conflicts with eos_token"),
+        (("--engine", "fast"), "argument --engine: invalid choice: 'fast'"),
     ]:
         done = cli(*tokenize, *wrong)
         assert done.returncode == 2 and message in done.stderr, (wrong, done.stderr)
+        assert done.stderr.startswith("usage: tokenization tokenize"), done.stderr
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
 
 
@@ -100,20 +146,36 @@ def test_a_mostly_rejected_rank_fails_on_the_fraction(tmp_path, sample_tokenizer
 
 
 def test_storage_and_network_failures_are_one_line(tmp_path, sample_corpus, sample_tokenizer) -> None:
-    no_credentials = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
-                      "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}  # fmt: skip
+    no_credentials = {
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    }
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | no_credentials
     done = subprocess.run(
-        [sys.executable, "-m", "tokenization.cli", "tokenize", str(sample_corpus), "--output", "s3://corpus/out",
-         "--tokenizer", str(sample_tokenizer)], capture_output=True, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tokenization.cli",
+            "tokenize",
+            str(sample_corpus),
+            "--output",
+            "s3://corpus/out",
+            "--tokenizer",
+            str(sample_tokenizer),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         "error: s3://corpus/out: NoCredentialsError: Unable to locate credentials (set credentials in the "
         "environment, an AWS profile or the Airflow connection)"
     )
-    unreachable = cli("tokenize", "http://127.0.0.1:9/corpus.jsonl", "--output", str(tmp_path),
-                      "--tokenizer", str(sample_tokenizer))  # fmt: skip
+    unreachable = cli(
+        "tokenize", "http://127.0.0.1:9/corpus.jsonl", "--output", str(tmp_path), "--tokenizer", str(sample_tokenizer)
+    )
     last = unreachable.stderr.strip().splitlines()[-1]
     assert unreachable.returncode == 1 and last.startswith("error: http://127.0.0.1:9/corpus.jsonl: "), last
     assert "Traceback" not in unreachable.stderr
@@ -123,8 +185,20 @@ def test_engine_and_threads_reach_the_stats(tmp_path, sample_corpus, sample_toke
     engines = {}
     for engine in ("auto", "hf"):
         stats = tmp_path / f"{engine}.json"
-        done = cli("count", str(sample_corpus), "--tokenizer", str(sample_tokenizer), "--eos-token", EOS,
-                   "--engine", engine, "--threads", "1", "--stats-out", str(stats))  # fmt: skip
+        done = cli(
+            "count",
+            str(sample_corpus),
+            "--tokenizer",
+            str(sample_tokenizer),
+            "--eos-token",
+            EOS,
+            "--engine",
+            engine,
+            "--threads",
+            "1",
+            "--stats-out",
+            str(stats),
+        )
         assert done.returncode == 0, done.stderr
         engines[engine] = json.loads(stats.read_text())
     assert [engines[e]["tokenizer"]["engine"] for e in ("auto", "hf")] == ["gigatoken", "hf"]

@@ -30,8 +30,9 @@ def test_services_match_the_native_topology() -> None:
     assert command("airflow-apiserver") == "api-server" and command("airflow-scheduler") == "scheduler"
 
 
-@pytest.mark.parametrize(("service", "worker"), [("airflow-worker", "default-worker"),
-                                                 ("airflow-worker-large-disk", "large-disk-worker")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("service", "worker"), [("airflow-worker", "default-worker"), ("airflow-worker-large-disk", "large-disk-worker")]
+)
 def test_workers_consume_the_same_queues_with_the_same_concurrency(service, worker) -> None:
     queue, concurrency = WORKERS[worker]
     assert command(service) == f"celery worker --queues {queue} --concurrency {concurrency}"
@@ -66,8 +67,11 @@ def test_every_component_shares_the_settings_and_secrets_come_from_env() -> None
         and "${MINIO_ROOT_PASSWORD}" in env["AIRFLOW_CONN_AWS_DEFAULT"]
     )
     assert COMPOSE["x-airflow-common"]["env_file"] == ".env"
-    example = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
-                   if line and not line.startswith("#"))  # fmt: skip
+    example = dict(
+        line.split("=", 1)
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     assert {"AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET"} <= set(example)
     referenced = set(re.findall(r"\$\{(\w+)(?::-[^}]*)?\}", (ROOT / "docker-compose.yaml").read_text()))
     assert referenced <= set(example), referenced - set(example)
@@ -77,13 +81,20 @@ def test_the_stack_refuses_to_start_with_the_placeholder_secrets() -> None:
     """Finding 11: .env.example's placeholder JWT secret was accepted. airflow-init checks first, and every Airflow
     service waits for airflow-init to succeed."""
     assert command("airflow-init").split("\n")[1].strip() == "python /opt/airflow/scripts/check_secrets.py"
-    example = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
-                   if line and not line.startswith("#"))  # fmt: skip
+    example = dict(
+        line.split("=", 1)
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     script = [sys.executable, str(ROOT / "scripts" / "check_secrets.py")]
     refused = subprocess.run(script, env=example, capture_output=True, text=True)
     assert refused.returncode == 1
-    for name in ("AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW_ADMIN_PASSWORD",
-                 "MINIO_ROOT_PASSWORD"):  # fmt: skip
+    for name in (
+        "AIRFLOW__CORE__FERNET_KEY",
+        "AIRFLOW__API_AUTH__JWT_SECRET",
+        "AIRFLOW_ADMIN_PASSWORD",
+        "MINIO_ROOT_PASSWORD",
+    ):
         assert f"refusing to start: {name} is the placeholder of .env.example" in refused.stderr
     good = example | {
         "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(bytes(range(32))).decode(),

@@ -13,7 +13,7 @@ from tokenization.formats.ds import TokenFile
 
 
 def shuffled(inputs, output, **options) -> dict:
-    return context_shuffle(ContextShuffleConfig(input=str(inputs), output=str(output), **options))
+    return context_shuffle(ContextShuffleConfig(input=str(inputs), output=str(output), **options)).to_json()
 
 
 def test_windows_follow_datatrove_and_nothing_is_lost(tmp_path) -> None:

@@ -15,9 +15,14 @@ from tokenization.count import CountConfig, count_tokens
 def test_counts_equal_what_tokenize_writes(tmp_path, sample_corpus, sample_tokenizer) -> None:
     written = run([sample_corpus], tmp_path / "tokens", sample_tokenizer, shuffle_documents=False)
     stats = count_tokens(
-        CountConfig(inputs=[str(sample_corpus)], tokenizer=str(sample_tokenizer), eos_token=EOS,
-                    stats_out=str(tmp_path / "stats.json"), annotate=str(tmp_path / "annotated.jsonl.gz"))
-    )  # fmt: skip
+        CountConfig(
+            inputs=[str(sample_corpus)],
+            tokenizer=str(sample_tokenizer),
+            eos_token=EOS,
+            stats_out=str(tmp_path / "stats.json"),
+            annotate=str(tmp_path / "annotated.jsonl.gz"),
+        )
+    ).record
     assert stats == json.loads((tmp_path / "stats.json").read_text())
     assert stats["tokens"] == written["counts"]["tokens"] and stats["docs"] == written["counts"]["docs_written"]
     assert stats["empty"] == written["counts"]["empty"] == 1
@@ -41,8 +46,8 @@ def test_counts_equal_what_tokenize_writes(tmp_path, sample_corpus, sample_token
 def test_eos_policy_and_bad_records_are_counted(tmp_path, sample_tokenizer) -> None:
     inputs = write_jsonl(tmp_path / "in.jsonl", [{"text": "one two"}, "{bad", {"text": ""}, {"text": "three"}])
     options = {"inputs": [str(inputs)], "tokenizer": str(sample_tokenizer), "max_reject_fraction": None}
-    without = count_tokens(CountConfig(**options, no_eos=True))
-    with_eos = count_tokens(CountConfig(**options))  # the tokenizer's own EOS
+    without = count_tokens(CountConfig(**options, no_eos=True)).record
+    with_eos = count_tokens(CountConfig(**options)).record  # the tokenizer's own EOS
     assert with_eos["tokenizer"]["eos_token"] == EOS
     assert with_eos["tokens"] == without["tokens"] + 2
     assert with_eos["rejected"] == {"malformed_json": 1} and with_eos["files"][0]["rejected"] == 1

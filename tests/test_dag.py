@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -31,6 +32,22 @@ def test_shape(dag) -> None:
     assert [o.name for o in dag.get_task("publish").outlets] == ["tokenized_corpus"]
 
 
+def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
+    """The trigger form is made from the library's BuildConfig: nothing untitled, defaults from one place."""
+    from tokenization.build import BuildConfig
+    from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE
+
+    schemas = {name: dag.params.get_param(name).schema for name in dag.params}
+    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) >= 27
+    assert [name for name, schema in schemas.items() if not (schema.get("title") and schema.get("description"))] == []
+    assert schemas["text_key"]["section"] == "Reading and encoding" and schemas["save_loss"]["section"] == "Rank files"
+    assert schemas["sensor_timeout"]["section"] == "Airflow" and "section" not in schemas["num_ranks"]
+    defaults = dag.params.dump()
+    assert defaults["merge_max_tokens_per_file"] == DEFAULT_MAX_TOKENS_PER_FILE
+    assert defaults["context_window"] == BuildConfig.__dataclass_fields__["context_window"].default
+    assert "\n## Running it\n" in dag.doc_md
+
+
 @pytest.mark.parametrize(
     ("conf", "param"),
     [({"num_ranks": 0}, "num_ranks"), ({"merge_mode": "random"}, "merge_mode"), ({"seed": -1}, "seed")],
@@ -42,10 +59,9 @@ def test_bad_params_are_refused_naming_the_param(airflow_db, dag, conf, param) -
         dag.test(run_conf=conf)
 
 
-def test_a_run_equals_the_cli_pipeline(airflow_db, dag, tmp_path, sample_corpus, sample_tokenizer) -> None:
-    from tests.test_context import shuffled
-    from tests.test_merge import merged
-    from tests.test_tokenize import run
+def test_a_run_equals_tokenization_build(airflow_db, dag, tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """The DAG and ``tokenization build`` are one build: the same params give the same digest and the same bytes."""
+    from tests.test_cli import cli
 
     run_, tis, ok = run_dag(dag, DAG_CONF)
     assert ok, {k: ti.state for k, ti in tis.items()}
@@ -54,21 +70,51 @@ def test_a_run_equals_the_cli_pipeline(airflow_db, dag, tmp_path, sample_corpus,
     folder, build = build_of(run_)
     assert build["verify"]["ok"] and build["conservation"]["holds"]
     assert build["conservation"]["docs_in"] == 309 and build["conservation"]["docs_out"] == 308
+    assert len(build["files"]) == 4 and build["params"]["num_ranks"] == 3
 
-    for rank in range(3):
-        run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=3, seed=1234, save_loss=True)
-    merged(tmp_path / "ranks", tmp_path / "merged", save_filename="corpus", seed=1234, save_loss=True,
-           max_tokens_per_file=20_000)  # fmt: skip
-    for shard in range(2):
-        shuffled(tmp_path / "merged", tmp_path / "context", seed=1234, window_size=1025, shard=shard, num_shards=2)
-    assert file_bytes(folder / "context") == file_bytes(tmp_path / "context")
-    assert len(build["files"]) == 4
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in DAG_CONF.items() if k != "save_loss"] + ["--save-loss"]
+    done = cli(
+        "build",
+        str(sample_corpus),
+        "--output",
+        str(tmp_path),
+        "--tokenizer",
+        str(sample_tokenizer),
+        *options,
+        "--build-id",
+        "by-hand",
+    )
+    assert done.returncode == 0, done.stderr
+    by_hand = json.loads((tmp_path / "by-hand" / "_BUILD.json").read_text())
+    assert f"digest:  {by_hand['digest']}" in done.stdout
+    assert by_hand["digest"] == build["digest"]
+    assert file_bytes(tmp_path / "by-hand" / "context") == file_bytes(folder / "context")
+    assert by_hand["params"] == build["params"] | {"output": str(tmp_path)}
 
 
-def test_a_failed_rank_is_retried_and_the_bytes_match_a_clean_run(airflow_db, dag, monkeypatch) -> None:
+@pytest.fixture
+def fails_once(monkeypatch):
+    """``fails_once(rank)``: that rank's first attempt fails (dag.test runs every task in this process)."""
+    from tokenization.build import Build
+
+    tokenize, failed = Build.tokenize, set()
+
+    def arm(*ranks: int) -> None:
+        def failing(self, rank, *args, **kwargs):
+            if rank in ranks and rank not in failed:
+                failed.add(rank)
+                raise RuntimeError(f"rank {rank}: failing its first attempt on purpose (a test fixture)")
+            return tokenize(self, rank, *args, **kwargs)
+
+        monkeypatch.setattr(Build, "tokenize", failing)
+
+    return arm
+
+
+def test_a_failed_rank_is_retried_and_the_bytes_match_a_clean_run(airflow_db, dag, fails_once) -> None:
     clean, _, ok = run_dag(dag, DAG_CONF)
     assert ok
-    monkeypatch.setenv("TOKENIZATION_TEST_FAIL_RANKS", "2")
+    fails_once(2)
     faulty, tis, ok = run_dag(dag, DAG_CONF)
     assert ok and tis[("tokenize", 2)].try_number == 2 and tis[("tokenize", 0)].try_number == 1
     assert file_bytes(build_of(faulty)[0] / "context") == file_bytes(build_of(clean)[0] / "context")

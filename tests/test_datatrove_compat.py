@@ -30,11 +30,30 @@ def run_cli_ranks(inputs: Path, output: Path, tokenizer: Path, ranks: int, *extr
     peaks = []
     for rank in range(ranks):
         done = subprocess.run(
-            [sys.executable, "-c", CLI_WITH_PEAK_RSS, "tokenize", str(inputs), "--output", str(output),
-             "--tokenizer", str(tokenizer), "--eos-token", EOS, "--seed", "1234",
-             "--rank", str(rank), "--world-size", str(ranks), *extra],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                CLI_WITH_PEAK_RSS,
+                "tokenize",
+                str(inputs),
+                "--output",
+                str(output),
+                "--tokenizer",
+                str(tokenizer),
+                "--eos-token",
+                EOS,
+                "--seed",
+                "1234",
+                "--rank",
+                str(rank),
+                "--world-size",
+                str(ranks),
+                *extra,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         peaks.append(int(done.stdout.split()[-1]) / 1024)
     return max(peaks)
 
@@ -51,16 +70,31 @@ def assert_same_files(ours: Path, theirs: Path, suffixes=(".ds", ".ds.index", ".
 def test_sample_doc_shuffle_with_loss(tmp_path, sample_corpus, sample_tokenizer) -> None:
     run_datatrove(sample_corpus, tmp_path / "dt", sample_tokenizer, 2, seed=1234, save_loss_metadata=True)
     for rank in range(2):
-        run([sample_corpus], tmp_path / "ours", sample_tokenizer, rank=rank, world_size=2, seed=1234,
-            save_loss=True, special_text="special")  # fmt: skip
+        run(
+            [sample_corpus],
+            tmp_path / "ours",
+            sample_tokenizer,
+            rank=rank,
+            world_size=2,
+            seed=1234,
+            save_loss=True,
+            special_text="special",
+        )
     # datatrove crops documents whose no-loss range reaches the end; the sample's ranges end mid-text.
     assert_same_files(tmp_path / "ours", tmp_path / "dt")
 
 
 def test_sample_chunk_shuffle_matches_when_the_tail_is_dropped(tmp_path, sample_corpus, sample_tokenizer) -> None:
     run_datatrove(sample_corpus, tmp_path / "dt", sample_tokenizer, 1, seed=99, shuffle_chunk_size=512)
-    run([sample_corpus], tmp_path / "ours", sample_tokenizer, seed=99, shuffle_chunk_size=512,
-        drop_last_chunk=True, special_text="special")  # fmt: skip
+    run(
+        [sample_corpus],
+        tmp_path / "ours",
+        sample_tokenizer,
+        seed=99,
+        shuffle_chunk_size=512,
+        drop_last_chunk=True,
+        special_text="special",
+    )
     assert_same_files(tmp_path / "ours", tmp_path / "dt", (".ds", ".ds.index"))
 
 

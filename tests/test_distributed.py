@@ -17,6 +17,7 @@ from tests.conftest import EOS
 from tests.test_context import shuffled
 from tests.test_merge import merged
 from tests.test_tokenize import file_bytes, run
+from tokenization.storage import using
 from tokenization.verify import verify
 
 reason = services_missing()
@@ -24,8 +25,16 @@ pytestmark = pytest.mark.skipif(reason is not None, reason=f"distributed test: {
 
 DAG = "tokenize_corpus"
 SEED = 99
-CONF = {"input": "s3://corpus/input", "num_ranks": 4, "seed": SEED, "context_window": 1025, "num_context_shards": 2,
-        "merge_max_tokens_per_file": 20_000, "save_loss": True, "sensor_timeout": 900}  # fmt: skip
+CONF = {
+    "input": "s3://corpus/input",
+    "num_ranks": 4,
+    "seed": SEED,
+    "context_window": 1025,
+    "num_context_shards": 2,
+    "merge_max_tokens_per_file": 20_000,
+    "save_loss": True,
+    "sensor_timeout": 900,
+}
 DATA_FILES = (".ds", ".ds.index", ".ds.loss", ".ds.metadata")
 
 
@@ -33,8 +42,14 @@ def local_reference(folder, corpus, tokenizer) -> dict[str, bytes]:
     """The same params through the library on local files (test_dag shows this equals a dag.test run)."""
     for rank in range(4):
         run([corpus], folder / "ranks", tokenizer, rank=rank, world_size=4, seed=SEED, save_loss=True)
-    merged(folder / "ranks", folder / "merged", save_filename="corpus", seed=SEED, save_loss=True,
-           max_tokens_per_file=20_000)  # fmt: skip
+    merged(
+        folder / "ranks",
+        folder / "merged",
+        save_filename="corpus",
+        seed=SEED,
+        save_loss=True,
+        max_tokens_per_file=20_000,
+    )
     for shard in range(2):
         shuffled(folder / "merged", folder / "context", seed=SEED, window_size=1025, shard=shard, num_shards=2)
     return file_bytes(folder / "context")
@@ -47,9 +62,8 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
         endpoint = {"endpoint_url": json.loads(cluster.env()["AIRFLOW_CONN_AWS_DEFAULT"])["extra"]["endpoint_url"]}
         retries = {"retries": {"max_attempts": 10}}
         options = {"key": "testing", "secret": "testing", "client_kwargs": endpoint, "config_kwargs": retries}
-        monkeypatch.setitem(fsspec.config.conf, "s3", options)
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        s3 = fsspec.filesystem("s3", skip_instance_cache=True)
+        s3 = fsspec.filesystem("s3", skip_instance_cache=True, **options)
         s3.mkdir("corpus")
         for path in sorted(sample_corpus.glob("*.jsonl.gz")):
             s3.put_file(str(path), f"corpus/input/{path.name}")
@@ -104,7 +118,8 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
         built = {}
         for run_id in runs:
             dataset = f"s3://corpus/builds/{run_id}/context"
-            assert verify(dataset, str(sample_tokenizer), EOS).ok
+            with using({"s3": options}):
+                assert verify(dataset, str(sample_tokenizer), EOS).ok
             s3.invalidate_cache()
             built[run_id] = {
                 p.rsplit("/", 1)[1]: s3.cat_file(p) for p in s3.find(dataset[5:]) if p.endswith(DATA_FILES)

@@ -47,8 +47,13 @@ def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer,
     """Where a bar would collapse into one line, each stage logs percent, counts, tokens/s and ETA."""
     monkeypatch.setattr(documents, "READ_AHEAD_CHARS", 10_000)  # the sample is smaller than one real chunk
     caplog.set_level(logging.INFO, logger="tokenization.progress")
-    config = TokenizeConfig(inputs=[str(sample_corpus)], output=str(tmp_path / "ranks"),
-                            tokenizer=str(sample_tokenizer), eos_token=EOS, batch_bytes=20_000)  # fmt: skip
+    config = TokenizeConfig(
+        inputs=[str(sample_corpus)],
+        output=str(tmp_path / "ranks"),
+        tokenizer=str(sample_tokenizer),
+        eos_token=EOS,
+        batch_bytes=20_000,
+    )
     tokenize_rank(config, progress=1e-9)
     lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress"]
     pattern = LINE.format(unit="B|kB|MB", counts="docs, [\\d,]+ tokens")

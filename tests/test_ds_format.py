@@ -21,9 +21,31 @@ from tokenization.formats.ds import (
 
 @pytest.mark.parametrize(
     "count",
-    [0, 1, 9, 12, 999, 1000, 1234, 99_949, 99_950, 99_999, 100_000, 999_499, 999_500, 999_999, 1_235_000,
-     123_456_789, 10**12, 2**40, 10**15, 10**18, 10**21, 10**27],
-)  # fmt: skip
+    [
+        0,
+        1,
+        9,
+        12,
+        999,
+        1000,
+        1234,
+        99_949,
+        99_950,
+        99_999,
+        100_000,
+        999_499,
+        999_500,
+        999_999,
+        1_235_000,
+        123_456_789,
+        10**12,
+        2**40,
+        10**15,
+        10**18,
+        10**21,
+        10**27,
+    ],
+)
 def test_human_count_matches_humanize(count: int) -> None:
     assert human_count(count) == humanize.metric(count, unit="T")
 
@@ -97,8 +119,11 @@ def test_split_writer_never_leaves_an_empty_trailing_file(tmp_path) -> None:
     written = _split(tmp_path, 8, [[4, 5]])
     assert [w.tokens for w in written] == [9]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "part_00000.ds", "part_00000.ds.index", "part_00000.ds.loss", "part_00000.ds.metadata",
-    ]  # fmt: skip
+        "part_00000.ds",
+        "part_00000.ds.index",
+        "part_00000.ds.loss",
+        "part_00000.ds.metadata",
+    ]
 
 
 def test_split_writer_without_limit_writes_one_file(tmp_path) -> None:

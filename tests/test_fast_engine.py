@@ -121,7 +121,7 @@ def test_a_difference_from_hf_restarts_the_rank_on_hf(
     config = TokenizeConfig(
         inputs=[str(sample_corpus)], output=str(tmp_path / "hf"), tokenizer=str(sample_tokenizer), eos_token=EOS
     )
-    expected = tokenize_rank(TokenizeConfig(**{**vars(config), "engine": "hf"}))
+    expected = tokenize_rank(TokenizeConfig(**{**vars(config), "engine": "hf"})).to_json()
     original = FastEngine.encode
 
     def wrong_on_one(self, texts):
@@ -131,7 +131,7 @@ def test_a_difference_from_hf_restarts_the_rank_on_hf(
         return ids, lengths
 
     monkeypatch.setattr(FastEngine, "encode", wrong_on_one)
-    got = tokenize_rank(TokenizeConfig(**{**vars(config), "output": str(tmp_path / "fast")}))
+    got = tokenize_rank(TokenizeConfig(**{**vars(config), "output": str(tmp_path / "fast")})).to_json()
     described = got["tokenizer"]
     assert described["engine"] == "hf"
     assert described["engine_note"].startswith(f"fell back: document {encoding.CHECK_EVERY} of this run")

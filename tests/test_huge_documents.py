@@ -182,8 +182,19 @@ def test_a_50_mb_document_needs_under_1_gb(tmp_path) -> None:
     text = ("\n\n".join([text] * (HUGE_CHARS // len(text) + 1)))[:HUGE_CHARS]
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "huge.jsonl").write_text(json.dumps({"id": "huge", "text": text}) + "\n")
-    args = ["tokenize", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer", str(gpt2),
-            "--eos-token", "<|endoftext|>", "--engine", "hf", "--no-shuffle"]  # fmt: skip
+    args = [
+        "tokenize",
+        str(tmp_path / "in"),
+        "--output",
+        str(tmp_path / "out"),
+        "--tokenizer",
+        str(gpt2),
+        "--eos-token",
+        "<|endoftext|>",
+        "--engine",
+        "hf",
+        "--no-shuffle",
+    ]
     done = subprocess.run([sys.executable, "-c", HUGE_RUN, *args], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     peak_kb = int(done.stderr.strip().splitlines()[-1])

@@ -41,8 +41,14 @@ def outputs(tmp_path_factory, sample_corpus, sample_tokenizer) -> tuple:
     runs = {}
     for kind, chunk in (("doc", None), ("chunk", 700)):
         run([sample_corpus], tmp / kind / "ds", sample_tokenizer, shuffle_chunk_size=chunk, **OPTIONS)
-        result = run([sample_corpus], tmp / kind / "mg", sample_tokenizer, shuffle_chunk_size=chunk,
-                     output_format="megatron", **OPTIONS)  # fmt: skip
+        result = run(
+            [sample_corpus],
+            tmp / kind / "mg",
+            sample_tokenizer,
+            shuffle_chunk_size=chunk,
+            output_format="megatron",
+            **OPTIONS,
+        )
         runs[kind] = [tmp / kind / "mg" / o["name"].removesuffix(".bin") for o in result["outputs"]]
     tokenizer = big_vocab_tokenizer(tmp / "tokenizer.json")
     inputs = write_jsonl(tmp / "in.jsonl", [{"text": "w69997 w1"}, {"text": "w65536"}])

@@ -31,7 +31,7 @@ def ranks(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
 
 def merged(inputs: Path, output: Path, **options) -> dict:
     options.setdefault("save_filename", "merged")
-    return merge(MergeConfig(input=str(inputs), output=str(output), **options))
+    return merge(MergeConfig(input=str(inputs), output=str(output), **options)).to_json()
 
 
 def synthetic_ranks(folder: Path, n_files: int, docs: int, seed: int = 0, token_size: int = 2) -> Path:
@@ -41,8 +41,9 @@ def synthetic_ranks(folder: Path, n_files: int, docs: int, seed: int = 0, token_
     for f in range(n_files):
         lengths = rng.integers(1, 800, size=docs)
         tokens = np.repeat(np.arange(docs) % 1000 + 1000 * f, lengths)
-        writer = TokenFileWriter(folder / f"{f:05d}_00000_doc_shuffled.ds", tokenizer="tok", token_size=token_size,
-                                 save_loss=True)  # fmt: skip
+        writer = TokenFileWriter(
+            folder / f"{f:05d}_00000_doc_shuffled.ds", tokenizer="tok", token_size=token_size, save_loss=True
+        )
         writer.write(tokens, np.cumsum(lengths), (tokens % 3 > 0).astype(np.uint8))
         writer.close()
     return folder
@@ -168,11 +169,17 @@ def test_a_crashed_merge_resumes_to_the_same_bytes(tmp_path, monkeypatch) -> Non
 def test_sigkill_midway_then_resume_gives_the_same_bytes(tmp_path) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 8, 4000)  # ~13 M tokens, ~65 output files
     args = [str(inputs), "--save-filename", "m", "--seed", "5", "--max-tokens-per-file", "200000", "--save-loss"]
-    subprocess.run([sys.executable, "-m", "tokenization.cli", "merge", *args, "--output", str(tmp_path / "clean")],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "tokenization.cli", "merge", *args, "--output", str(tmp_path / "clean")],
+        check=True,
+        capture_output=True,
+    )
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "tokenization.cli", "merge", *args, "--output", str(killed)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenization.cli", "merge", *args, "--output", str(killed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 60
     while len(list(killed.glob("_manifests/0*_m.json"))) < 5 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
@@ -181,8 +188,12 @@ def test_sigkill_midway_then_resume_gives_the_same_bytes(tmp_path) -> None:
     done_before = len(list(killed.glob("_manifests/0*_m.json")))
     assert proc.returncode == -signal.SIGKILL and 5 <= done_before < 60, "the merge ended before it was killed"
     assert not (killed / "_completions" / "m.json").exists()
-    resumed = subprocess.run([sys.executable, "-m", "tokenization.cli", "merge", *args, "--output", str(killed)],
-                             check=True, capture_output=True, text=True)  # fmt: skip
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tokenization.cli", "merge", *args, "--output", str(killed)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert f", {done_before} resumed" in resumed.stdout or f", {done_before - 1} resumed" in resumed.stdout
     assert file_bytes(killed) == file_bytes(tmp_path / "clean")
     manifest = json.loads((killed / "_manifests" / "m.json").read_text())

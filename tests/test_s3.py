@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import socket
 import urllib.request
+from typing import NamedTuple
 
 import fsspec
 import pytest
 
 from tests.conftest import EOS
 from tests.test_tokenize import file_bytes, run
-from tokenization.storage import MAX_PARTS, MIB, MIN_PART_SIZE, part_size
+from tokenization.storage import MAX_PARTS, MIB, MIN_PART_SIZE, part_size, using
 from tokenization.verify import verify
+
+
+class S3(NamedTuple):
+    fs: fsspec.AbstractFileSystem
+    options: dict
 
 
 @pytest.fixture
 def s3(monkeypatch):
-    """A fresh moto S3 server with one bucket; s3fs is pointed at it through fsspec's config."""
+    """A fresh moto S3 server with one bucket, and the storage options that point s3fs at it: the stages get them
+    through their configs, as a build gets them from its Airflow connection; fsspec's global config stays empty."""
     from moto.server import ThreadedMotoServer
 
     with socket.socket() as probe:
@@ -29,30 +36,31 @@ def s3(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    monkeypatch.delitem(fsspec.config.conf, "s3", raising=False)
+    fs = fsspec.filesystem("s3", endpoint_url=endpoint, skip_instance_cache=True)
     fs.mkdir("corpus")
-    yield fs
-    fsspec.filesystem("s3").clear_instance_cache()
+    yield S3(fs, {"s3": {"endpoint_url": endpoint}})
+    assert "s3" not in fsspec.config.conf  # nothing was configured for the whole process
+    fs.clear_instance_cache()
     server.stop()
 
 
 def test_s3_input_and_output_equal_a_local_run(tmp_path, s3, sample_corpus, sample_tokenizer) -> None:
     for path in sorted(sample_corpus.glob("*.jsonl.gz")):
-        s3.put_file(str(path), f"corpus/input/{path.name}")
-    s3.invalidate_cache()
+        s3.fs.put_file(str(path), f"corpus/input/{path.name}")
+    s3.fs.invalidate_cache()
     run([sample_corpus], tmp_path, sample_tokenizer, rank=1, world_size=2, seed=8, save_loss=True)
-    result = run(["s3://corpus/input"], "s3://corpus/tokens", sample_tokenizer, rank=1, world_size=2, seed=8,
-                 save_loss=True)  # fmt: skip
+    remote = {"rank": 1, "world_size": 2, "seed": 8, "save_loss": True, "storage_options": s3.options}
+    result = run(["s3://corpus/input"], "s3://corpus/tokens", sample_tokenizer, **remote)
     assert [i["url"] for i in result["inputs"]] == [
         "s3://corpus/input/part-00001.jsonl.gz",
         "s3://corpus/input/part-00003.jsonl.gz",
     ]
-    s3.invalidate_cache()
+    s3.fs.invalidate_cache()
     for name, data in file_bytes(tmp_path).items():
-        assert s3.cat_file(f"corpus/tokens/{name}") == data
-    assert s3.exists("corpus/tokens/_completions/00001.json")
-    assert not any(".staging" in p for p in s3.find("corpus/tokens"))
+        assert s3.fs.cat_file(f"corpus/tokens/{name}") == data
+    assert s3.fs.exists("corpus/tokens/_completions/00001.json")
+    assert not any(".staging" in p for p in s3.fs.find("corpus/tokens"))
 
 
 @pytest.mark.parametrize("size", [0, 1, 80 * MIB, 100 * 2**30, 5 * 2**40])
@@ -68,15 +76,32 @@ def test_merge_and_context_shuffle_from_and_to_s3(tmp_path, s3, sample_corpus, s
 
     for rank in range(2):
         run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=8, save_loss=True)
-        run([sample_corpus], "s3://corpus/ranks", sample_tokenizer, rank=rank, world_size=2, seed=8, save_loss=True)
+        run(
+            [sample_corpus],
+            "s3://corpus/ranks",
+            sample_tokenizer,
+            rank=rank,
+            world_size=2,
+            seed=8,
+            save_loss=True,
+            storage_options=s3.options,
+        )
     merged(tmp_path / "ranks", tmp_path / "merged", seed=4, save_loss=True, max_tokens_per_file=30_000)
-    merged("s3://corpus/ranks", "s3://corpus/merged", seed=4, save_loss=True, max_tokens_per_file=30_000)
+    merged(
+        "s3://corpus/ranks",
+        "s3://corpus/merged",
+        seed=4,
+        save_loss=True,
+        max_tokens_per_file=30_000,
+        storage_options=s3.options,
+    )
     shuffled(tmp_path / "merged", tmp_path / "context", seed=6, window_size=999)
-    shuffled("s3://corpus/merged", "s3://corpus/context", seed=6, window_size=999)
-    s3.invalidate_cache()
+    shuffled("s3://corpus/merged", "s3://corpus/context", seed=6, window_size=999, storage_options=s3.options)
+    s3.fs.invalidate_cache()
     for stage in ("merged", "context"):
         local = file_bytes(tmp_path / stage)
         assert len(local) >= 8
         for name, data in local.items():
-            assert s3.cat_file(f"corpus/{stage}/{name}") == data, f"{stage}/{name}"
-    assert verify("s3://corpus/context", str(sample_tokenizer), EOS).ok
+            assert s3.fs.cat_file(f"corpus/{stage}/{name}") == data, f"{stage}/{name}"
+    with using(s3.options):
+        assert verify("s3://corpus/context", str(sample_tokenizer), EOS).ok

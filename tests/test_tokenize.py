@@ -20,9 +20,8 @@ from tokenization.tokenize import TokenizeConfig, TooManyRejects, tokenize_rank
 def run(inputs, output, tokenizer, **options) -> dict:
     if not options.get("no_eos"):
         options.setdefault("eos_token", EOS)
-    return tokenize_rank(
-        TokenizeConfig(inputs=[str(i) for i in inputs], output=str(output), tokenizer=str(tokenizer), **options)
-    )
+    config = TokenizeConfig(inputs=[str(i) for i in inputs], output=str(output), tokenizer=str(tokenizer), **options)
+    return tokenize_rank(config).to_json()
 
 
 def documents(output: Path, pattern: str = "*.ds") -> list[list[int]]:
@@ -219,8 +218,11 @@ def test_bad_records_are_quarantined_and_good_ones_match_a_clean_run(tmp_path, s
     result = run([tmp_path / "dirty"], tmp_path / "out_dirty", sample_tokenizer, seed=2, max_reject_fraction=0.1)
     assert file_bytes(tmp_path / "out_clean") == file_bytes(tmp_path / "out_dirty")
     assert result["counts"]["rejected"] == {
-        "malformed_json": 1, "missing_text": 1, "text_not_string": 1, "not_an_object": 1,
-    }  # fmt: skip
+        "malformed_json": 1,
+        "missing_text": 1,
+        "text_not_string": 1,
+        "not_an_object": 1,
+    }
     lines = [json.loads(x) for x in (tmp_path / "out_dirty" / "_quarantine" / "00000.jsonl").read_text().splitlines()]
     assert [(q["line"], q["reason"], q["raw"]) for q in lines] == [
         (4, "malformed_json", "{oops"),
@@ -259,7 +261,8 @@ def test_without_an_eos_llama3_documents_end_with_its_own(tmp_path, sample_corpu
     from tests.conftest import shared_path
 
     llama3 = shared_path("tokenizers", "llama3", "tokenizer.json")
-    result = tokenize_rank(TokenizeConfig(inputs=[str(sample_corpus)], output=str(tmp_path), tokenizer=str(llama3)))
+    config = TokenizeConfig(inputs=[str(sample_corpus)], output=str(tmp_path), tokenizer=str(llama3))
+    result = tokenize_rank(config).to_json()
     assert (result["tokenizer"]["eos_token"], result["tokenizer"]["eos_id"]) == ("<|end_of_text|>", 128001)
     assert result["tokenizer"]["eos_source"] == "vocabulary"
     f = TokenFile(str(next(tmp_path.glob("*.ds"))))

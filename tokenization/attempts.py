@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,12 +42,13 @@ import orjson
 
 from tokenization import manifest
 from tokenization.errors import reaching
+from tokenization.formats.ds import WrittenTokenFile
 from tokenization.storage import (
     is_local,
     is_s3,
     join,
+    move_into_place,
     open_fs,
-    publish_file,
     put_if,
     remove_if_exists,
     write_bytes_atomic,
@@ -264,9 +265,15 @@ class Attempt:
     def id(self) -> str:
         return self.holder.attempt
 
-    def publish(self, src: Path, name: str) -> None:
+    def place(self, src: Path, name: str) -> None:
         """Move a finished local file to ``name`` (relative to the output folder)."""
-        publish_file(src, self.fs, join(self.out_path, name), self.landing)
+        move_into_place(src, self.fs, join(self.out_path, name), self.landing)
+
+    def place_families(self, written: Iterable[WrittenTokenFile]) -> None:
+        """Move every file of each written token-file family into the output, under its own name."""
+        for family in written:
+            for f in family.files:
+                self.place(family.path.with_name(f.name), f.name)
 
     def write(self, name: str, data: bytes) -> None:
         write_bytes_atomic(self.fs, join(self.out_path, name), data, self.landing)

@@ -1,202 +1,351 @@
-"""A whole corpus build: the folder layout of one run, the check that rank shards are complete, and the
-dataset manifest that declares a build finished.
+"""A whole corpus build as a library object: the same plan, stages and publish whether Airflow runs it (a task a
+step, through the glue in ``plugins/``) or ``tokenization build`` runs it on one machine, so both give the same
+bytes for the same params::
 
-One run writes under its own folder, ``{output}/{run id}`` with the run id percent-encoded where it holds a
-character outside ``A-Za-z0-9_.-~`` (so ``qa:col`` is ``qa%3Acol``, never ``qa-col``'s folder)::
+    start (check, claim the run folder, fix the seed) -> tokenize (a rank each) -> every shard complete
+        -> merge -> context shuffle (a shard each) -> publish (verify, account, report, _BUILD.json)
 
-    {run}/_RUN.json   the claim: which run owns the folder, written before anything else
-    {run}/ranks/      the tokenize stage's rank files, manifests, quarantine, markers
-    {run}/merged/     the merge's output
-    {run}/context/    the context-window shuffle's output (absent when the window is 0)
-    {run}/_BUILD.json the dataset manifest, written last: its presence means the build is complete
+The run folder's layout is in ``tokenization.runs``; the books that publish checks are in
+``tokenization.accounting``.
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import time
-from collections import Counter
-from dataclasses import dataclass
-from urllib.parse import quote
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from multiprocessing import get_context
+from typing import Literal
 
 import orjson
 
-from tokenization import manifest
-from tokenization.errors import UsageError
-from tokenization.storage import join, list_names, list_sizes, open_fs, put_if, write_bytes_atomic
+from tokenization import accounting, manifest
+from tokenization.context import DEFAULT_WINDOW, ContextCounts, ContextShuffleConfig, context_shuffle
+from tokenization.documents import Counts, DocumentOptions
+from tokenization.encoding import limit_hf_threads
+from tokenization.formats import token_file_names
+from tokenization.manifest import StageResult
+from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, MergeCounts, merge
+from tokenization.options import option, params
+from tokenization.progress import ProgressMode
+from tokenization.report import REPORT_HTML, REPORT_JSON, write_report
+from tokenization.runs import BUILD_MANIFEST, BuildError, Layout, claim, folder_for, resolve_seed
+from tokenization.sources import list_input_files
+from tokenization.storage import join, list_names, open_fs, using, write_bytes_atomic
+from tokenization.tokenize import RankOptions, TokenizeConfig, tokenize_rank
+from tokenization.verify import verify
+
+log = logging.getLogger(__name__)
 
 BUILD_FORMAT = "corpus-tokenization/build/1"
-BUILD_MANIFEST = "_BUILD.json"
-RUN_CLAIM = "_RUN.json"
-DATASET_NAME = "corpus"
+DATASET_NAME = "corpus"  # the merged files are NNN_corpus.ds
+PROBLEMS_LOGGED = 50
 
 
-class BuildError(RuntimeError):
-    """A build cannot go on: its folder belongs to another run, or its stages disagree about what they hold."""
+@dataclass(frozen=True, kw_only=True)
+class BuildConfig(DocumentOptions, RankOptions):
+    """A build's params: the DAG's Params and the options of ``tokenization build`` are made from these fields."""
 
+    input: str = option(flag="", title="Input", help="folder, glob or fsspec URL of .jsonl[.gz|.zst] or .parquet files")
+    output: str = option(title="Output", help="folder or fsspec URL; a build writes under {output}/{build id}")
+    seed: int | None = option(
+        None,
+        minimum=0,
+        title="Seed",
+        help="shuffle seed for every stage (default: one derived from the build id, the same for every retry)",
+    )
+    num_ranks: int = option(
+        4,
+        minimum=1,
+        maximum=4096,
+        title="Ranks",
+        help="tokenize tasks; rank r takes input files r, r + ranks, ... of the sorted list",
+    )
+    merge_mode: Literal["interleave", "shuffle"] = option(
+        "interleave",
+        title="Merge order",
+        help="interleave: datatrove's random interleave of the rank files (datatrove's bytes); shuffle: a uniform "
+        "permutation of every document",
+    )
+    merge_max_tokens_per_file: int = option(
+        DEFAULT_MAX_TOKENS_PER_FILE,
+        minimum=1,
+        title="Most tokens a merged file",
+        help="the merge closes a file once it holds this many tokens (cut at a document boundary)",
+    )
+    context_window: int = option(
+        DEFAULT_WINDOW,
+        minimum=0,
+        title="Context window + 1",
+        help="tokens a training window holds, plus one; the merged files are cut into such windows and shuffled "
+        "(0 skips the context shuffle)",
+    )
+    num_context_shards: int = option(
+        4,
+        minimum=1,
+        maximum=1024,
+        title="Context-shuffle tasks",
+        help="context-shuffle tasks, each taking some of the merged files (never more tasks than files)",
+    )
+    local_working_dir: str | None = option(
+        None, param=False, help="local folder where ranks and context shards stage their files"
+    )
+    merge_working_dir: str | None = option(
+        None,
+        param=False,
+        help="local folder with room for the whole dataset, where the merge stages its files (default: "
+        "--local-working-dir)",
+    )
 
-def run_folder(output: str, run_id: str) -> str:
-    """The folder of one run: one folder per run id, and one run id per folder. Characters outside
-    ``A-Za-z0-9_.-~`` (and a leading dot) are percent-encoded, which no other run id can spell."""
-    if not run_id or run_id in (".", ".."):
-        raise UsageError(f"run id {run_id!r} cannot name a folder")
-    name = quote(run_id, safe="")
-    return join(output, "%2E" + name[1:] if name.startswith(".") else name)
-
-
-def claim_run_folder(run_dir: str, run_id: str) -> None:
-    """Make the folder this run's before anything is written, or refuse: a folder claimed by another run, or
-    holding files that no run claims, is never written into (a retry of this run finds its own claim)."""
-    fs, path = open_fs(run_dir)
-    claim = join(path, RUN_CLAIM)
-    owner = manifest.read_json(fs, claim)
-    if owner is None:
-        if found := sorted(list_names(fs, path)):
-            raise BuildError(
-                f"{run_dir} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
-                f"claims: choose another output, or remove that folder"
-            )
-        try:
-            put_if(fs, claim, orjson.dumps({"run_id": run_id, "claimed": time.time()}), absent=True)
-            return
-        except FileExistsError:  # another task claimed it a moment ago: see whose claim it is
-            owner = manifest.read_json(fs, claim) or {}
-    if owner.get("run_id") != run_id:
-        raise BuildError(
-            f"{run_dir} holds the output of run {owner.get('run_id')!r}, not of {run_id!r}: two runs never share a "
-            f"folder; trigger this run under another run id or output"
-        )
+    def shared(self, *groups: type) -> dict:
+        """This config's values of the option groups a stage config shares with it."""
+        return {f.name: getattr(self, f.name) for group in groups for f in fields(group)}
 
 
 @dataclass(frozen=True)
-class Layout:
+class BuildPlan:
+    """What ``start`` decided once for the whole run; every later step reads it (in Airflow, the XCom ``spec``)."""
+
+    run_id: str
     run_dir: str
+    seed: int
+    num_ranks: int
+    input_files: int
+    input_bytes: int
+    skipped_inputs: int
+    tokenizer_sha256: str
+    eos_token: str | None
+    merges: bool  # the ds format is merged and context-shuffled; Megatron's rank files are the dataset
+    started: float  # when the run claimed its folder
 
     @property
-    def ranks(self) -> str:
-        return join(self.run_dir, "ranks")
+    def ranks(self) -> list[int]:
+        return list(range(self.num_ranks))
 
-    @property
-    def merged(self) -> str:
-        return join(self.run_dir, "merged")
+    def to_json(self) -> dict:
+        return asdict(self)
 
-    @property
-    def context(self) -> str:
-        return join(self.run_dir, "context")
-
-    @property
-    def manifest(self) -> str:
-        return join(self.run_dir, BUILD_MANIFEST)
+    @classmethod
+    def from_json(cls, data: dict) -> BuildPlan:
+        return cls(**data)
 
 
-def rank_stem(rank: int) -> str:
-    return f"{rank:05d}"
+@dataclass(frozen=True)
+class Published:
+    """A complete build: the figures a scheduler or a person looks at first, and the whole ``_BUILD.json``."""
+
+    dataset: str
+    digest: str
+    tokens: int
+    docs: int
+    rejects: int
+    files: int
+    verified: bool
+    record: dict
+
+    def summary(self) -> dict:
+        """A few figures for XCom, the Asset event and the builds page."""
+        record = self.record
+        figures = {k: v for k, v in asdict(self).items() if k != "record"}
+        return figures | {"seed": record["seed"], "tokenizer": record["tokenizer"]["name"], "input": record["input"]}
 
 
-def incomplete_ranks(ranks_dir: str, num_ranks: int) -> dict[int, str]:
-    """Every rank of ``0..num_ranks-1`` whose shard is not complete yet, with the reason. A shard is complete when
-    its marker exists, its manifest has the checksum the marker records, and every file the marker lists is there
-    with its size (one listing of the folder). A marker of a rank outside the run is an error, never ignored."""
-    fs, path = open_fs(ranks_dir)
-    markers = manifest.completion_markers(fs, path)
-    expected = {rank_stem(rank): rank for rank in range(num_ranks)}
-    if strangers := sorted(set(markers) - set(expected)):
-        raise BuildError(f"{ranks_dir} holds shards that are not ranks of this {num_ranks}-rank run: {strangers}")
-    sizes = {**list_sizes(fs, path), **_prefixed(fs, path, "_quarantine")}
-    status = {rank: _shard_status(fs, path, markers.get(stem), sizes) for stem, rank in expected.items()}
-    return {rank: why for rank, why in status.items() if why is not None}
+class Build:
+    """One build run: its config and the plan made once for it. Each step is a method that Airflow's tasks and the
+    command line call alike; every step opens storage with the config's storage options."""
+
+    def __init__(self, config: BuildConfig, plan: BuildPlan):
+        self.config, self.plan = config, plan
+        self.layout = Layout(plan.run_dir)
+
+    @classmethod
+    def start(cls, config: BuildConfig, run_id: str) -> Build:
+        """Check what can be checked before any work (the inputs, the tokenizer and its EOS), claim the run's
+        folder and fix its seed; a retry of the same run finds its own claim and the same plan."""
+        with using(config.storage_options):
+            listing = list_input_files([config.input])
+            encoder = config.encoder()
+            run_dir = folder_for(config.output, run_id)
+            started = claim(run_dir, run_id)
+        plan = BuildPlan(
+            run_id=run_id,
+            run_dir=run_dir,
+            seed=resolve_seed(config.seed, run_id),
+            num_ranks=config.num_ranks,
+            input_files=len(listing.files),
+            input_bytes=sum(f.size for f in listing.files),
+            skipped_inputs=len(listing.skipped),
+            tokenizer_sha256=encoder.sha256,
+            eos_token=encoder.eos_token,
+            merges=config.output_format == "ds",
+            started=started,
+        )
+        log.info("plan: %s", plan)
+        return cls(config, plan)
+
+    def tokenize(self, rank: int, progress: ProgressMode = None, owner: str | None = None) -> StageResult[Counts]:
+        config = TokenizeConfig(
+            inputs=[self.config.input],
+            output=self.layout.ranks,
+            seed=self.plan.seed,
+            rank=rank,
+            world_size=self.plan.num_ranks,
+            local_working_dir=self.config.local_working_dir,
+            **self.config.shared(DocumentOptions, RankOptions),
+        )
+        return tokenize_rank(config, progress, owner)
+
+    def incomplete_ranks(self) -> dict[int, str]:
+        """Every rank whose shard is not complete on storage yet, with the reason."""
+        with using(self.config.storage_options):
+            return accounting.incomplete_ranks(self.layout.ranks, self.plan.num_ranks)
+
+    def merge(self, progress: ProgressMode = None, owner: str | None = None) -> StageResult[MergeCounts] | None:
+        """The global merge of every rank file; None when the format is not merged."""
+        if not self.plan.merges:
+            return None
+        config = MergeConfig(
+            input=self.layout.ranks,
+            output=self.layout.merged,
+            save_filename=DATASET_NAME,
+            seed=self.plan.seed,
+            mode=self.config.merge_mode,
+            max_tokens_per_file=self.config.merge_max_tokens_per_file,
+            save_loss=self.config.save_loss,
+            local_working_dir=self.config.merge_working_dir or self.config.local_working_dir,
+            storage_options=self.config.storage_options,
+        )
+        return merge(config, progress, owner)
+
+    def context_shards(self, merged: StageResult[MergeCounts] | None) -> list[int]:
+        """The context-shuffle tasks to run: at most one a merged file, none when the window is 0."""
+        if merged is None or not self.config.context_window:
+            return []
+        return list(range(min(self.config.num_context_shards, len(merged.outputs))))
+
+    def context_shuffle(
+        self, shard: int, num_shards: int, progress: ProgressMode = None, owner: str | None = None
+    ) -> StageResult[ContextCounts]:
+        config = ContextShuffleConfig(
+            input=self.layout.merged,
+            output=self.layout.context,
+            window_size=self.config.context_window,
+            seed=self.plan.seed,
+            shard=shard,
+            num_shards=num_shards,
+            local_working_dir=self.config.local_working_dir,
+            storage_options=self.config.storage_options,
+        )
+        return context_shuffle(config, progress, owner)
+
+    def publish(self) -> Published:
+        """Verify the dataset, check that every document and every token is accounted for (from the manifests on
+        storage, never from what tasks said), write the report, then ``_BUILD.json``, which declares the build
+        complete."""
+        with using(self.config.storage_options):
+            record = self._record()
+            write_report(self.layout.run_dir, {"format": BUILD_FORMAT, **record})  # before the marker of completion
+            record |= {"report": {"html": REPORT_HTML, "json": REPORT_JSON}}
+            fs, path = open_fs(self.layout.manifest)
+            write_bytes_atomic(fs, path, manifest.dumps({"format": BUILD_FORMAT, **record}))
+        log.info("published %s: %d tokens; report %s", record["dataset"], record["tokens"], REPORT_HTML)
+        balance = record["conservation"]
+        return Published(
+            dataset=record["dataset"],
+            digest=record["digest"],
+            tokens=record["tokens"],
+            docs=balance["docs_out"],
+            rejects=balance["quarantined"],
+            files=len(record["files"]),
+            verified=record["verify"]["ok"],
+            record={"format": BUILD_FORMAT, **record},
+        )
+
+    def _record(self) -> dict:
+        layout, plan = self.layout, self.plan
+        stages = {
+            "merge": accounting.stage_counts(layout.merged),
+            "context_shuffle": accounting.stage_counts(layout.context),
+        }
+        dataset = layout.context if stages["context_shuffle"] else layout.merged if plan.merges else layout.ranks
+        checked = verify(dataset, self.config.tokenizer, plan.eos_token)
+        for line in checked.problems[:PROBLEMS_LOGGED] + checked.notes:
+            log.warning("verify: %s", line)
+        if not checked.ok:
+            raise BuildError(f"verify found {len(checked.problems)} problems in {dataset}; the build is not published")
+        balance = accounting.conservation(accounting.rank_manifests(layout.ranks, plan.num_ranks))
+        if not balance["holds"]:
+            raise BuildError(f"documents are not conserved: {balance}")
+        finished = time.time()
+        return {
+            "run_id": plan.run_id,
+            "dataset": dataset,
+            "input": self.config.input,
+            "seed": plan.seed,
+            "tokenizer": {"name": self.config.tokenizer, "sha256": plan.tokenizer_sha256, "eos": plan.eos_token},
+            "params": params(self.config),
+            "inputs": {
+                "spec": self.config.input,
+                "files": plan.input_files,
+                "bytes": plan.input_bytes,
+                "skipped": plan.skipped_inputs,
+            },
+            "started": _iso(plan.started),
+            "finished": _iso(finished),
+            "wall_seconds": round(finished - plan.started, 3),
+            "conservation": balance,
+            "token_flow": accounting.token_flow(balance["tokens"], stages, checked.tokens),
+            "tokens": checked.tokens,
+            "digest": accounting.dataset_digest(dataset),
+            "files": token_file_names(list_names(*open_fs(dataset))),
+            "stages": {"tokenize": {"ranks": plan.num_ranks, "input_files": plan.input_files, **balance}, **stages},
+            "verify": {"ok": checked.ok, "files": checked.files, "tokens": checked.tokens, "notes": checked.notes},
+        }
+
+    def run(self, parallel: int = 1, progress: ProgressMode = None) -> Published:
+        """The whole build on this machine: the ranks as up to ``parallel`` processes at once, the merge, the
+        context shards (as processes too), then publish. A step that fails stops the build; running it again
+        with the same build id keeps the complete ranks, resumes the merge after its last published file, and
+        redoes the rest, with the same bytes."""
+        self._in_processes("tokenize", [(rank,) for rank in sorted(self.incomplete_ranks())], parallel)
+        if missing := self.incomplete_ranks():
+            raise BuildError(f"ranks not complete after tokenizing: {missing}")
+        merged = self.merge(progress)
+        shards = self.context_shards(merged)
+        self._in_processes("context_shuffle", [(shard, len(shards)) for shard in shards], parallel)
+        return self.publish()
+
+    def _in_processes(self, step: Literal["tokenize", "context_shuffle"], calls: list[tuple], parallel: int) -> None:
+        """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (spawned: no thread pool
+        is inherited), logging each as it completes; the first failure cancels what has not started."""
+        if not calls:
+            return
+        with ProcessPoolExecutor(min(parallel, len(calls)), mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(_run_step, self, step, args): args for args in calls}
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for future in pending:
+                future.cancel()
+            for future in list(done) + list(pending):
+                if not future.cancelled():
+                    result = future.result()  # raises the step's error
+                    log.info("%s %s: %s in %.1fs", step, futures[future][0], _figures(result), result.seconds)
 
 
-def _prefixed(fs, path: str, folder: str) -> dict[str, int]:
-    return {f"{folder}/{name}": size for name, size in list_sizes(fs, join(path, folder)).items()}
+def _run_step(build: Build, step: str, args: tuple) -> StageResult:
+    """One step in a worker process, without progress bars (several would share one terminal)."""
+    limit_hf_threads(build.config.threads)
+    return getattr(build, step)(*args, progress=False)
 
 
-def _shard_status(fs, path: str, marker: dict | None, sizes: dict[str, int]) -> str | None:
-    if marker is None:
-        return "no completion marker"
-    try:
-        data = fs.cat_file(join(path, marker["manifest"]))
-    except FileNotFoundError:
-        return "completion marker without a manifest"
-    if hashlib.sha256(data).hexdigest() != marker.get("sha256"):
-        return "manifest does not match its completion marker"
-    for name, info in marker.get("files", {}).items():
-        if sizes.get(name) != info["bytes"]:
-            return f"{name} is missing or not the size its completion marker records"
-    return None
+def _figures(result: StageResult) -> str:
+    tokens = getattr(result.counts, "tokens_written", None) or result.counts.tokens
+    return f"{tokens:,} tokens in {len(result.outputs)} files"
 
 
-def conservation(rank_manifests: list[dict]) -> dict:
-    """Documents in = documents out + empty + quarantined, summed over the ranks."""
-    totals: Counter = Counter()
-    rejected: Counter = Counter()
-    for m in rank_manifests:
-        c = m["counts"]
-        totals.update({k: c[k] for k in ("docs_read", "docs_written", "empty", "tokens", "tokens_written")})
-        totals["tokens_dropped"] += c["tokens_dropped"]
-        rejected.update(c["rejected"])
-    quarantined = sum(rejected.values())
-    return {
-        "docs_in": totals["docs_read"],
-        "docs_out": totals["docs_written"],
-        "empty": totals["empty"],
-        "quarantined": quarantined,
-        "rejected_by_reason": dict(sorted(rejected.items())),
-        "tokens": totals["tokens_written"],
-        "tokens_dropped": totals["tokens_dropped"],
-        "holds": totals["docs_read"] == totals["docs_written"] + totals["empty"] + quarantined,
-    }
-
-
-def stage_counts(folder: str) -> dict | None:
-    """The counts of every completed stage manifest of a folder (the merge's one, or all context shards'),
-    summed; None when the folder holds none."""
-    fs, path = open_fs(folder)
-    totals: Counter = Counter()
-    markers = manifest.completion_markers(fs, path)
-    for marker in markers.values():
-        counts = (manifest.read_json(fs, join(path, marker["manifest"])) or {}).get("counts", {})
-        totals.update({k: v for k, v in counts.items() if isinstance(v, int)})
-    return dict(totals) if markers else None
-
-
-def token_flow(rank_tokens: int, stages: dict[str, dict | None], dataset_tokens: int) -> dict[str, int]:
-    """Tokens from stage to stage: what each stage was given = what it wrote + what it dropped, and the dataset's
-    files hold what the last stage wrote. A stage that does not add up raises, naming it: a leftover file merged
-    in, or a file lost on the way, must never pass for a build."""
-    flow = {"tokenize": rank_tokens}
-    given = rank_tokens
-    for stage, counts in stages.items():
-        if counts is None:
-            continue
-        if counts["tokens"] + counts["tokens_dropped"] != given:
-            raise BuildError(
-                f"{stage} wrote {counts['tokens']} tokens and dropped {counts['tokens_dropped']}, but was given {given}"
-            )
-        flow[stage] = given = counts["tokens"]
-    if dataset_tokens != given:
-        raise BuildError(f"the dataset's files hold {dataset_tokens} tokens, its manifests say {given}")
-    return flow
-
-
-def rank_manifests(ranks_dir: str, num_ranks: int) -> list[dict]:
-    fs, path = open_fs(ranks_dir)
-    return [manifest.read_json(fs, manifest.manifest_path(path, rank_stem(r))) for r in range(num_ranks)]
-
-
-def write_build_manifest(layout: Layout, record: dict) -> dict:
-    """Declare the build complete: the dataset manifest is written atomically and last."""
-    data = {"format": BUILD_FORMAT, **record}
-    fs, path = open_fs(layout.manifest)
-    write_bytes_atomic(fs, path, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-    return data
-
-
-def dataset_digest(dataset: str) -> str:
-    """One sha256 for a whole dataset, from the checksums its manifests record: equal digests, equal bytes."""
-    entries = manifest.output_entries(dataset)
-    pairs = sorted((name, info["sha256"]) for entry in entries.values() for name, info in entry["files"].items())
-    return hashlib.sha256(orjson.dumps(pairs)).hexdigest()
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds")
 
 
 def latest_build(folder: str) -> dict:
@@ -215,9 +364,9 @@ def summary(build: dict) -> str:
     lines = [
         f"dataset: {build['dataset']}",
         f"digest:  {build['digest']} (sha256 of the files' checksums: equal digests, equal bytes)",
-        f"documents: {c['docs_in']} read = {c['docs_out']} written + {c['empty']} empty + {c['quarantined']} "
-        f"quarantined ({'holds' if c['holds'] else 'DOES NOT HOLD'})",
-        f"tokens: {build['tokens']} in {len(build['files'])} files, {c['tokens_dropped']} dropped",
+        f"documents: {c['docs_in']:,} read = {c['docs_out']:,} written + {c['empty']:,} empty + "
+        f"{c['quarantined']:,} quarantined ({'holds' if c['holds'] else 'DOES NOT HOLD'})",
+        f"tokens: {build['tokens']:,} in {len(build['files'])} files, {c['tokens_dropped']:,} dropped",
         f"verify: {'passed' if build['verify']['ok'] else 'FAILED'} ({build['verify']['files']} files)",
     ]
     if "report" in build:  # the run folder holds the dataset's folder and the report

@@ -12,99 +12,80 @@ import gzip
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 import zstandard
 
 from tokenization import manifest
-from tokenization.documents import (
-    BATCH_BYTES,
-    DEFAULT_MAX_REJECT_FRACTION,
-    DEFAULT_MAX_REJECTS,
-    Counts,
-    RejectTally,
-    check_document_options,
-    encoded_batches,
-)
-from tokenization.encoding import Encoder, EngineChoice, SpecialTextPolicy
+from tokenization.documents import Counts, DocumentOptions, RejectTally, encoded_batches
+from tokenization.encoding import Encoder
+from tokenization.manifest import StageResult
+from tokenization.options import option
 from tokenization.progress import ProgressMode
 from tokenization.sources import DocumentReader, Rejected, list_input_files
-from tokenization.storage import open_fs, publish_file, write_bytes_atomic
+from tokenization.storage import move_into_place, open_fs, with_storage_options, write_bytes_atomic
+
+COUNT_FORMAT = "corpus-tokenization/count/1"
 
 
-@dataclass
-class CountConfig:
-    inputs: list[str]
-    tokenizer: str
-    text_key: str = "text"
-    id_key: str = "id"
-    eos_token: str | None = None  # None: the tokenizer's own end-of-text token
-    no_eos: bool = False
-    special_text: SpecialTextPolicy = "text"
-    stats_out: str | None = None
-    annotate: str | None = None
-    batch_size: int = 10000
-    batch_bytes: int = BATCH_BYTES
-    save_loss: bool = False  # counting needs no loss bytes
-    engine: EngineChoice = "auto"
-    threads: int | None = None
-    max_rejects: int | None = DEFAULT_MAX_REJECTS
-    max_reject_fraction: float | None = DEFAULT_MAX_REJECT_FRACTION
+@dataclass(frozen=True, kw_only=True)
+class CountConfig(DocumentOptions):
+    """What to count and where to write the figures."""
 
-    def __post_init__(self) -> None:
-        check_document_options(self.text_key, self.eos_token, self.no_eos, self.max_rejects, self.max_reject_fraction)
-
-
-def count_tokens(config: CountConfig, progress: ProgressMode = None) -> dict:
-    """Count, write the stats (and the annotated records) where asked, and return the stats."""
-    started = time.time()
-    encoder = Encoder(
-        config.tokenizer, config.eos_token, config.special_text, config.engine, config.threads, no_eos=config.no_eos
+    inputs: list[str] = option(flag="", help="input files, folders or globs (.jsonl[.gz|.zst], .parquet); fsspec URLs")
+    stats_out: str | None = option(None, help="write the stats JSON here (a path or fsspec URL)")
+    annotate: str | None = option(
+        None, help="write every valid record back as JSON lines with a token_count field (.gz/.zst compress)"
     )
+
+
+@with_storage_options
+def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageResult[Counts]:
+    """Count; write the stats (and the annotated records) where asked."""
+    started = time.time()
+    encoder = config.encoder()
     files = list_input_files(config.inputs).files
     with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
-        counts, per_file, longest = encoder.exactly(lambda: _count_pass(config, encoder, files, Path(tmp), progress))
+        counts, per_file = encoder.exactly(lambda: _count_pass(config, encoder, files, Path(tmp), progress))
         if config.annotate:
             fs, path = open_fs(config.annotate)
-            publish_file(Path(tmp) / _annotation_name(config.annotate), fs, path)
+            move_into_place(Path(tmp) / _annotation_name(config.annotate), fs, path)
     c = counts.to_json()
     seconds = round(time.time() - started, 3)
-    stats = {
-        "format": "corpus-tokenization/count/1",
-        "tokenizer": encoder.describe(),
-        "params": asdict(config),
-        "versions": manifest.versions(),
-        "docs": c["docs_written"],
-        "tokens": c["tokens"],
-        "empty": c["empty"],
-        "rejected": c["rejected"],
-        "docs_read": c["docs_read"],
-        "blank_lines": c["blank_lines"],
-        "special_token_literals": c["special_token_literals"],
-        "mean_tokens_per_doc": round(c["tokens"] / c["docs_written"], 3) if c["docs_written"] else 0,
-        "max_tokens_per_doc": longest,
-        "files": [{"url": f.url, "bytes": f.size, **_file_counts(per_file[f.url])} for f in files],
-        "length_histogram": c["length_histogram"],
-        "seconds": seconds,
-        "throughput": manifest.throughput(seconds, encoder.load_seconds, c["text_bytes"], c["tokens"]),
-    }
+    stats = manifest.stage_record(
+        COUNT_FORMAT,
+        "count",
+        config,
+        seconds,
+        tokenizer=encoder.describe(),
+        docs=c["docs_written"],
+        tokens=c["tokens"],
+        empty=c["empty"],
+        rejected=c["rejected"],
+        docs_read=c["docs_read"],
+        blank_lines=c["blank_lines"],
+        special_token_literals=c["special_token_literals"],
+        mean_tokens_per_doc=round(c["tokens"] / c["docs_written"], 3) if c["docs_written"] else 0,
+        max_tokens_per_doc=counts.longest,
+        files=[{"url": f.url, "bytes": f.size, **_file_counts(per_file[f.url])} for f in files],
+        length_histogram=c["length_histogram"],
+        throughput=manifest.throughput(seconds, encoder.load_seconds, c["text_bytes"], c["tokens"]),
+    )
     if config.stats_out:
         fs, path = open_fs(config.stats_out)
         write_bytes_atomic(fs, path, orjson.dumps(stats, option=orjson.OPT_INDENT_2))
-    return stats
+    return StageResult(counts, stats)
 
 
 def _count_pass(
     config: CountConfig, encoder: Encoder, files: list, tmp: Path, progress: ProgressMode
-) -> tuple[Counts, dict[str, Counter], int]:
-    """One pass over the inputs: counts per file, the longest document, and the annotated records in ``tmp``."""
+) -> tuple[Counts, dict[str, Counter]]:
+    """One pass over the inputs: counts in total and per file, and the annotated records in ``tmp``."""
     reader = DocumentReader(files, config.text_key, config.id_key, keep_data=bool(config.annotate))
     counts = Counts()
     per_file: dict[str, Counter] = defaultdict(Counter)
-    longest = 0
-
     tally = RejectTally(counts, "count", config.text_key, config.max_rejects, config.max_reject_fraction)
 
     def reject(item: Rejected) -> None:
@@ -112,8 +93,9 @@ def _count_pass(
         tally(item)
 
     annotated = _open_annotation(tmp, config.annotate) if config.annotate else None
+    batches = encoded_batches(reader, encoder, counts, config, reject, "count", progress=progress)
     try:
-        for batch in encoded_batches(reader, encoder, counts, config, reject, "count", progress):
+        for batch in batches:
             lengths = batch.token_counts()
             for record, n in zip(batch.records, lengths.tolist(), strict=True):
                 stats = per_file[record.file]
@@ -121,13 +103,12 @@ def _count_pass(
                 stats["tokens"] += n
                 if annotated is not None:
                     annotated.write(orjson.dumps(record.data | {"token_count": n}) + b"\n")
-            if len(batch.encoded.lengths):
-                longest = max(longest, int(batch.encoded.lengths.max()))
     finally:
+        batches.close()  # an error stops the reading and encoding threads here, not at exit
         if annotated is not None:
             annotated.close()
     tally.check()
-    return counts, per_file, longest
+    return counts, per_file
 
 
 def _file_counts(stats: Counter) -> dict:

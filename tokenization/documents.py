@@ -6,6 +6,7 @@ rejected (handed to the caller's ``reject``); blank lines are counted apart.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -17,8 +18,9 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 import orjson
 
-from tokenization.encoding import Encoded, Encoder, Prepared
+from tokenization.encoding import Encoded, Encoder, EngineChoice, Prepared, SpecialTextPolicy
 from tokenization.errors import UsageError
+from tokenization.options import Options, option
 from tokenization.progress import Progress, ProgressMode
 from tokenization.sources import DocumentReader, Record, Rejected
 
@@ -35,18 +37,66 @@ class TooManyRejects(RuntimeError):
     """A rank rejected more records than its limits allow, or wrote none of the records it read."""
 
 
-def check_document_options(
-    text_key: str, eos_token: str | None, no_eos: bool, max_rejects: int | None, max_fraction: float | None
-) -> None:
-    """Usage errors in the options that tokenize and count share, raised before anything is read."""
-    if not text_key:
-        raise UsageError("text_key must name a field, got an empty string")
-    if no_eos and eos_token is not None:
-        raise UsageError(f"no_eos conflicts with eos_token {eos_token!r}: give one of them")
-    if max_rejects is not None and max_rejects < 0:
-        raise UsageError(f"max_rejects must be >= 0, got {max_rejects}")
-    if max_fraction is not None and not 0 <= max_fraction <= 1:
-        raise UsageError(f"max_reject_fraction must be between 0 and 1, got {max_fraction}")
+@dataclass(frozen=True, kw_only=True)
+class DocumentOptions(Options):
+    """Reading and encoding: the same for tokenize, count and build, so all three see the same documents."""
+
+    tokenizer: str = option(
+        help="tokenizer.json path, a folder holding one, an fsspec URL or a hub name", title="Tokenizer"
+    )
+    text_key: str = option("text", help="field holding the text; dotted for a nested field", title="Text field")
+    id_key: str = option("id", help="field holding the document id, named in quarantine records", title="Id field")
+    eos_token: str | None = option(
+        None,
+        title="EOS token",
+        help="token appended to every document (default: the tokenizer's own end-of-text token, from its "
+        "tokenizer_config.json, its post-processor or its vocabulary)",
+    )
+    no_eos: bool = option(False, help="append no end-of-text token (conflicts with --eos-token)", title="No EOS")
+    special_text: SpecialTextPolicy = option(
+        "text",
+        flag="--special-tokens-in-text",
+        title="Special-token text in documents",
+        help="literal special-token text in a document, such as '<|endoftext|>': encode it as plain text, or as "
+        "the special token (datatrove's behaviour); occurrences are counted either way",
+    )
+    max_rejects: int | None = option(
+        DEFAULT_MAX_REJECTS,
+        minimum=0,
+        title="Most rejected records",
+        help="fail as soon as more records than this are rejected (quarantined with their reason)",
+    )
+    max_reject_fraction: float | None = option(
+        DEFAULT_MAX_REJECT_FRACTION,
+        minimum=0,
+        maximum=1,
+        title="Largest rejected share",
+        help="fail when more than this share of the records read is rejected",
+    )
+    engine: EngineChoice = option(
+        "auto",
+        title="Encoding engine",
+        help="auto: the fast exact engine where it can represent the tokenizer, self-checked against HF; "
+        "hf: HF tokenizers only",
+    )
+    threads: int | None = option(
+        None,
+        minimum=1,
+        title="Encoding threads",
+        help="threads encoding each rank (default: every core the process may use); with several ranks on one "
+        "machine at once, give cores / ranks",
+    )
+    batch_size: int = option(10_000, minimum=1, param=False, help="documents an encode batch holds at most")
+    batch_bytes: int = option(BATCH_BYTES, minimum=1, cli=False, param=False, help="text bytes a batch holds")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.no_eos and self.eos_token is not None:
+            raise UsageError(f"no_eos conflicts with eos_token {self.eos_token!r}: give one of them")
+
+    def encoder(self) -> Encoder:
+        """The encoder these options describe; loading it checks the tokenizer and the EOS before any data."""
+        return Encoder(self.tokenizer, self.eos_token, self.special_text, self.engine, self.threads, no_eos=self.no_eos)
 
 
 @dataclass
@@ -63,12 +113,14 @@ class Counts:
     tokens_written: int = 0
     tokens_dropped: int = 0
     partial_chunk_tokens: int = 0
+    longest: int = 0  # tokens in the longest document
     special_token_literals: Counter = field(default_factory=Counter)
     length_buckets: np.ndarray = field(default_factory=lambda: np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64))
 
     def add_lengths(self, lengths: np.ndarray) -> None:
         """Count documents of these token lengths in power-of-two buckets: [1, 2), [2, 4), ..."""
         if len(lengths):
+            self.longest = max(self.longest, int(lengths.max()))
             buckets = np.minimum(np.log2(np.maximum(lengths, 1)).astype(int), HISTOGRAM_BUCKETS - 1)
             np.add.at(self.length_buckets, buckets, 1)
 
@@ -176,13 +228,14 @@ def encoded_batches(
     reader: DocumentReader,
     encoder: Encoder,
     counts: Counts,
-    options,
+    options: DocumentOptions,
     reject: Callable[[Rejected], None],
     desc: str,
+    save_loss: bool = False,
     progress: ProgressMode = None,
 ) -> Iterator[Batch]:
     """Encode the reader's documents in batches bounded by ``options.batch_size`` documents and
-    ``options.batch_bytes`` bytes of text, with loss bytes when ``options.save_loss``.
+    ``options.batch_bytes`` bytes of text, with loss bytes when ``save_loss``.
 
     Three things overlap: a thread reads, decompresses and parses the input; another encodes one batch (the engine
     releases the GIL) while the caller writes the previous one and prepares the next (``Encoder.prepare``).
@@ -191,7 +244,7 @@ def encoded_batches(
 
     def prepared(records: list[Record]) -> Prepared:
         texts = [r for r in records if r.text]
-        ranges = [r.no_loss_ranges for r in texts] if options.save_loss else None
+        ranges = [r.no_loss_ranges for r in texts] if save_loss else None
         return encoder.prepare([r.text for r in texts], ranges)
 
     def encode(records: list[Record], batch: Prepared) -> Batch:
@@ -221,7 +274,7 @@ def encoded_batches(
 
 
 def _record_batches(
-    items: Iterator[Record | Rejected], counts: Counts, options, reject: Callable[[Rejected], None]
+    items: Iterator[Record | Rejected], counts: Counts, options: DocumentOptions, reject: Callable[[Rejected], None]
 ) -> Iterator[list[Record]]:
     """Group records into batches, counting each record read and handing each rejected one to ``reject``."""
     records: list[Record] = []
@@ -257,9 +310,13 @@ class ReadAhead:
     ahead of the work)."""
 
     def __init__(
-        self, items: Iterable[T], size: Callable[[T], int] = lambda _: 1, chunk: int = 256, depth: int = 4,
+        self,
+        items: Iterable[T],
+        size: Callable[[T], int] = lambda _: 1,
+        chunk: int = 256,
+        depth: int = 4,
         where: Callable[[], int] = lambda: 0,
-    ):  # fmt: skip
+    ):
         self.items, self.size, self.chunk, self.where = items, size, chunk, where
         self.queue: Queue = Queue(depth)
         self.stop = threading.Event()
@@ -290,7 +347,8 @@ class ReadAhead:
             self._put((group, self.where())) and self._put(exc)
 
     def __iter__(self) -> Iterator[T]:
-        thread = threading.Thread(target=self._produce, name="read", daemon=True)
+        context = contextvars.copy_context()  # the stage's storage options, for the files the reader opens
+        thread = threading.Thread(target=context.run, args=(self._produce,), name="read", daemon=True)
         thread.start()
         try:
             while (got := self.queue.get()) is not _END:

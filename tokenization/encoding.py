@@ -75,6 +75,14 @@ def available_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def limit_hf_threads(threads: int | None) -> None:
+    """Cap HF tokenizers' thread pool, which reads ``RAYON_NUM_THREADS`` once, when it first starts. The variable
+    belongs to the whole process, so only a process's entry point calls this (the command line, a build's worker
+    process, an Airflow task), before anything encodes; a library object never changes its process's environment."""
+    if threads:
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+
+
 class TokenizerError(ValueError):
     """The tokenizer cannot be loaded or does not fit the requested policy."""
 
@@ -193,8 +201,6 @@ class Encoder:
         started = time.perf_counter()
         self.name = name_or_path
         self.threads = threads or available_threads()
-        if threads:  # HF's Rust thread pool reads this when it first starts
-            os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         self.tokenizer, data = load_tokenizer_bytes(name_or_path)
         self.tokenizer.no_truncation()  # a document is never cropped, nor padded
         self.tokenizer.no_padding()

@@ -7,8 +7,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-EXTERNAL_MODULES = ("botocore", "aiobotocore", "s3fs", "aiohttp", "httpx", "httpx2", "requests", "urllib3",
-                    "huggingface_hub", "fsspec", "gcsfs", "adlfs")  # fmt: skip
+EXTERNAL_MODULES = (
+    "botocore",
+    "aiobotocore",
+    "s3fs",
+    "aiohttp",
+    "httpx",
+    "httpx2",
+    "requests",
+    "urllib3",
+    "huggingface_hub",
+    "fsspec",
+    "gcsfs",
+    "adlfs",
+)
 CREDENTIALS_HINT = "set credentials in the environment, an AWS profile or the Airflow connection"
 
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
-from dataclasses import asdict, is_dataclass
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import fsspec
 import numpy as np
 import orjson
 
+from tokenization.formats import DS, token_file_names
 from tokenization.formats.ds import TokenFileError
+from tokenization.options import Options, params
 from tokenization.storage import join, list_names, open_fs
 
 MANIFEST_FORMAT = "corpus-tokenization/rank-manifest/1"
@@ -64,26 +67,42 @@ def versions() -> dict:
     }
 
 
-def rank_manifest(
-    *, stage: str, config, encoder, inputs, counts: dict, outputs: list, seconds: float, input_bytes: int
-) -> dict:
-    params = asdict(config) if is_dataclass(config) else dict(config)
+def stage_record(format: str, stage: str, config: Options, seconds: float, **fields: object) -> dict:
+    """The record every stage manifest is: its format and stage, the library versions that decide the bytes, the
+    config's params (never its storage options), the stage's own ``fields``, and how many seconds it took."""
     return {
-        "format": MANIFEST_FORMAT,
+        "format": format,
         "stage": stage,
-        "rank": params.get("rank"),
-        "world_size": params.get("world_size"),
-        "seed": params.get("seed"),
         "versions": versions(),
-        "tokenizer": encoder.describe(),
-        "inputs": [{"url": f.url, "bytes": f.size} for f in inputs],
-        "params": params,
-        "counts": counts,
-        "outputs": outputs,
+        "params": params(config),
+        **fields,
         "seconds": round(seconds, 3),
-        "input_bytes": input_bytes,
-        "throughput": throughput(round(seconds, 3), encoder.load_seconds, counts["text_bytes"], counts["tokens"]),
     }
+
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class StageResult(Generic[C]):
+    """What a stage did: its counts, typed for callers, and the manifest it wrote (``record``), with the attempt
+    that wrote it."""
+
+    counts: C
+    record: dict
+    attempt: str | None = None
+
+    @property
+    def outputs(self) -> list[str]:
+        """The names of the token files the stage published, in order."""
+        return [entry["name"] for entry in self.record.get("outputs", [])]
+
+    @property
+    def seconds(self) -> float:
+        return self.record["seconds"]
+
+    def to_json(self) -> dict:
+        return self.record | ({"attempt": self.attempt} if self.attempt else {})
 
 
 def throughput(seconds: float, load_seconds: float, text_bytes: int, tokens: int) -> dict:
@@ -153,10 +172,10 @@ def token_files(folder: str) -> list[str]:
     is a listed one that is missing. A folder without markers (datatrove's output, say) gives every ``.ds`` file.
     """
     fs, path = open_fs(folder)
-    present = {name for name in list_names(fs, path) if name.endswith(".ds")}
+    present = set(token_file_names(list_names(fs, path), (DS,)))
     markers = completion_markers(fs, path)
     if markers:
-        listed = {name for marker in markers.values() for name in marker.get("files", {}) if name.endswith(".ds")}
+        listed = set(token_file_names((n for marker in markers.values() for n in marker.get("files", {})), (DS,)))
         if unlisted := sorted(present - listed):
             raise TokenFileError(
                 f"{join(folder, unlisted[0])}: no completion marker lists it ({len(unlisted)} such files): a leftover "

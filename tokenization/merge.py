@@ -26,12 +26,13 @@ import numpy as np
 import orjson
 
 from tokenization import manifest
-from tokenization.attempts import attempt_at
-from tokenization.errors import UsageError
+from tokenization.attempts import Attempt, attempt_at
 from tokenization.formats.ds import Metadata, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
+from tokenization.manifest import StageResult
+from tokenization.options import Options, option
 from tokenization.permute import MAX_OPEN_FILES, SourcePool, move_units
 from tokenization.progress import Progress, ProgressMode
-from tokenization.storage import join, list_names
+from tokenization.storage import join, list_names, with_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -40,30 +41,48 @@ UNITS_PER_SLICE = 1 << 20  # ordering entries turned into byte moves at a time
 IRRELEVANT_TO_BYTES = ("input", "output", "local_working_dir", "max_open_files")
 
 
-@dataclass
-class MergeConfig:
-    input: str
-    output: str
-    save_filename: str
-    seed: int = 0
-    mode: Literal["interleave", "shuffle"] = "interleave"
-    shuffle: bool = True
-    max_tokens_per_file: int = DEFAULT_MAX_TOKENS_PER_FILE
-    shuffle_chunk_size: int | None = None
-    drop_last_chunk: bool = False
-    save_loss: bool = False
-    local_working_dir: str | None = None
-    max_open_files: int = MAX_OPEN_FILES
+@dataclass(frozen=True, kw_only=True)
+class MergeConfig(Options):
+    """The global merge: every rank file of a folder, reordered into one sequence of files."""
 
-    def __post_init__(self) -> None:
-        if self.mode not in ("interleave", "shuffle"):
-            raise UsageError(f"mode must be interleave or shuffle, got {self.mode!r}")
-        for name in ("max_tokens_per_file", "shuffle_chunk_size", "max_open_files"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise UsageError(f"{name} must be positive, got {value}")
-        if not self.save_filename:
-            raise UsageError("save_filename is required")
+    input: str = option(flag="", help="folder or fsspec URL holding the rank .ds files (and their markers)")
+    output: str = option(help="output folder or fsspec URL")
+    save_filename: str = option(help="name of the merged dataset: files are NNN_{name}.ds")
+    seed: int = option(0, minimum=0, help="ordering seed: the same seed gives the same bytes")
+    mode: Literal["interleave", "shuffle"] = option(
+        "interleave",
+        help="interleave: datatrove's random interleave of files, each file's order kept; shuffle: a uniform "
+        "permutation of every unit of every file",
+    )
+    shuffle: bool = option(True, flag="--no-shuffle", help="reorder (--no-shuffle concatenates in file order)")
+    max_tokens_per_file: int = option(
+        DEFAULT_MAX_TOKENS_PER_FILE, minimum=1, help="close a merged file once it holds this many tokens"
+    )
+    shuffle_chunk_size: int | None = option(
+        None, minimum=1, help="move fixed chunks of this many tokens instead of documents (default: documents)"
+    )
+    drop_last_chunk: bool = option(False, help="drop each file's partial last chunk, as datatrove does (counted)")
+    save_loss: bool = option(False, help="merge the .ds.loss files too (every input must have one)")
+    local_working_dir: str | None = option(
+        None, help="local folder for staging and for copies of remote inputs (default: the system's temp)"
+    )
+    max_open_files: int = option(MAX_OPEN_FILES, minimum=1, help="input files held open at once")
+
+
+@dataclass
+class MergeCounts:
+    """What the merge read and wrote: tokens written + tokens dropped = the inputs' tokens."""
+
+    input_files: int
+    units: int
+    index_entries: int
+    tokens: int
+    partial_chunk_tokens: int
+    tokens_dropped: int
+    resumed_files: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 @dataclass
@@ -164,108 +183,163 @@ def plan_ordering(config: MergeConfig, units: _Units) -> tuple[np.ndarray, np.nd
     return file_ids, None
 
 
-def merge(config: MergeConfig, progress: ProgressMode = None, owner: str | None = None) -> dict:
-    """Run the merge (resuming when an earlier run of the same merge was interrupted); return its manifest."""
-    started = time.time()
+@dataclass(frozen=True)
+class _Plan:
+    """Everything decided before a byte is written: the inputs, how they are cut into units, the totals, the
+    width of the file numbers and the fingerprint a resumed merge must share."""
+
+    inputs: MergeInputs
+    units: _Units
+    tokens: np.ndarray  # per input file
+    tails: np.ndarray  # per input file: tokens after its last whole chunk (0 without chunks)
+    keep_tails: bool
+    total_tokens: int
+    total_units: int
+    width: int
+    fingerprint: str
+
+
+def _plan(config: MergeConfig) -> _Plan:
     urls = manifest.token_files(config.input)
     inputs = validate_inputs(urls, config.save_loss)
     chunk = config.shuffle_chunk_size
-    per_file_tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
-    counts = per_file_tokens // chunk if chunk else np.diff(inputs.offsets)
-    units = _Units(inputs, chunk, counts)
-    tails = (per_file_tokens - counts * chunk) if chunk else np.zeros(len(urls), np.int64)
+    tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
+    counts = tokens // chunk if chunk else np.diff(inputs.offsets)
+    tails = (tokens - counts * chunk) if chunk else np.zeros(len(urls), np.int64)
     keep_tails = bool(chunk) and not config.drop_last_chunk
-    total_tokens = int(per_file_tokens.sum()) - (0 if keep_tails else int(tails.sum()))
-    n_units = int(counts.sum()) + (int(np.count_nonzero(tails)) if keep_tails else 0)
-    most_files = min(-(-total_tokens // config.max_tokens_per_file), n_units)  # every file holds >= 1 unit
+    total_tokens = int(tokens.sum()) - (0 if keep_tails else int(tails.sum()))
+    total_units = int(counts.sum()) + (int(np.count_nonzero(tails)) if keep_tails else 0)
+    most_files = min(-(-total_tokens // config.max_tokens_per_file), total_units)  # every file holds >= 1 unit
     width = max(3, len(str(max(0, most_files - 1))))  # datatrove's 3 digits, wider only past 1,000 files
-    fingerprint = _fingerprint(config, inputs, width)
-    stem = config.save_filename
-    file_ids, perm = plan_ordering(config, units)
+    units = _Units(inputs, chunk, counts)
+    return _Plan(
+        inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, _fingerprint(config, inputs, width)
+    )
 
+
+class _Checkpoints:
+    """The ``on_close`` of the merge's writer: publishes each finished file with a manifest that records where in
+    the ordering it ends, which is where a resumed merge starts."""
+
+    def __init__(self, attempt: Attempt, plan: _Plan, done: list[dict]):
+        self.attempt, self.plan, self.entries = attempt, plan, list(done)
+        self.resumed_units = self.units_end
+
+    @property
+    def units_end(self) -> int:
+        return self.entries[-1]["units_end"] if self.entries else 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(entry["tokens"] for entry in self.entries)
+
+    def __call__(self, written: WrittenTokenFile, units_written: int) -> None:
+        chunk = self.plan.units.chunk
+        grid = manifest.pseudo_ends(
+            self.tokens, written.tokens, chunk, int(self.plan.units.counts.sum()) * (chunk or 0)
+        )
+        entry = {
+            "name": written.name,
+            "fingerprint": self.plan.fingerprint,
+            "units_start": self.units_end,
+            "units_end": self.resumed_units + units_written,
+            **written.to_json(),
+            "pseudo_ends": "unknown" if self.plan.inputs.pseudo_ends else grid,
+        }
+        self.attempt.place_families([written])
+        self.attempt.write(manifest.manifest_name(written.path.stem), manifest.dumps(entry))
+        self.entries.append(entry)
+
+
+@with_storage_options
+def merge(config: MergeConfig, progress: ProgressMode = None, owner: str | None = None) -> StageResult[MergeCounts]:
+    """Run the merge, resuming when an earlier run of the same merge was interrupted."""
+    started = time.time()
+    plan = _plan(config)
+    stem = config.save_filename
     with attempt_at(config.output, stem, config.local_working_dir, owner) as attempt:
-        done = _completed_files(attempt.fs, attempt.out_path, config, width, fingerprint)
-        resume_units = done[-1]["units_end"] if done else 0
+        done = _completed_files(attempt.fs, attempt.out_path, config, plan.width, plan.fingerprint)
+        checkpoints = _Checkpoints(attempt, plan, done)
         log.info(
             "merge %s: %d inputs, %d units, %d tokens; %d files already done, resuming at unit %d",
-            stem, len(urls), int(counts.sum()), total_tokens, len(done), resume_units,
-        )  # fmt: skip
-        pool = SourcePool(urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
-        published: list[dict] = []
-
-        def publish(written: WrittenTokenFile, units_written: int) -> None:
-            start = sum(e["tokens"] for e in done + published)
-            grid = manifest.pseudo_ends(start, written.tokens, chunk, int(counts.sum()) * (chunk or 0))
-            entry = {
-                "name": written.name, "fingerprint": fingerprint, "units_start": published_units(),
-                "units_end": resume_units + units_written, **written.to_json(),
-                "pseudo_ends": "unknown" if inputs.pseudo_ends else grid,
-            }  # fmt: skip
-            for f in written.files:
-                attempt.publish(written.path.with_name(f.name), f.name)
-            attempt.write(manifest.manifest_name(written.path.stem), manifest.dumps(entry))
-            published.append(entry)
-
-        def published_units() -> int:
-            return published[-1]["units_end"] if published else resume_units
-
-        writer = SplitWriter(
-            attempt.work,
-            lambda sub: f"{sub + len(done):0{width}d}_{stem}.ds",
-            tokenizer=inputs.tokenizer,
-            token_size=inputs.token_size,
-            save_loss=config.save_loss,
-            max_tokens=config.max_tokens_per_file,
-            close_at_limit=True,
-            on_close=publish,
+            stem,
+            len(plan.inputs.urls),
+            plan.total_units,
+            plan.total_tokens,
+            len(done),
+            checkpoints.units_end,
         )
-        inner = [inputs.file_ends(f) for f in range(len(urls))] if chunk else None
-        total_units = len(file_ids)
-        shown = Progress(f"merge {stem}", total_tokens, "tok", progress)
-        resumed_tokens = sum(e["tokens"] for e in done)
-        shown.update(resumed_tokens, units=resume_units, tokens=resumed_tokens)
-        cursor = np.bincount(file_ids[:resume_units], minlength=len(urls)).astype(np.int64)
-        for a in range(min(resume_units, total_units), total_units, UNITS_PER_SLICE):
-            b = min(total_units, a + UNITS_PER_SLICE)
-            files, local = _slice_units(file_ids, perm, units, cursor, a, b)
-            starts, ends = units.bounds(files, local)
-            move_units(pool, files, starts, ends, writer, inner, progress=shown)
-        if keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
-            pending = np.flatnonzero(tails)[max(0, resume_units - total_units) :]
-            move_units(pool, pending, counts[pending] * chunk, per_file_tokens[pending], writer, inner, progress=shown)
-        writer.close()
-        shown.close()
-        pool.close()
+        _move(config, plan, attempt, checkpoints, progress)
+        tails = int(plan.tails.sum())
+        counts = MergeCounts(
+            input_files=len(plan.inputs.urls),
+            units=plan.total_units,
+            index_entries=sum(e["index_entries"] for e in checkpoints.entries),
+            tokens=checkpoints.tokens,
+            partial_chunk_tokens=tails if plan.keep_tails else 0,
+            tokens_dropped=0 if plan.keep_tails else tails,
+            resumed_files=len(done),
+        )
+        inputs = plan.inputs
+        record = manifest.stage_record(
+            manifest.MERGE_FORMAT,
+            "merge",
+            config,
+            time.time() - started,
+            save_filename=stem,
+            seed=config.seed,
+            fingerprint=plan.fingerprint,
+            tokenizer={"name": inputs.tokenizer, "sha256": inputs.tokenizer_sha256, "token_size": inputs.token_size},
+            inputs=[{"url": u, "bytes": s} for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
+            counts=counts.to_json(),
+            outputs=checkpoints.entries,
+        )
+        _commit(attempt, stem, inputs, record)
+    return StageResult(counts, record, attempt.id)
 
-        outputs = done + published
-        result = {
-            "format": manifest.MERGE_FORMAT,
-            "stage": "merge",
-            "save_filename": stem,
-            "seed": config.seed,
-            "versions": manifest.versions(),
-            "params": asdict(config),
-            "fingerprint": fingerprint,
-            "tokenizer": {"name": inputs.tokenizer, "sha256": inputs.tokenizer_sha256, "token_size": inputs.token_size},
-            "inputs": [{"url": u, "bytes": s} for u, s in zip(urls, inputs.sizes, strict=True)],
-            "counts": {
-                "input_files": len(urls),
-                "units": n_units,
-                "index_entries": sum(o["index_entries"] for o in outputs),
-                "tokens": sum(o["tokens"] for o in outputs),
-                "partial_chunk_tokens": int(tails.sum()) if keep_tails else 0,
-                "tokens_dropped": 0 if keep_tails else int(tails.sum()),
-                "resumed_files": len(done),
-            },
-            "outputs": outputs,
-            "seconds": round(time.time() - started, 3),
-        }
-        meta = Metadata(inputs.tokenizer, inputs.token_size, result["counts"]["tokens"]).render().encode()
-        attempt.write(f"{stem}.ds.metadata", meta)
-        files = manifest.output_files(outputs)
-        files[f"{stem}.ds.metadata"] = {"bytes": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}
-        attempt.commit(result, files)
-    return result | {"attempt": attempt.id}
+
+def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Checkpoints, progress: ProgressMode):
+    """Move every unit not yet published, in the planned order, into files that publish themselves as they close."""
+    inputs, units, stem = plan.inputs, plan.units, config.save_filename
+    done = len(checkpoints.entries)
+    writer = SplitWriter(
+        attempt.work,
+        lambda sub: f"{sub + done:0{plan.width}d}_{stem}.ds",
+        tokenizer=inputs.tokenizer,
+        token_size=inputs.token_size,
+        save_loss=config.save_loss,
+        max_tokens=config.max_tokens_per_file,
+        close_at_limit=True,
+        on_close=checkpoints,
+    )
+    pool = SourcePool(inputs.urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
+    inner = [inputs.file_ends(f) for f in range(len(inputs.urls))] if units.chunk else None
+    file_ids, perm = plan_ordering(config, units)
+    resume, ordered = checkpoints.units_end, len(file_ids)
+    shown = Progress(f"merge {stem}", plan.total_tokens, "tok", progress)
+    shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
+    cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
+    for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
+        b = min(ordered, a + UNITS_PER_SLICE)
+        files, local = _slice_units(file_ids, perm, units, cursor, a, b)
+        starts, ends = units.bounds(files, local)
+        move_units(pool, files, starts, ends, writer, inner, progress=shown)
+    if plan.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
+        pending = np.flatnonzero(plan.tails)[max(0, resume - ordered) :]
+        chunk_starts = units.counts[pending] * units.chunk
+        move_units(pool, pending, chunk_starts, plan.tokens[pending], writer, inner, progress=shown)
+    writer.close()
+    shown.close()
+    pool.close()
+
+
+def _commit(attempt: Attempt, stem: str, inputs: MergeInputs, record: dict) -> None:
+    """The dataset's metadata (datatrove's ``{name}.ds.metadata``, all files' tokens), then manifest and marker."""
+    meta = Metadata(inputs.tokenizer, inputs.token_size, record["counts"]["tokens"]).render().encode()
+    attempt.write(f"{stem}.ds.metadata", meta)
+    files = manifest.output_files(record["outputs"])
+    files[f"{stem}.ds.metadata"] = {"bytes": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}
+    attempt.commit(record, files)
 
 
 def _slice_units(file_ids, perm, units: _Units, cursor: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,29 +2,44 @@
 
 ``publish`` writes ``report.json`` and ``report.html`` into the run folder, next to the dataset, before the
 build manifest that declares the build complete; ``tokenization report RUN_DIR`` writes them again from the
-manifests. The plots are matplotlib SVG, inlined, so the page needs nothing else to display.
+manifests. The page is ``templates/report.html.j2``; its plots are matplotlib SVG, inlined, so it needs nothing
+else to display.
 """
 
 from __future__ import annotations
 
-import html
 import io
 from collections import Counter
 
 import orjson
+from markupsafe import Markup
 
 from tokenization import manifest
-from tokenization.build import BUILD_MANIFEST, Layout, conservation, rank_manifests
+from tokenization.accounting import conservation, rank_manifests
+from tokenization.pages import render
+from tokenization.runs import BUILD_MANIFEST, Layout
 from tokenization.storage import join, open_fs, write_bytes_atomic
 
 REPORT_FORMAT = "corpus-tokenization/report/1"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
+INPUTS_SHOWN = 20  # the page lists this many input files, then how many more; report.json has them all
 SETTINGS = (
-    "seed", "num_ranks", "shuffle_documents", "shuffle_chunk_size", "max_tokens_per_file", "save_loss",
-    "output_format", "merge_mode", "merge_max_tokens_per_file", "context_window", "num_context_shards",
-    "eos_token", "engine", "threads",
-)  # fmt: skip
+    "seed",
+    "num_ranks",
+    "shuffle_documents",
+    "shuffle_chunk_size",
+    "max_tokens_per_file",
+    "save_loss",
+    "output_format",
+    "merge_mode",
+    "merge_max_tokens_per_file",
+    "context_window",
+    "num_context_shards",
+    "eos_token",
+    "engine",
+    "threads",
+)
 
 
 def report_data(run_dir: str, build: dict | None = None) -> dict:
@@ -51,6 +66,7 @@ def report_data(run_dir: str, build: dict | None = None) -> dict:
     }
     outputs = manifest.output_entries(build["dataset"])
     tokenizer = ranks[0]["tokenizer"]
+    input_files = _input_files(ranks)
     return {
         "format": REPORT_FORMAT,
         "run_id": build.get("run_id"),
@@ -79,7 +95,46 @@ def report_data(run_dir: str, build: dict | None = None) -> dict:
         },
         "stages": stages,
         "verify": build.get("verify"),
+        "started": build.get("started"),
+        "finished": build.get("finished"),
+        "wall_seconds": build.get("wall_seconds"),
+        "throughput": _throughput(ranks, build["tokens"], build.get("wall_seconds")),
+        "inputs": _inputs_summary(build, input_files),
+        "input_files": input_files,
     }
+
+
+def _throughput(ranks: list[dict], tokens: int, wall_seconds: float | None) -> dict:
+    """The build's rates over its wall time, and a rank's over its own time tokenizing (loading apart)."""
+    text_bytes = sum(r["counts"]["text_bytes"] for r in ranks)
+    return {
+        "text_bytes": text_bytes,
+        "build": manifest.throughput(wall_seconds, 0, text_bytes, tokens) if wall_seconds else None,
+        "ranks": manifest.throughput(
+            sum(r["seconds"] for r in ranks),
+            sum(r["tokenizer"].get("load_seconds") or 0 for r in ranks),
+            text_bytes,
+            sum(r["counts"]["tokens"] for r in ranks),
+        ),
+    }
+
+
+def _inputs_summary(build: dict, input_files: list[dict]) -> dict:
+    """The build manifest's account of its inputs; for builds from before it kept one, what the ranks read."""
+    return {
+        "spec": (build.get("params") or {}).get("input"),
+        "files": len(input_files),
+        "bytes": sum(f["bytes"] for f in input_files),
+        "skipped": None,
+    } | (build.get("inputs") or {})
+
+
+def _input_files(ranks: list[dict]) -> list[dict]:
+    """Every file the ranks read, with its size and its rank, by name."""
+    return sorted(
+        ({"url": f["url"], "bytes": f["bytes"], "rank": r["rank"]} for r in ranks for f in r.get("inputs", [])),
+        key=lambda f: f["url"],
+    )
 
 
 def _rank_row(rank: dict) -> dict:
@@ -96,6 +151,7 @@ def _rank_row(rank: dict) -> dict:
         "seconds": rank["seconds"],
         "load_seconds": rank["tokenizer"].get("load_seconds"),
         "text_mb_per_s": rank.get("throughput", {}).get("text_mb_per_s"),
+        "tokens_per_s": rank.get("throughput", {}).get("tokens_per_s"),
         "engine": rank["tokenizer"].get("engine", "hf"),
     }
 
@@ -112,91 +168,21 @@ def write_report(run_dir: str, build: dict | None = None) -> dict:
 
 
 def render_html(data: dict) -> str:
-    """One page: totals and the conservation check, the plots, per-rank and per-file tables, settings, verify."""
-    c = data["conservation"]
-    verify = data["verify"] or {}
-    holds = "holds" if c["holds"] else "DOES NOT HOLD"
-    totals = [
-        ("documents read", c["docs_in"], "docs_in"),
-        ("documents written", c["docs_out"], "docs_out"),
-        ("empty (skipped)", c["empty"], "empty"),
-        ("quarantined", c["quarantined"], "quarantined"),
-        ("tokens", data["tokens"], "tokens"),
-        ("tokens dropped (expected 0)", data["tokens_dropped"]["total"], "tokens_dropped"),
-        ("output files", len(data["files"]), "files"),
-    ]
-    rank_rows = [
-        [r["rank"], r["docs_read"], r["docs_written"], r["tokens"], r["empty"], _reasons(r["rejected"]),
-         r["special_token_literals"], f"{r['seconds']:.1f}", _show(r["load_seconds"]), _show(r["text_mb_per_s"]),
-         r["engine"]]
-        for r in data["ranks"]
-    ]  # fmt: skip
-    file_rows = [[f["name"], f["tokens"], f["index_entries"]] for f in data["files"]]
-    settings = [[k, _show(v)] for k, v in data["settings"].items()] + [
-        [f"tokenizer {k}", _show(v)] for k, v in data["tokenizer"].items()
-    ]
-    verified = "passed" if verify.get("ok") else "FAILED"
-    body = f"""
-<h1>Corpus build <code>{_e(data["run_id"] or data["run_dir"])}</code></h1>
-<p>Dataset <code>{_e(data["dataset"])}</code>, digest <code>{_e(data["digest"])}</code>.</p>
-<p class="{"ok" if c["holds"] else "bad"}" id="conservation">Documents: {c["docs_in"]} read = {c["docs_out"]}
-written + {c["empty"]} empty + {c["quarantined"]} quarantined ({holds}).</p>
-<table id="totals">{"".join(f'<tr><th>{n}</th><td data-key="{k}">{v}</td></tr>' for n, v, k in totals)}</table>
-<h2>Document length</h2>
-<figure id="length-histogram">{_length_plot(data["length_histogram"])}</figure>
-<h2>Tokens per output file</h2>
-<figure id="file-tokens">{_files_plot(data["files"])}</figure>
-{_table("files", ["file", "tokens", "index entries"], file_rows)}
-<h2>Ranks</h2>
-{
-        _table(
-            "ranks",
-            [
-                "rank",
-                "docs read",
-                "docs written",
-                "tokens",
-                "empty",
-                "rejected",
-                "special-token literals",
-                "seconds",
-                "tokenizer loading (s)",
-                "MB/s of text",
-                "engine",
-            ],
-            rank_rows,
-        )
-    }
-<h2>Settings</h2>
-{_table("settings", ["setting", "value"], settings)}
-<h2>Verify</h2>
-<p id="verify" class="{"ok" if verify.get("ok") else "bad"}">{verified}: {verify.get("files")} files,
-{verify.get("tokens")} tokens recounted from the files.</p>
-{"".join(f"<p class=note>{_e(n)}</p>" for n in verify.get("notes", []))}
-"""
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Corpus build {_e(data["run_id"] or "")}</title>
-<style>
-body {{ font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 72em; padding: 0 1em; color: #222; }}
-table {{ border-collapse: collapse; margin: .5em 0 1.5em; }}
-th, td {{ border: 1px solid #ccc; padding: .2em .6em; text-align: left; }}
-td {{ font-variant-numeric: tabular-nums; }}
-.ok {{ color: #17642c; }} .bad {{ color: #a11; font-weight: bold; }}
-figure {{ margin: 0; }} svg {{ max-width: 100%; height: auto; }}
-</style></head><body>{body}</body></html>
-"""
+    """The page: the verdict first, then totals, time, inputs, tokenizer, plots, tables, settings, verify notes."""
+    plots = {"length": _length_plot(data["length_histogram"]), "files": _files_plot(data["files"])}
+    return render("report.html.j2", report=data, plots=plots, inputs_shown=INPUTS_SHOWN)
 
 
-def _length_plot(rows: list[dict]) -> str:
+def _length_plot(rows: list[dict]) -> Markup:
     labels = [f"{r['min_tokens']}-{r['max_tokens']}" for r in rows]
     return _bar_svg(labels, [r["docs"] for r in rows], "tokens in a document (power-of-two buckets)", "documents")
 
 
-def _files_plot(files: list[dict]) -> str:
+def _files_plot(files: list[dict]) -> Markup:
     return _bar_svg([f["name"] for f in files], [f["tokens"] for f in files], "output file", "tokens")
 
 
-def _bar_svg(labels: list[str], values: list[int], xlabel: str, ylabel: str) -> str:
+def _bar_svg(labels: list[str], values: list[int], xlabel: str, ylabel: str) -> Markup:
     """A bar chart as inline SVG (text kept as text, so the page stays small and searchable)."""
     import matplotlib
 
@@ -215,22 +201,4 @@ def _bar_svg(labels: list[str], values: list[int], xlabel: str, ylabel: str) -> 
         figure.savefig(out, format="svg", metadata={"Date": None})
         plt.close(figure)
     svg = out.getvalue()
-    return svg[svg.index("<svg") :]
-
-
-def _table(table_id: str, header: list[str], rows: list[list]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f'<table id="{table_id}"><tr>{head}</tr>{body}</table>'
-
-
-def _reasons(rejected: dict) -> str:
-    return ", ".join(f"{reason}: {n}" for reason, n in rejected.items()) or "0"
-
-
-def _show(value) -> str:
-    return "-" if value is None else str(value)
-
-
-def _e(value) -> str:
-    return html.escape(str(value))
+    return Markup(svg[svg.index("<svg") :])  # matplotlib's own markup, its text escaped by matplotlib

@@ -10,16 +10,19 @@ its free space (a bare ``[Errno 28] No space left on device`` names neither).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import errno
+import functools
 import math
 import os
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -30,17 +33,48 @@ MAX_PARTS = 10_000
 PART_HEADROOM = 0.9  # stay well inside the 10,000-part limit of S3 multipart uploads
 TEMPORARY_MARK = ".tmp-"  # in the name of every temporary file this package writes beside a final one
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing dirty pages out, do not wait
+T = TypeVar("T")
 _LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # the C library the interpreter runs on
+
+
+StorageOptions = Mapping[str, Mapping]  # protocol -> the filesystem's keyword arguments: {"s3": {"key": ...}}
+_STAGE_OPTIONS: contextvars.ContextVar[StorageOptions | None] = contextvars.ContextVar("storage_options", default=None)
 
 
 class WriteError(OSError):
     """A file could not be written; the message names it and, locally, its filesystem."""
 
 
-def open_fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The filesystem and the path within it for a local path or an fsspec URL."""
-    fs, path = fsspec.core.url_to_fs(str(url))
+def open_fs(url: str, options: StorageOptions | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and the path within it for a local path or an fsspec URL, opened with ``options`` for its
+    protocol (credentials, endpoint), or else with those of the stage running in this context (see ``using``)."""
+    chosen = (_STAGE_OPTIONS.get() if options is None else options) or {}
+    protocol = fsspec.core.split_protocol(str(url))[0] or "file"
+    fs, path = fsspec.core.url_to_fs(str(url), **dict(chosen.get(protocol, {})))
     return fs, path
+
+
+@contextmanager
+def using(options: StorageOptions | None) -> Iterator[None]:
+    """Open every URL of a stage with the storage options its config carries. The options live in this context
+    only (a thread the stage starts takes them along with ``contextvars.copy_context``), never in fsspec's
+    process-wide configuration, so two stages or two web requests in one process never see each other's."""
+    token = _STAGE_OPTIONS.set(options or {})
+    try:
+        yield
+    finally:
+        _STAGE_OPTIONS.reset(token)
+
+
+def with_storage_options(run: Callable[..., T]) -> Callable[..., T]:
+    """A stage ``run(config, ...)`` that opens every URL with the storage options its config carries."""
+
+    @functools.wraps(run)
+    def scoped(config, *args, **kwargs) -> T:
+        with using(config.storage_options):
+            return run(config, *args, **kwargs)
+
+    return scoped
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -102,7 +136,7 @@ def temporary_name(dest: str, tmp_dir: Path | None = None) -> str:
     return str((tmp_dir or Path(os.path.dirname(dest))) / name)
 
 
-def publish_file(src: Path, fs: fsspec.AbstractFileSystem, dest: str, tmp_dir: Path | None = None) -> None:
+def move_into_place(src: Path, fs: fsspec.AbstractFileSystem, dest: str, tmp_dir: Path | None = None) -> None:
     """Move a finished local file to its final place, atomically for readers. ``tmp_dir`` (on the destination's
     filesystem) holds the copy when a rename cannot cross filesystems."""
     if is_local(fs):

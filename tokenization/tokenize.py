@@ -12,6 +12,7 @@ import hashlib
 import logging
 import re
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -20,77 +21,82 @@ import numpy as np
 
 from tokenization import manifest
 from tokenization.attempts import Attempt, attempt_at
-from tokenization.documents import (
-    BATCH_BYTES,
-    DEFAULT_MAX_REJECT_FRACTION,
-    DEFAULT_MAX_REJECTS,
-    Counts,
-    RejectTally,
-    TooManyRejects,
-    check_document_options,
-    encoded_batches,
-)
-from tokenization.encoding import Encoder, EngineChoice, SpecialTextPolicy
+from tokenization.documents import Counts, DocumentOptions, RejectTally, TooManyRejects, encoded_batches
+from tokenization.encoding import Encoder
 from tokenization.errors import UsageError
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
+from tokenization.manifest import StageResult
+from tokenization.options import Options, option
 from tokenization.permute import SourcePool, fixed_units, permute_units
 from tokenization.progress import ProgressMode
 from tokenization.sources import DocumentReader, list_input_files, shard
-from tokenization.storage import join, list_names, remove_if_exists, writing
+from tokenization.storage import join, list_names, remove_if_exists, with_storage_options, writing
 
 log = logging.getLogger(__name__)
 
 QUARANTINE = "quarantine.jsonl"  # in the attempt's working folder, published as _quarantine/{stem}.jsonl
 
 
-@dataclass
-class TokenizeConfig:
-    """One rank's parameters; defaults follow datatrove's DocumentTokenizer where they are sound."""
+@dataclass(frozen=True, kw_only=True)
+class RankOptions(Options):
+    """Rank files: how each rank orders and writes its documents (tokenize and build share these)."""
 
-    inputs: list[str]
-    output: str
-    tokenizer: str
-    text_key: str = "text"
-    id_key: str = "id"
-    eos_token: str | None = None  # None: the tokenizer's own end-of-text token
-    no_eos: bool = False
-    seed: int = 0
-    rank: int = 0
-    world_size: int = 1
-    save_filename: str | None = None
-    shuffle_documents: bool = True
-    shuffle_chunk_size: int | None = None
-    drop_last_chunk: bool = False
-    max_tokens_per_file: int | None = None
-    save_loss: bool = False
-    local_working_dir: str | None = None
-    max_rejects: int | None = DEFAULT_MAX_REJECTS
-    max_reject_fraction: float | None = DEFAULT_MAX_REJECT_FRACTION
-    special_text: SpecialTextPolicy = "text"
-    output_format: Literal["ds", "megatron"] = "ds"
-    batch_size: int = 10000
-    batch_bytes: int = BATCH_BYTES
-    engine: EngineChoice = "auto"
-    threads: int | None = None
-
-    def encoder(self) -> Encoder:
-        return Encoder(self.tokenizer, self.eos_token, self.special_text, self.engine, self.threads, no_eos=self.no_eos)
+    shuffle_documents: bool = option(
+        True,
+        flag="--no-shuffle",
+        title="Shuffle documents within each rank",
+        help="shuffle the documents of each rank (--no-shuffle keeps them in input order)",
+    )
+    shuffle_chunk_size: int | None = option(
+        None,
+        minimum=1,
+        title="Chunk shuffle size",
+        help="after the documents, also shuffle chunks of this many tokens (default: no chunk shuffle)",
+    )
+    max_tokens_per_file: int | None = option(
+        None,
+        minimum=1,
+        title="Most tokens a rank file",
+        help="start a new rank file past this many tokens, at a document boundary (default: one file a rank)",
+    )
+    save_loss: bool = option(
+        False, title="Write loss masks", help="write .ds.loss (0 for tokens in a record's no_loss_ranges, else 1)"
+    )
+    output_format: Literal["ds", "megatron"] = option(
+        "ds",
+        flag="--format",
+        title="Output format",
+        help="ds: datatrove's .ds family (merged and context-shuffled by a build); megatron: .bin/.idx per rank",
+    )
 
     def __post_init__(self) -> None:
-        for name in ("shuffle_chunk_size", "max_tokens_per_file", "batch_size", "batch_bytes", "world_size"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise UsageError(f"{name} must be positive, got {value}")
-        check_document_options(self.text_key, self.eos_token, self.no_eos, self.max_rejects, self.max_reject_fraction)
-        if not 0 <= self.rank < self.world_size:
+        super().__post_init__()
+        if self.output_format == "megatron" and self.save_loss:
+            raise UsageError("Megatron's indexed dataset has no loss mask: save_loss needs the ds format")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeConfig(DocumentOptions, RankOptions):
+    """One rank's parameters; defaults follow datatrove's DocumentTokenizer where they are sound."""
+
+    inputs: list[str] = option(flag="", help="input files, folders or globs (.jsonl[.gz|.zst], .parquet); fsspec URLs")
+    output: str = option(help="output folder or fsspec URL")
+    seed: int = option(0, minimum=0, help="shuffle seed: the same seed gives the same bytes")
+    rank: int = option(0, minimum=0, help="this task's rank: it tokenizes input files rank, rank + world size, ...")
+    world_size: int = option(1, minimum=1, help="how many ranks share the input files")
+    save_filename: str | None = option(None, help="prefix of the output names (default: none, {rank}_...)")
+    drop_last_chunk: bool = option(False, help="drop the partial last chunk, as datatrove does (counted as dropped)")
+    local_working_dir: str | None = option(
+        None, help="local folder for the unshuffled pass (default: beside a local output, else the system's temp)"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rank >= self.world_size:
             raise UsageError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
         if self.drop_last_chunk and not self.shuffle_chunk_size:
             raise UsageError("drop_last_chunk needs shuffle_chunk_size")
-        if self.output_format not in ("ds", "megatron"):
-            raise UsageError(f"output_format must be ds or megatron, got {self.output_format!r}")
-        if self.output_format == "megatron" and self.save_loss:
-            raise UsageError("Megatron's indexed dataset has no loss mask: save_loss needs the ds format")
 
     @property
     def stem(self) -> str:
@@ -116,9 +122,12 @@ def rank_file_pattern(stem: str) -> re.Pattern:
     return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?(unshuffled|doc_shuffled|chunk_shuffled)\.(ds(\.\w+)?|bin|idx)")
 
 
-def tokenize_rank(config: TokenizeConfig, progress: ProgressMode = None, owner: str | None = None) -> dict:
-    """Run one rank end to end and return its manifest. Re-running a rank replaces its output completely; a second
-    attempt at the same rank while one runs is refused (``owner`` names this attempt's caller in that message)."""
+@with_storage_options
+def tokenize_rank(
+    config: TokenizeConfig, progress: ProgressMode = None, owner: str | None = None
+) -> StageResult[Counts]:
+    """Run one rank end to end. Re-running a rank replaces its output completely; a second attempt at the same rank
+    while one runs is refused (``owner`` names this attempt's caller in that message)."""
     started = time.time()
     encoder = config.encoder()  # fails before any data is read
     listing = list_input_files(config.inputs)
@@ -127,43 +136,61 @@ def tokenize_rank(config: TokenizeConfig, progress: ProgressMode = None, owner: 
         "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
     )
     with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
-        quarantine = attempt.work / QUARANTINE
-        try:
-            counts, reader, written = encoder.exactly(
-                lambda: _encode_pass(config, encoder, files, attempt.work, progress)
-            )
-        except TooManyRejects:  # publish what was quarantined: it is what the user needs to look at
-            attempt.publish(quarantine, manifest.quarantine_name(config.stem))
-            raise
-        log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
-        if (config.shuffle_documents or config.shuffle_chunk_size) and written:
-            written = _shuffle(config, encoder, written[0].path, counts, attempt.work)
-            log.info("rank %d: pass 2 done, %s", config.rank, config.kind)
-        counts.tokens_written = sum(w.tokens for w in written)
-        outputs, start = [], 0
-        chunk = config.shuffle_chunk_size  # chunk ends in the index are not document ends: say where, for verify
-        full = (counts.tokens - counts.partial_chunk_tokens - counts.tokens_dropped) if chunk else 0
-        for w in written:
-            outputs.append(w.to_json() | {"pseudo_ends": manifest.pseudo_ends(start, w.tokens, chunk, full)})
-            start += w.tokens
-        result = manifest.rank_manifest(
-            stage="tokenize",
-            config=config,
-            encoder=encoder,
-            inputs=files,
+        counts, written = _encode_and_shuffle(config, encoder, files, attempt, progress)
+        seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
+        record = manifest.stage_record(
+            manifest.MANIFEST_FORMAT,
+            "tokenize",
+            config,
+            seconds,
+            rank=config.rank,
+            world_size=config.world_size,
+            seed=config.seed,
+            tokenizer=encoder.describe(),
+            inputs=[{"url": f.url, "bytes": f.size} for f in files],
+            skipped_inputs=listing.skipped,
+            input_bytes=sum(f.size for f in files),
             counts=counts.to_json(),
-            outputs=outputs,
-            seconds=time.time() - started,
-            input_bytes=reader.total_bytes,
-        ) | {"skipped_inputs": listing.skipped}
-        _publish(config, attempt, written, quarantine, result)
+            outputs=_outputs(config, counts, written),
+            throughput=manifest.throughput(seconds, encoder.load_seconds, counts.text_bytes, counts.tokens),
+        )
+        _publish(config, attempt, written, record)
     log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
-    return result | {"attempt": attempt.id}
+    return StageResult(counts, record, attempt.id)
+
+
+def _encode_and_shuffle(
+    config: TokenizeConfig, encoder: Encoder, files: list, attempt: Attempt, progress: ProgressMode
+) -> tuple[Counts, list[WrittenTokenFile]]:
+    """Both passes in the attempt's working folder; rejected records are published even when they fail the rank,
+    as they are what the user needs to look at."""
+    try:
+        counts, written = encoder.exactly(lambda: _encode_pass(config, encoder, files, attempt.work, progress))
+    except TooManyRejects:
+        attempt.place(attempt.work / QUARANTINE, manifest.quarantine_name(config.stem))
+        raise
+    log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
+    if (config.shuffle_documents or config.shuffle_chunk_size) and written:
+        written = _shuffle(config, encoder, written[0].path, counts, attempt.work)
+        log.info("rank %d: pass 2 done, %s", config.rank, config.kind)
+    counts.tokens_written = sum(w.tokens for w in written)
+    return counts, written
+
+
+def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenFile]) -> list[dict]:
+    """The manifest's entry of each file; chunk ends in an index are not document ends: say where, for verify."""
+    chunk = config.shuffle_chunk_size
+    full = (counts.tokens - counts.partial_chunk_tokens - counts.tokens_dropped) if chunk else 0
+    starts = np.cumsum([0] + [w.tokens for w in written[:-1]]).tolist()
+    return [
+        w.to_json() | {"pseudo_ends": manifest.pseudo_ends(start, w.tokens, chunk, full)}
+        for w, start in zip(written, starts, strict=True)
+    ]
 
 
 def _encode_pass(
     config: TokenizeConfig, encoder: Encoder, files: list, work: Path, progress: ProgressMode
-) -> tuple[Counts, DocumentReader, list[WrittenTokenFile]]:
+) -> tuple[Counts, list[WrittenTokenFile]]:
     """Pass 1: encode the rank's documents in input order into the working directory, rejects to quarantine."""
     counts = Counts()
     reader = DocumentReader(files, config.text_key, config.id_key)
@@ -184,13 +211,15 @@ def _encode_pass(
             tally = RejectTally(
                 counts, where, config.text_key, config.max_rejects, config.max_reject_fraction, sink=bad
             )
-            for batch in encoded_batches(reader, encoder, counts, config, tally, where, progress):
-                ends = np.cumsum(batch.encoded.lengths)
-                writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
+            batches = encoded_batches(reader, encoder, counts, config, tally, where, config.save_loss, progress)
+            with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
+                for batch in batches:
+                    ends = np.cumsum(batch.encoded.lengths)
+                    writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
         finally:  # on errors too: no buffered byte of a failed attempt may reach a file that a retry reopens
             written = writer.close()
     tally.check()
-    return counts, reader, written
+    return counts, written
 
 
 def _shuffle(
@@ -234,24 +263,20 @@ def _shuffle(
     return writer.close()
 
 
-def _publish(
-    config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], quarantine: Path, result: dict
-) -> None:
-    """Replace the rank's previous output with the new files, then the manifest, then the marker."""
+def _publish(config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: dict) -> None:
+    """Replace the rank's previous output with the new files and its quarantine, then commit the manifest."""
     fs, out_path = attempt.fs, attempt.out_path
     keep = {f.name for w in written for f in w.files}
     pattern = rank_file_pattern(config.stem)
     for name in list_names(fs, out_path):
         if pattern.fullmatch(name) and name not in keep:
             fs.rm_file(join(out_path, name))
-    for w in written:
-        for f in w.files:
-            attempt.publish(w.path.with_name(f.name), f.name)
-    files = manifest.output_files(result["outputs"])
-    bad = manifest.quarantine_name(config.stem)
+    attempt.place_families(written)
+    files = manifest.output_files(record["outputs"])
+    quarantine, bad = attempt.work / QUARANTINE, manifest.quarantine_name(config.stem)
     if quarantine.stat().st_size:
         files[bad] = {"bytes": quarantine.stat().st_size, "sha256": hashlib.sha256(quarantine.read_bytes()).hexdigest()}
-        attempt.publish(quarantine, bad)
+        attempt.place(quarantine, bad)
     else:
         remove_if_exists(fs, join(out_path, bad))
-    attempt.commit(result, files)
+    attempt.commit(record, files)

@@ -19,6 +19,7 @@ import orjson
 
 from tokenization import manifest
 from tokenization.encoding import Encoder
+from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
 from tokenization.formats.megatron import MegatronFile
 from tokenization.storage import join, list_names, open_fs
@@ -67,8 +68,7 @@ def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None)
     fs, path = open_fs(url)
     names = set(list_names(fs, path))
     described = manifest.output_entries(url)
-    ds_files = sorted(n for n in names if n.endswith(".ds"))
-    bin_files = sorted(n for n in names if n.endswith(".bin"))
+    ds_files, bin_files = token_file_names(names, (DS,)), token_file_names(names, (MEGATRON,))
     if not ds_files and not bin_files:
         report.problem(url, "no .ds or .bin files")
     _check_completeness(fs, path, url, {*ds_files, *bin_files}, described, report)

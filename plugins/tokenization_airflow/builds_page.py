@@ -9,7 +9,6 @@ scripts, so a report's HTML can never run code in Airflow's origin.
 
 from __future__ import annotations
 
-import html
 from datetime import datetime
 from typing import Annotated
 from urllib.parse import quote
@@ -17,10 +16,11 @@ from urllib.parse import quote
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
+from tokenization.pages import render
 from tokenization.report import REPORT_HTML
 from tokenization.storage import join, open_fs
+from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import allowed_locations
-from tokenization_airflow.storage import use_connection
 
 PREFIX = "/corpus-builds"
 DAG_ID = "tokenize_corpus"
@@ -102,6 +102,9 @@ def _build_row(run, published: dict | None) -> dict:
         "docs": build.get("docs"),
         "rejects": build.get("rejects"),
         "dataset": build.get("dataset"),
+        "tokenizer": build.get("tokenizer"),
+        "input": build.get("input"),
+        "seed": build.get("seed"),
     }
 
 
@@ -109,7 +112,7 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat(timespec="seconds") if moment else None
 
 
-def recorded_run_folder(dag_id: str, run_id: str) -> tuple[str, str | None]:
+def recorded_run_dir(dag_id: str, run_id: str) -> tuple[str, str | None]:
     """The run's folder and storage connection, as its ``plan`` task recorded them; 404 for unknown runs."""
     from airflow.models.dagrun import DagRun
     from airflow.models.xcom import XComModel
@@ -122,10 +125,12 @@ def recorded_run_folder(dag_id: str, run_id: str) -> tuple[str, str | None]:
             raise HTTPException(404, f"{dag_id} has no run {run_id!r}")
         spec = session.scalar(
             select(XComModel.value).where(
-                XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.task_id == "plan",
+                XComModel.dag_id == dag_id,
+                XComModel.run_id == run_id,
+                XComModel.task_id == "plan",
                 XComModel.key == "spec",
             )
-        )  # fmt: skip
+        )
         if not spec:
             raise HTTPException(404, f"run {run_id!r} of {dag_id} planned no corpus build (state: {run.state})")
         return spec["run_dir"], (run.conf or {}).get("aws_conn_id")
@@ -140,46 +145,18 @@ def builds_json(user: User, dag_id: str = DAG_ID) -> list[dict]:
 @app.get("/", response_class=HTMLResponse)
 def builds_page(user: User, dag_id: str = DAG_ID) -> HTMLResponse:
     readable_dag(dag_id, user)
-    rows = "".join(
-        f"<tr data-run-id='{_e(b['run_id'])}'><td><a href='{_e(report_url(dag_id, b['run_id']))}'>"
-        f"{_e(b['run_id'])}</a></td><td class='state {_e(b['state'])}'>{_e(b['state'])}</td>"
-        f"<td>{_e(b['date'])}</td><td data-key='tokens'>{_n(b['tokens'])}</td><td data-key='docs'>{_n(b['docs'])}</td>"
-        f"<td data-key='rejects'>{_n(b['rejects'])}</td><td>{_n(b['seconds'])}</td></tr>"
-        for b in list_builds(dag_id)
-    )
-    return HTMLResponse(PAGE.format(dag_id=_e(dag_id), rows=rows), headers=SECURITY_HEADERS)
-
-
-PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Corpus builds</title>
-<style>
-body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #222; }}
-table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: .25em .7em; text-align: left; }}
-td {{ font-variant-numeric: tabular-nums; }} .success {{ color: #17642c; }} .failed {{ color: #a11; }}
-</style></head><body>
-<h1>Corpus builds of <code>{dag_id}</code></h1>
-<table id="builds"><tr><th>run</th><th>state</th><th>date</th><th>tokens</th><th>documents</th><th>rejects</th>
-<th>seconds</th></tr>{rows}</table>
-<p>Open a run for its report: per-rank counts, the conservation check, length histogram, files and verify.</p>
-</body></html>"""
+    page = render("builds.html.j2", dag_id=dag_id, builds=list_builds(dag_id), report_url=report_url)
+    return HTMLResponse(page, headers=SECURITY_HEADERS)
 
 
 @app.get("/dags/{dag_id}/runs/{run_id}", response_class=HTMLResponse)
 def build_report(user: User, dag_id: str, run_id: str) -> HTMLResponse:
     readable_dag(dag_id, user)
-    folder, conn_id = recorded_run_folder(dag_id, run_id)
+    folder, conn_id = recorded_run_dir(dag_id, run_id)
     if not allowed_locations().allows(folder):
         raise HTTPException(403, f"run {run_id!r} wrote outside the allowed locations: its report is not served")
-    use_connection(conn_id or "aws_default", lookup="secrets")
-    fs, path = open_fs(folder)
+    fs, path = open_fs(folder, storage_options(conn_id or "aws_default", lookup="secrets"))  # for this request only
     try:
         return HTMLResponse(fs.cat_file(join(path, REPORT_HTML)).decode(), headers=SECURITY_HEADERS)
     except FileNotFoundError:
         raise HTTPException(404, f"run {run_id!r} has no report yet: it is written when the build publishes") from None
-
-
-def _e(value) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def _n(value) -> str:
-    return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)

@@ -1,5 +1,6 @@
 """The deployment's settings, read from the environment of every Airflow component: default locations, the
-locations builds may use, the merge's queue and pool. The DAG, its tasks and the builds page read them here."""
+locations builds may use, the merge's queue and pool, the workers' local working folders. The DAG, its tasks and
+the builds page read them here."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ DEFAULT_OUTPUT = os.environ.get("TOKENIZATION_OUTPUT", str(Path.cwd() / "tokeniz
 DEFAULT_TOKENIZER = os.environ.get("TOKENIZATION_TOKENIZER", str(SAMPLE / "tokenizer.json"))
 MERGE_POOL = "tokenization_merge"
 MERGE_QUEUE = os.environ.get("TOKENIZATION_MERGE_QUEUE", "large_disk")
+WORKDIR = os.environ.get("TOKENIZATION_WORKDIR")  # where ranks and context shards stage (default: system temp)
+MERGE_WORKDIR = os.environ.get("TOKENIZATION_MERGE_WORKDIR")  # the large-disk worker's disk, for the merge
 
 
 def allowed_locations() -> AllowedLocations:

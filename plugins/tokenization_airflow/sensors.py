@@ -6,8 +6,8 @@ from __future__ import annotations
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
-from tokenization.build import BuildError, Layout, incomplete_ranks
-from tokenization_airflow.storage import use_connection
+from tokenization.runs import BuildError
+from tokenization_airflow.tasks import build_of
 
 NEVER_FINISHING = ("upstream_failed", "removed", "skipped")  # states a rank's task cannot leave by itself
 
@@ -37,10 +37,9 @@ class ShardSensor(BaseSensorOperator):
             raise AirflowSensorTimeout(f"shards still missing after {self.timeout:.0f}s: {missing}") from exc
 
     def poke(self, context) -> PokeReturnValue:
-        use_connection(context["params"]["aws_conn_id"])
         num_ranks = self.spec["num_ranks"]
         try:
-            self._missing = incomplete_ranks(Layout(self.spec["run_dir"]).ranks, num_ranks)
+            self._missing = build_of(context["params"], self.spec).incomplete_ranks()
         except BuildError as exc:
             raise AirflowFailException(str(exc)) from exc
         if self._missing:

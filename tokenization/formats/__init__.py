@@ -1,0 +1,24 @@
+"""The token-file formats: datatrove's ``.ds`` family (``ds.py``) and Megatron's ``.bin/.idx`` (``megatron.py``).
+
+A family is named by its first file; this is the one place that says which names in a folder are token files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenization.storage import join, list_names, open_fs
+
+DS = ".ds"
+MEGATRON = ".bin"
+
+
+def token_file_names(names: Iterable[str], suffixes: tuple[str, ...] = (DS, MEGATRON)) -> list[str]:
+    """The token files among a folder's names, sorted by name as datatrove lists them."""
+    return sorted(name for name in names if name.endswith(suffixes))
+
+
+def list_token_files(folder: str, suffixes: tuple[str, ...] = (DS, MEGATRON)) -> list[str]:
+    """URLs of the token files directly inside a folder, from one fresh listing."""
+    fs, path = open_fs(folder)
+    return [join(folder, name) for name in token_file_names(list_names(fs, path), suffixes)]

@@ -22,8 +22,14 @@ MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")
 CODES = {2: (8, np.dtype("<u2")), 4: (4, np.dtype("<i4"))}
-DTYPES = {8: np.dtype("<u2"), 4: np.dtype("<i4"), 1: np.dtype("u1"), 2: np.dtype("i1"), 3: np.dtype("<i2"),
-          5: np.dtype("<i8")}  # fmt: skip
+DTYPES = {
+    8: np.dtype("<u2"),
+    4: np.dtype("<i4"),
+    1: np.dtype("u1"),
+    2: np.dtype("i1"),
+    3: np.dtype("<i2"),
+    5: np.dtype("<i8"),
+}
 
 
 class MegatronWriter:

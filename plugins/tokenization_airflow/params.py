@@ -1,0 +1,58 @@
+"""The DAG's Params, made from the library's ``BuildConfig`` (default, bounds, choices, title and help of every
+field), so the trigger form, the command line and the library never disagree; plus the few that only Airflow
+needs."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING
+
+from airflow.sdk import Param
+
+from tokenization.build import BuildConfig
+from tokenization.options import fields_of, json_schema, section
+
+FIRST = ("input", "output", "tokenizer")  # the trigger form opens with what every build sets
+AIRFLOW = "Airflow"  # the section of the params that only the DAG has
+
+
+def build_params(defaults: dict[str, object]) -> dict[str, Param]:
+    """A Param for every field of ``BuildConfig`` offered as one; ``defaults`` (the deployment's input, output and
+    tokenizer) replace the library's."""
+    made = {}
+    for f, spec, kind in fields_of(BuildConfig):
+        if not spec.param:
+            continue
+        default = defaults.get(f.name, None if f.default is MISSING else f.default)
+        extra = {"section": heading} if (heading := section(BuildConfig, f.name)) else {}
+        made[f.name] = Param(default, title=spec.title, description=spec.help, **json_schema(f, spec, kind), **extra)
+    return {name: made[name] for name in FIRST} | {k: v for k, v in made.items() if k not in FIRST}
+
+
+def airflow_params() -> dict[str, Param]:
+    """How Airflow reaches storage, reports progress and waits for ranks: no part of the build's bytes."""
+    return {
+        "aws_conn_id": Param(
+            "aws_default",
+            type="string",
+            minLength=1,
+            title="Storage connection",
+            section=AIRFLOW,
+            description="Airflow connection for s3:// URLs (credentials; endpoint_url in its extra for MinIO)",
+        ),
+        "progress_seconds": Param(
+            30,
+            type="number",
+            minimum=1,
+            title="Seconds between progress lines",
+            section=AIRFLOW,
+            description="each stage logs percent done, documents, tokens, tokens/s and ETA this often",
+        ),
+        "sensor_timeout": Param(
+            6 * 3600,
+            type="integer",
+            minimum=1,
+            title="Seconds to wait for the ranks",
+            section=AIRFLOW,
+            description="wait_for_shards fails after this long, naming the ranks still missing",
+        ),
+    }

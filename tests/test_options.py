@@ -1,0 +1,95 @@
+"""Every option is declared once, on a stage config: the command line and the DAG's Params are made from it."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tokenization.build import BuildConfig
+from tokenization.cli import build_parser
+from tokenization.errors import UsageError
+from tokenization.merge import MergeConfig
+from tokenization.options import fields_of, json_schema
+from tokenization.tokenize import TokenizeConfig
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("name", sorted(commands()))
+def test_every_option_of_every_command_has_help(name: str) -> None:
+    missing = [a.dest for a in commands()[name]._actions if not a.help]
+    assert missing == []
+
+
+def test_help_states_the_defaults_users_ask_about() -> None:
+    tokenize = commands()["tokenize"].format_help()
+    assert "default: the tokenizer's own end-of-text token" in " ".join(tokenize.split())
+    assert "(default: 1,000; unlimited for no limit)" in " ".join(tokenize.split())
+    merge = " ".join(commands()["merge"].format_help().split())
+    assert (
+        "--max-tokens-per-file INT close a merged file once it holds this many tokens (default: 100,000,000,000)"
+        in merge
+    )
+    top = build_parser().format_help()
+    assert "X.ds.index the\nuint64 end offset" in top and "tokenization build data/ --output builds/" in top
+
+
+def test_the_command_line_makes_the_same_config_as_the_library() -> None:
+    args = build_parser().parse_args(
+        [
+            "tokenize",
+            "a",
+            "b",
+            "--output",
+            "o",
+            "--tokenizer",
+            "t",
+            "--no-shuffle",
+            "--format",
+            "megatron",
+            "--max-rejects",
+            "unlimited",
+            "--special-tokens-in-text",
+            "special",
+        ]
+    )
+    from tokenization.options import from_arguments
+
+    config = from_arguments(TokenizeConfig, args)
+    assert config == TokenizeConfig(
+        inputs=["a", "b"],
+        output="o",
+        tokenizer="t",
+        shuffle_documents=False,
+        output_format="megatron",
+        max_rejects=None,
+        special_text="special",
+    )
+
+
+def test_configs_check_themselves_naming_the_field() -> None:
+    with pytest.raises(UsageError, match="num_ranks must be at most 4096, got 5000"):
+        BuildConfig(input="i", output="o", tokenizer="t", num_ranks=5000)
+    with pytest.raises(UsageError, match="mode must be one of interleave, shuffle, got 'random'"):
+        MergeConfig(input="i", output="o", save_filename="m", mode="random")
+    with pytest.raises(UsageError, match="save_filename must not be empty"):
+        MergeConfig(input="i", output="o", save_filename="")
+    with pytest.raises(UsageError, match="Megatron's indexed dataset has no loss mask"):
+        BuildConfig(input="i", output="o", tokenizer="t", output_format="megatron", save_loss=True)
+
+
+def test_every_build_param_has_a_title_a_description_and_a_schema() -> None:
+    offered = [(f, spec, kind) for f, spec, kind in fields_of(BuildConfig) if spec.param]
+    assert len(offered) >= 20
+    for f, spec, _ in offered:
+        assert spec.title and spec.help, f.name
+    schemas = {f.name: json_schema(f, spec, kind) for f, spec, kind in offered}
+    assert schemas["num_ranks"] == {"type": "integer", "minimum": 1, "maximum": 4096}
+    assert schemas["seed"] == {"type": ["null", "integer"], "minimum": 0}
+    assert schemas["merge_mode"] == {"enum": ["interleave", "shuffle"]}
+    assert schemas["input"] == {"type": "string", "minLength": 1}
+    assert "storage_options" not in schemas and "local_working_dir" not in schemas

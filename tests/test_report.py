@@ -1,0 +1,151 @@
+"""The build report's page, rendered from a real small build: the verdict first, figures written for people, and
+nothing from a manifest ever read as markup. Also the "Corpus builds" page's template, without Airflow."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+from tests.test_merge import merged
+from tests.test_tokenize import run
+from tokenization.pages import date, duration, integer, number, render, size
+from tokenization.report import INPUTS_SHOWN, render_html, report_data, write_report
+
+HOSTILE = "<script>alert(1)</script>"
+NEW_FIELDS = {
+    "started": "2026-11-30T02:00:07.25+00:00",
+    "finished": "2026-11-30T02:01:19.65+00:00",
+    "wall_seconds": 72.4,
+    "inputs": {"spec": str(SAMPLE_CORPUS), "files": 4, "bytes": 93_401, "skipped": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def small_build(tmp_path_factory) -> tuple[str, dict]:
+    """The sample tokenized by two ranks and merged; its run folder and the build manifest ``publish`` would
+    write, with a run id that is markup."""
+    run_dir = tmp_path_factory.mktemp("run")
+    for rank in range(2):
+        run([SAMPLE_CORPUS], run_dir / "ranks", SAMPLE_TOKENIZER, rank=rank, world_size=2, seed=5)
+    merge = merged(run_dir / "ranks", run_dir / "merged", seed=5, max_tokens_per_file=20_000)
+    tokens = merge["counts"]["tokens"]
+    build = {
+        "run_id": f"manual__{HOSTILE}",
+        "dataset": str(run_dir / "merged"),
+        "digest": "ab" * 32,
+        "tokens": tokens,
+        "seed": 5,
+        "params": {"input": str(SAMPLE_CORPUS), "tokenizer": str(SAMPLE_TOKENIZER), "num_ranks": 2, "seed": 5},
+        "stages": {"tokenize": {"ranks": 2}, "merge": merge["counts"]},
+        "verify": {"ok": True, "files": len(merge["outputs"]), "tokens": tokens, "notes": [f"a note {HOSTILE}"]},
+    }
+    return str(run_dir), build
+
+
+def test_the_verdict_comes_first_and_figures_are_written_for_people(small_build) -> None:
+    run_dir, build = small_build
+    data = report_data(run_dir, build | NEW_FIELDS)
+    page = render_html(data)
+    order = [page.index(f'id="{name}"') for name in ("verify", "conservation", "totals", "timing", "inputs")]
+    assert order == sorted(order), order
+    assert page.index("Verify passed") < page.index("Documents conservation holds") < page.index("documents read")
+
+    tokens = data["tokens"]
+    assert tokens > 1000 and f'<td data-key="tokens">{tokens:,}</td>' in page
+    assert f"{data['ranks'][0]['tokens']:,}" in page
+    assert '<td data-key="engines">gigatoken</td>' in page and "[&#39;" not in page and "['" not in page
+    assert '<td data-key="wall_seconds">1 min 12 s</td>' in page
+    assert '<td data-key="started">2026-11-30 02:00 UTC</td>' in page
+    assert '<td data-key="input_bytes">93.4 kB</td>' in page and '<td data-key="skipped">1</td>' in page
+    assert re.search(r'<td data-key="tokens_per_s">[\d,]+ tokens/s</td>', page)
+    assert '<td data-key="vocab_size">4,096 tokens</td>' in page and "None" not in page
+
+
+def test_values_from_manifests_are_escaped(small_build) -> None:
+    run_dir, build = small_build
+    page = render_html(report_data(run_dir, build))
+    assert "<script" not in page
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 3  # the title, the heading, the verify note
+
+
+def test_an_older_build_without_times_or_inputs_still_renders(small_build) -> None:
+    run_dir, build = small_build
+    data = report_data(run_dir, build)
+    assert data["wall_seconds"] is None and data["throughput"]["build"] is None
+    sizes = [p.stat().st_size for p in SAMPLE_CORPUS.glob("*.jsonl.gz")]
+    assert data["inputs"] == {"spec": str(SAMPLE_CORPUS), "files": len(sizes), "bytes": sum(sizes), "skipped": None}
+    page = render_html(data)
+    assert '<td data-key="wall_seconds">–</td>' in page and '<td data-key="tokens_per_s">–</td>' in page
+    assert f'<td data-key="input_files">{len(sizes)}</td>' in page
+
+
+def test_a_long_input_list_is_cut_after_twenty(small_build) -> None:
+    run_dir, build = small_build
+    data = report_data(run_dir, build)
+    data["input_files"] = [{"url": f"s3://corpus/part-{i:05d}.jsonl.gz", "bytes": 1500, "rank": 0} for i in range(25)]
+    page = render_html(data)
+    assert page.count("s3://corpus/part-") == INPUTS_SHOWN == 20 and "part-00019" in page and "part-00020" not in page
+    assert '<tr class="more"><td>and 5 more</td><td class="num">7.5 kB</td>' in page
+
+
+def test_report_json_carries_the_new_figures(small_build) -> None:
+    run_dir, build = small_build
+    write_report(run_dir, build | NEW_FIELDS)
+    saved = json.loads((Path(run_dir) / "report.json").read_text())
+    assert (Path(run_dir) / "report.html").read_text().startswith("<!doctype html>")
+    assert saved["wall_seconds"] == 72.4 and saved["started"] == NEW_FIELDS["started"]
+    assert saved["inputs"] == NEW_FIELDS["inputs"]
+    assert sorted(f["url"].rsplit("/", 1)[-1] for f in saved["input_files"]) == sorted(
+        p.name for p in SAMPLE_CORPUS.glob("*.jsonl.gz")
+    )
+    text_bytes = saved["throughput"]["text_bytes"]
+    assert saved["throughput"]["build"]["text_mb_per_s"] == round(text_bytes / 1e6 / 72.4, 3)
+    assert saved["throughput"]["ranks"]["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("shown", "expected"),
+    [
+        (integer(64_522), "64,522"),
+        (integer(None), "–"),
+        (size(23_947), "23.9 kB"),
+        (size(1_234_567_890), "1.2 GB"),
+        (size(512), "512 B"),
+        (duration(3.44), "3.4 s"),
+        (duration(72.4), "1 min 12 s"),
+        (duration(7_500), "2 h 5 min"),
+        (duration(None), "–"),
+        (number(1_041_838.7, 0, "tokens/s"), "1,041,839 tokens/s"),
+        (number(0.0034, 1, "MB/s"), "0.0034 MB/s"),
+        (date("2026-11-30T03:00:41+01:00"), "2026-11-30 02:00 UTC"),
+        (date(datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)), "2026-11-30 02:00 UTC"),
+    ],
+)
+def test_filters(shown: str, expected: str) -> None:
+    assert shown == expected
+
+
+def test_the_builds_page_escapes_and_formats() -> None:
+    row = {
+        "run_id": HOSTILE,
+        "state": "success",
+        "started": "2026-11-30T02:00:07+00:00",
+        "seconds": 72.4,
+        "tokenizer": "meta-llama/Llama-3.1-8B",
+        "input": "s3://corpus/2026-11/*.jsonl.gz",
+        "seed": 1234,
+        "tokens": 64_522,
+        "docs": 308,
+        "rejects": None,
+    }
+    page = render("builds.html.j2", dag_id="tokenize_corpus", builds=[row], report_url=lambda dag, run: f"/r/{run}")
+    assert "<script" not in page and 'data-run-id="&lt;script&gt;alert(1)&lt;/script&gt;"' in page
+    shown = {"started": "2026-11-30 02:00 UTC", "duration": "1 min 12 s", "seed": "1234", "tokens": "64,522"}
+    for key, text in (shown | {"docs": "308", "rejects": "–"}).items():
+        assert f'data-key="{key}">{text}</td>' in page, key
+    assert "<style>" in page and "border-collapse" in page  # the shared stylesheet, inline

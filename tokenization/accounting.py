@@ -1,0 +1,117 @@
+"""A build's books: which rank shards are complete, documents in = out, and tokens from stage to stage.
+
+Every figure comes from the manifests and markers on storage, never from what a task said it did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+import orjson
+
+from tokenization import manifest
+from tokenization.runs import BuildError
+from tokenization.storage import join, list_sizes, open_fs
+
+
+def rank_stem(rank: int) -> str:
+    return f"{rank:05d}"
+
+
+def incomplete_ranks(ranks_dir: str, num_ranks: int) -> dict[int, str]:
+    """Every rank of ``0..num_ranks-1`` whose shard is not complete yet, with the reason. A shard is complete when
+    its marker exists, its manifest has the checksum the marker records, and every file the marker lists is there
+    with its size (one listing of the folder). A marker of a rank outside the run is an error, never ignored."""
+    fs, path = open_fs(ranks_dir)
+    markers = manifest.completion_markers(fs, path)
+    expected = {rank_stem(rank): rank for rank in range(num_ranks)}
+    if strangers := sorted(set(markers) - set(expected)):
+        raise BuildError(f"{ranks_dir} holds shards that are not ranks of this {num_ranks}-rank run: {strangers}")
+    sizes = {**list_sizes(fs, path), **_prefixed(fs, path, "_quarantine")}
+    status = {rank: _shard_status(fs, path, markers.get(stem), sizes) for stem, rank in expected.items()}
+    return {rank: why for rank, why in status.items() if why is not None}
+
+
+def _prefixed(fs, path: str, folder: str) -> dict[str, int]:
+    return {f"{folder}/{name}": size for name, size in list_sizes(fs, join(path, folder)).items()}
+
+
+def _shard_status(fs, path: str, marker: dict | None, sizes: dict[str, int]) -> str | None:
+    if marker is None:
+        return "no completion marker"
+    try:
+        data = fs.cat_file(join(path, marker["manifest"]))
+    except FileNotFoundError:
+        return "completion marker without a manifest"
+    if hashlib.sha256(data).hexdigest() != marker.get("sha256"):
+        return "manifest does not match its completion marker"
+    for name, info in marker.get("files", {}).items():
+        if sizes.get(name) != info["bytes"]:
+            return f"{name} is missing or not the size its completion marker records"
+    return None
+
+
+def conservation(rank_manifests: list[dict]) -> dict:
+    """Documents in = documents out + empty + quarantined, summed over the ranks."""
+    totals: Counter = Counter()
+    rejected: Counter = Counter()
+    for m in rank_manifests:
+        c = m["counts"]
+        totals.update({k: c[k] for k in ("docs_read", "docs_written", "empty", "tokens", "tokens_written")})
+        totals["tokens_dropped"] += c["tokens_dropped"]
+        rejected.update(c["rejected"])
+    quarantined = sum(rejected.values())
+    return {
+        "docs_in": totals["docs_read"],
+        "docs_out": totals["docs_written"],
+        "empty": totals["empty"],
+        "quarantined": quarantined,
+        "rejected_by_reason": dict(sorted(rejected.items())),
+        "tokens": totals["tokens_written"],
+        "tokens_dropped": totals["tokens_dropped"],
+        "holds": totals["docs_read"] == totals["docs_written"] + totals["empty"] + quarantined,
+    }
+
+
+def stage_counts(folder: str) -> dict | None:
+    """The counts of every completed stage manifest of a folder (the merge's one, or all context shards'),
+    summed; None when the folder holds none."""
+    fs, path = open_fs(folder)
+    totals: Counter = Counter()
+    markers = manifest.completion_markers(fs, path)
+    for marker in markers.values():
+        counts = (manifest.read_json(fs, join(path, marker["manifest"])) or {}).get("counts", {})
+        totals.update({k: v for k, v in counts.items() if isinstance(v, int)})
+    return dict(totals) if markers else None
+
+
+def token_flow(rank_tokens: int, stages: dict[str, dict | None], dataset_tokens: int) -> dict[str, int]:
+    """Tokens from stage to stage: what each stage was given = what it wrote + what it dropped, and the dataset's
+    files hold what the last stage wrote. A stage that does not add up raises, naming it: a leftover file merged
+    in, or a file lost on the way, must never pass for a build."""
+    flow = {"tokenize": rank_tokens}
+    given = rank_tokens
+    for stage, counts in stages.items():
+        if counts is None:
+            continue
+        if counts["tokens"] + counts["tokens_dropped"] != given:
+            raise BuildError(
+                f"{stage} wrote {counts['tokens']} tokens and dropped {counts['tokens_dropped']}, but was given {given}"
+            )
+        flow[stage] = given = counts["tokens"]
+    if dataset_tokens != given:
+        raise BuildError(f"the dataset's files hold {dataset_tokens} tokens, its manifests say {given}")
+    return flow
+
+
+def rank_manifests(ranks_dir: str, num_ranks: int) -> list[dict]:
+    fs, path = open_fs(ranks_dir)
+    return [manifest.read_json(fs, manifest.manifest_path(path, rank_stem(r))) for r in range(num_ranks)]
+
+
+def dataset_digest(dataset: str) -> str:
+    """One sha256 for a whole dataset, from the checksums its manifests record: equal digests, equal bytes."""
+    entries = manifest.output_entries(dataset)
+    pairs = sorted((name, info["sha256"]) for entry in entries.values() for name, info in entry["files"].items())
+    return hashlib.sha256(orjson.dumps(pairs)).hexdigest()

@@ -71,11 +71,24 @@ def test_the_command_line_makes_the_same_config_as_the_library() -> None:
     )
 
 
+def test_paths_are_taken_for_their_strings(tmp_path) -> None:
+    config = TokenizeConfig(inputs=[tmp_path / "a", "b"], output=tmp_path, tokenizer=tmp_path / "t.json")
+    assert (config.inputs, config.output, config.tokenizer) == (
+        [f"{tmp_path}/a", "b"],
+        str(tmp_path),
+        f"{tmp_path}/t.json",
+    )
+
+
 def test_configs_check_themselves_naming_the_field() -> None:
     with pytest.raises(UsageError, match="num_ranks must be at most 4096, got 5000"):
         BuildConfig(input="i", output="o", tokenizer="t", num_ranks=5000)
     with pytest.raises(UsageError, match="mode must be one of interleave, shuffle, got 'random'"):
         MergeConfig(input="i", output="o", save_filename="m", mode="random")
+    with pytest.raises(UsageError, match="num_ranks must be an integer, got '4'"):
+        BuildConfig(input="i", output="o", tokenizer="t", num_ranks="4")
+    with pytest.raises(UsageError, match="save_loss must be true or false, got 1"):
+        BuildConfig(input="i", output="o", tokenizer="t", save_loss=1)
     with pytest.raises(UsageError, match="save_filename must not be empty"):
         MergeConfig(input="i", output="o", save_filename="")
     with pytest.raises(UsageError, match="Megatron's indexed dataset has no loss mask"):

@@ -330,18 +330,20 @@ class Build:
             for future in list(done) + list(pending):
                 if not future.cancelled():
                     result = future.result()  # raises the step's error
-                    log.info("%s %s: %s in %.1fs", step, futures[future][0], _figures(result), result.seconds)
+                    log.info(
+                        "%s %s: %s tokens in %d files, %.1fs",
+                        step,
+                        futures[future][0],
+                        f"{result.tokens:,}",
+                        len(result.outputs),
+                        result.seconds,
+                    )
 
 
 def _run_step(build: Build, step: str, args: tuple) -> StageResult:
     """One step in a worker process, without progress bars (several would share one terminal)."""
     limit_hf_threads(build.config.threads)
     return getattr(build, step)(*args, progress=False)
-
-
-def _figures(result: StageResult) -> str:
-    tokens = getattr(result.counts, "tokens_written", None) or result.counts.tokens
-    return f"{tokens:,} tokens in {len(result.outputs)} files"
 
 
 def _iso(moment: float) -> str:

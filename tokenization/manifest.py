@@ -98,6 +98,11 @@ class StageResult(Generic[C]):
         return [entry["name"] for entry in self.record.get("outputs", [])]
 
     @property
+    def tokens(self) -> int:
+        """Tokens in the files the stage published."""
+        return sum(entry["tokens"] for entry in self.record.get("outputs", []))
+
+    @property
     def seconds(self) -> float:
         return self.record["seconds"]
 

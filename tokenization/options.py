@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -62,6 +63,12 @@ class Options:
     )
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # a pathlib.Path is taken for its string, as everywhere in Python
+            value = getattr(self, f.name)
+            if isinstance(value, list):
+                object.__setattr__(self, f.name, [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value])
+            elif isinstance(value, os.PathLike):
+                object.__setattr__(self, f.name, os.fspath(value))
         check(self)
 
 
@@ -89,13 +96,16 @@ def kind_of(hint: Any) -> Kind:
 
 
 def check(config: Options) -> None:
-    """Raise :class:`UsageError` naming the first field out of its bounds or choices."""
+    """Raise :class:`UsageError` naming the first field of the wrong type, or out of its bounds or choices."""
     for f, spec, kind in fields_of(type(config)):
         value = getattr(config, f.name)
         if value is None:
             if not kind.optional:
                 raise UsageError(f"{f.name} is required")
             continue
+        accepted = (int, float) if kind.base is float else kind.base
+        if not isinstance(value, accepted) or (isinstance(value, bool) and kind.base is not bool):
+            raise UsageError(f"{f.name} must be {_article(kind.base)}, got {value!r}")
         if kind.choices and value not in kind.choices:
             raise UsageError(f"{f.name} must be one of {', '.join(map(str, kind.choices))}, got {value!r}")
         if kind.base is str and not value:
@@ -104,6 +114,10 @@ def check(config: Options) -> None:
             raise UsageError(f"{f.name} must be at least {spec.minimum:g}, got {value}")
         if spec.maximum is not None and value > spec.maximum:
             raise UsageError(f"{f.name} must be at most {spec.maximum:g}, got {value}")
+
+
+def _article(base: type) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(base, base.__name__)
 
 
 def json_schema(f: dataclasses.Field, spec: Spec, kind: Kind) -> dict:

@@ -199,3 +199,13 @@ def test_sigkill_midway_then_resume_gives_the_same_bytes(tmp_path) -> None:
     manifest = json.loads((killed / "_manifests" / "m.json").read_text())
     assert manifest["counts"]["resumed_files"] >= 4
     assert Counter(len(o["files"]) for o in manifest["outputs"]) == {4: len(manifest["outputs"])}
+
+
+def test_credentials_never_reach_a_manifest_nor_stop_a_resume(tmp_path, ranks) -> None:
+    """Storage options hold credentials: a merge run again with rotated ones resumes, and no manifest keeps them."""
+    first = merged(ranks, tmp_path, seed=3, max_tokens_per_file=20_000)
+    secret = {"s3": {"key": "AKIA-ROTATED", "secret": "s3cr3t"}}
+    again = merged(ranks, tmp_path, seed=3, max_tokens_per_file=20_000, storage_options=secret)
+    assert again["counts"]["resumed_files"] == len(first["outputs"]) >= 3
+    written = b"".join(p.read_bytes() for p in tmp_path.rglob("*.json"))
+    assert b"s3cr3t" not in written and b"AKIA-ROTATED" not in written

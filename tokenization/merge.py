@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS_PER_FILE = 100_000_000_000  # datatrove's default: 100 GT
 UNITS_PER_SLICE = 1 << 20  # ordering entries turned into byte moves at a time
-IRRELEVANT_TO_BYTES = ("input", "output", "local_working_dir", "max_open_files")
+IRRELEVANT_TO_BYTES = ("input", "output", "local_working_dir", "max_open_files", "storage_options")
 
 
 @dataclass(frozen=True, kw_only=True)

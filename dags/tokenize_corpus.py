@@ -5,7 +5,8 @@ Cleaned text in, verified and shuffled training token files out: datatrove's `.d
 ends, loss masks, metadata), which datatrove's and nanotron's readers load, or Megatron's `.bin/.idx`.
 
 ```
-plan -> tokenize [rank-0 .. rank-N] -> wait_for_shards -> merge -> context_shuffle [shard-0 .. shard-M] -> publish
+plan -> tokenize [rank-0 ..] -> wait_for_shards -> merge [all | bucket-0 ..] -> plan_context
+     -> context_shuffle [shard-0 ..] -> publish
 ```
 
 - **plan** refuses a misspelled param, too many ranks, a location outside the allowed ones and a missing merge
@@ -15,7 +16,9 @@ plan -> tokenize [rank-0 .. rank-N] -> wait_for_shards -> merge -> context_shuff
   Rejected records go to `_quarantine/` with their reason; too many fail the rank.
 - **wait_for_shards** waits until every rank's completion marker, manifest and files are on storage, and keeps
   waiting while a failed rank is cleared and run again.
-- **merge** is one task (pool `tokenization_merge`, the large-disk queue): every rank file, globally reordered.
+- **merge** runs in pool `tokenization_merge` on the large-disk queue: one task reorders every rank file
+  (`interleave`, datatrove's bytes, or `shuffle`), or, with `merge_mode` `bucketed` and `num_buckets`, one task a
+  bucket, as many at once as the pool has slots. **plan_context** then counts the merged files.
 - **context_shuffle** is one task a shard: it cuts the merged files into windows of `context_window` tokens and
   permutes them.
 - **publish** verifies the dataset, checks that documents and tokens add up from stage to stage, writes
@@ -89,11 +92,17 @@ def tokenize_corpus():
         result = tasks.build_of(params, spec).tokenize(rank, params["progress_seconds"], attempt_owner(context))
         return result.outputs
 
-    @task(pool=MERGE_POOL, pool_slots=1, queue=MERGE_QUEUE)
-    def merge(spec: dict, params: dict | None = None) -> list[int]:
-        """Returns the context-shuffle shards to map over."""
-        build = tasks.build_of(params, spec)
-        return build.context_shards(build.merge(params["progress_seconds"], attempt_owner(get_current_context())))
+    @task(pool=MERGE_POOL, pool_slots=1, queue=MERGE_QUEUE, map_index_template="bucket-{{ bucket_label }}")
+    def merge(spec: dict, bucket: int | None, params: dict | None = None) -> list[str]:
+        """Returns the merged file names: of everything (bucket None), or of one bucket."""
+        context = get_current_context()
+        context["bucket_label"] = "all" if bucket is None else bucket
+        return tasks.build_of(params, spec).merge(bucket, params["progress_seconds"], attempt_owner(context)).outputs
+
+    @task
+    def plan_context(spec: dict, params: dict | None = None) -> list[int]:
+        """Returns the context-shuffle shards to map over, from the merged files on storage."""
+        return tasks.build_of(params, spec).context_shards()
 
     @task(map_index_template="shard-{{ shard_label }}")
     def context_shuffle(spec: dict, shard: int, shards: list, params: dict | None = None) -> list[str]:
@@ -122,9 +131,11 @@ def tokenize_corpus():
         poke_interval=10,
         trigger_rule=TriggerRule.ALL_DONE,
     )
-    context_shards = merge(spec)
+    merged = merge.partial(spec=spec).expand(bucket=wait.output)  # the sensor returns the merge's buckets
+    context_shards = plan_context(spec)
     contexts = context_shuffle.partial(spec=spec, shards=context_shards).expand(shard=context_shards)
-    rank_files >> wait >> context_shards
+    rank_files >> wait
+    merged >> context_shards
     contexts >> publish(spec)
 
 

@@ -136,3 +136,12 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         k: v for k, v in kept.items() if k != "00001.json"
     }
     assert redone["00001.json"] != kept["00001.json"]  # a new attempt wrote it
+
+
+def test_while_a_marker_is_missing_the_check_is_one_listing(tmp_path, sample_corpus, sample_tokenizer, monkeypatch):
+    """The sensor pokes every few seconds for thousands of ranks: no marker is read until all are listed."""
+    run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=0, world_size=2, seed=5)
+    complete = incomplete_ranks(str(tmp_path / "ranks"), 1)
+    monkeypatch.setattr(manifest, "completion_markers", lambda *_: pytest.fail("markers read while one is missing"))
+    assert incomplete_ranks(str(tmp_path / "ranks"), 2) == {1: "no completion marker"}
+    assert complete == {}

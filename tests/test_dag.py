@@ -17,12 +17,20 @@ pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency gr
 def test_shape(dag) -> None:
     from airflow.sdk import TriggerRule
 
-    assert set(dag.task_dict) == {"plan", "tokenize", "wait_for_shards", "merge", "context_shuffle", "publish"}
+    assert set(dag.task_dict) == {
+        "plan",
+        "tokenize",
+        "wait_for_shards",
+        "merge",
+        "plan_context",
+        "context_shuffle",
+        "publish",
+    }
     merge, sensor = dag.get_task("merge"), dag.get_task("wait_for_shards")
     assert merge.pool == MERGE_POOL and merge.pool_slots == 1 and merge.queue == "large_disk"
     assert sensor.mode == "reschedule" and sensor.trigger_rule == TriggerRule.ALL_DONE
     assert dag.get_task("publish").trigger_rule == TriggerRule.NONE_FAILED
-    assert dag.get_task("tokenize").is_mapped and dag.get_task("context_shuffle").is_mapped
+    assert all(dag.get_task(t).is_mapped for t in ("tokenize", "merge", "context_shuffle"))
     assert dag.get_task("tokenize").retries == 2
     assert dag.max_active_runs == 1 and not dag.catchup
     assert dag.timetable.expression == "0 2 * * *" and str(dag.timetable.timezone) == "UTC"
@@ -39,7 +47,7 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
 
     params = {name: dag.params.get_param(name) for name in dag.params}
     schemas = {name: param.schema for name, param in params.items()}
-    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 26
+    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 27
     assert [name for name, param in params.items() if not (param.schema.get("title") and param.description)] == []
     assert schemas["text_key"]["section"] == "Reading and encoding" and schemas["save_loss"]["section"] == "Rank files"
     assert schemas["sensor_timeout"]["section"] == "Airflow" and "section" not in schemas["num_ranks"]
@@ -91,6 +99,20 @@ def test_a_run_equals_tokenization_build(airflow_db, dag, tmp_path, sample_corpu
     assert by_hand["digest"] == build["digest"]
     assert file_bytes(tmp_path / "by-hand" / "context") == file_bytes(folder / "context")
     assert by_hand["params"] == build["params"] | {"output": str(tmp_path)}
+
+
+def test_a_bucketed_run_maps_the_merge_over_buckets(airflow_db, dag, tmp_path, sample_corpus, sample_tokenizer):
+    from tokenization.build import Build, BuildConfig
+
+    conf = DAG_CONF | {"merge_mode": "bucketed", "num_buckets": 4}
+    run_, tis, ok = run_dag(dag, conf)
+    assert ok, {k: ti.state for k, ti in tis.items()}
+    assert [tis[("merge", b)].rendered_map_index for b in range(4)] == [f"bucket-{b}" for b in range(4)]
+    _, build = build_of(run_)
+    assert build["verify"]["ok"] and build["conservation"]["docs_out"] == 308 and build["token_flow"]["merge"] == 64_522
+    assert {name[:5] for name in build["files"]} == {"00000", "00001", "00002", "00003"}
+    config = BuildConfig(input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), **conf)
+    assert Build.start(config, "by-hand").run(parallel=2).digest == build["digest"]
 
 
 @pytest.fixture
@@ -181,7 +203,9 @@ def test_more_ranks_than_airflow_maps_are_refused_naming_the_setting(airflow_db,
     from tokenization_airflow import tasks
 
     with pytest.raises(tasks.PlanError, match=r"num_ranks=3 exceeds Airflow's \[core\] max_map_length=2"):
-        tasks.check_map_length(3, 2)
+        tasks.check_map_length({"num_ranks": 3}, 2)
+    with pytest.raises(tasks.PlanError, match=r"num_buckets=8 exceeds Airflow's \[core\] max_map_length=4"):
+        tasks.check_map_length({"num_ranks": 3, "num_buckets": 8}, 4)
     failed_fast(dag, {"num_ranks": 3})
 
 
@@ -207,6 +231,6 @@ def test_the_sensor_fails_at_once_when_plan_failed_after_recording_the_run(airfl
     from tokenization_airflow import tasks
 
     monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "2")
-    monkeypatch.setattr(tasks, "check_map_length", lambda num_ranks, limit: None)
+    monkeypatch.setattr(tasks, "check_map_length", lambda params, limit: None)
     tis = failed_fast(dag, {"num_ranks": 3})
     assert tis[("plan", -1)].xcom_pull(task_ids="plan", key="spec")["num_ranks"] == 3

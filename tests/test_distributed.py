@@ -108,7 +108,7 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
             for rank in range(4):
                 t = ti[("tokenize", rank)]
                 assert (t["hostname"], t["queue"], t["try_number"]) == ("default-worker", "default", 1 + (rank == 1))
-            m = ti[("merge", -1)]
+            m = ti[("merge", 0)]
             assert (m["hostname"], m["queue"], m["pool"]) == ("large-disk-worker", "large_disk", "tokenization_merge")
             merges.append((datetime.fromisoformat(m["start_date"]), datetime.fromisoformat(m["end_date"])))
         first, second = sorted(merges)

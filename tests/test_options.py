@@ -83,7 +83,7 @@ def test_paths_are_taken_for_their_strings(tmp_path) -> None:
 def test_configs_check_themselves_naming_the_field() -> None:
     with pytest.raises(UsageError, match="num_ranks must be at most 4096, got 5000"):
         BuildConfig(input="i", output="o", tokenizer="t", num_ranks=5000)
-    with pytest.raises(UsageError, match="mode must be one of interleave, shuffle, got 'random'"):
+    with pytest.raises(UsageError, match="mode must be one of interleave, shuffle, bucketed, got 'random'"):
         MergeConfig(input="i", output="o", save_filename="m", mode="random")
     with pytest.raises(UsageError, match="num_ranks must be an integer, got '4'"):
         BuildConfig(input="i", output="o", tokenizer="t", num_ranks="4")
@@ -103,6 +103,6 @@ def test_every_build_param_has_a_title_a_description_and_a_schema() -> None:
     schemas = {f.name: json_schema(f, spec, kind) for f, spec, kind in offered}
     assert schemas["num_ranks"] == {"type": "integer", "minimum": 1, "maximum": 4096}
     assert schemas["seed"] == {"type": ["null", "integer"], "minimum": 0}
-    assert schemas["merge_mode"] == {"enum": ["interleave", "shuffle"]}
+    assert schemas["merge_mode"] == {"enum": ["interleave", "shuffle", "bucketed"]}
     assert schemas["input"] == {"type": "string", "minLength": 1}
     assert "storage_options" not in schemas and "local_working_dir" not in schemas

@@ -12,7 +12,7 @@ import orjson
 
 from tokenization import manifest
 from tokenization.runs import BuildError
-from tokenization.storage import join, list_sizes, open_fs
+from tokenization.storage import join, list_names, list_sizes, open_fs
 
 
 def rank_stem(rank: int) -> str:
@@ -20,14 +20,20 @@ def rank_stem(rank: int) -> str:
 
 
 def incomplete_ranks(ranks_dir: str, num_ranks: int) -> dict[int, str]:
-    """Every rank of ``0..num_ranks-1`` whose shard is not complete yet, with the reason. A shard is complete when
-    its marker exists, its manifest has the checksum the marker records, and every file the marker lists is there
-    with its size (one listing of the folder). A marker of a rank outside the run is an error, never ignored."""
+    """Every rank of ``0..num_ranks-1`` whose shard is not complete yet, with the reason. While markers are missing
+    this costs one listing, whatever the number of ranks; once all are there, each marker and manifest is read once:
+    a shard is complete when its manifest has the checksum its marker records and every file the marker lists is
+    there with its size. A marker of a rank outside the run is an error, never ignored."""
     fs, path = open_fs(ranks_dir)
-    markers = manifest.completion_markers(fs, path)
+    listed = {
+        name.removesuffix(".json") for name in list_names(fs, join(path, "_completions")) if name.endswith(".json")
+    }
     expected = {rank_stem(rank): rank for rank in range(num_ranks)}
-    if strangers := sorted(set(markers) - set(expected)):
+    if strangers := sorted(listed - set(expected)):
         raise BuildError(f"{ranks_dir} holds shards that are not ranks of this {num_ranks}-rank run: {strangers}")
+    if unmarked := {rank: "no completion marker" for stem, rank in expected.items() if stem not in listed}:
+        return unmarked
+    markers = manifest.completion_markers(fs, path)
     sizes = {**list_sizes(fs, path), **_prefixed(fs, path, "_quarantine")}
     status = {rank: _shard_status(fs, path, markers.get(stem), sizes) for stem, rank in expected.items()}
     return {rank: why for rank, why in status.items() if why is not None}

@@ -25,7 +25,8 @@ from tokenization import accounting, manifest
 from tokenization.context import DEFAULT_WINDOW, ContextCounts, ContextShuffleConfig, context_shuffle
 from tokenization.documents import Counts, DocumentOptions
 from tokenization.encoding import limit_hf_threads
-from tokenization.formats import token_file_names
+from tokenization.errors import UsageError
+from tokenization.formats import DS, list_token_files, token_file_names
 from tokenization.manifest import StageResult
 from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, MergeCounts, merge
 from tokenization.options import option, params
@@ -63,11 +64,11 @@ class BuildConfig(DocumentOptions, RankOptions):
         title="Ranks",
         help="tokenize tasks; rank r takes input files r, r + ranks, ... of the sorted list",
     )
-    merge_mode: Literal["interleave", "shuffle"] = option(
+    merge_mode: Literal["interleave", "shuffle", "bucketed"] = option(
         "interleave",
         title="Merge order",
         help="interleave: datatrove's random interleave of the rank files (datatrove's bytes); shuffle: a uniform "
-        "permutation of every document",
+        "permutation of every document, in one task; bucketed: the same, in a task a bucket (needs num_buckets)",
     )
     merge_max_tokens_per_file: int = option(
         DEFAULT_MAX_TOKENS_PER_FILE,
@@ -99,6 +100,11 @@ class BuildConfig(DocumentOptions, RankOptions):
         "--local-working-dir)",
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.merge_mode == "bucketed") != bool(self.num_buckets):
+            raise UsageError("merge_mode bucketed and num_buckets go together: give both or neither")
+
     def shared(self, *groups: type) -> dict:
         """This config's values of the option groups a stage config shares with it."""
         return {f.name: getattr(self, f.name) for group in groups for f in fields(group)}
@@ -118,11 +124,19 @@ class BuildPlan:
     tokenizer_sha256: str
     eos_token: str | None
     merges: bool  # the ds format is merged and context-shuffled; Megatron's rank files are the dataset
+    num_buckets: int | None  # a merge task a bucket, or one merge of everything
     started: float  # when the run claimed its folder
 
     @property
     def ranks(self) -> list[int]:
         return list(range(self.num_ranks))
+
+    @property
+    def merge_buckets(self) -> list[int | None]:
+        """What each merge task takes: a bucket each, or everything (None) in one task; nothing without a merge."""
+        if not self.merges:
+            return []
+        return list(range(self.num_buckets)) if self.num_buckets else [None]
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -180,6 +194,7 @@ class Build:
             tokenizer_sha256=encoder.sha256,
             eos_token=encoder.eos_token,
             merges=config.output_format == "ds",
+            num_buckets=config.num_buckets,
             started=started,
         )
         log.info("plan: %s", plan)
@@ -202,16 +217,17 @@ class Build:
         with using(self.config.storage_options):
             return accounting.incomplete_ranks(self.layout.ranks, self.plan.num_ranks)
 
-    def merge(self, progress: ProgressMode = None, owner: str | None = None) -> StageResult[MergeCounts] | None:
-        """The global merge of every rank file; None when the format is not merged."""
-        if not self.plan.merges:
-            return None
+    def merge(
+        self, bucket: int | None = None, progress: ProgressMode = None, owner: str | None = None
+    ) -> StageResult[MergeCounts]:
+        """The global merge of every rank file, or of one bucket of them."""
         config = MergeConfig(
             input=self.layout.ranks,
             output=self.layout.merged,
             save_filename=DATASET_NAME,
             seed=self.plan.seed,
             mode=self.config.merge_mode,
+            bucket=bucket,
             max_tokens_per_file=self.config.merge_max_tokens_per_file,
             save_loss=self.config.save_loss,
             local_working_dir=self.config.merge_working_dir or self.config.local_working_dir,
@@ -219,11 +235,13 @@ class Build:
         )
         return merge(config, progress, owner)
 
-    def context_shards(self, merged: StageResult[MergeCounts] | None) -> list[int]:
+    def context_shards(self) -> list[int]:
         """The context-shuffle tasks to run: at most one a merged file, none when the window is 0."""
-        if merged is None or not self.config.context_window:
+        if not (self.plan.merges and self.config.context_window):
             return []
-        return list(range(min(self.config.num_context_shards, len(merged.outputs))))
+        with using(self.config.storage_options):
+            merged_files = len(list_token_files(self.layout.merged, (DS,)))
+        return list(range(min(self.config.num_context_shards, merged_files)))
 
     def context_shuffle(
         self, shard: int, num_shards: int, progress: ProgressMode = None, owner: str | None = None
@@ -312,12 +330,17 @@ class Build:
         self._in_processes("tokenize", [(rank,) for rank in sorted(self.incomplete_ranks())], parallel)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")
-        merged = self.merge(progress)
-        shards = self.context_shards(merged)
+        if self.plan.num_buckets:
+            self._in_processes("merge", [(bucket,) for bucket in self.plan.merge_buckets], parallel)
+        elif self.plan.merges:
+            self.merge(None, progress)
+        shards = self.context_shards()
         self._in_processes("context_shuffle", [(shard, len(shards)) for shard in shards], parallel)
         return self.publish()
 
-    def _in_processes(self, step: Literal["tokenize", "context_shuffle"], calls: list[tuple], parallel: int) -> None:
+    def _in_processes(
+        self, step: Literal["tokenize", "merge", "context_shuffle"], calls: list[tuple], parallel: int
+    ) -> None:
         """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (spawned: no thread pool
         is inherited), logging each as it completes; the first failure cancels what has not started."""
         if not calls:

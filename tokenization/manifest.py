@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+import resource
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -69,7 +70,8 @@ def versions() -> dict:
 
 def stage_record(format: str, stage: str, config: Options, seconds: float, **fields: object) -> dict:
     """The record every stage manifest is: its format and stage, the library versions that decide the bytes, the
-    config's params (never its storage options), the stage's own ``fields``, and how many seconds it took."""
+    config's params (never its storage options), the stage's own ``fields``, how many seconds it took and the peak
+    memory of the process that ran it (what a worker must hold for such a task)."""
     return {
         "format": format,
         "stage": stage,
@@ -77,6 +79,7 @@ def stage_record(format: str, stage: str, config: Options, seconds: float, **fie
         "params": params(config),
         **fields,
         "seconds": round(seconds, 3),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux counts KiB
     }
 
 

@@ -25,8 +25,9 @@ from typing import Literal
 import numpy as np
 import orjson
 
-from tokenization import manifest
+from tokenization import buckets, manifest
 from tokenization.attempts import Attempt, attempt_at
+from tokenization.errors import UsageError
 from tokenization.formats.ds import Metadata, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
 from tokenization.manifest import StageResult
 from tokenization.options import Options, option
@@ -49,11 +50,13 @@ class MergeConfig(Options):
     output: str = option(help="output folder or fsspec URL")
     save_filename: str = option(help="name of the merged dataset: files are NNN_{name}.ds")
     seed: int = option(0, minimum=0, help="ordering seed: the same seed gives the same bytes")
-    mode: Literal["interleave", "shuffle"] = option(
+    mode: Literal["interleave", "shuffle", "bucketed"] = option(
         "interleave",
         help="interleave: datatrove's random interleave of files, each file's order kept; shuffle: a uniform "
-        "permutation of every unit of every file",
+        "permutation of every unit of every file; bucketed: one bucket (--bucket) of ranks tokenized with "
+        "--num-buckets, in a uniformly random order, a task a bucket",
     )
+    bucket: int | None = option(None, minimum=0, help="with --mode bucketed: the bucket this task merges")
     shuffle: bool = option(True, flag="--no-shuffle", help="reorder (--no-shuffle concatenates in file order)")
     max_tokens_per_file: int = option(
         DEFAULT_MAX_TOKENS_PER_FILE, minimum=1, help="close a merged file once it holds this many tokens"
@@ -67,6 +70,33 @@ class MergeConfig(Options):
         None, help="local folder for staging and for copies of remote inputs (default: the system's temp)"
     )
     max_open_files: int = option(MAX_OPEN_FILES, minimum=1, help="input files held open at once")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.mode == "bucketed") != (self.bucket is not None):
+            raise UsageError("mode bucketed and bucket go together: give both or neither")
+        if self.mode == "bucketed" and self.shuffle_chunk_size:
+            raise UsageError("a bucketed merge moves documents: no shuffle_chunk_size")
+
+    @property
+    def stem(self) -> str:
+        """Names the merge's lease, manifest and marker: one a bucket, so that bucket tasks share a folder."""
+        return f"{self.save_filename}_bucket{self.bucket:05d}" if self.bucket is not None else self.save_filename
+
+    @property
+    def _prefix(self) -> str:
+        return f"{self.bucket:05d}_" if self.bucket is not None else ""
+
+    def file_name(self, number: int, width: int) -> str:
+        """datatrove's ``NNN_{name}.ds``; a bucket's files lead with the bucket, so a folder's sorted names read
+        bucket after bucket, which is the uniformly shuffled order."""
+        return f"{self._prefix}{number:0{width}d}_{self.save_filename}.ds"
+
+    def owns(self, name: str) -> bool:
+        """Whether a file (of any family member, of any attempt) is one of this merge's outputs."""
+        number, _, rest = name.removeprefix(self._prefix).partition("_")
+        ours = rest == f"{self.save_filename}.ds" or rest.startswith(f"{self.save_filename}.ds.")
+        return name.startswith(self._prefix) and number.isdigit() and len(number) >= 3 and ours
 
 
 @dataclass
@@ -179,6 +209,8 @@ def plan_ordering(config: MergeConfig, units: _Units) -> tuple[np.ndarray, np.nd
         return file_ids, None
     if config.mode == "shuffle":
         return file_ids, rng.permutation(len(file_ids))
+    if config.bucket is not None:
+        return file_ids, buckets.order(config.seed, config.bucket, len(file_ids))
     rng.shuffle(file_ids)  # in place; the same draw as datatrove's rng.permutation(file_ids)
     return file_ids, None
 
@@ -201,6 +233,8 @@ class _Plan:
 
 def _plan(config: MergeConfig) -> _Plan:
     urls = manifest.token_files(config.input)
+    if config.bucket is not None:
+        urls = _bucket_files(config, urls)
     inputs = validate_inputs(urls, config.save_loss)
     chunk = config.shuffle_chunk_size
     tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
@@ -215,6 +249,27 @@ def _plan(config: MergeConfig) -> _Plan:
     return _Plan(
         inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, _fingerprint(config, inputs, width)
     )
+
+
+def _bucket_files(config: MergeConfig, urls: list[str]) -> list[str]:
+    """The rank files of this merge's bucket; every rank must have scattered into the same buckets, this one
+    among them."""
+    drawn = {e["_manifest"]["params"].get("num_buckets") for e in manifest.output_entries(config.input).values()}
+    if len(drawn) != 1 or None in drawn:
+        found = ", ".join(map(str, sorted(drawn, key=str))) or "no manifests"
+        raise TokenFileError(f"{config.input}: a bucketed merge needs ranks of one num_buckets, found {found}")
+    (num_buckets,) = drawn
+    if config.bucket >= num_buckets:
+        raise UsageError(
+            f"bucket {config.bucket} is outside 0..{num_buckets - 1}: the ranks drew {num_buckets} buckets"
+        )
+    suffix = "_" + buckets.file_suffix(config.bucket)
+    chosen = [url for url in urls if url.endswith(suffix)]
+    if not chosen:
+        raise TokenFileError(
+            f"{config.input}: no rank drew a document for bucket {config.bucket} of {num_buckets}: use fewer buckets"
+        )
+    return chosen
 
 
 class _Checkpoints:
@@ -256,7 +311,7 @@ def merge(config: MergeConfig, progress: ProgressMode = None, owner: str | None 
     """Run the merge, resuming when an earlier run of the same merge was interrupted."""
     started = time.time()
     plan = _plan(config)
-    stem = config.save_filename
+    stem = config.stem
     with attempt_at(config.output, stem, config.local_working_dir, owner) as attempt:
         done = _completed_files(attempt.fs, attempt.out_path, config, plan.width, plan.fingerprint)
         checkpoints = _Checkpoints(attempt, plan, done)
@@ -286,7 +341,8 @@ def merge(config: MergeConfig, progress: ProgressMode = None, owner: str | None 
             "merge",
             config,
             time.time() - started,
-            save_filename=stem,
+            save_filename=config.save_filename,
+            bucket=config.bucket,
             seed=config.seed,
             fingerprint=plan.fingerprint,
             tokenizer={"name": inputs.tokenizer, "sha256": inputs.tokenizer_sha256, "token_size": inputs.token_size},
@@ -294,17 +350,17 @@ def merge(config: MergeConfig, progress: ProgressMode = None, owner: str | None 
             counts=counts.to_json(),
             outputs=checkpoints.entries,
         )
-        _commit(attempt, stem, inputs, record)
+        _commit(attempt, config, inputs, record)
     return StageResult(counts, record, attempt.id)
 
 
 def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Checkpoints, progress: ProgressMode):
     """Move every unit not yet published, in the planned order, into files that publish themselves as they close."""
-    inputs, units, stem = plan.inputs, plan.units, config.save_filename
+    inputs, units = plan.inputs, plan.units
     done = len(checkpoints.entries)
     writer = SplitWriter(
         attempt.work,
-        lambda sub: f"{sub + done:0{plan.width}d}_{stem}.ds",
+        lambda sub: config.file_name(sub + done, plan.width),
         tokenizer=inputs.tokenizer,
         token_size=inputs.token_size,
         save_loss=config.save_loss,
@@ -316,7 +372,7 @@ def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Chec
     inner = [inputs.file_ends(f) for f in range(len(inputs.urls))] if units.chunk else None
     file_ids, perm = plan_ordering(config, units)
     resume, ordered = checkpoints.units_end, len(file_ids)
-    shown = Progress(f"merge {stem}", plan.total_tokens, "tok", progress)
+    shown = Progress(f"merge {config.stem}", plan.total_tokens, "tok", progress)
     shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
     cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
     for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
@@ -333,12 +389,14 @@ def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Chec
     pool.close()
 
 
-def _commit(attempt: Attempt, stem: str, inputs: MergeInputs, record: dict) -> None:
-    """The dataset's metadata (datatrove's ``{name}.ds.metadata``, all files' tokens), then manifest and marker."""
-    meta = Metadata(inputs.tokenizer, inputs.token_size, record["counts"]["tokens"]).render().encode()
-    attempt.write(f"{stem}.ds.metadata", meta)
+def _commit(attempt: Attempt, config: MergeConfig, inputs: MergeInputs, record: dict) -> None:
+    """The dataset's metadata (datatrove's ``{name}.ds.metadata``: all files' tokens), then manifest and marker. A
+    bucket task knows only its bucket's tokens, so a bucketed merge leaves the total to each file's metadata."""
     files = manifest.output_files(record["outputs"])
-    files[f"{stem}.ds.metadata"] = {"bytes": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}
+    if config.bucket is None:
+        meta = Metadata(inputs.tokenizer, inputs.token_size, record["counts"]["tokens"]).render().encode()
+        attempt.write(f"{config.save_filename}.ds.metadata", meta)
+        files[f"{config.save_filename}.ds.metadata"] = {"bytes": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}
     attempt.commit(record, files)
 
 
@@ -375,27 +433,22 @@ def _fingerprint(config: MergeConfig, inputs: MergeInputs, width: int) -> str:
 def _completed_files(fs, out_path: str, config: MergeConfig, width: int, fingerprint: str) -> list[dict]:
     """The output files a previous run of this same merge finished, in order; everything after them (and all of
     a different merge's files under this name) is removed."""
-    stem = config.save_filename
     done: list[dict] = []
     while True:
-        name = f"{len(done):0{width}d}_{stem}.ds"
+        name = config.file_name(len(done), width)
         entry = manifest.read_json(fs, manifest.manifest_path(out_path, name[: -len(".ds")]))
         if not entry or entry.get("fingerprint") != fingerprint or not _files_intact(fs, out_path, entry):
             break
         done.append(entry)
-    keep = {n for e in done for n in e["files"]} | {f"{stem}.ds.metadata"}
+    keep = {n for e in done for n in e["files"]} | {f"{config.save_filename}.ds.metadata"}
     for name in list_names(fs, out_path):
-        if _is_output_name(name, stem) and name not in keep:
+        if config.owns(name) and name not in keep:
             fs.rm_file(join(out_path, name))
     for name in list_names(fs, join(out_path, "_manifests")):
-        if _is_output_name(name.removesuffix(".json") + ".ds", stem) and name.removesuffix(".json") + ".ds" not in keep:
+        family = name.removesuffix(".json") + ".ds"
+        if config.owns(family) and family not in keep:
             fs.rm_file(join(out_path, "_manifests", name))
     return done
-
-
-def _is_output_name(name: str, stem: str) -> bool:
-    prefix, _, rest = name.partition("_")
-    return prefix.isdigit() and len(prefix) >= 3 and (rest == f"{stem}.ds" or rest.startswith(f"{stem}.ds."))
 
 
 def _files_intact(fs, out_path: str, entry: dict) -> bool:

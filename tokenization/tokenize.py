@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from tokenization import manifest
+from tokenization import buckets, manifest
 from tokenization.attempts import Attempt, attempt_at
 from tokenization.documents import Counts, DocumentOptions, RejectTally, TooManyRejects, encoded_batches
 from tokenization.encoding import Encoder
@@ -63,6 +63,14 @@ class RankOptions(Options):
     save_loss: bool = option(
         False, title="Write loss masks", help="write .ds.loss (0 for tokens in a record's no_loss_ranges, else 1)"
     )
+    num_buckets: int | None = option(
+        None,
+        minimum=1,
+        maximum=65_536,
+        title="Buckets of the global shuffle",
+        help="scatter each rank's documents into this many bucket files, each document's bucket drawn uniformly, "
+        "for a global shuffle that many merge tasks share (merge --mode bucketed); default: one shuffled sequence",
+    )
     output_format: Literal["ds", "megatron"] = option(
         "ds",
         flag="--format",
@@ -74,6 +82,8 @@ class RankOptions(Options):
         super().__post_init__()
         if self.output_format == "megatron" and self.save_loss:
             raise UsageError("Megatron's indexed dataset has no loss mask: save_loss needs the ds format")
+        if self.num_buckets and (self.shuffle_chunk_size or self.output_format == "megatron"):
+            raise UsageError("num_buckets moves whole documents into .ds buckets: no shuffle_chunk_size, no megatron")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,12 +115,17 @@ class TokenizeConfig(DocumentOptions, RankOptions):
 
     @property
     def kind(self) -> str:
+        if self.num_buckets:
+            return "bucketed"
         if self.shuffle_chunk_size:
             return "chunk_shuffled"
         return "doc_shuffled" if self.shuffle_documents else "unshuffled"
 
     def output_name(self, sub: int) -> str:
         return f"{self.stem}_{sub:05d}_{self.kind}.{'bin' if self.output_format == 'megatron' else 'ds'}"
+
+    def bucket_name(self, bucket: int, sub: int) -> str:
+        return f"{self.stem}_{sub:05d}_{buckets.file_suffix(bucket)}"
 
     @property
     def writer_class(self) -> type:
@@ -119,7 +134,8 @@ class TokenizeConfig(DocumentOptions, RankOptions):
 
 def rank_file_pattern(stem: str) -> re.Pattern:
     """Every token file a rank with this stem may have written, in any mode and attempt."""
-    return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?(unshuffled|doc_shuffled|chunk_shuffled)\.(ds(\.\w+)?|bin|idx)")
+    kinds = r"(unshuffled|doc_shuffled|chunk_shuffled)\.(ds(\.\w+)?|bin|idx)|bucket\d{5}\.ds(\.\w+)?"
+    return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?({kinds})")
 
 
 @with_storage_options
@@ -170,7 +186,10 @@ def _encode_and_shuffle(
         attempt.place(attempt.work / QUARANTINE, manifest.quarantine_name(config.stem))
         raise
     log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
-    if (config.shuffle_documents or config.shuffle_chunk_size) and written:
+    if config.num_buckets and written:
+        written = _scatter(config, encoder, written[0].path, attempt.work)
+        log.info("rank %d: pass 2 done, %d files in %d buckets", config.rank, len(written), config.num_buckets)
+    elif (config.shuffle_documents or config.shuffle_chunk_size) and written:
         written = _shuffle(config, encoder, written[0].path, counts, attempt.work)
         log.info("rank %d: pass 2 done, %s", config.rank, config.kind)
     counts.tokens_written = sum(w.tokens for w in written)
@@ -194,7 +213,7 @@ def _encode_pass(
     """Pass 1: encode the rank's documents in input order into the working directory, rejects to quarantine."""
     counts = Counts()
     reader = DocumentReader(files, config.text_key, config.id_key)
-    direct = not (config.shuffle_documents or config.shuffle_chunk_size)
+    direct = not (config.shuffle_documents or config.shuffle_chunk_size or config.num_buckets)
     writer = SplitWriter(
         work,
         config.output_name if direct else (lambda _: "unshuffled.ds"),
@@ -261,6 +280,29 @@ def _shuffle(
     pool = SourcePool([str(source)], encoder.token_size, config.save_loss)
     permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
     return writer.close()
+
+
+def _scatter(config: TokenizeConfig, encoder: Encoder, unshuffled: Path, work: Path) -> list[WrittenTokenFile]:
+    """Pass 2 of a bucketed shuffle: each document to the bucket drawn for it, in input order within a bucket (the
+    bucket's merge orders them); buckets that drew no document get no file."""
+    ends = np.asarray(TokenFile(str(unshuffled), encoder.token_size).ends, dtype=np.int64)
+    drawn = buckets.assign(config.seed, config.rank, len(ends), config.num_buckets)
+    order, bounds = buckets.by_bucket(drawn, config.num_buckets)
+    pool = SourcePool([str(unshuffled)], encoder.token_size, config.save_loss)
+    written = []
+    for bucket in np.flatnonzero(np.diff(bounds)).tolist():
+        writer = SplitWriter(
+            work,
+            lambda sub, bucket=bucket: config.bucket_name(bucket, sub),
+            tokenizer=config.tokenizer,
+            token_size=encoder.token_size,
+            save_loss=config.save_loss,
+            max_tokens=config.max_tokens_per_file,
+        )
+        permute_units(pool, ends, order[bounds[bucket] : bounds[bucket + 1]], writer)
+        written += writer.close()
+    pool.close()
+    return written
 
 
 def _publish(config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: dict) -> None:

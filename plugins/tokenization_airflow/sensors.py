@@ -17,7 +17,8 @@ class ShardSensor(BaseSensorOperator):
     meant for ``mode="reschedule"`` and ``trigger_rule="all_done"``, so that it keeps waiting while a failed rank
     is cleared and re-run. It fails at once when a rank can never finish (``plan`` failed, so no rank was
     created; or a rank is upstream_failed). ``sensor_timeout`` (seconds, templated) replaces ``timeout``; on
-    timeout the missing ranks are named."""
+    timeout the missing ranks are named. Done, it returns what each merge task takes (the build's buckets, or
+    ``[None]`` for one merge of everything), which the merge is mapped over."""
 
     template_fields = ("spec", "sensor_timeout")
 
@@ -38,14 +39,15 @@ class ShardSensor(BaseSensorOperator):
 
     def poke(self, context) -> PokeReturnValue:
         num_ranks = self.spec["num_ranks"]
+        build = build_of(context["params"], self.spec)
         try:
-            self._missing = build_of(context["params"], self.spec).incomplete_ranks()
+            self._missing = build.incomplete_ranks()
         except BuildError as exc:
             raise AirflowFailException(str(exc)) from exc
         if self._missing:
             self._fail_if_hopeless(context, self._missing)
             self.log.info("waiting for %d of %d ranks: %s", len(self._missing), num_ranks, sorted(self._missing))
-        return PokeReturnValue(is_done=not self._missing)
+        return PokeReturnValue(is_done=not self._missing, xcom_value=build.plan.merge_buckets)
 
     def _fail_if_hopeless(self, context, missing: dict[int, str]) -> None:
         """Fail now if a missing rank's task was never created or can never run; a failed one may be cleared."""

@@ -37,12 +37,14 @@ def _hint(key: str, declared: set[str]) -> str:
     return f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key)
 
 
-def check_map_length(num_ranks: int, max_map_length: int) -> None:
-    if num_ranks > max_map_length:
-        raise PlanError(
-            f"param num_ranks={num_ranks} exceeds Airflow's [core] max_map_length={max_map_length} (the most mapped "
-            f"tasks it creates): raise it (AIRFLOW__CORE__MAX_MAP_LENGTH) on every component, or use fewer ranks"
-        )
+def check_map_length(params: dict, max_map_length: int) -> None:
+    """Ranks and buckets are mapped tasks: Airflow refuses to create more than ``[core] max_map_length``."""
+    for name in ("num_ranks", "num_buckets"):
+        if (params.get(name) or 0) > max_map_length:
+            raise PlanError(
+                f"param {name}={params[name]} exceeds Airflow's [core] max_map_length={max_map_length} (the most "
+                f"mapped tasks it creates): raise it (AIRFLOW__CORE__MAX_MAP_LENGTH) on every component, or use fewer"
+            )
 
 
 def check_locations(params: dict) -> None:
@@ -79,7 +81,7 @@ def config_of(params: dict) -> BuildConfig:
 def plan(params: dict, run_id: str, conf: dict, declared: set[str], max_map_length: int) -> Build:
     """Check everything that can be checked before any work, then start the build (which claims its folder)."""
     check_conf(conf, declared)
-    check_map_length(params["num_ranks"], max_map_length)
+    check_map_length(params, max_map_length)
     check_locations(params)
     config = config_of(params)
     check_merge_pool(config.output_format == "ds")

@@ -1,0 +1,831 @@
+"""Capacity plan of a tokenize_corpus build: what a corpus of T tokens costs, stage by stage, on N workers.
+
+The projection is arithmetic on measured per-task rates (bench/RESULTS.md, a 2-core VM) and on a few stated
+assumptions about S3 and Airflow; it runs no pipeline code and loops over no documents. It prints a Markdown
+report (task counts; per-task time, RAM and local disk; S3 requests and bytes; Airflow load; wall time for several
+worker counts; the limits, closest first) and writes it with ``--out``. Into a file that holds the two markers
+``BEGIN`` and ``END`` only the text between them is written, so a document can keep its prose around the numbers.
+
+    .venv/bin/python bench/scale_plan.py                        # the 15 T-token plan, printed
+    .venv/bin/python bench/scale_plan.py --out docs/scaling.md  # regenerate the plan's numbers in place
+    .venv/bin/python bench/scale_plan.py --tokens 2e12 --ranks 1024 --buckets 256 --workers 32
+
+Every input is a field of ``Scenario`` and a flag of the same name (``tokenize_mb_s``: ``--tokenize-mb-s 36``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from tokenization.storage import MIN_PART_SIZE, part_size  # the part size the uploads really use
+
+MB, GB, TB, MIB = 1e6, 1e9, 1e12, 1 << 20
+BEGIN = "<!-- scale_plan.py: generated from here -->"
+END = "<!-- scale_plan.py: generated up to here -->"
+
+# S3 and Airflow facts the plan is held against.
+S3_PUTS_PER_S = 3_500  # PUT/COPY/POST/DELETE a second per partitioned prefix (S3 performance guidelines)
+S3_GETS_PER_S = 5_500  # GET/HEAD a second per partitioned prefix
+LIST_PAGE_KEYS = 1_000  # ListObjectsV2 returns at most this many keys a request
+S3_BLOCK = 50 << 20  # s3fs reads a stream in ranged GETs of its default block size
+VERIFY_BLOCK = 64 << 20  # verify.py streams 64 MiB blocks
+LEASE_RENEW_S = 30  # attempts.py renews an S3 lease every 30 s
+XCOM_GUIDELINE = 64_000  # bytes a task instance's XCom should stay under (Airflow: "keep them to KBs")
+SMALL_OBJECT = 8 << 20  # a rank bucket file smaller than the smallest part costs a request for few bytes
+FIXED_TASKS = ("plan", "wait_for_shards", "plan_context", "publish")  # the DAG's unmapped tasks
+
+# Bytes of memory a document, from the code (not measured; the fixed part of each task is measured RSS):
+TOKENIZE_BYTES_PER_DOC = 32  # bucketed pass 2: index ends, bucket drawn, argsort order, sorted copy (int64 each)
+RANK_BYTES_PER_DOC = 16  # a doc-shuffled rank: index ends and the permutation
+INTERLEAVE_BYTES_PER_DOC = 16  # the index, and its concatenated copy while the merge plans (8 + 8)
+BUCKET_BYTES_PER_DOC = 18  # the index (8), the bucket's permutation (8), the file id of each entry (2)
+CONTEXT_BYTES_PER_DOC = 16  # a merged file's index, read (8) and written again (8)
+CONTEXT_BYTES_PER_WINDOW = 16  # the window permutation (8) and the window ends in the new index (8)
+INDEX_BYTES_PER_DOC = 8  # .ds.index: one uint64 end offset a document
+METADATA_FILE_BYTES = 100  # a .ds.metadata file
+
+# File names, for XCom sizes (a build's rank stem is the rank; merged files are NNN_corpus.ds).
+RANK_FILE = f"{0:05d}_{0:05d}_doc_shuffled.ds"
+RANK_BUCKET_FILE = f"{0:05d}_{0:05d}_bucket{0:05d}.ds"
+MERGED_FILE = f"{0:03d}_corpus.ds"
+MERGED_BUCKET_FILE = f"{0:05d}_{0:03d}_corpus.ds"
+SPEC_BYTES = 430  # the plan's XCom spec (a BuildPlan as JSON, with an S3 run folder)
+SUMMARY_BYTES = 500  # publish's return value
+
+ASSUMED = "assumption"
+TOKENIZE_ROW = "bench/RESULTS.md, row tokenize + doc shuffle, gpt2, 1.02 GB"
+MERGE_ROW = "bench/RESULTS.md, row merge, ~400-token docs"
+SAMPLE_RANK = "measured: a sample rank, 16 vs 64 buckets"
+
+
+def arg(default, help: str, source: str = ""):
+    """A scenario field: its default, what it means, and where the default comes from (shown in the report)."""
+    return field(default=default, metadata={"help": help, "source": source})
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything the projection depends on; each field is also a command-line flag."""
+
+    # The corpus
+    tokens: float = arg(15e12, "tokens in the corpus")
+    doc_tokens: float = arg(400, "mean tokens a document")
+    token_bytes: int = arg(2, "bytes a token id (uint16 up to 65,536 ids)")
+    save_loss: bool = arg(False, "also write .ds.loss, 1 byte a token")
+    text_bytes_per_token: float = arg(3.33, "bytes of input text a token", "README, Sizing: ~0.3 tokens a byte")
+    input_file_gb: float = arg(1.0, "size of an input file, GB", ASSUMED)
+    context_window: int = arg(2049, "context_window (2049: a 2048-token context plus one)")
+    # The build
+    ranks: int = arg(1024, "tokenize tasks (num_ranks, at most 4096)")
+    buckets: int = arg(512, "buckets of the global shuffle: bucket merge tasks")
+    bucket_prefixes: bool = arg(False, "proposed: rank files under a prefix a bucket (today: one folder)")
+    distributed_verify: bool = arg(False, "proposed: each context task verifies its files; publish reads results")
+    context_shards: int = arg(512, "context-shuffle tasks (num_context_shards, at most 1024)")
+    max_tokens_per_file: float = arg(100e9, "merge_max_tokens_per_file (datatrove's default, 100 GT)")
+    min_part_mib: float = arg(MIN_PART_SIZE / MIB, "smallest multipart part, MiB (storage.MIN_PART_SIZE)")
+    # The deployment
+    workers: int = arg(128, "Celery workers of the headline figures")
+    table_workers: str = arg("8,32,128,512", "worker counts of the wall-time table, comma-separated")
+    concurrency: int = arg(8, "task slots a worker (Celery concurrency); a slot is 2 cores, as measured")
+    merge_slots: int = arg(512, "slots of the tokenization_merge pool: bucket merges at once")
+    worker_ram_gb: float = arg(64, "RAM of a worker, GB", ASSUMED)
+    worker_disk_gb: float = arg(1900, "local disk of a worker, GB", ASSUMED)
+    nic_gbit: float = arg(10, "network of a worker, Gbit/s, shared by its slots", ASSUMED)
+    large_ram_gb: float = arg(1024, "RAM of the large-disk worker a single merge runs on, GB", ASSUMED)
+    large_disk_tb: float = arg(30, "local disk of that worker, TB", ASSUMED)
+    deadline_h: float = arg(24, "hours a build may take: the DAG runs nightly with max_active_runs=1")
+    max_map_length: int = arg(4096, "Airflow's [core] max_map_length (compose and make airflow set 4096)")
+    poke_s: float = arg(10, "wait_for_shards poke interval, s (dags/tokenize_corpus.py)")
+    # Measured on the 2-core benchmark VM
+    tokenize_mb_s: float = arg(60.4, "tokenize: MB of text a second", TOKENIZE_ROW)
+    tokenize_rss_mb: float = arg(243, "tokenize: peak RSS, MB", TOKENIZE_ROW)
+    merge_mb_s: float = arg(343.1, "merge: MB of tokens a second", MERGE_ROW)
+    merge_rss_mb: float = arg(208, "merge: peak RSS besides its arrays, MB", MERGE_ROW)
+    context_mb_s: float = arg(263.4, "context shuffle: MB of tokens a second", "bench/RESULTS.md, row context shuffle")
+    context_rss_mb: float = arg(110, "context shuffle: peak RSS, MB", "bench/RESULTS.md, peak RSS table, 2397.1 MB")
+    verify_mb_s: float = arg(408.1, "verify (in publish): MB of tokens a second", "bench/RESULTS.md, row verify")
+    verify_rss_mb: float = arg(165, "verify: peak RSS, MB", "bench/RESULTS.md, row verify")
+    marker_bytes: float = arg(391, "a rank's completion marker, bytes a bucket", SAMPLE_RANK)
+    manifest_bytes: float = arg(682, "a rank's manifest, bytes a bucket", SAMPLE_RANK)
+    marker_ram_bytes: float = arg(1333, "markers, parsed, bytes of RAM a bucket", "measured: tracemalloc")
+    entries_ram_bytes: float = arg(1879, "manifest entries, parsed (a merge), RAM a bucket", "measured: tracemalloc")
+    manifest_ram_bytes: float = arg(1826, "a manifest, parsed (publish), RAM a bucket", "measured: tracemalloc")
+    # Assumed: S3 and Airflow
+    s3_mb_s: float = arg(200, "one task's S3 transfer (one stream), MB/s", ASSUMED)
+    request_s: float = arg(0.05, "a small S3 GET, one after another, s", ASSUMED)
+    list_page_s: float = arg(0.1, "a LIST page of 1,000 keys, s", ASSUMED)
+    task_overhead_s: float = arg(5, "Airflow's cost of a task instance (queue, start, imports), s", ASSUMED)
+    scheduler_tis_s: float = arg(10, "task instances one scheduler starts a second", ASSUMED)
+
+    @property
+    def docs(self) -> float:
+        return self.tokens / self.doc_tokens
+
+    @property
+    def families(self) -> int:
+        """Files a token file comes as: .ds, .ds.index, .ds.metadata (and .ds.loss)."""
+        return 3 + self.save_loss
+
+    @property
+    def dataset_bytes(self) -> float:
+        """The corpus as token files, ids (and loss bytes) plus index: what every stage reads and writes."""
+        return self.tokens * (self.token_bytes + self.save_loss) + self.docs * INDEX_BYTES_PER_DOC
+
+    @property
+    def text_bytes(self) -> float:
+        return self.tokens * self.text_bytes_per_token
+
+    def upload_bytes_s(self, concurrency: int) -> float:
+        """What one task uploads a second: multipart parts go 10 at a time, so its share of the worker's network."""
+        return self.nic_gbit * 1e9 / 8 / concurrency
+
+    def download_bytes_s(self, concurrency: int) -> float:
+        """What one task downloads a second: a file is one GET stream, so at most that, or its share."""
+        return min(self.s3_mb_s * MB, self.upload_bytes_s(concurrency))
+
+    def worker_counts(self) -> list[int]:
+        return [int(w) for w in self.table_workers.split(",")]
+
+
+@dataclass
+class TaskCost:
+    """One task of a stage (a stage's tasks are alike): what it computes, moves and asks S3, and its footprint.
+    Counts and bytes are a task's; ``tasks`` times them is the stage's. Its time is computed from them, so that
+    every stage follows one rule: compute at the measured rate, bytes at the task's share of the network, and each
+    request it waits for (a GET, a LIST page, a file's upload) one after another."""
+
+    stage: str
+    tasks: int
+    pool: str  # the slots that run it: "workers", "merge" (the merge pool, on the workers) or "one"
+    concurrency: int  # tasks sharing its worker's network
+    compute_s: float = 0.0  # at the measured rate
+    download: float = 0.0  # bytes read before the work can go on (one stream)
+    upload: float = 0.0  # bytes written (multipart, parts in parallel)
+    gets: float = 0.0  # GETs it waits for
+    uploads: float = 0.0  # files it uploads, one after another
+    lists: float = 0.0  # LIST pages it waits for
+    background_gets: float = 0.0  # GETs beside the work: tokenize's input, read on its own thread
+    background_lists: float = 0.0  # LIST pages beside the work: the sensor's pokes while ranks run
+    puts: float = 0.0  # PUT requests and multipart calls (create, each part, complete)
+    wait_s: float = 0.0  # the sensor's lag: up to one poke interval
+    read: float = 0.0
+    ram: float = 0.0
+    disk: float = 0.0
+    xcom: float = 0.0  # bytes of the task instance's return value
+
+    def transfer_s(self, s: Scenario) -> float:
+        return self.download / s.download_bytes_s(self.concurrency) + self.upload / s.upload_bytes_s(self.concurrency)
+
+    def requests_s(self, s: Scenario) -> float:
+        return self.lists * s.list_page_s + (self.gets + self.uploads) * s.request_s
+
+    def seconds(self, s: Scenario) -> float:
+        return self.compute_s + self.transfer_s(s) + self.requests_s(s) + self.wait_s + s.task_overhead_s
+
+
+def upload_requests(s: Scenario, size: float) -> float:
+    """Requests to upload one file as storage.py does: one PUT below two parts (s3fs's rule), else a multipart
+    upload of ``part_size`` parts, at least ``min_part_mib`` (create, the parts, complete)."""
+    part = max(part_size(math.ceil(size)), s.min_part_mib * MIB)
+    return 1 if size < 2 * part else math.ceil(size / part) + 2
+
+
+def family_uploads(s: Scenario, tokens: float, docs: float) -> float:
+    """Requests to upload one token-file family of ``tokens`` tokens and ``docs`` index entries."""
+    sizes = [tokens * s.token_bytes, docs * INDEX_BYTES_PER_DOC, METADATA_FILE_BYTES] + [tokens] * s.save_loss
+    return sum(upload_requests(s, size) for size in sizes)
+
+
+def list_pages(keys: float) -> int:
+    return max(1, math.ceil(keys / LIST_PAGE_KEYS))
+
+
+def protocol_puts(seconds: float) -> float:
+    """The write protocol's own requests: the lease, created and renewed; the manifest; the completion marker."""
+    return 3 + math.ceil(seconds / LEASE_RENEW_S)
+
+
+def json_list_bytes(n: float, name: str) -> float:
+    """Bytes of a JSON list of ``n`` strings as long as ``name``: ``["a", "b"]``."""
+    return 2 + n * (len(name) + 4)
+
+
+def rank_files(s: Scenario, bucketed: bool) -> float:
+    """Token files a rank writes: one a bucket, or one."""
+    return s.buckets if bucketed else 1
+
+
+def rank_folder_keys(s: Scenario, bucketed: bool) -> float:
+    """Keys directly in the ranks folder: every rank's token files."""
+    return s.ranks * rank_files(s, bucketed) * s.families
+
+
+def input_pages(s: Scenario) -> int:
+    """LIST pages of the input folder: ``plan`` and every rank list it."""
+    return list_pages(s.text_bytes / (s.input_file_gb * GB))
+
+
+def tokenize_cost(s: Scenario, bucketed: bool) -> TaskCost:
+    """A rank: list the input; encode its share (read on a thread beside the encoder) to local disk in input order;
+    write the documents again, into a file a bucket (or shuffled); upload them."""
+    text, tokens, docs, out = (x / s.ranks for x in (s.text_bytes, s.tokens, s.docs, s.dataset_bytes))
+    files = rank_files(s, bucketed)
+    cost = TaskCost(
+        stage="tokenize",
+        tasks=s.ranks,
+        pool="workers",
+        concurrency=s.concurrency,
+        compute_s=text / (s.tokenize_mb_s * MB),
+        upload=out,
+        uploads=files * s.families + 2,  # the token files, the manifest, the marker
+        lists=input_pages(s),
+        background_gets=math.ceil(text / S3_BLOCK),
+        read=text,
+        ram=s.tokenize_rss_mb * MB + (TOKENIZE_BYTES_PER_DOC if bucketed else RANK_BYTES_PER_DOC) * docs,
+        disk=2 * out,  # pass 1's file, then pass 2's files
+        xcom=json_list_bytes(files, RANK_BUCKET_FILE if bucketed else RANK_FILE),
+    )
+    cost.puts = files * family_uploads(s, tokens / files, docs / files) + protocol_puts(cost.seconds(s))
+    return cost
+
+
+def sensor_cost(s: Scenario, bucketed: bool, tokenize_wall_s: float) -> TaskCost:
+    """wait_for_shards: a listing of ``_completions/`` a poke while ranks run; once all markers are there, one
+    listing of the ranks folder (the files' sizes) and every rank's marker and manifest, one after another."""
+    metadata = s.ranks * rank_files(s, bucketed) * (s.marker_bytes + s.manifest_bytes)
+    return TaskCost(
+        stage="wait_for_shards",
+        tasks=1,
+        pool="one",
+        concurrency=1,
+        wait_s=s.poke_s,
+        download=metadata,
+        gets=2 * s.ranks,
+        lists=list_pages(rank_folder_keys(s, bucketed)) + list_pages(s.ranks),
+        background_lists=math.ceil(tokenize_wall_s / s.poke_s) * list_pages(s.ranks),
+        read=metadata,
+        ram=s.ranks * rank_files(s, bucketed) * s.marker_ram_bytes,
+        xcom=len(json.dumps(list(range(s.buckets)) if bucketed else [None])),
+    )
+
+
+def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
+    """A merge task, of one bucket or of everything: list the rank files; read the ranks' markers and manifests and
+    each input's .metadata and .index; copy its inputs to local disk; write them in the new order (one output file
+    in flight on local disk); upload."""
+    n = s.buckets if bucketed else 1
+    tokens, docs, data = s.tokens / n, s.docs / n, s.dataset_bytes / n
+    files = math.ceil(tokens / s.max_tokens_per_file)
+    metadata = s.ranks * rank_files(s, bucketed) * (s.marker_bytes + s.manifest_bytes)
+    listed = rank_folder_keys(s, bucketed) / (n if s.bucket_prefixes else 1)
+    cost = TaskCost(
+        stage="merge (bucketed)" if bucketed else "merge (interleave, one task)",
+        tasks=n,
+        pool="merge" if bucketed else "one",
+        concurrency=s.concurrency if bucketed else 1,  # a single merge has its large-disk worker to itself
+        compute_s=tokens * s.token_bytes / (s.merge_mb_s * MB),
+        download=data + metadata,
+        upload=data,
+        gets=s.ranks * (s.families + 3),  # each input file, its .metadata twice (checked, copied), marker, manifest
+        uploads=files * (s.families + 1) + 2,  # the families and a manifest a file; the merge's manifest, marker
+        lists=list_pages(listed) + 2 * list_pages(s.ranks),  # the rank files, _completions/, _manifests/
+        read=data + metadata,
+        ram=s.merge_rss_mb * MB
+        + (BUCKET_BYTES_PER_DOC if bucketed else INTERLEAVE_BYTES_PER_DOC) * docs
+        + s.ranks * rank_files(s, bucketed) * s.entries_ram_bytes,
+        disk=data + data / files,
+        xcom=json_list_bytes(files, MERGED_BUCKET_FILE if bucketed else MERGED_FILE),
+    )
+    cost.puts = files * (family_uploads(s, tokens / files, docs / files) + 1) + protocol_puts(cost.seconds(s))
+    return cost
+
+
+def merged_files(s: Scenario, bucketed: bool) -> int:
+    n = s.buckets if bucketed else 1
+    return n * math.ceil(s.tokens / n / s.max_tokens_per_file)
+
+
+def plan_context_cost(s: Scenario, bucketed: bool) -> TaskCost:
+    """plan_context: one listing of the merged folder, to count its files."""
+    shards = min(s.context_shards, merged_files(s, bucketed))
+    return TaskCost(
+        stage="plan_context",
+        tasks=1,
+        pool="one",
+        concurrency=1,
+        lists=list_pages(merged_files(s, bucketed) * s.families),
+        xcom=len(json.dumps(list(range(shards)))),
+    )
+
+
+def context_cost(s: Scenario, bucketed: bool) -> TaskCost:
+    """A context shard: list the merged folder; read every merge manifest and marker; then for each of its files,
+    copy it to local disk, write its windows in a random order, upload."""
+    m = merged_files(s, bucketed)
+    shards = min(s.context_shards, m)
+    k = math.ceil(m / shards)  # files the busiest shard takes
+    tokens, docs, data = s.tokens / m, s.docs / m, s.dataset_bytes / m
+    windows = tokens / s.context_window
+    merges = s.buckets if bucketed else 1
+    rate = 1 / (1 / s.context_mb_s + (1 / s.verify_mb_s if s.distributed_verify else 0))  # shuffle, then verify
+    cost = TaskCost(
+        stage="context_shuffle",
+        tasks=shards,
+        pool="workers",
+        concurrency=s.concurrency,
+        compute_s=k * tokens * s.token_bytes / (rate * MB),
+        download=k * data,
+        upload=k * data,
+        gets=k * s.families + m + 2 * merges,  # its files; a manifest a merged file, each merge's manifest, marker
+        uploads=k * s.families + 2,
+        lists=list_pages(m * s.families) + 2 * list_pages(m + merges),
+        read=k * data,
+        ram=s.context_rss_mb * MB + CONTEXT_BYTES_PER_DOC * docs + CONTEXT_BYTES_PER_WINDOW * windows,
+        disk=2 * data,
+        xcom=json_list_bytes(k, MERGED_BUCKET_FILE if bucketed else MERGED_FILE),
+    )
+    cost.puts = k * family_uploads(s, tokens, docs + windows) + protocol_puts(cost.seconds(s))
+    return cost
+
+
+def publish_cost(s: Scenario, bucketed: bool) -> TaskCost:
+    """publish: verify streams every byte of the dataset in 64 MiB blocks, in this one task (unless each context
+    task verified its own files); then the books read every rank's manifest; three small files."""
+    m = merged_files(s, bucketed)
+    manifests = s.ranks * rank_files(s, bucketed) * s.manifest_bytes
+    verified = 0 if s.distributed_verify else s.dataset_bytes
+    return TaskCost(
+        stage="publish",
+        tasks=1,
+        pool="one",
+        concurrency=1,
+        compute_s=0 if s.distributed_verify else s.tokens * s.token_bytes / (s.verify_mb_s * MB),
+        download=verified + manifests,
+        gets=math.ceil(verified / VERIFY_BLOCK) + s.ranks + m,
+        uploads=3,
+        puts=3,  # report.html, report.json, _BUILD.json
+        lists=list_pages(m * s.families),
+        read=verified + manifests,
+        ram=s.verify_rss_mb * MB
+        + INDEX_BYTES_PER_DOC * s.docs / m
+        + s.ranks * rank_files(s, bucketed) * s.manifest_ram_bytes,
+        xcom=SUMMARY_BYTES,
+    )
+
+
+def plan_cost(s: Scenario) -> TaskCost:
+    """plan: lists the input once and claims the run folder; its XCom is the spec and the ranks to map over."""
+    return TaskCost(
+        stage="plan",
+        tasks=1,
+        pool="one",
+        concurrency=1,
+        lists=input_pages(s),
+        uploads=1,
+        puts=1,  # _RUN.json
+        xcom=SPEC_BYTES + len(json.dumps(list(range(s.ranks)))),
+    )
+
+
+def slots(s: Scenario, pool: str, workers: int) -> int:
+    """Tasks of a pool that run at once on ``workers`` workers."""
+    fleet = workers * s.concurrency
+    return {"workers": fleet, "merge": min(s.merge_slots, fleet), "one": 1}[pool]
+
+
+def stage_seconds(s: Scenario, cost: TaskCost, workers: int) -> float:
+    """A stage's wall time: its alike tasks run in waves of as many as there are slots."""
+    return math.ceil(cost.tasks / slots(s, cost.pool, workers)) * cost.seconds(s)
+
+
+def stages(s: Scenario, bucketed: bool, workers: int) -> list[TaskCost]:
+    """The DAG's stages in order, as run on ``workers`` workers (the sensor pokes for as long as the ranks run)."""
+    tokenize = tokenize_cost(s, bucketed)
+    return [
+        plan_cost(s),
+        tokenize,
+        sensor_cost(s, bucketed, stage_seconds(s, tokenize, workers)),
+        merge_cost(s, bucketed),
+        plan_context_cost(s, bucketed),
+        context_cost(s, bucketed),
+        publish_cost(s, bucketed),
+    ]
+
+
+def wall_seconds(s: Scenario, bucketed: bool, workers: int) -> dict[str, float]:
+    """Each stage's wall time on ``workers`` workers, and the build's: the stages run one after another."""
+    walls = {c.stage: stage_seconds(s, c, workers) for c in stages(s, bucketed, workers)}
+    return walls | {"total": sum(walls.values())}
+
+
+def request_rates(s: Scenario, workers: int) -> dict[str, tuple[float, str]]:
+    """The highest mean S3 request rates a prefix, with the stage that makes them: PUT-class (PUTs and parts) and
+    GET-class (GETs and LIST pages), over the stage's wall time. Each stage writes one folder; only rank files
+    under a prefix a bucket spread over several (tokenize's writes, the merges' reads)."""
+    spread = s.buckets if s.bucket_prefixes else 1
+    puts, gets = {}, {}
+    for c in stages(s, True, workers):
+        wall = stage_seconds(s, c, workers)
+        puts[c.stage] = c.tasks * c.puts / wall / (spread if c.stage == "tokenize" else 1)
+        requests = c.gets + c.background_gets + c.lists + c.background_lists
+        gets[c.stage] = c.tasks * requests / wall / (spread if c.stage.startswith("merge") else 1)
+    busiest_put, busiest_get = max(puts, key=puts.get), max(gets, key=gets.get)
+    return {"PUT/s": (puts[busiest_put], busiest_put), "GET/s": (gets[busiest_get], busiest_get)}
+
+
+def ti_starts_per_s(s: Scenario, workers: int) -> float:
+    """Task instances the scheduler starts a second in the busiest stage, with the sensor's pokes beside it."""
+    mapped = [c for c in stages(s, True, workers) if c.tasks > 1]
+    return max(min(c.tasks, slots(s, c.pool, workers)) / c.seconds(s) for c in mapped) + 1 / s.poke_s
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A limit the plan is held against: its value on a number of workers, the limit, what drives it and what to
+    do about it. A ``floor`` must stay above its limit; everything else below."""
+
+    name: str
+    unit: str  # "bytes", "s", "/s" or "" (a plain number)
+    limit: float
+    grows_with: str  # "workers", "tokens", or the setting that drives it
+    fix: str
+    value_at: Callable[[Scenario, int], float]
+    floor: bool = False
+
+    def used(self, value: float) -> float:
+        """How much of the limit the plan uses: above 1, it is broken."""
+        return self.limit / value if self.floor else value / self.limit
+
+    def breaks_at(self, s: Scenario) -> str:
+        """Where the plan crosses the limit: the smallest power-of-two worker count that does, or, for what grows
+        in proportion to its driver, the driver scaled by what the plan leaves."""
+        if self.grows_with == "workers":
+            crossing = [2**k for k in range(17) if self.used(self.value_at(s, 2**k)) > 1]
+            return f"{crossing[0]:,} workers" if crossing else "never"
+        room = 1 / self.used(self.value_at(s, s.workers))
+        if self.grows_with == "tokens":
+            return f"{human(s.tokens * room)} tokens"
+        return f"{self.grows_with} x {room:.2g}"
+
+
+def busiest(attr: str) -> Callable[[Scenario, int], float]:
+    """A worker's need when every slot runs the stage that needs the most ``attr`` (RAM or disk) a task."""
+    return lambda s, w: s.concurrency * max(getattr(c, attr) for c in stages(s, True, w) if c.pool != "one")
+
+
+def merge_metadata_share(s: Scenario, w: int) -> float:
+    """A bucket merge's time spent listing and reading markers and manifests, over its time moving bytes."""
+    merge = merge_cost(s, True)
+    return merge.requests_s(s) / (merge.compute_s + merge.transfer_s(s))
+
+
+def limits(s: Scenario) -> list[Limit]:
+    """Everything the plan meets as the corpus or the fleet grows."""
+    deadline = s.deadline_h * 3600
+    return [
+        Limit(
+            "interleave merge: RAM of its one task",
+            "bytes",
+            s.large_ram_gb * GB,
+            "tokens",
+            "merge_mode bucketed",
+            lambda s, w: merge_cost(s, False).ram,
+        ),
+        Limit(
+            "interleave merge: local disk of its one task",
+            "bytes",
+            s.large_disk_tb * TB,
+            "tokens",
+            "merge_mode bucketed",
+            lambda s, w: merge_cost(s, False).disk,
+        ),
+        Limit(
+            "interleave build: wall time",
+            "s",
+            deadline,
+            "tokens",
+            "merge_mode bucketed",
+            lambda s, w: wall_seconds(s, False, w)["total"],
+        ),
+        Limit(
+            "bucketed build: wall time",
+            "s",
+            deadline,
+            "tokens",
+            "more workers, until publish (one task) is most of it",
+            lambda s, w: wall_seconds(s, True, w)["total"],
+        ),
+        Limit(
+            "publish: verify of the whole dataset in one task",
+            "s",
+            deadline,
+            "tokens",
+            "verify each file in the context task that writes it; publish reads their results",
+            lambda s, w: publish_cost(s, True).seconds(s),
+        ),
+        Limit(
+            "worker RAM: busiest stage x concurrency",
+            "bytes",
+            s.worker_ram_gb * GB,
+            "ranks x buckets",
+            "bucket merges read only their bucket's entries of the rank manifests; fewer ranks",
+            busiest("ram"),
+        ),
+        Limit(
+            "publish: RAM (every rank manifest, parsed)",
+            "bytes",
+            s.worker_ram_gb * GB / s.concurrency,
+            "ranks x buckets",
+            "sum the books rank by rank instead of holding every manifest",
+            lambda s, w: publish_cost(s, True).ram,
+        ),
+        Limit(
+            "worker disk: busiest stage x concurrency",
+            "bytes",
+            s.worker_disk_gb * GB,
+            "tokens",
+            "more ranks and buckets, or fewer slots a worker",
+            busiest("disk"),
+        ),
+        Limit(
+            "S3 PUT/s a prefix, busiest stage",
+            "/s",
+            S3_PUTS_PER_S,
+            "workers",
+            "larger parts (min_part_mib); a prefix a bucket for rank files; S3 adds partitions under sustained load",
+            lambda s, w: request_rates(s, w)["PUT/s"][0],
+        ),
+        Limit(
+            "S3 GET/s a prefix, busiest stage",
+            "/s",
+            S3_GETS_PER_S,
+            "workers",
+            "a prefix a bucket; fewer merge pool slots",
+            lambda s, w: request_rates(s, w)["GET/s"][0],
+        ),
+        Limit(
+            "bucket merge: metadata time / data time",
+            "",
+            1.0,
+            "ranks x buckets",
+            "a prefix a bucket (list R files, not R x B); read markers, manifests, indexes concurrently",
+            merge_metadata_share,
+        ),
+        Limit(
+            "XCom of a tokenize task (its file names)",
+            "bytes",
+            XCOM_GUIDELINE,
+            "buckets",
+            "return a count: the marker lists the files",
+            lambda s, w: tokenize_cost(s, True).xcom,
+        ),
+        Limit(
+            "max_map_length: largest mapped task",
+            "",
+            s.max_map_length,
+            "ranks or buckets",
+            "raise AIRFLOW__CORE__MAX_MAP_LENGTH on every component",
+            lambda s, w: max(s.ranks, s.buckets, min(s.context_shards, merged_files(s, True))),
+        ),
+        Limit(
+            "scheduler: task instances started a second",
+            "/s",
+            s.scheduler_tis_s,
+            "workers",
+            "longer tasks (fewer ranks or buckets); more schedulers",
+            ti_starts_per_s,
+        ),
+        Limit(
+            "rank bucket file (.ds), above 8 MiB",
+            "bytes",
+            SMALL_OBJECT,
+            "ranks x buckets",
+            "fewer ranks x buckets",
+            lambda s, w: s.tokens * s.token_bytes / (s.ranks * s.buckets),
+            floor=True,
+        ),
+    ]
+
+
+def human(x: float, unit: str = "") -> str:
+    """A figure for people: seconds as s, min or h; bytes as kB ... TB; counts and rates as 1.2 k, 3.4 M ..."""
+    if unit == "s":
+        return f"{x:.0f} s" if x < 120 else f"{x / 60:.1f} min" if x < 7200 else f"{x / 3600:.1f} h"
+    suffix = {"bytes": "B", "/s": "/s"}.get(unit, "")
+    for size, prefix in ((1e15, "P"), (TB, "T"), (GB, "G"), (MB, "M"), (1e3, "k")):
+        if abs(x) >= size:
+            return f"{x / size:.3g} {prefix}{suffix}"
+    return f"{x:.3g} {suffix}".strip()
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in [header, ["---"] * len(header), *rows])
+
+
+def render(s: Scenario) -> str:
+    """The report, in Markdown."""
+    w = s.workers
+    costs = stages(s, True, w)
+    shards = costs[5].tasks
+    interleave = merge_cost(s, False)
+    pokes = math.ceil(stage_seconds(s, costs[1], w) / s.poke_s)
+    keys = rank_folder_keys(s, True)
+    sections = [
+        f"### {human(s.tokens)} tokens: {human(s.docs)} documents, {human(s.dataset_bytes, 'bytes')} of token files",
+        "",
+        f"{s.ranks:,} ranks, {s.buckets:,} buckets, {shards:,} context shards; {w} workers x {s.concurrency} slots "
+        f"(a slot is 2 cores), merge pool {s.merge_slots} slots; rank files "
+        f"{'under a prefix a bucket' if s.bucket_prefixes else 'in one folder'}. Per task, on {w} workers:",
+        "",
+        table(
+            ["stage", "tasks", "time a task", "compute", "S3 bytes", "S3 requests", "peak RAM", "local disk"],
+            [
+                [
+                    c.stage,
+                    f"{c.tasks:,}",
+                    human(c.seconds(s), "s"),
+                    human(c.compute_s, "s"),
+                    human(c.transfer_s(s), "s"),
+                    human(c.requests_s(s), "s"),
+                    human(c.ram, "bytes"),
+                    human(c.disk, "bytes"),
+                ]
+                for c in [*costs, interleave]
+            ],
+        ),
+        "",
+        "#### S3 requests and bytes, whole stage",
+        "",
+        table(
+            ["stage", "GET", "PUT + parts", "LIST pages", "read", "written"],
+            [
+                [
+                    c.stage,
+                    human(c.tasks * (c.gets + c.background_gets)),
+                    human(c.tasks * c.puts),
+                    human(c.tasks * (c.lists + c.background_lists)),
+                    human(c.tasks * c.read, "bytes"),
+                    human(c.tasks * c.upload, "bytes"),
+                ]
+                for c in [*costs, interleave]
+            ],
+        ),
+        "",
+        f"The ranks folder holds {human(keys)} objects ({s.ranks:,} ranks x {s.buckets:,} buckets x {s.families} "
+        f"files): one listing of it is {human(list_pages(keys))} LIST pages.",
+        "",
+        "#### Airflow",
+        "",
+        table(
+            ["stage", "task instances", "XCom a task", "XCom, stage"],
+            [[c.stage, f"{c.tasks:,}", human(c.xcom, "bytes"), human(c.tasks * c.xcom, "bytes")] for c in costs],
+        ),
+        "",
+        f"{s.ranks + s.buckets + shards + len(FIXED_TASKS):,} task instances = {s.ranks:,} ranks + {s.buckets:,} "
+        f"buckets + {shards:,} context shards + {len(FIXED_TASKS)} ({', '.join(FIXED_TASKS)}), and {pokes:,} sensor "
+        f"pokes (reschedules). max_map_length needed: {max(s.ranks, s.buckets, shards):,} (set: "
+        f"{s.max_map_length:,}).",
+        "",
+        "#### Wall time",
+        "",
+        wall_table(s),
+        "",
+        "#### Limits, the closest first",
+        "",
+        limits_table(s),
+        "",
+        f"#### What the proposed changes buy, one on top of the other, on {w} workers",
+        "",
+        proposals_table(s),
+        "",
+        "#### Inputs",
+        "",
+        inputs_table(s),
+    ]
+    return "\n".join(sections) + "\n"
+
+
+def wall_table(s: Scenario) -> str:
+    """Each stage's wall time for each worker count, the interleave build's total beside the bucketed one, and the
+    busiest S3 prefix."""
+    rows = []
+    for w in s.worker_counts():
+        walls, rates = wall_seconds(s, True, w), request_rates(s, w)
+        rows.append(
+            [
+                f"{w:,}",
+                f"{w * s.concurrency:,}",
+                *(human(walls[c.stage], "s") for c in stages(s, True, w)),
+                f"**{human(walls['total'], 's')}**",
+                human(wall_seconds(s, False, w)["total"], "s"),
+                *(f"{rate:,.0f} ({stage})" for rate, stage in rates.values()),
+            ]
+        )
+    names = [c.stage for c in stages(s, True, s.workers)]
+    header = ["workers", "slots", *names, "total", "total, interleave", "PUT/s a prefix", "GET/s a prefix"]
+    return table(header, rows)
+
+
+def limits_table(s: Scenario) -> str:
+    """The limits, the one the plan uses most of first; what the plan has already broken is in bold."""
+    rows = sorted(((limit.value_at(s, s.workers), limit) for limit in limits(s)), key=lambda r: -r[1].used(r[0]))
+    return table(
+        ["limit", "this plan", "limit", "used", "breaks at", "what to do"],
+        [
+            [
+                limit.name,
+                human(value, limit.unit),
+                human(limit.limit, limit.unit),
+                f"**{limit.used(value):.0%}**" if limit.used(value) > 1 else f"{limit.used(value):.0%}",
+                limit.breaks_at(s),
+                limit.fix,
+            ]
+            for value, limit in rows
+        ],
+    )
+
+
+PROPOSALS = (
+    ("parts of 64 MiB at least (storage.MIN_PART_SIZE)", {"min_part_mib": 64}),
+    ("each context task verifies its files", {"distributed_verify": True}),
+    ("rank files under a prefix a bucket", {"bucket_prefixes": True}),
+)
+
+
+def proposals_table(s: Scenario) -> str:
+    """The build's wall time and the limits it still breaks (the interleave merge's aside) as each proposed change
+    is added to the ones before."""
+    rows, changed = [], s
+    for name, change in (("the plan as it is", {}), *PROPOSALS):
+        changed = replace(changed, **change)
+        walls = wall_seconds(changed, True, s.workers)
+        broken = [
+            limit.name
+            for limit in limits(changed)
+            if not limit.name.startswith("interleave") and limit.used(limit.value_at(changed, s.workers)) > 1
+        ]
+        put_rate, put_stage = request_rates(changed, s.workers)["PUT/s"]
+        rows.append(
+            [
+                name,
+                f"**{human(walls['total'], 's')}**",
+                human(walls["publish"], "s"),
+                f"{put_rate:,.0f} ({put_stage})",
+                "; ".join(broken) or "none",
+            ]
+        )
+    return table(["change", "build", "publish", "PUT/s a prefix", "limits still broken"], rows)
+
+
+def inputs_table(s: Scenario) -> str:
+    """The measured and assumed inputs with their sources, for the document that explains the plan."""
+    return table(
+        ["input", "value", "source"],
+        [
+            [f"`--{f.name.replace('_', '-')}`: {f.metadata['help']}", f"{getattr(s, f.name):g}", f.metadata["source"]]
+            for f in fields(s)
+            if f.metadata["source"]
+        ],
+    )
+
+
+def write(report: str, path: Path) -> None:
+    """Write ``report`` to ``path``: between its markers when it has them, else the whole file."""
+    text = path.read_text() if path.exists() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        report = f"{head}{BEGIN}\n{report}{END}{rest.split(END, 1)[1]}"
+    path.write_text(report)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Scenario, Path | None]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in fields(Scenario):
+        flag = "--" + f.name.replace("_", "-")
+        source = f" [{f.metadata['source']}]" if f.metadata["source"] else ""
+        if f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            kind = {"int": int, "float": float}.get(f.type, str)
+            parser.add_argument(flag, type=kind, default=f.default, help=f"{f.metadata['help']}{source} (%(default)s)")
+    parser.add_argument("--out", type=Path, help="write the report here (between the markers, if the file has them)")
+    args = vars(parser.parse_args(argv))
+    out = args.pop("out")
+    return Scenario(**args), out
+
+
+def main(argv: list[str] | None = None) -> None:
+    scenario, out = parse_args(argv)
+    report = render(scenario)
+    if out:
+        write(report, out)
+    print(report, end="")
+
+
+if __name__ == "__main__":
+    main()

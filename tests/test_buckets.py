@@ -1,0 +1,126 @@
+"""The bucketed global shuffle: every document once, the same bytes for the same seed, and a uniform order."""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import permutations
+
+import numpy as np
+import pytest
+
+from tests.test_merge import merged
+from tests.test_tokenize import documents, file_bytes, run
+from tokenization import buckets
+from tokenization.errors import UsageError
+from tokenization.formats.ds import TokenFileError
+from tokenization.merge import MergeConfig
+
+RANKS, BUCKETS, SEED = 3, 4, 11
+CHI2_23_P001 = 49.73  # the chi-square value that 23 degrees of freedom exceed with probability 0.001
+
+
+def bucketed_build(tmp_path, corpus, tokenizer, name: str) -> list[list[int]]:
+    """3 ranks scattered into 4 buckets, each bucket merged on its own; the documents in the dataset's order."""
+    for rank in range(RANKS):
+        run(
+            [corpus],
+            tmp_path / name / "ranks",
+            tokenizer,
+            rank=rank,
+            world_size=RANKS,
+            seed=SEED,
+            num_buckets=BUCKETS,
+            save_loss=True,
+        )
+    for bucket in range(BUCKETS):
+        merged(
+            tmp_path / name / "ranks",
+            tmp_path / name / "merged",
+            save_filename="corpus",
+            seed=SEED,
+            mode="bucketed",
+            bucket=bucket,
+            save_loss=True,
+            max_tokens_per_file=8_000,
+        )
+    return documents(tmp_path / name / "merged")
+
+
+def test_every_document_once_in_every_bucket_and_the_same_bytes_again(tmp_path, sample_corpus, sample_tokenizer):
+    unshuffled = []
+    for rank in range(RANKS):
+        plain = tmp_path / "plain" / str(rank)
+        run([sample_corpus], plain, sample_tokenizer, rank=rank, world_size=RANKS, shuffle_documents=False)
+        unshuffled += documents(plain)
+    got = bucketed_build(tmp_path, sample_corpus, sample_tokenizer, "first")
+    assert sorted(map(tuple, got)) == sorted(map(tuple, unshuffled)) and len(got) == 308
+    names = sorted(p.name for p in (tmp_path / "first" / "merged").glob("*.ds"))
+    assert {name[:5] for name in names} == {f"{b:05d}" for b in range(BUCKETS)}  # every bucket wrote files
+    assert names == sorted(names, key=lambda n: (int(n[:5]), n))  # the sorted names read bucket after bucket
+    assert not (tmp_path / "first" / "merged" / "corpus.ds.metadata").exists()  # no bucket knows the total
+
+    # the order is the one the documented streams give: rank files gathered in rank order, then permuted
+    expected = []
+    for bucket in range(BUCKETS):
+        gathered = []
+        for rank in range(RANKS):
+            docs = documents(tmp_path / "plain" / str(rank))
+            drawn = buckets.assign(SEED, rank, len(docs), BUCKETS)
+            gathered += [d for d, b in zip(docs, drawn, strict=True) if b == bucket]
+        expected += [gathered[i] for i in buckets.order(SEED, bucket, len(gathered))]
+    assert got == expected
+
+    assert bucketed_build(tmp_path, sample_corpus, sample_tokenizer, "second") == got
+    assert file_bytes(tmp_path / "second" / "merged") == file_bytes(tmp_path / "first" / "merged")
+
+
+def test_a_bucket_outside_the_ranks_buckets_or_ranks_without_buckets_are_refused(
+    tmp_path, sample_corpus, sample_tokenizer
+) -> None:
+    run([sample_corpus], tmp_path / "ranks", sample_tokenizer, seed=1, num_buckets=2)
+    with pytest.raises(UsageError, match=r"bucket 2 is outside 0..1: the ranks drew 2 buckets"):
+        merged(tmp_path / "ranks", tmp_path / "out", mode="bucketed", bucket=2)
+    run([sample_corpus], tmp_path / "plain", sample_tokenizer, seed=1)
+    with pytest.raises(TokenFileError, match=r"a bucketed merge needs ranks of one num_buckets, found None"):
+        merged(tmp_path / "plain", tmp_path / "out", mode="bucketed", bucket=0)
+    with pytest.raises(UsageError, match="mode bucketed and bucket go together"):
+        MergeConfig(input="i", output="o", save_filename="m", mode="bucketed")
+
+
+def final_orders(order_of, seeds: int) -> Counter:
+    return Counter(tuple(order_of(seed)) for seed in range(seeds))
+
+
+def chi_square(counts: Counter, trials: int) -> float:
+    """Pearson's statistic of the orders of 4 documents against 24 equally likely ones."""
+    expected = trials / 24
+    return sum((counts.get(p, 0) - expected) ** 2 / expected for p in permutations(range(4)))
+
+
+def test_bucketed_is_uniform_and_datatroves_interleave_is_not() -> None:
+    """4 documents on 2 ranks, over 24,000 seeds: every one of the 24 orders comes up as often as chance allows
+    with buckets; datatrove's interleave reaches only half of them (both ranks draw the same in-rank order)."""
+    rank_docs = [[0, 1], [2, 3]]
+
+    def bucketed(seed: int) -> list[int]:
+        final = []
+        for bucket in range(3):
+            gathered = [
+                d
+                for r, docs in enumerate(rank_docs)
+                for d, b in zip(docs, buckets.assign(seed, r, len(docs), 3), strict=True)
+                if b == bucket
+            ]
+            final += [gathered[i] for i in buckets.order(seed, bucket, len(gathered))]
+        return final
+
+    def interleave(seed: int) -> list[int]:  # datatrove: each rank default_rng(seed), then the merge's file draw
+        shuffled = [[docs[i] for i in np.random.default_rng(seed).permutation(len(docs))] for docs in rank_docs]
+        file_ids = np.repeat(np.arange(2), 2)
+        np.random.default_rng(seed).shuffle(file_ids)
+        cursors = [iter(docs) for docs in shuffled]
+        return [next(cursors[f]) for f in file_ids]
+
+    trials = 24_000
+    assert chi_square(final_orders(bucketed, trials), trials) < CHI2_23_P001
+    assert chi_square(final_orders(interleave, trials), trials) > 10 * CHI2_23_P001

@@ -124,3 +124,17 @@ def test_bucketed_is_uniform_and_datatroves_interleave_is_not() -> None:
     trials = 24_000
     assert chi_square(final_orders(bucketed, trials), trials) < CHI2_23_P001
     assert chi_square(final_orders(interleave, trials), trials) > 10 * CHI2_23_P001
+
+
+def test_a_bucket_task_resumes_and_never_touches_another_buckets_files(tmp_path, sample_corpus, sample_tokenizer):
+    for rank in range(2):
+        run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=SEED, num_buckets=2)
+    options = {"save_filename": "corpus", "seed": SEED, "mode": "bucketed"}
+    first = merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, max_tokens_per_file=5_000, **options)
+    merged(tmp_path / "ranks", tmp_path / "merged", bucket=1, max_tokens_per_file=5_000, **options)
+    others = {p.name: p.read_bytes() for p in (tmp_path / "merged").glob("00001_*")}
+    again = merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, max_tokens_per_file=5_000, **options)
+    assert again["counts"]["resumed_files"] == len(first["outputs"]) >= 2  # the same bucket: all kept
+    merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, max_tokens_per_file=9_000, **options)  # starts over
+    assert {p.name: p.read_bytes() for p in (tmp_path / "merged").glob("00001_*")} == others
+    assert sorted(documents(tmp_path / "merged")) == sorted(documents(tmp_path / "ranks"))

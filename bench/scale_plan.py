@@ -170,9 +170,7 @@ class TaskCost:
     uploads: float = 0.0  # files it uploads, one after another
     lists: float = 0.0  # LIST pages it waits for
     background_gets: float = 0.0  # GETs beside the work: tokenize's input, read on its own thread
-    background_lists: float = 0.0  # LIST pages beside the work: the sensor's pokes while ranks run
     puts: float = 0.0  # PUT requests and multipart calls (create, each part, complete)
-    wait_s: float = 0.0  # the sensor's lag: up to one poke interval
     read: float = 0.0
     ram: float = 0.0
     disk: float = 0.0
@@ -185,7 +183,7 @@ class TaskCost:
         return self.lists * s.list_page_s + (self.gets + self.uploads) * s.request_s
 
     def seconds(self, s: Scenario) -> float:
-        return self.compute_s + self.transfer_s(s) + self.requests_s(s) + self.wait_s + s.task_overhead_s
+        return self.compute_s + self.transfer_s(s) + self.requests_s(s) + s.task_overhead_s
 
 
 def upload_requests(s: Scenario, size: float) -> float:
@@ -254,20 +252,20 @@ def tokenize_cost(s: Scenario, bucketed: bool) -> TaskCost:
     return cost
 
 
-def sensor_cost(s: Scenario, bucketed: bool, tokenize_wall_s: float) -> TaskCost:
-    """wait_for_shards: a listing of ``_completions/`` a poke while ranks run; once all markers are there, one
-    listing of the ranks folder (the files' sizes) and every rank's marker and manifest, one after another."""
+def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
+    """wait_for_shards starts once every rank is done or failed (trigger rule ``all_done``), so in a build
+    without failures its first poke finds every marker: one listing of ``_completions/``, one of the ranks folder
+    (the files' sizes), and every rank's marker and manifest, one after another. It pokes again, a listing each
+    ``poke_s``, only while a failed rank is retried."""
     metadata = s.ranks * rank_files(s, bucketed) * (s.marker_bytes + s.manifest_bytes)
     return TaskCost(
         stage="wait_for_shards",
         tasks=1,
         pool="one",
         concurrency=1,
-        wait_s=s.poke_s,
         download=metadata,
         gets=2 * s.ranks,
         lists=list_pages(rank_folder_keys(s, bucketed)) + list_pages(s.ranks),
-        background_lists=math.ceil(tokenize_wall_s / s.poke_s) * list_pages(s.ranks),
         read=metadata,
         ram=s.ranks * rank_files(s, bucketed) * s.marker_ram_bytes,
         xcom=len(json.dumps(list(range(s.buckets)) if bucketed else [None])),
@@ -404,12 +402,11 @@ def stage_seconds(s: Scenario, cost: TaskCost, workers: int) -> float:
 
 
 def stages(s: Scenario, bucketed: bool, workers: int) -> list[TaskCost]:
-    """The DAG's stages in order, as run on ``workers`` workers (the sensor pokes for as long as the ranks run)."""
-    tokenize = tokenize_cost(s, bucketed)
+    """The DAG's stages in order, as run on ``workers`` workers."""
     return [
         plan_cost(s),
-        tokenize,
-        sensor_cost(s, bucketed, stage_seconds(s, tokenize, workers)),
+        tokenize_cost(s, bucketed),
+        sensor_cost(s, bucketed),
         merge_cost(s, bucketed),
         plan_context_cost(s, bucketed),
         context_cost(s, bucketed),
@@ -432,16 +429,16 @@ def request_rates(s: Scenario, workers: int) -> dict[str, tuple[float, str]]:
     for c in stages(s, True, workers):
         wall = stage_seconds(s, c, workers)
         puts[c.stage] = c.tasks * c.puts / wall / (spread if c.stage == "tokenize" else 1)
-        requests = c.gets + c.background_gets + c.lists + c.background_lists
+        requests = c.gets + c.background_gets + c.lists
         gets[c.stage] = c.tasks * requests / wall / (spread if c.stage.startswith("merge") else 1)
     busiest_put, busiest_get = max(puts, key=puts.get), max(gets, key=gets.get)
     return {"PUT/s": (puts[busiest_put], busiest_put), "GET/s": (gets[busiest_get], busiest_get)}
 
 
 def ti_starts_per_s(s: Scenario, workers: int) -> float:
-    """Task instances the scheduler starts a second in the busiest stage, with the sensor's pokes beside it."""
+    """Task instances the scheduler starts a second in the busiest stage."""
     mapped = [c for c in stages(s, True, workers) if c.tasks > 1]
-    return max(min(c.tasks, slots(s, c.pool, workers)) / c.seconds(s) for c in mapped) + 1 / s.poke_s
+    return max(min(c.tasks, slots(s, c.pool, workers)) / c.seconds(s) for c in mapped)
 
 
 @dataclass(frozen=True)
@@ -633,7 +630,6 @@ def render(s: Scenario) -> str:
     costs = stages(s, True, w)
     shards = costs[5].tasks
     interleave = merge_cost(s, False)
-    pokes = math.ceil(stage_seconds(s, costs[1], w) / s.poke_s)
     keys = rank_folder_keys(s, True)
     sections = [
         f"### {human(s.tokens)} tokens: {human(s.docs)} documents, {human(s.dataset_bytes, 'bytes')} of token files",
@@ -668,7 +664,7 @@ def render(s: Scenario) -> str:
                     c.stage,
                     human(c.tasks * (c.gets + c.background_gets)),
                     human(c.tasks * c.puts),
-                    human(c.tasks * (c.lists + c.background_lists)),
+                    human(c.tasks * c.lists),
                     human(c.tasks * c.read, "bytes"),
                     human(c.tasks * c.upload, "bytes"),
                 ]
@@ -687,8 +683,10 @@ def render(s: Scenario) -> str:
         ),
         "",
         f"{s.ranks + s.buckets + shards + len(FIXED_TASKS):,} task instances = {s.ranks:,} ranks + {s.buckets:,} "
-        f"buckets + {shards:,} context shards + {len(FIXED_TASKS)} ({', '.join(FIXED_TASKS)}), and {pokes:,} sensor "
-        f"pokes (reschedules). max_map_length needed: {max(s.ranks, s.buckets, shards):,} (set: "
+        f"buckets + {shards:,} context shards + {len(FIXED_TASKS)} ({', '.join(FIXED_TASKS)}). The sensor starts "
+        "once every rank is done or failed, so it pokes once, and again every "
+        f"{s.poke_s:.0f} s only while a failed rank is retried. max_map_length needed: "
+        f"{max(s.ranks, s.buckets, shards):,} (set: "
         f"{s.max_map_length:,}).",
         "",
         "#### Wall time",
@@ -794,12 +792,13 @@ def inputs_table(s: Scenario) -> str:
     )
 
 
-def write(report: str, path: Path) -> None:
-    """Write ``report`` to ``path``: between its markers when it has them, else the whole file."""
+def write(report: str, path: Path, begin: str = BEGIN, end: str = END) -> None:
+    """Write ``report`` to ``path``: between the markers ``begin`` and ``end`` when it has them, else the whole
+    file."""
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        report = f"{head}{BEGIN}\n{report}{END}{rest.split(END, 1)[1]}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        report = f"{head}{begin}\n{report}{end}{rest.split(end, 1)[1]}"
     path.write_text(report)
 
 

@@ -1,0 +1,431 @@
+"""The scale test: one bucketed build of many ranks on the real topology, measured, beside the capacity plan.
+
+    python bench/scale.py [--ranks 64] [--buckets 16] [--copies 2] [--out docs/scaling.md]
+
+It starts the distributed test's deployment (``tests/cluster.py``: api-server, scheduler, dag-processor, triggerer
+and two Celery workers on PostgreSQL and Redis; S3 served by moto behind a proxy that answers every 7th request
+with 503 SlowDown), here with both workers on both queues and a merge pool of 4 slots, so that bucket merges spread
+over them. It runs ``tokenize_corpus`` once with ``merge_mode: bucketed`` on the shared corpora, dealt into one
+gzipped input file a rank, with GPT-2 read from S3, and reports:
+
+* wall time, of the run and of each stage (a stage lasts from its first task's start to its last one's end);
+* per task: duration, the part of it the stage itself took (from its manifest), worker, peak RSS (manifest);
+* S3 requests by stage and kind, against what ``bench/scale_plan.py`` predicts for this corpus and these settings;
+* the scheduler's side: task instances, sensor reschedules, XCom bytes, database commits, its CPU time.
+
+A benchmark (~10 minutes on 2 cores), not a test: nothing asserts a figure. ``--out docs/scaling.md`` writes the
+report into that page between its markers, beside the plan it checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, astuple, dataclass
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import fsspec  # noqa: E402
+import psutil  # noqa: E402
+
+from tests.cluster import Cluster, Request, services_missing  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("scale_plan", ROOT / "bench" / "scale_plan.py")
+plan = sys.modules["scale_plan"] = importlib.util.module_from_spec(_spec)  # dataclasses look their module up
+_spec.loader.exec_module(plan)
+
+SHARED = ROOT.parent / "shared" / "data"
+DAG = "tokenize_corpus"
+RUN_ID = "scale"
+BEGIN = "<!-- scale.py: measured from here -->"
+END = "<!-- scale.py: measured up to here -->"
+# Both workers take both queues: tokenize and context tasks on "default", merges on "large_disk".
+WORKERS = {"worker-1": ("default,large_disk", 2), "worker-2": ("default,large_disk", 2)}
+MERGE_SLOTS = 4
+STAGES = ("plan", "tokenize", "wait_for_shards", "merge", "plan_context", "context_shuffle", "publish")
+PUT_CLASS = ("PUT", "PART", "CREATE", "COMPLETE")
+INDEX_PARAM = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}  # a mapped task's map index
+
+
+@dataclass(frozen=True)
+class Corpus:
+    files: int
+    docs: int
+    text_bytes: int
+
+
+def deal_corpus(corpora: Path, out: Path, files: int, copies: int) -> Corpus:
+    """The shared corpora that have a ``text`` field, ``copies`` times (ids made unique by the copy), documents
+    dealt round-robin into ``files`` gzipped JSONL files: one input file a rank."""
+    out.mkdir(parents=True)
+    docs = text_bytes = 0
+    with contextlib.ExitStack() as stack:
+        sinks = [
+            stack.enter_context(gzip.open(out / f"part-{i:05d}.jsonl.gz", "wt", encoding="utf-8", compresslevel=1))
+            for i in range(files)
+        ]
+        for copy in range(copies):
+            for path in sorted(corpora.glob("*.jsonl.gz")):
+                with gzip.open(path, "rt", encoding="utf-8") as lines:
+                    for line in lines:
+                        record = json.loads(line)
+                        if "text" not in record:
+                            continue  # instruction data: prompt and response
+                        record = {"id": f"{copy}/{record['id']}", "text": record["text"]}
+                        sinks[docs % files].write(json.dumps(record, ensure_ascii=False) + "\n")
+                        docs += 1
+                        text_bytes += len(record["text"].encode())
+    return Corpus(files, docs, text_bytes)
+
+
+def timestamp(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def stage_windows(tis: list[dict]) -> dict[str, tuple[float, float]]:
+    """Each stage's first start and last end."""
+    spans = defaultdict(list)
+    for ti in tis:
+        if ti["start_date"] and ti["end_date"]:
+            spans[ti["task_id"]].append((timestamp(ti["start_date"]), timestamp(ti["end_date"])))
+    return {stage: (min(a for a, _ in s), max(b for _, b in s)) for stage, s in spans.items()}
+
+
+def stage_of(request: Request, windows: dict[str, tuple[float, float]]) -> str:
+    """The stage running when S3 got the request. The sensor pokes while ranks run: a listing of the completion
+    markers then is its; anything else is the ranks'. Otherwise the latest stage to start wins."""
+    running = [s for s in STAGES if s in windows and windows[s][0] <= request.at <= windows[s][1]]
+    if {"tokenize", "wait_for_shards"} <= set(running):
+        return "wait_for_shards" if request.kind == "LIST" and "/_completions" in request.path else "tokenize"
+    return max(running, key=lambda s: windows[s][0]) if running else "between tasks"
+
+
+def model_scenario(corpus: Corpus, tokens: int, token_bytes: int, args: SimpleNamespace, cores: int):
+    """The capacity plan's scenario for this very build: its corpus, settings and deployment. The model's slot is
+    2 cores; here both workers share one machine of ``cores``, so a mapped task's compute runs at that share of
+    the measured rates (the unmapped ones, publish's verify, run alone and keep them)."""
+    slots = len(WORKERS) * WORKERS["worker-1"][1]
+    share = cores / slots / 2
+    default = plan.Scenario()
+    return plan.Scenario(
+        tokens=tokens,
+        doc_tokens=tokens / corpus.docs,
+        token_bytes=token_bytes,
+        text_bytes_per_token=corpus.text_bytes / tokens,
+        input_file_gb=corpus.text_bytes / corpus.files / plan.GB,
+        context_window=args.context_window,
+        ranks=args.ranks,
+        buckets=args.buckets,
+        context_shards=args.buckets,
+        workers=len(WORKERS),
+        table_workers=str(len(WORKERS)),
+        concurrency=WORKERS["worker-1"][1],
+        merge_slots=MERGE_SLOTS,
+        tokenize_mb_s=default.tokenize_mb_s * share,
+        merge_mb_s=default.merge_mb_s * share,
+        context_mb_s=default.context_mb_s * share,
+    )
+
+
+def postgres(cluster: Cluster, sql: str, *args) -> list[tuple]:
+    import psycopg2
+
+    conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname=cluster.db)
+    with conn, conn.cursor() as cur:
+        cur.execute(sql, args)
+        rows = cur.fetchall()
+    conn.close()
+    return rows
+
+
+def commits(cluster: Cluster) -> int:
+    """Transactions committed in the deployment's database so far (PostgreSQL's statistics)."""
+    return postgres(cluster, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")[0][0]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its children (the scheduler forks none in 3.x, the count is cheap anyway)."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+def run_build(args: argparse.Namespace, work: Path) -> dict:
+    """Deal the corpus, start the deployment, run the build, and gather everything the report needs."""
+    corpus = deal_corpus(args.corpora, work / "input", args.ranks, args.copies)
+    print(f"corpus: {corpus.docs:,} documents, {corpus.text_bytes / 1e6:.1f} MB of text in {corpus.files} files")
+    cluster = Cluster(
+        work / "cluster", fail_ranks="", workers=WORKERS, merge_slots=MERGE_SLOTS, fault_every=args.fault_every
+    )
+    with cluster:
+        endpoint = json.loads(cluster.env()["AIRFLOW_CONN_AWS_DEFAULT"])["extra"]["endpoint_url"]
+        s3 = fsspec.filesystem(
+            "s3",
+            key="testing",
+            secret="testing",
+            client_kwargs={"endpoint_url": endpoint},
+            config_kwargs={"retries": {"max_attempts": 10}},
+            skip_instance_cache=True,
+        )
+        s3.mkdir("corpus")
+        s3.put(str(work / "input") + "/", "corpus/input/", recursive=True)
+        s3.put_file(str(args.tokenizer), "corpus/tokenizers/gpt2/tokenizer.json")
+        cluster.api("PATCH", f"/dags/{DAG}?update_mask=is_paused", {"is_paused": False})
+        cluster.wait_for(lambda: scheduled(cluster), 60, "the scheduled run of the unpaused DAG")
+        for run_id in scheduled(cluster):  # unpausing a nightly DAG starts last night's run: not this benchmark's
+            cluster.api("PATCH", f"/dags/{DAG}/dagRuns/{run_id}?update_mask=state", {"state": "failed"})
+        conf = {
+            "input": "s3://corpus/input",
+            "tokenizer": "s3://corpus/tokenizers/gpt2/tokenizer.json",
+            "eos_token": "<|endoftext|>",
+            "num_ranks": args.ranks,
+            "seed": 7,
+            "merge_mode": "bucketed",
+            "num_buckets": args.buckets,
+            "context_window": args.context_window,
+            "num_context_shards": args.buckets,
+            "sensor_timeout": 3600,
+        }
+        scheduler = cluster.processes["scheduler"].pid
+        before = {"commits": commits(cluster), "cpu": cpu_seconds(scheduler), "requests": len(cluster.proxy.log)}
+        cluster.api("POST", f"/dags/{DAG}/dagRuns", {"logical_date": None, "dag_run_id": RUN_ID, "conf": conf})
+        cluster.wait_for(lambda: finished(cluster), args.timeout, "the build to finish")
+        requests = [astuple(r) for r in cluster.proxy.log[before["requests"] :]]  # not the reads below
+        time.sleep(5)  # PostgreSQL publishes its statistics about once a second
+        dag_run = cluster.api("GET", f"/dags/{DAG}/dagRuns/{RUN_ID}")
+        tis = cluster.task_instances(DAG, RUN_ID)
+        if dag_run["state"] != "success":
+            raise SystemExit(f"the build failed: {[(t['task_id'], t['map_index'], t['state']) for t in tis]}")
+        run_dir = f"corpus/builds/{RUN_ID}"
+        s3.invalidate_cache()
+        manifests = [json.loads(s3.cat_file(p)) for p in s3.find(run_dir) if "/_manifests/" in p]
+        build = json.loads(s3.cat_file(f"{run_dir}/_BUILD.json"))
+        ds_bytes = sum(s3.size(f"{run_dir}/context/{name}") for name in build["files"] if name.endswith(".ds"))
+        return {
+            "settings": {k: getattr(args, k) for k in ("ranks", "buckets", "copies", "context_window", "fault_every")},
+            "measured": datetime.now().date().isoformat(),
+            "cores": os.cpu_count(),
+            "corpus": asdict(corpus),
+            "run": dag_run,
+            "tis": tis,
+            "manifests": manifests,
+            "build": build,
+            "token_bytes": round(ds_bytes / build["tokens"]),
+            "requests": requests,
+            "commits": commits(cluster) - before["commits"],
+            "scheduler_cpu": cpu_seconds(scheduler) - before["cpu"],
+            "reschedules": postgres(cluster, "SELECT count(*) FROM task_reschedule")[0][0],
+            "xcom": dict(
+                postgres(
+                    cluster,
+                    "SELECT task_id, sum(octet_length(value::text)) FROM xcom WHERE run_id = %s GROUP BY task_id",
+                    RUN_ID,
+                )
+            ),
+        }
+
+
+def scheduled(cluster: Cluster) -> list[str]:
+    found = cluster.api("GET", f"/dags/{DAG}/dagRuns?run_type=scheduled")["dag_runs"]
+    return [r["dag_run_id"] for r in found if r["state"] != "failed"]
+
+
+def finished(cluster: Cluster) -> bool:
+    return cluster.api("GET", f"/dags/{DAG}/dagRuns/{RUN_ID}")["state"] in ("success", "failed")
+
+
+def airflow_overhead(by_stage: dict[str, list[dict]], record: dict[str, list[dict]]) -> list[float]:
+    """Each mapped task's duration less its stage function's seconds (its manifest's): what Airflow costs."""
+    found = []
+    for stage, key in INDEX_PARAM.items():
+        own = {r["params"][key]: r["seconds"] for r in record[stage]}
+        found += [t["duration"] - own[t["map_index"]] for t in by_stage[stage] if t["map_index"] in own]
+    return found
+
+
+def figure(measured: float, model: float | None = None) -> str:
+    """``measured (model)``, counts with separators."""
+    text = f"{measured:,.0f}"
+    return text if model is None else f"{text} ({model:,.0f})"
+
+
+def report(m: dict) -> str:
+    """The measurements as Markdown, each beside the model's figure for the same build where it has one."""
+    args, corpus, build, tis = SimpleNamespace(**m["settings"]), Corpus(**m["corpus"]), m["build"], m["tis"]
+    cores = m.get("cores", 2)  # (measurements before it was recorded came from this 2-core machine)
+    scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores)
+    model = {c.stage.split(" ")[0]: c for c in plan.stages(scenario, True, scenario.workers)}
+    model_walls = plan.wall_seconds(scenario, True, scenario.workers)
+    windows = stage_windows(tis)
+    run_wall = timestamp(m["run"]["end_date"]) - timestamp(m["run"]["start_date"])
+    by_stage = defaultdict(list)
+    for ti in tis:
+        by_stage[ti["task_id"]].append(ti)
+    record = defaultdict(list)
+    for manifest in m["manifests"]:
+        if "stage" in manifest:  # a merge also keeps a manifest of each file it wrote, to resume from
+            record[manifest["stage"]].append(manifest)
+    requests = defaultdict(Counter)
+    for request in (Request(*r) for r in m["requests"]):
+        requests[stage_of(request, windows)][request.kind if not request.injected else "injected"] += 1
+
+    tasks_rows = []
+    for stage in STAGES:
+        group, cost = by_stage[stage], model[stage]
+        durations = [t["duration"] for t in group]
+        own = [r["seconds"] for r in record.get(stage, [])]
+        rss = [r["peak_rss_mb"] for r in record.get(stage, [])]
+        hosts = Counter(t["hostname"] for t in group)
+        model_wall = model_walls[cost.stage]
+        tasks_rows.append(
+            [
+                stage,
+                f"{len(group):,}",
+                f"{windows[stage][1] - windows[stage][0]:.0f} s ({model_wall:.0f} s)",
+                f"{statistics.mean(durations):.1f} / {max(durations):.1f} s",
+                f"{statistics.mean(own):.2f} / {max(own):.2f} s" if own else "–",
+                f"{statistics.mean(rss):.0f} / {max(rss):.0f} MB ({cost.ram / plan.MB:.0f} MB)" if rss else "–",
+                ", ".join(f"{host} {n}" for host, n in sorted(hosts.items())),
+            ]
+        )
+    s3_rows = []
+    for stage in (*STAGES, "between tasks"):
+        got, cost = requests.get(stage, Counter()), model.get(stage)
+        tasks = cost.tasks if cost else 0
+        s3_rows.append(
+            [
+                stage,
+                figure(got["GET"], cost and tasks * (cost.gets + cost.background_gets)),
+                figure(got["HEAD"]),
+                figure(got["LIST"], cost and tasks * cost.lists),
+                figure(sum(got[k] for k in PUT_CLASS), cost and tasks * cost.puts),
+                figure(got["DELETE"] + got["POST"]),
+                figure(got["injected"]),
+            ]
+        )
+    total = Counter()
+    for got in requests.values():
+        total.update(got)
+    overhead = airflow_overhead(by_stage, record)
+    xcom_rows = [
+        [stage, figure(m["xcom"].get(stage, 0)), figure(model[stage].tasks * model[stage].xcom)] for stage in STAGES
+    ]
+    lines = [
+        f"### {args.ranks} ranks, {args.buckets} buckets, {len(by_stage['context_shuffle'])} context shards on "
+        f"{len(WORKERS)} workers",
+        "",
+        f"Measured {m['measured']} on one {cores}-core machine (this project's VM): `python bench/scale.py "
+        f"--ranks {args.ranks} --buckets {args.buckets} --copies {args.copies}`. The corpus: the shared corpora that "
+        f"have a `text` field, {args.copies} times, {corpus.docs:,} documents and {corpus.text_bytes / 1e6:.1f} MB of "
+        f"text dealt into {corpus.files} files; GPT-2, read from S3; {build['tokens']:,} tokens. Two Celery workers, "
+        f"each on both queues with concurrency {WORKERS['worker-1'][1]}; merge pool {MERGE_SLOTS} slots; S3 is moto "
+        f"behind a proxy that answers every {args.fault_every}th request with 503 SlowDown. Figures in brackets are "
+        f"`bench/scale_plan.py`'s for this very build (its scenario: this corpus, these settings, 2 workers x 2 "
+        f"slots, its default latencies, and its measured rates at {cores / 4:.2g} core a slot instead of 2, as the "
+        "four slots share this machine).",
+        "",
+        f"**Wall time: {run_wall:.0f} s** for the run (the model: {model_walls['total']:.0f} s); digest "
+        f"`{build['digest'][:12]}…`, verify {'passed' if build['verify']['ok'] else 'FAILED'}, "
+        f"{build['conservation']['docs_out']:,} documents out of {build['conservation']['docs_in']:,} read.",
+        "",
+        plan.table(
+            [
+                "stage",
+                "tasks",
+                "stage wall (model)",
+                "task: mean / max",
+                "its work: mean / max",
+                "peak RSS: mean / max (model)",
+                "tasks by worker",
+            ],
+            tasks_rows,
+        ),
+        "",
+        "*Its work* is the time the stage function took (its manifest's `seconds`); the rest of a task is Airflow's: "
+        f"{statistics.mean(overhead):.1f} s a task on average here (the model assumes {scenario.task_overhead_s:.0f} "
+        "s). Peak RSS is the task process's, which Airflow forks from the Celery worker, so it includes the "
+        "worker's own pages.",
+        "",
+        "#### S3 requests by stage: measured (model)",
+        "",
+        plan.table(["stage", "GET", "HEAD", "LIST", "PUT + parts", "DELETE and other", "503s injected"], s3_rows),
+        "",
+        f"{sum(total.values()):,} requests in all, {total['injected']:,} of them answered 503 (and retried). A "
+        "request belongs to the stage running when it arrived; the model has no HEAD requests (s3fs's existence and "
+        "size checks) and no DELETEs (staging and lease clean-up).",
+        "",
+        "#### Scheduler: measured (model)",
+        "",
+        plan.table(["stage", "XCom bytes", "model"], xcom_rows),
+        "",
+        f"{len(tis):,} task instances ({scenario.ranks + scenario.buckets + len(by_stage['context_shuffle']) + 4:,} "
+        f"in the model); {m['reschedules']:,} sensor reschedules (0: it starts once every rank is done); "
+        f"{m['commits']:,} database "
+        f"transactions ({m['commits'] / run_wall:.0f} a second); the scheduler used {m['scheduler_cpu']:.0f} s of "
+        f"CPU ({m['scheduler_cpu'] / run_wall:.0%} of a core).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=64, help="num_ranks, and input files (%(default)s)")
+    parser.add_argument("--buckets", type=int, default=16, help="num_buckets and num_context_shards (%(default)s)")
+    parser.add_argument("--copies", type=int, default=2, help="times the corpora are repeated (%(default)s)")
+    parser.add_argument("--context-window", type=int, default=2049, help="context_window (%(default)s)")
+    parser.add_argument("--corpora", type=Path, default=SHARED / "corpora", help="folder of .jsonl.gz corpora")
+    parser.add_argument("--tokenizer", type=Path, default=SHARED / "tokenizers" / "gpt2" / "tokenizer.json")
+    parser.add_argument(
+        "--fault-every",
+        type=int,
+        default=50,
+        help="answer every Nth S3 request with 503 SlowDown (%(default)s; the distributed test uses 7, which makes "
+        "retry back-offs most of a task's time)",
+    )
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the build (%(default)s)")
+    parser.add_argument(
+        "--measurements",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "scale-measurements.json",
+        help="where the raw measurements are kept (%(default)s)",
+    )
+    parser.add_argument("--report-only", action="store_true", help="report the kept measurements; run nothing")
+    parser.add_argument("--out", type=Path, help="write the report here (between its markers, if it has them)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if reason := services_missing():
+        raise SystemExit(f"the scale test needs the distributed deployment: {reason}")
+    for needed in (args.corpora, args.tokenizer):
+        if not needed.exists():
+            raise SystemExit(f"{needed} does not exist (the shared data beside the repo, or pass the flag)")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # moto creates the bucket there
+    if args.report_only:
+        measured = json.loads(args.measurements.read_text())
+    else:
+        with tempfile.TemporaryDirectory(prefix="scale-") as work:
+            measured = run_build(args, Path(work))
+        args.measurements.write_text(json.dumps(measured))
+        print(f"measurements: {args.measurements}")
+    text = report(measured)
+    if args.out:
+        plan.write(text, args.out, BEGIN, END)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -25,7 +25,9 @@ plan -> tokenize [rank-0 ..] -> wait_for_shards -> merge [all | bucket-0 ..] -> 
   `report.html` and `_BUILD.json`, and updates the Asset `tokenized_corpus`.
 
 ## Running it
-- **Nightly**: at 02:00 UTC with the defaults below; catchup is off, so unpausing starts the latest slot's run.
+- **Nightly**: at 02:00 UTC (the deployment's `TOKENIZATION_SCHEDULE`) with the defaults below; catchup is off,
+  so unpausing starts the run of the DAG's *Next Run* slot at once, then only the latest slot. `{output}/LATEST`
+  names the newest complete build; `TOKENIZATION_KEEP_BUILDS` keeps that many complete builds, deleting older ones.
 - **By hand**: *Trigger* opens a form of these params, in sections; the defaults are the deployment's.
 - **A failed rank**: open the run's *Grid*, select the failed `rank-N`, *Clear* it. Only that rank runs again, and
   the build completes with the same bytes as a run without the failure.
@@ -44,7 +46,15 @@ import pendulum
 from airflow.sdk import Asset, CronTriggerTimetable, TriggerRule, dag, get_current_context, task
 from airflow.sdk.configuration import conf as airflow_conf
 from tokenization_airflow import tasks
-from tokenization_airflow.deployment import DEFAULT_INPUT, DEFAULT_OUTPUT, DEFAULT_TOKENIZER, MERGE_POOL, MERGE_QUEUE
+from tokenization_airflow.deployment import (
+    DEFAULT_INPUT,
+    DEFAULT_OUTPUT,
+    DEFAULT_TOKENIZER,
+    KEEP_BUILDS,
+    MERGE_POOL,
+    MERGE_QUEUE,
+    SCHEDULE,
+)
 from tokenization_airflow.params import airflow_params, build_params
 from tokenization_airflow.sensors import ShardSensor
 
@@ -60,7 +70,7 @@ PARAMS = build_params(DEFAULTS) | airflow_params()
 
 @dag(
     dag_id="tokenize_corpus",
-    schedule=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
+    schedule=None if SCHEDULE.lower() == "none" else CronTriggerTimetable(SCHEDULE, timezone="UTC"),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=MAX_ACTIVE_RUNS,
@@ -115,7 +125,7 @@ def tokenize_corpus():
     @task(trigger_rule=TriggerRule.NONE_FAILED, outlets=[DATASET])
     def publish(spec: dict, params=None, run_id=None, outlet_events=None) -> dict:
         """Returns the build's figures, which the builds page lists; the Asset event carries them too."""
-        published = tasks.build_of(params, spec).publish().summary()
+        published = tasks.build_of(params, spec).publish(KEEP_BUILDS).summary()
         outlet_events[DATASET].extra = published | {"run_id": run_id}
         return published
 

@@ -22,7 +22,9 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,12 +78,37 @@ def _postgres(sql: str) -> None:
     conn.close()
 
 
+def s3_kind(method: str, target: str) -> str:
+    """What an S3 request is, from its method and target: LIST, GET, HEAD, PUT, PART, CREATE (a multipart upload),
+    COMPLETE, DELETE, or the method for anything else."""
+    path, _, query = target.partition("?")
+    if method == "GET" and (path.rstrip("/").count("/") <= 1 or "list-type" in query):
+        return "LIST"
+    if method == "PUT" and "partNumber" in query:
+        return "PART"
+    if method == "POST" and "uploads" in query.split("&"):
+        return "CREATE"
+    if method == "POST" and "uploadId" in query:
+        return "COMPLETE"
+    return method
+
+
+@dataclass(frozen=True)
+class Request:
+    at: float
+    kind: str
+    path: str  # bucket and key, or the bucket and the listed prefix
+    injected: bool
+
+
 class FaultProxy:
-    """Forwards HTTP to ``target``; every ``every``-th request gets a 503 SlowDown instead, as S3 sends them."""
+    """Forwards HTTP to ``target``; every ``every``-th request gets a 503 SlowDown instead, as S3 sends them. Every
+    request is logged (``log``) so that a benchmark can say which stage asked S3 for what."""
 
     def __init__(self, target_port: int, every: int):
         self.target_port, self.every = target_port, every
         self.requests = self.injected = 0
+        self.log: list[Request] = []
         self.lock = threading.Lock()
         proxy = self
 
@@ -97,6 +124,11 @@ class FaultProxy:
                     proxy.requests += 1
                     fail = proxy.requests % proxy.every == 0
                     proxy.injected += fail
+                    path, _, query = self.path.partition("?")
+                    prefix = dict(urllib.parse.parse_qsl(query)).get("prefix", "")
+                    kind = s3_kind(self.command, self.path)
+                    listed = f"{path.rstrip('/')}/{prefix}" if kind == "LIST" else path
+                    proxy.log.append(Request(time.time(), kind, urllib.parse.unquote(listed), fail))
                 if fail:
                     payload = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
                     self.send_response(503)
@@ -123,7 +155,12 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:
+                if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up (a cancelled read)
+                    super().handle_error(request, client_address)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -134,8 +171,21 @@ class FaultProxy:
 class Cluster:
     """Start with :meth:`start`, always :meth:`stop` (a context manager does both)."""
 
-    def __init__(self, workdir: Path, fail_ranks: str = "1"):
+    def __init__(
+        self,
+        workdir: Path,
+        fail_ranks: str = "1",
+        workers: dict[str, tuple[str, int]] = WORKERS,
+        merge_slots: int = MERGE_POOL[1],
+        fault_every: int = 7,
+        settings: dict[str, str] | None = None,
+    ):
+        """``workers`` maps each Celery worker's name to its queues (comma-separated) and concurrency;
+        ``merge_slots`` sizes the merge pool; every ``fault_every``-th S3 request gets a 503; ``settings`` are
+        more environment variables of every component (``TOKENIZATION_SCHEDULE``, ...)."""
         self.workdir = workdir
+        self.settings = settings or {}
+        self.workers, self.merge_slots, self.fault_every = workers, merge_slots, fault_every
         self.home = workdir / "airflow-home"
         self.logs = workdir / "process-logs"
         self.db = f"tokenization_test_{secrets.token_hex(4)}"
@@ -178,32 +228,37 @@ class Cluster:
             "extra": {"endpoint_url": f"http://127.0.0.1:{self.proxy.port}", "region_name": "us-east-1"},
         }
         conn_api = {"conn_type": "http", "host": self.url, "login": "admin", "password": self.password}
-        env = os.environ.copy() | {
-            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "PYTHONPATH": str(ROOT),
-            "AIRFLOW_HOME": str(self.home),
-            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.cluster.worker_hostname",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"{PG_URL}/{self.db}",
-            "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:6379/{self.redis_db}",
-            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://postgres@127.0.0.1:5432/{self.db}",
-            "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
-            "AIRFLOW__API__PORT": str(self.port),
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600",
-            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn_aws),
-            "AIRFLOW_CONN_AIRFLOW_API": json.dumps(conn_api),
-            "TOKENIZATION_TASK_RETRIES": "0",
-            "TOKENIZATION_MAX_ACTIVE_RUNS": "2",
-            "TOKENIZATION_OUTPUT": "s3://corpus/builds",
-            "TOKENIZATION_ALLOWED_LOCATIONS": f"s3://corpus,{ROOT / 'sample'}",
-            "AIRFLOW__CORE__MAX_MAP_LENGTH": "4096",
-        }
+        env = (
+            os.environ.copy()
+            | {
+                "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                "PYTHONPATH": str(ROOT),
+                "AIRFLOW_HOME": str(self.home),
+                "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+                "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+                "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.cluster.worker_hostname",
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"{PG_URL}/{self.db}",
+                "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:6379/{self.redis_db}",
+                "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://postgres@127.0.0.1:5432/{self.db}",
+                "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
+                "AIRFLOW__API__PORT": str(self.port),
+                "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600",
+                "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn_aws),
+                "AIRFLOW_CONN_AIRFLOW_API": json.dumps(conn_api),
+                "TOKENIZATION_TASK_RETRIES": "0",
+                "TOKENIZATION_MAX_ACTIVE_RUNS": "2",
+                "TOKENIZATION_OUTPUT": "s3://corpus/builds",
+                "TOKENIZATION_ALLOWED_LOCATIONS": f"s3://corpus,{ROOT / 'sample'}",
+                "AIRFLOW__CORE__MAX_MAP_LENGTH": "4096",
+                "TOKENIZATION_SCHEDULE": "none",  # runs are the tests' own, unless a test schedules them
+            }
+            | self.settings
+        )
         if worker:
             env["TOKENIZATION_TEST_WORKER_NAME"] = worker
             env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
@@ -222,14 +277,14 @@ class Cluster:
         self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
         self.moto.start()
         urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{moto_port}/moto-api/reset", method="POST"))
-        self.proxy = FaultProxy(moto_port, every=7)
+        self.proxy = FaultProxy(moto_port, every=self.fault_every)
         _postgres(f"CREATE DATABASE {self.db}")
         self._run("airflow", "db", "migrate")
-        self._run("airflow", "pools", "set", MERGE_POOL[0], str(MERGE_POOL[1]), "corpus-tokenization merge")
+        self._run("airflow", "pools", "set", MERGE_POOL[0], str(self.merge_slots), "corpus-tokenization merge")
         commands = {name: (["airflow", name], None) for name in COMPONENTS}
         commands["api-server"][0].extend(["--port", str(self.port)])
-        for name, (queue, concurrency) in WORKERS.items():
-            worker = ["airflow", "celery", "worker", "-q", queue, "-c", str(concurrency), "-H", name]
+        for name, (queues, concurrency) in self.workers.items():
+            worker = ["airflow", "celery", "worker", "-q", queues, "-c", str(concurrency), "-H", name]
             commands[name] = (worker, name)
         for name, (command, worker) in commands.items():
             log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - owned by the process
@@ -279,7 +334,13 @@ class Cluster:
             raise RuntimeError(f"{method} {path}: HTTP {exc.code} {exc.read()[:500]!r}") from exc
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
-        return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=200")["task_instances"]
+        """Every task instance of the run, page by page (the API serves at most 100 a request)."""
+        found: list[dict] = []
+        while True:
+            page = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100&offset={len(found)}")
+            found += page["task_instances"]
+            if not page["task_instances"] or len(found) >= page["total_entries"]:
+                return found
 
     @staticmethod
     def _wait(check, seconds: float, what: str) -> None:

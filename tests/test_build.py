@@ -123,6 +123,8 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         "seed": 7,
         "tokenizer": str(sample_tokenizer),
         "input": str(sample_corpus),
+        "latest": str(tmp_path / "first"),
+        "deleted": [],
     }
 
     assert Build.start(config, "second").run(parallel=1).digest == first.digest

@@ -47,9 +47,10 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
 
     params = {name: dag.params.get_param(name) for name in dag.params}
     schemas = {name: param.schema for name, param in params.items()}
-    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 27
+    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 32
     assert [name for name, param in params.items() if not (param.schema.get("title") and param.description)] == []
     assert schemas["text_key"]["section"] == "Reading and encoding" and schemas["save_loss"]["section"] == "Rank files"
+    assert schemas["template"]["type"] == ["null", "string"] and dag.params.dump()["loss_roles"] == "assistant"
     assert schemas["sensor_timeout"]["section"] == "Airflow" and "section" not in schemas["num_ranks"]
     defaults = dag.params.dump()
     assert defaults["merge_max_tokens_per_file"] == DEFAULT_MAX_TOKENS_PER_FILE
@@ -80,6 +81,8 @@ def test_a_run_equals_tokenization_build(airflow_db, dag, tmp_path, sample_corpu
     assert build["verify"]["ok"] and build["conservation"]["holds"]
     assert build["conservation"]["docs_in"] == 309 and build["conservation"]["docs_out"] == 308
     assert len(build["files"]) == 4 and build["params"]["num_ranks"] == 3
+    latest = (folder.parent / "LATEST").read_text().strip()
+    assert latest == str(folder) and tis[("publish", -1)].xcom_pull(task_ids="publish")["latest"] == latest
 
     options = [f"--{k.replace('_', '-')}={v}" for k, v in DAG_CONF.items() if k != "save_loss"] + ["--save-loss"]
     done = cli(
@@ -185,6 +188,7 @@ def test_a_misspelled_param_is_refused_naming_it(airflow_db, dag) -> None:
         ("output", "../../", "../../ is outside the locations this deployment allows"),
         ("input", "/etc/passwd", "/etc/passwd is outside the locations this deployment allows"),
         ("tokenizer", "/etc/hostname", "/etc/hostname is outside the locations"),
+        ("chat_template", "/etc/passwd", "/etc/passwd is outside the locations"),
     ],
 )
 def test_locations_outside_the_allowed_ones_are_refused(airflow_db, dag, param, value, message) -> None:
@@ -210,8 +214,8 @@ def test_more_ranks_than_airflow_maps_are_refused_naming_the_setting(airflow_db,
 
 
 def test_unpausing_starts_the_most_recent_nightly_slot(dag, monkeypatch) -> None:
-    """What the README says of unpausing: catchup is off, so the scheduler creates the run of the latest 02:00 UTC
-    slot at once (with the default params), then one run a night."""
+    """What the scheduler plans for a DAG deployed at 14:00 UTC, catchup being off: the latest 02:00 UTC slot, the
+    run that unpausing starts (tests/test_schedule.py sees it happen)."""
     import pendulum
     from airflow.serialization.serialized_objects import DagSerialization
     from airflow.timetables import trigger

@@ -269,3 +269,11 @@ def test_without_an_eos_llama3_documents_end_with_its_own(tmp_path, sample_corpu
     ends = np.asarray(f.ends, dtype=np.int64)
     assert len(ends) == result["counts"]["docs_written"] == 308
     assert np.all(np.asarray(f.tokens)[ends - 1] == 128001)
+
+
+def test_a_rank_without_input_files_completes_empty(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """More ranks than input files: the spare rank publishes a manifest with nothing in it, not an error."""
+    files = len(list(sample_corpus.glob("*.jsonl*")))
+    result = run([sample_corpus], tmp_path, sample_tokenizer, rank=files, world_size=files + 1, save_loss=True)
+    assert result["counts"]["docs_read"] == 0 and result["outputs"] == [] and result["inputs"] == []
+    assert (tmp_path / "_completions" / f"{files:05d}.json").exists()

@@ -27,6 +27,7 @@ from tokenization.documents import Counts, DocumentOptions
 from tokenization.encoding import limit_hf_threads
 from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files, token_file_names
+from tokenization.latest import LATEST, expire, point_latest, read_latest
 from tokenization.manifest import StageResult
 from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, MergeCounts, merge
 from tokenization.options import option, params
@@ -157,6 +158,8 @@ class Published:
     rejects: int
     files: int
     verified: bool
+    latest: str  # the run folder {output}/LATEST names
+    deleted: list[str]  # complete builds that retention deleted
     record: dict
 
     def summary(self) -> dict:
@@ -176,11 +179,12 @@ class Build:
 
     @classmethod
     def start(cls, config: BuildConfig, run_id: str) -> Build:
-        """Check what can be checked before any work (the inputs, the tokenizer and its EOS), claim the run's
-        folder and fix its seed; a retry of the same run finds its own claim and the same plan."""
+        """Check what can be checked before any work (the inputs, the tokenizer and its EOS, a chat template),
+        claim the run's folder and fix its seed; a retry of the same run finds its own claim and the same plan."""
         with using(config.storage_options):
             listing = list_input_files([config.input])
             encoder = config.encoder()
+            config.renderer()
             run_dir = folder_for(config.output, run_id)
             started = claim(run_dir, run_id)
         plan = BuildPlan(
@@ -258,16 +262,22 @@ class Build:
         )
         return context_shuffle(config, progress, owner)
 
-    def publish(self) -> Published:
+    def publish(self, keep: int | None = None) -> Published:
         """Verify the dataset, check that every document and every token is accounted for (from the manifests on
         storage, never from what tasks said), write the report, then ``_BUILD.json``, which declares the build
-        complete."""
+        complete; then point ``{output}/LATEST`` at the newest complete build and, with ``keep``, delete the
+        complete builds older than the newest ``keep`` (listed in the report)."""
+        run_dir = self.layout.run_dir
         with using(self.config.storage_options):
-            record = self._record()
-            write_report(self.layout.run_dir, {"format": BUILD_FORMAT, **record})  # before the marker of completion
+            record = {"format": BUILD_FORMAT, **self._record()}
+            write_report(run_dir, record)  # before the marker of completion
             record |= {"report": {"html": REPORT_HTML, "json": REPORT_JSON}}
             fs, path = open_fs(self.layout.manifest)
-            write_bytes_atomic(fs, path, manifest.dumps({"format": BUILD_FORMAT, **record}))
+            write_bytes_atomic(fs, path, manifest.dumps(record))
+            newest = point_latest(self.config.output)
+            deleted = expire(self.config.output, keep, {newest, run_dir}) if keep else []
+            if deleted:
+                write_report(run_dir, record | {"retention": {"keep": keep, "deleted": deleted}})
         log.info("published %s: %d tokens; report %s", record["dataset"], record["tokens"], REPORT_HTML)
         balance = record["conservation"]
         return Published(
@@ -278,7 +288,9 @@ class Build:
             rejects=balance["quarantined"],
             files=len(record["files"]),
             verified=record["verify"]["ok"],
-            record={"format": BUILD_FORMAT, **record},
+            latest=newest,
+            deleted=deleted,
+            record=record,
         )
 
     def _record(self) -> dict:
@@ -322,9 +334,10 @@ class Build:
             "verify": {"ok": checked.ok, "files": checked.files, "tokens": checked.tokens, "notes": checked.notes},
         }
 
-    def run(self, parallel: int = 1, progress: ProgressMode = None) -> Published:
+    def run(self, parallel: int = 1, progress: ProgressMode = None, keep: int | None = None) -> Published:
         """The whole build on this machine: the ranks as up to ``parallel`` processes at once, the merge, the
-        context shards (as processes too), then publish. A step that fails stops the build; running it again
+        context shards (as processes too), then publish (which keeps ``keep`` complete builds, when it is given).
+        A step that fails stops the build; running it again
         with the same build id keeps the complete ranks, resumes the merge after its last published file, and
         redoes the rest, with the same bytes."""
         self._in_processes("tokenize", [(rank,) for rank in sorted(self.incomplete_ranks())], parallel)
@@ -336,7 +349,7 @@ class Build:
             self.merge(None, progress)
         shards = self.context_shards()
         self._in_processes("context_shuffle", [(shard, len(shards)) for shard in shards], parallel)
-        return self.publish()
+        return self.publish(keep)
 
     def _in_processes(
         self, step: Literal["tokenize", "merge", "context_shuffle"], calls: list[tuple], parallel: int
@@ -374,13 +387,12 @@ def _iso(moment: float) -> str:
 
 
 def latest_build(folder: str) -> dict:
-    """The most recent complete build under a builds folder (the newest ``_BUILD.json``)."""
-    fs, path = open_fs(folder)
-    found = fs.glob(join(path, "*", BUILD_MANIFEST))
-    if not found:
-        raise FileNotFoundError(f"{folder}: no complete build ({BUILD_MANIFEST}) found")
-    newest = max(found, key=lambda p: fs.info(p).get("mtime") or fs.info(p).get("LastModified") or 0)
-    return orjson.loads(fs.cat_file(newest))
+    """The newest complete build under a builds folder: the one ``LATEST`` names."""
+    run_dir = read_latest(folder)
+    if run_dir is None:
+        raise FileNotFoundError(f"{folder}: no {LATEST}, so no complete build yet")
+    fs, path = open_fs(join(run_dir, BUILD_MANIFEST))
+    return orjson.loads(fs.cat_file(path))
 
 
 def summary(build: dict) -> str:

@@ -31,7 +31,7 @@ from tokenization.attempts import AttemptConflict, LeaseLost
 from tokenization.build import Build, BuildConfig, summary
 from tokenization.context import ContextShuffleConfig, context_shuffle
 from tokenization.count import CountConfig, count_tokens
-from tokenization.documents import TooManyRejects
+from tokenization.documents import Counts, TooManyRejects
 from tokenization.encoding import Encoder, TokenizerError, limit_hf_threads
 from tokenization.errors import UsageError, external_error
 from tokenization.formats import MEGATRON, list_token_files
@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=min(2, os.cpu_count() or 1),
         help="ranks and context shards run at once, each a process (default: %(default)s)",
     )
+    bld.add_argument(
+        "--keep-builds",
+        type=_positive,
+        metavar="N",
+        help="once published, delete the complete builds under --output older than the newest N (never a running "
+        "or incomplete one, nor the one LATEST names); default: keep every build",
+    )
     command("tokenize", "tokenize one rank's share of the input into shuffled token files", TokenizeConfig)
     command("merge", "merge every rank file of a folder into globally reordered files (one task)", MergeConfig)
     command("context-shuffle", "permute fixed-size context windows of token files", ContextShuffleConfig)
@@ -122,8 +129,11 @@ def _positive(value: str) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     build_id = args.build_id or f"cli__{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%S}"
-    published = Build.start(from_arguments(BuildConfig, args), build_id).run(args.parallel)
+    published = Build.start(from_arguments(BuildConfig, args), build_id).run(args.parallel, keep=args.keep_builds)
     print(summary(published.record))
+    print(f"latest: {published.latest}")
+    for run_dir in published.deleted:
+        print(f"deleted (--keep-builds {args.keep_builds}): {run_dir}")
     return 0
 
 
@@ -136,10 +146,15 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         f"rank {config.rank}/{config.world_size}: {c.docs_read:,} docs read, {c.docs_written:,} written, "
         f"{c.empty:,} empty, {sum(c.rejected.values()):,} rejected, {c.tokens_written:,} tokens in "
         f"{len(result.outputs)} files, {c.tokens_dropped:,} dropped, {sum(c.special_token_literals.values()):,} "
-        f"special-token literals; {result.seconds:.1f}s ({result.record['tokenizer']['load_seconds']:.1f}s loading "
-        f"the tokenizer, then {rate} MB/s of text) -> {config.output}"
+        f"special-token literals{_loss_share(c) if config.save_loss else ''}; {result.seconds:.1f}s "
+        f"({result.record['tokenizer']['load_seconds']:.1f}s loading the tokenizer, then {rate} MB/s of text) -> "
+        f"{config.output}"
     )
     return 0
+
+
+def _loss_share(c: Counts) -> str:
+    return f", {c.loss_tokens:,} tokens with loss ({c.loss_tokens / c.tokens:.1%})" if c.tokens else ""
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -173,7 +188,7 @@ def cmd_count(args: argparse.Namespace) -> int:
     print(
         f"count: {c.docs_written:,} docs, {c.tokens:,} tokens ({mean:,.1f} tokens a document on average, the longest "
         f"{c.longest:,}), {c.empty:,} empty, {sum(c.rejected.values()):,} rejected, in "
-        f"{len(result.record['files'])} files"
+        f"{len(result.record['files'])} files{_loss_share(c) if result.record['loss_tokens'] is not None else ''}"
     )
     return 0
 

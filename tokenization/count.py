@@ -46,9 +46,11 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageRes
     """Count; write the stats (and the annotated records) where asked."""
     started = time.time()
     encoder = config.encoder()
+    renderer = config.renderer()
     files = list_input_files(config.inputs).files
     with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
-        counts, per_file = encoder.exactly(lambda: _count_pass(config, encoder, files, Path(tmp), progress))
+        reader = DocumentReader(files, config.text_key, config.id_key, bool(config.annotate), renderer)
+        counts, per_file = encoder.exactly(lambda: _count_pass(config, encoder, reader, Path(tmp), progress))
         if config.annotate:
             fs, path = open_fs(config.annotate)
             move_into_place(Path(tmp) / _annotation_name(config.annotate), fs, path)
@@ -60,8 +62,10 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageRes
         config,
         seconds,
         tokenizer=encoder.describe(),
+        rendering=renderer and renderer.describe(),
         docs=c["docs_written"],
         tokens=c["tokens"],
+        loss_tokens=c["loss_tokens"] if config.renders_loss else None,
         empty=c["empty"],
         rejected=c["rejected"],
         docs_read=c["docs_read"],
@@ -80,20 +84,19 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageRes
 
 
 def _count_pass(
-    config: CountConfig, encoder: Encoder, files: list, tmp: Path, progress: ProgressMode
+    config: CountConfig, encoder: Encoder, reader: DocumentReader, tmp: Path, progress: ProgressMode
 ) -> tuple[Counts, dict[str, Counter]]:
     """One pass over the inputs: counts in total and per file, and the annotated records in ``tmp``."""
-    reader = DocumentReader(files, config.text_key, config.id_key, keep_data=bool(config.annotate))
     counts = Counts()
     per_file: dict[str, Counter] = defaultdict(Counter)
-    tally = RejectTally(counts, "count", config.text_key, config.max_rejects, config.max_reject_fraction)
+    tally = RejectTally(counts, "count", config.source, config.max_rejects, config.max_reject_fraction)
 
     def reject(item: Rejected) -> None:
         per_file[item.file]["rejected"] += 1
         tally(item)
 
     annotated = _open_annotation(tmp, config.annotate) if config.annotate else None
-    batches = encoded_batches(reader, encoder, counts, config, reject, "count", progress=progress)
+    batches = encoded_batches(reader, encoder, counts, config, reject, "count", config.renders_loss, progress)
     try:
         for batch in batches:
             lengths = batch.token_counts()

@@ -18,11 +18,13 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 import orjson
 
+from tokenization import rendering
 from tokenization.encoding import Encoded, Encoder, EngineChoice, Prepared, SpecialTextPolicy
 from tokenization.errors import UsageError
 from tokenization.options import Options, option
 from tokenization.progress import Progress, ProgressMode
 from tokenization.sources import DocumentReader, Record, Rejected
+from tokenization.storage import open_fs
 
 BATCH_BYTES = 1 << 20  # UTF-8 bytes a batch; a token costs ~150 bytes inside an Encoding, and is >= 1 byte
 HISTOGRAM_BUCKETS = 48  # powers of two: [1, 2), [2, 4), ... up to 2**47 tokens
@@ -31,6 +33,11 @@ DEFAULT_MAX_REJECTS = 1000  # records: a rank fails as soon as it has rejected m
 DEFAULT_MAX_REJECT_FRACTION = 0.01  # of the records read: checked when the rank has read them all
 TOP_REASONS = 3  # reject reasons named in an error
 T = TypeVar("T")
+
+
+def _names(listed: str | None) -> list[str]:
+    """``"a, b"`` as ``["a", "b"]``."""
+    return [name.strip() for name in (listed or "").split(",") if name.strip()]
 
 
 class TooManyRejects(RuntimeError):
@@ -86,6 +93,30 @@ class DocumentOptions(Options):
         help="threads encoding each rank (default: every core the process may use); with several ranks on one "
         "machine at once, give cores / ranks",
     )
+    template: str | None = option(
+        None,
+        title="Record template",
+        help="render each record into its text: {field} placeholders (dotted for nested fields; {{ and }} for "
+        "braces), such as '{prompt}\\n\\n{response}'; default: the text field alone",
+    )
+    loss_fields: str | None = option(
+        None,
+        title="Fields with loss",
+        help="comma-separated fields of the template whose text carries loss; everything else, template text "
+        "included, carries none (default: every token carries loss)",
+    )
+    messages_key: str | None = option(
+        None, title="Messages field", help="field holding chat messages, a list of {role, content}"
+    )
+    chat_template: str | None = option(
+        None,
+        title="Chat template",
+        help="Jinja2 chat template that renders the messages (sandboxed), or a tokenizer_config.json whose "
+        "chat_template is used; a path or fsspec URL",
+    )
+    loss_roles: str = option(
+        "assistant", title="Roles with loss", help="comma-separated roles whose message content carries loss"
+    )
     batch_size: int = option(10_000, minimum=1, param=False, help="documents an encode batch holds at most")
     batch_bytes: int = option(BATCH_BYTES, minimum=1, cli=False, param=False, help="text bytes a batch holds")
 
@@ -93,6 +124,41 @@ class DocumentOptions(Options):
         super().__post_init__()
         if self.no_eos and self.eos_token is not None:
             raise UsageError(f"no_eos conflicts with eos_token {self.eos_token!r}: give one of them")
+        if self.template and self.messages_key:  # (a form's empty field counts as not given)
+            raise UsageError("give a template or messages_key (chat records), not both")
+        if self.loss_fields and not self.template:
+            raise UsageError("loss_fields needs a template: the fields whose text carries loss are the template's")
+        if bool(self.messages_key) != bool(self.chat_template):
+            raise UsageError("messages_key and chat_template go together: the messages, and how to render them")
+        if self.template:
+            rendering.field_template(self.template, _names(self.loss_fields))  # a bad template fails here
+
+    @property
+    def renders_loss(self) -> bool:
+        """Whether records are rendered with loss spans: loss fields, or chat roles."""
+        return bool(self.loss_fields or self.messages_key)
+
+    def renderer(self) -> rendering.Renderer | None:
+        """How a record becomes its text, when it is not one field; reading a chat template checks it."""
+        if self.template:
+            return rendering.field_template(self.template, _names(self.loss_fields))
+        if not self.chat_template:
+            return None
+        fs, path = open_fs(self.chat_template)
+        try:
+            source = fs.cat_file(path).decode("utf-8")
+        except (FileNotFoundError, UnicodeDecodeError) as exc:
+            raise UsageError(f"chat_template {self.chat_template}: {exc}") from None
+        return rendering.chat_template(source, self.chat_template, self.messages_key, _names(self.loss_roles))
+
+    @property
+    def source(self) -> str:
+        """Where a document's text comes from, for error messages."""
+        if self.template:
+            return f"template {self.template!r}"
+        if self.messages_key:
+            return f"messages key {self.messages_key!r}"
+        return f"text key {self.text_key!r}"
 
     def encoder(self) -> Encoder:
         """The encoder these options describe; loading it checks the tokenizer and the EOS before any data."""
@@ -112,6 +178,7 @@ class Counts:
     tokens: int = 0
     tokens_written: int = 0
     tokens_dropped: int = 0
+    loss_tokens: int = 0  # tokens that carry loss, when loss bytes are computed
     partial_chunk_tokens: int = 0
     longest: int = 0  # tokens in the longest document
     special_token_literals: Counter = field(default_factory=Counter)
@@ -155,12 +222,12 @@ class RejectTally:
         self,
         counts: Counts,
         where: str,
-        text_key: str,
+        source: str,
         max_rejects: int | None = DEFAULT_MAX_REJECTS,
         max_fraction: float | None = DEFAULT_MAX_REJECT_FRACTION,
         sink: BinaryIO | None = None,
     ):
-        self.counts, self.where, self.text_key, self.sink = counts, where, text_key, sink
+        self.counts, self.where, self.source, self.sink = counts, where, source, sink
         self.max_rejects, self.max_fraction = max_rejects, max_fraction
         self.first: dict[str, Rejected] = {}
 
@@ -182,8 +249,7 @@ class RejectTally:
         if c.docs_read and not c.docs_written:
             what = f"{rejected} rejected ({self._reasons()})" if rejected else f"all {c.empty} were empty"
             raise TooManyRejects(
-                f"{self.where}: read {c.docs_read} records but wrote none: {what}; text key {self.text_key!r}"
-                f"{self._keys_hint()}"
+                f"{self.where}: read {c.docs_read} records but wrote none: {what}; {self.source}{self._keys_hint()}"
             )
         if self.max_fraction is not None and c.docs_read and rejected / c.docs_read > self.max_fraction:
             raise TooManyRejects(
@@ -197,15 +263,15 @@ class RejectTally:
         return f"{', '.join(f'{reason} {n}' for reason, n in top)}; first: {first.file} line {first.line}"
 
     def _keys_hint(self) -> str:
-        """The fields a record had when its text field was missing: usually the key the user meant."""
-        missing = self.first.get("missing_text")
+        """The fields a record had when a field was missing: usually the one the user meant is among them."""
+        missing = next((item for reason, item in self.first.items() if reason.startswith("missing_")), None)
         if missing is None:
             return ""
         try:
             record = orjson.loads(missing.raw)
         except orjson.JSONDecodeError:
             return ""
-        if not isinstance(record, dict) or self.text_key in record:
+        if not isinstance(record, dict):
             return ""
         return f"; its records have the fields {', '.join(record)}"
 
@@ -253,6 +319,8 @@ def encoded_batches(
     def done(batch: Batch) -> Batch:
         counts.docs_written += len(batch.encoded.lengths)
         counts.tokens += len(batch.encoded.tokens)
+        if batch.encoded.loss is not None:
+            counts.loss_tokens += int(np.count_nonzero(batch.encoded.loss))
         counts.add_lengths(batch.encoded.lengths)
         counts.special_token_literals.update(batch.encoded.special_literals)
         shown.update(ahead.mark, docs=counts.docs_written, tokens=counts.tokens)

@@ -31,6 +31,10 @@ def number(value, digits: int = 1, unit: str = "") -> str:
     return f"{text} {unit}".rstrip()
 
 
+def percent(value) -> str:
+    return MISSING if value is None else f"{value:.1%}"
+
+
 def size(value) -> str:
     """Bytes in decimal units, as the MB/s of the rates: ``512 B``, ``23.9 kB``, ``1.2 GB``."""
     if value is None:
@@ -88,7 +92,9 @@ ENVIRONMENT = Environment(
     lstrip_blocks=True,
     keep_trailing_newline=True,
 )
-ENVIRONMENT.filters.update(integer=integer, number=number, size=size, duration=duration, date=date, path=path)
+ENVIRONMENT.filters.update(
+    integer=integer, number=number, percent=percent, size=size, duration=duration, date=date, path=path
+)
 
 
 def render(template_name: str, **context) -> str:

@@ -84,6 +84,7 @@ def report_data(run_dir: str, build: dict | None = None) -> dict:
             for name, entry in sorted(outputs.items())
         ],
         "tokens_dropped": dropped | {"total": sum(dropped.values())},
+        "loss": _loss(ranks),
         "settings": {k: build.get("params", {}).get(k) for k in SETTINGS} | {"seed": build.get("seed")},
         "tokenizer": {
             "name": tokenizer["name"],
@@ -101,6 +102,7 @@ def report_data(run_dir: str, build: dict | None = None) -> dict:
         "throughput": _throughput(ranks, build["tokens"], build.get("wall_seconds")),
         "inputs": _inputs_summary(build, input_files),
         "input_files": input_files,
+        "retention": build.get("retention"),
     }
 
 
@@ -137,6 +139,16 @@ def _input_files(ranks: list[dict]) -> list[dict]:
     )
 
 
+def _loss(ranks: list[dict]) -> dict:
+    """Tokens that carry loss, and their share of the tokens encoded; None without loss masks (or from a build
+    made before ranks counted them)."""
+    if not all(r["params"].get("save_loss") and "loss_tokens" in r["counts"] for r in ranks):
+        return {"tokens": None, "share": None}
+    tokens = sum(r["counts"]["loss_tokens"] for r in ranks)
+    encoded = sum(r["counts"]["tokens"] for r in ranks)
+    return {"tokens": tokens, "share": tokens / encoded if encoded else None}
+
+
 def _rank_row(rank: dict) -> dict:
     c = rank["counts"]
     return {
@@ -148,6 +160,7 @@ def _rank_row(rank: dict) -> dict:
         "rejected": c["rejected"],
         "rejected_total": c["rejected_total"],
         "special_token_literals": c["special_token_literals_total"],
+        "loss_share": _loss([rank])["share"],
         "seconds": rank["seconds"],
         "load_seconds": rank["tokenizer"].get("load_seconds"),
         "text_mb_per_s": rank.get("throughput", {}).get("text_mb_per_s"),

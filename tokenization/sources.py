@@ -16,6 +16,7 @@ import zstandard
 from isal import igzip, isal_zlib
 
 from tokenization.errors import reaching
+from tokenization.rendering import MISSING, Renderer, get_field, no_loss_ranges, text_field
 from tokenization.storage import is_local, open_fs
 
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
@@ -23,7 +24,6 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 PARQUET_EXTENSION = ".parquet"
 PARQUET_BATCH_ROWS = 1024
 READ_BUFFER = 1 << 20
-MISSING = object()
 UTF8_BOM = b"\xef\xbb\xbf"
 
 log = logging.getLogger(__name__)
@@ -175,18 +175,6 @@ def shard(files: Sequence[InputFile], rank: int, world_size: int) -> list[InputF
     return list(files[rank::world_size])
 
 
-def get_field(obj: dict, key: str) -> object:
-    """``obj[key]``, or a dotted path into nested objects (``meta.text``); :data:`MISSING` when absent."""
-    if key in obj:
-        return obj[key]
-    value: object = obj
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return MISSING
-        value = value[part]
-    return value
-
-
 def _no_loss_ranges(value: object, text: str) -> list[tuple[int, int]] | str | None:
     """Validated ranges, ``None`` when absent, or the reject reason."""
     if value is MISSING or value is None or value == []:
@@ -209,8 +197,17 @@ def _no_loss_ranges(value: object, text: str) -> list[tuple[int, int]] | str | N
 class DocumentReader:
     """Reads documents from a list of files, in order, tracking input bytes consumed for progress."""
 
-    def __init__(self, files: Sequence[InputFile], text_key: str = "text", id_key: str = "id", keep_data: bool = False):
+    def __init__(
+        self,
+        files: Sequence[InputFile],
+        text_key: str = "text",
+        id_key: str = "id",
+        keep_data: bool = False,
+        renderer: Renderer | None = None,
+    ):
+        """``renderer`` makes a record's text (and its loss spans) from its fields instead of ``text_key``."""
         self.files = list(files)
+        self.renderer = renderer
         self.text_key = text_key
         self.id_key = id_key
         self.keep_data = keep_data
@@ -246,14 +243,14 @@ class DocumentReader:
 
         if not isinstance(obj, dict):
             return reject("not_an_object")
-        text = get_field(obj, self.text_key)
-        if text is MISSING or text is None:
-            return reject("missing_text")
-        if not isinstance(text, str):
-            return reject("text_not_string")
+        rendered = self.renderer.render(obj) if self.renderer else text_field(obj, self.text_key)
+        if isinstance(rendered, str):
+            return reject(rendered)
+        text = rendered.text
         ranges = _no_loss_ranges(obj.get("no_loss_ranges", MISSING), text)
         if isinstance(ranges, str):
             return reject(ranges)
+        ranges = no_loss_ranges(rendered.loss_spans, len(text), ranges)
         doc_id = get_field(obj, self.id_key)
         doc_id = f"{url}/{line - 1}" if doc_id is MISSING or doc_id is None else str(doc_id)
         return Record(text, doc_id, ranges, url, line, obj if self.keep_data else None)
@@ -307,7 +304,8 @@ class DocumentReader:
                 parquet = pq.ParquetFile(raw)
                 wanted = {self.text_key, self.id_key, "no_loss_ranges"}
                 wanted |= {key.split(".")[0] for key in (self.text_key, self.id_key)}
-                columns = None if self.keep_data else [n for n in parquet.schema_arrow.names if n in wanted]
+                every = self.keep_data or self.renderer is not None  # a template may name any field
+                columns = None if every else [n for n in parquet.schema_arrow.names if n in wanted]
                 for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
                     for obj in batch.to_pylist():
                         row += 1

@@ -30,6 +30,7 @@ from tokenization.manifest import StageResult
 from tokenization.options import Options, option
 from tokenization.permute import SourcePool, fixed_units, permute_units
 from tokenization.progress import ProgressMode
+from tokenization.rendering import Renderer
 from tokenization.sources import DocumentReader, list_input_files, shard
 from tokenization.storage import join, list_names, remove_if_exists, with_storage_options, writing
 
@@ -61,7 +62,10 @@ class RankOptions(Options):
         help="start a new rank file past this many tokens, at a document boundary (default: one file a rank)",
     )
     save_loss: bool = option(
-        False, title="Write loss masks", help="write .ds.loss (0 for tokens in a record's no_loss_ranges, else 1)"
+        False,
+        title="Write loss masks",
+        help="write .ds.loss: 1 for a token that carries loss, 0 for one in a record's no_loss_ranges or outside "
+        "its loss fields or roles",
     )
     num_buckets: int | None = option(
         None,
@@ -82,6 +86,8 @@ class RankOptions(Options):
         super().__post_init__()
         if self.output_format == "megatron" and self.save_loss:
             raise UsageError("Megatron's indexed dataset has no loss mask: save_loss needs the ds format")
+        if isinstance(self, DocumentOptions) and self.loss_fields and not self.save_loss:
+            raise UsageError("loss_fields needs save_loss: without .ds.loss files the loss spans are lost")
         if self.num_buckets and (self.shuffle_chunk_size or self.output_format == "megatron"):
             raise UsageError("num_buckets moves whole documents into .ds buckets: no shuffle_chunk_size, no megatron")
 
@@ -146,13 +152,14 @@ def tokenize_rank(
     while one runs is refused (``owner`` names this attempt's caller in that message)."""
     started = time.time()
     encoder = config.encoder()  # fails before any data is read
+    renderer = config.renderer()  # so does a chat template that cannot be read
     listing = list_input_files(config.inputs)
     files = shard(listing.files, config.rank, config.world_size)
     log.info(
         "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
     )
     with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
-        counts, written = _encode_and_shuffle(config, encoder, files, attempt, progress)
+        counts, written = _encode_and_shuffle(config, encoder, renderer, files, attempt, progress)
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
         record = manifest.stage_record(
             manifest.MANIFEST_FORMAT,
@@ -163,6 +170,7 @@ def tokenize_rank(
             world_size=config.world_size,
             seed=config.seed,
             tokenizer=encoder.describe(),
+            rendering=renderer and renderer.describe(),
             inputs=[{"url": f.url, "bytes": f.size} for f in files],
             skipped_inputs=listing.skipped,
             input_bytes=sum(f.size for f in files),
@@ -176,12 +184,18 @@ def tokenize_rank(
 
 
 def _encode_and_shuffle(
-    config: TokenizeConfig, encoder: Encoder, files: list, attempt: Attempt, progress: ProgressMode
+    config: TokenizeConfig,
+    encoder: Encoder,
+    renderer: Renderer | None,
+    files: list,
+    attempt: Attempt,
+    progress: ProgressMode,
 ) -> tuple[Counts, list[WrittenTokenFile]]:
     """Both passes in the attempt's working folder; rejected records are published even when they fail the rank,
     as they are what the user needs to look at."""
     try:
-        counts, written = encoder.exactly(lambda: _encode_pass(config, encoder, files, attempt.work, progress))
+        reader = DocumentReader(files, config.text_key, config.id_key, renderer=renderer)
+        counts, written = encoder.exactly(lambda: _encode_pass(config, encoder, reader, attempt.work, progress))
     except TooManyRejects:
         attempt.place(attempt.work / QUARANTINE, manifest.quarantine_name(config.stem))
         raise
@@ -200,7 +214,7 @@ def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenF
     """The manifest's entry of each file; chunk ends in an index are not document ends: say where, for verify."""
     chunk = config.shuffle_chunk_size
     full = (counts.tokens - counts.partial_chunk_tokens - counts.tokens_dropped) if chunk else 0
-    starts = np.cumsum([0] + [w.tokens for w in written[:-1]]).tolist()
+    starts = (np.cumsum([w.tokens for w in written]) - [w.tokens for w in written]).tolist()  # a rank may have none
     return [
         w.to_json() | {"pseudo_ends": manifest.pseudo_ends(start, w.tokens, chunk, full)}
         for w, start in zip(written, starts, strict=True)
@@ -208,11 +222,10 @@ def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenF
 
 
 def _encode_pass(
-    config: TokenizeConfig, encoder: Encoder, files: list, work: Path, progress: ProgressMode
+    config: TokenizeConfig, encoder: Encoder, reader: DocumentReader, work: Path, progress: ProgressMode
 ) -> tuple[Counts, list[WrittenTokenFile]]:
     """Pass 1: encode the rank's documents in input order into the working directory, rejects to quarantine."""
     counts = Counts()
-    reader = DocumentReader(files, config.text_key, config.id_key)
     direct = not (config.shuffle_documents or config.shuffle_chunk_size or config.num_buckets)
     writer = SplitWriter(
         work,
@@ -227,9 +240,7 @@ def _encode_pass(
     quarantine = work / QUARANTINE
     with writing(quarantine), open(quarantine, "wb") as bad:
         try:
-            tally = RejectTally(
-                counts, where, config.text_key, config.max_rejects, config.max_reject_fraction, sink=bad
-            )
+            tally = RejectTally(counts, where, config.source, config.max_rejects, config.max_reject_fraction, sink=bad)
             batches = encoded_batches(reader, encoder, counts, config, tally, where, config.save_loss, progress)
             with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
                 for batch in batches:

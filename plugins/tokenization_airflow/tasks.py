@@ -48,10 +48,13 @@ def check_map_length(params: dict, max_map_length: int) -> None:
 
 
 def check_locations(params: dict) -> None:
-    """Inputs, outputs and tokenizer files only where the deployment allows (never http://, never /etc)."""
+    """Inputs, outputs, tokenizer and chat template files only where the deployment allows (never http://,
+    never /etc)."""
     allowed = allowed_locations()
     for name in ("input", "output"):
         allowed.check(name, params[name])
+    if params.get("chat_template"):
+        allowed.check("chat_template", params["chat_template"])
     tokenizer = params["tokenizer"]
     if "://" in tokenizer or tokenizer.startswith(("/", ".", "~")) or os.path.exists(tokenizer):
         allowed.check("tokenizer", tokenizer)  # anything else is a hub name: the hub is a fixed host

@@ -336,10 +336,9 @@ class Build:
 
     def run(self, parallel: int = 1, progress: ProgressMode = None, keep: int | None = None) -> Published:
         """The whole build on this machine: the ranks as up to ``parallel`` processes at once, the merge, the
-        context shards (as processes too), then publish (which keeps ``keep`` complete builds, when it is given).
-        A step that fails stops the build; running it again
-        with the same build id keeps the complete ranks, resumes the merge after its last published file, and
-        redoes the rest, with the same bytes."""
+        context shards (as processes too), then publish (keeping ``keep`` complete builds, when given). A step
+        that fails stops the build; running it again with the same build id keeps the complete ranks, resumes the
+        merge after its last published file, and redoes the rest, with the same bytes."""
         self._in_processes("tokenize", [(rank,) for rank in sorted(self.incomplete_ranks())], parallel)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")

@@ -33,7 +33,7 @@ from tokenization.manifest import StageResult
 from tokenization.options import Options, option
 from tokenization.permute import MAX_OPEN_FILES, SourcePool, move_units
 from tokenization.progress import Progress, ProgressMode
-from tokenization.storage import join, list_names, with_storage_options
+from tokenization.storage import join, list_names, list_sizes, open_fs, with_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,11 @@ def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
     """Check every input before anything is written; a mix of token sizes or tokenizers is an error."""
     if not urls:
         raise TokenFileError("no .ds files to merge")
-    described = manifest.output_entries(urls[0].rsplit("/", 1)[0])
+    folder = urls[0].rsplit("/", 1)[0]
+    described = manifest.output_entries(folder)
     entries = [described.get(u.rsplit("/", 1)[-1], {}) for u in urls]
-    files = [TokenFile(u) for u in urls]  # raises when a .metadata is missing: the size is never assumed
+    listing = list_sizes(*open_fs(folder))  # one listing for the sizes of every file, not a HEAD each
+    files = [TokenFile(u, listing=listing) for u in urls]  # raises when a .metadata is missing: never assumed
     first = files[0]
     ends_list, sizes = [], []
     for f in files:
@@ -154,17 +156,17 @@ def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
             )
         ends = np.asarray(f.ends, dtype=np.int64)
         total = int(ends[-1]) if len(ends) else 0
-        if f.num_tokens != total or f.fs.size(f.path) % f.token_size:
-            raise TokenFileError(f"{f.url}: {f.fs.size(f.path)} bytes, but its index ends at token {total}")
+        if f.num_tokens != total or f.size("") % f.token_size:
+            raise TokenFileError(f"{f.url}: {f.size('')} bytes, but its index ends at token {total}")
         if len(ends) and (ends[0] < 0 or np.any(np.diff(ends) < 0)):
             raise TokenFileError(f"{f.url}.index: entries are not non-decreasing")
         if save_loss:
-            if not f.fs.exists(f.path + ".loss"):
+            if not f.exists(".loss"):
                 raise TokenFileError(f"{f.url}.loss is missing (merge without save_loss, or re-tokenize with it)")
-            if f.fs.size(f.path + ".loss") != total:
-                raise TokenFileError(f"{f.url}.loss: {f.fs.size(f.path + '.loss')} bytes for {total} tokens")
+            if f.size(".loss") != total:
+                raise TokenFileError(f"{f.url}.loss: {f.size('.loss')} bytes for {total} tokens")
         ends_list.append(ends)
-        sizes.append(f.fs.size(f.path))
+        sizes.append(f.size(""))
     distinct = {e["_manifest"].get("tokenizer", {}).get("sha256") for e in entries if e} - {None}
     if len(distinct) > 1:
         raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")

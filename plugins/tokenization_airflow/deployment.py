@@ -17,8 +17,18 @@ MERGE_POOL = "tokenization_merge"
 MERGE_QUEUE = os.environ.get("TOKENIZATION_MERGE_QUEUE", "large_disk")
 WORKDIR = os.environ.get("TOKENIZATION_WORKDIR")  # where ranks and context shards stage (default: system temp)
 MERGE_WORKDIR = os.environ.get("TOKENIZATION_MERGE_WORKDIR")  # the large-disk worker's disk, for the merge
-# Complete builds kept under the output once a build is published (unset: all); the newest is always kept.
-KEEP_BUILDS = int(os.environ["TOKENIZATION_KEEP_BUILDS"]) if os.environ.get("TOKENIZATION_KEEP_BUILDS") else None
+
+
+def _keep_builds(value: str | None) -> int | None:
+    """``TOKENIZATION_KEEP_BUILDS``: complete builds kept under the output once a build is published (unset: all)."""
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"TOKENIZATION_KEEP_BUILDS={value!r}: give a whole number of builds, at least 1, or unset it")
+    return int(value)
+
+
+KEEP_BUILDS = _keep_builds(os.environ.get("TOKENIZATION_KEEP_BUILDS"))
 # When the nightly build runs: a cron expression in UTC, or "none" for triggered runs only.
 SCHEDULE = os.environ.get("TOKENIZATION_SCHEDULE", "0 2 * * *")
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,21 @@ def build_of(run) -> tuple[Path, dict]:
 
     folder = Path(folder_for(os.environ["TOKENIZATION_OUTPUT"], run.run_id))
     return folder, json.loads((folder / "_BUILD.json").read_text())
+
+
+@pytest.fixture
+def storage_questions(monkeypatch) -> Counter:
+    """Counts the size and existence questions asked of local storage: on S3 each is a HEAD request, one after
+    another. (A local listing asks ``info`` of each entry, so that is not counted: on S3 a listing is one request.)"""
+    from fsspec.implementations.local import LocalFileSystem
+
+    asked: Counter = Counter()
+    for name in ("exists", "size"):
+        real = getattr(LocalFileSystem, name)
+
+        def counted(self, path, *args, _name=name, _real=real, **kwargs):
+            asked[_name] += 1
+            return _real(self, path, *args, **kwargs)
+
+        monkeypatch.setattr(LocalFileSystem, name, counted)
+    return asked

@@ -211,23 +211,13 @@ def test_credentials_never_reach_a_manifest_nor_stop_a_resume(tmp_path, ranks) -
     assert b"s3cr3t" not in written and b"AKIA-ROTATED" not in written
 
 
-def test_checking_the_inputs_asks_storage_no_size_and_no_existence(ranks, monkeypatch) -> None:
+def test_checking_the_inputs_asks_storage_no_size_and_no_existence(ranks, storage_questions) -> None:
     """On S3 each size or existence question is a HEAD request: a bucket merge of a thousand rank files would wait
     for ten thousand of them. The inputs' sizes come from one listing of their folder instead."""
-    from fsspec.implementations.local import LocalFileSystem
-
     from tokenization.manifest import token_files
     from tokenization.merge import validate_inputs
 
-    asked: Counter = Counter()
-    for name in ("exists", "size"):  # (a local listing asks info of each entry: on S3 it is one request)
-        real = getattr(LocalFileSystem, name)
-        monkeypatch.setattr(
-            LocalFileSystem,
-            name,
-            lambda self, path, *a, _n=name, _r=real, **k: asked.update([_n]) or _r(self, path, *a, **k),
-        )
     urls = token_files(str(ranks))
     inputs = validate_inputs(urls, save_loss=True)
     assert len(urls) == 3 and sum(inputs.sizes) > 0
-    assert asked == Counter(), asked
+    assert storage_questions == Counter(), storage_questions

@@ -144,3 +144,9 @@ def test_manifest_counts_and_markers_are_checked(rank, sample_tokenizer) -> None
     assert f"{rank}/_manifests/00000.json: has no completion marker: its stage did not finish" in (
         check(rank, sample_tokenizer).problems
     )
+
+
+def test_verify_asks_storage_no_size_and_no_existence_a_file(rank, sample_tokenizer, storage_questions) -> None:
+    """publish verifies a whole dataset: the folder's one listing answers every size and existence question."""
+    report = check(rank, sample_tokenizer)
+    assert report.ok and report.files == 1 and not storage_questions, storage_questions

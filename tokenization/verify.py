@@ -22,7 +22,7 @@ from tokenization.encoding import Encoder
 from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
 from tokenization.formats.megatron import MegatronFile
-from tokenization.storage import join, list_names, open_fs
+from tokenization.storage import join, list_names, list_sizes, open_fs
 
 BLOCK_BYTES = 64 << 20
 MAX_REPORTED = 10  # problems of one kind reported per file, then a count
@@ -66,17 +66,18 @@ def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None)
         encoder = Encoder(tokenizer, eos_token, no_eos=eos_token is None)
         checks = _Checks(encoder.vocab_size, encoder.eos_id)
     fs, path = open_fs(url)
-    names = set(list_names(fs, path))
+    sizes = list_sizes(fs, path)  # one listing answers every existence and size question (a HEAD each on S3)
+    names = set(sizes)
     described = manifest.output_entries(url)
     ds_files, bin_files = token_file_names(names, (DS,)), token_file_names(names, (MEGATRON,))
     if not ds_files and not bin_files:
         report.problem(url, "no .ds or .bin files")
     _check_completeness(fs, path, url, {*ds_files, *bin_files}, described, report)
     for name in ds_files:
-        _verify_ds(fs, join(path, name), join(url.rstrip("/"), name), described.get(name), checks, report)
+        _verify_ds(fs, join(path, name), join(url.rstrip("/"), name), described.get(name), sizes, checks, report)
     for name in bin_files:
-        _verify_megatron(fs, join(url.rstrip("/"), name), described.get(name), checks, report)
-    _verify_dataset_metadata(fs, path, names, report)
+        _verify_megatron(fs, join(url.rstrip("/"), name), described.get(name), sizes, checks, report)
+    _verify_dataset_metadata(fs, path, sizes, report)
     return report
 
 
@@ -130,22 +131,27 @@ def _source(entry: dict) -> str:
     return f"the {owner.get('stage', 'stage')} manifest{f' of {stem}' if stem else ''}"
 
 
-def _verify_ds(fs, path: str, label: str, entry: dict | None, checks: _Checks, report: Report) -> None:
+def _verify_ds(
+    fs, path: str, label: str, entry: dict | None, sizes: dict[str, int], checks: _Checks, report: Report
+) -> None:
+    """One ``.ds`` family; ``sizes``: its folder's files by name, from the listing."""
     report.files += 1
-    size = fs.size(path)
+    name = path.rsplit("/", 1)[-1]
+    size = sizes[name]
     meta = None
-    if fs.exists(path + ".metadata"):
+    if name + ".metadata" in sizes:
         try:
             meta = Metadata.parse(fs.cat_file(path + ".metadata").decode("utf-8"), f"{label}.metadata")
         except (TokenFileError, UnicodeDecodeError) as exc:
             report.problem(f"{label}.metadata", str(exc))
     else:
         report.problem(f"{label}.metadata", "missing: the token size is unknown")
-    if not fs.exists(path + ".index"):
+    if name + ".index" not in sizes:
         report.problem(f"{label}.index", "missing")
         return
     try:
-        ends = np.asarray(map_array(fs, path + ".index", INDEX_DTYPE, f"{label}.index"), dtype=np.int64)
+        index = map_array(fs, path + ".index", INDEX_DTYPE, f"{label}.index", sizes[name + ".index"])
+        ends = np.asarray(index, dtype=np.int64)
     except TokenFileError as exc:
         report.problem(f"{label}.index", str(exc))
         return
@@ -161,22 +167,24 @@ def _verify_ds(fs, path: str, label: str, entry: dict | None, checks: _Checks, r
         report.problem(f"{label}.metadata", f"says {meta.token_count} tokens, the file holds {tokens}")
     _check_index(ends, label, checks, report)
     _check_counts(entry, tokens, len(ends), label, report)
-    hashes = {path.rsplit("/", 1)[-1]: hashlib.sha256()}
-    has_loss = fs.exists(path + ".loss")
-    if has_loss and fs.size(path + ".loss") != tokens:
-        report.problem(f"{label}.loss", f"{fs.size(path + '.loss')} bytes for {tokens} tokens")
+    hashes = {name: hashlib.sha256()}
+    has_loss = name + ".loss" in sizes
+    if has_loss and sizes[name + ".loss"] != tokens:
+        report.problem(f"{label}.loss", f"{sizes[name + '.loss']} bytes for {tokens} tokens")
     dtype = token_dtype(token_size)
-    for offset, block in _blocks(fs, path, dtype, hashes[path.rsplit("/", 1)[-1]]):
+    for offset, block in _blocks(fs, path, dtype, hashes[name]):
         _check_tokens(block, offset, ends, entry, label, checks, report)
     if has_loss:
-        loss_hash = hashes.setdefault(path.rsplit("/", 1)[-1] + ".loss", hashlib.sha256())
+        loss_hash = hashes.setdefault(name + ".loss", hashlib.sha256())
         for offset, block in _blocks(fs, path + ".loss", LOSS_DTYPE, loss_hash):
             report.problems_at(f"{label}.loss", "loss byte is neither 0 nor 1", offset + np.flatnonzero(block > 1))
-    _check_checksums(fs, path.rsplit("/", 1)[0], entry, hashes, label, report)
+    _check_checksums(fs, path.rsplit("/", 1)[0], entry, sizes, hashes, report)
     report.tokens += tokens
 
 
-def _verify_megatron(fs, label: str, entry: dict | None, checks: _Checks, report: Report) -> None:
+def _verify_megatron(
+    fs, label: str, entry: dict | None, sizes: dict[str, int], checks: _Checks, report: Report
+) -> None:
     report.files += 1
     try:
         mg = MegatronFile(label)
@@ -200,7 +208,7 @@ def _verify_megatron(fs, label: str, entry: dict | None, checks: _Checks, report
     hashes = {mg.bin_path.rsplit("/", 1)[-1]: hashlib.sha256()}
     for offset, block in _blocks(fs, mg.bin_path, mg.dtype, hashes[mg.bin_path.rsplit("/", 1)[-1]]):
         _check_tokens(block, offset, ends, entry, label, checks, report)
-    _check_checksums(fs, mg.bin_path.rsplit("/", 1)[0], entry, hashes, label, report)
+    _check_checksums(fs, mg.bin_path.rsplit("/", 1)[0], entry, sizes, hashes, report)
     report.tokens += mg.num_tokens
 
 
@@ -258,24 +266,23 @@ def _blocks(fs, path: str, dtype: np.dtype, digest) -> Iterator[tuple[int, np.nd
             offset += usable // dtype.itemsize
 
 
-def _check_checksums(fs, folder: str, entry: dict | None, hashes: dict, label: str, report: Report) -> None:
+def _check_checksums(fs, folder: str, entry: dict | None, sizes: dict[str, int], hashes: dict, report: Report) -> None:
     """Sizes and sha256 of every file the manifest lists for this output (the big ones hashed while streamed)."""
     if entry is None:
         return
     for name, info in entry["files"].items():
         path = join(folder, name)
-        if not fs.exists(path):
+        if name not in sizes:
             report.problem(path, "listed in the manifest but missing")
             continue
         digest = hashes.get(name) or hashlib.sha256(fs.cat_file(path))
-        if fs.size(path) != info["bytes"] or digest.hexdigest() != info["sha256"]:
-            report.problem(
-                path, f"differs from the manifest ({fs.size(path)} bytes, sha256 {digest.hexdigest()[:12]}…)"
-            )
+        if sizes[name] != info["bytes"] or digest.hexdigest() != info["sha256"]:
+            report.problem(path, f"differs from the manifest ({sizes[name]} bytes, sha256 {digest.hexdigest()[:12]}…)")
 
 
-def _verify_dataset_metadata(fs, path: str, names: set[str], report: Report) -> None:
+def _verify_dataset_metadata(fs, path: str, sizes: dict[str, int], report: Report) -> None:
     """A merged dataset's ``{name}.ds.metadata`` (with no ``{name}.ds``) counts the tokens of ``NNN_{name}.ds``."""
+    names = set(sizes)
     for meta_name in sorted(n for n in names if n.endswith(".ds.metadata") and n[: -len(".metadata")] not in names):
         stem = meta_name[: -len(".ds.metadata")]
         parts = [n for n in names if n.endswith(f"_{stem}.ds") and n.split("_", 1)[0].isdigit()]
@@ -284,7 +291,7 @@ def _verify_dataset_metadata(fs, path: str, names: set[str], report: Report) -> 
         except TokenFileError as exc:
             report.problem(join(path, meta_name), str(exc))
             continue
-        total = sum(fs.size(join(path, n)) // meta.token_size for n in parts)
+        total = sum(sizes[n] // meta.token_size for n in parts)
         if meta.token_count != total:
             report.problem(
                 join(path, meta_name), f"says {meta.token_count} tokens, its {len(parts)} files hold {total}"

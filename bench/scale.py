@@ -3,18 +3,19 @@
     python bench/scale.py [--ranks 64] [--buckets 16] [--copies 2] [--out docs/scaling.md]
 
 It starts the distributed test's deployment (``tests/cluster.py``: api-server, scheduler, dag-processor, triggerer
-and two Celery workers on PostgreSQL and Redis; S3 served by moto behind a proxy that answers every 7th request
-with 503 SlowDown), here with both workers on both queues and a merge pool of 4 slots, so that bucket merges spread
-over them. It runs ``tokenize_corpus`` once with ``merge_mode: bucketed`` on the shared corpora, dealt into one
-gzipped input file a rank, with GPT-2 read from S3, and reports:
+and two Celery workers on PostgreSQL and Redis; S3 served by moto behind a proxy that answers some requests with
+503 SlowDown, every 50th here), with both workers on both queues and a merge pool of 4 slots, so that bucket
+merges spread over them. It runs ``tokenize_corpus`` once with ``merge_mode: bucketed`` on the shared corpora,
+dealt into one gzipped input file a rank, with GPT-2 read from S3, and reports:
 
 * wall time, of the run and of each stage (a stage lasts from its first task's start to its last one's end);
 * per task: duration, the part of it the stage itself took (from its manifest), worker, peak RSS (manifest);
 * S3 requests by stage and kind, against what ``bench/scale_plan.py`` predicts for this corpus and these settings;
 * the scheduler's side: task instances, sensor reschedules, XCom bytes, database commits, its CPU time.
 
-A benchmark (~10 minutes on 2 cores), not a test: nothing asserts a figure. ``--out docs/scaling.md`` writes the
-report into that page between its markers, beside the plan it checks.
+A benchmark (~12 minutes on 2 cores), not a test: nothing asserts a figure. The raw measurements are kept
+(``--measurements``), so ``--report-only`` writes the report again; ``--out docs/scaling.md`` writes it into that
+page between its markers, beside the plan it checks.
 """
 
 from __future__ import annotations

@@ -375,3 +375,16 @@ def test_a_chat_template_that_cannot_be_used_fails_the_plan(tmp_path, sample_cor
     with pytest.raises(UsageError, match=message):
         Build.start(config, "chat")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_chat_template_cannot_read_the_clock() -> None:
+    """The same records give the same bytes on any day: Llama 3.1's template falls back to its fixed date."""
+    dated = (
+        "{% if strftime_now is defined %}{% set day = strftime_now('%d %b %Y') %}"
+        "{% else %}{% set day = '26 Jul 2024' %}{% endif %}"
+        "Today: {{ day }}\n{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    rendered = chat_template(dated, "llama31.jinja", "messages", ["assistant"]).render(
+        {"messages": [{"role": "assistant", "content": "x"}]}
+    )
+    assert rendered.text == "Today: 26 Jul 2024\nx" and rendered.loss_spans == [(19, 20)]

@@ -15,7 +15,6 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
 
 import jinja2
 import jinja2.ext
@@ -176,11 +175,14 @@ def _raise(message: str) -> None:
 
 def chat_template(source: str, where: str, messages_key: str, loss_roles: Iterable[str]) -> Renderer:
     """Chat records: ``messages_key`` holds a list of ``{role, content}`` messages, which a Jinja2 chat template
-    (HF's conventions: ``messages``, ``bos_token``, ``eos_token``, ``add_generation_prompt``, ``raise_exception``)
+    (HF's conventions: ``messages``, ``bos_token``, ``eos_token``, ``add_generation_prompt``, ``raise_exception``;
+    not ``strftime_now``)
     renders. The sandbox gives a template no file, network or attribute access beyond its data."""
     text, tokens = read_chat_template(source, where)
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.globals |= {"raise_exception": _raise, "strftime_now": lambda fmt: datetime.now().strftime(fmt)}
+    # No strftime_now, which HF offers: a build must not depend on the day it runs (Llama 3.1's template then
+    # writes its fixed fallback date).
+    env.globals["raise_exception"] = _raise
     try:
         template = env.from_string(text)
     except jinja2.TemplateSyntaxError as exc:

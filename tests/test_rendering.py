@@ -348,6 +348,13 @@ def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_wit
     assert [row["loss_share"] for row in data["ranks"]] == pytest.approx(shares) and min(shares) > 0.3
     assert f'<td data-key="loss_tokens">{in_dataset:,} ({in_dataset / data["tokens"]:.1%})</td>' in render_html(data)
     assert ranks[0]["rendering"]["text"] == INSTRUCTION
+    shown = {k: data["settings"][k] for k in ("template", "loss_fields", "messages_key", "loss_roles")}
+    assert shown == {
+        "template": INSTRUCTION,
+        "loss_fields": "response",
+        "messages_key": None,
+        "loss_roles": "assistant",
+    }
 
 
 @pytest.mark.parametrize(

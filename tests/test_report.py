@@ -57,6 +57,7 @@ def test_the_verdict_comes_first_and_figures_are_written_for_people(small_build)
 
     tokens = data["tokens"]
     assert tokens > 1000 and f'<td data-key="tokens">{tokens:,}</td>' in page
+    assert "template" not in data["settings"]  # the rendering settings show only when records were rendered
     assert f"{data['ranks'][0]['tokens']:,}" in page
     assert '<td data-key="engines">gigatoken</td>' in page and "[&#39;" not in page and "['" not in page
     assert '<td data-key="wall_seconds">1 min 12 s</td>' in page

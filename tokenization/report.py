@@ -40,6 +40,7 @@ SETTINGS = (
     "engine",
     "threads",
 )
+RENDERING = ("template", "loss_fields", "messages_key", "chat_template", "loss_roles")  # when records are rendered
 
 
 def report_data(run_dir: str, build: dict | None = None) -> dict:
@@ -85,7 +86,7 @@ def report_data(run_dir: str, build: dict | None = None) -> dict:
         ],
         "tokens_dropped": dropped | {"total": sum(dropped.values())},
         "loss": _loss(ranks),
-        "settings": {k: build.get("params", {}).get(k) for k in SETTINGS} | {"seed": build.get("seed")},
+        "settings": _settings(build.get("params", {})) | {"seed": build.get("seed")},
         "tokenizer": {
             "name": tokenizer["name"],
             "sha256": tokenizer["sha256"],
@@ -137,6 +138,12 @@ def _input_files(ranks: list[dict]) -> list[dict]:
         ({"url": f["url"], "bytes": f["bytes"], "rank": r["rank"]} for r in ranks for f in r.get("inputs", [])),
         key=lambda f: f["url"],
     )
+
+
+def _settings(params: dict) -> dict:
+    """The settings that shape the dataset; how records were rendered, when they were."""
+    rendered = params.get("template") or params.get("messages_key")
+    return {k: params.get(k) for k in SETTINGS + (RENDERING if rendered else ())}
 
 
 def _loss(ranks: list[dict]) -> dict:

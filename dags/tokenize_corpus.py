@@ -10,9 +10,12 @@ plan -> tokenize [rank-0 ..] -> wait_for_shards -> merge [all | bucket-0 ..] -> 
 ```
 
 - **plan** refuses a misspelled param, too many ranks, a location outside the allowed ones and a missing merge
-  pool; loads the tokenizer and its EOS; claims `{output}/{run id}/`; fixes the seed (the `seed` param, or one
-  derived from the run id, the same for every retry).
-- **tokenize** is one task a rank: rank r encodes input files r, r + ranks, ... and shuffles its documents.
+  pool; loads the tokenizer and its EOS; fixes the seed (the `seed` param, or one derived from the run id, the
+  same for every retry); lists the input once and claims `{output}/{run id}/` with the plan: the settings and the
+  exact input files. Clearing it resumes only the same plan: other settings, or a planned file gone or changed,
+  are refused, naming each difference.
+- **tokenize** is one task a rank: rank r encodes the plan's input files r, r + ranks, ... (never a new listing:
+  files that land later wait for the next build) and shuffles its documents.
   Rejected records go to `_quarantine/` with their reason; too many fail the rank.
 - **wait_for_shards** waits until every rank's completion marker, manifest and files are on storage, and keeps
   waiting while a failed rank is cleared and run again.
@@ -86,6 +89,7 @@ PARAMS = build_params(DEFAULTS) | airflow_params()
 )
 def tokenize_corpus():
     @task(retries=0)
+    @tasks.fails_at_once_on_data_errors
     def plan(params: dict | None = None, run_id: str | None = None, dag_run=None) -> list[int]:
         """Returns the ranks to map over; the run's plan goes out as XCom ``spec``."""
         max_map_length = airflow_conf.getint("core", "max_map_length", fallback=tasks.MAP_LENGTH_FALLBACK)
@@ -94,6 +98,7 @@ def tokenize_corpus():
         return build.plan.ranks
 
     @task(map_index_template="rank-{{ rank_label }}")
+    @tasks.fails_at_once_on_data_errors
     def tokenize(spec: dict, rank: int, params: dict | None = None) -> list[str]:
         """Returns the rank's file names."""
         context = get_current_context()
@@ -103,6 +108,7 @@ def tokenize_corpus():
         return result.outputs
 
     @task(pool=MERGE_POOL, pool_slots=1, queue=MERGE_QUEUE, map_index_template="bucket-{{ bucket_label }}")
+    @tasks.fails_at_once_on_data_errors
     def merge(spec: dict, bucket: int | None, params: dict | None = None) -> list[str]:
         """Returns the merged file names: of everything (bucket None), or of one bucket."""
         context = get_current_context()
@@ -110,11 +116,13 @@ def tokenize_corpus():
         return tasks.build_of(params, spec).merge(bucket, params["progress_seconds"], attempt_owner(context)).outputs
 
     @task
+    @tasks.fails_at_once_on_data_errors
     def plan_context(spec: dict, params: dict | None = None) -> list[int]:
         """Returns the context-shuffle shards to map over, from the merged files on storage."""
         return tasks.build_of(params, spec).context_shards()
 
     @task(map_index_template="shard-{{ shard_label }}")
+    @tasks.fails_at_once_on_data_errors
     def context_shuffle(spec: dict, shard: int, shards: list, params: dict | None = None) -> list[str]:
         """Returns the shard's file names."""
         context = get_current_context()
@@ -123,6 +131,7 @@ def tokenize_corpus():
         return build.context_shuffle(shard, len(shards), params["progress_seconds"], attempt_owner(context)).outputs
 
     @task(trigger_rule=TriggerRule.NONE_FAILED, outlets=[DATASET])
+    @tasks.fails_at_once_on_data_errors
     def publish(spec: dict, params=None, run_id=None, outlet_events=None) -> dict:
         """Returns the build's figures, which the builds page lists; the Asset event carries them too."""
         published = tasks.build_of(params, spec).publish(KEEP_BUILDS).summary()

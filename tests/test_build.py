@@ -31,14 +31,14 @@ def test_run_ids_map_to_folders_one_to_one() -> None:
 
 def test_a_folder_of_another_run_is_refused(tmp_path) -> None:
     folder = str(tmp_path / "run")
-    claim(folder, "nightly")
-    claim(folder, "nightly")  # a retry of the same run
+    made = claim(folder, "nightly", {"seed": 1})
+    assert claim(folder, "nightly", {"seed": 2}) == made  # a retry of the same run finds the plan it made first
     with pytest.raises(BuildError, match=r"holds the output of run 'nightly', not of 'manual': two runs never share"):
-        claim(folder, "manual")
+        claim(folder, "manual", {})
     (tmp_path / "unclaimed").mkdir()
     (tmp_path / "unclaimed" / "ranks").mkdir()
     with pytest.raises(BuildError, match=r"unclaimed already holds ranks, which no run claims"):
-        claim(str(tmp_path / "unclaimed"), "manual")
+        claim(str(tmp_path / "unclaimed"), "manual", {})
 
 
 @pytest.fixture
@@ -108,7 +108,14 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     assert (first.verified, first.docs, first.rejects, first.files, first.tokens) == (True, 308, 0, 4, 64_522)
     record = orjson.loads((tmp_path / "first" / "_BUILD.json").read_bytes())
     assert record == first.record and record["dataset"] == str(tmp_path / "first" / "context")
-    assert record["inputs"] == {"spec": str(sample_corpus), "files": 4, "bytes": 93_196, "skipped": 0}
+    assert record["inputs"] == {
+        "spec": str(sample_corpus),
+        "files": 4,
+        "bytes": 93_196,
+        "skipped": 0,
+        "hidden": 0,
+        "arrived_after_plan": {"files": 0, "first": []},
+    }
     assert record["wall_seconds"] > 0 and record["started"] <= record["finished"]
     assert "storage_options" not in record["params"] and record["params"]["num_ranks"] == 3
     assert (tmp_path / "first" / "report.html").exists()
@@ -130,7 +137,8 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     assert Build.start(config, "second").run(parallel=1).digest == first.digest
     markers = tmp_path / "first" / "ranks" / "_completions"
     kept = {p.name: p.read_bytes() for p in markers.iterdir()}
-    (markers / "00001.json").unlink()  # rank 1 did not finish
+    (markers / "00001.json").unlink()  # rank 1 did not finish, so the build was not published
+    (tmp_path / "first" / "_BUILD.json").unlink()
     again = Build.start(config, "first").run(parallel=2)
     assert again.digest == first.digest
     redone = {p.name: p.read_bytes() for p in markers.iterdir()}

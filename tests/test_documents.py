@@ -9,9 +9,10 @@ import threading
 
 import pytest
 
-from tests.conftest import EOS
+from tests.conftest import EOS, write_jsonl
 from tokenization import documents
-from tokenization.documents import ReadAhead
+from tokenization.count import CountConfig, count_tokens
+from tokenization.documents import ReadAhead, TooManyRejects
 from tokenization.merge import MergeConfig, merge
 from tokenization.tokenize import TokenizeConfig, tokenize_rank
 
@@ -74,3 +75,27 @@ LINE = (
     r"[\w ]+: \d+\.\d% of [\d,.]+ (?:{unit}), [\d,]+ {counts}, \d+\.\d\d Mtok/s, "
     r"ETA (?:\d+:\d\d:\d\d|unknown)( \(done in [\d.]+s\))?"
 )
+
+
+def test_too_many_rejects_still_names_the_text_key_and_the_fields_the_records_have(tmp_path, sample_tokenizer):
+    """A wrong text key passes max_rejects long before the pass ends: that error, too, says what the records hold."""
+    path = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"question {i}", "response": "answer"} for i in range(5)])
+    with pytest.raises(TooManyRejects) as info:
+        count_tokens(CountConfig(inputs=[str(path)], tokenizer=str(sample_tokenizer), max_rejects=2))
+    assert str(info.value) == (
+        f"count: 3 rejected records exceed max_rejects=2; latest: {path} line 3: missing_text; by reason: "
+        f"missing_text 3; first: {path} line 1; text key 'text'; its records have the fields prompt, response"
+    )
+
+
+@pytest.mark.parametrize("stage", ["tokenize", "count"])
+def test_max_record_bytes_reaches_the_reader(tmp_path, sample_tokenizer, stage: str) -> None:
+    path = write_jsonl(tmp_path / "in.jsonl", [{"text": "short"}] * 200 + [{"text": "too long " * 10}])
+    options = {"inputs": [str(path)], "tokenizer": str(sample_tokenizer), "max_record_bytes": 50}
+    if stage == "tokenize":
+        counts = tokenize_rank(TokenizeConfig(output=str(tmp_path / "out"), eos_token=EOS, **options)).to_json()
+        rejected, written = counts["counts"]["rejected"], counts["counts"]["docs_written"]
+    else:
+        record = count_tokens(CountConfig(**options)).record
+        rejected, written = record["rejected"], record["docs"]
+    assert rejected == {"record_too_large": 1} and written == 200

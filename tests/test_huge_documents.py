@@ -3,12 +3,16 @@ bytes: ``PIECE_CHARS`` is lowered so that documents of ~100 kB built from the sh
 
 from __future__ import annotations
 
+import base64
+import functools
 import gzip
 import itertools
 import json
 import logging
+import random
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +20,9 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from tests.conftest import shared_path
-from tokenization import encoding
-from tokenization.encoding import CUT_PROBE, Encoder, EngineMismatch, Piece
+from tokenization import documents, encoding, fast_engine
+from tokenization.cli import main
+from tokenization.encoding import CUT_PROBE, NO_EXACT_CUT, Encoder, EngineMismatch, NoExactCut, Piece
 from tokenization.fast_engine import FastEngine
 from tokenization.formats.ds import TokenFile
 
@@ -27,6 +32,17 @@ NAMES = ("gpt2", "llama3", "mistral-7b", "falcon-7b", "deepseek-v4")
 FAST = ("gpt2", "llama3")  # the shared tokenizers the fast engine claims
 HUGE_CHARS = 50_000_000
 MAX_RSS_KB = 1 << 20  # 1 GiB: one 50 MB document peaked at 5.2 GB before it was cut into pieces
+HUGE_BYTES = 50_000_000  # of UTF-8: one all-CJK document of this size peaked at 6.7 GB, minified code at 5.7 GB
+SCRIPT_BYTES = 400_000  # a document of each script compared with HF whole, cut ~100 times below
+SCRIPT_PIECE_CHARS = 2048
+# Real-looking minified JavaScript with JSON in it, its spaces taken out: cut only next to punctuation
+MINIFIED = """!function(e,t){"object"==typeof exports&&"undefined"!=typeof module?module.exports=t():"function"==
+typeof define&&define.amd?define(t):(e=e||self).Util=t()}(this,function(){"use strict";var e={},t=/[&<>"']/g,n=
+{"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"};function r(e){return null==e?"":String(e).replace(t,
+function(e){return n[e]})}function o(e,t){for(var n=0,r=e.length;n<r;n++)if(!1===t(e[n],n,e))return e;return e}
+e.escape=r,e.each=o,e.config={"version":"3.2.1","locale":"en-US","retries":3,"timeout":1500,"endpoints":
+["/api/v1/items","/api/v1/users"]};return e});
+""".replace(" ", "").replace("\n", "")
 
 
 def corpus_text(path: Path) -> str:
@@ -38,9 +54,10 @@ def corpus_text(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def long_docs() -> list[str]:
-    """A ~100 kB document from each shared corpus, and one with nowhere to cut (no space between letters)."""
+    """A ~100 kB document from each shared corpus, one of numbers cut at spaces after punctuation, and one with
+    nowhere to cut (digits alone: one pretoken)."""
     corpora = sorted(shared_path("corpora").glob("*.jsonl.gz"))
-    return [corpus_text(path)[:DOC_CHARS] for path in corpora] + ["12, 345; " * (DOC_CHARS // 8)]
+    return [corpus_text(path)[:DOC_CHARS] for path in corpora] + ["12, 345; " * (DOC_CHARS // 8), "1234" * 25_000]
 
 
 @pytest.fixture
@@ -159,6 +176,9 @@ def test_a_tokenizer_that_cannot_be_cut_encodes_long_documents_whole(tmp_path, m
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
         f"{tmp_path / 'tokenizer.json'}: no exact way to cut long documents into pieces: each is encoded whole"
     ]
+    monkeypatch.setattr(encoding, "MAX_PIECE_CHARS", 1000)  # unless that takes gigabytes
+    with pytest.raises(NoExactCut, match=r"^1600 characters, and its tokenizer cannot be cut exactly: encoded whole"):
+        encoder.encode(texts)
 
 
 HUGE_RUN = """
@@ -203,3 +223,195 @@ def test_a_50_mb_document_needs_under_1_gb(tmp_path) -> None:
     written = TokenFile(str(next((tmp_path / "out").glob("*.ds")))).tokens
     assert len(written) == len(expected) + 1 and written[-1] == 50256
     np.testing.assert_array_equal(written[:-1], expected)
+
+
+def chinese() -> str:
+    """The shared corpus's Chinese documents end to end."""
+    with gzip.open(shared_path("corpora", "multilingual_docs.jsonl.gz"), "rt", encoding="utf-8") as handle:
+        return "".join(r["text"] for r in map(json.loads, handle) if r["lang"].startswith("zh"))
+
+
+def script_text(kind: str, size: int) -> str:
+    """About ``size`` UTF-8 bytes of text with no space: CJK with its own punctuation and no line break,
+    Han characters alone in lines, Han characters alone (one pretoken for GPT-2 and Llama-3), minified code, or
+    base64."""
+    if kind == "base64":
+        return base64.b64encode(random.Random(0).randbytes(size * 3 // 4)).decode()
+    if kind == "minified":
+        base = MINIFIED
+    else:
+        text = chinese()
+        base = "".join(ch for ch in text if ch > "\u2e80" and not ch.isspace())
+        if kind != "cjk":
+            base = "".join(ch for ch in base if unicodedata.category(ch) == "Lo")
+        if kind == "cjk_lines":
+            base = "\n".join(base[k : k + 60] for k in range(0, len(base), 60))
+    chars = size * len(base) // len(base.encode("utf-8"))
+    return (base * (chars // len(base) + 1))[:chars]
+
+
+@functools.cache
+def loaded(path: str, engine: str) -> Encoder:
+    """One encoder a tokenizer and engine for the module's tests (Llama-3 takes seconds to load)."""
+    return Encoder(path, engine=engine)
+
+
+@pytest.fixture
+def small_pieces(monkeypatch) -> None:
+    """Pieces of ``SCRIPT_PIECE_CHARS`` and stretches with no exact cut of at most eight of them."""
+    monkeypatch.setattr(encoding, "PIECE_CHARS", SCRIPT_PIECE_CHARS)
+    monkeypatch.setattr(encoding, "MAX_PIECE_CHARS", 8 * SCRIPT_PIECE_CHARS)
+    monkeypatch.setattr(encoding, "CUT_SEARCH_CHARS", SCRIPT_PIECE_CHARS // 4)
+
+
+@pytest.mark.parametrize("kind", ["cjk", "cjk_lines", "minified", "base64"])
+@pytest.mark.parametrize(
+    ("name", "engine"), [("gpt2", "auto"), ("llama3", "auto"), ("gpt2", "hf"), ("deepseek-v4", "hf")]
+)
+def test_documents_of_every_script_are_cut_exactly(kind, name, engine, small_pieces) -> None:
+    """Finding 9: text with no space was cut nowhere. Now at line starts and next to punctuation, where the
+    pretokenizers split: the ids are HF's for the whole text, and the pieces tile it."""
+    path = str(shared_path("tokenizers", name, "tokenizer.json"))
+    text = script_text(kind, SCRIPT_BYTES)
+    encoder = loaded(path, engine)
+    pieces = encoder._pieces(0, text)
+    assert [p.start for p in pieces[1:]] == [p.end for p in pieces[:-1]] and pieces[-1].end == len(text)
+    assert len(pieces) > len(text) // (2 * SCRIPT_PIECE_CHARS), len(pieces)
+    reference = Tokenizer.from_file(path)
+    reference.encode_special_tokens = True
+    assert encoder.encode([text]).tokens.tolist() == [*reference.encode(text).ids, encoder.eos_id]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama3"])
+def test_a_run_of_han_characters_has_no_exact_cut(name, small_pieces) -> None:
+    """One pretoken of 120 k characters: BPE inside a pretoken is not local (a run of "a" is paired from its
+    start, so a cut at an odd place passes a window check and breaks the whole), so no cut is made there."""
+    text = script_text("han", 3 * 120_000)
+    with pytest.raises(NoExactCut) as raised:
+        Encoder(str(shared_path("tokenizers", name, "tokenizer.json"))).encode(["short", text])
+    assert raised.value.doc == 1
+    assert str(raised.value) == (
+        f"{len(text)} characters, and characters 0-16384 hold no exact cut (a space between letters, a line start, "
+        f"or punctuation next to a letter or digit, that the tokenizer splits at), such as {text[2048:2064]!r}...: "
+        "encoded whole it would take gigabytes; split it upstream"
+    )
+
+
+def test_a_tokenizer_that_prepends_a_space_is_cut_at_spaces_only(small_pieces) -> None:
+    """Mistral prepends "▁" to every text, so a piece that does not begin after a space would begin with a "▁"
+    that the whole does not hold: CJK with its punctuation but no space cannot be cut, CJK with spaces can."""
+    path = str(shared_path("tokenizers", "mistral-7b", "tokenizer.json"))
+    encoder = Encoder(path, engine="hf")
+    with pytest.raises(NoExactCut, match=r"^\d+ characters, and characters 0-16384 hold no exact cut"):
+        encoder.encode([script_text("cjk", SCRIPT_BYTES)])
+    spaced = script_text("cjk", SCRIPT_BYTES).replace("。", "。 ")
+    pieces = encoder._pieces(0, spaced)
+    assert len(pieces) > 20 and all(spaced[p.start - 1] == " " and p.dropped_space for p in pieces[1:])
+    assert encoder.encode([spaced]).tokens.tolist() == [*Tokenizer.from_file(path).encode(spaced).ids, encoder.eos_id]
+
+
+def test_a_document_with_no_exact_cut_is_quarantined(tmp_path, small_pieces, caplog) -> None:
+    """The command line quarantines the document with its reason and text, and writes the others of its batch."""
+    texts = ["第一篇。", script_text("han", 100_000), "第三篇。"]
+    (tmp_path / "in").mkdir()
+    lines = [json.dumps({"id": str(k), "text": t}, ensure_ascii=False) for k, t in enumerate(texts)]
+    (tmp_path / "in" / "docs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    gpt2 = str(shared_path("tokenizers", "gpt2", "tokenizer.json"))
+    args = ["tokenize", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer", gpt2]
+    with caplog.at_level(logging.WARNING, logger="tokenization.documents"):
+        assert main([*args, "--no-shuffle", "--max-reject-fraction", "0.5"]) == 0
+    [quarantined] = [json.loads(line) for line in (tmp_path / "out" / "_quarantine").glob("*.jsonl").__next__().open()]
+    source = str(tmp_path / "in" / "docs.jsonl")
+    assert quarantined == {"file": source, "line": 2, "reason": NO_EXACT_CUT, "raw": texts[1]}
+    assert [r.getMessage()[:60] for r in caplog.records] == [
+        f"{source} line 2: quarantined as no_exact_cut: 33333 "[:60]
+    ]
+    reference = Tokenizer.from_file(gpt2)
+    written = TokenFile(str(next((tmp_path / "out").glob("*.ds")))).tokens.tolist()
+    assert written == [*reference.encode(texts[0]).ids, 50256, *reference.encode(texts[2]).ids, 50256]
+
+
+def run_peak_kb(args: list[str]) -> tuple[subprocess.CompletedProcess, int]:
+    """The command line in a process of its own, and its peak resident memory."""
+    done = subprocess.run([sys.executable, "-c", HUGE_RUN, *args], capture_output=True, text=True, check=False)
+    return done, int(done.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "engine"),
+    [
+        ("cjk", "gpt2", "auto"),
+        ("cjk", "llama3", "auto"),
+        ("cjk", "gpt2", "hf"),
+        ("minified", "gpt2", "auto"),
+        ("minified", "llama3", "auto"),
+        ("base64", "llama3", "auto"),
+        ("base64", "gpt2", "auto"),
+    ],
+)
+def test_a_50_mb_document_of_any_script_needs_under_1_gb(kind, name, engine, tmp_path) -> None:
+    """Finding 9: one 50 MB all-CJK document peaked at 6.7 GB, minified code at 5.7 GB. Now under 1 GB, with
+    the ids of the whole document taken from the fast engine encoding it in one piece."""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("peak memory is read from /proc (Linux)")
+    path = shared_path("tokenizers", name, "tokenizer.json")
+    text = script_text(kind, HUGE_BYTES)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "huge.jsonl").write_text(json.dumps({"text": text}, ensure_ascii=False) + "\n", "utf-8")
+    out = tmp_path / "out"
+    args = ["tokenize", str(tmp_path / "in"), "--output", str(out), "--tokenizer", str(path), "--engine", engine]
+    done, peak_kb = run_peak_kb([*args, "--no-shuffle"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert peak_kb < MAX_RSS_KB, f"peak RSS {peak_kb} kB"
+    expected, _ = FastEngine(path.read_bytes(), 2).encode([text])
+    written = TokenFile(str(next(out.glob("*.ds")))).tokens
+    np.testing.assert_array_equal(written[:-1], expected)
+
+
+def test_a_50_mb_document_with_no_exact_cut_is_quarantined_under_1_gb(tmp_path) -> None:
+    """50 MB of Han characters alone: quarantined, in bounded memory, and the rank that wrote nothing fails."""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("peak memory is read from /proc (Linux)")
+    text = script_text("han", HUGE_BYTES)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "huge.jsonl").write_text(json.dumps({"text": text}, ensure_ascii=False) + "\n", "utf-8")
+    llama3 = str(shared_path("tokenizers", "llama3", "tokenizer.json"))
+    done, peak_kb = run_peak_kb(
+        ["tokenize", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer", llama3]
+    )
+    assert peak_kb < MAX_RSS_KB, f"peak RSS {peak_kb} kB"
+    source = tmp_path / "in" / "huge.jsonl"
+    assert done.returncode != 0
+    assert (
+        f"{source} line 1: quarantined as no_exact_cut: {len(text)} characters, and characters 0-524288" in done.stderr
+    )
+    assert (
+        f"error: rank 0: read 1 records but wrote none: 1 rejected (no_exact_cut 1; first: {source} line 1)"
+        in done.stderr
+    )
+
+
+def test_the_utf8_bytes_of_a_text_are_counted_in_slices(monkeypatch) -> None:
+    """Counting a huge document's bytes held a second copy of it; slices give the same count."""
+    monkeypatch.setattr(documents, "UTF8_SLICE_CHARS", 7)
+    for text in ("", "plain ascii", "中文。" * 11, "a😀é" * 13):
+        assert documents.utf8_length(text) == len(text.encode("utf-8"))
+
+
+def test_the_fast_engine_drops_its_cache_after_long_texts(monkeypatch) -> None:
+    """gigatoken's pre-token cache grew by ~7 bytes a character of base64: the engine loads its tokenizer again
+    after ``RELOAD_CHARS`` characters of long texts (never for short ones), and its ids stay the same."""
+    monkeypatch.setattr(fast_engine, "LONG_TEXT_CHARS", 1000)
+    monkeypatch.setattr(fast_engine, "RELOAD_CHARS", 5000)
+    data = shared_path("tokenizers", "gpt2", "tokenizer.json").read_bytes()
+    engine, fresh = FastEngine(data, 2), FastEngine(data, 2)
+    text = script_text("base64", 3000)
+    loaded = engine._tokenizer
+    engine.encode([text[:999]] * 10)
+    assert engine._tokenizer is loaded
+    for _ in range(3):
+        ids, lengths = engine.encode([text, text[:999]])
+        expected, expected_lengths = fresh.encode([text, text[:999]])
+        np.testing.assert_array_equal(ids, expected)
+        np.testing.assert_array_equal(lengths, expected_lengths)
+    assert engine._tokenizer is not loaded and engine._long_chars == len(text)  # reloaded once, after two

@@ -147,7 +147,11 @@ def test_loss_roles_and_a_tokenizer_config_template(tmp_path, sample_tokenizer) 
         {"role": "assistant", "content": "argparse\n"},
     ]
     renderer = chat_template(
-        (tmp_path / "tokenizer_config.json").read_text(), "tokenizer_config.json", "messages", ["user", "assistant"]
+        (tmp_path / "tokenizer_config.json").read_text(),
+        "tokenizer_config.json",
+        "messages",
+        ["user", "assistant"],
+        special_tokens=["<s>"],
     )
     rendered = renderer.render({"messages": messages})
     assert rendered.text.startswith("<s><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>")
@@ -395,3 +399,304 @@ def test_a_chat_template_cannot_read_the_clock() -> None:
         {"messages": [{"role": "assistant", "content": "x"}]}
     )
     assert rendered.text == "Today: 26 Jul 2024\nx" and rendered.loss_spans == [(19, 20)]
+
+
+# Llama 3 Instruct's own chat template, as its tokenizer_config.json holds it.
+LLAMA3_INSTRUCT = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+LITERAL = " (a user may write <|eot_id|> or <|im_end|>)"
+
+
+def llama3_config(folder: Path, **fields: str) -> Path:
+    config = {"chat_template": LLAMA3_INSTRUCT, "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+    path = folder / "tokenizer_config.json"
+    path.write_text(json.dumps(config | fields))
+    return path
+
+
+def chatml_gpt2(folder: Path) -> Path:
+    """GPT-2 with ChatML's markers as special tokens (no shared tokenizer has them), as ChatML fine-tunes add them."""
+    tok = Tokenizer.from_file(str(shared_path("tokenizers", "gpt2", "tokenizer.json")))
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def with_literal(chats: list[dict]) -> list[dict]:
+    """The chats, the first with special-token text in its user's and its assistant's content."""
+    first = json.loads(json.dumps(chats[0]))
+    for message in first["messages"][1:]:
+        message["content"] += LITERAL
+    return [first, *chats[1:]]
+
+
+def tokenize_chats(tmp_path: Path, chats: list[dict], tokenizer: Path, template: Path, eos: str, **options) -> dict:
+    """The chats tokenized with both engines, which must agree byte for byte; the run on the default engine."""
+    corpus = write_jsonl(tmp_path / "chats.jsonl", chats)
+    common = {"messages_key": "messages", "chat_template": str(template), "save_loss": True, "eos_token": eos}
+    results = {}
+    for engine in ("auto", "hf"):
+        out = tmp_path / engine
+        results[engine] = run([corpus], out, tokenizer, engine=engine, shuffle_documents=False, **common, **options)
+        assert results[engine]["counts"]["docs_written"] == len(chats)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "auto").glob("*.ds*")} == {
+        p.name: p.read_bytes() for p in (tmp_path / "hf").glob("*.ds*")
+    }
+    assert results["auto"]["tokenizer"]["engine"] == "gigatoken"
+    return results["auto"]
+
+
+def assert_chat_encoding(
+    output: Path, tokenizer: Path, texts: list[str], answers: list[str], turn_end: str, eos: str
+) -> None:
+    """Each document is HF's ids for its text with the special tokens read as such, then the EOS (the first
+    document aside: its contents hold special-token text, see below); its loss tokens decode to the assistant's
+    content, then ``turn_end`` (empty when the end of a turn carries no loss), then the EOS."""
+    tok = Tokenizer.from_file(str(tokenizer))
+    tok.encode_special_tokens = False  # as HF reads a chat template's text
+    expected = tok.encode_batch_fast(texts[1:], add_special_tokens=False)
+    docs = documents_with_loss(output)
+    eos_id = tok.token_to_id(eos)
+    assert [d.tolist() for d, _ in docs[1:]] == [[*e.ids, eos_id] for e in expected]
+    for (tokens, loss), answer in zip(docs, answers, strict=True):
+        assert tok.decode(tokens[loss == 1].tolist(), skip_special_tokens=False) == answer + turn_end + eos
+    tokens = docs[0][0].tolist()
+    assert tok.decode(tokens, skip_special_tokens=False) == texts[0] + eos
+    marker = "<|eot_id|>" if "<|eot_id|>" in turn_end + texts[1] else "<|im_end|>"
+    assert tokens.count(tok.token_to_id(marker)) == 3  # the template's, one a turn; the contents' are text
+    tok.encode_special_tokens = True
+    assert len(tok.encode(LITERAL, add_special_tokens=False).ids) > 10
+
+
+def test_llama3_chats_get_special_markers_text_contents_and_loss_on_the_end_of_each_answer(tmp_path, instruct):
+    """Issue 22, finding 7, on the shared instruct corpus with Llama 3's tokenizer and its own template: the
+    markers the template writes are its special tokens (a user's literal <|eot_id|> stays text), the assistant's
+    <|eot_id|> carries loss, and both engines give HF's ids."""
+    llama3 = shared_path("tokenizers", "llama3")
+    chats = with_literal([as_chat(r) for r in instruct[:300]])
+    result = tokenize_chats(tmp_path, chats, llama3, llama3_config(tmp_path), "<|end_of_text|>")
+    texts = [
+        "<|begin_of_text|>"
+        + "".join(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content'].strip()}<|eot_id|>" for m in c)
+        for c in (chat["messages"] for chat in chats)
+    ]
+    answers = [chat["messages"][2]["content"].strip() for chat in chats]
+    assert_chat_encoding(tmp_path / "auto", llama3 / "tokenizer.json", texts, answers, "<|eot_id|>", "<|end_of_text|>")
+    assert result["counts"]["special_token_literals"] == {"<|eot_id|>": 2}  # the contents' only
+    assert result["rendering"]["loss_on_turn_end"] is True
+    counted = count_tokens(
+        CountConfig(
+            inputs=[str(tmp_path / "chats.jsonl")],
+            tokenizer=str(llama3),
+            eos_token="<|end_of_text|>",
+            messages_key="messages",
+            chat_template=str(tmp_path / "tokenizer_config.json"),
+        )
+    )
+    assert (counted.counts.tokens, counted.counts.loss_tokens) == (
+        result["counts"]["tokens"],
+        result["counts"]["loss_tokens"],
+    )
+
+
+@pytest.mark.parametrize("loss_on_turn_end", [True, False])
+def test_chatml_chats_get_special_markers_and_loss_on_the_end_of_each_answer(tmp_path, instruct, loss_on_turn_end):
+    """The same with ChatML's markers, and without loss on the end of a turn when asked."""
+    tokenizer = chatml_gpt2(tmp_path)
+    (tmp_path / "chat.jinja").write_text(CHATML)
+    chats = with_literal([as_chat(r) for r in instruct[:300]])
+    result = tokenize_chats(
+        tmp_path, chats, tokenizer, tmp_path / "chat.jinja", GPT2_EOS, loss_on_turn_end=loss_on_turn_end
+    )
+    texts = [
+        "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in chat["messages"]) for chat in chats
+    ]
+    answers = [chat["messages"][2]["content"] for chat in chats]
+    turn_end = "<|im_end|>" if loss_on_turn_end else ""
+    assert_chat_encoding(tmp_path / "auto", tokenizer, texts, answers, turn_end, GPT2_EOS)
+    assert result["counts"]["special_token_literals"] == {"<|im_end|>": 2}
+
+
+def test_mistral_chats_get_hfs_ids_with_its_prepended_spaces(tmp_path, instruct) -> None:
+    """Mistral's normalizer prepends "▁" to each stretch of text between special tokens, as HF reads it: the
+    template's </s> apart, the ids are still HF's (after the BOS its post-processor adds)."""
+    mistral = shared_path("tokenizers", "mistral-7b")
+    template = (
+        "{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} [/INST]"
+        "{% else %} {{ m.content }}</s>{% endif %}{% endfor %}"
+    )
+    (tmp_path / "chat.jinja").write_text(template)
+    chats = [{"messages": as_chat(r)["messages"][1:] * 2} for r in instruct[:200]]
+    tokenize_chats(tmp_path, chats, mistral, tmp_path / "chat.jinja", "</s>")
+    tok = Tokenizer.from_file(str(mistral / "tokenizer.json"))
+    turn = {"user": "[INST] {} [/INST]", "assistant": " {}</s>"}
+    texts = ["".join(turn[m["role"]].format(m["content"]) for m in chat["messages"]) for chat in chats]
+    expected = [[*e.ids, tok.token_to_id("</s>")] for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
+    docs = documents_with_loss(tmp_path / "auto")
+    assert [tokens.tolist() for tokens, _ in docs] == expected
+    end = tok.token_to_id("</s>")
+    for tokens, loss in docs:  # each turn's </s> carries loss, as do the EOS and the BOS
+        assert np.count_nonzero(tokens == end) == 3 and loss[tokens == end].all() and loss[0] == 1
+
+
+def test_a_template_that_writes_the_bos_its_tokenizer_adds_gives_one_bos(tmp_path, instruct) -> None:
+    """Mistral's post-processor puts <s> before every document, and its chat templates write {{ bos_token }} too:
+    a document starts with one <s>, as HF's apply_chat_template gives, never two."""
+    mistral = shared_path("tokenizers", "mistral-7b")
+    template = "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"
+    config = {"chat_template": template, "bos_token": "<s>", "eos_token": "</s>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    chats = [{"messages": as_chat(r)["messages"][1:2]} for r in instruct[:20]]
+    tokenize_chats(tmp_path, chats, mistral, tmp_path / "tokenizer_config.json", "</s>")
+    bos = Tokenizer.from_file(str(mistral / "tokenizer.json")).token_to_id("<s>")
+    for tokens, _ in documents_with_loss(tmp_path / "auto"):
+        assert tokens[0] == bos and np.count_nonzero(tokens == bos) == 1
+
+
+def test_a_tokenizer_that_reads_special_tokens_otherwise_apart_is_refused_for_chat_templates(tmp_path) -> None:
+    """A Metaspace pre-tokenizer that prepends "▁" only at the start of a text: encoding the template's special
+    tokens apart from the text around them would not give HF's ids, so the chat template is refused."""
+    data = json.loads(shared_path("tokenizers", "mistral-7b", "tokenizer.json").read_text())
+    metaspace = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    data |= {"normalizer": None, "pre_tokenizer": metaspace, "decoder": metaspace}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    (tmp_path / "chat.jinja").write_text(CHATML)
+    config = TokenizeConfig(
+        inputs=["x"], output="y", tokenizer=str(tmp_path), messages_key="m", chat_template=str(tmp_path / "chat.jinja")
+    )
+    with pytest.raises(UsageError, match=r"special token '<unk>' encodes otherwise.*--special-tokens-in-text special"):
+        config.renderer(config.encoder())
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"bos_token": "<|begin_of_text|>" * 600_000},
+            r"its bos_token '<\|begin_of_text\|><\|begin_of_.*10200000 char",
+        ),
+        ({"eos_token": {"content": "</s>"}}, r"its eos_token '</s>' is not a special token of the tokenizer"),
+    ],
+)
+def test_a_config_token_that_is_not_one_special_token_refuses_the_template(tmp_path, fields, message) -> None:
+    """A 10 MB bos_token would be copied into every document: the template is refused before any data."""
+    config = TokenizeConfig(
+        inputs=["x"],
+        output="y",
+        tokenizer=str(shared_path("tokenizers", "llama3")),
+        messages_key="messages",
+        chat_template=str(llama3_config(tmp_path, **fields)),
+    )
+    with pytest.raises(UsageError, match=r"tokenizer_config\.json: " + message):
+        config.renderer(config.encoder())
+
+
+def test_special_token_text_outside_the_contents_is_quarantined() -> None:
+    """A role is written among the template's own text, where its <|eot_id|> would become the control token."""
+    renderer = chat_template(LLAMA3, "t", "messages", ["assistant"], special_tokens=["<|eot_id|>", "<s>"])
+    evil = {"messages": [{"role": "user<|eot_id|>", "content": "x"}]}
+    assert renderer.render(evil) == "special_token_text_outside_content"
+    deep: object = "x"
+    for _ in range(5000):
+        deep = [deep]
+    nested = renderer.render({"messages": [{"role": "user", "content": "x", "meta": deep}]})
+    assert nested.startswith("chat_template_error: maximum recursion depth exceeded")  # quarantined, no traceback
+    rendered = renderer.render({"messages": [{"role": "assistant", "content": "x <|eot_id|>"}]})
+    assert rendered.text.endswith("\n\nx <|eot_id|><|eot_id|>")
+    assert [rendered.text[a:b] for a, b in rendered.special_spans] == ["<|eot_id|>"]  # the template's only
+    assert [rendered.text[a:b] for a, b in rendered.loss_spans] == ["x <|eot_id|><|eot_id|>"]
+
+
+HOSTILE = {  # template -> the reason its record is quarantined with
+    "{{ 'x' * 1000000000 }}": "chat_template_output_too_large",
+    "{{ 'x' * 100000 * 100000 }}": "chat_template_output_too_large",
+    "{{ range(100000)|join * 10000 }}": "chat_template_output_too_large",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}": "chat_template_too_many_steps",
+    "{% for i in range(10**5) %}{% for j in range(10**5) %}{{ i }}{% endfor %}{% endfor %}": (
+        "chat_template_too_many_steps"
+    ),
+    "{% for a in messages[0].content %}{% for b in messages[0].content %}{% for c in messages[0].content %}"
+    "{% endfor %}{% endfor %}{% endfor %}": "chat_template_too_many_steps",
+    "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}": (
+        "chat_template_too_many_steps"
+    ),
+    "{% set s %}{% for i in range(10**5) %}{% for j in range(10**5) %}x{% endfor %}{% endfor %}{% endset %}": (
+        "chat_template_too_many_steps"
+    ),
+    "{{ 'x'.center(10**9) }}{{ 'x'.ljust(10**9) }}": "chat_template_output_too_large",
+    "{{ 'x'.zfill(10**9) }}": "chat_template_output_too_large",
+    "{{ [1] * 10**9 }}": "chat_template_output_too_large",
+    "{% set a = ['x' * 1000] * 10000 %}{{ [a] * 10000 }}": "chat_template_output_too_large",
+    "{{ '%1000000000s' % 'x' }}": "chat_template_output_too_large",
+    "{{ '{:>1000000000}'.format('x') }}": "chat_template_output_too_large",
+    "{{ '%*s'|format(10**9, 'x') }}": "chat_template_output_too_large",
+    "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}": (
+        "chat_template_output_too_large"
+    ),
+    "{% set ns = namespace(s=[1]) %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}": (
+        "chat_template_output_too_large"
+    ),
+    "{% set ns = namespace(x=3) %}{% for i in range(64) %}{% set ns.x = ns.x * ns.x %}{% endfor %}": (
+        "chat_template_output_too_large"
+    ),
+    "{{ 7 ** 100000000 }}": "chat_template_output_too_large",
+    "{{ [1]|batch(10**9, 'x')|list }}{{ 'a\nb'|indent(10**9) }}": "chat_template_output_too_large",
+    "{% set s = 'a' * 100000 %}{{ s.replace('a', s) }}": "chat_template_output_too_large",
+    "{{ (1).to_bytes(10**9, 'big') }}": "chat_template_output_too_large",
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}": "reserved_marker_characters",
+}
+HOSTILE_RUN = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from tokenization.rendering import chat_template
+from tokenization.sandbox import Limits
+record = {"messages": [{"role": "user\\ue0009\\ue001", "content": "a few words " * 50}]}
+limits = Limits(steps=400_000)
+renderers = [chat_template(t, "t", "messages", ["assistant"], limits=limits) for t in json.load(sys.stdin)]
+rendered = [renderer.render(record) for renderer in renderers]
+print(json.dumps([r if isinstance(r, str) else f"rendered {len(r.text)} characters" for r in rendered]))
+"""
+
+
+def test_hostile_templates_quarantine_their_records_within_a_memory_and_a_time_limit() -> None:
+    """Issue 22, finding 6: under a 2 GiB address-space limit each hostile template's record is quarantined with
+    its reason (none allocates first: 'x' * 10**9 alone would need 1 GB, most far more), and the process ends."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-c", HOSTILE_RUN],
+        input=json.dumps(list(HOSTILE)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert dict(zip(HOSTILE, json.loads(done.stdout), strict=True)) == HOSTILE
+
+
+def test_a_template_over_its_limits_quarantines_only_the_records_that_reach_them(tmp_path, sample_tokenizer) -> None:
+    """The limits are options: a record whose render builds more than ``render_max_chars`` is quarantined, with
+    the reason, and the others are written."""
+    template = "{% for m in messages %}{{ m.content * (1000 if m.role == 'evil' else 1) }}{% endfor %}"
+    (tmp_path / "chat.jinja").write_text(template)
+    good = [{"id": str(i), "messages": [{"role": "assistant", "content": "hello " * 10}]} for i in range(300)]
+    evil = {"id": "evil", "messages": [{"role": "evil", "content": "hello " * 10}]}
+    result = run(
+        [write_jsonl(tmp_path / "in.jsonl", [*good, evil])],
+        tmp_path / "out",
+        sample_tokenizer,
+        messages_key="messages",
+        chat_template=str(tmp_path / "chat.jinja"),
+        render_max_chars=10_000,
+    )
+    assert result["counts"]["rejected"] == {"chat_template_output_too_large": 1}
+    assert result["counts"]["docs_written"] == 300
+    assert result["rendering"]["render_max_chars"] == 10_000

@@ -21,7 +21,14 @@ NEW_FIELDS = {
     "started": "2026-11-30T02:00:07.25+00:00",
     "finished": "2026-11-30T02:01:19.65+00:00",
     "wall_seconds": 72.4,
-    "inputs": {"spec": str(SAMPLE_CORPUS), "files": 4, "bytes": 93_401, "skipped": 1},
+    "inputs": {
+        "spec": str(SAMPLE_CORPUS),
+        "files": 4,
+        "bytes": 93_401,
+        "skipped": 1,
+        "hidden": 0,
+        "arrived_after_plan": {"files": 1, "first": ["/data/in/a-late.jsonl"]},
+    },
 }
 
 
@@ -79,7 +86,14 @@ def test_an_older_build_without_times_or_inputs_still_renders(small_build) -> No
     data = report_data(run_dir, build)
     assert data["wall_seconds"] is None and data["throughput"]["build"] is None
     sizes = [p.stat().st_size for p in SAMPLE_CORPUS.glob("*.jsonl.gz")]
-    assert data["inputs"] == {"spec": str(SAMPLE_CORPUS), "files": len(sizes), "bytes": sum(sizes), "skipped": None}
+    assert data["inputs"] == {
+        "spec": str(SAMPLE_CORPUS),
+        "files": len(sizes),
+        "bytes": sum(sizes),
+        "skipped": None,
+        "hidden": None,
+        "arrived_after_plan": None,
+    }
     page = render_html(data)
     assert '<td data-key="wall_seconds">–</td>' in page and '<td data-key="tokens_per_s">–</td>' in page
     assert f'<td data-key="input_files">{len(sizes)}</td>' in page
@@ -98,7 +112,9 @@ def test_report_json_carries_the_new_figures(small_build) -> None:
     run_dir, build = small_build
     write_report(run_dir, build | NEW_FIELDS)
     saved = json.loads((Path(run_dir) / "report.json").read_text())
-    assert (Path(run_dir) / "report.html").read_text().startswith("<!doctype html>")
+    page = (Path(run_dir) / "report.html").read_text()
+    assert page.startswith("<!doctype html>") and '<td data-key="arrived">1</td>' in page
+    assert "1 input files arrived after the build was planned and are\nnot in it (the next build reads them): " in page
     assert saved["wall_seconds"] == 72.4 and saved["started"] == NEW_FIELDS["started"]
     assert saved["inputs"] == NEW_FIELDS["inputs"]
     assert sorted(f["url"].rsplit("/", 1)[-1] for f in saved["input_files"]) == sorted(

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tests.conftest import write_jsonl
+from tests.conftest import SAMPLE_TOKENIZER, write_jsonl
+from tokenization import sources
+from tokenization.errors import StorageError
 from tokenization.sources import DocumentReader, InputError, Record, Rejected, list_input_files, shard
 
 RECORDS = [{"id": f"d{i}", "text": f"document number {i}"} for i in range(5)]
@@ -148,3 +154,120 @@ def test_a_short_read_is_an_error_not_a_short_file(tmp_path) -> None:
     path.write_bytes(gzip.compress(b""))  # the storage now returns less than the listing said
     with pytest.raises(InputError, match=r"a\.jsonl\.gz: read 20 of its \d+ bytes, then the storage said EOF"):
         list(DocumentReader(files))
+
+
+def _compress(name: str, data: bytes) -> bytes:
+    if name.endswith(".gz"):
+        return gzip.compress(data)
+    return zstandard.ZstdCompressor().compress(data) if name.endswith((".zst", ".zstd")) else data
+
+
+@pytest.mark.parametrize("name", ["a.jsonl.gz", "a.jsonl.zst", "a.ndjson.zstd"])
+def test_an_empty_compressed_file_is_an_error_naming_it(tmp_path, name: str) -> None:
+    """gzip and zstd read 0 bytes as an empty stream; ``gzip -t`` calls it truncated, and so must the reader."""
+    path = tmp_path / name
+    path.write_bytes(b"")
+    with pytest.raises(InputError) as info:
+        _read([path])
+    compression = "gzip" if name.endswith(".gz") else "zstd"
+    assert str(info.value) == (
+        f"{path}: 0 bytes: an empty compressed file is truncated (a valid {compression} stream has a header); an "
+        "empty input should be an empty .jsonl"
+    )
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "empty.jsonl.gz").write_bytes(gzip.compress(b""))  # a valid stream of nothing
+    assert _read([tmp_path / "empty.jsonl", tmp_path / "empty.jsonl.gz"]) == []
+
+
+def _line(size: int) -> str:
+    """A JSON record of exactly ``size`` bytes."""
+    return json.dumps({"text": "x" * (size - len('{"text": ""}'))})
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz", "a.jsonl.zst"])
+def test_a_line_above_max_record_bytes_is_rejected_and_reading_goes_on(tmp_path, monkeypatch, name: str) -> None:
+    """Lines are read in pieces of ``READ_BUFFER`` (lowered here): a line within the limit is whole, one above it is
+    rejected with its start and size, and the line after it is the next record, also at the end of the file."""
+    monkeypatch.setattr(sources, "READ_BUFFER", 16)
+    sizes = [20, 100, 101, 60, 5000, 30, 150]  # the limit is 100; the last line has no newline
+    lines = [_line(n) for n in sizes]
+    path = tmp_path / name
+    path.write_bytes(_compress(name, "\n".join(lines).encode()))
+    items = _read([path], max_record_bytes=100)
+    assert [(type(i).__name__, i.line) for i in items] == [
+        ("Record", 1),
+        ("Record", 2),
+        ("Rejected", 3),
+        ("Record", 4),
+        ("Rejected", 5),
+        ("Record", 6),
+        ("Rejected", 7),
+    ]
+    assert [len(i.text) for i in items if isinstance(i, Record)] == [n - 12 for n in (20, 100, 60, 30)]
+    notes = [f"{lines[n][:1024]}... [{sizes[n]} bytes, above max_record_bytes=100]" for n in (2, 4, 6)]
+    assert [(i.reason, i.raw) for i in items if isinstance(i, Rejected)] == [("record_too_large", n) for n in notes]
+
+
+def test_a_parquet_row_above_max_record_bytes_is_rejected(tmp_path) -> None:
+    rows = [{"id": "a", "text": "short"}, {"id": "b", "text": "y" * 500}]
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    items = _read([path], max_record_bytes=100)
+    raw = json.dumps(rows[1], separators=(",", ":"))  # the row as the reader serializes it
+    assert isinstance(items[0], Record) and items[0].text == "short"
+    assert items[1] == Rejected(
+        str(path), 2, "record_too_large", f"{raw}... [{len(raw)} bytes, above max_record_bytes=100]"
+    )
+
+
+def test_a_storage_failure_while_reading_is_a_storage_error_not_bad_data(tmp_path, monkeypatch) -> None:
+    """A connection reset mid-file may pass on another try; corrupt data never does (Airflow retries the first)."""
+    path = write_jsonl(tmp_path / "a.jsonl", RECORDS)
+
+    class Reset(io.BytesIO):
+        def readline(self, size: int = -1) -> bytes:
+            if self.tell():
+                raise ConnectionResetError("connection reset by peer")
+            return super().readline(size)
+
+    monkeypatch.setattr(sources, "_decompressed", lambda raw, compression: Reset(path.read_bytes()))
+    with pytest.raises(StorageError) as info:
+        _read([path])
+    assert str(info.value) == f"{path}: read failed after line 1; ConnectionResetError: connection reset by peer"
+
+
+HUGE_LINE = 1 << 30  # bytes of 'a': the 0.7-1.5 GB lines that took 7-11 GB and killed the rank
+MAX_RSS_KB = 384 << 10  # the process holds at most max_record_bytes (64 MiB) and buffers of it, over ~130 MB
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_a_small_file_inflating_to_a_1_gb_line_is_quarantined_in_bounded_memory(tmp_path, suffix: str) -> None:
+    """A ~1 MB file of concatenated gzip members (zstd frames), whose middle line has 1 GiB without a space:
+    the rank completes, the line is quarantined as record_too_large, the 200 others are written, and peak memory
+    stays far below the line's size."""
+    from tests.test_huge_documents import HUGE_RUN
+
+    if not Path("/proc/self/status").exists():
+        pytest.skip("peak memory is read from /proc (Linux)")
+    before = "".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(100)) + '{"text": "'
+    after = '"}\n' + "".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(100, 200))
+    block = _compress(suffix, b"a" * (1 << 20))
+    data = _compress(suffix, before.encode()) + block * (HUGE_LINE >> 20) + _compress(suffix, after.encode())
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / f"huge.jsonl{suffix}").write_bytes(data)
+    args = ["tokenize", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer", str(SAMPLE_TOKENIZER)]
+    done = subprocess.run([sys.executable, "-c", HUGE_RUN, *args, "--no-shuffle"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak_kb = int(done.stderr.strip().splitlines()[-1])
+    assert peak_kb < MAX_RSS_KB, f"peak RSS {peak_kb} kB"
+    (quarantined,) = [json.loads(line) for line in (tmp_path / "out" / "_quarantine" / "00000.jsonl").open()]
+    size = len('{"text": "') + HUGE_LINE + len('"}')
+    start = '{"text": "' + "a" * (1024 - len('{"text": "'))
+    assert quarantined == {
+        "file": str(tmp_path / "in" / f"huge.jsonl{suffix}"),
+        "line": 101,
+        "reason": "record_too_large",
+        "raw": f"{start}... [{size} bytes, above max_record_bytes={64 << 20}]",
+    }
+    manifest = json.loads((tmp_path / "out" / "_manifests" / "00000.json").read_text())
+    assert manifest["counts"]["docs_written"] == 200 and manifest["counts"]["rejected"] == {"record_too_large": 1}

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
-from tests.conftest import EOS
+from tests.conftest import EOS, write_jsonl
 from tests.test_context import shuffled
 from tests.test_merge import merged
 from tests.test_tokenize import run
+from tokenization import permute
 from tokenization.cli import main
-from tokenization.verify import verify
+from tokenization.verify import verify, verify_records
 
 NAME = "00000_00000_doc_shuffled.ds"
 
@@ -64,7 +68,7 @@ def test_a_missing_eos_is_found(tmp_path, sample_corpus, sample_tokenizer) -> No
         ("short_loss", NAME + ".loss", "bytes for"),
         ("beyond_vocab", NAME, "id beyond the vocabulary of 4096"),
         ("token_size", NAME, "bytes of 4-byte tokens, but the index ends at token"),
-        ("checksum", NAME, "differs from the manifest"),
+        ("checksum", NAME, "differs from what _completions/00000.json records"),
     ],
 )
 def test_damage_is_reported_with_its_file(rank, sample_tokenizer, damage, where, message) -> None:
@@ -150,3 +154,251 @@ def test_verify_asks_storage_no_size_and_no_existence_a_file(rank, sample_tokeni
     """publish verifies a whole dataset: the folder's one listing answers every size and existence question."""
     report = check(rank, sample_tokenizer)
     assert report.ok and report.files == 1 and not storage_questions, storage_questions
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
+    """One small build (2 ranks, a merge into 4 files, 2 context shards) for the module; tests damage copies."""
+    from tokenization.build import Build, BuildConfig
+
+    config = BuildConfig(
+        input=str(sample_corpus),
+        output=str(tmp_path_factory.mktemp("builds")),
+        tokenizer=str(sample_tokenizer),
+        seed=7,
+        num_ranks=2,
+        save_loss=True,
+        context_window=1025,
+        num_context_shards=2,
+        merge_max_tokens_per_file=20_000,
+    )
+    assert Build.start(config, "b").run(parallel=1).verified
+    return Path(config.output) / "b"
+
+
+@pytest.fixture
+def run_dir(built, tmp_path) -> Path:
+    return Path(shutil.copytree(built, tmp_path / "b"))
+
+
+def problems(folder: Path) -> list[str]:
+    return verify(str(folder)).problems
+
+
+def verify_cli(capsys, folder: Path) -> tuple[int, list[str]]:
+    """Exit status and stdout lines of ``tokenization verify``; nothing may reach stderr (no traceback)."""
+    status = main(["verify", str(folder)])
+    out, err = capsys.readouterr()
+    assert err == ""
+    return status, out.splitlines()
+
+
+def other_digit(digest: str) -> str:
+    return ("1" if digest[0] != "1" else "2") + digest[1:]
+
+
+def test_every_stage_folder_of_a_build_passes(built) -> None:
+    for stage in ("ranks", "merged", "context"):
+        assert verify(str(built / stage)).ok and verify_records(str(built / stage)).ok, stage
+
+
+@pytest.mark.parametrize(("stage", "stem"), [("ranks", "00001"), ("merged", "corpus"), ("context", "context_00000")])
+@pytest.mark.parametrize("field", ["bytes", "sha256"])
+def test_a_changed_digit_in_a_marker_file_list_is_reported(run_dir, stage, stem, field) -> None:
+    """Finding 3: a digit changed in a completion marker's file list (a size or a sha256) passed, in any stage."""
+    folder = run_dir / stage
+    path = folder / "_completions" / f"{stem}.json"
+    marker = json.loads(path.read_text())
+    name = sorted(marker["files"])[0]  # the .ds itself, hashed while its tokens stream
+    real = marker["files"][name]
+    said = real | {field: real["bytes"] + 1 if field == "bytes" else other_digit(real["sha256"])}
+    marker["files"][name] = said
+    path.write_text(json.dumps(marker))
+    expected = (
+        f"{folder}/{name}: differs from what _completions/{stem}.json records ({real['bytes']} bytes, sha256 "
+        f"{real['sha256'][:12]}…, not {said['bytes']} bytes, {said['sha256'][:12]}…)"
+    )
+    assert problems(folder) == [expected]
+    assert verify_records(str(folder)).problems == [expected]
+
+
+@pytest.mark.parametrize("damage", ["edit", "truncate", "delete"])
+def test_the_dataset_metadata_is_checked(run_dir, damage) -> None:
+    """Finding 3: ``merged/corpus.ds.metadata`` edited, truncated or deleted passed."""
+    folder = run_dir / "merged"
+    path = folder / "corpus.ds.metadata"
+    text = path.read_text()
+    if damage == "delete":
+        path.unlink()
+        assert problems(folder) == [f"{path}: listed by _completions/corpus.json but missing"]
+        return
+    path.write_text(text.replace("sample", "samples") if damage == "edit" else text[: text.rindex("\n") + 1])
+    (problem,) = problems(folder)
+    assert problem.startswith(f"{path}: differs from what _completions/corpus.json records ({path.stat().st_size} ")
+
+
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+def test_a_damaged_merge_checkpoint_is_reported(run_dir, damage) -> None:
+    """Finding 3: a merge checkpoint (where a resumed merge starts) flipped or deleted passed."""
+    folder = run_dir / "merged"
+    path = folder / "_manifests" / "001_corpus.json"
+    what = "the checkpoint of 001_corpus.ds, which _manifests/corpus.json lists"
+    if damage == "delete":
+        path.unlink()
+        expected = f"missing: {what} (a resumed merge would redo that file and every later one)"
+    else:
+        path.write_text(path.read_text().replace('"units_end": ', '"units_end": 1'))
+        expected = f"differs from {what}: a resumed merge would start from it"
+    assert problems(folder) == [f"{path}: {expected}"]
+
+
+def test_a_resumed_merge_passes(run_dir, monkeypatch) -> None:
+    """The checkpoints of a merge that crashed and resumed are its manifest's entries; the crashed one's folder
+    is not a dataset."""
+    out = run_dir / "again"
+    options = {"save_filename": "corpus", "seed": 7, "max_tokens_per_file": 20_000, "save_loss": True}
+    real_finish, calls = permute.SplitWriter._finish, []
+
+    def crash_on_the_third_file(self) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("simulated crash")
+        real_finish(self)
+
+    monkeypatch.setattr(permute.SplitWriter, "_finish", crash_on_the_third_file)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        merged(run_dir / "ranks", out, **options)
+    monkeypatch.undo()
+    assert problems(out)[0] == (
+        f"{out}: no stage manifest in _manifests/: the stage that writes this folder did not finish, or its "
+        "manifest was removed; run that stage again"
+    )
+    assert merged(run_dir / "ranks", out, **options)["counts"]["resumed_files"] == 2
+    assert verify(str(out)).ok
+
+
+@pytest.mark.parametrize(
+    ("stray", "message"),
+    [
+        (
+            "old.json",
+            "no stage manifest _manifests/old.json: a marker copied from elsewhere, or its manifest was removed",
+        ),
+        ("notes.txt", "not a record: only _completions/{stem}.json files belong there; remove it"),
+    ],
+)
+def test_a_stray_marker_is_refused(run_dir, stray, message) -> None:
+    """Finding 3: a stray marker added to ``_completions/`` passed."""
+    folder = run_dir / "merged"
+    shutil.copy(folder / "_completions" / "corpus.json", folder / "_completions" / stray)
+    assert problems(folder) == [f"{folder}/_completions/{stray}: {message}"]
+
+
+def test_a_marker_must_list_what_its_manifest_lists(run_dir) -> None:
+    folder = run_dir / "ranks"
+    path = folder / "_completions" / "00000.json"
+    marker = json.loads(path.read_text())
+    del marker["files"][NAME + ".loss"]
+    path.write_text(json.dumps(marker | {"manifest": "_manifests/00001.json"}))
+    assert problems(folder) == [
+        f"{path}: names the manifest _manifests/00001.json, not its own _manifests/00000.json",
+        f"{folder}/{NAME}.loss: its manifest _manifests/00000.json lists it, its completion marker does not",
+    ]
+
+
+@pytest.mark.parametrize("stray", ["004_corpus.ds.index", "000_corpus.ds.extra", "corpus.ds.loss"])
+def test_a_lone_family_file_is_refused(run_dir, stray) -> None:
+    """Finding 3: a stray lone ``.ds.index`` added passed."""
+    folder = run_dir / "merged"
+    shutil.copy(folder / "000_corpus.ds.index", folder / stray)
+    assert problems(folder) == [
+        f"{folder}/{stray}: no completion marker lists this file: a leftover of another run, or of a stage that "
+        "did not finish; remove it"
+    ]
+
+
+def test_a_stage_folder_without_its_manifest_is_an_error(run_dir, tmp_path, capsys) -> None:
+    """Finding 3: with the stage manifest deleted, verify printed a note and passed."""
+    merged_dir = run_dir / "merged"
+    (merged_dir / "_manifests" / "corpus.json").unlink()
+    found = problems(merged_dir)
+    assert found[:2] == [
+        f"{merged_dir}: no stage manifest in _manifests/: the stage that writes this folder did not finish, or its "
+        "manifest was removed; run that stage again",
+        f"{merged_dir}/_completions/corpus.json: no stage manifest _manifests/corpus.json: a marker copied from "
+        "elsewhere, or its manifest was removed",
+    ]
+    assert (
+        f"{merged_dir}/_manifests/000_corpus.json: a merge checkpoint that no stage manifest lists: a leftover of "
+        "an unfinished merge" in found
+    )
+    assert verify_cli(capsys, merged_dir)[0] == 1
+    ranks = run_dir / "ranks"
+    shutil.rmtree(ranks / "_manifests")
+    shutil.rmtree(ranks / "_completions")
+    assert problems(ranks) == [
+        f"{ranks}: no stage manifest in _manifests/: the stage that writes this folder did not finish, or its "
+        "manifest was removed; run that stage again"
+    ]
+    plain = Path(shutil.copytree(ranks, tmp_path / "plain"))  # as datatrove writes it: no records, in no run
+    report = verify(str(plain))
+    assert report.ok and report.notes == [f"{plain}: no manifests, so which files belong here cannot be checked"]
+
+
+@pytest.mark.parametrize(
+    ("record", "kind"), [("_manifests/corpus.json", "manifest"), ("_completions/corpus.json", "completion marker")]
+)
+def test_a_truncated_record_is_one_line_naming_it(run_dir, capsys, record, kind) -> None:
+    """Finding 3: a truncated manifest or marker gave "unexpected end of data: line 1 column 1050", no file named."""
+    folder = run_dir / "merged"
+    path = folder / record
+    path.write_bytes(path.read_bytes()[:1049])
+    with pytest.raises(orjson.JSONDecodeError) as parsing:
+        orjson.loads(path.read_bytes())
+    assert verify_cli(capsys, folder) == (
+        1,
+        [
+            f"{path}: not a valid {kind}: {parsing.value}",
+            f"verify {folder}: 4 files, 64,522 tokens: FAILED, 1 problems",
+        ],
+    )
+
+
+def after(text: str, anchor: str, old: str, new: str) -> str:
+    """``text`` with the first ``old`` after ``anchor`` replaced by ``new``."""
+    at = text.index(anchor)
+    assert old in text[at:]
+    return text[:at] + text[at:].replace(old, new, 1)
+
+
+@pytest.mark.parametrize(
+    ("record", "damage", "field"),
+    [
+        ("_manifests/00000.json", ("outputs", '"bytes"', '"bztes"'), 'outputs[0].files["{ds}"].bytes is missing'),
+        ("_completions/00000.json", ("files", '"bytes":', '"bytes":-0.'), 'files["{ds}"].bytes is -0.'),
+        ("_completions/00000.json", ("", '"manifest"', '"manifesto"'), "manifest is missing"),
+        ("_manifests/00000.json", ("", '"outputs": [', '"outputs": 7, "x": ['), "outputs is 7, not an array"),
+    ],
+)
+def test_a_flipped_key_is_one_line_naming_the_file_and_field(run_dir, capsys, record, damage, field) -> None:
+    """Finding 3: a one-character flip in a manifest key ("bytes" -> "bztes") gave a KeyError traceback. It is one
+    line naming the file and the field, in verify and in every command that reads the record."""
+    folder = run_dir / "ranks"
+    path = folder / record
+    path.write_text(after(path.read_text(), *damage))
+    kind = "manifest" if record.startswith("_manifests") else "completion marker"
+    status, lines = verify_cli(capsys, folder)
+    assert status == 1 and len(lines) == 2, lines
+    assert lines[0].startswith(f"{path}: not a valid {kind}: {field.format(ds=NAME)}"), lines[0]
+    assert main(["merge", str(folder), "--output", str(run_dir / "again"), "--save-filename", "x"]) == 1
+    assert capsys.readouterr().err == f"error: {lines[0]}\n"
+
+
+def test_the_quarantine_is_checked_against_its_marker(tmp_path, sample_tokenizer) -> None:
+    corpus = write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "hello world"}, "not json", {"text": "more text"}])
+    run([corpus], tmp_path / "out", sample_tokenizer, max_rejects=5, max_reject_fraction=0.9)
+    quarantine = tmp_path / "out" / "_quarantine" / "00000.jsonl"
+    assert verify(str(tmp_path / "out")).ok
+    quarantine.write_bytes(quarantine.read_bytes()[:-1])
+    (problem,) = problems(tmp_path / "out")
+    assert problem.startswith(f"{quarantine}: differs from what _completions/00000.json records ")

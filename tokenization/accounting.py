@@ -11,7 +11,9 @@ from collections import Counter
 import orjson
 
 from tokenization import manifest
+from tokenization.plan import unread_or_reread
 from tokenization.runs import BuildError
+from tokenization.sources import InputFile
 from tokenization.storage import join, list_names, list_sizes, open_fs
 
 
@@ -19,11 +21,12 @@ def rank_stem(rank: int) -> str:
     return f"{rank:05d}"
 
 
-def incomplete_ranks(ranks_dir: str, num_ranks: int) -> dict[int, str]:
+def incomplete_ranks(ranks_dir: str, num_ranks: int, plan: str | None = None) -> dict[int, str]:
     """Every rank of ``0..num_ranks-1`` whose shard is not complete yet, with the reason. While markers are missing
     this costs one listing, whatever the number of ranks; once all are there, each marker and manifest is read once:
-    a shard is complete when its manifest has the checksum its marker records and every file the marker lists is
-    there with its size. A marker of a rank outside the run is an error, never ignored."""
+    a shard is complete when its manifest has the checksum its marker records, was made under the build's ``plan``
+    (its digest, when given), and every file the marker lists is there with its size. A marker of a rank outside
+    the run is an error, never ignored."""
     fs, path = open_fs(ranks_dir)
     listed = {
         name.removesuffix(".json") for name in list_names(fs, join(path, "_completions")) if name.endswith(".json")
@@ -35,7 +38,7 @@ def incomplete_ranks(ranks_dir: str, num_ranks: int) -> dict[int, str]:
         return unmarked
     markers = manifest.completion_markers(fs, path)
     sizes = {**list_sizes(fs, path), **_prefixed(fs, path, "_quarantine")}
-    status = {rank: _shard_status(fs, path, markers.get(stem), sizes) for stem, rank in expected.items()}
+    status = {rank: _shard_status(fs, path, markers.get(stem), sizes, plan) for stem, rank in expected.items()}
     return {rank: why for rank, why in status.items() if why is not None}
 
 
@@ -43,7 +46,7 @@ def _prefixed(fs, path: str, folder: str) -> dict[str, int]:
     return {f"{folder}/{name}": size for name, size in list_sizes(fs, join(path, folder)).items()}
 
 
-def _shard_status(fs, path: str, marker: dict | None, sizes: dict[str, int]) -> str | None:
+def _shard_status(fs, path: str, marker: dict | None, sizes: dict[str, int], plan: str | None) -> str | None:
     if marker is None:
         return "no completion marker"
     try:
@@ -52,14 +55,17 @@ def _shard_status(fs, path: str, marker: dict | None, sizes: dict[str, int]) -> 
         return "completion marker without a manifest"
     if hashlib.sha256(data).hexdigest() != marker.get("sha256"):
         return "manifest does not match its completion marker"
+    if plan is not None and (made_under := orjson.loads(data).get("plan")) != plan:
+        return f"tokenized under another plan ({made_under}, not {plan})"
     for name, info in marker.get("files", {}).items():
         if sizes.get(name) != info["bytes"]:
             return f"{name} is missing or not the size its completion marker records"
     return None
 
 
-def conservation(rank_manifests: list[dict]) -> dict:
-    """Documents in = documents out + empty + quarantined, summed over the ranks."""
+def conservation(rank_manifests: list[dict], planned: list[InputFile] | None = None) -> dict:
+    """Documents in = documents out + empty + quarantined, summed over the ranks; given the ``planned`` files, the
+    books hold only if the ranks read exactly those, each once (else ``inputs_problem`` says how not)."""
     totals: Counter = Counter()
     rejected: Counter = Counter()
     for m in rank_manifests:
@@ -68,6 +74,8 @@ def conservation(rank_manifests: list[dict]) -> dict:
         totals["tokens_dropped"] += c["tokens_dropped"]
         rejected.update(c["rejected"])
     quarantined = sum(rejected.values())
+    read = (entry for m in rank_manifests for entry in m["inputs"])
+    problem = None if planned is None else unread_or_reread(planned, read)
     return {
         "docs_in": totals["docs_read"],
         "docs_out": totals["docs_written"],
@@ -76,7 +84,8 @@ def conservation(rank_manifests: list[dict]) -> dict:
         "rejected_by_reason": dict(sorted(rejected.items())),
         "tokens": totals["tokens_written"],
         "tokens_dropped": totals["tokens_dropped"],
-        "holds": totals["docs_read"] == totals["docs_written"] + totals["empty"] + quarantined,
+        "inputs_problem": problem,
+        "holds": totals["docs_read"] == totals["docs_written"] + totals["empty"] + quarantined and problem is None,
     }
 
 
@@ -87,7 +96,7 @@ def stage_counts(folder: str) -> dict | None:
     totals: Counter = Counter()
     markers = manifest.completion_markers(fs, path)
     for marker in markers.values():
-        counts = (manifest.read_json(fs, join(path, marker["manifest"])) or {}).get("counts", {})
+        counts = (manifest.read_manifest(fs, join(path, marker["manifest"])) or {}).get("counts", {})
         totals.update({k: v for k, v in counts.items() if isinstance(v, int)})
     return dict(totals) if markers else None
 
@@ -112,8 +121,18 @@ def token_flow(rank_tokens: int, stages: dict[str, dict | None], dataset_tokens:
 
 
 def rank_manifests(ranks_dir: str, num_ranks: int) -> list[dict]:
+    """Every rank's manifest, checked (``RecordError`` names a damaged one); a missing one is a BuildError."""
     fs, path = open_fs(ranks_dir)
-    return [manifest.read_json(fs, manifest.manifest_path(path, rank_stem(r))) for r in range(num_ranks)]
+    found = []
+    for rank in range(num_ranks):
+        where = manifest.manifest_path(path, rank_stem(rank))
+        record = manifest.read_rank_manifest(fs, where)
+        if record is None:
+            raise BuildError(
+                f"{join(ranks_dir, manifest.manifest_name(rank_stem(rank)))}: missing, so rank {rank} is not complete"
+            )
+        found.append(record)
+    return found
 
 
 def dataset_digest(dataset: str) -> str:

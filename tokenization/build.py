@@ -19,31 +19,41 @@ from datetime import datetime, timezone
 from multiprocessing import get_context
 from typing import Literal
 
-import orjson
-
 from tokenization import accounting, manifest
 from tokenization.context import DEFAULT_WINDOW, ContextCounts, ContextShuffleConfig, context_shuffle
 from tokenization.documents import Counts, DocumentOptions
 from tokenization.encoding import limit_hf_threads
 from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files, token_file_names
-from tokenization.latest import LATEST, expire, point_latest, read_latest
+from tokenization.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
+from tokenization.locations import AllowedLocations, check_disjoint
 from tokenization.manifest import StageResult
 from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig, MergeCounts, merge
 from tokenization.options import option, params
+from tokenization.plan import Plan
 from tokenization.progress import ProgressMode
 from tokenization.report import REPORT_HTML, REPORT_JSON, write_report
-from tokenization.runs import BUILD_MANIFEST, BuildError, Layout, claim, folder_for, resolve_seed
-from tokenization.sources import list_input_files
-from tokenization.storage import join, list_names, open_fs, using, write_bytes_atomic
-from tokenization.tokenize import RankOptions, TokenizeConfig, tokenize_rank
+from tokenization.runs import (
+    BUILD_FORMAT,
+    BUILD_MANIFEST,
+    RUN_CLAIM,
+    BuildError,
+    Layout,
+    claim,
+    folder_for,
+    read_claim,
+    resolve_seed,
+)
+from tokenization.sources import InputError, list_input_files
+from tokenization.storage import join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
+from tokenization.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
 from tokenization.verify import verify
 
 log = logging.getLogger(__name__)
 
-BUILD_FORMAT = "corpus-tokenization/build/1"
 DATASET_NAME = "corpus"  # the merged files are NNN_corpus.ds
 PROBLEMS_LOGGED = 50
+ARRIVED_LISTED = 100  # input files that arrived after the plan, named in the build record (then a count)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +137,7 @@ class BuildPlan:
     merges: bool  # the ds format is merged and context-shuffled; Megatron's rank files are the dataset
     num_buckets: int | None  # a merge task a bucket, or one merge of everything
     started: float  # when the run claimed its folder
+    digest: str  # of the plan its claim records (``tokenization.plan``): every rank manifest names it
 
     @property
     def ranks(self) -> list[int]:
@@ -162,6 +173,22 @@ class Published:
     deleted: list[str]  # complete builds that retention deleted
     record: dict
 
+    @classmethod
+    def of(cls, record: dict, latest: str, deleted: list[str]) -> Published:
+        balance = record["conservation"]
+        return cls(
+            dataset=record["dataset"],
+            digest=record["digest"],
+            tokens=record["tokens"],
+            docs=balance["docs_out"],
+            rejects=balance["quarantined"],
+            files=len(record["files"]),
+            verified=record["verify"]["ok"],
+            latest=latest,
+            deleted=deleted,
+            record=record,
+        )
+
     def summary(self) -> dict:
         """A few figures for XCom, the Asset event and the builds page."""
         record = self.record
@@ -178,33 +205,67 @@ class Build:
         self.layout = Layout(plan.run_dir)
 
     @classmethod
-    def start(cls, config: BuildConfig, run_id: str) -> Build:
-        """Check what can be checked before any work (the inputs, the tokenizer and its EOS, a chat template),
-        claim the run's folder and fix its seed; a retry of the same run finds its own claim and the same plan."""
+    def start(cls, config: BuildConfig, run_id: str, allowed: AllowedLocations | None = None) -> Build:
+        """Check what can be checked before any work (an output apart from the input, the input files, within the
+        ``allowed`` locations when given, the tokenizer and its EOS, a chat template), then make the plan and
+        claim the run's folder with it. A retry or a resume of the same run finds its own claim, and goes on only
+        if it would plan the very same build (``Plan.refuse_another``)."""
         with using(config.storage_options):
+            check_disjoint([config.input], config.output)
             listing = list_input_files([config.input])
+            if allowed is not None:
+                allowed.check_files("input", [f.url for f in listing.files])
             encoder = config.encoder()
-            config.renderer()
+            renderer = config.renderer(encoder)
             run_dir = folder_for(config.output, run_id)
-            started = claim(run_dir, run_id)
+            seed = resolve_seed(config.seed, run_id)
+            rendering = renderer and renderer.describe()["sha256"]
+            proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, listing)
+            claimed = claim(run_dir, run_id, proposed.record)
+            recorded = Plan(claimed["plan"])
+            if recorded.digest != proposed.digest:
+                recorded.refuse_another(proposed, listing, run_dir)
+        files = recorded.files
         plan = BuildPlan(
             run_id=run_id,
             run_dir=run_dir,
-            seed=resolve_seed(config.seed, run_id),
+            seed=seed,
             num_ranks=config.num_ranks,
-            input_files=len(listing.files),
-            input_bytes=sum(f.size for f in listing.files),
-            skipped_inputs=len(listing.skipped),
+            input_files=len(files),
+            input_bytes=sum(f.size for f in files),
+            skipped_inputs=len(recorded.record["inputs"]["skipped"]),
             tokenizer_sha256=encoder.sha256,
             eos_token=encoder.eos_token,
             merges=config.output_format == "ds",
             num_buckets=config.num_buckets,
-            started=started,
+            started=float(claimed["claimed"]),
+            digest=recorded.digest,
         )
         log.info("plan: %s", plan)
         return cls(config, plan)
 
+    def recorded_plan(self) -> Plan:
+        """The plan the run's claim records: the one this build was started with, or an error saying otherwise."""
+        claimed = read_claim(self.layout.run_dir)
+        found = claimed and Plan(claimed["plan"])
+        if found is None or found.digest != self.plan.digest:
+            raise BuildError(
+                f"{join(self.layout.run_dir, RUN_CLAIM)}: "
+                f"{'missing' if found is None else f'records plan {found.digest}'}, not this run's plan "
+                f"{self.plan.digest}: the run folder was replaced after the run started"
+            )
+        return found
+
     def tokenize(self, rank: int, progress: ProgressMode = None, owner: str | None = None) -> StageResult[Counts]:
+        """Rank ``rank``'s share of the plan's files, never a new listing."""
+        with using(self.config.storage_options):
+            plan = self.recorded_plan()
+        share = RankShare(
+            files=plan.share(rank, self.plan.num_ranks),
+            plan=plan.digest,
+            tokenizer_sha256=plan.record["tokenizer"]["sha256"],
+            rendering_sha256=plan.record["rendering_sha256"],
+        )
         config = TokenizeConfig(
             inputs=[self.config.input],
             output=self.layout.ranks,
@@ -214,12 +275,12 @@ class Build:
             local_working_dir=self.config.local_working_dir,
             **self.config.shared(DocumentOptions, RankOptions),
         )
-        return tokenize_rank(config, progress, owner)
+        return tokenize_rank(config, progress, owner, share)
 
     def incomplete_ranks(self) -> dict[int, str]:
         """Every rank whose shard is not complete on storage yet, with the reason."""
         with using(self.config.storage_options):
-            return accounting.incomplete_ranks(self.layout.ranks, self.plan.num_ranks)
+            return accounting.incomplete_ranks(self.layout.ranks, self.plan.num_ranks, self.plan.digest)
 
     def merge(
         self, bucket: int | None = None, progress: ProgressMode = None, owner: str | None = None
@@ -263,13 +324,18 @@ class Build:
         return context_shuffle(config, progress, owner)
 
     def publish(self, keep: int | None = None) -> Published:
-        """Verify the dataset, check that every document and every token is accounted for (from the manifests on
-        storage, never from what tasks said), write the report, then ``_BUILD.json``, which declares the build
-        complete; then point ``{output}/LATEST`` at the newest complete build and, with ``keep``, delete the
-        complete builds older than the newest ``keep`` (listed in the report)."""
+        """Verify the dataset, check that every document and every token is accounted for and that the ranks read
+        exactly the plan's files (from the manifests on storage, never from what tasks said), write the report,
+        then ``_BUILD.json``, which declares the build complete; then point ``{output}/LATEST`` at the newest
+        complete build and, with ``keep``, delete the complete builds older than the newest ``keep`` (listed in the
+        report). A publish that fails leaves no ``_BUILD.json`` behind, not even an earlier one."""
         run_dir = self.layout.run_dir
         with using(self.config.storage_options):
-            record = {"format": BUILD_FORMAT, **self._record()}
+            try:
+                record = {"format": BUILD_FORMAT, **self._record()}
+            except Exception:
+                self.unpublish()
+                raise
             write_report(run_dir, record)  # before the marker of completion
             record |= {"report": {"html": REPORT_HTML, "json": REPORT_JSON}}
             fs, path = open_fs(self.layout.manifest)
@@ -279,19 +345,29 @@ class Build:
             if deleted:
                 write_report(run_dir, record | {"retention": {"keep": keep, "deleted": deleted}})
         log.info("published %s: %d tokens; report %s", record["dataset"], record["tokens"], REPORT_HTML)
-        balance = record["conservation"]
-        return Published(
-            dataset=record["dataset"],
-            digest=record["digest"],
-            tokens=record["tokens"],
-            docs=balance["docs_out"],
-            rejects=balance["quarantined"],
-            files=len(record["files"]),
-            verified=record["verify"]["ok"],
-            latest=newest,
-            deleted=deleted,
-            record=record,
-        )
+        return Published.of(record, newest, deleted)
+
+    def published(self) -> Published | None:
+        """This build as published, when it already is (its ``_BUILD.json`` records this very plan)."""
+        with using(self.config.storage_options):
+            fs, path = open_fs(self.layout.manifest)
+            record = manifest.read_json(fs, path)
+            if record is None or record.get("plan") != self.plan.digest:
+                return None
+            try:
+                latest = read_latest(self.config.output) or ""
+            except LatestError:  # a LATEST that names no build here: the next publish rewrites it
+                latest = ""
+            return Published.of(record, latest, [])
+
+    def unpublish(self) -> None:
+        """Take back ``_BUILD.json`` before files it describes may change, or when a publish fails: no build is
+        ever declared complete over files that are not the ones it describes."""
+        with using(self.config.storage_options):
+            fs, path = open_fs(self.layout.manifest)
+            if fs.exists(path):
+                remove_if_exists(fs, path)
+                log.warning("%s removed: the build is incomplete until it is published again", self.layout.manifest)
 
     def _record(self) -> dict:
         layout, plan = self.layout, self.plan
@@ -305,12 +381,16 @@ class Build:
             log.warning("verify: %s", line)
         if not checked.ok:
             raise BuildError(f"verify found {len(checked.problems)} problems in {dataset}; the build is not published")
-        balance = accounting.conservation(accounting.rank_manifests(layout.ranks, plan.num_ranks))
+        recorded = self.recorded_plan()
+        balance = accounting.conservation(accounting.rank_manifests(layout.ranks, plan.num_ranks), recorded.files)
+        if balance["inputs_problem"]:
+            raise BuildError(f"the ranks did not read exactly the plan's input files: {balance['inputs_problem']}")
         if not balance["holds"]:
             raise BuildError(f"documents are not conserved: {balance}")
         finished = time.time()
         return {
             "run_id": plan.run_id,
+            "plan": plan.digest,
             "dataset": dataset,
             "input": self.config.input,
             "seed": plan.seed,
@@ -321,6 +401,8 @@ class Build:
                 "files": plan.input_files,
                 "bytes": plan.input_bytes,
                 "skipped": plan.skipped_inputs,
+                "hidden": recorded.record["inputs"]["hidden"],
+                "arrived_after_plan": self._arrived_after(recorded),
             },
             "started": _iso(plan.started),
             "finished": _iso(finished),
@@ -334,11 +416,25 @@ class Build:
             "verify": {"ok": checked.ok, "files": checked.files, "tokens": checked.tokens, "notes": checked.notes},
         }
 
+    def _arrived_after(self, recorded: Plan) -> dict:
+        """The input files that arrived after the plan was made, which this build leaves out: for the report."""
+        try:
+            listing = list_input_files([self.config.input])
+        except InputError:  # the input is gone, or empty now: nothing arrived
+            return {"files": 0, "first": []}
+        known = {f.url for f in recorded.files}
+        arrived = [f.url for f in listing.files if f.url not in known]
+        return {"files": len(arrived), "first": arrived[:ARRIVED_LISTED]}
+
     def run(self, parallel: int = 1, progress: ProgressMode = None, keep: int | None = None) -> Published:
         """The whole build on this machine: the ranks as up to ``parallel`` processes at once, the merge, the
         context shards (as processes too), then publish (keeping ``keep`` complete builds, when given). A step
         that fails stops the build; running it again with the same build id keeps the complete ranks, resumes the
-        merge after its last published file, and redoes the rest, with the same bytes."""
+        merge after its last published file, and redoes the rest, with the same bytes; a build already published
+        is returned as it is."""
+        if (done := self.published()) is not None:
+            log.info("%s is already published: nothing to do", self.layout.run_dir)
+            return done
         self._in_processes("tokenize", [(rank,) for rank in sorted(self.incomplete_ranks())], parallel)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")
@@ -386,12 +482,15 @@ def _iso(moment: float) -> str:
 
 
 def latest_build(folder: str) -> dict:
-    """The newest complete build under a builds folder: the one ``LATEST`` names."""
-    run_dir = read_latest(folder)
-    if run_dir is None:
-        raise FileNotFoundError(f"{folder}: no {LATEST}, so no complete build yet")
-    fs, path = open_fs(join(run_dir, BUILD_MANIFEST))
-    return orjson.loads(fs.cat_file(path))
+    """The record of the newest complete build under a builds folder, the one ``LATEST`` names, checked as publish
+    checks a candidate and in this version's format; anything else raises one line naming the file."""
+    build = latest_complete_build(folder)
+    if build.record.get("format") != BUILD_FORMAT:
+        raise LatestError(
+            f"{join(build.run_dir, BUILD_MANIFEST)}: format {build.record.get('format')!r}, not {BUILD_FORMAT!r}: "
+            f"read it with the version that wrote it"
+        )
+    return build.record
 
 
 def summary(build: dict) -> str:
@@ -405,6 +504,11 @@ def summary(build: dict) -> str:
         f"tokens: {build['tokens']:,} in {len(build['files'])} files, {c['tokens_dropped']:,} dropped",
         f"verify: {'passed' if build['verify']['ok'] else 'FAILED'} ({build['verify']['files']} files)",
     ]
+    inputs = build.get("inputs") or {}
+    if "arrived_after_plan" in inputs:  # builds since plans were fixed
+        arrived = inputs["arrived_after_plan"]["files"]
+        later = f"; {arrived:,} arrived after the plan, left for the next build" if arrived else ""
+        lines.insert(3, f"inputs: the plan's {inputs['files']:,} files, each read once{later}")
     if "report" in build:  # the run folder holds the dataset's folder and the report
         lines.append(f"report: {join(build['dataset'].rsplit('/', 1)[0], build['report']['html'])}")
     return "\n".join(lines)
@@ -413,4 +517,12 @@ def summary(build: dict) -> str:
 if __name__ == "__main__":  # python -m tokenization.build BUILDS_FOLDER: the summary of the newest build
     import sys
 
-    print(summary(latest_build(sys.argv[1])))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tokenization.build BUILDS_FOLDER")
+    try:
+        print(summary(latest_build(sys.argv[1])))
+    except (OSError, ValueError) as exc:  # no LATEST, or one (or a record) that cannot be used: its one line
+        sys.exit(f"error: {exc}")
+    except (KeyError, TypeError) as exc:  # this version's format, but a field missing or of another type
+        where = join(read_latest(sys.argv[1]), BUILD_MANIFEST)
+        sys.exit(f"error: {where}: not a build record this version can summarize ({type(exc).__name__}: {exc})")

@@ -37,6 +37,7 @@ from tokenization.errors import UsageError, external_error
 from tokenization.formats import MEGATRON, list_token_files
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.formats.megatron import MegatronFile
+from tokenization.manifest import RecordError
 from tokenization.merge import MergeConfig, merge
 from tokenization.options import add_arguments, from_arguments
 from tokenization.report import REPORT_HTML, write_report
@@ -54,6 +55,7 @@ ERRORS = (
     AttemptConflict,
     LeaseLost,
     BuildError,
+    RecordError,
     ValueError,
     OSError,
 )

@@ -46,10 +46,12 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageRes
     """Count; write the stats (and the annotated records) where asked."""
     started = time.time()
     encoder = config.encoder()
-    renderer = config.renderer()
+    renderer = config.renderer(encoder)
     files = list_input_files(config.inputs).files
     with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
-        reader = DocumentReader(files, config.text_key, config.id_key, bool(config.annotate), renderer)
+        reader = DocumentReader(
+            files, config.text_key, config.id_key, bool(config.annotate), renderer, config.max_record_bytes
+        )
         counts, per_file = encoder.exactly(lambda: _count_pass(config, encoder, reader, Path(tmp), progress))
         if config.annotate:
             fs, path = open_fs(config.annotate)

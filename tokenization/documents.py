@@ -7,6 +7,7 @@ rejected (handed to the caller's ``reject``); blank lines are counted apart.
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -19,20 +20,31 @@ import numpy as np
 import orjson
 
 from tokenization import rendering
-from tokenization.encoding import Encoded, Encoder, EngineChoice, Prepared, SpecialTextPolicy
+from tokenization.encoding import (
+    NO_EXACT_CUT,
+    Encoded,
+    Encoder,
+    EngineChoice,
+    NoExactCut,
+    Prepared,
+    SpecialTextPolicy,
+)
 from tokenization.errors import UsageError
 from tokenization.options import Options, option
 from tokenization.progress import Progress, ProgressMode
-from tokenization.sources import DocumentReader, Record, Rejected
+from tokenization.sources import DEFAULT_MAX_RECORD_BYTES, DocumentReader, Record, Rejected
 from tokenization.storage import open_fs
 
 BATCH_BYTES = 1 << 20  # UTF-8 bytes a batch; a token costs ~150 bytes inside an Encoding, and is >= 1 byte
 HISTOGRAM_BUCKETS = 48  # powers of two: [1, 2), [2, 4), ... up to 2**47 tokens
 READ_AHEAD_CHARS = 1 << 20  # characters a chunk of records read ahead; a few chunks wait at most
+UTF8_SLICE_CHARS = 1 << 20  # characters of a text encoded at a time to count its UTF-8 bytes: <= 4 MB at once
 DEFAULT_MAX_REJECTS = 1000  # records: a rank fails as soon as it has rejected more than this
 DEFAULT_MAX_REJECT_FRACTION = 0.01  # of the records read: checked when the rank has read them all
 TOP_REASONS = 3  # reject reasons named in an error
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def _names(listed: str | None) -> list[str]:
@@ -80,6 +92,13 @@ class DocumentOptions(Options):
         title="Largest rejected share",
         help="fail when more than this share of the records read is rejected",
     )
+    max_record_bytes: int = option(
+        DEFAULT_MAX_RECORD_BYTES,
+        minimum=1,
+        title="Largest record (bytes)",
+        help="a line or parquet row of more bytes is rejected as record_too_large, and a line is never held whole "
+        "(64 MiB: a 50 MB document passes, and a line that inflates to gigabytes cannot exhaust a worker's memory)",
+    )
     engine: EngineChoice = option(
         "auto",
         title="Encoding engine",
@@ -117,6 +136,29 @@ class DocumentOptions(Options):
     loss_roles: str = option(
         "assistant", title="Roles with loss", help="comma-separated roles whose message content carries loss"
     )
+    loss_on_turn_end: bool = option(
+        True,
+        flag="--no-loss-on-turn-end",
+        title="Loss on the end of a turn",
+        help="the chat template's text after a content with loss, up to and including its first special token "
+        "(<|eot_id|>, <|im_end|>), carries loss, so that a model learns to end its turn; off: only the contents",
+    )
+    render_steps: int = option(
+        rendering.Limits.steps,
+        minimum=1,
+        title="Render step limit",
+        help="loop steps, calls and filters a chat template may take for one record (each of its two renders; "
+        "a million take 0.2 to 1.5 s, a chat tens a message): a bound on time that, unlike a clock, gives the "
+        "same bytes on any machine; a record over it is quarantined as chat_template_too_many_steps",
+    )
+    render_max_chars: int = option(
+        rendering.Limits.chars,
+        minimum=1,
+        title="Render size limit (characters)",
+        help="characters a chat template may build for one record (its output and all it builds on the way), on "
+        "top of 8 for each character of the record's message contents; a record over it is quarantined as "
+        "chat_template_output_too_large",
+    )
     batch_size: int = option(10_000, minimum=1, param=False, help="documents an encode batch holds at most")
     batch_bytes: int = option(BATCH_BYTES, minimum=1, cli=False, param=False, help="text bytes a batch holds")
 
@@ -138,8 +180,9 @@ class DocumentOptions(Options):
         """Whether records are rendered with loss spans: loss fields, or chat roles."""
         return bool(self.loss_fields or self.messages_key)
 
-    def renderer(self) -> rendering.Renderer | None:
-        """How a record becomes its text, when it is not one field; reading a chat template checks it."""
+    def renderer(self, encoder: Encoder) -> rendering.Renderer | None:
+        """How a record becomes its text, when it is not one field; reading a chat template checks it, and that
+        ``encoder`` can encode its special tokens exactly."""
         if self.template:
             return rendering.field_template(self.template, _names(self.loss_fields))
         if not self.chat_template:
@@ -149,7 +192,18 @@ class DocumentOptions(Options):
             source = fs.cat_file(path).decode("utf-8")
         except (FileNotFoundError, UnicodeDecodeError) as exc:
             raise UsageError(f"chat_template {self.chat_template}: {exc}") from None
-        return rendering.chat_template(source, self.chat_template, self.messages_key, _names(self.loss_roles))
+        if problem := encoder.special_split_problem():
+            raise UsageError(f"chat_template {self.chat_template}: {problem}")
+        return rendering.chat_template(
+            source,
+            self.chat_template,
+            self.messages_key,
+            _names(self.loss_roles),
+            special_tokens=encoder.special_tokens,
+            limits=rendering.Limits(self.render_steps, self.render_max_chars),
+            loss_on_turn_end=self.loss_on_turn_end,
+            framed_bos="".join(map(encoder.tokenizer.id_to_token, encoder.bos_ids)),
+        )
 
     @property
     def source(self) -> str:
@@ -239,7 +293,8 @@ class RejectTally:
         if self.max_rejects is not None and rejected > self.max_rejects:
             raise TooManyRejects(
                 f"{self.where}: {rejected} rejected records exceed max_rejects={self.max_rejects}; "
-                f"latest: {item.file} line {item.line}: {item.reason}"
+                f"latest: {item.file} line {item.line}: {item.reason}; by reason: {self._reasons()}; "
+                f"{self.source}{self._keys_hint()}"
             )
 
     def check(self) -> None:
@@ -308,10 +363,22 @@ def encoded_batches(
     Progress: see ``tokenization.progress``."""
     shown = Progress(desc, reader.total_bytes, "B", progress)
 
-    def prepared(records: list[Record]) -> Prepared:
-        texts = [r for r in records if r.text]
-        ranges = [r.no_loss_ranges for r in texts] if save_loss else None
-        return encoder.prepare([r.text for r in texts], ranges)
+    def prepared(records: list[Record]) -> tuple[list[Record], Prepared]:
+        """The batch's records and their texts ready for the engine. A document that cannot be cut into bounded
+        pieces is quarantined and the rest prepared again (it is usually the batch's last, the one that filled it).
+        """
+        while True:
+            texts = [r for r in records if r.text]
+            ranges = [r.no_loss_ranges for r in texts] if save_loss else None
+            specials = [r.special_spans for r in texts]
+            try:
+                return records, encoder.prepare([r.text for r in texts], ranges, specials)
+            except NoExactCut as exc:
+                uncut = texts[exc.doc]
+                log.warning("%s line %d: quarantined as %s: %s", uncut.file, uncut.line, NO_EXACT_CUT, exc)
+                counts.rejected[NO_EXACT_CUT] += 1
+                reject(Rejected(uncut.file, uncut.line, NO_EXACT_CUT, uncut.text))  # its text, not its line: gone
+                records = [r for r in records if r is not uncut]
 
     def encode(records: list[Record], batch: Prepared) -> Batch:
         return Batch(records, encoder.encode_prepared(batch))
@@ -330,7 +397,7 @@ def encoded_batches(
         pending: Future | None = None
         ahead = ReadAhead(reader, _text_length, chunk=READ_AHEAD_CHARS, where=lambda: reader.bytes_read)
         for records in _record_batches(ahead, counts, options, reject):
-            submitted = encoding.submit(encode, records, prepared(records))  # prepared while the last batch encodes
+            submitted = encoding.submit(encode, *prepared(records))  # prepared while the last batch encodes
             if pending is not None:
                 yield done(pending.result())
             pending = submitted
@@ -355,7 +422,7 @@ def _record_batches(
             continue
         if not item.text:
             counts.empty += 1
-        text_bytes = len(item.text.encode("utf-8"))
+        text_bytes = utf8_length(item.text)
         counts.text_bytes += text_bytes
         records.append(item)
         size += text_bytes
@@ -368,6 +435,13 @@ def _record_batches(
 
 def _text_length(item: Record | Rejected) -> int:
     return len(item.text) + 1 if isinstance(item, Record) else 1
+
+
+def utf8_length(text: str) -> int:
+    """The text's UTF-8 bytes, never holding a second copy of it whole (50 MB more for a 50 MB document)."""
+    if text.isascii():
+        return len(text)
+    return sum(len(text[k : k + UTF8_SLICE_CHARS].encode("utf-8")) for k in range(0, len(text), UTF8_SLICE_CHARS))
 
 
 class ReadAhead:

@@ -11,11 +11,20 @@ offsets) and raises ``EngineMismatch`` on any difference, so that the stage can 
 policy, pieces that hold special-token text are encoded by HF alone, as the fast engine always reads that text as
 the special token.
 
-HF holds ~100 bytes for every character it encodes (an ``Encoding`` keeps strings and offsets for each token,
-a normalized string keeps alignments for each byte): one 50 MB document would need 5 GB. A text longer than
-``PIECE_CHARS`` is therefore cut into pieces, at single spaces between letters where HF confirms, on a window
-around the cut, that the two sides encode to exactly the ids (and character spans) of the whole; pieces are
-encoded in groups of ``GROUP_CHARS``, without special tokens, and the post-processor's head (BOS) and tail (EOS)
+HF holds 100-450 bytes for every character it encodes (an ``Encoding`` keeps strings and offsets for each token,
+a normalized string keeps alignments for each byte): one 50 MB document would need 5 GB or more. A text longer than
+``PIECE_CHARS`` is therefore cut into pieces where pretokenizers split (``CUTS``, in order of preference): at a
+single space, at the start of a line, or between punctuation or a symbol and a letter or digit (code, base64, CJK's
+"。"). HF confirms each cut on a window around it: the two sides must encode to exactly the ids and character spans
+of the window. That makes the cut exact for the whole text where the tokenizer decides a split from the characters
+beside it: the regex pretokenizers of byte-level BPE (GPT-2, Llama-3, DeepSeek) end a pretoken at such a boundary
+whatever comes before, and BPE never merges across pretokens; SentencePiece BPE (Mistral), with no pretokenizer,
+has no token that holds "▁" after another character, so none spans a cut at a space. It would not be exact inside a
+pretoken, where BPE is not local (GPT-2 pairs a run of "a" from its start: a cut at an odd place passes its window
+and changes the whole), so no cut is made there, and a tokenizer that prepends "▁" is cut at spaces only. A stretch
+of more than ``MAX_PIECE_CHARS`` with no exact cut (Han characters without punctuation, a run of digits) raises
+``NoExactCut``: the document is quarantined as ``no_exact_cut``, neither encoded whole nor cut inexactly. Pieces
+are encoded in groups of ``GROUP_CHARS``, without special tokens, and the post-processor's head (BOS) and tail (EOS)
 are placed once per document by index arithmetic, for either engine.
 """
 
@@ -32,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain, islice
+from itertools import chain, islice, zip_longest
 from typing import Literal, NamedTuple, TypeVar
 
 import fsspec
@@ -59,13 +68,23 @@ EOS_ORIGINS = {  # how a message names the place where the tokenizer's own EOS w
     "post-processor": "its post-processor",
     "vocabulary": "its vocabulary",
 }
-PIECE_CHARS = 1 << 18  # a longer text is cut into pieces of about this size; HF holds ~100 bytes a character
-GROUP_CHARS = 1 << 20  # characters of pieces HF encodes at once: ~100 MB of Encodings, dropped once the ids are out
-CUT_SEARCH_CHARS = 1 << 14  # how far past its target a cut is looked for; a regex scan, ~0.1 ms
-CUT_TRIES = 8  # candidate cuts HF checks at most per target, each three encodes of <= 2 * WINDOW_CHARS characters
+PIECE_CHARS = 1 << 17  # a longer text is cut into pieces of about this size; HF holds 100-450 bytes a character
+MAX_PIECE_CHARS = 1 << 19  # a stretch with no exact cut is one piece up to this (HF: 230 MB of CJK), else quarantined
+GROUP_CHARS = 1 << 18  # characters of pieces HF encodes at once, two pieces on two threads: 25-115 MB of Encodings
+CUT_SEARCH_CHARS = 1 << 14  # the stretch each kind of cut is looked for in at a time; a regex scan, ~0.1 ms
+CUT_TRIES = 8  # candidates of a kind HF checks at most per stretch: three encodes of <= 2 * WINDOW_CHARS, ~3 ms
 WINDOW_CHARS = 512  # characters on each side of a candidate cut that HF encodes to confirm it
-CUT = re.compile(r"(?<=[^\W\d_]) (?=[^\W\d_])")  # a single space between two letters
+CUT = re.compile(r"(?<=[^\W\d_]) (?=[^\W\d_])")  # a single space between two letters: prose
+SPACE_CUTS = (CUT, re.compile(r"(?<=\S) (?=\S)"))  # and between any other two characters: ". Next", "a = b"
+CUTS = (  # where pretokenizers split, in order of preference; each match is the index where the next piece begins
+    *SPACE_CUTS,
+    re.compile(r"(?<=\n)(?=\S)"),  # the start of a line: text with line breaks but no single spaces
+    re.compile(r"(?<=[^\W_])(?=[^\w\s])"),  # a letter or digit, then punctuation or a symbol: code, base64, "中文。"
+    re.compile(r"(?<=[^\w\s])(?=[^\W_])"),  # punctuation or a symbol, then a letter or digit (not Llama-3's ".a")
+)
 CUT_PROBE = "The quick brown fox jumps over the lazy dog, said Ada to her old friend Charles."
+NO_EXACT_CUT = "no_exact_cut"  # the quarantine reason of a document that cannot be cut into bounded pieces
+TOO_BIG = "encoded whole it would take gigabytes; split it upstream"  # what a NoExactCut's message ends with
 T = TypeVar("T")
 Ranges = list[tuple[int, int]]  # [start, end) character ranges of a document
 
@@ -89,6 +108,15 @@ class TokenizerError(ValueError):
 
 class EngineMismatch(RuntimeError):
     """The fast engine gave other ids than HF for a document: the run must start over on HF."""
+
+
+class NoExactCut(ValueError):
+    """Document ``doc`` of a batch has more than ``MAX_PIECE_CHARS`` characters with no exact cut: encoded whole it
+    would take gigabytes, so it is quarantined (``NO_EXACT_CUT``). The message says where, and what is there."""
+
+    def __init__(self, doc: int, message: str):
+        super().__init__(message)
+        self.doc = doc
 
 
 def tokenizer_location(name_or_path: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
@@ -158,13 +186,15 @@ class Encoded:
 
 
 class Piece(NamedTuple):
-    """Characters ``[start, end)`` of document ``doc`` of a batch, encoded on their own. ``dropped_space``: the
-    space just before ``start`` was left out of the text, and belongs to the first token."""
+    """Characters ``[start, end)`` of document ``doc`` of a batch, encoded on their own, or the one special token
+    they are (``token``). ``dropped_space``: the space just before ``start`` was left out of the text, and belongs
+    to the first token."""
 
     doc: int
     start: int
     end: int
     dropped_space: bool = False
+    token: int | None = None  # the special token that a template wrote here: its id, placed apart from the engine
 
 
 class Prepared(NamedTuple):
@@ -335,35 +365,93 @@ class Encoder:
         overlaps a no-loss character range, 1 elsewhere; the document is never cropped and its EOS keeps loss."""
         return self.encode_prepared(self.prepare(texts, no_loss))
 
-    def prepare(self, texts: list[str], no_loss: list[Ranges | None] | None = None) -> Prepared:
+    def prepare(
+        self, texts: list[str], no_loss: list[Ranges | None] | None = None, specials: list[Ranges | None] | None = None
+    ) -> Prepared:
         """The Python half of encoding a batch: its special-token text counted, its long texts cut into pieces. It
-        holds the GIL, so a pipeline runs it on another thread while the engine encodes the batch before."""
+        holds the GIL, so a pipeline runs it on another thread while the engine encodes the batch before.
+        ``specials`` (one entry per text): the spans of special-token text that a chat template wrote, each
+        encoded as its token whatever the policy, and not counted as special-token text of the documents."""
         literals: Counter = Counter()
         literal_docs: set[int] = set()
+        pieces: list[Piece] = []
         for doc, text in enumerate(texts):
-            found = self.count_special_literals(text)
+            spans = specials[doc] if specials else None
+            found: Counter = Counter()
+            for begin, end in gaps(spans, len(text)):  # the template's own special tokens are no literals
+                found.update(self.count_special_literals(text[begin:end]))  # (the whole text: no copy)
             if found:
                 literals.update(found)
                 literal_docs.add(doc)
-        pieces = [piece for doc, text in enumerate(texts) for piece in self._pieces(doc, text)]
+            pieces += self._document_pieces(doc, text, spans)
         return Prepared(texts, no_loss, pieces, literals, literal_docs)
 
+    def _document_pieces(self, doc: int, text: str, specials: Ranges | None) -> list[Piece]:
+        """The text's pieces: under the "text" policy, the template's special tokens apart, as HF reads them when
+        it recognizes special tokens (it splits them out, then normalizes and pre-tokenizes each stretch between
+        them on its own; ``special_split_problem`` checks that this holds for the tokenizer). Under "special",
+        the text is encoded whole, which reads them as special tokens already."""
+        if not specials or self.special_text == "special":
+            return self._pieces(doc, text)
+        pieces: list[Piece] = []
+        for (begin, end), special in zip_longest(gaps(specials, len(text)), specials):
+            if end > begin:
+                stretch = self._pieces(doc, text[begin:end])
+                pieces += [p._replace(start=p.start + begin, end=p.end + begin) for p in stretch]
+            if special is not None:
+                token = text[special[0] : special[1]]
+                if (token_id := self.tokenizer.token_to_id(token)) is None:
+                    raise TokenizerError(f"{self.name}: a chat template's {token!r} is not one of its tokens")
+                pieces.append(Piece(doc, *special, token=token_id))
+        return pieces
+
+    def special_split_problem(self) -> str | None:
+        """Why the template's special tokens cannot be encoded apart from the text around them with exactly the
+        ids HF gives the whole text when it recognizes them, or None: a pre-tokenizer that prepends "▁" only at the
+        start of a text, or a token that strips the spaces beside it, would make them differ."""
+        if self.special_text != "text" or not self.special_tokens:
+            return None
+        around = ("Hi ", " there", "\n\nok  ")
+        wholes = [token.join(around) for token in self.special_tokens]
+        self.tokenizer.encode_special_tokens = False  # as HF reads the text of a chat template
+        try:
+            read = self.tokenizer.encode_batch_fast(wholes, add_special_tokens=False)
+        finally:
+            self.tokenizer.encode_special_tokens = True
+        first, middle, last = (e.ids for e in self.tokenizer.encode_batch_fast(list(around), add_special_tokens=False))
+        for token, whole in zip(self.special_tokens, read, strict=True):
+            token_id = self.tokenizer.token_to_id(token)
+            if whole.ids != [*first, token_id, *middle, token_id, *last]:
+                return (
+                    f"{self.name}: the text around its special token {token!r} encodes otherwise when the token is "
+                    "encoded apart, so the special tokens of a chat template cannot be encoded exactly with the "
+                    "contents as text; pass --special-tokens-in-text special"
+                )
+        return None
+
     def encode_prepared(self, batch: Prepared) -> Encoded:
-        """Encode a prepared batch: its pieces by the engine, then each document framed by its BOS and EOS."""
+        """Encode a prepared batch: its pieces by the engine (its special-token pieces apart), then each document
+        framed by its BOS and EOS."""
         texts, no_loss, pieces, literal_docs = batch.texts, batch.no_loss, batch.pieces, batch.literal_docs
-        parts = [self._encode_group(texts, pieces, group, no_loss, literal_docs) for group in piece_groups(pieces)]
-        body = joined([ids for ids, _, _ in parts], np.int64)
+        text_pieces = [piece for piece in pieces if piece.token is None]
+        groups = piece_groups(text_pieces)
+        parts = [self._encode_group(texts, text_pieces, group, no_loss, literal_docs) for group in groups]
+        body = joined([ids for ids, _, _ in parts], np.uint32)
+        piece_lengths = joined([n for _, n, _ in parts], np.int64)
+        held_out = None if no_loss is None else joined([held for _, _, held in parts], bool)
+        del parts  # their ids are in ``body``: a huge document's tokens are held twice at most (framed), not thrice
+        if len(text_pieces) < len(pieces):
+            body, piece_lengths, held_out = with_special_pieces(pieces, body, piece_lengths, held_out, no_loss)
         body_lengths = np.zeros(len(texts), dtype=np.int64)
-        np.add.at(body_lengths, [piece.doc for piece in pieces], joined([n for _, n, _ in parts], np.int64))
+        np.add.at(body_lengths, [piece.doc for piece in pieces], piece_lengths)
         self._pieces_seen += len(pieces)
         self._docs_seen += len(texts)
         if len(body) and int(body.max()) >= self.vocab_size:
             raise TokenizerError(f"{self.name}: token id {int(body.max())} is outside the vocabulary")
         tokens = framed(body, body_lengths, self.bos_ids, self.tail_ids)
         loss = None
-        if no_loss is not None:  # the head and tail keep their loss
-            kept = ~joined([held_out for _, _, held_out in parts], bool)
-            loss = framed(kept.view(np.uint8), body_lengths, [1] * len(self.bos_ids), [1] * len(self.tail_ids))
+        if held_out is not None:  # the head and tail keep their loss
+            loss = framed((~held_out).view(np.uint8), body_lengths, [1] * len(self.bos_ids), [1] * len(self.tail_ids))
         lengths = body_lengths + len(self.bos_ids) + len(self.tail_ids)
         return Encoded(tokens, lengths, loss, batch.literals)
 
@@ -427,11 +515,16 @@ class Encoder:
             )
 
     def _pieces(self, doc: int, text: str) -> list[Piece]:
-        """The text as pieces of about ``PIECE_CHARS`` characters: one when it is short or cannot be cut."""
-        skip = self._continuation if len(text) > PIECE_CHARS else None
-        if skip is None:
+        """The text as pieces of about ``PIECE_CHARS`` characters: one when it is short, or has no exact cut and is
+        at most ``MAX_PIECE_CHARS`` long. Raises ``NoExactCut`` for a longer stretch with none."""
+        if len(text) <= PIECE_CHARS:
             return [Piece(doc, 0, len(text))]
-        cuts = self._cuts(text, skip)  # a cut is the index of a space
+        skip = self._continuation
+        if skip is None:
+            if len(text) > MAX_PIECE_CHARS:
+                raise NoExactCut(doc, f"{len(text)} characters, and its tokenizer cannot be cut exactly: {TOO_BIG}")
+            return [Piece(doc, 0, len(text))]
+        cuts = self._cuts(doc, text, skip)  # where each piece after the first begins, less its dropped space
         ends = [*cuts, len(text)]
         rest = [Piece(doc, cut + skip, end, skip == 1) for cut, end in zip(cuts, ends[1:], strict=True)]
         return [Piece(doc, 0, ends[0]), *rest]
@@ -440,7 +533,8 @@ class Encoder:
     def _continuation(self) -> int | None:
         """How the piece after a cut begins: 0, with its space (byte-level BPE, where " world" is one pre-token),
         or 1, without it (normalizers that prepend "▁", as SentencePiece does: "world" becomes "▁world", which is
-        what the whole text holds). None when neither reproduces the probe: long texts are then encoded whole."""
+        what the whole text holds). None when neither reproduces the probe: long texts are then encoded whole, up
+        to ``MAX_PIECE_CHARS``."""
         cuts = [match.start() for match in CUT.finditer(CUT_PROBE)]
         for skip in (0, 1):
             if all(self._splits_exactly(CUT_PROBE, cut, skip) for cut in cuts):
@@ -448,22 +542,39 @@ class Encoder:
         log.warning("%s: no exact way to cut long documents into pieces: each is encoded whole", self.name)
         return None
 
-    def _cuts(self, text: str, skip: int) -> list[int]:
-        """Where to cut a long text: spaces about ``PIECE_CHARS`` apart at which HF splits it exactly."""
+    def _cuts(self, doc: int, text: str, skip: int) -> list[int]:
+        """Where to cut a long text: places about ``PIECE_CHARS`` apart at which HF splits it exactly. Only spaces
+        when a "▁" is prepended (``skip`` 1): after any other cut the piece would begin with a "▁" that the whole
+        text does not hold."""
+        kinds = CUTS if skip == 0 else SPACE_CUTS
         cuts: list[int] = []
-        target = PIECE_CHARS
-        while target < len(text):
-            cut = self._cut_near(text, target, skip)
-            if cut is None:  # no exact cut close by: this piece grows
-                target += PIECE_CHARS
-            else:
-                cuts.append(cut)
-                target = cut + PIECE_CHARS
+        begin = 0  # where the piece being cut begins
+        while len(text) - begin > PIECE_CHARS:
+            cut = self._cut_after(text, begin, skip, kinds)
+            if cut is None and len(text) - begin > MAX_PIECE_CHARS:
+                raise NoExactCut(doc, no_cut_reason(text, begin))
+            if cut is None:  # the rest is one piece, of at most MAX_PIECE_CHARS
+                break
+            cuts.append(cut)
+            begin = cut + skip
         return cuts
 
-    def _cut_near(self, text: str, target: int, skip: int) -> int | None:
-        """The first candidate cut at or after ``target`` that HF confirms on a window around it."""
-        for match in islice(CUT.finditer(text, target, target + CUT_SEARCH_CHARS), CUT_TRIES):
+    def _cut_after(self, text: str, begin: int, skip: int, kinds: tuple[re.Pattern, ...]) -> int | None:
+        """The first exact cut that leaves the piece from ``begin`` between ``PIECE_CHARS`` and ``MAX_PIECE_CHARS``
+        long, looked for in stretches of ``CUT_SEARCH_CHARS``, each kind of cut in turn, so that a cut is found
+        wherever one exists and a piece grows no longer than it must."""
+        limit = min(len(text), begin + MAX_PIECE_CHARS)
+        for start in range(begin + PIECE_CHARS, limit, CUT_SEARCH_CHARS):
+            for kind in kinds:
+                cut = self._cut_near(text, kind, start, min(start + CUT_SEARCH_CHARS, limit), skip)
+                if cut is not None:
+                    return cut
+        return None
+
+    def _cut_near(self, text: str, kind: re.Pattern, start: int, stop: int, skip: int) -> int | None:
+        """The first of at most ``CUT_TRIES`` candidates of a kind in ``[start, stop)`` that HF confirms on a window
+        around it."""
+        for match in islice(kind.finditer(text, start, stop), CUT_TRIES):
             cut = match.start()
             begin = max(0, cut - WINDOW_CHARS)
             if self._splits_exactly(text[begin : cut + WINDOW_CHARS], cut - begin, skip):
@@ -479,6 +590,45 @@ class Encoder:
             return False
         spans = np.concatenate([token_spans(parts[0], left), token_spans(parts[1], rest)])
         return np.array_equal(token_spans(whole, Piece(0, 0, len(text))), spans)
+
+
+def no_cut_reason(text: str, begin: int) -> str:
+    """Why a text cannot be cut, with a glimpse of the stretch: a run of one script with no punctuation, a run of
+    digits or of symbols."""
+    stop = begin + MAX_PIECE_CHARS
+    return (
+        f"{len(text)} characters, and characters {begin}-{stop} hold no exact cut (a space between letters, a line "
+        f"start, or punctuation next to a letter or digit, that the tokenizer splits at), such as "
+        f"{text[begin + PIECE_CHARS : begin + PIECE_CHARS + 16]!r}...: {TOO_BIG}"
+    )
+
+
+def gaps(spans: Ranges | None, length: int) -> Ranges:
+    """The stretches of a ``length``-character text between sorted ``spans``; the whole text when there are none."""
+    bounds = [0, *(x for span in spans or () for x in span), length]
+    return list(zip(bounds[::2], bounds[1::2], strict=True))
+
+
+def with_special_pieces(
+    pieces: list[Piece], body: np.ndarray, lengths: np.ndarray, held_out: np.ndarray | None, no_loss: list | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The ids, lengths and held-out tokens of all ``pieces`` from those of their text pieces: each special piece
+    is its one token, which carries loss unless its characters overlap a no-loss range, like any other token."""
+    special = np.fromiter((p.token is not None for p in pieces), dtype=bool, count=len(pieces))
+    every = np.ones(len(pieces), dtype=np.int64)
+    every[~special] = lengths
+    places = np.zeros(int(every.sum()), dtype=bool)
+    places[(np.cumsum(every) - every)[special]] = True
+    specials = [p for p in pieces if p.token is not None]
+    ids = np.empty(len(places), dtype=body.dtype)
+    ids[places] = [p.token for p in specials]
+    ids[~places] = body
+    if held_out is None:
+        return ids, every, None
+    held = np.empty(len(places), dtype=bool)
+    held[~places] = held_out
+    held[places] = [bool(no_loss[p.doc]) and bool(overlapping([(p.start, p.end)], no_loss[p.doc])[0]) for p in specials]
+    return ids, every, held
 
 
 def piece_groups(pieces: list[Piece]) -> Iterator[range]:
@@ -507,26 +657,26 @@ def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
 
 
 def flat_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Lists of ids as one flat array, and how many each list has."""
+    """Lists of ids as one flat uint32 array (the fast engine's type: 4 bytes a token), and how many each has."""
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    return np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum())), lengths
+    return np.fromiter(chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum())), lengths
 
 
 def framed(body: np.ndarray, body_lengths: np.ndarray, head: list[int], tail: list[int]) -> np.ndarray:
-    """Each document's run of ``body`` between ``head`` and ``tail``. The frame's places are marked in a byte mask
-    and the body fills the rest in one masked copy (~1 ns a token; index arrays would cost 16 bytes a token)."""
+    """Each document's run of ``body`` between ``head`` and ``tail``. The body's places are marked in a byte mask
+    and filled in one masked copy (~1 ns a token; index arrays would cost 16 bytes a token)."""
     if not head and not tail:
         return body
     lengths = body_lengths + len(head) + len(tail)
     ends = np.cumsum(lengths)
     out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=body.dtype)
-    frame = np.zeros(len(out), dtype=bool)
+    body_places = np.ones(len(out), dtype=bool)
     starts = ends - lengths
     places = [(starts + k, v) for k, v in enumerate(head)] + [(ends - len(tail) + k, v) for k, v in enumerate(tail)]
     for where, value in places:
         out[where] = value
-        frame[where] = True
-    out[~frame] = body
+        body_places[where] = False
+    out[body_places] = body
     return out
 
 
@@ -546,12 +696,18 @@ def no_loss_mask(encoding: Encoding, piece: Piece, ranges: Ranges) -> np.ndarray
     tokens never do. A token overlaps one when the ranges that start before its end reach past its beginning:
     O(log ranges) a token, as a document may have many ranges and many pieces."""
     spans = token_spans(encoding, piece)
-    begin, end = spans[:, 0], spans[:, 1]
     if not ranges:
         return np.zeros(len(spans), dtype=bool)
+    return overlapping(spans, ranges) & (np.asarray(encoding.special_tokens_mask) == 0) & (spans[:, 1] > spans[:, 0])
+
+
+def overlapping(spans: np.ndarray | list[tuple[int, int]], ranges: Ranges) -> np.ndarray:
+    """Which ``[begin, end)`` spans overlap any of the (non-empty list of) ranges: those whose ranges that start
+    before their end reach past their beginning."""
+    spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    begin, end = spans[:, 0], spans[:, 1]
     bounds = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
     bounds = bounds[np.argsort(bounds[:, 0])]
     reach = np.maximum.accumulate(bounds[:, 1])
-    before = np.searchsorted(bounds[:, 0], end)  # how many ranges start before each token ends
-    overlaps = (before > 0) & (reach[np.maximum(before - 1, 0)] > begin)
-    return overlaps & (np.asarray(encoding.special_tokens_mask) == 0) & (end > begin)
+    before = np.searchsorted(bounds[:, 0], end)  # how many ranges start before each span ends
+    return (before > 0) & (reach[np.maximum(before - 1, 0)] > begin)

@@ -5,10 +5,17 @@ It always encodes special-token text as the special token, as HF does by default
 ``Encoder`` leaves documents that hold such text to HF. Equivalence is not assumed: ``Encoder`` checks a sample of
 every run against HF. A tokenizer it cannot load (Falcon-7B: no single-byte token for some byte) is declined with
 gigatoken's reason.
+
+gigatoken keeps every pre-token it has encoded in a cache that only dropping the tokenizer frees: text that never
+repeats a pre-token (base64, hashes) grows it by ~7 bytes a character, 350 MB for one 50 MB document. The engine
+therefore loads the tokenizer again after ``RELOAD_CHARS`` characters of long texts, the pieces of a cut document,
+and hands the old one's memory back to the system (glibc keeps freed memory otherwise); a corpus of short documents
+repeats its words and keeps its cache.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 
@@ -18,6 +25,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 _pool_pid: int | None = None  # the process that started gigatoken's process-wide thread pool
+RELOAD_CHARS = 1 << 24  # characters of long texts between reloads (0.2-0.5 s each): <= ~110 MB of cache
+LONG_TEXT_CHARS = 1 << 17  # a text this long is a piece of a cut document (``encoding.PIECE_CHARS``)
 
 
 class Unsupported(ValueError):
@@ -28,12 +37,24 @@ class FastEngine:
     """Encodes texts to the tokenizer's ids (no BOS or EOS), on every core unless ``threads`` is 1."""
 
     def __init__(self, data: bytes, threads: int):
+        self.threads = threads
+        self._data = data
+        self._load()
+
+    def _load(self) -> None:
         try:
-            self._tokenizer = gigatoken.Tokenizer.from_json(data)
+            self._tokenizer = gigatoken.Tokenizer.from_json(self._data)
         except Exception as exc:  # gigatoken raises plain exceptions with its reason
             raise Unsupported(f"gigatoken cannot load it ({str(exc).splitlines()[0]})") from exc
-        self.threads = threads
         self._tokenizer.encode_batch(["warm up"], parallel=False)  # its lazy start (~1 s) counts as loading
+        self._long_chars = 0  # characters of long texts encoded since loading
+
+    def _reload(self) -> None:
+        """A fresh tokenizer, without the cache; the old one's memory back to the system, where glibc allows."""
+        self._load()
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only; ~10 ms
+        if trim is not None:
+            trim(0)
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The texts' ids end to end (uint32), and how many each text has."""
@@ -43,6 +64,9 @@ class FastEngine:
         layout = batch.layout
         offsets = np.asarray(layout.offsets)
         ids = layout.content.data[offsets[0] : offsets[-1]]
+        self._long_chars += sum(len(text) for text in texts if len(text) >= LONG_TEXT_CHARS)
+        if self._long_chars >= RELOAD_CHARS:  # the ids stay valid: numpy holds their buffer
+            self._reload()
         return ids, np.diff(offsets)
 
     def _parallel(self) -> bool:

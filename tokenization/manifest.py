@@ -10,9 +10,11 @@ Layout inside an output folder, beside the token files::
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import platform
 import resource
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -30,16 +32,19 @@ MERGE_FORMAT = "corpus-tokenization/merge-manifest/1"
 CONTEXT_FORMAT = "corpus-tokenization/context-manifest/1"
 
 
+MANIFESTS, COMPLETIONS, QUARANTINE = "_manifests", "_completions", "_quarantine"  # subfolders of an output
+
+
 def manifest_name(stem: str) -> str:
-    return f"_manifests/{stem}.json"
+    return f"{MANIFESTS}/{stem}.json"
 
 
 def marker_name(stem: str) -> str:
-    return f"_completions/{stem}.json"
+    return f"{COMPLETIONS}/{stem}.json"
 
 
 def quarantine_name(stem: str) -> str:
-    return f"_quarantine/{stem}.jsonl"
+    return f"{QUARANTINE}/{stem}.jsonl"
 
 
 def manifest_path(out_path: str, stem: str) -> str:
@@ -127,12 +132,106 @@ def dumps(obj: dict) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
 
-def read_json(fs: fsspec.AbstractFileSystem, path: str) -> dict | None:
-    """A JSON file's content, or None when it does not exist."""
+class RecordError(ValueError):
+    """A record (a manifest, a completion marker) that cannot be read as one: truncated, not a JSON object, or a
+    field missing or of the wrong type. One line names the file and the field, never a traceback."""
+
+    def __init__(self, path: str, what: str, kind: str = "manifest"):
+        super().__init__(f"{path}: not a valid {kind}: {what}")
+
+
+# The fields that readers of each record rely on, with their JSON types: checked on reading, so that a damaged
+# record is one RecordError and never a KeyError or TypeError deep inside a stage.
+FILE_FIELDS = {"bytes": int, "sha256": str}
+OUTPUT_FIELDS = {"name": str, "tokens": int, "index_entries": int, "files": dict}
+STAGE_FIELDS = {"format": str, "stage": str, "params": dict, "counts": dict, "outputs": list}
+CHECKPOINT_FIELDS = OUTPUT_FIELDS | {"fingerprint": str, "units_start": int, "units_end": int}
+MARKER_FIELDS = {"manifest": str, "sha256": str, "attempt": str, "files": dict}
+RANK_FIELDS = {"counts": dict, "inputs": list}
+COUNT_FIELDS = dict.fromkeys(("docs_read", "docs_written", "empty", "tokens", "tokens_written", "tokens_dropped"), int)
+COUNT_FIELDS |= {"rejected": dict}
+INPUT_FIELDS = {"url": str, "bytes": int}
+JSON_TYPES = {int: "an integer", str: "a string", dict: "an object", list: "an array"}
+
+
+def read_json(fs: fsspec.AbstractFileSystem, path: str, kind: str = "manifest") -> dict | None:
+    """A JSON object's content, or None when the file does not exist; anything but an object is a RecordError."""
     try:
-        return orjson.loads(fs.cat_file(path))
+        data = fs.cat_file(path)
     except FileNotFoundError:
         return None
+    return _parse_json(data, path, kind)
+
+
+def _parse_json(data: bytes, path: str, kind: str = "manifest") -> dict:
+    try:
+        record = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise RecordError(path, str(exc), kind) from None
+    return _fields(record, {}, path, kind, "")
+
+
+def manifest_record(data: bytes, path: str) -> dict:
+    """A manifest from its bytes: a stage manifest (it has outputs), or a merge checkpoint (one output entry)."""
+    record = _parse_json(data, path)
+    if "outputs" not in record and "format" not in record:
+        return _with_files(record, path, "manifest", "", CHECKPOINT_FIELDS)
+    _fields(record, STAGE_FIELDS, path, "manifest", "")
+    for i, entry in enumerate(record["outputs"]):
+        _with_files(entry, path, "manifest", f"outputs[{i}]", OUTPUT_FIELDS)
+    return record
+
+
+def marker_record(data: bytes, path: str) -> dict:
+    """A completion marker from its bytes (see ``Attempt.commit``)."""
+    return _with_files(_parse_json(data, path, "completion marker"), path, "completion marker", "", MARKER_FIELDS)
+
+
+def read_manifest(fs: fsspec.AbstractFileSystem, path: str) -> dict | None:
+    """A manifest, checked, or None when it does not exist."""
+    try:
+        return manifest_record(fs.cat_file(path), path)
+    except FileNotFoundError:
+        return None
+
+
+def read_rank_manifest(fs: fsspec.AbstractFileSystem, path: str) -> dict | None:
+    """A rank's manifest, checked with the counts and inputs the books add up, or None when it does not exist."""
+    record = read_manifest(fs, path)
+    if record is not None:
+        _fields(record, RANK_FIELDS, path, "manifest", "")
+        _fields(record["counts"], COUNT_FIELDS, path, "manifest", "counts")
+        for i, entry in enumerate(record["inputs"]):
+            _fields(entry, INPUT_FIELDS, path, "manifest", f"inputs[{i}]")
+    return record
+
+
+def _with_files(record: object, path: str, kind: str, at: str, fields: dict[str, type]) -> dict:
+    """A record with ``fields``, whose ``files`` are each ``{bytes, sha256}``."""
+    _fields(record, fields, path, kind, at)
+    for name, info in record["files"].items():
+        _fields(info, FILE_FIELDS, path, kind, f"{at}.files[{orjson.dumps(name).decode()}]".lstrip("."))
+    return record
+
+
+def _fields(record: object, fields: dict[str, type], path: str, kind: str, at: str) -> dict:
+    """``record`` is an object holding each of ``fields`` with its type, or a RecordError names the first that is
+    not (``at``: where the record sits in its file)."""
+    if not isinstance(record, dict):
+        raise RecordError(path, f"{at or 'the file'} is {_shown(record)}, not an object", kind)
+    for key, expected in fields.items():
+        where = f"{at}.{key}" if at else key
+        if key not in record:
+            raise RecordError(path, f"{where} is missing", kind)
+        value = record[key]
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise RecordError(path, f"{where} is {_shown(value)}, not {JSON_TYPES[expected]}", kind)
+    return record
+
+
+def _shown(value: object) -> str:
+    text = orjson.dumps(value).decode()
+    return text if len(text) <= 40 else text[:40] + "…"
 
 
 def pseudo_ends(start: int, tokens: int, every: int | None, until: int) -> dict | None:
@@ -151,24 +250,29 @@ def output_files(outputs: list[dict]) -> dict[str, dict]:
 
 def output_entries(folder: str) -> dict[str, dict]:
     """Every output file that the manifests in ``folder/_manifests`` describe, by file name."""
-    fs, path = open_fs(join(folder, "_manifests"))
+    fs, path = open_fs(join(folder, MANIFESTS))
+    names = [name for name in list_names(fs, path) if name.endswith(".json")]
+    return entries_by_name(read_manifest(fs, join(path, name)) for name in names)
+
+
+def entries_by_name(manifests: Iterable[dict | None]) -> dict[str, dict]:
+    """The output entries of these manifests by file name, each with its ``_manifest``. A stage manifest's entry
+    wins over a merge checkpoint's: its completion marker vouches for it."""
     entries: dict[str, dict] = {}
-    for name in list_names(fs, path):
-        if name.endswith(".json"):
-            data = orjson.loads(fs.cat_file(join(path, name)))
-            for entry in data.get("outputs", [data] if "files" in data else []):
-                entries[entry["name"]] = entry | {"_manifest": data}
+    for record in sorted(filter(None, manifests), key=lambda record: "outputs" in record):
+        for entry in record.get("outputs", [record]):
+            entries[entry["name"]] = entry | {"_manifest": record}
     return entries
 
 
 def completion_markers(fs: fsspec.AbstractFileSystem, out_path: str) -> dict[str, dict]:
-    """Every completion marker of an output folder, by stem."""
-    folder = join(out_path, "_completions")
+    """Every completion marker of an output folder, by stem, checked."""
+    folder = join(out_path, COMPLETIONS)
     markers = {}
     for name in list_names(fs, folder):
-        marker = read_json(fs, join(folder, name)) if name.endswith(".json") else None
-        if marker is not None:
-            markers[name.removesuffix(".json")] = marker
+        if name.endswith(".json"):
+            with contextlib.suppress(FileNotFoundError):  # removed since the listing: an attempt starting
+                markers[name.removesuffix(".json")] = marker_record(fs.cat_file(join(folder, name)), join(folder, name))
     return markers
 
 

@@ -315,7 +315,7 @@ def merge(config: MergeConfig, progress: ProgressMode = None, owner: str | None 
     plan = _plan(config)
     stem = config.stem
     with attempt_at(config.output, stem, config.local_working_dir, owner) as attempt:
-        done = _completed_files(attempt.fs, attempt.out_path, config, plan.width, plan.fingerprint)
+        done = _completed_files(attempt, config, plan.width, plan.fingerprint)
         checkpoints = _Checkpoints(attempt, plan, done)
         log.info(
             "merge %s: %d inputs, %d units, %d tokens; %d files already done, resuming at unit %d",
@@ -432,9 +432,10 @@ def _fingerprint(config: MergeConfig, inputs: MergeInputs, width: int) -> str:
     return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _completed_files(fs, out_path: str, config: MergeConfig, width: int, fingerprint: str) -> list[dict]:
+def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerprint: str) -> list[dict]:
     """The output files a previous run of this same merge finished, in order; everything after them (and all of
     a different merge's files under this name) is removed."""
+    fs, out_path = attempt.fs, attempt.out_path
     done: list[dict] = []
     while True:
         name = config.file_name(len(done), width)
@@ -445,11 +446,11 @@ def _completed_files(fs, out_path: str, config: MergeConfig, width: int, fingerp
     keep = {n for e in done for n in e["files"]} | {f"{config.save_filename}.ds.metadata"}
     for name in list_names(fs, out_path):
         if config.owns(name) and name not in keep:
-            fs.rm_file(join(out_path, name))
+            attempt.remove(name)
     for name in list_names(fs, join(out_path, "_manifests")):
         family = name.removesuffix(".json") + ".ds"
         if config.owns(family) and family not in keep:
-            fs.rm_file(join(out_path, "_manifests", name))
+            attempt.remove(f"_manifests/{name}")
     return done
 
 

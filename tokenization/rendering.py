@@ -5,31 +5,40 @@ The encoder then holds out every token with a character outside those spans (a t
 carries no loss), and the EOS keeps its loss: the spans' complement becomes the document's no-loss ranges, the
 mechanism ``no_loss_ranges`` already uses, so shuffles, merges and context windows carry the mask unchanged.
 
+A chat template's own text is known exactly (it is what lies between the contents), so the special tokens it
+writes (``<|eot_id|>``) are handed to the encoder as ``special_spans``, each to become its special token, while
+the contents stay under the special-token policy: a user's literal ``<|eot_id|>`` is text. The end of a turn with
+loss, up to and including the first special token the template writes after its content, carries loss too, so
+that a model learns to end its turn.
+
 A record that cannot be rendered (a field missing or not a string, a message without role or content, a template
-that raises) is rejected with the reason, which names the field; the reader quarantines it.
+that raises or goes past its limits, see ``tokenization.sandbox``) is rejected with the reason, which names the
+field; the reader quarantines it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import jinja2
-import jinja2.ext
 import orjson
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tokenization.errors import UsageError
+from tokenization.sandbox import BoundedEnvironment, Limits, RenderLimit
 
 Spans = list[tuple[int, int]]
 MISSING = object()
 PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 ERROR_CHARS = 120  # of a template's error, in the reject reason (raise_exception's messages are fixed strings)
+SHOWN_CHARS = 40  # of a bos_token or eos_token named in an error
 # Each message's content is first rendered as a marker that no text holds (private-use code points), so that
-# where the template puts it is known exactly; the real contents then replace the markers.
-MARKER = re.compile("\ue000(\\d+)\ue001")
+# where the template puts it is known exactly; the real contents then replace the markers. A record whose text
+# holds those code points is refused: its markers could not be told from the template's.
+MARKER_CHARS = ("\ue000", "\ue001")
+MARKER = re.compile("\ue000(\\d{1,9})\ue001")
 
 
 class Reason(str):
@@ -40,6 +49,7 @@ class Reason(str):
 class Rendered:
     text: str
     loss_spans: Spans | None  # None: every character carries loss
+    special_spans: Spans | None = None  # special-token text that the template wrote, each to be that token
 
 
 @dataclass(frozen=True)
@@ -51,10 +61,11 @@ class Renderer:
     source: str
     render: Callable[[dict], Rendered | str]
     loss: tuple[str, ...]  # the fields, or the roles, whose text carries loss
+    settings: dict = field(default_factory=dict)  # how a chat template is applied, for the manifest
 
     def describe(self) -> dict:
         sha256 = hashlib.sha256(self.source.encode()).hexdigest()
-        return {"kind": self.kind, "text": self.source, "sha256": sha256, "loss": list(self.loss)}
+        return {"kind": self.kind, "text": self.source, "sha256": sha256, "loss": list(self.loss), **self.settings}
 
 
 def get_field(obj: dict, key: str) -> object:
@@ -173,22 +184,57 @@ def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def chat_template(source: str, where: str, messages_key: str, loss_roles: Iterable[str]) -> Renderer:
+def _checked_tokens(tokens: dict[str, str], special_tokens: Sequence[str], where: str) -> dict[str, str]:
+    """The config's ``bos_token`` and ``eos_token``, each a special token of the tokenizer (or empty): any other
+    text would be copied into every document (a 10 MB ``bos_token``) and encoded as text."""
+    for key, value in tokens.items():
+        if value and value not in special_tokens:
+            shown = value if len(value) <= SHOWN_CHARS else f"{value[:SHOWN_CHARS]}... ({len(value)} characters)"
+            raise UsageError(
+                f"{where}: its {key} {shown!r} is not a special token of the tokenizer; give a tokenizer_config.json "
+                "that goes with the tokenizer, or a chat template file that writes its own markers"
+            )
+    return tokens
+
+
+def chat_template(
+    source: str,
+    where: str,
+    messages_key: str,
+    loss_roles: Iterable[str],
+    *,
+    special_tokens: Sequence[str] = (),
+    limits: Limits | None = None,
+    loss_on_turn_end: bool = True,
+    framed_bos: str = "",
+) -> Renderer:
     """Chat records: ``messages_key`` holds a list of ``{role, content}`` messages, which a Jinja2 chat template
     (HF's conventions: ``messages``, ``bos_token``, ``eos_token``, ``add_generation_prompt``, ``raise_exception``;
-    not ``strftime_now``)
-    renders. The sandbox gives a template no file, network or attribute access beyond its data."""
+    not ``strftime_now``) renders. The sandbox gives a template no file, network or attribute access beyond its
+    data, and bounds each record's render by ``limits``. ``special_tokens``: the tokenizer's, found in the
+    template's own text; ``loss_on_turn_end``: a turn with loss keeps it up to its first special token;
+    ``framed_bos``: the BOS the encoder already puts before every document (its post-processor's), which the
+    template's ``bos_token`` then leaves out, so that a document starts with one BOS, as HF's
+    ``apply_chat_template`` gives."""
     text, tokens = read_chat_template(source, where)
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    limits = limits or Limits()
+    if any(c in text or any(c in t for t in tokens.values()) for c in MARKER_CHARS):
+        raise UsageError(f"{where}: the template holds the code points U+E000 or U+E001, which mark the contents")
+    env = BoundedEnvironment()
     # No strftime_now, which HF offers: a build must not depend on the day it runs (Llama 3.1's template then
     # writes its fixed fallback date).
     env.globals["raise_exception"] = _raise
     try:
-        template = env.from_string(text)
+        template = env.compile_bounded(text)
     except jinja2.TemplateSyntaxError as exc:
         raise UsageError(f"{where}: not a valid Jinja2 template: line {exc.lineno}: {exc.message}") from None
     roles = tuple(loss_roles)
-    context = {"bos_token": "", "eos_token": "", **tokens, "add_generation_prompt": False}
+    context = {"bos_token": "", "eos_token": "", **_checked_tokens(tokens, special_tokens, where)}
+    if framed_bos and context["bos_token"] == framed_bos:
+        context["bos_token"] = ""
+    context["add_generation_prompt"] = False
+    ordered = sorted(set(special_tokens), key=lambda t: (-len(t), t))  # the longest first, as HF matches them
+    specials = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
     def render(record: dict) -> Rendered | str:
         messages = get_field(record, messages_key)
@@ -201,32 +247,75 @@ def chat_template(source: str, where: str, messages_key: str, loss_roles: Iterab
                 return "message_without_role"
             if not isinstance(message.get("content"), str):
                 return "message_without_content"
-        try:
-            text = template.render(messages=messages, **context)
-            marked = [message | {"content": f"\ue000{i}\ue001"} for i, message in enumerate(messages)]
-            pieces = MARKER.split(template.render(messages=marked, **context))
+        marked = [message | {"content": f"\ue000{i}\ue001"} for i, message in enumerate(messages)]
+        try:  # (deeply nested fields raise RecursionError on the way)
+            if specials is not None and _outside_contents(messages, specials):
+                return "special_token_text_outside_content"
+            size = sum(len(message["content"]) for message in messages)
+            written = env.bounded(limits, size, lambda: template.generate(messages=messages, **context))
+            if any(c in written for c in MARKER_CHARS):
+                return "reserved_marker_characters"
+            pieces = MARKER.split(env.bounded(limits, size, lambda: template.generate(messages=marked, **context)))
+        except RenderLimit as exc:
+            return exc.reason
         except Exception as exc:  # whatever a template raises rejects the record, with the reason
             return f"chat_template_error: {str(exc)[:ERROR_CHARS]}"
-        return _located(text, pieces, messages, roles) or "chat_template_changes_content"
+        located = _located(written, pieces, messages, roles, specials, loss_on_turn_end)
+        return located or "chat_template_changes_content"
 
-    return Renderer("chat", text, render, roles)
+    settings = {
+        "loss_on_turn_end": loss_on_turn_end,
+        "render_steps": limits.steps,
+        "render_max_chars": limits.chars,
+    }
+    return Renderer("chat", text, render, roles, settings)
 
 
-def _located(text: str, pieces: list[str], messages: list[dict], roles: tuple[str, ...]) -> Rendered | None:
-    """The loss spans of ``text``: the markers in ``pieces`` (literal, message index, literal, ...) replaced by
-    the contents, as is or stripped (templates often ``| trim`` them); None when neither gives ``text``."""
+def _outside_contents(messages: list[dict], specials: re.Pattern) -> bool:
+    """Whether a message holds special-token text outside its content (a role ``<|eot_id|>``): the template writes
+    it among its own text, where it would become the special token."""
+    return any(
+        specials.search(value if isinstance(value, str) else str(value))
+        for message in messages
+        for key, value in message.items()
+        if key != "content"
+    )
+
+
+def _located(
+    text: str,
+    pieces: list[str],
+    messages: list[dict],
+    roles: tuple[str, ...],
+    specials: re.Pattern | None,
+    turn_end: bool,
+) -> Rendered | None:
+    """The loss and special-token spans of ``text``: the markers in ``pieces`` (literal, message index, literal,
+    ...) replaced by the contents, as is or stripped (templates often ``| trim`` them); None when neither gives
+    ``text``. The special tokens are those in the literal pieces; with ``turn_end``, a content with loss keeps it
+    up to the end of the first special token in the literal right after it."""
+    if any(int(index) >= len(messages) for index in pieces[1::2]):
+        return None  # a marker the template made up
     for shape in (str, str.strip):
-        spans: Spans = []
+        loss: list[list[int]] = []
+        marks: Spans = []
         out: list[str] = []
         length = 0
+        after_loss = False
         for k, piece in enumerate(pieces):
             if k % 2:
                 message = messages[int(piece)]
                 piece = shape(message["content"])
-                if message["role"] in roles:
-                    spans.append((length, length + len(piece)))
+                after_loss = message["role"] in roles
+                if after_loss:
+                    loss.append([length, length + len(piece)])
+            elif specials is not None:
+                found = [(length + m.start(), length + m.end()) for m in specials.finditer(piece)]
+                if turn_end and after_loss and found:
+                    loss[-1][1] = found[0][1]
+                marks += found
             out.append(piece)
             length += len(piece)
         if "".join(out) == text:
-            return Rendered(text, spans)
+            return Rendered(text, [(a, b) for a, b in loss], marks or None)
     return None

@@ -129,6 +129,8 @@ def _inputs_summary(build: dict, input_files: list[dict]) -> dict:
         "files": len(input_files),
         "bytes": sum(f["bytes"] for f in input_files),
         "skipped": None,
+        "hidden": None,
+        "arrived_after_plan": None,  # builds before plans were fixed kept no such list
     } | (build.get("inputs") or {})
 
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from gzip import BadGzipFile
 
 import orjson
 import zstandard
 from isal import igzip, isal_zlib
 
-from tokenization.errors import reaching
+from tokenization.errors import StorageError, reaching
+from tokenization.locations import GLOB_CHARS, glob_folder
 from tokenization.rendering import MISSING, Renderer, get_field, no_loss_ranges, text_field
 from tokenization.storage import is_local, open_fs
 
@@ -24,6 +27,9 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 PARQUET_EXTENSION = ".parquet"
 PARQUET_BATCH_ROWS = 1024
 READ_BUFFER = 1 << 20
+ZSTD_SLICE = 1 << 10  # compressed bytes inflated at once: <= 32 MiB out (RLE: 4 bytes, 128 KiB); 8% slower than 1 MiB
+DEFAULT_MAX_RECORD_BYTES = 64 << 20  # a line or row: a 50 MB document (1 GB to encode) passes; a few fit any worker
+RAW_HEAD_BYTES = 1 << 10  # of a record too large to keep, the bytes its quarantine entry shows
 UTF8_BOM = b"\xef\xbb\xbf"
 
 log = logging.getLogger(__name__)
@@ -35,16 +41,30 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class InputFile:
+    """One input file as a listing saw it. ``identity`` tells a later look whether it is still the same file:
+    ``etag=...`` on an object store (S3's ETag is a digest of the content), ``mtime_ns=...,ctime_ns=...,ino=...``
+    locally (the change time cannot be set back, so a file rewritten with its old size and mtime differs)."""
+
     url: str
     size: int
+    identity: str = ""
+
+    def to_json(self) -> dict:
+        return {"url": self.url, "bytes": self.size, "identity": self.identity}
+
+    @classmethod
+    def from_json(cls, data: dict) -> InputFile:
+        return cls(data["url"], data["bytes"], data.get("identity", ""))
 
 
 @dataclass(frozen=True)
 class InputListing:
-    """The input files, sorted by URL, and the files of unsupported types that folders held (named, not read)."""
+    """The input files, sorted by URL, the files of unsupported types that folders held (named, not read), and how
+    many files folders and globs held under names starting with ``.`` or ``_`` (counted, not read)."""
 
     files: list[InputFile]
     skipped: list[str]
+    hidden: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +75,7 @@ class Record:
     file: str
     line: int
     data: dict | None = None  # the whole record, kept only when the reader is asked to (count --annotate)
+    special_spans: list[tuple[int, int]] | None = None  # special tokens its chat template wrote (rendering.Rendered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +112,16 @@ def _is_supported(url: str) -> bool:
 
 class _ZstdFrames(io.RawIOBase):
     """Decompresses concatenated zstd frames, raising on a truncated last frame (zstandard's stream reader
-    silently ends there, which would lose the tail of the file without a word)."""
+    silently ends there, which would lose the tail of the file without a word). Compressed data goes in by
+    ``ZSTD_SLICE`` bytes, as zstd returns all it inflates from its input at once: a small file that inflates to
+    gigabytes is never held whole."""
 
     def __init__(self, raw: io.IOBase):
         self.raw = raw
         self.frame = zstandard.ZstdDecompressor().decompressobj()
         self.in_frame = False
+        self.compressed = b""  # read from ``raw``; fed up to ``offset``
+        self.offset = 0
         self.pending = memoryview(b"")
 
     def readable(self) -> bool:
@@ -104,64 +129,134 @@ class _ZstdFrames(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         while not self.pending:
-            chunk = self.frame.unused_data if self.frame.eof else self.raw.read(READ_BUFFER)
-            if self.frame.eof:
+            if self.frame.eof:  # the next frame starts in what the last slice left over
+                self.offset -= len(self.frame.unused_data)
                 self.frame, self.in_frame = zstandard.ZstdDecompressor().decompressobj(), False
-                if not chunk:
-                    continue
-            if not chunk:
+            if self.offset == len(self.compressed):
+                self.compressed, self.offset = self.raw.read(READ_BUFFER), 0
+            piece = memoryview(self.compressed)[self.offset : self.offset + ZSTD_SLICE]
+            if not piece:
                 if self.in_frame:
                     raise EOFError("zstd stream ended in the middle of a frame")
                 return 0
+            self.offset += len(piece)
             self.in_frame = True
-            self.pending = memoryview(self.frame.decompress(chunk))
+            self.pending = memoryview(self.frame.decompress(piece))
         n = min(len(buffer), len(self.pending))
         buffer[:n] = self.pending[:n]
         self.pending = self.pending[n:]
         return n
 
 
-def _visible(path: str) -> bool:
-    return not path.rsplit("/", 1)[-1].startswith((".", "_"))
-
-
 def list_input_files(inputs: Sequence[str]) -> InputListing:
     """Every input file, sorted by URL: folders are searched recursively, globs expanded, files taken as named.
 
-    Names starting with ``.`` or ``_`` (markers, temp files) are ignored in folders and globs. Inside folders, files
-    of other formats are skipped and listed in ``skipped`` (the caller logs and records them); a named or globbed
-    file of another format is an error.
+    Below the folder named (or a glob's fixed part), names starting with ``.`` or ``_`` (markers, temp files, a
+    build's own ``_manifests/``), and everything inside folders so named, are ignored and counted in ``hidden``.
+    Inside folders, files of other formats are skipped and listed in ``skipped`` (the caller logs and records
+    them); a named or globbed file of another format is an error, and so is a file name that is not UTF-8.
     """
-    found: dict[str, int] = {}
+    found: dict[str, InputFile] = {}
     skipped: list[str] = []
+    hidden: set[str] = set()
     for spec in inputs:
         with reaching(spec):
-            found.update(_list(spec, skipped))
+            found.update(_list(spec, skipped, hidden))
     if skipped:
         log.warning("skipped %d input files of unsupported types: %s", len(skipped), ", ".join(skipped))
+    if hidden:
+        log.info("ignored %d input files under names starting with . or _", len(hidden))
     if not found:
         unsupported = f" (skipped as unsupported: {', '.join(skipped)})" if skipped else ""
-        raise InputError(f"no input files found in {', '.join(inputs)}{unsupported}")
-    return InputListing([InputFile(url, found[url]) for url in sorted(found)], skipped)
+        ignored = f" ({len(hidden)} ignored under names starting with . or _)" if hidden else ""
+        raise InputError(f"no input files found in {', '.join(inputs)}{unsupported}{ignored}")
+    return InputListing([found[url] for url in sorted(found)], skipped, len(hidden))
 
 
-def _list(spec: str, skipped: list[str]) -> dict[str, int]:
-    """One input spec's files with their sizes, by URL; unsupported files of folders go to ``skipped``."""
+def _list(spec: str, skipped: list[str], hidden: set[str]) -> dict[str, InputFile]:
+    """One input spec's files with their sizes and identities, by URL; unsupported files of folders go to
+    ``skipped``, hidden ones to ``hidden``."""
     fs, path = open_fs(spec)
-    if any(ch in path for ch in "*?["):
-        entries = {p: i for p, i in fs.glob(path, detail=True).items() if i["type"] != "directory" and _visible(p)}
-    elif fs.isdir(path):
-        entries = {p: i for p, i in fs.find(path, detail=True).items() if _visible(p)}
-        skipped += sorted(_url(fs, p) for p in entries if not _is_supported(p))
-        entries = {p: i for p, i in entries.items() if _is_supported(p)}
+    globbed = any(ch in path for ch in GLOB_CHARS) and not fs.exists(path)  # `data [v2]/` may be a real folder
+    folder = not globbed and fs.isdir(path)
+    if globbed:
+        matched = {p: i for p, i in fs.glob(path, detail=True).items() if i["type"] != "directory"}
+        entries = _visible(matched, glob_folder(path), hidden)
+    elif folder:
+        entries = _visible(fs.find(path, detail=True), path, hidden)
     elif fs.exists(path):
         entries = {path: fs.info(path)}
     else:
         raise InputError(f"{spec}: no such file or folder")
-    sizes = {_url(fs, p): int(info.get("size") or 0) for p, info in entries.items()}
-    for url in sizes:
+    for p in entries:
+        _check_name(p)
+    if folder:
+        skipped += sorted(_url(fs, p) for p in entries if not _is_supported(p))
+        entries = {p: i for p, i in entries.items() if _is_supported(p)}
+    files = {
+        _url(fs, p): InputFile(_url(fs, p), int(info.get("size") or 0), identity(fs, p, info))
+        for p, info in entries.items()
+    }
+    for url in files:
         file_format(url)  # a named or globbed file of another format is an error
-    return sizes
+    return files
+
+
+def _visible(entries: dict[str, dict], root: str, hidden: set[str]) -> dict[str, dict]:
+    """The entries with no name below ``root`` starting with ``.`` or ``_``; the others go to ``hidden``. Only
+    names below ``root``: a folder the user named may itself be ``_private``."""
+    shown = {}
+    for p, info in entries.items():
+        if any(name.startswith((".", "_")) for name in p[len(root) :].split("/")):
+            hidden.add(p)
+        else:
+            shown[p] = info
+    return shown
+
+
+def _check_name(path: str) -> None:
+    """Refuse a name that is not UTF-8 (a local listing gives its bytes as surrogate escapes), shown with
+    backslash escapes: manifests and reports are UTF-8 JSON, and would fail to record it after all the work."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise InputError(f"{shown}: the file name is not valid UTF-8; rename it") from None
+
+
+def identity(fs, path: str, info: dict) -> str:
+    """What tells this file from another one at the same path (see :class:`InputFile`)."""
+    if is_local(fs):
+        st = os.stat(path)
+        return f"mtime_ns={st.st_mtime_ns},ctime_ns={st.st_ctime_ns},ino={st.st_ino}"
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
+    if etag:
+        return f"etag={str(etag).strip(chr(34))}"
+    modified = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    return f"modified={modified}" if modified else ""
+
+
+def check_unchanged(files: Sequence[InputFile]) -> None:
+    """Raise :class:`InputError` naming the first of ``files`` that is gone or no longer the file it was when
+    listed (its size or identity differs): a build reads exactly the files it planned."""
+    for file in files:
+        fs, path = open_fs(file.url)
+        fs.invalidate_cache(path)
+        try:
+            with reaching(file.url):
+                info = fs.info(path)
+        except FileNotFoundError:
+            raise InputError(
+                f"{file.url}: gone since the build was planned; a build reads exactly its plan's files, "
+                f"so run it under a new build id"
+            ) from None
+        now = InputFile(file.url, int(info.get("size") or 0), identity(fs, path, info))
+        if now != file:
+            raise InputError(
+                f"{file.url}: changed since the build was planned ({now.size} bytes, {now.identity}; planned "
+                f"{file.size} bytes, {file.identity}); a build reads exactly its plan's files, so run it under a new "
+                f"build id"
+            )
 
 
 def _url(fs, path: str) -> str:
@@ -204,10 +299,13 @@ class DocumentReader:
         id_key: str = "id",
         keep_data: bool = False,
         renderer: Renderer | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ):
-        """``renderer`` makes a record's text (and its loss spans) from its fields instead of ``text_key``."""
+        """``renderer`` makes a record's text (and its loss spans) from its fields instead of ``text_key``. A line
+        or row of more than ``max_record_bytes`` is rejected as ``record_too_large``; a line is never held whole."""
         self.files = list(files)
         self.renderer = renderer
+        self.max_record_bytes = max_record_bytes
         self.text_key = text_key
         self.id_key = id_key
         self.keep_data = keep_data
@@ -253,21 +351,21 @@ class DocumentReader:
         ranges = no_loss_ranges(rendered.loss_spans, len(text), ranges)
         doc_id = get_field(obj, self.id_key)
         doc_id = f"{url}/{line - 1}" if doc_id is MISSING or doc_id is None else str(doc_id)
-        return Record(text, doc_id, ranges, url, line, obj if self.keep_data else None)
+        return Record(text, doc_id, ranges, url, line, obj if self.keep_data else None, rendered.special_spans)
 
     def _jsonl(self, file: InputFile, compression: str | None) -> Iterator[Record | Rejected]:
         url = file.url
         fs, path = open_fs(url)
         line_no = 0
+        limit = self.max_record_bytes
         with fs.open(path, "rb") as raw:
             self._raw = raw
             try:
-                stream: io.IOBase = raw
-                if compression == "gzip":  # ISA-L inflates ~3x faster than zlib: the reader keeps up with the encoder
-                    stream = igzip.GzipFile(fileobj=raw, mode="rb")
-                elif compression == "zstd":
-                    stream = io.BufferedReader(_ZstdFrames(raw), READ_BUFFER)
-                for line_no, line in enumerate(stream, 1):
+                stream = _decompressed(raw, compression)  # (held: freeing it would close ``raw``)
+                for line_no, line in enumerate(_bounded_lines(stream, limit), 1):
+                    if isinstance(line, _Oversized):
+                        yield _too_large(url, line_no, line.head, line.size, limit)
+                        continue
                     if line_no == 1 and line.startswith(UTF8_BOM):  # editors on Windows write one
                         line = line[len(UTF8_BOM) :]
                     if not line.strip():
@@ -286,11 +384,18 @@ class DocumentReader:
                     yield self._parse(obj, url, line_no, line)
                 if raw.tell() < file.size:  # a short read must never pass for a short file
                     raise InputError(f"{url}: read {raw.tell()} of its {file.size} bytes, then the storage said EOF")
-            except (EOFError, OSError, isal_zlib.error, zstandard.ZstdError) as exc:
+                if compression and not raw.tell():  # gzip and zstd read it as empty, `gzip -t` as truncated
+                    raise InputError(
+                        f"{url}: 0 bytes: an empty compressed file is truncated (a valid {compression} stream has a "
+                        "header); an empty input should be an empty .jsonl"
+                    )
+            except (EOFError, BadGzipFile, isal_zlib.error, zstandard.ZstdError) as exc:
+                where = f"after line {line_no} (the last good line)" if line_no else "before its first line"
                 raise InputError(
-                    f"{url}: corrupt or truncated {compression or 'file'} data after line {line_no} "
-                    f"(the last good line); {type(exc).__name__}: {exc}"
+                    f"{url}: corrupt or truncated {compression or 'file'} data {where}; {type(exc).__name__}: {exc}"
                 ) from exc
+            except OSError as exc:  # the storage failed, not the data: another try may read it
+                raise StorageError(f"{url}: read failed after line {line_no}; {type(exc).__name__}: {exc}") from exc
 
     def _parquet(self, url: str) -> Iterator[Record | Rejected]:
         import pyarrow as pa
@@ -309,6 +414,61 @@ class DocumentReader:
                 for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
                     for obj in batch.to_pylist():
                         row += 1
-                        yield self._parse(obj, url, row, orjson.dumps(obj, default=str).decode())
+                        raw_row = orjson.dumps(obj, default=str)
+                        if len(raw_row) > self.max_record_bytes:
+                            yield _too_large(url, row, raw_row, len(raw_row), self.max_record_bytes)
+                        else:
+                            yield self._parse(obj, url, row, raw_row.decode())
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{url}: unreadable parquet after row {row}; {type(exc).__name__}: {exc}") from exc
+
+
+def _decompressed(raw: io.IOBase, compression: str | None) -> io.BufferedIOBase:
+    """The file's bytes, decompressed, from a reader whose ``readline`` takes a limit (a remote fsspec file's
+    does not)."""
+    if compression == "gzip":  # ISA-L inflates ~3x faster than zlib: the reader keeps up with the encoder
+        return igzip.GzipFile(fileobj=raw, mode="rb")
+    return io.BufferedReader(_ZstdFrames(raw) if compression == "zstd" else raw, READ_BUFFER)
+
+
+@dataclass(frozen=True, slots=True)
+class _Oversized:
+    """A line above the limit, as far as it is kept."""
+
+    head: bytes  # its first RAW_HEAD_BYTES
+    size: int  # its bytes, newline excluded
+
+
+def _bounded_lines(stream: io.BufferedIOBase, limit: int) -> Iterator[bytes | bytearray | _Oversized]:
+    """The stream's lines, newline included; a line above ``limit`` bytes as an :class:`_Oversized`. Lines are
+    read by ``READ_BUFFER`` bytes at most, so that no more than ``limit`` (and a buffer) of a line is ever held:
+    one line of a small compressed file may inflate to gigabytes."""
+    chunk = min(READ_BUFFER, limit + 1)
+    while line := stream.readline(chunk):
+        yield _long_line(stream, line, limit) if len(line) == chunk and not line.endswith(b"\n") else line
+
+
+def _long_line(stream: io.BufferedIOBase, start: bytes, limit: int) -> bytearray | _Oversized:
+    """The line that ``start`` begins, read on while it is within ``limit``; past it, its start and size."""
+    line = bytearray(start)
+    while len(line) - line.endswith(b"\n") <= limit:
+        if line.endswith(b"\n") or not (piece := stream.readline(READ_BUFFER)):
+            return line
+        line += piece
+    return _oversized(stream, line)
+
+
+def _oversized(stream: io.BufferedIOBase, line: bytearray) -> _Oversized:
+    """Reads the rest of a line that ``line`` begins by ``READ_BUFFER`` bytes, keeping its first
+    ``RAW_HEAD_BYTES`` only."""
+    size, head = len(line), line[:RAW_HEAD_BYTES]
+    while not line.endswith(b"\n") and (line := stream.readline(READ_BUFFER)):
+        size += len(line)
+        head += line[: RAW_HEAD_BYTES - len(head)]
+    return _Oversized(bytes(head).rstrip(b"\n"), size - line.endswith(b"\n"))
+
+
+def _too_large(url: str, line: int, head: bytes, size: int, limit: int) -> Rejected:
+    """A record above the limit, quarantined with its start and its size: enough to find and judge it."""
+    start = head[:RAW_HEAD_BYTES].decode("utf-8", "backslashreplace")
+    return Rejected(url, line, "record_too_large", f"{start}... [{size} bytes, above max_record_bytes={limit}]")

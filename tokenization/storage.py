@@ -14,6 +14,7 @@ import contextvars
 import ctypes
 import errno
 import functools
+import glob
 import math
 import os
 import shutil
@@ -195,16 +196,17 @@ def put_if(
     fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, absent: bool = False, etag: str | None = None
 ) -> str | None:
     """Write a small object only if it does not exist yet (``absent``) or still has ``etag``; return its new ETag
-    (None where the store has none). A failed condition raises ``FileExistsError``. S3 enforces the condition
-    itself (``If-None-Match`` / ``If-Match``); a local file is created with ``O_EXCL``; other stores are checked
-    first, which leaves a race that callers must say they cannot exclude."""
+    (None where the store has none). A failed condition raises ``FileExistsError``, and ``etag`` on an object that
+    is gone ``FileNotFoundError``. S3 enforces the condition itself (``If-None-Match`` / ``If-Match``); a local
+    file is created with ``O_EXCL``; other stores are checked first, which leaves a race that callers must say
+    they cannot exclude."""
     if is_s3(fs):
         bucket, key, _ = fs.split_path(path)
         condition = {"IfNoneMatch": "*"} if absent else {"IfMatch": etag} if etag else {}
         try:
             return fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
-        except OSError as exc:  # s3fs: FileExistsError for If-None-Match, EINVAL for If-Match
-            if condition and (isinstance(exc, FileExistsError) or exc.errno == errno.EINVAL):
+        except OSError as exc:
+            if condition and _condition_failed(exc):
                 raise FileExistsError(errno.EEXIST, f"{path}: changed by another writer") from exc
             raise
         finally:
@@ -222,6 +224,44 @@ def put_if(
         raise FileExistsError(errno.EEXIST, f"{path}: exists")
     write_bytes_atomic(fs, path, data)
     return None
+
+
+def current_etag(fs: fsspec.AbstractFileSystem, path: str) -> str | None:
+    """An S3 object's ETag as the store has it now (not as cached), None when there is no such object: the
+    condition for a later ``put_if`` or ``remove_if`` that must not touch a version written since."""
+    fs.invalidate_cache(path)
+    try:
+        return fs.info(path).get("ETag")
+    except FileNotFoundError:
+        return None
+
+
+def remove_if(fs: fsspec.AbstractFileSystem, path: str, etag: str | None) -> None:
+    """Delete an S3 object only if it still has ``etag`` (a conditional ``DeleteObject``): a changed object stays
+    and ``FileExistsError`` is raised; an object already gone is no error. Without an ``etag``, and on stores
+    that cannot delete under a condition, the file is removed if it is there."""
+    if not is_s3(fs) or etag is None:
+        remove_if_exists(fs, path)
+        return
+    bucket, key, _ = fs.split_path(path)
+    try:
+        fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if _condition_failed(exc):
+            raise FileExistsError(errno.EEXIST, f"{path}: changed by another writer") from exc
+        raise
+    finally:
+        fs.invalidate_cache(path)
+
+
+def _condition_failed(exc: OSError) -> bool:
+    """Whether S3 refused a request for its condition: 412, or 409 when a concurrent conditional write won. s3fs
+    turns these into a FileExistsError or an EINVAL or EIO OSError (as it does other errors), keeping the response
+    on the cause."""
+    error = getattr(exc.__cause__, "response", None) or {}
+    return error.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict")
 
 
 def _unlink(path: str) -> None:
@@ -247,6 +287,21 @@ def list_sizes(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, int]:
 def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         fs.rm_file(path)
+
+
+def remove_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Delete a folder and everything in it, taking its path literally: fsspec's recursive ``rm`` expands ``*?[``
+    in a path as a glob on object stores (an output ``out?`` would take ``outA``'s files with it), so the path is
+    escaped there; locally ``rm`` is a plain ``rmtree``."""
+    fs.rm(path if is_local(fs) else glob.escape(path), recursive=True)
+
+
+def read_with_etag(fs: fsspec.AbstractFileSystem, path: str) -> tuple[bytes, str | None]:
+    """A small object's bytes and the ETag to ``put_if`` a change of it with (None where the store has none). The
+    ETag is read first, so the bytes are at least as new: a ``put_if`` with it fails if they changed since."""
+    fs.invalidate_cache(path)
+    etag = fs.info(path).get("ETag") if is_s3(fs) else None
+    return fs.cat_file(path), etag
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:

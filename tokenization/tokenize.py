@@ -26,13 +26,15 @@ from tokenization.encoding import Encoder
 from tokenization.errors import UsageError
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
+from tokenization.locations import check_disjoint
 from tokenization.manifest import StageResult
 from tokenization.options import Options, option
 from tokenization.permute import SourcePool, fixed_units, permute_units
+from tokenization.plan import PlanConflict
 from tokenization.progress import ProgressMode
 from tokenization.rendering import Renderer
-from tokenization.sources import DocumentReader, list_input_files, shard
-from tokenization.storage import join, list_names, remove_if_exists, with_storage_options, writing
+from tokenization.sources import DocumentReader, InputFile, check_unchanged, list_input_files, shard
+from tokenization.storage import list_names, with_storage_options, writing
 
 log = logging.getLogger(__name__)
 
@@ -144,22 +146,54 @@ def rank_file_pattern(stem: str) -> re.Pattern:
     return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?({kinds})")
 
 
+@dataclass(frozen=True)
+class RankShare:
+    """A rank's part of a build's plan (``tokenization.plan``): exactly these files, never a new listing, read with
+    the tokenizer and chat template the plan was made with; the plan's digest goes into the rank's manifest."""
+
+    files: list[InputFile]
+    plan: str
+    tokenizer_sha256: str
+    rendering_sha256: str | None
+
+    def check(self, encoder: Encoder, renderer: Renderer | None) -> None:
+        """Refuse to encode with a tokenizer or chat template that is no longer the planned one."""
+        rendering = renderer and renderer.describe()["sha256"]
+        for what, planned, now in (
+            (f"tokenizer {encoder.name}", self.tokenizer_sha256, encoder.sha256),
+            ("chat template", self.rendering_sha256, rendering),
+        ):
+            if planned != now:
+                raise PlanConflict(
+                    f"{what} changed since the build was planned (sha256 {now}, planned {planned}): a build encodes "
+                    f"with what it planned; run the new one under a new build id"
+                )
+
+
 @with_storage_options
 def tokenize_rank(
-    config: TokenizeConfig, progress: ProgressMode = None, owner: str | None = None
+    config: TokenizeConfig, progress: ProgressMode = None, owner: str | None = None, share: RankShare | None = None
 ) -> StageResult[Counts]:
-    """Run one rank end to end. Re-running a rank replaces its output completely; a second attempt at the same rank
-    while one runs is refused (``owner`` names this attempt's caller in that message)."""
+    """Run one rank end to end: its ``share`` of a build's plan, or else rank ``config.rank`` of a listing of
+    ``config.inputs``. Re-running a rank replaces its output completely; a second attempt at the same rank while
+    one runs is refused (``owner`` names this attempt's caller in that message)."""
     started = time.time()
     encoder = config.encoder()  # fails before any data is read
-    renderer = config.renderer()  # so does a chat template that cannot be read
-    listing = list_input_files(config.inputs)
-    files = shard(listing.files, config.rank, config.world_size)
+    renderer = config.renderer(encoder)  # so does a chat template that cannot be read
+    if share is None:
+        check_disjoint(config.inputs, config.output)
+        listing = list_input_files(config.inputs)
+        files, skipped = shard(listing.files, config.rank, config.world_size), listing.skipped
+    else:
+        share.check(encoder, renderer)
+        files, skipped = share.files, []
+    check_unchanged(files)  # fails before any work on a file that is not what was listed
     log.info(
         "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
     )
     with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
         counts, written = _encode_and_shuffle(config, encoder, renderer, files, attempt, progress)
+        check_unchanged(files)  # nor one that changed while it was read
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
         record = manifest.stage_record(
             manifest.MANIFEST_FORMAT,
@@ -171,8 +205,9 @@ def tokenize_rank(
             seed=config.seed,
             tokenizer=encoder.describe(),
             rendering=renderer and renderer.describe(),
-            inputs=[{"url": f.url, "bytes": f.size} for f in files],
-            skipped_inputs=listing.skipped,
+            plan=share and share.plan,
+            inputs=[f.to_json() for f in files],
+            skipped_inputs=skipped,
             input_bytes=sum(f.size for f in files),
             counts=counts.to_json(),
             outputs=_outputs(config, counts, written),
@@ -194,8 +229,10 @@ def _encode_and_shuffle(
     """Both passes in the attempt's working folder; rejected records are published even when they fail the rank,
     as they are what the user needs to look at."""
     try:
-        reader = DocumentReader(files, config.text_key, config.id_key, renderer=renderer)
-        counts, written = encoder.exactly(lambda: _encode_pass(config, encoder, reader, attempt.work, progress))
+        reader = DocumentReader(
+            files, config.text_key, config.id_key, renderer=renderer, max_record_bytes=config.max_record_bytes
+        )
+        counts, written = encoder.exactly(lambda: _encode_pass(config, encoder, reader, attempt, progress))
     except TooManyRejects:
         attempt.place(attempt.work / QUARANTINE, manifest.quarantine_name(config.stem))
         raise
@@ -222,10 +259,12 @@ def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenF
 
 
 def _encode_pass(
-    config: TokenizeConfig, encoder: Encoder, reader: DocumentReader, work: Path, progress: ProgressMode
+    config: TokenizeConfig, encoder: Encoder, reader: DocumentReader, attempt: Attempt, progress: ProgressMode
 ) -> tuple[Counts, list[WrittenTokenFile]]:
-    """Pass 1: encode the rank's documents in input order into the working directory, rejects to quarantine."""
+    """Pass 1: encode the rank's documents in input order into the attempt's working folder, rejects to
+    quarantine; an attempt whose lease is found lost stops at the next batch (its successor does the work)."""
     counts = Counts()
+    work = attempt.work
     direct = not (config.shuffle_documents or config.shuffle_chunk_size or config.num_buckets)
     writer = SplitWriter(
         work,
@@ -244,6 +283,7 @@ def _encode_pass(
             batches = encoded_batches(reader, encoder, counts, config, tally, where, config.save_loss, progress)
             with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
                 for batch in batches:
+                    attempt.lease.check()  # no request: the heartbeat found it
                     ends = np.cumsum(batch.encoded.lengths)
                     writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
         finally:  # on errors too: no buffered byte of a failed attempt may reach a file that a retry reopens
@@ -318,12 +358,11 @@ def _scatter(config: TokenizeConfig, encoder: Encoder, unshuffled: Path, work: P
 
 def _publish(config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: dict) -> None:
     """Replace the rank's previous output with the new files and its quarantine, then commit the manifest."""
-    fs, out_path = attempt.fs, attempt.out_path
     keep = {f.name for w in written for f in w.files}
     pattern = rank_file_pattern(config.stem)
-    for name in list_names(fs, out_path):
+    for name in list_names(attempt.fs, attempt.out_path):
         if pattern.fullmatch(name) and name not in keep:
-            fs.rm_file(join(out_path, name))
+            attempt.remove(name)
     attempt.place_families(written)
     files = manifest.output_files(record["outputs"])
     quarantine, bad = attempt.work / QUARANTINE, manifest.quarantine_name(config.stem)
@@ -331,5 +370,5 @@ def _publish(config: TokenizeConfig, attempt: Attempt, written: list[WrittenToke
         files[bad] = {"bytes": quarantine.stat().st_size, "sha256": hashlib.sha256(quarantine.read_bytes()).hexdigest()}
         attempt.place(quarantine, bad)
     else:
-        remove_if_exists(fs, join(out_path, bad))
+        attempt.remove(bad)
     attempt.commit(record, files)

@@ -1,31 +1,39 @@
 """``verify``: check an output folder of ``.ds`` families or Megatron ``.bin/.idx`` pairs before anyone trains.
 
-Every problem is reported with its file and, where it has one, the token offset. Completeness comes first: the
+Every problem is reported with its file and, where it has one, the token offset. Files are streamed in large
+blocks (tokens, loss bytes and checksums in one pass), so memory stays bounded by the block size and the index
+arrays, and a gigabyte takes seconds.
+
+Then every record is checked, since a build is only as trustworthy as the records that say what it holds: the
 folder's manifests list the file families it must hold, so a family that is missing, a family that no manifest
-lists (a leftover, or the output of a stage that did not finish), a manifest without its completion marker, and
-counts that differ from what the files hold are all problems. Files are then streamed in large blocks (tokens,
-loss bytes and checksums in one pass), so memory stays bounded by the block size and the index arrays, and a
-gigabyte takes seconds.
+lists, and counts that differ from what the files hold are problems. Each stage manifest needs its completion
+marker (which records the manifest's sha256), each marker its stage manifest, and every file a marker lists must be
+there with its size and sha256 (the dataset's ``{name}.ds.metadata`` and the quarantine included); a file that no
+record lists (a lone ``.ds.index``, a leftover) is a problem, and so are the merge's per-file checkpoints unless
+each equals the entry its stage manifest holds for it. A malformed record is one problem naming its file and field.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import fsspec
 import numpy as np
-import orjson
 
 from tokenization import manifest
+from tokenization.attempts import LEASES, STAGING
 from tokenization.encoding import Encoder
 from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
 from tokenization.formats.megatron import MegatronFile
+from tokenization.runs import RUN_CLAIM
 from tokenization.storage import join, list_names, list_sizes, open_fs
 
 BLOCK_BYTES = 64 << 20
 MAX_REPORTED = 10  # problems of one kind reported per file, then a count
+BOOKKEEPING = {manifest.MANIFESTS, manifest.COMPLETIONS, manifest.QUARANTINE, LEASES, STAGING}  # folders, not files
 
 
 @dataclass
@@ -59,70 +67,266 @@ class _Checks:
 
 
 def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None) -> Report:
-    """Check every token file directly inside ``url``; a problem-free report means the folder is usable."""
+    """Check every token file directly inside ``url`` and every record of the folder; a problem-free report means
+    the folder is usable."""
     report = Report()
     checks = _Checks()
     if tokenizer:
         encoder = Encoder(tokenizer, eos_token, no_eos=eos_token is None)
         checks = _Checks(encoder.vocab_size, encoder.eos_id)
-    fs, path = open_fs(url)
-    sizes = list_sizes(fs, path)  # one listing answers every existence and size question (a HEAD each on S3)
-    names = set(sizes)
-    described = manifest.output_entries(url)
-    ds_files, bin_files = token_file_names(names, (DS,)), token_file_names(names, (MEGATRON,))
+    folder = _Folder.open(url)
+    records = _read_records(folder, report)
+    described = manifest.entries_by_name(record for _, record in records.manifests.values()) if records else {}
+    ds_files, bin_files = token_file_names(folder.sizes, (DS,)), token_file_names(folder.sizes, (MEGATRON,))
     if not ds_files and not bin_files:
         report.problem(url, "no .ds or .bin files")
-    _check_completeness(fs, path, url, {*ds_files, *bin_files}, described, report)
     for name in ds_files:
-        _verify_ds(fs, join(path, name), join(url.rstrip("/"), name), described.get(name), sizes, checks, report)
+        _verify_ds(folder, name, described.get(name), checks, report)
     for name in bin_files:
-        _verify_megatron(fs, join(url.rstrip("/"), name), described.get(name), sizes, checks, report)
-    _verify_dataset_metadata(fs, path, sizes, report)
+        _verify_megatron(folder, name, described.get(name), checks, report)
+    _verify_dataset_metadata(folder, report)
+    if records:  # after the token files: their checksums were taken while they were streamed
+        _check_records(folder, records, {*ds_files, *bin_files}, described, report)
     return report
 
 
-def _check_completeness(fs, path: str, url: str, families: set[str], described: dict, report: Report) -> None:
-    """Every family a manifest lists is there, every family there is listed, and every stage manifest is complete
-    (its marker exists and names its checksum) and adds up to its outputs."""
-    stages = _stage_manifests(fs, path)
-    if not stages:
-        report.notes.append(f"{url}: no manifests, so which files belong here cannot be checked")
+def verify_records(url: str) -> Report:
+    """Check only the records of one stage folder: its manifests, completion markers and merge checkpoints, and
+    every file they list (size and sha256), but not the tokens. For a run's other stage folders: the dataset
+    folder gets :func:`verify`, which checks its records too."""
+    report = Report()
+    folder = _Folder.open(url)
+    if records := _read_records(folder, report):
+        described = manifest.entries_by_name(record for _, record in records.manifests.values())
+        _check_records(folder, records, set(token_file_names(folder.sizes)), described, report)
+    return report
+
+
+@dataclass
+class _Folder:
+    """The folder being verified. One listing answers every size and existence question (a HEAD each on S3), and
+    each file is hashed once, however many records list it."""
+
+    fs: fsspec.AbstractFileSystem
+    path: str
+    url: str
+    sizes: dict[str, int]  # the folder's own entries, by name
+    digests: dict[str, str] = field(default_factory=dict)
+    subfolders: dict[str, dict[str, int]] = field(default_factory=dict)  # their entries, once one is asked about
+
+    @classmethod
+    def open(cls, url: str) -> _Folder:
+        fs, path = open_fs(url)
+        return cls(fs, path, url.rstrip("/"), list_sizes(fs, path))
+
+    def label(self, name: str) -> str:
+        return join(self.url, name)
+
+    def size(self, name: str) -> int | None:
+        """A file's size, None when it is absent; a file of a subfolder (the quarantine) lists that subfolder."""
+        sub, _, base = name.rpartition("/")
+        if not sub:
+            return self.sizes.get(name)
+        if sub not in self.subfolders:
+            self.subfolders[sub] = list_sizes(self.fs, join(self.path, sub))
+        return self.subfolders[sub].get(base)
+
+    def sha256(self, name: str) -> str:
+        """A file's sha256, streamed in blocks (memory stays bounded) unless it was taken already."""
+        if name not in self.digests:
+            digest = hashlib.sha256()
+            for _ in _blocks(self.fs, join(self.path, name), np.dtype(np.uint8), digest):
+                pass
+            self.digests[name] = digest.hexdigest()
+        return self.digests[name]
+
+
+@dataclass
+class _Records:
+    """A folder's manifests, by stem with their bytes (a marker records their sha256): the stage manifests and
+    the merge's per-file checkpoints; and its completion markers, by stem."""
+
+    manifests: dict[str, tuple[bytes, dict]]
+    markers: dict[str, dict]
+
+    @property
+    def stages(self) -> dict[str, tuple[bytes, dict]]:
+        return {stem: item for stem, item in self.manifests.items() if "outputs" in item[1]}
+
+
+def _read_records(folder: _Folder, report: Report) -> _Records | None:
+    """Every record of the folder, each checked; None when one is malformed (each such is one problem): a folder
+    whose records cannot be read cannot be checked against them."""
+    manifests = _read_subfolder(folder, manifest.MANIFESTS, manifest.manifest_record, report)
+    markers = _read_subfolder(folder, manifest.COMPLETIONS, manifest.marker_record, report)
+    if manifests is None or markers is None:
+        return None
+    return _Records(manifests, {stem: record for stem, (_, record) in markers.items()})
+
+
+def _read_subfolder(
+    folder: _Folder, sub: str, parse: Callable[[bytes, str], dict], report: Report
+) -> dict[str, tuple[bytes, dict]] | None:
+    """The records of ``sub`` by stem, with their bytes; None when one is malformed. A file there that is no
+    record is a problem."""
+    records: dict[str, tuple[bytes, dict]] | None = {}
+    for name in sorted(list_names(folder.fs, join(folder.path, sub))):
+        label = folder.label(f"{sub}/{name}")
+        if not name.endswith(".json"):
+            report.problem(label, f"not a record: only {sub}/{{stem}}.json files belong there; remove it")
+            continue
+        try:
+            data = folder.fs.cat_file(join(folder.path, sub, name))
+            record = parse(data, label)
+        except FileNotFoundError:  # removed since the listing: a stage is writing this folder
+            continue
+        except manifest.RecordError as exc:
+            report.problems.append(str(exc))
+            records = None
+            continue
+        if records is not None:
+            records[name.removesuffix(".json")] = (data, record)
+    return records
+
+
+def _check_records(folder: _Folder, records: _Records, families: set[str], described: dict, report: Report) -> None:
+    """The folder holds what its records say, and its records vouch for each other: every stage manifest has its
+    completion marker, every marker its stage manifest, every file a marker lists is there with its size and
+    sha256, every file there is listed, and the merge's checkpoints are its manifest's entries."""
+    stages = records.stages
+    if stages:
+        missing = _check_families(folder, families, described, report)
+    elif records.manifests or records.markers or _in_a_run(folder):
+        report.problem(
+            folder.url,
+            f"no stage manifest in {manifest.MANIFESTS}/: the stage that writes this folder did not finish, or its "
+            "manifest was removed; run that stage again",
+        )
+        missing = set()
+    else:
+        report.notes.append(f"{folder.url}: no manifests, so which files belong here cannot be checked")
         return
-    for name in sorted(set(described) - families):
-        report.problem(join(url.rstrip("/"), name), f"listed in {_source(described[name])} but missing")
+    _check_stages(folder, stages, records.markers, report)
+    listed = _check_markers(folder, stages, records.markers, missing, report)
+    _check_checkpoints(folder, records, report)
+    listed |= {name for entry in described.values() for name in entry["files"]}
+    for name in sorted(n for n in folder.sizes if n not in listed and not _bookkeeping(n)):
+        if _family(name) not in families - set(described):  # an unlisted family is one problem, not one a file
+            report.problem(
+                folder.label(name),
+                "no completion marker lists this file: a leftover of another run, or of a stage that did not "
+                "finish; remove it",
+            )
+
+
+def _check_families(folder: _Folder, families: set[str], described: dict, report: Report) -> set[str]:
+    """Every family a manifest lists is there and every family there is listed; returns the missing ones."""
+    missing = set(described) - families
+    for name in sorted(missing):
+        report.problem(folder.label(name), f"listed in {_source(described[name])} but missing")
     for name in sorted(families - set(described)):
         report.problem(
-            join(url.rstrip("/"), name),
+            folder.label(name),
             "no manifest lists this file family: a leftover of another run, or the output of a stage that did "
             "not finish",
         )
-    markers = manifest.completion_markers(fs, path)
+    return missing
+
+
+def _check_stages(folder: _Folder, stages: dict, markers: dict[str, dict], report: Report) -> None:
+    """Every stage manifest is complete (its marker exists and names its checksum) and adds up to its outputs."""
     for stem, (data, record) in sorted(stages.items()):
-        where = join(url.rstrip("/"), manifest.manifest_name(stem))
+        where = folder.label(manifest.manifest_name(stem))
         marker = markers.get(stem)
         if marker is None:
             report.problem(where, "has no completion marker: its stage did not finish")
-        elif marker.get("sha256") != hashlib.sha256(data).hexdigest():
+        elif marker["sha256"] != hashlib.sha256(data).hexdigest():
             report.problem(where, "differs from the checksum its completion marker records")
-        counts = record.get("counts", {})
+        counts = record["counts"]
         said = counts.get("tokens_written", counts.get("tokens"))
         held = sum(entry["tokens"] for entry in record["outputs"])
         if said != held:
             report.problem(where, f"counts {said} tokens written, its outputs list {held}")
 
 
-def _stage_manifests(fs, path: str) -> dict[str, tuple[bytes, dict]]:
-    """The manifests of whole stages (a rank, a merge, a context shard) with their bytes, by stem; the merge's
-    per-file checkpoints are listed by its manifest and have no marker of their own."""
-    folder = join(path, "_manifests")
-    stages = {}
-    for name in list_names(fs, folder):
-        if name.endswith(".json"):
-            data = fs.cat_file(join(folder, name))
-            record = orjson.loads(data)
-            if "outputs" in record:
-                stages[name.removesuffix(".json")] = (data, record)
-    return stages
+def _check_markers(folder: _Folder, stages: dict, markers: dict, missing: set[str], report: Report) -> set[str]:
+    """Every marker belongs to a stage manifest and lists its files, and every file it lists is there with its
+    size and sha256 (a missing family is reported once, as such); returns the files the markers list."""
+    listed: set[str] = set()
+    for stem, marker in sorted(markers.items()):
+        where, own = folder.label(manifest.marker_name(stem)), manifest.manifest_name(stem)
+        if stem not in stages:
+            report.problem(
+                where, f"no stage manifest {own}: a marker copied from elsewhere, or its manifest was removed"
+            )
+            continue
+        if marker["manifest"] != own:
+            report.problem(where, f"names the manifest {marker['manifest']}, not its own {own}")
+        files = marker["files"]
+        for name in sorted(set(manifest.output_files(stages[stem][1]["outputs"])) - set(files)):
+            report.problem(folder.label(name), f"its manifest {own} lists it, its completion marker does not")
+        for name, info in sorted(files.items()):
+            listed.add(name)
+            size = folder.size(name)
+            if size is None:
+                if _family(name) not in missing:
+                    report.problem(folder.label(name), f"listed by {manifest.marker_name(stem)} but missing")
+            elif size != info["bytes"] or folder.sha256(name) != info["sha256"]:
+                report.problem(
+                    folder.label(name),
+                    f"differs from what {manifest.marker_name(stem)} records ({size} bytes, sha256 "
+                    f"{folder.sha256(name)[:12]}…, not {info['bytes']} bytes, {info['sha256'][:12]}…)",
+                )
+    return listed
+
+
+def _check_checkpoints(folder: _Folder, records: _Records, report: Report) -> None:
+    """The merge's per-file checkpoints say where a resumed merge starts; its stage manifest owns them, as copies
+    of its output entries: each must be there and equal to its entry, and no other may be."""
+    owners = {
+        entry["name"].removesuffix(DS): (stem, entry)
+        for stem, (_, record) in records.stages.items()
+        if record["stage"] == "merge"
+        for entry in record["outputs"]
+    }
+    checkpoints = set(records.manifests) - set(records.stages)
+    for stem in sorted(checkpoints | set(owners)):
+        where = folder.label(manifest.manifest_name(stem))
+        if stem not in owners:
+            report.problem(where, "a merge checkpoint that no stage manifest lists: a leftover of an unfinished merge")
+            continue
+        owner, entry = owners[stem]
+        what = f"the checkpoint of {entry['name']}, which {manifest.manifest_name(owner)} lists"
+        if stem not in checkpoints:
+            report.problem(where, f"missing: {what} (a resumed merge would redo that file and every later one)")
+        elif records.manifests[stem][1] != entry:
+            report.problem(where, f"differs from {what}: a resumed merge would start from it")
+
+
+def _in_a_run(folder: _Folder) -> bool:
+    """Whether the folder is a stage folder of a build's run (its parent holds the run's claim)."""
+    parent = folder.path.rstrip("/").rpartition("/")[0]
+    if not parent:
+        return False
+    try:
+        folder.fs.cat_file(join(parent, RUN_CLAIM))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _bookkeeping(name: str) -> bool:
+    """The folders of records and attempts, and an attempt's lock file, which verify checks on their own or not
+    at all (a lock file outlives a killed attempt until the next one)."""
+    return name in BOOKKEEPING or (name.startswith(".") and name.endswith(".lock"))
+
+
+def _family(name: str) -> str:
+    """The token file that names the family of a file: ``X.ds`` for ``X.ds.index``, ``X.bin`` for ``X.idx``."""
+    if name.endswith(".idx"):
+        return name.removesuffix(".idx") + MEGATRON
+    head, dot_ds, _ = name.rpartition(DS + ".")
+    return head + DS if dot_ds else name
 
 
 def _source(entry: dict) -> str:
@@ -131,17 +335,15 @@ def _source(entry: dict) -> str:
     return f"the {owner.get('stage', 'stage')} manifest{f' of {stem}' if stem else ''}"
 
 
-def _verify_ds(
-    fs, path: str, label: str, entry: dict | None, sizes: dict[str, int], checks: _Checks, report: Report
-) -> None:
-    """One ``.ds`` family; ``sizes``: its folder's files by name, from the listing."""
+def _verify_ds(folder: _Folder, name: str, entry: dict | None, checks: _Checks, report: Report) -> None:
+    """One ``.ds`` family, its checksums taken as it streams."""
     report.files += 1
-    name = path.rsplit("/", 1)[-1]
+    label, path, sizes = folder.label(name), join(folder.path, name), folder.sizes
     size = sizes[name]
     meta = None
     if name + ".metadata" in sizes:
         try:
-            meta = Metadata.parse(fs.cat_file(path + ".metadata").decode("utf-8"), f"{label}.metadata")
+            meta = Metadata.parse(folder.fs.cat_file(path + ".metadata").decode("utf-8"), f"{label}.metadata")
         except (TokenFileError, UnicodeDecodeError) as exc:
             report.problem(f"{label}.metadata", str(exc))
     else:
@@ -150,7 +352,7 @@ def _verify_ds(
         report.problem(f"{label}.index", "missing")
         return
     try:
-        index = map_array(fs, path + ".index", INDEX_DTYPE, f"{label}.index", sizes[name + ".index"])
+        index = map_array(folder.fs, path + ".index", INDEX_DTYPE, f"{label}.index", sizes[name + ".index"])
         ends = np.asarray(index, dtype=np.int64)
     except TokenFileError as exc:
         report.problem(f"{label}.index", str(exc))
@@ -167,25 +369,24 @@ def _verify_ds(
         report.problem(f"{label}.metadata", f"says {meta.token_count} tokens, the file holds {tokens}")
     _check_index(ends, label, checks, report)
     _check_counts(entry, tokens, len(ends), label, report)
-    hashes = {name: hashlib.sha256()}
     has_loss = name + ".loss" in sizes
     if has_loss and sizes[name + ".loss"] != tokens:
         report.problem(f"{label}.loss", f"{sizes[name + '.loss']} bytes for {tokens} tokens")
-    dtype = token_dtype(token_size)
-    for offset, block in _blocks(fs, path, dtype, hashes[name]):
+    digest = hashlib.sha256()
+    for offset, block in _blocks(folder.fs, path, token_dtype(token_size), digest):
         _check_tokens(block, offset, ends, entry, label, checks, report)
+    folder.digests[name] = digest.hexdigest()
     if has_loss:
-        loss_hash = hashes.setdefault(name + ".loss", hashlib.sha256())
-        for offset, block in _blocks(fs, path + ".loss", LOSS_DTYPE, loss_hash):
+        digest = hashlib.sha256()
+        for offset, block in _blocks(folder.fs, path + ".loss", LOSS_DTYPE, digest):
             report.problems_at(f"{label}.loss", "loss byte is neither 0 nor 1", offset + np.flatnonzero(block > 1))
-    _check_checksums(fs, path.rsplit("/", 1)[0], entry, sizes, hashes, report)
+        folder.digests[name + ".loss"] = digest.hexdigest()
     report.tokens += tokens
 
 
-def _verify_megatron(
-    fs, label: str, entry: dict | None, sizes: dict[str, int], checks: _Checks, report: Report
-) -> None:
+def _verify_megatron(folder: _Folder, name: str, entry: dict | None, checks: _Checks, report: Report) -> None:
     report.files += 1
+    label = folder.label(name)
     try:
         mg = MegatronFile(label)
     except TokenFileError as exc:
@@ -193,7 +394,7 @@ def _verify_megatron(
         return
     lengths = mg.lengths.astype(np.int64)
     ends = np.cumsum(lengths)
-    size, total = fs.size(mg.bin_path), int(ends[-1]) if len(ends) else 0
+    size, total = folder.sizes[name], int(ends[-1]) if len(ends) else 0
     if total * mg.dtype.itemsize != size:
         report.problem(label, f"{size} bytes, but the sequence lengths add up to {total} tokens")
     expected = (ends - lengths) * mg.dtype.itemsize
@@ -205,11 +406,11 @@ def _verify_megatron(
         report.problem(mg.url + ".idx", "document indices do not run from 0 to the sequence count")
     report.problems_at(label, "negative sequence length", np.flatnonzero(lengths < 0))
     _check_counts(entry, total, len(lengths), label, report)
-    hashes = {mg.bin_path.rsplit("/", 1)[-1]: hashlib.sha256()}
-    for offset, block in _blocks(fs, mg.bin_path, mg.dtype, hashes[mg.bin_path.rsplit("/", 1)[-1]]):
+    digest = hashlib.sha256()
+    for offset, block in _blocks(folder.fs, mg.bin_path, mg.dtype, digest):
         _check_tokens(block, offset, ends, entry, label, checks, report)
-    _check_checksums(fs, mg.bin_path.rsplit("/", 1)[0], entry, sizes, hashes, report)
-    report.tokens += mg.num_tokens
+    folder.digests[name] = digest.hexdigest()
+    report.tokens += size // mg.dtype.itemsize
 
 
 def _check_counts(entry: dict | None, tokens: int, entries: int, label: str, report: Report) -> None:
@@ -266,33 +467,18 @@ def _blocks(fs, path: str, dtype: np.dtype, digest) -> Iterator[tuple[int, np.nd
             offset += usable // dtype.itemsize
 
 
-def _check_checksums(fs, folder: str, entry: dict | None, sizes: dict[str, int], hashes: dict, report: Report) -> None:
-    """Sizes and sha256 of every file the manifest lists for this output (the big ones hashed while streamed)."""
-    if entry is None:
-        return
-    for name, info in entry["files"].items():
-        path = join(folder, name)
-        if name not in sizes:
-            report.problem(path, "listed in the manifest but missing")
-            continue
-        digest = hashes.get(name) or hashlib.sha256(fs.cat_file(path))
-        if sizes[name] != info["bytes"] or digest.hexdigest() != info["sha256"]:
-            report.problem(path, f"differs from the manifest ({sizes[name]} bytes, sha256 {digest.hexdigest()[:12]}…)")
-
-
-def _verify_dataset_metadata(fs, path: str, sizes: dict[str, int], report: Report) -> None:
+def _verify_dataset_metadata(folder: _Folder, report: Report) -> None:
     """A merged dataset's ``{name}.ds.metadata`` (with no ``{name}.ds``) counts the tokens of ``NNN_{name}.ds``."""
-    names = set(sizes)
+    names = set(folder.sizes)
     for meta_name in sorted(n for n in names if n.endswith(".ds.metadata") and n[: -len(".metadata")] not in names):
         stem = meta_name[: -len(".ds.metadata")]
         parts = [n for n in names if n.endswith(f"_{stem}.ds") and n.split("_", 1)[0].isdigit()]
+        label = folder.label(meta_name)
         try:
-            meta = Metadata.parse(fs.cat_file(join(path, meta_name)).decode("utf-8"), meta_name)
-        except TokenFileError as exc:
-            report.problem(join(path, meta_name), str(exc))
+            meta = Metadata.parse(folder.fs.cat_file(join(folder.path, meta_name)).decode("utf-8"), label)
+        except (TokenFileError, UnicodeDecodeError) as exc:
+            report.problem(label, str(exc))
             continue
-        total = sum(sizes[n] // meta.token_size for n in parts)
+        total = sum(folder.sizes[n] // meta.token_size for n in parts)
         if meta.token_count != total:
-            report.problem(
-                join(path, meta_name), f"says {meta.token_count} tokens, its {len(parts)} files hold {total}"
-            )
+            report.problem(label, f"says {meta.token_count} tokens, its {len(parts)} files hold {total}")

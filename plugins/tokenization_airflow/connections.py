@@ -4,7 +4,9 @@ An ``aws`` connection (login = access key id, password = secret key; extra ``end
 S3-compatible store, ``region_name``, ``aws_session_token``) becomes the storage options of a build, which its
 stage configs carry to every ``s3://`` URL they open, with botocore's adaptive retries, so transient 500s, 503
 SlowDowns and dropped connections are retried with backoff. Without the connection, s3fs uses the default AWS
-credential chain. Nothing is written into fsspec's process-wide configuration.
+credential chain. A connection of another type is refused by name before any request (the api-server's ``http``
+connection would sign S3 requests that fail only after minutes of retries). Nothing is written into fsspec's
+process-wide configuration.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ from typing import Literal
 log = logging.getLogger(__name__)
 
 RETRIES = {"max_attempts": 10, "mode": "adaptive"}
+S3_CONN_TYPE = "aws"  # the Amazon provider's type; any other (http, postgres, ...) holds no S3 credentials
+
+
+class ConnectionTypeError(ValueError):
+    """The connection named for storage is of another type: its login would sign S3 requests that fail slowly."""
 
 
 def storage_options(conn_id: str | None, lookup: Literal["task", "secrets"] = "task") -> dict[str, dict]:
@@ -38,6 +45,11 @@ def storage_options(conn_id: str | None, lookup: Literal["task", "secrets"] = "t
         except AirflowNotFoundException:
             log.info("no connection %r: s3:// uses the default AWS credential chain", conn_id)
     if conn is not None:
+        if conn.conn_type != S3_CONN_TYPE:
+            raise ConnectionTypeError(
+                f"connection {conn_id!r} is of type {conn.conn_type!r}, but s3:// needs one of type "
+                f"{S3_CONN_TYPE!r}: name an {S3_CONN_TYPE} connection in aws_conn_id"
+            )
         extra = conn.extra_dejson
         if conn.login:
             options |= {"key": conn.login, "secret": conn.password}

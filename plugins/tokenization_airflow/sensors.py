@@ -6,8 +6,7 @@ from __future__ import annotations
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
-from tokenization.runs import BuildError
-from tokenization_airflow.tasks import build_of
+from tokenization_airflow.tasks import build_of, fails_at_once_on_data_errors
 
 NEVER_FINISHING = ("upstream_failed", "removed", "skipped")  # states a rank's task cannot leave by itself
 
@@ -37,13 +36,11 @@ class ShardSensor(BaseSensorOperator):
             missing = ", ".join(f"rank {r} ({why})" for r, why in sorted(self._missing.items()))
             raise AirflowSensorTimeout(f"shards still missing after {self.timeout:.0f}s: {missing}") from exc
 
+    @fails_at_once_on_data_errors
     def poke(self, context) -> PokeReturnValue:
         num_ranks = self.spec["num_ranks"]
         build = build_of(context["params"], self.spec)
-        try:
-            self._missing = build.incomplete_ranks()
-        except BuildError as exc:
-            raise AirflowFailException(str(exc)) from exc
+        self._missing = build.incomplete_ranks()
         if self._missing:
             self._fail_if_hopeless(context, self._missing)
             self.log.info("waiting for %d of %d ranks: %s", len(self._missing), num_ranks, sorted(self._missing))

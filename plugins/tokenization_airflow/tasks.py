@@ -1,16 +1,25 @@
 """What the ``tokenize_corpus`` DAG's tasks need besides the library: the checks that only a deployment can make
-(misspelled conf keys, Airflow's map limit, allowed locations, the merge pool) and the ``Build`` of a run, made
-from its params, its plan and the deployment's storage connection and working folders.
+(misspelled conf keys, Airflow's map limit, allowed locations, the merge pool), the ``Build`` of a run, made
+from its params, its plan and the deployment's storage connection and working folders, and which errors fail a
+task at once.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import os
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from airflow.sdk.exceptions import AirflowFailException
 
 from tokenization.build import Build, BuildConfig, BuildPlan
+from tokenization.documents import TooManyRejects
+from tokenization.locations import tokenizer_files
 from tokenization.options import fields_of
+from tokenization.runs import BuildError
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import MERGE_POOL, MERGE_WORKDIR, WORKDIR, allowed_locations
 from tokenization_airflow.pools import pool_exists
@@ -19,6 +28,9 @@ log = logging.getLogger(__name__)
 
 MAP_LENGTH_FALLBACK = 1024  # Airflow's default [core] max_map_length
 BUILD_PARAMS = {f.name for f, spec, _ in fields_of(BuildConfig) if spec.param}
+PROJECT_MODULES = ("tokenization.", "tokenization_airflow.")  # whose ValueErrors say the data or a param is wrong
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class PlanError(RuntimeError):
@@ -49,7 +61,8 @@ def check_map_length(params: dict, max_map_length: int) -> None:
 
 def check_locations(params: dict) -> None:
     """Inputs, outputs, tokenizer and chat template files only where the deployment allows (never http://,
-    never /etc)."""
+    never /etc), each after its symlinks are resolved: a tokenizer folder's files one by one too. (The input
+    folder's files are checked once listed, by the build's start.)"""
     allowed = allowed_locations()
     for name in ("input", "output"):
         allowed.check(name, params[name])
@@ -58,6 +71,7 @@ def check_locations(params: dict) -> None:
     tokenizer = params["tokenizer"]
     if "://" in tokenizer or tokenizer.startswith(("/", ".", "~")) or os.path.exists(tokenizer):
         allowed.check("tokenizer", tokenizer)  # anything else is a hub name: the hub is a fixed host
+        allowed.check_files("tokenizer", tokenizer_files(tokenizer))
 
 
 def check_merge_pool(merges: bool) -> None:
@@ -88,9 +102,39 @@ def plan(params: dict, run_id: str, conf: dict, declared: set[str], max_map_leng
     check_locations(params)
     config = config_of(params)
     check_merge_pool(config.output_format == "ds")
-    return Build.start(config, run_id)
+    build = Build.start(config, run_id, allowed_locations())
+    build.unpublish()  # a run cleared whole rewrites its files: it is not complete until it publishes again
+    return build
 
 
 def build_of(params: dict, spec: dict) -> Build:
     """The run's build in a later task: its params, and the plan that ``plan`` recorded as XCom ``spec``."""
     return Build(config_of(params), BuildPlan.from_json(spec))
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """Whether running the task again would fail the same way: bad input, a refused param, a build that fails its
+    checks. These are the project's own ValueErrors (``InputError``, ``UsageError``, ``LocationError``,
+    ``TokenFileError``, ``RecordError``, ...) and ``TooManyRejects``, ``BuildError`` and ``PlanError``. Storage and
+    network errors are not, nor a conflict with a live attempt (``AttemptConflict``, ``LeaseLost``): a later try
+    may succeed."""
+    if isinstance(exc, (TooManyRejects, BuildError, PlanError)):
+        return True
+    return isinstance(exc, ValueError) and type(exc).__module__.startswith(PROJECT_MODULES)
+
+
+def fails_at_once_on_data_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """A task (or a sensor's poke) that a data error fails without retries, which would only repeat it minutes
+    apart: its one-line cause is logged, and is the last line of the short traceback that Airflow logs next."""
+
+    @functools.wraps(func)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except Exception as exc:
+            if not is_data_error(exc):
+                raise
+            log.error("%s (a data error: the task fails without retries)", exc)
+            raise AirflowFailException(str(exc)) from None
+
+    return run

@@ -1,12 +1,22 @@
-"""Fault injection for tests that run tasks in other processes (the Celery workers of the distributed test): put
-this folder first on a process's PYTHONPATH and name ranks in ``FAULT_RANKS``; each of them fails its first attempt
-in each run. A file a rank and run in ``FAULT_DIR`` remembers the attempt, whichever process makes the next one.
+"""Fault injection for tests that run tasks in other processes (the Celery workers of the distributed test, a
+command frozen past its lease): put this folder first on a process's PYTHONPATH, and
+
+- name ranks in ``FAULT_RANKS``: each of them fails its first attempt in each run. A file a rank and run in
+  ``FAULT_DIR`` remembers the attempt, whichever process makes the next one;
+- set ``FAULT_LEASE_TTL`` and ``FAULT_HEARTBEAT`` (seconds) to shorten the object-store lease, so that a test can
+  let one lapse in a second instead of five minutes;
+- set ``FAULT_FREEZE_AT`` to ``lease`` (just after the attempt took its lease) or ``publish`` (just before it
+  places its first file): the process then sends itself SIGSTOP there, once, heartbeat included, as a worker's
+  session stopped by its host would be, and goes on when it gets SIGCONT.
+
 Production code knows nothing of this."""
 
 import os
+import signal
 from pathlib import Path
 
 RANKS = {int(rank) for rank in os.environ.get("FAULT_RANKS", "").split(",") if rank}
+FREEZE_AT = os.environ.get("FAULT_FREEZE_AT", "")
 
 if RANKS:
     from tokenization.build import Build
@@ -21,3 +31,31 @@ if RANKS:
         return _tokenize(self, rank, *args, **kwargs)
 
     Build.tokenize = tokenize
+
+if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FREEZE_AT:
+    from tokenization import attempts
+
+    attempts.LEASE_TTL_SECONDS = float(os.environ.get("FAULT_LEASE_TTL", attempts.LEASE_TTL_SECONDS))
+    attempts.HEARTBEAT_SECONDS = float(os.environ.get("FAULT_HEARTBEAT", attempts.HEARTBEAT_SECONDS))
+    _frozen: set[str] = set()
+
+    def stop_once(step: str) -> None:
+        if step == FREEZE_AT and step not in _frozen:
+            _frozen.add(step)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    def freezing(step: str, call, after: bool):
+        """``call``, with the whole process stopped before (or after) its first run when ``step`` is chosen."""
+
+        def frozen(*args, **kwargs):
+            if not after:
+                stop_once(step)
+            result = call(*args, **kwargs)
+            if after:
+                stop_once(step)
+            return result
+
+        return frozen
+
+    attempts.ObjectLease.acquire = freezing("lease", attempts.ObjectLease.acquire, after=True)
+    attempts.Attempt.place = freezing("publish", attempts.Attempt.place, after=False)

@@ -257,3 +257,27 @@ def test_vocabulary_past_uint16_uses_four_bytes(tmp_path) -> None:
     encoder = Encoder(big_vocab_tokenizer(tmp_path / "tokenizer.json"), EOS)
     assert encoder.vocab_size == 70_000 and encoder.token_size == 4
     assert encoder.encode(["w69997 w3"]).tokens.tolist() == [69_999, 5, 0]
+
+
+def test_a_lone_document_is_framed_in_place_and_like_any_other() -> None:
+    """A huge document is a batch of its own, and its EOS goes after its ids in place: never a second copy."""
+    from tokenization.encoding import framed
+
+    body = np.arange(5, dtype=np.uint16)
+    out = framed(body, np.array([5]), [], [9])
+    assert out.tolist() == [0, 1, 2, 3, 4, 9] and out is body  # the same array, grown
+    many = framed(np.arange(5, dtype=np.uint16), np.array([2, 3]), [7], [9])
+    assert many.tolist() == [7, 0, 1, 9, 7, 2, 3, 4, 9]
+
+
+def test_a_record_larger_than_a_batch_is_a_batch_of_its_own() -> None:
+    from tokenization.documents import Counts, DocumentOptions, _record_batches
+    from tokenization.sources import Record
+
+    def record(text: str) -> Record:
+        return Record(text, "id", None, "f", 1)
+
+    options = DocumentOptions(tokenizer="t", batch_bytes=10)
+    texts = ["ab", "cd", "x" * 30, "ef", "y" * 12, "gh"]
+    batches = list(_record_batches(iter(map(record, texts)), Counts(), options, lambda _: None))
+    assert [[r.text for r in b] for b in batches] == [["ab", "cd"], ["x" * 30], ["ef"], ["y" * 12], ["gh"]]

@@ -188,7 +188,8 @@ def test_throughput_counts_text_bytes_without_the_tokenizers_loading(tmp_path, s
     assert result["counts"]["text_bytes"] == text_bytes > 2 * result["input_bytes"]  # the input is gzipped
     assert 0 < load < result["seconds"]
     working = result["seconds"] - load
-    assert result["throughput"]["text_mb_per_s"] == pytest.approx(text_bytes / 1e6 / working, rel=1e-3)
+    rounded = 5e-4  # the manifest rounds the rate to 3 decimals: on a loaded machine it is below 1 MB/s
+    assert result["throughput"]["text_mb_per_s"] == pytest.approx(text_bytes / 1e6 / working, rel=1e-3, abs=rounded)
     assert result["throughput"]["tokens_per_s"] == pytest.approx(result["counts"]["tokens"] / working, rel=1e-3)
 
 

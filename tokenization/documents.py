@@ -424,6 +424,9 @@ def _record_batches(
             counts.empty += 1
         text_bytes = utf8_length(item.text)
         counts.text_bytes += text_bytes
+        if text_bytes >= options.batch_bytes and records:  # a record larger than a batch is a batch of its own,
+            yield records  # whose tokens are framed in place (``encoding.framed``): a huge one is never held twice
+            records, size = [], 0
         records.append(item)
         size += text_bytes
         if len(records) >= options.batch_size or size >= options.batch_bytes:

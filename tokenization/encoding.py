@@ -50,7 +50,7 @@ from tokenizers import Encoding, Tokenizer
 from tokenizers.processors import TemplateProcessing
 
 from tokenization.fast_engine import FastEngine, Unsupported
-from tokenization.formats.ds import token_size_for_vocab
+from tokenization.formats.ds import token_dtype, token_size_for_vocab
 from tokenization.storage import is_local, open_fs
 
 log = logging.getLogger(__name__)
@@ -436,7 +436,10 @@ class Encoder:
         text_pieces = [piece for piece in pieces if piece.token is None]
         groups = piece_groups(text_pieces)
         parts = [self._encode_group(texts, text_pieces, group, no_loss, literal_docs) for group in groups]
-        body = joined([ids for ids, _, _ in parts], np.uint32)
+        top = max((int(ids.max()) for ids, _, _ in parts if len(ids)), default=-1)
+        if top >= self.vocab_size:  # checked before the ids take the file's width, which would wrap them
+            raise TokenizerError(f"{self.name}: token id {top} is outside the vocabulary")
+        body = joined([ids for ids, _, _ in parts], token_dtype(self.token_size))  # 2 bytes a token where they fit
         piece_lengths = joined([n for _, n, _ in parts], np.int64)
         held_out = None if no_loss is None else joined([held for _, _, held in parts], bool)
         del parts  # their ids are in ``body``: a huge document's tokens are held twice at most (framed), not thrice
@@ -446,8 +449,6 @@ class Encoder:
         np.add.at(body_lengths, [piece.doc for piece in pieces], piece_lengths)
         self._pieces_seen += len(pieces)
         self._docs_seen += len(texts)
-        if len(body) and int(body.max()) >= self.vocab_size:
-            raise TokenizerError(f"{self.name}: token id {int(body.max())} is outside the vocabulary")
         tokens = framed(body, body_lengths, self.bos_ids, self.tail_ids)
         loss = None
         if held_out is not None:  # the head and tail keep their loss
@@ -652,8 +653,8 @@ def replaced(ids: np.ndarray, lengths: np.ndarray, by_index: dict[int, list[int]
 
 
 def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
-    """``arrays`` end to end, also when there are none."""
-    return np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)
+    """``arrays`` end to end, as ``dtype``, also when there are none."""
+    return np.concatenate(arrays, dtype=dtype, casting="same_kind") if arrays else np.empty(0, dtype=dtype)
 
 
 def flat_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -666,6 +667,10 @@ def framed(body: np.ndarray, body_lengths: np.ndarray, head: list[int], tail: li
     """Each document's run of ``body`` between ``head`` and ``tail``. The body's places are marked in a byte mask
     and filled in one masked copy (~1 ns a token; index arrays would cost 16 bytes a token)."""
     if not head and not tail:
+        return body
+    if not head and len(body_lengths) == 1 and body.flags.owndata:  # one document (a huge one is a batch alone):
+        body.resize(len(body) + len(tail), refcheck=False)  # its tail goes after it, in place (realloc: no copy)
+        body[len(body) - len(tail) :] = tail
         return body
     lengths = body_lengths + len(head) + len(tail)
     ends = np.cumsum(lengths)

@@ -156,6 +156,9 @@ def test_a_claim_without_a_plan_is_refused(tmp_path, inputs, sample_tokenizer) -
     (tmp_path / "out" / "old" / "_RUN.json").write_bytes(orjson.dumps({"run_id": "old", "claimed": 1.0}))
     with pytest.raises(BuildError, match=r"old/_RUN.json: claimed by run 'old' in format 'run/1', which records no"):
         Build.start(config_of(inputs, tmp_path, sample_tokenizer), "old")
+    (tmp_path / "out" / "old" / "_RUN.json").write_bytes(b'{"run_id": "old", "cla')
+    with pytest.raises(RecordError, match=r"old/_RUN.json: not a valid run claim: unexpected end of data"):
+        Build.start(config_of(inputs, tmp_path, sample_tokenizer), "old")
 
 
 def test_files_read_against_the_plan() -> None:

@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
-import orjson
-
 from tokenization import manifest
 from tokenization.errors import UsageError
 from tokenization.storage import join, list_names, open_fs, put_if
@@ -76,13 +74,10 @@ def read_claim(folder: str) -> dict | None:
     version's has no plan) is refused, naming the file, since no plan can be resumed without it."""
     fs, path = open_fs(folder)
     where = join(folder, RUN_CLAIM)
-    try:
-        owner = orjson.loads(fs.cat_file(join(path, RUN_CLAIM)))
-    except FileNotFoundError:
+    owner = manifest.read_json(fs, join(path, RUN_CLAIM), "run claim")  # a damaged one: one line naming it
+    if owner is None:
         return None
-    except orjson.JSONDecodeError as exc:
-        raise BuildError(f"{where}: not a run claim ({exc})") from None
-    if not isinstance(owner, dict) or not isinstance(owner.get("run_id"), str):
+    if not isinstance(owner.get("run_id"), str):
         raise BuildError(f"{where}: not a run claim (no run_id)")
     if owner.get("format") != RUN_FORMAT or not isinstance(owner.get("plan"), dict):
         raise BuildError(

@@ -299,8 +299,8 @@ def remove_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
 def read_with_etag(fs: fsspec.AbstractFileSystem, path: str) -> tuple[bytes, str | None]:
     """A small object's bytes and the ETag to ``put_if`` a change of it with (None where the store has none). The
     ETag is read first, so the bytes are at least as new: a ``put_if`` with it fails if they changed since."""
+    etag = current_etag(fs, path) if is_s3(fs) else None
     fs.invalidate_cache(path)
-    etag = fs.info(path).get("ETag") if is_s3(fs) else None
     return fs.cat_file(path), etag
 
 

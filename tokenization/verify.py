@@ -90,18 +90,6 @@ def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None)
     return report
 
 
-def verify_records(url: str) -> Report:
-    """Check only the records of one stage folder: its manifests, completion markers and merge checkpoints, and
-    every file they list (size and sha256), but not the tokens. For a run's other stage folders: the dataset
-    folder gets :func:`verify`, which checks its records too."""
-    report = Report()
-    folder = _Folder.open(url)
-    if records := _read_records(folder, report):
-        described = manifest.entries_by_name(record for _, record in records.manifests.values())
-        _check_records(folder, records, set(token_file_names(folder.sizes)), described, report)
-    return report
-
-
 @dataclass
 class _Folder:
     """The folder being verified. One listing answers every size and existence question (a HEAD each on S3), and

@@ -114,7 +114,7 @@ def test_report_json_carries_the_new_figures(small_build) -> None:
     saved = json.loads((Path(run_dir) / "report.json").read_text())
     page = (Path(run_dir) / "report.html").read_text()
     assert page.startswith("<!doctype html>") and '<td data-key="arrived">1</td>' in page
-    assert "1 input files arrived after the build was planned and are\nnot in it (the next build reads them): " in page
+    assert "arrived after the build was planned are not in it; the next build\nreads them (1): <code>/data/" in page
     assert saved["wall_seconds"] == 72.4 and saved["started"] == NEW_FIELDS["started"]
     assert saved["inputs"] == NEW_FIELDS["inputs"]
     assert sorted(f["url"].rsplit("/", 1)[-1] for f in saved["input_files"]) == sorted(

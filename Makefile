@@ -67,7 +67,7 @@ airflow: airflow-init
 
 # Benchmarks against datatrove on ../shared/data (or --corpora/--tokenizer); writes bench/RESULTS.md.
 bench: setup
-	$(RUN) python bench/run.py
+	$(RUN) python -m bench.run
 
 clean:
 	rm -rf $(DEMO_OUT) $(AIRFLOW_LOCAL_HOME) .pytest_cache $(MEGATRON_VENV)

@@ -1,6 +1,6 @@
 """Benchmarks: this project against datatrove 0.10.1 on the same input, in the same run, alternating.
 
-    python bench/run.py [--corpora DIR] [--tokenizer PATH] [--tokenizers DIR] [--big-mb MB] [--repeats N]
+    python -m bench.run [--corpora DIR] [--tokenizer PATH] [--tokenizers DIR] [--big-mb MB] [--repeats N]
                         [--only ROWS] [--out FILE] [--smoke]
 
 A full run (15-20 minutes, most of it datatrove on the GB row) rewrites bench/RESULTS.md; ``--only merge,context``
@@ -31,6 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import workloads
+from bench.workloads import Workload
+from tokenization.formats import DS
+from tokenization.tokenize import TokenizeConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -38,128 +43,31 @@ EOS = "<|endoftext|>"
 OTHER_TOKENIZERS = {"llama3": "<|end_of_text|>", "mistral-7b": "</s>"}  # a uint32 one, and one that adds a BOS
 ROWS = ("tokenize", "count", *OTHER_TOKENIZERS, "1gb", "merge", "context", "verify", "memory")
 CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
-COMPARED = (".ds", ".ds.index", ".ds.loss")
+COMPARED = (DS, f"{DS}.index", f"{DS}.loss")
 
-# Each snippet runs in a fresh interpreter with ARGS (a dict) defined; it does the work being measured.
-SNIPPETS = {
-    "ours_tokenize": """
-from tokenization.tokenize import TokenizeConfig, tokenize_rank
-tokenize_rank(TokenizeConfig(inputs=[ARGS["corpus"]], output=ARGS["out"], tokenizer=ARGS["tokenizer"],
-              text_key=ARGS["text_key"], eos_token=ARGS["eos"], seed=1234, local_working_dir=ARGS["out"] + "_work",
-              special_text="special"), progress=False)
-""",
-    "datatrove_tokenize": """
-from datatrove.executor import LocalPipelineExecutor
-from datatrove.pipeline.readers import JsonlReader
-from datatrove.pipeline.tokens import DocumentTokenizer
-LocalPipelineExecutor(pipeline=[JsonlReader(ARGS["corpus"], text_key=ARGS["text_key"]), DocumentTokenizer(ARGS["out"],
-    tokenizer_name_or_path=ARGS["tokenizer"], eos_token=ARGS["eos"], seed=1234)], tasks=1, workers=1,
-    logging_dir=ARGS["out"] + "_logs").run()
-""",
-    "ours_count": """
-from tokenization.count import CountConfig, count_tokens
-count_tokens(CountConfig(inputs=[ARGS["corpus"]], tokenizer=ARGS["tokenizer"], text_key=ARGS["text_key"],
-             eos_token=ARGS["eos"], special_text="special"), progress=False)
-""",
-    "datatrove_count": """
-from datatrove.executor import LocalPipelineExecutor
-from datatrove.pipeline.readers import JsonlReader
-from datatrove.pipeline.tokens import TokensCounter
-LocalPipelineExecutor(pipeline=[JsonlReader(ARGS["corpus"], text_key=ARGS["text_key"]),
-    TokensCounter(ARGS["tokenizer"])], tasks=1, workers=1, logging_dir=ARGS["out"] + "_logs").run()
-""",
-    "ours_merge": """
-from tokenization.merge import MergeConfig, merge
-merge(MergeConfig(input=ARGS["ranks"], output=ARGS["out"], save_filename="m", seed=1))
-""",
-    "datatrove_merge": """
-from datatrove.executor import LocalPipelineExecutor
-from datatrove.pipeline.tokens import DocumentTokenizerMerger
-LocalPipelineExecutor(pipeline=[DocumentTokenizerMerger(ARGS["ranks"], ARGS["out"], save_filename="m", seed=1,
-    progress=False)], tasks=1, workers=1, logging_dir=ARGS["out"] + "_logs").run()
-""",
-    "ours_context": """
-from tokenization.context import ContextShuffleConfig, context_shuffle
-context_shuffle(ContextShuffleConfig(input=ARGS["ranks"], output=ARGS["out"], seed=1, drop_tail=True), progress=False)
-""",
-    "datatrove_context": """
-from datatrove.executor import LocalPipelineExecutor
-from datatrove.pipeline.tokens import DocumentTokenizerContextShuffler
-LocalPipelineExecutor(pipeline=[DocumentTokenizerContextShuffler(ARGS["ranks"], ARGS["out"], seed=1)], tasks=1,
-    workers=1, logging_dir=ARGS["out"] + "_logs").run()
-""",
-    "ours_verify": """
-from tokenization.verify import verify
-assert verify(ARGS["ranks"]).ok
-""",
-}
-# How each engine is imported, loads a tokenizer, and encodes ``texts`` to one flat array of ids: the limits of any
-# pipeline built on it (both use every core). gigatoken is used directly, not through this project, so that the
-# limit does not move when the project's own code does.
-ENGINES = {
-    "HF": (
-        "from tokenizers import Tokenizer",
-        "Tokenizer.from_file(ARGS['tokenizer'])",
-        "tok.encode_batch_fast(texts)",
-    ),
-    "gigatoken": (
-        "import awkward as ak, gigatoken, numpy as np",
-        "gigatoken.Tokenizer.from_json(open(ARGS['tokenizer'], 'rb').read())",
-        "np.asarray(ak.flatten(tok.encode_batch(texts)))",
-    ),
-}
-# The imports and the texts in memory first (read as the stages read them), then loading and encoding timed apart:
-# a stage pays the load once per process, so it is reported on its own rather than hidden in the limit.
-ENCODE = """
-{imports}
-from tokenization.sources import DocumentReader, Record, list_input_files
-reader = DocumentReader(list_input_files([ARGS["corpus"]]).files, ARGS["text_key"])
-texts = [r.text for r in reader if isinstance(r, Record) and r.text]
-start = time.time()
-tok = {load}
-LOAD_SECONDS = time.time() - start
-start = time.time()
-{encode}
-SECONDS = time.time() - start
-"""
-SNIPPETS |= {
-    f"{engine}_encode": ENCODE.format(imports=imports, load=load, encode=encode)
-    for engine, (imports, load, encode) in ENGINES.items()
-}
-RUNNER = """
-import json, sys, time
-ARGS = json.loads(sys.argv[1])
-SECONDS = LOAD_SECONDS = None
-start = time.time()
-exec(compile(sys.argv[2], "snippet", "exec"))
-elapsed = SECONDS if SECONDS is not None else time.time() - start
-# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent, VmHWM belongs to this image only
-peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(json.dumps({"seconds": elapsed, "rss_mb": peak / 1024, "load_seconds": LOAD_SECONDS}))
-"""
+# The encoders whose speed alone is the limit of the encoding rows, by the name the tables give them.
+ENGINES: dict[str, Workload] = {"HF": workloads.hf_encode, "gigatoken": workloads.gigatoken_encode}
 
 
-def measure(name: str, args: dict) -> dict:
-    """One run of a snippet in a fresh interpreter: its seconds, peak RSS and (encoders) load seconds."""
-    out = args.get("out")
-    if out:
-        shutil.rmtree(out, ignore_errors=True)
-        shutil.rmtree(out + "_logs", ignore_errors=True)
-    command = [sys.executable, "-c", RUNNER, json.dumps(args), SNIPPETS[name]]
+def measure(workload: Workload, args: dict) -> dict:
+    """One run of a workload in a fresh interpreter: its seconds, peak RSS and (encoders) load seconds."""
+    shutil.rmtree(args["out"], ignore_errors=True)
+    shutil.rmtree(args["out"] + "_logs", ignore_errors=True)
+    command = [sys.executable, "-m", "bench.workloads", workload.__name__, json.dumps(args)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{workload.__name__} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def alternating(plan: dict[str, int], args: dict, work: Path) -> dict[str, list[dict]]:
-    """Each snippet's runs, as many as ``plan`` says, interleaved so that all see the same machine state (page
+def alternating(plan: dict[Workload, int], args: dict, work: Path) -> dict[Workload, list[dict]]:
+    """Each workload's runs, as many as ``plan`` says, interleaved so that all see the same machine state (page
     cache, clock, other load) rather than one getting the quiet minute."""
-    runs: dict[str, list[dict]] = {name: [] for name in plan}
+    runs: dict[Workload, list[dict]] = {workload: [] for workload in plan}
     for i in range(max(plan.values())):
-        for name, times in plan.items():
+        for workload, times in plan.items():
             if i < times:
-                runs[name].append(measure(name, args | {"out": str(work / name)}))
+                runs[workload].append(measure(workload, args | {"out": str(work / workload.__name__)}))
     return runs
 
 
@@ -169,10 +77,10 @@ def fastest(runs: list[dict]) -> dict:
 
 def engine_limits(args: dict, repeats: int, work: Path) -> dict[str, dict[str, float]]:
     """Per engine, its best encode time and best load time over ``repeats`` alternating runs."""
-    runs = alternating({f"{engine}_encode": repeats for engine in ENGINES}, args, work)
+    runs = alternating(dict.fromkeys(ENGINES.values(), repeats), args, work)
     return {
-        engine: {key: min(r[key] for r in runs[f"{engine}_encode"]) for key in ("seconds", "load_seconds")}
-        for engine in ENGINES
+        engine: {key: min(r[key] for r in runs[encode]) for key in ("seconds", "load_seconds")}
+        for engine, encode in ENGINES.items()
     }
 
 
@@ -196,11 +104,17 @@ def synthetic_ranks(folder: Path, files: int, docs: int, low: int, high: int) ->
     total = 0
     for f in range(files):
         lengths = rng.integers(low, high, docs)
-        path = folder / f"{f:05d}_00000_doc_shuffled.ds"
+        path = folder / rank_file(f, files)
         writer = TokenFileWriter(path, tokenizer="gpt2", token_size=2, save_loss=False)
         writer.write(rng.integers(1, 50000, int(lengths.sum())).astype(np.uint16), np.cumsum(lengths))
         total += writer.close().tokens
     return total * 2
+
+
+def rank_file(rank: int, ranks: int) -> str:
+    """The name a doc-shuffled rank gives its token file (the paths only name it)."""
+    config = TokenizeConfig(inputs=["input"], output="ranks", tokenizer="tokenizer.json", rank=rank, world_size=ranks)
+    return config.output_name(0)
 
 
 def link_corpus(source: Path, corpus: Path, copies: int) -> None:
@@ -233,7 +147,7 @@ def same_bytes(ours: Path, theirs: Path, suffixes: tuple[str, ...]) -> str:
     equal = found == names(theirs) and all(filecmp.cmp(ours / n, theirs / n, shallow=False) for n in found)
     if found and equal:
         return "yes"
-    return "same documents without our BOS" if ".ds" in suffixes and same_without_bos(ours, theirs) else "no"
+    return "same documents without our BOS" if DS in suffixes and same_without_bos(ours, theirs) else "no"
 
 
 def same_without_bos(ours: Path, theirs: Path) -> bool:
@@ -270,8 +184,8 @@ class Bench:
     def compare(
         self,
         label: str,
-        ours: str,
-        theirs: str | None,
+        ours: Workload,
+        theirs: Workload | None,
         args: dict,
         mb: float,
         limits: dict,
@@ -293,7 +207,9 @@ class Bench:
             "dt_s": t and t["seconds"],
             "dt_rss": t and t["rss_mb"],
             "speedup": t and t["seconds"] / o["seconds"],
-            "same": same_bytes(self.work / ours, self.work / theirs, compare) if t and compare else None,
+            "same": same_bytes(self.work / ours.__name__, self.work / theirs.__name__, compare)
+            if t and compare
+            else None,
             "vs_cp": cp and o["seconds"] / cp,
         }
         self.rows.append(row | limits)
@@ -336,10 +252,10 @@ def markdown_table(columns: tuple[tuple[str, str, str], ...], rows: list[dict]) 
     return lines + ["| " + " | ".join(cell(row, key, fmt) for _, key, fmt in columns) + " |" for row in rows]
 
 
-# The stages that encode text: label, snippets (ours, datatrove's), and the outputs compared byte for byte.
+# The stages that encode text: label, workloads (ours, datatrove's), and the outputs compared byte for byte.
 ENCODING_STAGES = {
-    "tokenize": ("tokenize + doc shuffle", "ours_tokenize", "datatrove_tokenize", COMPARED),
-    "count": ("count", "ours_count", "datatrove_count", ()),
+    "tokenize": ("tokenize + doc shuffle", workloads.ours_tokenize, workloads.datatrove_tokenize, COMPARED),
+    "count": ("count", workloads.ours_count, workloads.datatrove_count, ()),
 }
 
 
@@ -363,7 +279,7 @@ def big_row(bench: Bench, source: Path, base: dict, mb: float, target_mb: float)
     label = f"tokenize + doc shuffle, {Path(base['tokenizer']).parent.name}, {size(mb * copies)} ({copies} copies)"
     runs = (min(2, bench.repeats), 1)
     args = base | {"corpus": str(corpus)}
-    bench.compare(label, "ours_tokenize", "datatrove_tokenize", args, mb * copies, {}, runs=runs)
+    bench.compare(label, workloads.ours_tokenize, workloads.datatrove_tokenize, args, mb * copies, {}, runs=runs)
 
 
 def byte_rows(bench: Bench, docs: int, wanted: set[str]) -> None:
@@ -373,17 +289,18 @@ def byte_rows(bench: Bench, docs: int, wanted: set[str]) -> None:
     small_cp = {"cp + sync": copy_time(small, bench.work)}
     ranks = {"ranks": str(small)}
     if "merge" in wanted:
-        bench.compare("merge, ~400-token docs", "ours_merge", "datatrove_merge", ranks, small_mb, small_cp)
+        merges = (workloads.ours_merge, workloads.datatrove_merge)
+        bench.compare("merge, ~400-token docs", *merges, ranks, small_mb, small_cp)
         large = bench.work / "large"
         large_mb = synthetic_ranks(large, 8, docs // 50, 10_000, 30_000) / 1e6
         large_cp = {"cp + sync": copy_time(large, bench.work)}
         args = {"ranks": str(large)}
-        bench.compare("merge, ~20k-token docs", "ours_merge", "datatrove_merge", args, large_mb, large_cp)
+        bench.compare("merge, ~20k-token docs", *merges, args, large_mb, large_cp)
     if "context" in wanted:  # datatrove's index holds only window ends; ours also carries document ends, and loss
-        names = ("ours_context", "datatrove_context")
-        bench.compare("context shuffle", *names, ranks, small_mb, small_cp, compare=(".ds",))
+        shuffles = (workloads.ours_context, workloads.datatrove_context)
+        bench.compare("context shuffle", *shuffles, ranks, small_mb, small_cp, compare=(DS,))
     if "verify" in wanted:
-        bench.compare("verify", "ours_verify", None, ranks, small_mb, {})
+        bench.compare("verify", workloads.ours_verify, None, ranks, small_mb, {})
 
 
 def memory_rows(work: Path, source: Path, base: dict, text_mb: float, scale: int, docs: int) -> list[dict]:
@@ -394,21 +311,24 @@ def memory_rows(work: Path, source: Path, base: dict, text_mb: float, scale: int
         link_corpus(source, corpus, copies)
         ranks = work / f"ranks-x{copies}"
         token_mb = synthetic_ranks(ranks, 8, docs * copies // 4, 200, 600) / 1e6
-        for label, name, args, mb in (
-            ("tokenize + doc shuffle", "ours_tokenize", base | {"corpus": str(corpus)}, text_mb * copies),
-            ("merge", "ours_merge", {"ranks": str(ranks)}, token_mb),
-            ("context shuffle", "ours_context", {"ranks": str(ranks)}, token_mb),
+        for label, workload, args, mb in (
+            ("tokenize + doc shuffle", workloads.ours_tokenize, base | {"corpus": str(corpus)}, text_mb * copies),
+            ("merge", workloads.ours_merge, {"ranks": str(ranks)}, token_mb),
+            ("context shuffle", workloads.ours_context, {"ranks": str(ranks)}, token_mb),
         ):
-            r = measure(name, args | {"out": str(work / f"{name}-x{copies}")})
+            out = work / f"{workload.__name__}-x{copies}"
+            r = measure(workload, args | {"out": str(out)})
             rows.append({"stage": label, "input_mb": mb, "seconds": r["seconds"], "rss": r["rss_mb"]})
             print(rows[-1], flush=True)
-            shutil.rmtree(work / f"{name}-x{copies}", ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(ranks, ignore_errors=True)
     return rows
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--corpora", default=str(SHARED / "corpora"))
     parser.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2" / "tokenizer.json"))
     others = " and ".join(OTHER_TOKENIZERS)

@@ -1,8 +1,8 @@
 """The scale test: one bucketed build of many ranks on the real topology, measured, beside the capacity plan.
 
-    python bench/scale.py [--ranks 64] [--buckets 16] [--copies 2] [--out docs/scaling.md]
+    python -m bench.scale [--ranks 64] [--buckets 16] [--copies 2] [--out docs/scaling.md]
 
-It starts the distributed test's deployment (``tests/cluster.py``: api-server, scheduler, dag-processor, triggerer
+It starts the distributed test's deployment (``harness/cluster.py``: api-server, scheduler, dag-processor, triggerer
 and two Celery workers on PostgreSQL and Redis; S3 served by moto behind a proxy that answers some requests with
 503 SlowDown, every 50th here), with both workers on both queues and a merge pool of 4 slots, so that bucket
 merges spread over them. It runs ``tokenize_corpus`` once with ``merge_mode: bucketed`` on the shared corpora,
@@ -10,7 +10,7 @@ dealt into one gzipped input file a rank, with GPT-2 read from S3, and reports:
 
 * wall time, of the run and of each stage (a stage lasts from its first task's start to its last one's end);
 * per task: duration, the part of it the stage itself took (from its manifest), worker, peak RSS (manifest);
-* S3 requests by stage and kind, against what ``bench/scale_plan.py`` predicts for this corpus and these settings;
+* S3 requests by stage and kind, against what ``bench.scale_plan`` predicts for this corpus and these settings;
 * the scheduler's side: task instances, sensor reschedules, XCom bytes, database commits, its CPU time.
 
 A benchmark (~12 minutes on 2 cores), not a test: nothing asserts a figure. The raw measurements are kept
@@ -23,11 +23,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
-import importlib.util
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -36,18 +34,18 @@ from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
+import fsspec
+import psutil
+
+from bench.scale_plan import model as plan
+from bench.scale_plan.report import table, write
+from harness.cluster import Cluster, Request, services_missing
+from tokenization.context import DEFAULT_WINDOW
+from tokenization.formats import DS
+from tokenization.manifest import COMPLETIONS, MANIFESTS
+from tokenization.runs import Layout
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import fsspec  # noqa: E402
-import psutil  # noqa: E402
-
-from tests.cluster import Cluster, Request, services_missing  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("scale_plan", ROOT / "bench" / "scale_plan.py")
-plan = sys.modules["scale_plan"] = importlib.util.module_from_spec(_spec)  # dataclasses look their module up
-_spec.loader.exec_module(plan)
-
 SHARED = ROOT.parent / "shared" / "data"
 DAG = "tokenize_corpus"
 RUN_ID = "scale"
@@ -56,7 +54,6 @@ END = "<!-- scale.py: measured up to here -->"
 # Both workers take both queues: tokenize and context tasks on "default", merges on "large_disk".
 WORKERS = {"worker-1": ("default,large_disk", 2), "worker-2": ("default,large_disk", 2)}
 MERGE_SLOTS = 4
-STAGES = ("plan", "tokenize", "wait_for_shards", "merge", "plan_context", "context_shuffle", "publish")
 PUT_CLASS = ("PUT", "PART", "CREATE", "COMPLETE")
 INDEX_PARAM = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}  # a mapped task's map index
 
@@ -108,9 +105,9 @@ def stage_windows(tis: list[dict]) -> dict[str, tuple[float, float]]:
 def stage_of(request: Request, windows: dict[str, tuple[float, float]]) -> str:
     """The stage running when S3 got the request. The sensor pokes while ranks run: a listing of the completion
     markers then is its; anything else is the ranks'. Otherwise the latest stage to start wins."""
-    running = [s for s in STAGES if s in windows and windows[s][0] <= request.at <= windows[s][1]]
+    running = [s for s in plan.STAGES if s in windows and windows[s][0] <= request.at <= windows[s][1]]
     if {"tokenize", "wait_for_shards"} <= set(running):
-        return "wait_for_shards" if request.kind == "LIST" and "/_completions" in request.path else "tokenize"
+        return "wait_for_shards" if request.kind == "LIST" and f"/{COMPLETIONS}" in request.path else "tokenize"
     return max(running, key=lambda s: windows[s][0]) if running else "between tasks"
 
 
@@ -206,11 +203,11 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
         tis = cluster.task_instances(DAG, RUN_ID)
         if dag_run["state"] != "success":
             raise SystemExit(f"the build failed: {[(t['task_id'], t['map_index'], t['state']) for t in tis]}")
-        run_dir = f"corpus/builds/{RUN_ID}"
+        layout = Layout(f"corpus/builds/{RUN_ID}")
         s3.invalidate_cache()
-        manifests = [json.loads(s3.cat_file(p)) for p in s3.find(run_dir) if "/_manifests/" in p]
-        build = json.loads(s3.cat_file(f"{run_dir}/_BUILD.json"))
-        ds_bytes = sum(s3.size(f"{run_dir}/context/{name}") for name in build["files"] if name.endswith(".ds"))
+        manifests = [json.loads(s3.cat_file(p)) for p in s3.find(layout.run_dir) if f"/{MANIFESTS}/" in p]
+        build = json.loads(s3.cat_file(layout.manifest))
+        ds_bytes = sum(s3.size(f"{layout.context}/{name}") for name in build["files"] if name.endswith(DS))
         return {
             "settings": {k: getattr(args, k) for k in ("ranks", "buckets", "copies", "context_window", "fault_every")},
             "measured": datetime.now().date().isoformat(),
@@ -259,7 +256,7 @@ def report(m: dict) -> str:
     args, corpus, build, tis = SimpleNamespace(**m["settings"]), Corpus(**m["corpus"]), m["build"], m["tis"]
     cores = m.get("cores", 2)  # (measurements before it was recorded came from this 2-core machine)
     scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores)
-    model = {c.stage.split(" ")[0]: c for c in plan.stages(scenario, True, scenario.workers)}
+    model = plan.stages(scenario, True, scenario.workers)
     model_walls = plan.wall_seconds(scenario, True, scenario.workers)
     windows = stage_windows(tis)
     run_wall = timestamp(m["run"]["end_date"]) - timestamp(m["run"]["start_date"])
@@ -275,13 +272,13 @@ def report(m: dict) -> str:
         requests[stage_of(request, windows)][request.kind if not request.injected else "injected"] += 1
 
     tasks_rows = []
-    for stage in STAGES:
+    for stage in plan.STAGES:
         group, cost = by_stage[stage], model[stage]
         durations = [t["duration"] for t in group]
         own = [r["seconds"] for r in record.get(stage, [])]
         rss = [r["peak_rss_mb"] for r in record.get(stage, [])]
         hosts = Counter(t["hostname"] for t in group)
-        model_wall = model_walls[cost.stage]
+        model_wall = model_walls[stage]
         tasks_rows.append(
             [
                 stage,
@@ -294,7 +291,7 @@ def report(m: dict) -> str:
             ]
         )
     s3_rows = []
-    for stage in (*STAGES, "between tasks"):
+    for stage in (*plan.STAGES, "between tasks"):
         got, cost = requests.get(stage, Counter()), model.get(stage)
         tasks = cost.tasks if cost else 0
         s3_rows.append(
@@ -313,19 +310,20 @@ def report(m: dict) -> str:
         total.update(got)
     overhead = airflow_overhead(by_stage, record)
     xcom_rows = [
-        [stage, figure(m["xcom"].get(stage, 0)), figure(model[stage].tasks * model[stage].xcom)] for stage in STAGES
+        [stage, figure(m["xcom"].get(stage, 0)), figure(model[stage].tasks * model[stage].xcom)]
+        for stage in plan.STAGES
     ]
     lines = [
         f"### {args.ranks} ranks, {args.buckets} buckets, {len(by_stage['context_shuffle'])} context shards on "
         f"{len(WORKERS)} workers",
         "",
-        f"Measured {m['measured']} on one {cores}-core machine (this project's VM): `python bench/scale.py "
+        f"Measured {m['measured']} on one {cores}-core machine (this project's VM): `python -m bench.scale "
         f"--ranks {args.ranks} --buckets {args.buckets} --copies {args.copies}`. The corpus: the shared corpora that "
         f"have a `text` field, {args.copies} times, {corpus.docs:,} documents and {corpus.text_bytes / 1e6:.1f} MB of "
         f"text dealt into {corpus.files} files; GPT-2, read from S3; {build['tokens']:,} tokens. Two Celery workers, "
         f"each on both queues with concurrency {WORKERS['worker-1'][1]}; merge pool {MERGE_SLOTS} slots; S3 is moto "
         f"behind a proxy that answers every {args.fault_every}th request with 503 SlowDown. Figures in brackets are "
-        f"`bench/scale_plan.py`'s for this very build (its scenario: this corpus, these settings, 2 workers x 2 "
+        f"`bench.scale_plan`'s for this very build (its scenario: this corpus, these settings, 2 workers x 2 "
         f"slots, its default latencies, and its measured rates at {cores / 4:.2g} core a slot instead of 2, as the "
         "four slots share this machine).",
         "",
@@ -333,7 +331,7 @@ def report(m: dict) -> str:
         f"`{build['digest'][:12]}…`, verify {'passed' if build['verify']['ok'] else 'FAILED'}, "
         f"{build['conservation']['docs_out']:,} documents out of {build['conservation']['docs_in']:,} read.",
         "",
-        plan.table(
+        table(
             [
                 "stage",
                 "tasks",
@@ -353,7 +351,7 @@ def report(m: dict) -> str:
         "",
         "#### S3 requests by stage: measured (model)",
         "",
-        plan.table(["stage", "GET", "HEAD", "LIST", "PUT + parts", "DELETE and other", "503s injected"], s3_rows),
+        table(["stage", "GET", "HEAD", "LIST", "PUT + parts", "DELETE and other", "503s injected"], s3_rows),
         "",
         f"{sum(total.values()):,} requests in all, {total['injected']:,} of them answered 503 (and retried). A "
         "request belongs to the stage running when it arrived; the model has no HEAD requests (s3fs's existence and "
@@ -361,7 +359,7 @@ def report(m: dict) -> str:
         "",
         "#### Scheduler: measured (model)",
         "",
-        plan.table(["stage", "XCom bytes", "model"], xcom_rows),
+        table(["stage", "XCom bytes", "model"], xcom_rows),
         "",
         f"{len(tis):,} task instances ({scenario.ranks + scenario.buckets + len(by_stage['context_shuffle']) + 4:,} "
         f"in the model); {m['reschedules']:,} sensor reschedules (0: it starts once every rank is done); "
@@ -373,11 +371,13 @@ def report(m: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", type=int, default=64, help="num_ranks, and input files (%(default)s)")
     parser.add_argument("--buckets", type=int, default=16, help="num_buckets and num_context_shards (%(default)s)")
     parser.add_argument("--copies", type=int, default=2, help="times the corpora are repeated (%(default)s)")
-    parser.add_argument("--context-window", type=int, default=2049, help="context_window (%(default)s)")
+    parser.add_argument("--context-window", type=int, default=DEFAULT_WINDOW, help="context_window (%(default)s)")
     parser.add_argument("--corpora", type=Path, default=SHARED / "corpora", help="folder of .jsonl.gz corpora")
     parser.add_argument("--tokenizer", type=Path, default=SHARED / "tokenizers" / "gpt2" / "tokenizer.json")
     parser.add_argument(
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"measurements: {args.measurements}")
     text = report(measured)
     if args.out:
-        plan.write(text, args.out, BEGIN, END)
+        write(text, args.out, BEGIN, END)
     print(text, end="")
 
 

@@ -49,15 +49,7 @@ import pendulum
 from airflow.sdk import Asset, CronTriggerTimetable, TriggerRule, dag, get_current_context, task
 from airflow.sdk.configuration import conf as airflow_conf
 from tokenization_airflow import tasks
-from tokenization_airflow.deployment import (
-    DEFAULT_INPUT,
-    DEFAULT_OUTPUT,
-    DEFAULT_TOKENIZER,
-    KEEP_BUILDS,
-    MERGE_POOL,
-    MERGE_QUEUE,
-    SCHEDULE,
-)
+from tokenization_airflow.deployment import deployment
 from tokenization_airflow.params import airflow_params, build_params
 from tokenization_airflow.sensors import ShardSensor
 
@@ -67,13 +59,18 @@ DATASET = Asset(name="tokenized_corpus", uri="file:///tokenization/tokenize_corp
 RETRIES = int(os.environ.get("TOKENIZATION_TASK_RETRIES", "2"))
 MAX_ACTIVE_RUNS = int(os.environ.get("TOKENIZATION_MAX_ACTIVE_RUNS", "1"))
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("TOKENIZATION_RETRY_DELAY_SECONDS", "60")))
-DEFAULTS = {"input": DEFAULT_INPUT, "output": DEFAULT_OUTPUT, "tokenizer": DEFAULT_TOKENIZER}
+DEPLOYMENT = deployment()
+DEFAULTS = {
+    "input": DEPLOYMENT.default_input,
+    "output": DEPLOYMENT.default_output,
+    "tokenizer": DEPLOYMENT.default_tokenizer,
+}
 PARAMS = build_params(DEFAULTS) | airflow_params()
 
 
 @dag(
     dag_id="tokenize_corpus",
-    schedule=None if SCHEDULE.lower() == "none" else CronTriggerTimetable(SCHEDULE, timezone="UTC"),
+    schedule=CronTriggerTimetable(DEPLOYMENT.schedule, timezone="UTC") if DEPLOYMENT.schedule else None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=MAX_ACTIVE_RUNS,
@@ -90,11 +87,15 @@ PARAMS = build_params(DEFAULTS) | airflow_params()
 def tokenize_corpus():
     @task(retries=0)
     @tasks.fails_at_once_on_data_errors
-    def plan(params: dict | None = None, run_id: str | None = None, dag_run=None) -> list[int]:
-        """Returns the ranks to map over; the run's plan goes out as XCom ``spec``."""
+    def plan(params: dict | None = None, run_id: str | None = None, dag_run=None, ti=None) -> list[int]:
+        """Returns the ranks to map over; the run's plan goes out first, as XCom ``spec``.
+
+        Not one ``multiple_outputs`` dict of both: ``.expand()`` maps only over a task's return value (Airflow 3.3
+        refuses ``plan()["ranks"]`` when it parses the DAG: "cannot map over XCom with custom key"), and Airflow
+        counts the mapped tasks, and checks ``[core] max_map_length``, on the return value alone."""
         max_map_length = airflow_conf.getint("core", "max_map_length", fallback=tasks.MAP_LENGTH_FALLBACK)
         build = tasks.plan(params, run_id, dag_run.conf or {}, set(PARAMS), max_map_length)
-        get_current_context()["ti"].xcom_push(key="spec", value=build.plan.to_json())
+        ti.xcom_push(key="spec", value=build.plan.to_json())
         return build.plan.ranks
 
     @task(map_index_template="rank-{{ rank_label }}")
@@ -107,7 +108,12 @@ def tokenize_corpus():
         result = tasks.build_of(params, spec).tokenize(rank, params["progress_seconds"], attempt_owner(context))
         return result.outputs
 
-    @task(pool=MERGE_POOL, pool_slots=1, queue=MERGE_QUEUE, map_index_template="bucket-{{ bucket_label }}")
+    @task(
+        pool=DEPLOYMENT.merge_pool,
+        pool_slots=1,
+        queue=DEPLOYMENT.merge_queue,
+        map_index_template="bucket-{{ bucket_label }}",
+    )
     @tasks.fails_at_once_on_data_errors
     def merge(spec: dict, bucket: int | None, params: dict | None = None) -> list[str]:
         """Returns the merged file names: of everything (bucket None), or of one bucket."""
@@ -134,12 +140,12 @@ def tokenize_corpus():
     @tasks.fails_at_once_on_data_errors
     def publish(spec: dict, params=None, run_id=None, outlet_events=None) -> dict:
         """Returns the build's figures, which the builds page lists; the Asset event carries them too."""
-        published = tasks.build_of(params, spec).publish(KEEP_BUILDS).summary()
+        published = tasks.build_of(params, spec).publish(DEPLOYMENT.keep_builds).summary().to_json()
         outlet_events[DATASET].extra = published | {"run_id": run_id}
         return published
 
     ranks = plan()
-    spec = ranks["spec"]
+    spec = ranks["spec"]  # the XCom plan pushed besides its return value
     rank_files = tokenize.partial(spec=spec).expand(rank=ranks)
     wait = ShardSensor(
         task_id="wait_for_shards",

@@ -6,19 +6,20 @@ from __future__ import annotations
 from typing import ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
-from airflow.providers.standard.decorators.python import _PythonDecoratedOperator
 from airflow.sdk import BaseOperatorLink
-from tokenization_airflow.builds_page import PREFIX, app, report_url
+from tokenization_airflow.builds_page import DAG_ID, PREFIX, app, report_url
 
 
 class BuildReportLink(BaseOperatorLink):
-    """On ``publish`` (a TaskFlow task), a link to its run's report; computed by the api-server when shown."""
+    """On the DAG's ``publish`` task, a link to its run's report; computed by the api-server when shown. A global
+    link, since a TaskFlow task's operator class is private (a plugin's ``operator_extra_links`` must name the
+    class); on every other task it is empty, and the UI shows no button."""
 
     name = "Build report"
-    operators: ClassVar[list] = [_PythonDecoratedOperator]
 
     def get_link(self, operator, *, ti_key) -> str:
-        return report_url(ti_key.dag_id, ti_key.run_id) if operator.task_id == "publish" else ""
+        publish = ti_key.dag_id == DAG_ID and ti_key.task_id == "publish"
+        return report_url(ti_key.dag_id, ti_key.run_id) if publish else ""
 
 
 class CorpusBuildsPlugin(AirflowPlugin):
@@ -39,4 +40,4 @@ class CorpusBuildsPlugin(AirflowPlugin):
             "destination": "dag_run",
         },
     ]
-    operator_extra_links: ClassVar[list] = [BuildReportLink()]
+    global_operator_extra_links: ClassVar[list] = [BuildReportLink()]

@@ -14,7 +14,8 @@ RATIO = re.compile(r"\d+\.\d+x")
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), *args], capture_output=True, text=True)
+    command = [sys.executable, "-m", "bench.run", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
 
 
 def tables(text: str) -> dict[str, list[dict[str, str]]]:

@@ -38,10 +38,10 @@ def bucketed_build(tmp_path, corpus, tokenizer, name: str) -> list[list[int]]:
             tmp_path / name / "merged",
             save_filename="corpus",
             seed=SEED,
-            mode="bucketed",
+            merge_mode="bucketed",
             bucket=bucket,
             save_loss=True,
-            max_tokens_per_file=8_000,
+            merge_max_tokens_per_file=8_000,
         )
     return documents(tmp_path / name / "merged")
 
@@ -79,12 +79,12 @@ def test_a_bucket_outside_the_ranks_buckets_or_ranks_without_buckets_are_refused
 ) -> None:
     run([sample_corpus], tmp_path / "ranks", sample_tokenizer, seed=1, num_buckets=2)
     with pytest.raises(UsageError, match=r"bucket 2 is outside 0..1: the ranks drew 2 buckets"):
-        merged(tmp_path / "ranks", tmp_path / "out", mode="bucketed", bucket=2)
+        merged(tmp_path / "ranks", tmp_path / "out", merge_mode="bucketed", bucket=2)
     run([sample_corpus], tmp_path / "plain", sample_tokenizer, seed=1)
     with pytest.raises(TokenFileError, match=r"a bucketed merge needs ranks of one num_buckets, found None"):
-        merged(tmp_path / "plain", tmp_path / "out", mode="bucketed", bucket=0)
-    with pytest.raises(UsageError, match="mode bucketed and bucket go together"):
-        MergeConfig(input="i", output="o", save_filename="m", mode="bucketed")
+        merged(tmp_path / "plain", tmp_path / "out", merge_mode="bucketed", bucket=0)
+    with pytest.raises(UsageError, match="merge_mode bucketed and bucket go together"):
+        MergeConfig(input="i", output="o", save_filename="m", merge_mode="bucketed")
 
 
 def final_orders(order_of, seeds: int) -> Counter:
@@ -129,12 +129,12 @@ def test_bucketed_is_uniform_and_datatroves_interleave_is_not() -> None:
 def test_a_bucket_task_resumes_and_never_touches_another_buckets_files(tmp_path, sample_corpus, sample_tokenizer):
     for rank in range(2):
         run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=SEED, num_buckets=2)
-    options = {"save_filename": "corpus", "seed": SEED, "mode": "bucketed"}
-    first = merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, max_tokens_per_file=5_000, **options)
-    merged(tmp_path / "ranks", tmp_path / "merged", bucket=1, max_tokens_per_file=5_000, **options)
+    options = {"save_filename": "corpus", "seed": SEED, "merge_mode": "bucketed"}
+    first = merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, merge_max_tokens_per_file=5_000, **options)
+    merged(tmp_path / "ranks", tmp_path / "merged", bucket=1, merge_max_tokens_per_file=5_000, **options)
     others = {p.name: p.read_bytes() for p in (tmp_path / "merged").glob("00001_*")}
-    again = merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, max_tokens_per_file=5_000, **options)
+    again = merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, merge_max_tokens_per_file=5_000, **options)
     assert again["counts"]["resumed_files"] == len(first["outputs"]) >= 2  # the same bucket: all kept
-    merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, max_tokens_per_file=9_000, **options)  # starts over
+    merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, merge_max_tokens_per_file=9_000, **options)  # starts over
     assert {p.name: p.read_bytes() for p in (tmp_path / "merged").glob("00001_*")} == others
     assert sorted(documents(tmp_path / "merged")) == sorted(documents(tmp_path / "ranks"))

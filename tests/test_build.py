@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import asdict
 
 import orjson
 import pytest
@@ -10,9 +11,10 @@ import pytest
 from tests.test_merge import merged
 from tests.test_tokenize import run
 from tokenization import manifest
-from tokenization.accounting import incomplete_ranks, rank_manifests, stage_counts, token_flow
+from tokenization.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFileError
+from tokenization.records import PlannedInputs, PlannedTokenizer, PlanRecord, StageSummary, TokenizeSummary
 from tokenization.runs import BuildError, Layout, claim, folder_for
 
 
@@ -29,16 +31,27 @@ def test_run_ids_map_to_folders_one_to_one() -> None:
             folder_for("/builds", bad)
 
 
+def plan_of(seed: int) -> PlanRecord:
+    """A plan of no input files, told apart by its seed."""
+    return PlanRecord(
+        params={},
+        seed=seed,
+        tokenizer=PlannedTokenizer(sha256="x", eos_token=None),
+        rendering_sha256=None,
+        inputs=PlannedInputs(files=[], skipped=[], hidden=0),
+    )
+
+
 def test_a_folder_of_another_run_is_refused(tmp_path) -> None:
     folder = str(tmp_path / "run")
-    made = claim(folder, "nightly", {"seed": 1})
-    assert claim(folder, "nightly", {"seed": 2}) == made  # a retry of the same run finds the plan it made first
+    made = claim(folder, "nightly", plan_of(1))
+    assert claim(folder, "nightly", plan_of(2)) == made  # a retry of the same run finds the plan it made first
     with pytest.raises(BuildError, match=r"holds the output of run 'nightly', not of 'manual': two runs never share"):
-        claim(folder, "manual", {})
+        claim(folder, "manual", plan_of(1))
     (tmp_path / "unclaimed").mkdir()
     (tmp_path / "unclaimed" / "ranks").mkdir()
     with pytest.raises(BuildError, match=r"unclaimed already holds ranks, which no run claims"):
-        claim(str(tmp_path / "unclaimed"), "manual", {})
+        claim(str(tmp_path / "unclaimed"), "manual", plan_of(1))
 
 
 @pytest.fixture
@@ -67,9 +80,14 @@ def test_tokens_must_add_up_from_stage_to_stage(tmp_path, sample_corpus, sample_
         run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=5)
     merged(tmp_path / "ranks", tmp_path / "merged", seed=5)
     layout = Layout(str(tmp_path))
-    ranks_total = sum(m["counts"]["tokens_written"] for m in rank_manifests(layout.ranks, 2))
-    stages = {"merge": stage_counts(layout.merged), "context_shuffle": stage_counts(layout.context)}
-    assert stages["context_shuffle"] is None
+    manifests = rank_manifests(layout.ranks, 2)
+    ranks_total = sum(m.counts.tokens_written for m in manifests)
+    stages = StageSummary(
+        tokenize=TokenizeSummary(ranks=2, input_files=4, **asdict(conservation(manifests))),
+        merge=stage_counts(layout.merged),
+        context_shuffle=stage_counts(layout.context),
+    )
+    assert stages.context_shuffle is None
     assert token_flow(ranks_total, stages, ranks_total) == {"tokenize": ranks_total, "merge": ranks_total}
     with pytest.raises(BuildError, match=f"merge wrote {ranks_total} tokens and dropped 0, but was given 3"):
         token_flow(3, stages, ranks_total)
@@ -105,9 +123,10 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         merge_max_tokens_per_file=20_000,
     )
     first = Build.start(config, "first").run(parallel=2)
-    assert (first.verified, first.docs, first.rejects, first.files, first.tokens) == (True, 308, 0, 4, 64_522)
+    summary = first.summary()
+    assert (summary.verified, summary.docs, summary.rejects, summary.files, summary.tokens) == (True, 308, 0, 4, 64_522)
     record = orjson.loads((tmp_path / "first" / "_BUILD.json").read_bytes())
-    assert record == first.record and record["dataset"] == str(tmp_path / "first" / "context")
+    assert record == first.record.to_json() and record["dataset"] == str(tmp_path / "first" / "context")
     assert record["inputs"] == {
         "spec": str(sample_corpus),
         "files": 4,
@@ -119,9 +138,9 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     assert record["wall_seconds"] > 0 and record["started"] <= record["finished"]
     assert "storage_options" not in record["params"] and record["params"]["num_ranks"] == 3
     assert (tmp_path / "first" / "report.html").exists()
-    assert first.summary() == {
-        "dataset": first.dataset,
-        "digest": first.digest,
+    assert summary.to_json() == {
+        "dataset": first.record.dataset,
+        "digest": first.record.digest,
         "tokens": 64_522,
         "docs": 308,
         "rejects": 0,
@@ -134,13 +153,13 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         "deleted": [],
     }
 
-    assert Build.start(config, "second").run(parallel=1).digest == first.digest
+    assert Build.start(config, "second").run(parallel=1).record.digest == first.record.digest
     markers = tmp_path / "first" / "ranks" / "_completions"
     kept = {p.name: p.read_bytes() for p in markers.iterdir()}
     (markers / "00001.json").unlink()  # rank 1 did not finish, so the build was not published
     (tmp_path / "first" / "_BUILD.json").unlink()
     again = Build.start(config, "first").run(parallel=2)
-    assert again.digest == first.digest
+    assert again.record.digest == first.record.digest
     redone = {p.name: p.read_bytes() for p in markers.iterdir()}
     assert {k: v for k, v in redone.items() if k != "00001.json"} == {
         k: v for k, v in kept.items() if k != "00001.json"

@@ -63,17 +63,18 @@ def report_url(run_id: str) -> str:
 def test_report_numbers_are_the_manifests_and_the_datas(build) -> None:
     run_id, folder, manifest = build
     report = json.loads((folder / "report.json").read_text())
-    assert report["run_id"] == run_id and (folder / "report.html").exists()
+    assert report["build"] == manifest | {"report": None}  # the build record itself (the report written first)
+    assert report["build"]["run_id"] == run_id and (folder / "report.html").exists()
     ranks = [json.loads((folder / "ranks" / "_manifests" / f"{r:05d}.json").read_text()) for r in range(3)]
     assert [r["docs_read"] for r in report["ranks"]] == [m["counts"]["docs_read"] for m in ranks]
     assert [r["tokens"] for r in report["ranks"]] == [m["counts"]["tokens_written"] for m in ranks]
-    c = report["conservation"]
+    c = report["build"]["conservation"]
     assert (c["docs_in"], c["docs_out"], c["empty"], c["quarantined"], c["holds"]) == (309, 308, 1, 0, True)
     dataset = folder / "context"
     names = sorted(n for n in list_names(*open_fs(str(dataset))) if n.endswith(".ds"))
     recounted = {n: TokenFile(str(dataset / n)).num_tokens for n in names}
     assert {f["name"]: f["tokens"] for f in report["files"]} == recounted
-    assert report["tokens"] == sum(recounted.values()) == manifest["tokens"]
+    assert report["build"]["tokens"] == sum(recounted.values()) == manifest["tokens"]
     assert sum(row["docs"] for row in report["length_histogram"]) == c["docs_out"]
     assert report["tokens_dropped"]["total"] == 0
     assert report["tokenizer"]["engines"] == ["gigatoken"] and report["settings"]["seed"] == 1234

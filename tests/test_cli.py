@@ -103,6 +103,30 @@ def test_errors_are_one_line_with_exit_1(tmp_path, sample_corpus, sample_tokeniz
     assert done.returncode == 1 and "exceed max_rejects=1" in done.stderr
 
 
+def test_a_project_error_is_one_line_and_any_other_error_shows_its_traceback(tmp_path, sample_corpus) -> None:
+    failing = (
+        "import sys, tokenization.cli as cli; from tokenization.sources import InputError\n"
+        "def count(config): raise {}\n"
+        "cli.count_tokens = count\n"
+        "sys.exit(cli.main(['count', sys.argv[1], '--tokenizer', 'unused.json']))"
+    )
+    for error, last in [
+        ("InputError('a.jsonl line 3: not JSON')", "error: a.jsonl line 3: not JSON"),
+        ("ZeroDivisionError('a bug')", "ZeroDivisionError: a bug"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-c", failing.format(error), str(sample_corpus)], capture_output=True, text=True
+        )
+        lines = done.stderr.strip().splitlines()
+        assert (done.returncode, lines[-1]) == (1, last), done.stderr
+        assert ("Traceback" in done.stderr) == (error.startswith("ZeroDivisionError")), done.stderr
+    not_a_run = cli("report", str(tmp_path))
+    assert (not_a_run.returncode, not_a_run.stderr.strip().splitlines()) == (
+        1,
+        [f"error: {tmp_path}: no _BUILD.json; the build is not complete or this is not a run"],
+    )
+
+
 def test_usage_errors_exit_2(tmp_path, sample_corpus, sample_tokenizer) -> None:
     assert cli("tokenize", "x", "--tokenizer", str(sample_tokenizer)).returncode == 2  # no --output
     assert cli("tokenize", "x", "--output", "o", "--tokenizer", "t", "--max-tokens-per-file", "0").returncode == 2

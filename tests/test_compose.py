@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.cluster import COMPONENTS, MERGE_POOL, WORKERS
+from harness.cluster import COMPONENTS, MERGE_POOL, WORKERS
 from tests.conftest import ROOT
 
 yaml = pytest.importorskip("yaml", reason="PyYAML comes with the 'airflow' dependency group")

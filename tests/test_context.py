@@ -19,7 +19,7 @@ def shuffled(inputs, output, **options) -> dict:
 def test_windows_follow_datatrove_and_nothing_is_lost(tmp_path) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 2, 300)
     run_datatrove_context_shuffler(inputs, tmp_path / "dt", seed=42, window_size=1000)
-    result = shuffled(inputs, tmp_path / "ours", seed=42, window_size=1000)
+    result = shuffled(inputs, tmp_path / "ours", seed=42, context_window=1000)
     rng = np.random.default_rng(42)
     for path in sorted(inputs.glob("*.ds")):
         src = TokenFile(str(path))
@@ -51,7 +51,7 @@ def test_windows_follow_datatrove_and_nothing_is_lost(tmp_path) -> None:
 def test_drop_tail_is_datatroves_output_exactly(tmp_path) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 3, 100)
     run_datatrove_context_shuffler(inputs, tmp_path / "dt", seed=1, window_size=777)
-    result = shuffled(inputs, tmp_path / "ours", seed=1, window_size=777, drop_tail=True)
+    result = shuffled(inputs, tmp_path / "ours", seed=1, context_window=777, drop_tail=True)
     for path in sorted(inputs.glob("*.ds")):
         assert (tmp_path / "ours" / path.name).read_bytes() == (tmp_path / "dt" / path.name).read_bytes()
     assert result["counts"]["tokens_dropped"] == sum(TokenFile(str(p)).num_tokens % 777 for p in inputs.glob("*.ds"))
@@ -59,10 +59,10 @@ def test_drop_tail_is_datatroves_output_exactly(tmp_path) -> None:
 
 def test_shards_split_the_files_and_keep_their_names(tmp_path) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 5, 20)
-    whole = merged(inputs, tmp_path / "merged", seed=3, max_tokens_per_file=9000)
+    whole = merged(inputs, tmp_path / "merged", seed=3, merge_max_tokens_per_file=9000)
     names = [o["name"] for o in whole["outputs"]]
     for shard in range(2):
-        shuffled(tmp_path / "merged", tmp_path / "ctx", seed=9, window_size=500, shard=shard, num_shards=2)
+        shuffled(tmp_path / "merged", tmp_path / "ctx", seed=9, context_window=500, shard=shard, num_shards=2)
     assert sorted(p.name for p in (tmp_path / "ctx").glob("*.ds")) == sorted(names)
     first = json.loads((tmp_path / "ctx" / "_manifests" / "context_00001.json").read_text())
     assert [o["name"] for o in first["outputs"]] == names[1::2]

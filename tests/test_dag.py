@@ -115,7 +115,7 @@ def test_a_bucketed_run_maps_the_merge_over_buckets(airflow_db, dag, tmp_path, s
     assert build["verify"]["ok"] and build["conservation"]["docs_out"] == 308 and build["token_flow"]["merge"] == 64_522
     assert {name[:5] for name in build["files"]} == {"00000", "00001", "00002", "00003"}
     config = BuildConfig(input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), **conf)
-    assert Build.start(config, "by-hand").run(parallel=2).digest == build["digest"]
+    assert Build.start(config, "by-hand").run(parallel=2).record.digest == build["digest"]
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ def _errors() -> tuple[list[BaseException], list[BaseException]]:
     from tokenization.errors import StorageError, UsageError
     from tokenization.formats.ds import TokenFileError
     from tokenization.locations import LocationError
-    from tokenization.manifest import RecordError
+    from tokenization.records import RecordError
     from tokenization.runs import BuildError
     from tokenization.sources import InputError
 

@@ -12,7 +12,7 @@ from datetime import datetime
 import fsspec
 import pytest
 
-from tests.cluster import Cluster, services_missing
+from harness.cluster import Cluster, services_missing
 from tests.conftest import EOS
 from tests.test_context import shuffled
 from tests.test_merge import merged
@@ -48,10 +48,10 @@ def local_reference(folder, corpus, tokenizer) -> dict[str, bytes]:
         save_filename="corpus",
         seed=SEED,
         save_loss=True,
-        max_tokens_per_file=20_000,
+        merge_max_tokens_per_file=20_000,
     )
     for shard in range(2):
-        shuffled(folder / "merged", folder / "context", seed=SEED, window_size=1025, shard=shard, num_shards=2)
+        shuffled(folder / "merged", folder / "context", seed=SEED, context_window=1025, shard=shard, num_shards=2)
     return file_bytes(folder / "context")
 
 

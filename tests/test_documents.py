@@ -97,5 +97,5 @@ def test_max_record_bytes_reaches_the_reader(tmp_path, sample_tokenizer, stage: 
         rejected, written = counts["counts"]["rejected"], counts["counts"]["docs_written"]
     else:
         record = count_tokens(CountConfig(**options)).record
-        rejected, written = record["rejected"], record["docs"]
+        rejected, written = record.rejected, record.docs
     assert rejected == {"record_too_large": 1} and written == 200

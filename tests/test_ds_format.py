@@ -65,10 +65,10 @@ def test_token_size_follows_datatrove(vocab: int, size: int) -> None:
 
 @pytest.mark.parametrize("token_size", [2, 4])
 def test_writer_bytes_are_little_endian_and_headerless(tmp_path, token_size: int) -> None:
-    writer = TokenFileWriter(tmp_path / "x.ds", tokenizer="tok", token_size=token_size, save_loss=True)
-    writer.write(np.array([1, 2, 3]), np.array([2, 3]), np.array([1, 0, 1]))
-    writer.write(np.array([65535 if token_size == 2 else 70000]), np.array([1]), np.array([1]))
-    written = writer.close()
+    with TokenFileWriter(tmp_path / "x.ds", tokenizer="tok", token_size=token_size, save_loss=True) as writer:
+        writer.write(np.array([1, 2, 3]), np.array([2, 3]), np.array([1, 0, 1]))
+        writer.write(np.array([65535 if token_size == 2 else 70000]), np.array([1]), np.array([1]))
+    written = writer.written
 
     fmt = "<u2" if token_size == 2 else "<u4"
     expected_tokens = np.array([1, 2, 3, 65535 if token_size == 2 else 70000], dtype=fmt).tobytes()
@@ -83,9 +83,8 @@ def test_writer_bytes_are_little_endian_and_headerless(tmp_path, token_size: int
 
 
 def test_reader_takes_token_size_from_metadata_never_assumes(tmp_path) -> None:
-    writer = TokenFileWriter(tmp_path / "x.ds", tokenizer="tok", token_size=4, save_loss=False)
-    writer.write(np.array([100000, 7, 8]), np.array([1, 3]))
-    writer.close()
+    with TokenFileWriter(tmp_path / "x.ds", tokenizer="tok", token_size=4, save_loss=False) as writer:
+        writer.write(np.array([100000, 7, 8]), np.array([1, 3]))
     f = TokenFile(str(tmp_path / "x.ds"))
     assert f.token_size == 4 and f.num_tokens == 3
     assert f.document(0).tolist() == [100000] and f.document(1).tolist() == [7, 8]
@@ -98,14 +97,14 @@ def test_reader_takes_token_size_from_metadata_never_assumes(tmp_path) -> None:
 
 
 def _split(tmp_path, max_tokens, batches):
-    writer = SplitWriter(
+    with SplitWriter(
         tmp_path, lambda sub: f"part_{sub:05d}.ds", tokenizer="t", token_size=2, save_loss=True, max_tokens=max_tokens
-    )
-    for lengths in batches:
-        ends = np.cumsum(lengths)
-        tokens = np.arange(ends[-1]) % 50
-        writer.write(tokens, ends, ends, np.ones(ends[-1], dtype=np.uint8))
-    return writer.close()
+    ) as writer:
+        for lengths in batches:
+            ends = np.cumsum(lengths)
+            tokens = np.arange(ends[-1]) % 50
+            writer.write(tokens, ends, ends, np.ones(ends[-1], dtype=np.uint8))
+    return writer.written
 
 
 def test_split_writer_closes_after_the_unit_that_passes_the_limit(tmp_path) -> None:
@@ -129,3 +128,22 @@ def test_split_writer_never_leaves_an_empty_trailing_file(tmp_path) -> None:
 def test_split_writer_without_limit_writes_one_file(tmp_path) -> None:
     written = _split(tmp_path, None, [[3, 3], [100]])
     assert len(written) == 1 and written[0].tokens == 106 and written[0].index_entries == 3
+
+
+def test_split_writer_that_fails_publishes_only_the_files_it_finished(tmp_path) -> None:
+    closed = []
+    writer = SplitWriter(
+        tmp_path,
+        lambda sub: f"part_{sub:05d}.ds",
+        tokenizer="t",
+        token_size=2,
+        save_loss=False,
+        max_tokens=3,
+        on_close=lambda written, units: closed.append(written.name),
+    )
+    with pytest.raises(ZeroDivisionError), writer:
+        writer.write(np.arange(6), np.array([4, 6]), np.array([4, 6]), None)  # finishes part 0, opens part 1
+        raise ZeroDivisionError("in the block")
+    assert closed == ["part_00000.ds"] and [w.name for w in writer.written] == closed
+    assert (tmp_path / "part_00000.ds.metadata").exists() and not (tmp_path / "part_00001.ds.metadata").exists()
+    assert (tmp_path / "part_00001.ds").read_bytes() == np.arange(4, 6, dtype="<u2").tobytes()

@@ -13,7 +13,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 
 from tests.conftest import EOS, shared_path
-from tokenization.encoding import EOS_CANDIDATES, Encoder, Piece, TokenizerError, no_loss_mask
+from tokenization.cutting import Piece
+from tokenization.encoding import Encoder, framed
+from tokenization.loss_masks import no_loss_mask
+from tokenization.tokenizer_files import EOS_CANDIDATES, TokenizerError
 
 # Each shared tokenizer's own end-of-text token and id, found with no EOS given.
 OWN_EOS = {
@@ -71,7 +74,7 @@ def word_tokenizer(path: Path, specials: list[str]) -> Path:
 
 def test_unknown_eos_suggests_the_tokenizers_own(sample_tokenizer) -> None:
     with pytest.raises(TokenizerError) as raised:
-        Encoder(str(sample_tokenizer), "</s>")
+        Encoder(str(sample_tokenizer), eos_token="</s>")
     assert str(raised.value) == (
         f"EOS token '</s>' is not in the vocabulary of {sample_tokenizer}; its own end-of-text token is "
         f"'{EOS}' (from its vocabulary): leave the EOS unset to use it"
@@ -81,7 +84,7 @@ def test_unknown_eos_suggests_the_tokenizers_own(sample_tokenizer) -> None:
 def test_unknown_eos_suggests_llama3s_own_not_reserved_tokens() -> None:
     path = shared_path("tokenizers", "llama3", "tokenizer.json")
     with pytest.raises(TokenizerError) as raised:
-        Encoder(str(path), EOS)
+        Encoder(str(path), eos_token=EOS)
     assert str(raised.value) == (
         f"EOS token '<|endoftext|>' is not in the vocabulary of {path}; its own end-of-text token is "
         "'<|end_of_text|>' (from its vocabulary): leave the EOS unset to use it"
@@ -91,7 +94,7 @@ def test_unknown_eos_suggests_llama3s_own_not_reserved_tokens() -> None:
 def test_unknown_eos_lists_special_tokens_when_the_tokenizer_has_no_own(tmp_path) -> None:
     path = word_tokenizer(tmp_path / "tokenizer.json", ["<pad>", "<sep>"])
     with pytest.raises(TokenizerError) as raised:
-        Encoder(str(path), "</s>")
+        Encoder(str(path), eos_token="</s>")
     assert str(raised.value) == f"EOS token '</s>' is not in the vocabulary of {path} (special tokens: <pad>, <sep>)"
 
 
@@ -108,7 +111,7 @@ def test_the_eos_of_each_shared_tokenizer_is_its_own(name: str) -> None:
 
 def test_the_sample_tokenizers_own_eos(sample_tokenizer) -> None:
     encoder = Encoder(str(sample_tokenizer))
-    assert (encoder.eos_token, encoder.eos_id, encoder.eos_source) == (EOS, 0, "vocabulary")
+    assert (encoder.eos_token, encoder.eos_id, encoder.policy.eos_source) == (EOS, 0, "vocabulary")
     assert encoder.encode(["hello"]).tokens.tolist()[-1] == 0
 
 
@@ -118,9 +121,13 @@ def test_tokenizer_config_json_beside_it_names_the_eos(tmp_path, sample_tokenize
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": named, "bos_token": None}))
     encoder = Encoder(str(path))
     im_end = encoder.tokenizer.token_to_id("<|im_end|>")
-    assert (encoder.eos_token, encoder.eos_id, encoder.eos_source) == ("<|im_end|>", im_end, "tokenizer_config.json")
+    assert (encoder.eos_token, encoder.eos_id, encoder.policy.eos_source) == (
+        "<|im_end|>",
+        im_end,
+        "tokenizer_config.json",
+    )
     assert encoder.encode(["hello"]).tokens.tolist()[-1] == im_end
-    assert Encoder(str(path), EOS).eos_source == "param"  # a given EOS still wins
+    assert Encoder(str(path), eos_token=EOS).policy.eos_source == "param"  # a given EOS still wins
 
 
 def test_tokenizer_config_json_is_read_beside_an_fsspec_url(sample_tokenizer) -> None:
@@ -129,7 +136,7 @@ def test_tokenizer_config_json_is_read_beside_an_fsspec_url(sample_tokenizer) ->
     fs.pipe("/own-eos/tokenizer_config.json", json.dumps({"eos_token": EOS}).encode())
     try:
         encoder = Encoder("memory://own-eos/tokenizer.json")
-        assert (encoder.eos_token, encoder.eos_source) == (EOS, "tokenizer_config.json")
+        assert (encoder.eos_token, encoder.policy.eos_source) == (EOS, "tokenizer_config.json")
     finally:
         fs.rm("/own-eos", recursive=True)
 
@@ -138,7 +145,7 @@ def test_the_eos_the_post_processor_appends_is_used_once(tmp_path, sample_tokeni
     path = sample_with(tmp_path, sample_tokenizer, ["</s>"], appended="</s>")
     encoder = Encoder(str(path))
     end = encoder.tokenizer.token_to_id("</s>")
-    assert (encoder.eos_token, encoder.eos_id, encoder.eos_source) == ("</s>", end, "post-processor")
+    assert (encoder.eos_token, encoder.eos_id, encoder.policy.eos_source) == ("</s>", end, "post-processor")
     plain = Tokenizer.from_file(str(sample_tokenizer)).encode("hello world").ids
     assert encoder.encode(["hello world"]).tokens.tolist() == [*plain, end]
 
@@ -146,7 +153,7 @@ def test_the_eos_the_post_processor_appends_is_used_once(tmp_path, sample_tokeni
 def test_well_known_eos_tokens_in_order(tmp_path, sample_tokenizer) -> None:
     """The sample holds <|endoftext|>; adding </s> and <eos> does not change its EOS, which comes first."""
     encoder = Encoder(str(sample_with(tmp_path, sample_tokenizer, ["<eos>", "</s>"])))
-    assert (encoder.eos_token, encoder.eos_source) == (EOS, "vocabulary")
+    assert (encoder.eos_token, encoder.policy.eos_source) == (EOS, "vocabulary")
 
 
 def test_no_eos_found_is_a_clear_error(tmp_path) -> None:
@@ -167,7 +174,7 @@ def test_no_eos_writes_documents_without_a_separator(sample_tokenizer) -> None:
     described = encoder.describe()
     assert (described["eos_token"], described["eos_id"], described["eos_source"]) == (None, None, None)
     with pytest.raises(TokenizerError, match=r"an EOS token \('<\|endoftext\|>'\) and no EOS were both asked for"):
-        Encoder(str(sample_tokenizer), EOS, no_eos=True)
+        Encoder(str(sample_tokenizer), eos_token=EOS, no_eos=True)
 
 
 def test_no_eos_keeps_the_tokenizers_post_processor(bos_tokenizer) -> None:
@@ -190,7 +197,7 @@ def test_a_missing_tokenizer_file_is_not_looked_up_on_the_hub(tmp_path) -> None:
 
 
 def test_eos_is_appended_and_folder_paths_load(sample_tokenizer) -> None:
-    encoder = Encoder(str(sample_tokenizer.parent), EOS)
+    encoder = Encoder(str(sample_tokenizer.parent), eos_token=EOS)
     plain = Tokenizer.from_file(str(sample_tokenizer)).encode("hello world").ids
     encoded = encoder.encode(["hello world", "x"])
     assert encoded.tokens[: len(plain) + 1].tolist() == [*plain, encoder.eos_id]
@@ -199,22 +206,22 @@ def test_eos_is_appended_and_folder_paths_load(sample_tokenizer) -> None:
 
 
 def test_bos_from_the_tokenizer_is_kept_with_eos(bos_tokenizer) -> None:
-    encoder = Encoder(bos_tokenizer, EOS)
+    encoder = Encoder(bos_tokenizer, eos_token=EOS)
     ids = encoder.encode(["hello"]).tokens.tolist()
     assert encoder.bos_ids == [encoder.tokenizer.token_to_id("<s>")]
     assert ids[0] == encoder.bos_ids[0] and ids[-1] == encoder.eos_id
 
 
 def test_mistral_keeps_bos_and_appends_eos() -> None:
-    encoder = Encoder(str(shared_path("tokenizers", "mistral-7b", "tokenizer.json")), "</s>")
+    encoder = Encoder(str(shared_path("tokenizers", "mistral-7b", "tokenizer.json")), eos_token="</s>")
     assert encoder.encode(["Hello world"]).tokens.tolist() == [1, 22557, 1526, 2]
 
 
 def test_literal_special_token_text_policies(sample_tokenizer) -> None:
     text = f"quote {EOS} twice {EOS}"
-    as_text = Encoder(str(sample_tokenizer), EOS, "text").encode([text])
-    as_special = Encoder(str(sample_tokenizer), EOS, "special").encode([text])
-    eos = Encoder(str(sample_tokenizer), EOS).eos_id
+    as_text = Encoder(str(sample_tokenizer), eos_token=EOS, special_text="text").encode([text])
+    as_special = Encoder(str(sample_tokenizer), eos_token=EOS, special_text="special").encode([text])
+    eos = Encoder(str(sample_tokenizer), eos_token=EOS).eos_id
     assert as_text.tokens.tolist().count(eos) == 1  # only the appended EOS
     assert as_special.tokens.tolist().count(eos) == 3  # datatrove's behaviour
     assert as_text.special_literals == as_special.special_literals == {EOS: 2}
@@ -223,7 +230,7 @@ def test_literal_special_token_text_policies(sample_tokenizer) -> None:
 
 
 def test_loss_mask_zeroes_overlapping_tokens_keeps_eos_and_never_crops(sample_tokenizer) -> None:
-    encoder = Encoder(str(sample_tokenizer), EOS)
+    encoder = Encoder(str(sample_tokenizer), eos_token=EOS)
     head, answer = "### Instruction:\nName a module.\n### Response:\n", "The argparse module."
     text = head + answer
     encoded = encoder.encode([text, text, text], [[(0, len(head))], [(len(head), len(text))], None])
@@ -254,15 +261,13 @@ def test_no_loss_mask_is_the_overlap_of_any_range(sample_tokenizer) -> None:
 
 
 def test_vocabulary_past_uint16_uses_four_bytes(tmp_path) -> None:
-    encoder = Encoder(big_vocab_tokenizer(tmp_path / "tokenizer.json"), EOS)
+    encoder = Encoder(big_vocab_tokenizer(tmp_path / "tokenizer.json"), eos_token=EOS)
     assert encoder.vocab_size == 70_000 and encoder.token_size == 4
     assert encoder.encode(["w69997 w3"]).tokens.tolist() == [69_999, 5, 0]
 
 
 def test_a_lone_document_is_framed_in_place_and_like_any_other() -> None:
     """A huge document is a batch of its own, and its EOS goes after its ids in place: never a second copy."""
-    from tokenization.encoding import framed
-
     body = np.arange(5, dtype=np.uint16)
     out = framed(body, np.array([5]), [], [9])
     assert out.tolist() == [0, 1, 2, 3, 4, 9] and out is body  # the same array, grown

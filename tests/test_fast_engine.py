@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
 from tests.conftest import EOS, SHARED, sample_records, shared_path
-from tokenization import encoding
+from tokenization import engines
 from tokenization.encoding import Encoder
 from tokenization.fast_engine import FastEngine, Unsupported
 from tokenization.formats.ds import TokenFile
@@ -68,7 +68,7 @@ def test_loads_every_shared_tokenizer_but_falcon_which_goes_to_hf_with_the_reaso
         with pytest.raises(Unsupported, match=reason):
             FastEngine(tokenizer_bytes(name), 1)
         encoder = Encoder(tokenizer_file(name))
-        assert encoder.engine == "hf"
+        assert encoder.engine.name == "hf"
         assert encoder.engine_note == f"fast engine declined: gigatoken cannot load it ({reason})"
 
 
@@ -91,7 +91,7 @@ def test_literal_special_tokens_follow_the_policy_as_hf_does(name: str, policy: 
     fast = Encoder(tokenizer_file(name), special_text=policy)
     slow = Encoder(tokenizer_file(name), special_text=policy, engine="hf")
     a, b = fast.encode(docs), slow.encode(docs)
-    assert fast.engine == "gigatoken" and fast.engine_note is None
+    assert fast.engine.name == "gigatoken" and fast.engine_note is None
     np.testing.assert_array_equal(a.lengths, b.lengths)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     assert a.special_literals == b.special_literals and sum(a.special_literals.values()) >= len(LITERALS)
@@ -103,13 +103,13 @@ def test_encoder_places_bos_and_eos_like_the_post_processor(tmp_path: Path, samp
     hf.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", hf.token_to_id("<s>"))])
     hf.save(str(tmp_path / "tokenizer.json"))
     texts = [r["text"] for r in sample_records()] + ["", "x"]
-    fast = Encoder(str(tmp_path), EOS)
-    slow = Encoder(str(tmp_path), EOS, engine="hf")
-    assert (fast.engine, slow.engine) == ("gigatoken", "hf")
+    fast = Encoder(str(tmp_path), eos_token=EOS)
+    slow = Encoder(str(tmp_path), eos_token=EOS, engine="hf")
+    assert (fast.engine.name, slow.engine.name) == ("gigatoken", "hf")
     a, b = fast.encode(texts), slow.encode(texts)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.lengths, b.lengths)
-    assert fast.checked_docs == 1 + (len(texts) - 1) // encoding.CHECK_EVERY
+    assert fast.checked_docs == 1 + (len(texts) - 1) // engines.CHECK_EVERY
     assert a.tokens[0] == hf.token_to_id("<s>") and a.tokens[a.lengths[0] - 1] == hf.token_to_id(EOS)
 
 
@@ -117,7 +117,7 @@ def test_a_difference_from_hf_restarts_the_rank_on_hf(
     tmp_path: Path, sample_corpus: Path, sample_tokenizer: Path, monkeypatch
 ) -> None:
     """A fast engine that gets one document wrong (past the first batch) must not reach the output."""
-    monkeypatch.setattr(encoding, "CHECK_EVERY", 64)
+    monkeypatch.setattr(engines, "CHECK_EVERY", 64)
     config = TokenizeConfig(
         inputs=[str(sample_corpus)], output=str(tmp_path / "hf"), tokenizer=str(sample_tokenizer), eos_token=EOS
     )
@@ -126,15 +126,15 @@ def test_a_difference_from_hf_restarts_the_rank_on_hf(
 
     def wrong_on_one(self, texts):
         ids, lengths = original(self, texts)
-        if len(texts) > encoding.CHECK_EVERY:
-            ids[lengths[: encoding.CHECK_EVERY].sum()] += 1
+        if len(texts) > engines.CHECK_EVERY:
+            ids[lengths[: engines.CHECK_EVERY].sum()] += 1
         return ids, lengths
 
     monkeypatch.setattr(FastEngine, "encode", wrong_on_one)
     got = tokenize_rank(TokenizeConfig(**{**vars(config), "output": str(tmp_path / "fast")})).to_json()
     described = got["tokenizer"]
     assert described["engine"] == "hf"
-    assert described["engine_note"].startswith(f"fell back: document {encoding.CHECK_EVERY} of this run")
+    assert described["engine_note"].startswith(f"fell back: document {engines.CHECK_EVERY} of this run")
     assert got["counts"] == expected["counts"]
     for ours, theirs in zip(got["outputs"], expected["outputs"], strict=True):
         a = TokenFile(str(tmp_path / "fast" / ours["name"]))

@@ -20,9 +20,11 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from tests.conftest import shared_path
-from tokenization import documents, encoding, fast_engine
+from tokenization import cutting, documents, engines, fast_engine
 from tokenization.cli import main
-from tokenization.encoding import CUT_PROBE, NO_EXACT_CUT, Encoder, EngineMismatch, NoExactCut, Piece
+from tokenization.cutting import CUT_PROBE, NO_EXACT_CUT, Cutter, NoExactCut, Piece
+from tokenization.encoding import Encoder
+from tokenization.engines import EngineMismatch
 from tokenization.fast_engine import FastEngine
 from tokenization.formats.ds import TokenFile
 
@@ -63,16 +65,16 @@ def long_docs() -> list[str]:
 @pytest.fixture
 def pieces(monkeypatch) -> list[Piece]:
     """Lower ``PIECE_CHARS``, and record every piece the encoder cuts a document into."""
-    monkeypatch.setattr(encoding, "PIECE_CHARS", PIECE_CHARS)
+    monkeypatch.setattr(cutting, "PIECE_CHARS", PIECE_CHARS)
     made: list[Piece] = []
-    cut = Encoder._pieces
+    cut = Cutter.pieces
 
     def recorded(self, doc: int, text: str) -> list[Piece]:
         these = cut(self, doc, text)
         made.extend(these)
         return these
 
-    monkeypatch.setattr(Encoder, "_pieces", recorded)
+    monkeypatch.setattr(Cutter, "pieces", recorded)
     return made
 
 
@@ -86,7 +88,7 @@ def test_cut_documents_get_hfs_ids_for_the_whole(name: str, engine: str, long_do
     path = str(shared_path("tokenizers", name, "tokenizer.json"))
     encoder = Encoder(path, engine=engine)
     got = document_ids(encoder.encode(long_docs))
-    assert encoder.engine == ("gigatoken" if engine == "auto" else "hf")
+    assert encoder.engine.name == ("gigatoken" if engine == "auto" else "hf")
     reference = Tokenizer.from_file(path)  # its own post-processor: mistral's BOS
     reference.encode_special_tokens = True
     expected = [[*e.ids, encoder.eos_id] for e in reference.encode_batch_fast(long_docs)]
@@ -111,7 +113,7 @@ def arabic_doc() -> str:
 def ranges_at_cuts(encoder: Encoder, doc: int, text: str) -> tuple[list[tuple[int, int]], int]:
     """No-loss ranges that end at, start at and straddle the starts of the pieces the text is cut into (a dropped
     space must still belong to the next token), and how many cuts there are."""
-    cuts = [piece.start for piece in encoder._pieces(doc, text)[1:]]
+    cuts = [piece.start for piece in encoder.cutter.pieces(doc, text)[1:]]
     ranges = [(0, 500), *((c - 3, c) for c in cuts[::3]), *((c, c + 3) for c in cuts[1::3])]
     return ranges + [(c - 1, c + 1) for c in cuts[2::3]], len(cuts)
 
@@ -120,11 +122,11 @@ def ranges_at_cuts(encoder: Encoder, doc: int, text: str) -> tuple[list[tuple[in
 def test_cut_documents_get_the_loss_bytes_of_a_whole_one(name, engine, long_docs, arabic_doc, monkeypatch) -> None:
     path = str(shared_path("tokenizers", name, "tokenizer.json"))
     texts = [long_docs[0], arabic_doc, "بي " * (DOC_CHARS // 3)]  # Mistral: "▁" alone before every word
-    monkeypatch.setattr(encoding, "PIECE_CHARS", PIECE_CHARS)
+    monkeypatch.setattr(cutting, "PIECE_CHARS", PIECE_CHARS)
     encoder = Encoder(path, engine=engine)
     ranges, cuts = zip(*(ranges_at_cuts(encoder, doc, text) for doc, text in enumerate(texts)), strict=True)
     split = encoder.encode(texts, list(ranges))
-    monkeypatch.setattr(encoding, "PIECE_CHARS", DOC_CHARS)
+    monkeypatch.setattr(cutting, "PIECE_CHARS", DOC_CHARS)
     unsplit = Encoder(path, engine=engine).encode(texts, list(ranges))
     np.testing.assert_array_equal(split.tokens, unsplit.tokens)
     np.testing.assert_array_equal(split.lengths, unsplit.lengths)
@@ -136,17 +138,17 @@ def test_cut_documents_get_the_loss_bytes_of_a_whole_one(name, engine, long_docs
 
 def test_the_fast_engines_self_check_samples_pieces(long_docs, pieces, monkeypatch) -> None:
     """A huge document is checked one piece in ``CHECK_EVERY``, never whole, and a wrong piece is found."""
-    monkeypatch.setattr(encoding, "CHECK_EVERY", 8)
+    monkeypatch.setattr(engines, "CHECK_EVERY", 8)
     path = str(shared_path("tokenizers", "gpt2", "tokenizer.json"))
     encoder = Encoder(path)
     encoder.encode([long_docs[1]])
-    assert len(pieces) > 1 and encoder.checked_docs == 1 + (len(pieces) - 1) // encoding.CHECK_EVERY
-    monkeypatch.setattr(encoding, "PIECE_CHARS", PIECE_CHARS // 4)
+    assert len(pieces) > 1 and encoder.checked_docs == 1 + (len(pieces) - 1) // engines.CHECK_EVERY
+    monkeypatch.setattr(cutting, "PIECE_CHARS", PIECE_CHARS // 4)
     original, seen = FastEngine.encode, []
 
     def wrong_on_one(self, texts):
         ids, lengths = original(self, texts)
-        k = encoding.CHECK_EVERY - len(seen)
+        k = engines.CHECK_EVERY - len(seen)
         if 0 <= k < len(texts):
             ids[lengths[:k].sum()] += 1
         seen.extend(texts)
@@ -167,16 +169,16 @@ def test_a_tokenizer_that_cannot_be_cut_encodes_long_documents_whole(tmp_path, m
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.add_special_tokens(["</s>"])
     tokenizer.save(str(tmp_path / "tokenizer.json"))
-    monkeypatch.setattr(encoding, "PIECE_CHARS", 100)
+    monkeypatch.setattr(cutting, "PIECE_CHARS", 100)
     encoder = Encoder(str(tmp_path / "tokenizer.json"))
     texts = [CUT_PROBE * 20, "lazy dog " * 50]
-    with caplog.at_level(logging.WARNING, logger="tokenization.encoding"):
+    with caplog.at_level(logging.WARNING, logger="tokenization.cutting"):
         got = document_ids(encoder.encode(texts))
     assert got == [[*tokenizer.encode(t).ids, encoder.eos_id] for t in texts]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
         f"{tmp_path / 'tokenizer.json'}: no exact way to cut long documents into pieces: each is encoded whole"
     ]
-    monkeypatch.setattr(encoding, "MAX_PIECE_CHARS", 1000)  # unless that takes gigabytes
+    monkeypatch.setattr(cutting, "MAX_PIECE_CHARS", 1000)  # unless that takes gigabytes
     with pytest.raises(NoExactCut, match=r"^1600 characters, and its tokenizer cannot be cut exactly: encoded whole"):
         encoder.encode(texts)
 
@@ -259,9 +261,9 @@ def loaded(path: str, engine: str) -> Encoder:
 @pytest.fixture
 def small_pieces(monkeypatch) -> None:
     """Pieces of ``SCRIPT_PIECE_CHARS`` and stretches with no exact cut of at most eight of them."""
-    monkeypatch.setattr(encoding, "PIECE_CHARS", SCRIPT_PIECE_CHARS)
-    monkeypatch.setattr(encoding, "MAX_PIECE_CHARS", 8 * SCRIPT_PIECE_CHARS)
-    monkeypatch.setattr(encoding, "CUT_SEARCH_CHARS", SCRIPT_PIECE_CHARS // 4)
+    monkeypatch.setattr(cutting, "PIECE_CHARS", SCRIPT_PIECE_CHARS)
+    monkeypatch.setattr(cutting, "MAX_PIECE_CHARS", 8 * SCRIPT_PIECE_CHARS)
+    monkeypatch.setattr(cutting, "CUT_SEARCH_CHARS", SCRIPT_PIECE_CHARS // 4)
 
 
 @pytest.mark.parametrize("kind", ["cjk", "cjk_lines", "minified", "base64"])
@@ -274,7 +276,7 @@ def test_documents_of_every_script_are_cut_exactly(kind, name, engine, small_pie
     path = str(shared_path("tokenizers", name, "tokenizer.json"))
     text = script_text(kind, SCRIPT_BYTES)
     encoder = loaded(path, engine)
-    pieces = encoder._pieces(0, text)
+    pieces = encoder.cutter.pieces(0, text)
     assert [p.start for p in pieces[1:]] == [p.end for p in pieces[:-1]] and pieces[-1].end == len(text)
     assert len(pieces) > len(text) // (2 * SCRIPT_PIECE_CHARS), len(pieces)
     reference = Tokenizer.from_file(path)
@@ -305,7 +307,7 @@ def test_a_tokenizer_that_prepends_a_space_is_cut_at_spaces_only(small_pieces) -
     with pytest.raises(NoExactCut, match=r"^\d+ characters, and characters 0-16384 hold no exact cut"):
         encoder.encode([script_text("cjk", SCRIPT_BYTES)])
     spaced = script_text("cjk", SCRIPT_BYTES).replace("。", "。 ")
-    pieces = encoder._pieces(0, spaced)
+    pieces = encoder.cutter.pieces(0, spaced)
     assert len(pieces) > 20 and all(spaced[p.start - 1] == " " and p.dropped_space for p in pieces[1:])
     assert encoder.encode([spaced]).tokens.tolist() == [*Tokenizer.from_file(path).encode(spaced).ids, encoder.eos_id]
 

@@ -9,13 +9,14 @@ import logging
 import subprocess
 import sys
 import threading
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from tests.test_s3 import s3  # noqa: F401 - the fixture
 from tokenization import latest
-from tokenization.build import BUILD_FORMAT, Build, BuildConfig, latest_build
+from tokenization.build import Build, BuildConfig, latest_build
 from tokenization.latest import (
     LATEST,
     LatestError,
@@ -24,11 +25,42 @@ from tokenization.latest import (
     point_latest,
     read_latest,
 )
+from tokenization.records import (
+    BuildRecord,
+    BuildTokenizer,
+    Conservation,
+    StageSummary,
+    TokenizeSummary,
+    VerifySummary,
+)
 from tokenization.report import report_data
 from tokenization.storage import using
 
 DAY1, DAY2, DAY3 = (f"2026-11-{day}T02:00:00+00:00" for day in (28, 29, 30))
 WIDENED_SECONDS = 1.0  # how long the first publish waits, inside its window, for the second one to finish
+
+
+def build_record(run_id: str, started: object) -> dict:
+    """The ``_BUILD.json`` of a complete build of no documents, with every field of its format."""
+    nothing = Conservation(
+        docs_in=0, docs_out=0, empty=0, quarantined=0, rejected_by_reason={}, tokens=0, tokens_dropped=0, holds=True
+    )
+    record = BuildRecord(
+        run_id=run_id,
+        dataset="",
+        input="",
+        seed=1,
+        tokenizer=BuildTokenizer(name="tokenizer.json", sha256="x", eos=None),
+        params={},
+        started="",
+        conservation=nothing,
+        tokens=0,
+        digest="",
+        files=[],
+        stages=StageSummary(tokenize=TokenizeSummary(ranks=0, input_files=0, **asdict(nothing))),
+        verify=VerifySummary(ok=True, files=0, tokens=0, notes=[]),
+    )
+    return record.to_json() | {"started": started}
 
 
 def fake_build(output: Path, name: str, started: str | None, run_id: str | None = None) -> str:
@@ -38,8 +70,7 @@ def fake_build(output: Path, name: str, started: str | None, run_id: str | None 
     (folder / "context" / "000_corpus.ds").write_bytes(b"\0\0")
     (folder / "_RUN.json").write_text(json.dumps({"run_id": run_id or name, "claimed": 0.0}))
     if started is not None:
-        record = {"format": BUILD_FORMAT, "run_id": run_id or name, "started": started}
-        (folder / "_BUILD.json").write_text(json.dumps(record))
+        (folder / "_BUILD.json").write_text(json.dumps(build_record(run_id or name, started)))
     return str(folder)
 
 
@@ -85,14 +116,15 @@ def test_three_nightly_builds_keep_two_and_name_the_last(tmp_path, sample_corpus
     third = Build.start(config, "night-3").run(keep=2)
     assert third.latest == str(tmp_path / "night-3") and third.deleted == [str(tmp_path / "night-1")]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".LATEST.lock", LATEST, "night-2", "night-3", "unfinished"]
-    assert latest_build(str(tmp_path))["run_id"] == "night-3"
-    assert third.summary()["latest"] == third.latest
+    assert latest_build(str(tmp_path)).run_id == "night-3"
+    assert third.summary().latest == third.latest
     data = report_data(str(tmp_path / "night-3"))
     assert json.loads((tmp_path / "night-3" / "report.json").read_text())["retention"] == {
         "keep": 2,
         "deleted": [str(tmp_path / "night-1")],
     }
-    assert data["tokens"] == third.tokens and data["retention"] is None  # report_data alone has no retention
+    assert data["build"]["tokens"] == third.record.tokens
+    assert data["retention"] is None  # report_data alone has no retention
     assert str(tmp_path / "night-1") in (tmp_path / "night-3" / "report.html").read_text().replace("<wbr>", "")
 
 
@@ -114,21 +146,26 @@ def test_retention_leaves_alone_what_is_no_build(tmp_path, caplog) -> None:
         assert expire(str(tmp_path), 1, {new}) == [old]
     assert (thesis / "thesis.tex").read_text() == "\\documentclass{article}" and (thesis / "_BUILD.json").exists()
     assert (
-        f"{thesis}/_BUILD.json: no _RUN.json claims the folder, so no build made it; LATEST and retention leave it "
-        f"alone (move it out of {tmp_path} to silence this)"
+        f"{thesis}/_BUILD.json: not a valid build record: format null, not corpus-tokenization/build/N; LATEST and "
+        f"retention leave it alone (move it out of {tmp_path} to silence this)"
     ) in caplog.messages
+
+
+ODD_CLAIM = {"run_id": "odd", "claimed": 0.0}
+ODD = build_record("odd", "2026-12-01T02:00:00+00:00")
 
 
 @pytest.mark.parametrize(
     ("run_claim", "record", "reason"),
     [
-        ({"run_id": "odd"}, '{"run_id": "odd", "started": 17}', '"started" is 17, not an ISO 8601 time'),
-        ({"run_id": "odd"}, '["odd", "2026-11-30T02:00:00+00:00"]', "a JSON list, not an object"),
-        ({"run_id": "odd"}, '{"run_id": "odd", "started": "2026-11-', "not JSON"),
-        (None, '{"run_id": "odd", "started": "2026-12-01T02:00:00+00:00"}', "no _RUN.json claims the folder"),
-        ({"run_id": "other"}, '{"run_id": "other", "started": "2026-12-01T02:00:00+00:00"}', "for run 'other'"),
-        ({"run_id": "odd"}, '{"run_id": "other", "started": "2026-12-01T02:00:00+00:00"}', "the record of run"),
-        ({"run_id": "odd"}, '{"run_id": "odd", "started": "2026-12-01T02:00:00+00:00"}', "format None, not "),
+        (ODD_CLAIM, json.dumps(ODD | {"started": 17}), "started is 17, not a string"),
+        (ODD_CLAIM, json.dumps(ODD | {"started": "2026-12-01"}), "\"started\" is '2026-12-01', not an ISO 8601 time"),
+        (ODD_CLAIM, '["odd", "2026-11-30T02:00:00+00:00"]', 'the file is ["odd","2026-11-30T02:00:00+00:00"], not an'),
+        (ODD_CLAIM, '{"run_id": "odd", "started": "2026-11-', "not JSON"),
+        (None, json.dumps(ODD), "no _RUN.json claims the folder"),
+        ({"run_id": "other", "claimed": 0.0}, json.dumps(ODD | {"run_id": "other"}), "for run 'other'"),
+        (ODD_CLAIM, json.dumps(ODD | {"run_id": "other"}), "the record of run"),
+        (ODD_CLAIM, json.dumps({k: v for k, v in ODD.items() if k != "format"}), "format null, not corpus-tokeniz"),
     ],
 )
 def test_a_malformed_sibling_never_blocks_a_publish(tmp_path, caplog, run_claim, record, reason) -> None:
@@ -204,8 +241,7 @@ def s3_build(fs, output: str, name: str, started: str | None, run_id: str | None
     fs.pipe_file(f"{output}/{name}/context/000_corpus.ds", b"\0\0")
     fs.pipe_file(f"{output}/{name}/_RUN.json", json.dumps({"run_id": run_id or name, "claimed": 0.0}).encode())
     if started is not None:
-        record = {"format": BUILD_FORMAT, "run_id": run_id or name, "started": started}
-        fs.pipe_file(f"{output}/{name}/_BUILD.json", json.dumps(record).encode())
+        fs.pipe_file(f"{output}/{name}/_BUILD.json", json.dumps(build_record(run_id or name, started)).encode())
     fs.invalidate_cache()
 
 
@@ -239,7 +275,7 @@ def test_latest_resolves_from_anywhere_and_never_outside_the_output(tmp_path, mo
     assert Path("builds/LATEST").read_text() == "qa%3Acol\n"
     monkeypatch.chdir(tmp_path)
     output = str(tmp_path / "run" / "builds")
-    assert latest_build(output)["run_id"] == "qa:col"
+    assert latest_build(output).run_id == "qa:col"
 
     fake_build(Path(output), "tty1", DAY2)
     for old in ("builds/tty1", f"{output}/tty1/", "s3://elsewhere/builds/tty1"):  # the previous version's
@@ -272,19 +308,20 @@ def test_the_summary_of_a_malformed_build_is_one_line(tmp_path) -> None:
     fake_build(tmp_path, "a", DAY1)
     point_latest(str(tmp_path))
     (tmp_path / "a" / "_BUILD.json").write_text(
-        '{"format": "corpus-tokenization/build/1", "run_id": "a", "started": 17}'
+        json.dumps(build_record("a", 17) | {"format": "corpus-tokenization/build/1"})
     )
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "LATEST").write_text("../a\n")
     (tmp_path / "c").mkdir()
     fake_build(tmp_path / "c", "x", DAY1)
+    unbalanced = {k: v for k, v in build_record("x", DAY1).items() if k != "conservation"}
+    (tmp_path / "c" / "x" / "_BUILD.json").write_text(json.dumps(unbalanced))
     (tmp_path / "c" / "LATEST").write_text("x\n")
     messages = {
-        "a": f'error: {tmp_path}/a/_BUILD.json: "started" is 17, not an ISO 8601 time with its UTC offset',
+        "a": f"error: {tmp_path}/a/_BUILD.json: not a valid build record: started is 17, not a string",
         "b": f"error: {tmp_path}/b/LATEST: names '../a', which is no folder of {tmp_path}/b (it is never followed "
         f"outside it); publish a build to rewrite it, or remove it",
-        "c": f"error: {tmp_path}/c/x/_BUILD.json: not a build record this version can summarize (KeyError: "
-        f"'conservation')",
+        "c": f"error: {tmp_path}/c/x/_BUILD.json: not a valid build record: conservation is missing",
     }
     for folder, message in [(tmp_path, messages["a"])] + [(tmp_path / k, m) for k, m in messages.items() if k != "a"]:
         done = summarize(folder)

@@ -22,6 +22,7 @@ from tests.test_attempts import wait_for
 from tests.test_s3 import s3  # noqa: F401 - the fixture
 from tokenization import attempts
 from tokenization.attempts import Attempt, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
+from tokenization.records import StageManifest
 from tokenization.storage import WriteError, put_if, using
 from tokenization.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.verify import verify
@@ -30,6 +31,7 @@ OUT = "corpus/out"
 LEASE = f"{OUT}/_leases/00000.json"
 MARKER = "_completions/00000.json"
 MANIFEST = "_manifests/00000.json"
+MANIFEST_RECORD = StageManifest(stage="tokenize", versions={}, params={}, seconds=0.0, peak_rss_mb=0.0, seed=7)
 REQUEST = re.compile(r'"(?:\x1b\[[\d;]*m)*(PUT|POST|DELETE) (\S+) HTTP/1\.1(?:\x1b\[[\d;]*m)*" (\d{3})')
 
 
@@ -207,7 +209,7 @@ def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(
             lambda: attempt.place(tmp_path / "a.ds", "00000_unshuffled.ds"),
             lambda: attempt.write("00000_unshuffled.ds.metadata", b"meta"),
             lambda: attempt.remove(MARKER),
-            lambda: attempt.commit({"counts": {}}, {}),
+            lambda: attempt.commit(MANIFEST_RECORD, {}),
         ):
             with pytest.raises(LeaseLost, match="lost its lease and must not publish: its lease object is gone"):
                 change()
@@ -258,7 +260,7 @@ def test_a_local_attempt_whose_lock_file_was_replaced_changes_nothing(tmp_path) 
             lambda: attempt.place(attempt.work / "a.ds", "00000_unshuffled.ds"),
             lambda: attempt.write(MARKER, b"{}"),
             lambda: attempt.remove(".00000.lock"),
-            lambda: attempt.commit({"counts": {}}, {}),
+            lambda: attempt.commit(MANIFEST_RECORD, {}),
         ):
             with pytest.raises(LeaseLost, match=r"\.00000\.lock: this attempt lost its lease .*lock file was removed"):
                 change()

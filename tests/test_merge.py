@@ -51,9 +51,9 @@ def synthetic_ranks(folder: Path, n_files: int, docs: int, seed: int = 0, token_
 
 @pytest.mark.parametrize("max_tokens", [None, 20_000])
 def test_interleave_equals_datatroves_merger(tmp_path, ranks, max_tokens) -> None:
-    options = {"max_tokens_per_file": max_tokens} if max_tokens else {}
-    run_datatrove_merger(ranks, tmp_path / "dt", seed=1234, save_filename="merged", save_loss_metadata=True, **options)
-    result = merged(ranks, tmp_path / "ours", seed=1234, save_loss=True, **options)
+    split = {"max_tokens_per_file": max_tokens} if max_tokens else {}
+    run_datatrove_merger(ranks, tmp_path / "dt", seed=1234, save_filename="merged", save_loss_metadata=True, **split)
+    result = merged(ranks, tmp_path / "ours", seed=1234, save_loss=True, **{f"merge_{k}": v for k, v in split.items()})
     theirs = file_bytes(tmp_path / "dt")
     assert file_bytes(tmp_path / "ours") == theirs
     assert len(result["outputs"]) == (4 if max_tokens else 1)
@@ -75,8 +75,8 @@ def test_chunk_mode_equals_datatrove_when_tails_are_dropped(tmp_path, ranks) -> 
 
 
 def test_shuffle_mode_is_a_uniform_permutation_of_all_documents(tmp_path, ranks) -> None:
-    result = merged(ranks, tmp_path / "a", seed=3, mode="shuffle", save_loss=True)
-    merged(ranks, tmp_path / "b", seed=3, mode="shuffle", save_loss=True)
+    result = merged(ranks, tmp_path / "a", seed=3, merge_mode="shuffle", save_loss=True)
+    merged(ranks, tmp_path / "b", seed=3, merge_mode="shuffle", save_loss=True)
     merged(ranks, tmp_path / "c", seed=3, shuffle=False, save_loss=True)
     assert file_bytes(tmp_path / "a") == file_bytes(tmp_path / "b")
     in_order = documents(tmp_path / "c")
@@ -136,14 +136,14 @@ def test_open_files_stay_bounded(tmp_path, monkeypatch) -> None:
 
 def test_output_names_sort_in_file_order_past_999_files(tmp_path) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 1, 1200)
-    result = merged(inputs, tmp_path / "out", seed=1, max_tokens_per_file=1)
+    result = merged(inputs, tmp_path / "out", seed=1, merge_max_tokens_per_file=1)
     names = [o["name"] for o in result["outputs"]]
     assert len(names) == 1200 and names == sorted(names) and names[0] == "0000_merged.ds"
 
 
 def test_a_crashed_merge_resumes_to_the_same_bytes(tmp_path, monkeypatch) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 4, 300)
-    options = {"seed": 11, "max_tokens_per_file": 30_000, "save_loss": True, "mode": "interleave"}
+    options = {"seed": 11, "merge_max_tokens_per_file": 30_000, "save_loss": True, "merge_mode": "interleave"}
     clean = merged(inputs, tmp_path / "clean", **options)
     real_publish = permute.SplitWriter._finish
     calls = 0
@@ -168,7 +168,7 @@ def test_a_crashed_merge_resumes_to_the_same_bytes(tmp_path, monkeypatch) -> Non
 
 def test_sigkill_midway_then_resume_gives_the_same_bytes(tmp_path) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 8, 4000)  # ~13 M tokens, ~65 output files
-    args = [str(inputs), "--save-filename", "m", "--seed", "5", "--max-tokens-per-file", "200000", "--save-loss"]
+    args = [str(inputs), "--save-filename", "m", "--seed", "5", "--merge-max-tokens-per-file", "200000", "--save-loss"]
     subprocess.run(
         [sys.executable, "-m", "tokenization.cli", "merge", *args, "--output", str(tmp_path / "clean")],
         check=True,
@@ -203,9 +203,9 @@ def test_sigkill_midway_then_resume_gives_the_same_bytes(tmp_path) -> None:
 
 def test_credentials_never_reach_a_manifest_nor_stop_a_resume(tmp_path, ranks) -> None:
     """Storage options hold credentials: a merge run again with rotated ones resumes, and no manifest keeps them."""
-    first = merged(ranks, tmp_path, seed=3, max_tokens_per_file=20_000)
+    first = merged(ranks, tmp_path, seed=3, merge_max_tokens_per_file=20_000)
     secret = {"s3": {"key": "AKIA-ROTATED", "secret": "s3cr3t"}}
-    again = merged(ranks, tmp_path, seed=3, max_tokens_per_file=20_000, storage_options=secret)
+    again = merged(ranks, tmp_path, seed=3, merge_max_tokens_per_file=20_000, storage_options=secret)
     assert again["counts"]["resumed_files"] == len(first["outputs"]) >= 3
     written = b"".join(p.read_bytes() for p in tmp_path.rglob("*.json"))
     assert b"s3cr3t" not in written and b"AKIA-ROTATED" not in written

@@ -8,10 +8,12 @@ import pytest
 
 from tokenization.build import BuildConfig
 from tokenization.cli import build_parser
+from tokenization.context import ContextOptions, ContextShuffleConfig
+from tokenization.documents import DocumentOptions
 from tokenization.errors import UsageError
-from tokenization.merge import MergeConfig
-from tokenization.options import fields_of, json_schema
-from tokenization.tokenize import TokenizeConfig
+from tokenization.merge import MergeConfig, MergeOptions
+from tokenization.options import fields_of, json_schema, section
+from tokenization.tokenize import RankOptions, TokenizeConfig
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:
@@ -31,8 +33,8 @@ def test_help_states_the_defaults_users_ask_about() -> None:
     assert "(default: 1,000; unlimited for no limit)" in " ".join(tokenize.split())
     merge = " ".join(commands()["merge"].format_help().split())
     assert (
-        "--max-tokens-per-file INT close a merged file once it holds this many tokens (default: 100,000,000,000)"
-        in merge
+        "--merge-max-tokens-per-file INT close a merged file once it holds this many tokens, at the end of a "
+        "document or chunk (default: 100,000,000,000)" in merge
     )
     top = build_parser().format_help()
     assert "X.ds.index the\nuint64 end offset" in top and "tokenization build data/ --output builds/" in top
@@ -83,8 +85,8 @@ def test_paths_are_taken_for_their_strings(tmp_path) -> None:
 def test_configs_check_themselves_naming_the_field() -> None:
     with pytest.raises(UsageError, match="num_ranks must be at most 4096, got 5000"):
         BuildConfig(input="i", output="o", tokenizer="t", num_ranks=5000)
-    with pytest.raises(UsageError, match="mode must be one of interleave, shuffle, bucketed, got 'random'"):
-        MergeConfig(input="i", output="o", save_filename="m", mode="random")
+    with pytest.raises(UsageError, match="merge_mode must be one of interleave, shuffle, bucketed, got 'random'"):
+        MergeConfig(input="i", output="o", save_filename="m", merge_mode="random")
     with pytest.raises(UsageError, match="num_ranks must be an integer, got '4'"):
         BuildConfig(input="i", output="o", tokenizer="t", num_ranks="4")
     with pytest.raises(UsageError, match="save_loss must be true or false, got 1"):
@@ -106,3 +108,28 @@ def test_every_build_param_has_a_title_a_description_and_a_schema() -> None:
     assert schemas["merge_mode"] == {"enum": ["interleave", "shuffle", "bucketed"]}
     assert schemas["input"] == {"type": "string", "minLength": 1}
     assert "storage_options" not in schemas and "local_working_dir" not in schemas
+
+
+@pytest.mark.parametrize(
+    ("stage", "groups"),
+    [
+        (TokenizeConfig, (DocumentOptions, RankOptions)),
+        (MergeConfig, (MergeOptions,)),
+        (ContextShuffleConfig, (ContextOptions,)),
+    ],
+)
+def test_an_option_a_build_passes_to_a_stage_is_one_definition(stage: type, groups: tuple[type, ...]) -> None:
+    """The build hands each stage its option groups whole: one name, default, help and bound for both."""
+    shared = {f.name for f, _, _ in fields_of(stage) if section(stage, f.name)}
+    assert shared == {f.name for group in groups for f, _, _ in fields_of(group)}
+    ours = {f.name: (f.default, spec) for f, spec, _ in fields_of(BuildConfig)}
+    assert all(
+        ours[f.name] == (f.default, spec) and section(BuildConfig, f.name)
+        for f, spec, _ in fields_of(stage)
+        if f.name in shared
+    )
+
+
+def test_a_context_shuffle_needs_a_window() -> None:
+    with pytest.raises(UsageError, match="context_window must be at least 1: a build skips the context shuffle"):
+        ContextShuffleConfig(input="i", output="o", context_window=0)

@@ -33,15 +33,15 @@ read_paths = st.sampled_from(sorted(READ_PATHS))
 def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None, path="pread"):
     for old in tmp_path.glob("*.ds*"):
         old.unlink()
-    source = TokenFileWriter(tmp_path / "src.ds", tokenizer="t", token_size=2, save_loss=True)
-    source.write(tokens, np.asarray(ends), loss)
-    pool = SourcePool([str(source.close().path)], 2, with_loss=True)
+    with TokenFileWriter(tmp_path / "src.ds", tokenizer="t", token_size=2, save_loss=True) as source:
+        source.write(tokens, np.asarray(ends), loss)
     writer = SplitWriter(
         tmp_path, lambda s: f"out{s:03d}.ds", tokenizer="t", token_size=2, save_loss=True, max_tokens=max_tokens
     )
-    with patch.multiple(permute, **READ_PATHS[path]):
+    pool = SourcePool([str(source.written.path)], 2, with_loss=True)
+    with pool, writer, patch.multiple(permute, **READ_PATHS[path]):
         permute_units(pool, ends, order, writer, inner_ends=inner, block_tokens=block)
-    files = [TokenFile(str(w.path)) for w in writer.close()]
+    files = [TokenFile(str(w.path)) for w in writer.written]
     out_tokens = np.concatenate([np.asarray(f.tokens) for f in files])
     out_loss = np.concatenate([np.asarray(f.loss) for f in files])
     offsets = np.cumsum([0] + [f.num_tokens for f in files])

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 
 import orjson
 import pytest
 
 from tokenization.accounting import incomplete_ranks
 from tokenization.build import Build, BuildConfig, summary
-from tokenization.manifest import RecordError
-from tokenization.plan import Plan, PlanConflict, unread_or_reread
-from tokenization.runs import BuildError
-from tokenization.sources import InputError, InputFile
+from tokenization.plan import Plan, unread_or_reread
+from tokenization.records import InputFile, RecordError
+from tokenization.runs import BuildError, PlanConflict
+from tokenization.sources import InputError
 
 EOS = "<|endoftext|>"
 
@@ -52,10 +53,10 @@ def test_a_resume_after_new_input_reads_exactly_the_plan(tmp_path, inputs, sampl
     assert resumed.plan.digest == first.plan.digest
     published = resumed.run()
 
-    assert published.digest == clean.digest
-    books = published.record["conservation"]
-    assert (books["docs_in"], books["holds"], books["inputs_problem"]) == (309, True, None)
-    assert published.record["inputs"]["arrived_after_plan"] == {"files": 1, "first": [late]}
+    assert published.record.digest == clean.record.digest
+    books = published.record.conservation
+    assert (books.docs_in, books.holds, books.inputs_problem) == (309, True, None)
+    assert published.record.inputs.arrived_after_plan.to_json() == {"files": 1, "first": [late]}
     assert "inputs: the plan's 4 files, each read once; 1 arrived after the plan, left for the next build" in (
         summary(published.record)
     )
@@ -154,20 +155,19 @@ def test_a_claim_without_a_plan_is_refused(tmp_path, inputs, sample_tokenizer) -
     """A run folder claimed by the previous version records no plan, so nothing can be checked against it."""
     (tmp_path / "out" / "old").mkdir(parents=True)
     (tmp_path / "out" / "old" / "_RUN.json").write_bytes(orjson.dumps({"run_id": "old", "claimed": 1.0}))
-    with pytest.raises(BuildError, match=r"old/_RUN.json: claimed by run 'old' in format 'run/1', which records no"):
+    with pytest.raises(BuildError, match=r"old/_RUN.json: claimed by run 'old' in an older format, which records no"):
         Build.start(config_of(inputs, tmp_path, sample_tokenizer), "old")
     (tmp_path / "out" / "old" / "_RUN.json").write_bytes(b'{"run_id": "old", "cla')
-    with pytest.raises(RecordError, match=r"old/_RUN.json: not a valid run claim: unexpected end of data"):
+    with pytest.raises(RecordError, match=r"old/_RUN.json: not a valid run claim: not JSON \(unexpected end of data"):
         Build.start(config_of(inputs, tmp_path, sample_tokenizer), "old")
 
 
 def test_files_read_against_the_plan() -> None:
     a, b, c = (InputFile(name, 10, "etag=1") for name in "abc")
-    read = [f.to_json() for f in (a, b)]
-    assert unread_or_reread([a, b], read) is None
-    assert unread_or_reread([a, b, c], [*read, a.to_json()]) == "read more than once: a; planned but never read: c"
-    changed = {**b.to_json(), "identity": "etag=2"}
-    assert unread_or_reread([a, b], [a.to_json(), changed]) == "planned but never read: b; read but not planned: b"
+    assert unread_or_reread([a, b], [a, b]) is None
+    assert unread_or_reread([a, b, c], [a, b, a]) == "read more than once: a; planned but never read: c"
+    changed = replace(b, identity="etag=2")
+    assert unread_or_reread([a, b], [a, changed]) == "planned but never read: b; read but not planned: b"
 
 
 def _rank_manifest(run_dir, rank: int) -> dict:

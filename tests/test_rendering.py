@@ -302,7 +302,7 @@ def test_count_renders_the_same_documents_and_counts_their_loss(tmp_path, sample
     tokenized = run([corpus], tmp_path / "out", sample_tokenizer, save_loss=True, **options)
     assert counted.counts.tokens == tokenized["counts"]["tokens"]
     assert counted.counts.loss_tokens == tokenized["counts"]["loss_tokens"] > 0
-    assert counted.record["rendering"]["text"] == INSTRUCTION
+    assert counted.record.rendering["text"] == INSTRUCTION
 
 
 def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_with_loss(
@@ -346,11 +346,12 @@ def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_wit
             assert tok.decode(tokens[:-1][loss[:-1] == 1].tolist()).strip() in {a.strip() for a in answers}
     in_dataset = sum(int(np.asarray(TokenFile(str(p)).loss).sum()) for p in (run_dir / "context").glob("*.ds"))
     data = report_data(str(run_dir))
-    assert data["loss"]["tokens"] == in_dataset and published.tokens == data["tokens"]
+    total = data["build"]["tokens"]
+    assert data["loss"]["tokens"] == in_dataset and published.record.tokens == total
     ranks = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks" / "_manifests").glob("*.json"))]
     shares = [r["counts"]["loss_tokens"] / r["counts"]["tokens"] for r in ranks]
     assert [row["loss_share"] for row in data["ranks"]] == pytest.approx(shares) and min(shares) > 0.3
-    assert f'<td data-key="loss_tokens">{in_dataset:,} ({in_dataset / data["tokens"]:.1%})</td>' in render_html(data)
+    assert f'<td data-key="loss_tokens">{in_dataset:,} ({in_dataset / total:.1%})</td>' in render_html(data)
     assert ranks[0]["rendering"]["text"] == INSTRUCTION
     shown = {k: data["settings"][k] for k in ("template", "loss_fields", "messages_key", "loss_roles")}
     assert shown == {

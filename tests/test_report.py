@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,7 +14,17 @@ import pytest
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.test_merge import merged
 from tests.test_tokenize import run
+from tokenization.accounting import conservation, rank_manifests, stage_counts
 from tokenization.pages import date, duration, integer, number, render, size
+from tokenization.records import (
+    Arrived,
+    BuildInputs,
+    BuildRecord,
+    BuildTokenizer,
+    StageSummary,
+    TokenizeSummary,
+    VerifySummary,
+)
 from tokenization.report import INPUTS_SHOWN, render_html, report_data, write_report
 
 HOSTILE = "<script>alert(1)</script>"
@@ -21,48 +32,58 @@ NEW_FIELDS = {
     "started": "2026-11-30T02:00:07.25+00:00",
     "finished": "2026-11-30T02:01:19.65+00:00",
     "wall_seconds": 72.4,
-    "inputs": {
-        "spec": str(SAMPLE_CORPUS),
-        "files": 4,
-        "bytes": 93_401,
-        "skipped": 1,
-        "hidden": 0,
-        "arrived_after_plan": {"files": 1, "first": ["/data/in/a-late.jsonl"]},
-    },
+    "inputs": BuildInputs(
+        spec=str(SAMPLE_CORPUS),
+        files=4,
+        bytes=93_401,
+        skipped=1,
+        hidden=0,
+        arrived_after_plan=Arrived(files=1, first=["/data/in/a-late.jsonl"]),
+    ),
 }
 
 
 @pytest.fixture(scope="module")
-def small_build(tmp_path_factory) -> tuple[str, dict]:
-    """The sample tokenized by two ranks and merged; its run folder and the build manifest ``publish`` would
-    write, with a run id that is markup."""
+def small_build(tmp_path_factory) -> tuple[str, BuildRecord]:
+    """The sample tokenized by two ranks and merged; its run folder and the build record ``publish`` would
+    write, as an older build without times or inputs, with a run id that is markup."""
     run_dir = tmp_path_factory.mktemp("run")
     for rank in range(2):
         run([SAMPLE_CORPUS], run_dir / "ranks", SAMPLE_TOKENIZER, rank=rank, world_size=2, seed=5)
-    merge = merged(run_dir / "ranks", run_dir / "merged", seed=5, max_tokens_per_file=20_000)
+    merge = merged(run_dir / "ranks", run_dir / "merged", seed=5, merge_max_tokens_per_file=20_000)
     tokens = merge["counts"]["tokens"]
-    build = {
-        "run_id": f"manual__{HOSTILE}",
-        "dataset": str(run_dir / "merged"),
-        "digest": "ab" * 32,
-        "tokens": tokens,
-        "seed": 5,
-        "params": {"input": str(SAMPLE_CORPUS), "tokenizer": str(SAMPLE_TOKENIZER), "num_ranks": 2, "seed": 5},
-        "stages": {"tokenize": {"ranks": 2}, "merge": merge["counts"]},
-        "verify": {"ok": True, "files": len(merge["outputs"]), "tokens": tokens, "notes": [f"a note {HOSTILE}"]},
-    }
+    ranks = rank_manifests(str(run_dir / "ranks"), 2)
+    balance = conservation(ranks)
+    build = BuildRecord(
+        run_id=f"manual__{HOSTILE}",
+        dataset=str(run_dir / "merged"),
+        input=str(SAMPLE_CORPUS),
+        seed=5,
+        tokenizer=BuildTokenizer(name=str(SAMPLE_TOKENIZER), sha256=ranks[0].tokenizer.sha256, eos=None),
+        params={"input": str(SAMPLE_CORPUS), "tokenizer": str(SAMPLE_TOKENIZER), "num_ranks": 2, "seed": 5},
+        started="2026-11-29T02:00:00+00:00",
+        conservation=balance,
+        tokens=tokens,
+        digest="ab" * 32,
+        files=[entry["name"] for entry in merge["outputs"]],
+        stages=StageSummary(
+            tokenize=TokenizeSummary(ranks=2, input_files=4, **asdict(balance)),
+            merge=stage_counts(str(run_dir / "merged")),
+        ),
+        verify=VerifySummary(ok=True, files=len(merge["outputs"]), tokens=tokens, notes=[f"a note {HOSTILE}"]),
+    )
     return str(run_dir), build
 
 
 def test_the_verdict_comes_first_and_figures_are_written_for_people(small_build) -> None:
     run_dir, build = small_build
-    data = report_data(run_dir, build | NEW_FIELDS)
+    data = report_data(run_dir, replace(build, **NEW_FIELDS))
     page = render_html(data)
     order = [page.index(f'id="{name}"') for name in ("verify", "conservation", "totals", "timing", "inputs")]
     assert order == sorted(order), order
     assert page.index("Verify passed") < page.index("Documents conservation holds") < page.index("documents read")
 
-    tokens = data["tokens"]
+    tokens = data["build"]["tokens"]
     assert tokens > 1000 and f'<td data-key="tokens">{tokens:,}</td>' in page
     assert "template" not in data["settings"]  # the rendering settings show only when records were rendered
     assert f"{data['ranks'][0]['tokens']:,}" in page
@@ -84,7 +105,7 @@ def test_values_from_manifests_are_escaped(small_build) -> None:
 def test_an_older_build_without_times_or_inputs_still_renders(small_build) -> None:
     run_dir, build = small_build
     data = report_data(run_dir, build)
-    assert data["wall_seconds"] is None and data["throughput"]["build"] is None
+    assert data["build"]["wall_seconds"] is None and data["throughput"]["build"] is None
     sizes = [p.stat().st_size for p in SAMPLE_CORPUS.glob("*.jsonl.gz")]
     assert data["inputs"] == {
         "spec": str(SAMPLE_CORPUS),
@@ -110,13 +131,13 @@ def test_a_long_input_list_is_cut_after_twenty(small_build) -> None:
 
 def test_report_json_carries_the_new_figures(small_build) -> None:
     run_dir, build = small_build
-    write_report(run_dir, build | NEW_FIELDS)
+    write_report(run_dir, replace(build, **NEW_FIELDS))
     saved = json.loads((Path(run_dir) / "report.json").read_text())
     page = (Path(run_dir) / "report.html").read_text()
     assert page.startswith("<!doctype html>") and '<td data-key="arrived">1</td>' in page
     assert "arrived after the build was planned are not in it; the next build\nreads them (1): <code>/data/" in page
-    assert saved["wall_seconds"] == 72.4 and saved["started"] == NEW_FIELDS["started"]
-    assert saved["inputs"] == NEW_FIELDS["inputs"]
+    assert saved["build"]["wall_seconds"] == 72.4 and saved["build"]["started"] == NEW_FIELDS["started"]
+    assert saved["inputs"] == NEW_FIELDS["inputs"].to_json()
     assert sorted(f["url"].rsplit("/", 1)[-1] for f in saved["input_files"]) == sorted(
         p.name for p in SAMPLE_CORPUS.glob("*.jsonl.gz")
     )

@@ -86,17 +86,17 @@ def test_merge_and_context_shuffle_from_and_to_s3(tmp_path, s3, sample_corpus, s
             save_loss=True,
             storage_options=s3.options,
         )
-    merged(tmp_path / "ranks", tmp_path / "merged", seed=4, save_loss=True, max_tokens_per_file=30_000)
+    merged(tmp_path / "ranks", tmp_path / "merged", seed=4, save_loss=True, merge_max_tokens_per_file=30_000)
     merged(
         "s3://corpus/ranks",
         "s3://corpus/merged",
         seed=4,
         save_loss=True,
-        max_tokens_per_file=30_000,
+        merge_max_tokens_per_file=30_000,
         storage_options=s3.options,
     )
-    shuffled(tmp_path / "merged", tmp_path / "context", seed=6, window_size=999)
-    shuffled("s3://corpus/merged", "s3://corpus/context", seed=6, window_size=999, storage_options=s3.options)
+    shuffled(tmp_path / "merged", tmp_path / "context", seed=6, context_window=999)
+    shuffled("s3://corpus/merged", "s3://corpus/context", seed=6, context_window=999, storage_options=s3.options)
     s3.fs.invalidate_cache()
     for stage in ("merged", "context"):
         local = file_bytes(tmp_path / stage)

@@ -16,7 +16,8 @@ from datetime import datetime, timedelta, timezone
 import fsspec
 import pytest
 
-from tests.cluster import ROOT, Cluster, services_missing
+from harness.cluster import ROOT, Cluster, services_missing
+from tokenization.records import BuildRecord
 from tokenization.runs import folder_for
 
 reason = services_missing()
@@ -62,10 +63,10 @@ def test_unpausing_with_a_schedule_starts_a_run_that_builds_the_defaults(tmp_pat
         print(f"scheduled run {first['dag_run_id']}: queued {first['queued_at']}, finished {done['end_date']}")
 
         run_dir = folder_for("s3://corpus/builds", first["dag_run_id"])
-        build = json.loads(s3.cat_file(f"{run_dir}/_BUILD.json"))
-        assert build["params"]["input"] == str(ROOT / "sample" / "corpus")  # the deployment's defaults
-        assert build["params"]["output"] == "s3://corpus/builds"
-        assert build["verify"]["ok"] and build["conservation"]["holds"]
+        build = BuildRecord.loads(s3.cat_file(f"{run_dir}/_BUILD.json"), f"{run_dir}/_BUILD.json")
+        assert build.params["input"] == str(ROOT / "sample" / "corpus")  # the deployment's defaults
+        assert build.params["output"] == "s3://corpus/builds"
+        assert build.verify.ok and build.conservation.holds
         assert s3.cat_file("corpus/builds/LATEST").decode() == f"{run_dir.rsplit('/', 1)[1]}\n"
 
         # Then the latest slot only: the minutes missed while the first run ran are never run (catchup is off).

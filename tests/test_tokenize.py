@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from tests.conftest import EOS, sample_records, write_jsonl
 from tests.test_encoding import big_vocab_tokenizer
 from tokenization.formats.ds import TokenFile
+from tokenization.records import CompletionMarker
 from tokenization.tokenize import TokenizeConfig, TooManyRejects, tokenize_rank
 
 
@@ -160,6 +161,7 @@ def test_manifest_checksums_and_marker(tmp_path, sample_corpus, sample_tokenizer
     assert manifest == json.loads(json.dumps(result))
     published = {p.name for p in tmp_path.glob("web_00000_*")}
     assert marker == {
+        "format": CompletionMarker.format_tag(),
         "manifest": "_manifests/web_00000.json",
         "sha256": hashlib.sha256(manifest_bytes).hexdigest(),
         "attempt": manifest["attempt"],

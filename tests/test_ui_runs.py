@@ -1,5 +1,5 @@
 """Two of the three ways people run the DAG, done in a browser as a person would, against the real deployment
-(``tests/cluster.py``: api-server, scheduler, Celery workers, PostgreSQL, Redis, S3 behind the 503 proxy): trigger
+(``harness/cluster.py``: api-server, scheduler, Celery workers, PostgreSQL, Redis, S3 behind the 503 proxy): trigger
 a build with params from Airflow's form, then retry its failed rank from the run's Grid. Headless Chromium;
 screenshots of each step go to ``test-artifacts/``. (The third way, the schedule, is ``tests/test_schedule.py``.)
 
@@ -14,10 +14,11 @@ import shutil
 import fsspec
 import pytest
 
-from tests.cluster import ROOT, Cluster, services_missing
+from harness.cluster import ROOT, Cluster, services_missing
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.test_builds_page import full_page_screenshot
 from tokenization.build import Build, BuildConfig
+from tokenization.records import BuildRecord
 from tokenization.runs import folder_for
 
 reason = services_missing() or (
@@ -126,9 +127,10 @@ def test_trigger_from_the_form_then_clear_the_failed_rank_in_the_grid(tmp_path, 
         full_page_screenshot(browser, ARTIFACTS / "ui-run-after-clear.png")
         assert [ti[("tokenize", rank)]["try_number"] for rank in range(3)] == [1, 2, 1]  # only rank 1 ran again
 
-        build = json.loads(s3.cat_file(f"{folder_for('s3://corpus/builds', run_id)}/_BUILD.json"))
-    assert (build["params"]["num_ranks"], build["params"]["seed"]) == (3, 4321)
-    assert build["params"]["input"] == str(SAMPLE_CORPUS) and build["params"]["tokenizer"] == str(SAMPLE_TOKENIZER)
+        record_path = f"{folder_for('s3://corpus/builds', run_id)}/_BUILD.json"
+        build = BuildRecord.loads(s3.cat_file(record_path), record_path)
+    assert (build.params["num_ranks"], build.params["seed"]) == (3, 4321)
+    assert build.params["input"] == str(SAMPLE_CORPUS) and build.params["tokenizer"] == str(SAMPLE_TOKENIZER)
     same_params = BuildConfig(  # the form's two params; the rest are the DAG's defaults, which are BuildConfig's
         input=str(SAMPLE_CORPUS),
         output=str(tmp_path / "local"),
@@ -137,4 +139,4 @@ def test_trigger_from_the_form_then_clear_the_failed_rank_in_the_grid(tmp_path, 
         seed=4321,
     )
     without_fault = Build.start(same_params, "no-fault").run(parallel=2)
-    assert build["digest"] == without_fault.digest
+    assert build.digest == without_fault.record.digest

@@ -41,10 +41,11 @@ def test_every_pipeline_output_passes(tmp_path, sample_corpus, sample_tokenizer)
     for name, options in outputs.items():
         for r in range(2):
             run([sample_corpus], tmp_path / name, sample_tokenizer, rank=r, world_size=2, **options)
-    merged(tmp_path / "doc", tmp_path / "merged", seed=1, save_loss=True, max_tokens_per_file=15_000)
-    merged(tmp_path / "doc", tmp_path / "merged_chunks", seed=1, shuffle_chunk_size=400, max_tokens_per_file=15_000)
-    shuffled(tmp_path / "merged", tmp_path / "context", window_size=1025)
-    shuffled(tmp_path / "merged_chunks", tmp_path / "context_of_chunks", window_size=1025)
+    merged(tmp_path / "doc", tmp_path / "merged", seed=1, save_loss=True, merge_max_tokens_per_file=15_000)
+    chunks = {"shuffle_chunk_size": 400, "merge_max_tokens_per_file": 15_000}
+    merged(tmp_path / "doc", tmp_path / "merged_chunks", seed=1, **chunks)
+    shuffled(tmp_path / "merged", tmp_path / "context", context_window=1025)
+    shuffled(tmp_path / "merged_chunks", tmp_path / "context_of_chunks", context_window=1025)
     for folder in sorted(tmp_path.iterdir()):
         report = check(folder, sample_tokenizer)
         assert report.ok and report.tokens == 64522, (folder.name, report.problems)
@@ -172,7 +173,7 @@ def built(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
         num_context_shards=2,
         merge_max_tokens_per_file=20_000,
     )
-    assert Build.start(config, "b").run(parallel=1).verified
+    assert Build.start(config, "b").run(parallel=1).record.verify.ok
     return Path(config.output) / "b"
 
 
@@ -255,7 +256,7 @@ def test_a_resumed_merge_passes(run_dir, monkeypatch) -> None:
     """The checkpoints of a merge that crashed and resumed are its manifest's entries; the crashed one's folder
     is not a dataset."""
     out = run_dir / "again"
-    options = {"save_filename": "corpus", "seed": 7, "max_tokens_per_file": 20_000, "save_loss": True}
+    options = {"save_filename": "corpus", "seed": 7, "merge_max_tokens_per_file": 20_000, "save_loss": True}
     real_finish, calls = permute.SplitWriter._finish, []
 
     def crash_on_the_third_file(self) -> None:
@@ -357,7 +358,7 @@ def test_a_truncated_record_is_one_line_naming_it(run_dir, capsys, record, kind)
     assert verify_cli(capsys, folder) == (
         1,
         [
-            f"{path}: not a valid {kind}: {parsing.value}",
+            f"{path}: not a valid {kind}: not JSON ({parsing.value})",
             f"verify {folder}: 4 files, 64,522 tokens: FAILED, 1 problems",
         ],
     )

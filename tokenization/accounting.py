@@ -7,18 +7,31 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from dataclasses import fields
+from typing import TypeVar
 
 import orjson
 
 from tokenization import manifest
+from tokenization.names import rank_stem
 from tokenization.plan import unread_or_reread
+from tokenization.records import (
+    CompletionMarker,
+    Conservation,
+    ContextCounts,
+    ContextManifest,
+    InputFile,
+    MergeCounts,
+    MergeManifest,
+    RankManifest,
+    RecordError,
+    StageSummary,
+    stage_manifest,
+)
 from tokenization.runs import BuildError
-from tokenization.sources import InputFile
 from tokenization.storage import join, list_names, list_sizes, open_fs
 
-
-def rank_stem(rank: int) -> str:
-    return f"{rank:05d}"
+C = TypeVar("C", MergeCounts, ContextCounts)
 
 
 def incomplete_ranks(ranks_dir: str, num_ranks: int, plan: str | None = None) -> dict[int, str]:
@@ -46,87 +59,92 @@ def _prefixed(fs, path: str, folder: str) -> dict[str, int]:
     return {f"{folder}/{name}": size for name, size in list_sizes(fs, join(path, folder)).items()}
 
 
-def _shard_status(fs, path: str, marker: dict | None, sizes: dict[str, int], plan: str | None) -> str | None:
+def _shard_status(
+    fs, path: str, marker: CompletionMarker | None, sizes: dict[str, int], plan: str | None
+) -> str | None:
     if marker is None:
         return "no completion marker"
     try:
-        data = fs.cat_file(join(path, marker["manifest"]))
+        data = fs.cat_file(join(path, marker.manifest))
     except FileNotFoundError:
         return "completion marker without a manifest"
-    if hashlib.sha256(data).hexdigest() != marker.get("sha256"):
+    if hashlib.sha256(data).hexdigest() != marker.sha256:
         return "manifest does not match its completion marker"
-    if plan is not None and (made_under := orjson.loads(data).get("plan")) != plan:
+    if plan is not None and (made_under := RankManifest.loads(data, join(path, marker.manifest)).plan) != plan:
         return f"tokenized under another plan ({made_under}, not {plan})"
-    for name, info in marker.get("files", {}).items():
-        if sizes.get(name) != info["bytes"]:
+    for name, info in marker.files.items():
+        if sizes.get(name) != info.bytes:
             return f"{name} is missing or not the size its completion marker records"
     return None
 
 
-def conservation(rank_manifests: list[dict], planned: list[InputFile] | None = None) -> dict:
+def conservation(rank_manifests: list[RankManifest], planned: list[InputFile] | None = None) -> Conservation:
     """Documents in = documents out + empty + quarantined, summed over the ranks; given the ``planned`` files, the
     books hold only if the ranks read exactly those, each once (else ``inputs_problem`` says how not)."""
-    totals: Counter = Counter()
+    counts = [m.counts for m in rank_manifests]
     rejected: Counter = Counter()
-    for m in rank_manifests:
-        c = m["counts"]
-        totals.update({k: c[k] for k in ("docs_read", "docs_written", "empty", "tokens", "tokens_written")})
-        totals["tokens_dropped"] += c["tokens_dropped"]
-        rejected.update(c["rejected"])
+    for c in counts:
+        rejected.update(c.rejected)
     quarantined = sum(rejected.values())
-    read = (entry for m in rank_manifests for entry in m["inputs"])
+    docs_in, docs_out, empty = (sum(getattr(c, k) for c in counts) for k in ("docs_read", "docs_written", "empty"))
+    read = (entry for m in rank_manifests for entry in m.inputs)
     problem = None if planned is None else unread_or_reread(planned, read)
-    return {
-        "docs_in": totals["docs_read"],
-        "docs_out": totals["docs_written"],
-        "empty": totals["empty"],
-        "quarantined": quarantined,
-        "rejected_by_reason": dict(sorted(rejected.items())),
-        "tokens": totals["tokens_written"],
-        "tokens_dropped": totals["tokens_dropped"],
-        "inputs_problem": problem,
-        "holds": totals["docs_read"] == totals["docs_written"] + totals["empty"] + quarantined and problem is None,
-    }
+    return Conservation(
+        docs_in=docs_in,
+        docs_out=docs_out,
+        empty=empty,
+        quarantined=quarantined,
+        rejected_by_reason=dict(sorted(rejected.items())),
+        tokens=sum(c.tokens_written for c in counts),
+        tokens_dropped=sum(c.tokens_dropped for c in counts),
+        inputs_problem=problem,
+        holds=docs_in == docs_out + empty + quarantined and problem is None,
+    )
 
 
-def stage_counts(folder: str) -> dict | None:
+def stage_counts(folder: str) -> C | None:
     """The counts of every completed stage manifest of a folder (the merge's one, or all context shards'),
     summed; None when the folder holds none."""
     fs, path = open_fs(folder)
-    totals: Counter = Counter()
     markers = manifest.completion_markers(fs, path)
+    counts = []
     for marker in markers.values():
-        counts = (manifest.read_manifest(fs, join(path, marker["manifest"])) or {}).get("counts", {})
-        totals.update({k: v for k, v in counts.items() if isinstance(v, int)})
-    return dict(totals) if markers else None
+        where = join(path, marker.manifest)
+        record = stage_manifest(fs.cat_file(where), where)
+        if not isinstance(record, MergeManifest | ContextManifest):
+            raise RecordError(where, f"a {type(record).__name__}, not a merge or context-shuffle manifest")
+        counts.append(record.counts)
+    if not counts:
+        return None
+    return type(counts[0])(**{f.name: sum(getattr(c, f.name) for c in counts) for f in fields(counts[0])})
 
 
-def token_flow(rank_tokens: int, stages: dict[str, dict | None], dataset_tokens: int) -> dict[str, int]:
+def token_flow(rank_tokens: int, stages: StageSummary, dataset_tokens: int) -> dict[str, int]:
     """Tokens from stage to stage: what each stage was given = what it wrote + what it dropped, and the dataset's
     files hold what the last stage wrote. A stage that does not add up raises, naming it: a leftover file merged
     in, or a file lost on the way, must never pass for a build."""
     flow = {"tokenize": rank_tokens}
     given = rank_tokens
-    for stage, counts in stages.items():
+    for stage, counts in (("merge", stages.merge), ("context_shuffle", stages.context_shuffle)):
         if counts is None:
             continue
-        if counts["tokens"] + counts["tokens_dropped"] != given:
+        if counts.tokens + counts.tokens_dropped != given:
             raise BuildError(
-                f"{stage} wrote {counts['tokens']} tokens and dropped {counts['tokens_dropped']}, but was given {given}"
+                f"{stage} wrote {counts.tokens} tokens and dropped {counts.tokens_dropped}, but was given {given}"
             )
-        flow[stage] = given = counts["tokens"]
+        flow[stage] = given = counts.tokens
     if dataset_tokens != given:
         raise BuildError(f"the dataset's files hold {dataset_tokens} tokens, its manifests say {given}")
     return flow
 
 
-def rank_manifests(ranks_dir: str, num_ranks: int) -> list[dict]:
+def rank_manifests(ranks_dir: str, num_ranks: int) -> list[RankManifest]:
     """Every rank's manifest, checked (``RecordError`` names a damaged one); a missing one is a BuildError."""
     fs, path = open_fs(ranks_dir)
     found = []
     for rank in range(num_ranks):
         where = manifest.manifest_path(path, rank_stem(rank))
-        record = manifest.read_rank_manifest(fs, where)
+        record = RankManifest.read(fs, where)
         if record is None:
             raise BuildError(
                 f"{join(ranks_dir, manifest.manifest_name(rank_stem(rank)))}: missing, so rank {rank} is not complete"
@@ -138,5 +156,5 @@ def rank_manifests(ranks_dir: str, num_ranks: int) -> list[dict]:
 def dataset_digest(dataset: str) -> str:
     """One sha256 for a whole dataset, from the checksums its manifests record: equal digests, equal bytes."""
     entries = manifest.output_entries(dataset)
-    pairs = sorted((name, info["sha256"]) for entry in entries.values() for name, info in entry["files"].items())
+    pairs = sorted((name, info.sha256) for d in entries.values() for name, info in d.entry.files.items())
     return hashlib.sha256(orjson.dumps(pairs)).hexdigest()

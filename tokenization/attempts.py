@@ -55,15 +55,16 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import fsspec
 import orjson
 
 from tokenization import manifest
-from tokenization.errors import reaching
+from tokenization.errors import TokenizationError, reaching
 from tokenization.formats.ds import WrittenTokenFile
+from tokenization.records import CompletionMarker, FileSum, StageManifest
 from tokenization.storage import (
     current_etag,
     is_local,
@@ -87,11 +88,11 @@ LEASES = "_leases"
 ATTEMPT_MARK = ".attempt-"  # staging folders are {stem}.attempt-{id}
 
 
-class AttemptConflict(RuntimeError):
+class AttemptConflict(TokenizationError):
     """Another attempt at the same output is alive; the message names it."""
 
 
-class LeaseLost(RuntimeError):
+class LeaseLost(TokenizationError):
     """This attempt's lease was taken over (it stalled past the TTL): it must not publish. Not a reason to retry:
     the attempt that took the lease over is doing the work."""
 
@@ -403,19 +404,21 @@ class Attempt:
         except FileExistsError as exc:
             raise self.lease.lose(f"{path} was changed by another attempt after this one confirmed its lease") from exc
 
-    def commit(self, record: dict, files: dict[str, dict]) -> None:
+    def commit(self, record: StageManifest, files: dict[str, FileSum]) -> StageManifest:
         """Write the manifest, then the marker that names this attempt, the manifest's sha256 and every file it
-        published (``name -> {bytes, sha256}``): the marker is the last file and only the lease holder writes it
-        (on S3, only where no marker is: the old one was removed when this attempt began)."""
-        data = manifest.dumps(record | {"attempt": self.id})
+        published: the marker is the last file and only the lease holder writes it (on S3, only where no marker
+        is: the old one was removed when this attempt began). Returns the manifest as written."""
+        record = replace(record, attempt=self.id)
+        data = record.dumps()
         self.write(manifest.manifest_name(self.stem), data)
-        marker = {
-            "manifest": manifest.manifest_name(self.stem),
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "attempt": self.id,
-            "files": files,
-        }
-        self.write(manifest.marker_name(self.stem), orjson.dumps(marker, option=orjson.OPT_SORT_KEYS))
+        marker = CompletionMarker(
+            manifest=manifest.manifest_name(self.stem),
+            sha256=hashlib.sha256(data).hexdigest(),
+            attempt=self.id,
+            files=files,
+        )
+        self.write(manifest.marker_name(self.stem), marker.dumps())
+        return record
 
 
 @contextmanager

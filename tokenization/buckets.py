@@ -19,11 +19,6 @@ import numpy as np
 ASSIGN, ORDER = 0, 1  # the two families of streams drawn from one seed
 
 
-def file_suffix(bucket: int) -> str:
-    """How a rank's file of bucket ``b`` ends (``bucket00007.ds``): the merge of that bucket reads exactly these."""
-    return f"bucket{bucket:05d}.ds"
-
-
 def assign(seed: int, rank: int, documents: int, num_buckets: int) -> np.ndarray:
     """The bucket of each of a rank's documents, in input order."""
     return np.random.default_rng([seed, ASSIGN, rank]).integers(0, num_buckets, documents, dtype=np.int64)

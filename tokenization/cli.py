@@ -13,7 +13,7 @@ The .ds family: X.ds holds the token ids (little-endian uint16, or uint32 past 6
 uint64 end offset of each document in tokens, X.ds.loss one byte a token (0 = no loss), and X.ds.metadata
 "tokenizer|token size", the token count and a human count. datatrove's and nanotron's readers load it.
 
-Exit status: 0 on success, 1 on an error (one line), 2 on a usage error.
+Exit status: 0 on success, 1 on an error (one line; a bug shows its traceback), 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -27,38 +27,22 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from tokenization.attempts import AttemptConflict, LeaseLost
 from tokenization.build import Build, BuildConfig, summary
 from tokenization.context import ContextShuffleConfig, context_shuffle
 from tokenization.count import CountConfig, count_tokens
-from tokenization.documents import Counts, TooManyRejects
-from tokenization.encoding import Encoder, TokenizerError, limit_hf_threads
-from tokenization.errors import UsageError, external_error
+from tokenization.documents import Counts
+from tokenization.encoding import Encoder, limit_hf_threads
+from tokenization.errors import TokenizationError, UsageError, external_error
 from tokenization.formats import MEGATRON, list_token_files
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.formats.megatron import MegatronFile
-from tokenization.manifest import RecordError
 from tokenization.merge import MergeConfig, merge
 from tokenization.options import add_arguments, from_arguments
 from tokenization.report import REPORT_HTML, write_report
-from tokenization.runs import BuildError
-from tokenization.sources import InputError
 from tokenization.storage import join, open_fs
 from tokenization.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.verify import verify
 
-ERRORS = (
-    InputError,
-    TokenizerError,
-    TokenFileError,
-    TooManyRejects,
-    AttemptConflict,
-    LeaseLost,
-    BuildError,
-    RecordError,
-    ValueError,
-    OSError,
-)
 EXAMPLE = """example: a whole build of a folder of JSON lines on one machine, 4 ranks, 2 at a time
 
   tokenization build data/ --output builds/ --tokenizer tokenizer.json --seed 1234 --num-ranks 4 --parallel 2 \\
@@ -143,13 +127,13 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     config = from_arguments(TokenizeConfig, args)
     result = tokenize_rank(config)
     c = result.counts
-    rate = result.record["throughput"]["text_mb_per_s"]
+    rate = result.record.throughput.text_mb_per_s
     print(
         f"rank {config.rank}/{config.world_size}: {c.docs_read:,} docs read, {c.docs_written:,} written, "
         f"{c.empty:,} empty, {sum(c.rejected.values()):,} rejected, {c.tokens_written:,} tokens in "
         f"{len(result.outputs)} files, {c.tokens_dropped:,} dropped, {sum(c.special_token_literals.values()):,} "
         f"special-token literals{_loss_share(c) if config.save_loss else ''}; {result.seconds:.1f}s "
-        f"({result.record['tokenizer']['load_seconds']:.1f}s loading the tokenizer, then {rate} MB/s of text) -> "
+        f"({result.record.tokenizer.load_seconds:.1f}s loading the tokenizer, then {rate} MB/s of text) -> "
         f"{config.output}"
     )
     return 0
@@ -177,8 +161,8 @@ def cmd_context_shuffle(args: argparse.Namespace) -> int:
     c = result.counts
     print(
         f"context shuffle shard {config.shard}/{config.num_shards}: {c.files} files, {c.windows:,} windows of "
-        f"{config.window_size:,}, {c.tokens:,} tokens, {c.tail_tokens_kept:,} tail tokens kept, {c.tokens_dropped:,} "
-        f"dropped; {result.seconds:.1f}s -> {config.output}"
+        f"{config.context_window:,}, {c.tokens:,} tokens, {c.tail_tokens_kept:,} tail tokens kept, "
+        f"{c.tokens_dropped:,} dropped; {result.seconds:.1f}s -> {config.output}"
     )
     return 0
 
@@ -190,7 +174,7 @@ def cmd_count(args: argparse.Namespace) -> int:
     print(
         f"count: {c.docs_written:,} docs, {c.tokens:,} tokens ({mean:,.1f} tokens a document on average, the longest "
         f"{c.longest:,}), {c.empty:,} empty, {sum(c.rejected.values()):,} rejected, in "
-        f"{len(result.record['files'])} files{_loss_share(c) if result.record['loss_tokens'] is not None else ''}"
+        f"{len(result.record.files)} files{_loss_share(c) if result.record.loss_tokens is not None else ''}"
     )
     return 0
 
@@ -205,12 +189,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    data = write_report(args.run_dir)
-    c = data["conservation"]
+    build = write_report(args.run_dir)
+    c = build.conservation
     print(
-        f"report {join(args.run_dir, REPORT_HTML)}: {len(data['ranks'])} ranks, {c['docs_in']:,} docs read = "
-        f"{c['docs_out']:,} written + {c['empty']:,} empty + {c['quarantined']:,} quarantined, {data['tokens']:,} "
-        f"tokens in {len(data['files'])} files, {data['tokens_dropped']['total']:,} dropped"
+        f"report {join(args.run_dir, REPORT_HTML)}: {build.stages.tokenize.ranks} ranks, {c.docs_in:,} docs read = "
+        f"{c.docs_out:,} written + {c.empty:,} empty + {c.quarantined:,} quarantined, {build.tokens:,} tokens in "
+        f"{len(build.files)} files, {c.tokens_dropped:,} dropped by tokenizing"
     )
     return 0
 
@@ -284,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except UsageError as exc:
         args.parser.error(str(exc))  # exits 2, as argparse does for its own usage errors
-    except ERRORS as exc:
+    except TokenizationError as exc:  # any other exception is a bug: its traceback shows where
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # storage and network libraries: their last line is all a user can act on

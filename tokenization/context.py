@@ -1,4 +1,4 @@
-"""Context-window shuffle: each token file is cut into windows of ``window_size`` tokens (a training context
+"""Context-window shuffle: each token file is cut into windows of ``context_window`` tokens (a training context
 plus one) and the windows are permuted, so consecutive training samples come from different places.
 
 The permutation is datatrove's DocumentTokenizerContextShuffler's: one ``default_rng(seed)`` per task, one
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,20 +25,34 @@ from tokenization.manifest import StageResult
 from tokenization.options import Options, option
 from tokenization.permute import SourcePool, fixed_units, permute_units
 from tokenization.progress import Progress, ProgressMode
+from tokenization.records import ContextCounts, ContextManifest, ContextOutput
 from tokenization.storage import open_fs, with_storage_options
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 2049
+TALLIED = ("windows", "tokens", "tail_tokens_kept", "tokens_dropped")  # ContextCounts' fields, summed over files
 
 
 @dataclass(frozen=True, kw_only=True)
-class ContextShuffleConfig(Options):
+class ContextOptions(Options):
+    """Context shuffle: the training windows files are cut into (context-shuffle and build share this)."""
+
+    context_window: int = option(
+        DEFAULT_WINDOW,
+        minimum=0,
+        title="Context window + 1",
+        help="tokens a training window holds, plus one; the files are cut into such windows and shuffled (0 skips "
+        "the context shuffle of a build)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextShuffleConfig(ContextOptions):
     """One context-shuffle task: its share of a folder's files, cut into windows and permuted."""
 
     input: str = option(flag="", help="a .ds file, or a folder or fsspec URL holding them")
     output: str = option(help="output folder or fsspec URL (file names are kept)")
-    window_size: int = option(DEFAULT_WINDOW, minimum=1, help="tokens a window: a training context plus one")
     seed: int = option(0, minimum=0, help="shuffle seed: the same seed gives the same bytes")
     shard: int = option(0, minimum=0, help="this task's shard: files shard, shard + num shards, ... of the sorted list")
     num_shards: int = option(1, minimum=1, help="how many tasks share the folder's files")
@@ -46,26 +61,14 @@ class ContextShuffleConfig(Options):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.context_window:
+            raise UsageError("context_window must be at least 1: a build skips the context shuffle with 0")
         if self.shard >= self.num_shards:
             raise UsageError(f"shard {self.shard} is outside 0..{self.num_shards - 1}")
 
     @property
     def stem(self) -> str:
         return f"context_{self.shard:05d}"
-
-
-@dataclass
-class ContextCounts:
-    """What the task read and wrote: tokens written + tokens dropped = its files' tokens."""
-
-    files: int = 0
-    windows: int = 0
-    tokens: int = 0
-    tail_tokens_kept: int = 0
-    tokens_dropped: int = 0
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def shard_files(config: ContextShuffleConfig) -> list[str]:
@@ -78,43 +81,43 @@ def shard_files(config: ContextShuffleConfig) -> list[str]:
 @with_storage_options
 def context_shuffle(
     config: ContextShuffleConfig, progress: ProgressMode = None, owner: str | None = None
-) -> StageResult[ContextCounts]:
+) -> StageResult[ContextCounts, ContextManifest]:
     """Shuffle this task's files into ``config.output``, one output family per input file, under its name."""
     started = time.time()
     files = shard_files(config)
     sources = [TokenFile(url) for url in files]
-    shown = Progress(f"context shuffle {config.stem}", sum(s.num_tokens for s in sources), "tok", progress)
     rng = np.random.default_rng(config.seed)  # one generator for the task, drawn file after file
     described = manifest.output_entries(files[0].rsplit("/", 1)[0]) if files else {}
-    counts, outputs = ContextCounts(), []
+    tally: Counter = Counter()  # of ContextCounts' fields
+    outputs: list[ContextOutput] = []
     with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
-        for url, source in zip(files, sources, strict=True):
-            counts.files += 1
-            if source.num_tokens == 0:  # nothing to cut; datatrove's empty files stay behind
-                continue
-            written, full = _shuffle_file(config, url, source, rng, attempt, shown)
-            attempt.place_families([written])
-            nested = described.get(written.name, {}).get("pseudo_ends") is not None
-            grid = manifest.pseudo_ends(0, written.tokens, config.window_size, full * config.window_size)
-            outputs.append(written.to_json() | {"source": url, "pseudo_ends": "unknown" if nested else grid})
-            tail = source.num_tokens - full * config.window_size
-            counts.windows += full
-            counts.tokens += written.tokens
-            counts.tokens_dropped += tail if config.drop_tail else 0
-            counts.tail_tokens_kept += 0 if config.drop_tail else tail
-            log.info("context shuffle %s: %d windows of %d, tail %d", written.name, full, config.window_size, tail)
-        shown.close()
-        record = manifest.stage_record(
-            manifest.CONTEXT_FORMAT,
-            "context_shuffle",
-            config,
-            time.time() - started,
+        total = sum(s.num_tokens for s in sources)
+        with Progress(f"context shuffle {config.stem}", total, "tok", progress) as shown:
+            for url, source in zip(files, sources, strict=True):
+                if source.num_tokens == 0:  # nothing to cut; datatrove's empty files stay behind
+                    continue
+                written, full = _shuffle_file(config, url, source, rng, attempt, shown)
+                attempt.place_families([written])
+                nested = written.name in described and described[written.name].entry.pseudo_ends is not None
+                grid = manifest.pseudo_ends(0, written.tokens, config.context_window, full * config.context_window)
+                pseudo = "unknown" if nested else grid
+                outputs.append(manifest.output_entry(written, ContextOutput, source=url, pseudo_ends=pseudo))
+                tail = source.num_tokens - full * config.context_window
+                tally.update(windows=full, tokens=written.tokens)
+                tally["tokens_dropped" if config.drop_tail else "tail_tokens_kept"] += tail
+                log.info(
+                    "context shuffle %s: %d windows of %d, tail %d", written.name, full, config.context_window, tail
+                )
+        counts = ContextCounts(files=len(files), **{k: tally[k] for k in TALLIED})
+        record = ContextManifest(
+            stage="context_shuffle",
+            **manifest.provenance(config, time.time() - started),
             seed=config.seed,
             inputs=files,
-            counts=counts.to_json(),
+            counts=counts,
             outputs=outputs,
         )
-        attempt.commit(record, manifest.output_files(outputs))
+        record = attempt.commit(record, record.output_files())
     return StageResult(counts, record, attempt.id)
 
 
@@ -132,9 +135,9 @@ def _shuffle_file(
     total = int(ends[-1]) if len(ends) else 0
     if source.num_tokens != total:
         raise TokenFileError(f"{url}: {source.num_tokens} tokens, but its index ends at {total}")
-    windows, full = fixed_units(total, config.window_size)
+    windows, full = fixed_units(total, config.context_window)
     order = rng.permutation(full)
-    if total > full * config.window_size and not config.drop_tail:
+    if total > full * config.context_window and not config.drop_tail:
         order = np.append(order, full)
     name = url.rsplit("/", 1)[-1]
     with_loss = source.loss is not None
@@ -145,8 +148,7 @@ def _shuffle_file(
         token_size=source.token_size,
         save_loss=with_loss,
     )
-    pool = SourcePool([url], source.token_size, with_loss, cache_dir=attempt.work / "inputs")
-    permute_units(pool, windows, order, writer, inner_ends=ends, progress=shown)
-    pool.close()
-    (written,) = writer.close()
+    with writer, SourcePool([url], source.token_size, with_loss, cache_dir=attempt.work / "inputs") as pool:
+        permute_units(pool, windows, order, writer, inner_ends=ends, progress=shown)
+    (written,) = writer.written
     return written, full

@@ -24,10 +24,9 @@ from tokenization.encoding import Encoder
 from tokenization.manifest import StageResult
 from tokenization.options import option
 from tokenization.progress import ProgressMode
+from tokenization.records import CountedFile, CountStats, TokenizerInfo
 from tokenization.sources import DocumentReader, Rejected, list_input_files
 from tokenization.storage import move_into_place, open_fs, with_storage_options, write_bytes_atomic
-
-COUNT_FORMAT = "corpus-tokenization/count/1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +41,7 @@ class CountConfig(DocumentOptions):
 
 
 @with_storage_options
-def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageResult[Counts]:
+def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageResult[Counts, CountStats]:
     """Count; write the stats (and the annotated records) where asked."""
     started = time.time()
     encoder = config.encoder()
@@ -56,32 +55,30 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageRes
         if config.annotate:
             fs, path = open_fs(config.annotate)
             move_into_place(Path(tmp) / _annotation_name(config.annotate), fs, path)
-    c = counts.to_json()
+    c = counts.record()
     seconds = round(time.time() - started, 3)
-    stats = manifest.stage_record(
-        COUNT_FORMAT,
-        "count",
-        config,
-        seconds,
-        tokenizer=encoder.describe(),
+    stats = CountStats(
+        stage="count",
+        **manifest.provenance(config, seconds),
+        tokenizer=TokenizerInfo(**encoder.describe()),
         rendering=renderer and renderer.describe(),
-        docs=c["docs_written"],
-        tokens=c["tokens"],
-        loss_tokens=c["loss_tokens"] if config.renders_loss else None,
-        empty=c["empty"],
-        rejected=c["rejected"],
-        docs_read=c["docs_read"],
-        blank_lines=c["blank_lines"],
-        special_token_literals=c["special_token_literals"],
-        mean_tokens_per_doc=round(c["tokens"] / c["docs_written"], 3) if c["docs_written"] else 0,
-        max_tokens_per_doc=counts.longest,
-        files=[{"url": f.url, "bytes": f.size, **_file_counts(per_file[f.url])} for f in files],
-        length_histogram=c["length_histogram"],
-        throughput=manifest.throughput(seconds, encoder.load_seconds, c["text_bytes"], c["tokens"]),
+        docs=c.docs_written,
+        tokens=c.tokens,
+        loss_tokens=c.loss_tokens if config.renders_loss else None,
+        empty=c.empty,
+        rejected=c.rejected,
+        docs_read=c.docs_read,
+        blank_lines=c.blank_lines,
+        special_token_literals=c.special_token_literals,
+        mean_tokens_per_doc=round(c.tokens / c.docs_written, 3) if c.docs_written else 0,
+        max_tokens_per_doc=c.longest,
+        files=[CountedFile(url=f.url, bytes=f.size, **_file_counts(per_file[f.url])) for f in files],
+        length_histogram=c.length_histogram,
+        throughput=manifest.throughput(seconds, encoder.load_seconds, c.text_bytes, c.tokens),
     )
     if config.stats_out:
         fs, path = open_fs(config.stats_out)
-        write_bytes_atomic(fs, path, orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+        write_bytes_atomic(fs, path, stats.dumps())
     return StageResult(counts, stats)
 
 
@@ -98,7 +95,16 @@ def _count_pass(
         tally(item)
 
     annotated = _open_annotation(tmp, config.annotate) if config.annotate else None
-    batches = encoded_batches(reader, encoder, counts, config, reject, "count", config.renders_loss, progress)
+    batches = encoded_batches(
+        reader,
+        encoder=encoder,
+        counts=counts,
+        options=config,
+        reject=reject,
+        desc="count",
+        save_loss=config.renders_loss,
+        progress=progress,
+    )
     try:
         for batch in batches:
             lengths = batch.token_counts()

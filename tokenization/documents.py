@@ -20,18 +20,14 @@ import numpy as np
 import orjson
 
 from tokenization import rendering
-from tokenization.encoding import (
-    NO_EXACT_CUT,
-    Encoded,
-    Encoder,
-    EngineChoice,
-    NoExactCut,
-    Prepared,
-    SpecialTextPolicy,
-)
-from tokenization.errors import UsageError
+from tokenization.cutting import NO_EXACT_CUT, NoExactCut
+from tokenization.encoding import Encoded, Encoder, Prepared
+from tokenization.encoding_policy import SpecialTextPolicy
+from tokenization.engines import EngineChoice
+from tokenization.errors import TokenizationError, UsageError
 from tokenization.options import Options, option
 from tokenization.progress import Progress, ProgressMode
+from tokenization.records import HistogramRow, RankCounts
 from tokenization.sources import DEFAULT_MAX_RECORD_BYTES, DocumentReader, Record, Rejected
 from tokenization.storage import open_fs
 
@@ -52,7 +48,7 @@ def _names(listed: str | None) -> list[str]:
     return [name.strip() for name in (listed or "").split(",") if name.strip()]
 
 
-class TooManyRejects(RuntimeError):
+class TooManyRejects(TokenizationError):
     """A rank rejected more records than its limits allow, or wrote none of the records it read."""
 
 
@@ -216,7 +212,14 @@ class DocumentOptions(Options):
 
     def encoder(self) -> Encoder:
         """The encoder these options describe; loading it checks the tokenizer and the EOS before any data."""
-        return Encoder(self.tokenizer, self.eos_token, self.special_text, self.engine, self.threads, no_eos=self.no_eos)
+        return Encoder(
+            self.tokenizer,
+            eos_token=self.eos_token,
+            special_text=self.special_text,
+            engine=self.engine,
+            threads=self.threads,
+            no_eos=self.no_eos,
+        )
 
 
 @dataclass
@@ -245,23 +248,29 @@ class Counts:
             buckets = np.minimum(np.log2(np.maximum(lengths, 1)).astype(int), HISTOGRAM_BUCKETS - 1)
             np.add.at(self.length_buckets, buckets, 1)
 
-    def to_json(self) -> dict:
+    def record(self) -> RankCounts:
+        """The counts as a manifest records them."""
         data = asdict(self)
-        data["length_histogram"] = histogram_rows(data.pop("length_buckets"))
-        data["rejected"] = dict(sorted(self.rejected.items()))
-        data["rejected_total"] = sum(self.rejected.values())
-        data["special_token_literals"] = dict(sorted(self.special_token_literals.items()))
-        data["special_token_literals_total"] = sum(self.special_token_literals.values())
-        return data
+        del data["length_buckets"]
+        return RankCounts(
+            **data
+            | {
+                "length_histogram": histogram_rows(self.length_buckets),
+                "rejected": dict(sorted(self.rejected.items())),
+                "rejected_total": sum(self.rejected.values()),
+                "special_token_literals": dict(sorted(self.special_token_literals.items())),
+                "special_token_literals_total": sum(self.special_token_literals.values()),
+            }
+        )
 
 
-def histogram_rows(buckets: np.ndarray) -> list[dict]:
-    """The buckets from the first to the last non-empty one, as ``{min_tokens, max_tokens, docs}`` rows."""
+def histogram_rows(buckets: np.ndarray) -> list[HistogramRow]:
+    """The buckets from the first to the last non-empty one."""
     nonzero = np.flatnonzero(buckets)
     if not len(nonzero):
         return []
     return [
-        {"min_tokens": 2**k, "max_tokens": 2 ** (k + 1) - 1, "docs": int(buckets[k])}
+        HistogramRow(min_tokens=2**k, max_tokens=2 ** (k + 1) - 1, docs=int(buckets[k]))
         for k in range(nonzero[0], nonzero[-1] + 1)
     ]
 
@@ -347,6 +356,7 @@ class Batch:
 
 def encoded_batches(
     reader: DocumentReader,
+    *,
     encoder: Encoder,
     counts: Counts,
     options: DocumentOptions,
@@ -383,7 +393,8 @@ def encoded_batches(
     def encode(records: list[Record], batch: Prepared) -> Batch:
         return Batch(records, encoder.encode_prepared(batch))
 
-    def done(batch: Batch) -> Batch:
+    def done(batch: Batch) -> Batch:  # on the caller's thread, which owns ``counts`` and the encoder's counters
+        encoder.count_checked(batch.encoded)
         counts.docs_written += len(batch.encoded.lengths)
         counts.tokens += len(batch.encoded.tokens)
         if batch.encoded.loss is not None:
@@ -393,7 +404,7 @@ def encoded_batches(
         shown.update(ahead.mark, docs=counts.docs_written, tokens=counts.tokens)
         return batch
 
-    with ThreadPoolExecutor(1, thread_name_prefix="encode") as encoding:
+    with shown, ThreadPoolExecutor(1, thread_name_prefix="encode") as encoding:
         pending: Future | None = None
         ahead = ReadAhead(reader, _text_length, chunk=READ_AHEAD_CHARS, where=lambda: reader.bytes_read)
         for records in _record_batches(ahead, counts, options, reject):
@@ -403,9 +414,8 @@ def encoded_batches(
             pending = submitted
         if pending is not None:
             yield done(pending.result())
-    counts.blank_lines = reader.blank_lines
-    shown.update(reader.total_bytes, docs=counts.docs_written, tokens=counts.tokens)
-    shown.close()
+        counts.blank_lines = reader.blank_lines
+        shown.update(reader.total_bytes, docs=counts.docs_written, tokens=counts.tokens)
 
 
 def _record_batches(

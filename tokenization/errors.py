@@ -1,6 +1,6 @@
-"""Errors a user acts on: a usage error (wrong arguments, exit status 2), and the one-line form of failures raised
-by storage and network libraries (missing credentials, unreachable hosts), whose tracebacks tell a user nothing
-more than their last line."""
+"""Errors a user acts on: the root every such error of the project derives from, a usage error (wrong arguments,
+exit status 2), and the one-line form of failures raised by storage and network libraries (missing credentials,
+unreachable hosts), whose tracebacks tell a user nothing more than their last line."""
 
 from __future__ import annotations
 
@@ -24,12 +24,21 @@ EXTERNAL_MODULES = (
 CREDENTIALS_HINT = "set credentials in the environment, an AWS profile or the Airflow connection"
 
 
-class UsageError(ValueError):
+class TokenizationError(Exception):
+    """Every error the project raises for a user to act on (bad input, a refused option, a build that fails its
+    checks): the command line prints its one line. Any other exception is a bug, and shows its traceback."""
+
+
+class UsageError(TokenizationError, ValueError):
     """The arguments are wrong (a value out of range, options that conflict): nothing was read or written."""
 
 
-class StorageError(OSError):
+class StorageError(TokenizationError, OSError):
     """A storage location could not be reached or read; the message names it."""
+
+
+class MissingError(TokenizationError, FileNotFoundError):
+    """A file a command reads is not there (no ``LATEST`` yet, a folder that holds no build); the message names it."""
 
 
 def external_error(exc: BaseException) -> str | None:

@@ -2,7 +2,7 @@
 BPE with byte fallback) and returns a batch's ids as one flat uint32 array with offsets, with no per-token Python.
 
 It always encodes special-token text as the special token, as HF does by default; under the "text" policy
-``Encoder`` leaves documents that hold such text to HF. Equivalence is not assumed: ``Encoder`` checks a sample of
+``engines.CheckedEngine`` leaves pieces that hold such text to HF. Equivalence is not assumed: it checks a sample of
 every run against HF. A tokenizer it cannot load (Falcon-7B: no single-byte token for some byte) is declined with
 gigatoken's reason.
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 _pool_pid: int | None = None  # the process that started gigatoken's process-wide thread pool
 RELOAD_CHARS = 1 << 24  # characters of long texts between reloads (0.2-0.5 s each): <= ~110 MB of cache
-LONG_TEXT_CHARS = 1 << 17  # a text this long is a piece of a cut document (``encoding.PIECE_CHARS``)
+LONG_TEXT_CHARS = 1 << 17  # a text this long is a piece of a cut document (``cutting.PIECE_CHARS``)
 
 
 class Unsupported(ValueError):

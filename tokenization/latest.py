@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import fsspec
-import orjson
 
-from tokenization.errors import UsageError
-from tokenization.runs import BUILD_FORMAT, BUILD_MANIFEST, RUN_CLAIM, folder_for
+from tokenization.errors import MissingError, TokenizationError, UsageError
+from tokenization.records import BuildRecord, RecordError, RunClaim
+from tokenization.runs import BUILD_MANIFEST, RUN_CLAIM, folder_for, read_build
 from tokenization.storage import (
     is_local,
     is_s3,
@@ -48,7 +48,7 @@ SWAP_ATTEMPTS = 20  # each a read, a listing and a conditional PUT: only a publi
 log = logging.getLogger(__name__)
 
 
-class LatestError(ValueError):
+class LatestError(TokenizationError, ValueError):
     """``LATEST``, or the build record it leads to, cannot be used; the message names the file and what to do."""
 
 
@@ -59,7 +59,7 @@ class CompleteBuild:
     run_dir: str
     name: str
     started: datetime
-    record: dict
+    record: BuildRecord
 
     @property
     def order(self) -> tuple[datetime, str]:
@@ -72,23 +72,22 @@ def complete_build(output: str, name: str) -> CompleteBuild | None:
     :class:`LatestError` naming the file."""
     run_dir = join(output, name)
     fs, path = open_fs(run_dir)
-    record = _json_object(fs, join(path, BUILD_MANIFEST), join(run_dir, BUILD_MANIFEST))
-    if record is None:
-        return None
-    claim = _json_object(fs, join(path, RUN_CLAIM), join(run_dir, RUN_CLAIM))
+    try:
+        record = read_build(run_dir)
+        if record is None:
+            return None
+        claim = RunClaim.read(fs, join(path, RUN_CLAIM), join(run_dir, RUN_CLAIM))
+    except RecordError as exc:
+        raise LatestError(str(exc)) from None
     if claim is None:
         raise LatestError(f"{join(run_dir, BUILD_MANIFEST)}: no {RUN_CLAIM} claims the folder, so no build made it")
-    run_id = claim.get("run_id")
-    if not _owns(output, name, run_id):
-        raise LatestError(f"{join(run_dir, RUN_CLAIM)}: claims the folder for run {run_id!r}, whose folder is another")
-    if record.get("run_id") != run_id:
+    if not _owns(output, name, claim.run_id):
         raise LatestError(
-            f"{join(run_dir, BUILD_MANIFEST)}: the record of run {record.get('run_id')!r}, not {run_id!r}"
+            f"{join(run_dir, RUN_CLAIM)}: claims the folder for run {claim.run_id!r}, whose folder is another"
         )
-    started = _started(record, join(run_dir, BUILD_MANIFEST))
-    if record.get("format") != BUILD_FORMAT:
-        raise LatestError(f"{join(run_dir, BUILD_MANIFEST)}: format {record.get('format')!r}, not {BUILD_FORMAT!r}")
-    return CompleteBuild(run_dir, name, started, record)
+    if record.run_id != claim.run_id:
+        raise LatestError(f"{join(run_dir, BUILD_MANIFEST)}: the record of run {record.run_id!r}, not {claim.run_id!r}")
+    return CompleteBuild(run_dir, name, _started(record.started, join(run_dir, BUILD_MANIFEST)), record)
 
 
 def complete_builds(output: str) -> list[CompleteBuild]:
@@ -122,7 +121,7 @@ def latest_complete_build(output: str) -> CompleteBuild:
     :class:`LatestError` when it names no complete build of this project."""
     run_dir = read_latest(output)
     if run_dir is None:
-        raise FileNotFoundError(f"{output}: no {LATEST}, so no complete build yet")
+        raise MissingError(f"{output}: no {LATEST}, so no complete build yet")
     name = run_dir.rsplit("/", 1)[-1]
     build = complete_build(output, name)
     if build is None:
@@ -244,21 +243,7 @@ def _child_folders(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
     return sorted(name for name in names if not name.startswith("."))
 
 
-def _json_object(fs: fsspec.AbstractFileSystem, path: str, where: str) -> dict | None:
-    """A JSON object file, None when it does not exist; anything else raises :class:`LatestError` naming it."""
-    try:
-        data = orjson.loads(fs.cat_file(path))
-    except FileNotFoundError:
-        return None
-    except orjson.JSONDecodeError as exc:
-        raise LatestError(f"{where}: not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise LatestError(f"{where}: a JSON {type(data).__name__}, not an object")
-    return data
-
-
-def _started(record: dict, where: str) -> datetime:
-    started = record.get("started")
+def _started(started: str, where: str) -> datetime:
     try:
         moment = datetime.fromisoformat(started) if isinstance(started, str) else None
     except ValueError:

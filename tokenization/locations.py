@@ -19,15 +19,17 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from tokenization.errors import TokenizationError
+
 ALLOWED_SCHEMES = ("s3",)  # besides local paths
 SETTING = "TOKENIZATION_ALLOWED_LOCATIONS"  # the deployment's prefixes: commas or new lines between them
 SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 GLOB_CHARS = "*?["  # a path holding one of these is a glob (fsspec's test)
-TOKENIZER_CONFIG = "tokenizer_config.json"  # read beside a tokenizer file for its EOS (encoding.configured_eos)
+TOKENIZER_CONFIG = "tokenizer_config.json"  # read beside a tokenizer file for its EOS (tokenizer_files.configured_eos)
 TOKENIZER_FILES = ("tokenizer.json", TOKENIZER_CONFIG)  # what a build reads of a tokenizer folder
 
 
-class LocationError(ValueError):
+class LocationError(TokenizationError, ValueError):
     """A location is not allowed; the message names the param, the location and the allowed prefixes."""
 
 

@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 import orjson
 
-from tokenization import buckets, manifest
+from tokenization import buckets, manifest, names
 from tokenization.attempts import Attempt, attempt_at
 from tokenization.errors import UsageError
 from tokenization.formats.ds import Metadata, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
@@ -33,6 +33,15 @@ from tokenization.manifest import StageResult
 from tokenization.options import Options, option
 from tokenization.permute import MAX_OPEN_FILES, SourcePool, move_units
 from tokenization.progress import Progress, ProgressMode
+from tokenization.records import (
+    FileSum,
+    MergeCounts,
+    MergeManifest,
+    MergeOutput,
+    MergeTokenizer,
+    RecordError,
+    SizedInput,
+)
 from tokenization.storage import join, list_names, list_sizes, open_fs, with_storage_options
 
 log = logging.getLogger(__name__)
@@ -43,24 +52,34 @@ IRRELEVANT_TO_BYTES = ("input", "output", "local_working_dir", "max_open_files",
 
 
 @dataclass(frozen=True, kw_only=True)
-class MergeConfig(Options):
+class MergeOptions(Options):
+    """Merge: how the rank files are ordered into merged files (merge and build share these)."""
+
+    merge_mode: Literal["interleave", "shuffle", "bucketed"] = option(
+        "interleave",
+        title="Merge order",
+        help="interleave: datatrove's random interleave of the rank files, each file's order kept (datatrove's "
+        "bytes); shuffle: a uniform permutation of every unit of every file, in one task; bucketed: the same, in a "
+        "task a bucket (of ranks tokenized with num_buckets)",
+    )
+    merge_max_tokens_per_file: int = option(
+        DEFAULT_MAX_TOKENS_PER_FILE,
+        minimum=1,
+        title="Most tokens a merged file",
+        help="close a merged file once it holds this many tokens, at the end of a document or chunk",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeConfig(MergeOptions):
     """The global merge: every rank file of a folder, reordered into one sequence of files."""
 
     input: str = option(flag="", help="folder or fsspec URL holding the rank .ds files (and their markers)")
     output: str = option(help="output folder or fsspec URL")
     save_filename: str = option(help="name of the merged dataset: files are NNN_{name}.ds")
     seed: int = option(0, minimum=0, help="ordering seed: the same seed gives the same bytes")
-    mode: Literal["interleave", "shuffle", "bucketed"] = option(
-        "interleave",
-        help="interleave: datatrove's random interleave of files, each file's order kept; shuffle: a uniform "
-        "permutation of every unit of every file; bucketed: one bucket (--bucket) of ranks tokenized with "
-        "--num-buckets, in a uniformly random order, a task a bucket",
-    )
-    bucket: int | None = option(None, minimum=0, help="with --mode bucketed: the bucket this task merges")
+    bucket: int | None = option(None, minimum=0, help="with --merge-mode bucketed: the bucket this task merges")
     shuffle: bool = option(True, flag="--no-shuffle", help="reorder (--no-shuffle concatenates in file order)")
-    max_tokens_per_file: int = option(
-        DEFAULT_MAX_TOKENS_PER_FILE, minimum=1, help="close a merged file once it holds this many tokens"
-    )
     shuffle_chunk_size: int | None = option(
         None, minimum=1, help="move fixed chunks of this many tokens instead of documents (default: documents)"
     )
@@ -73,46 +92,24 @@ class MergeConfig(Options):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if (self.mode == "bucketed") != (self.bucket is not None):
-            raise UsageError("mode bucketed and bucket go together: give both or neither")
-        if self.mode == "bucketed" and self.shuffle_chunk_size:
+        if (self.merge_mode == "bucketed") != (self.bucket is not None):
+            raise UsageError("merge_mode bucketed and bucket go together: give both or neither")
+        if self.merge_mode == "bucketed" and self.shuffle_chunk_size:
             raise UsageError("a bucketed merge moves documents: no shuffle_chunk_size")
 
     @property
     def stem(self) -> str:
-        """Names the merge's lease, manifest and marker: one a bucket, so that bucket tasks share a folder."""
-        return f"{self.save_filename}_bucket{self.bucket:05d}" if self.bucket is not None else self.save_filename
-
-    @property
-    def _prefix(self) -> str:
-        return f"{self.bucket:05d}_" if self.bucket is not None else ""
+        return names.merge_stem(self.save_filename, self.bucket)
 
     def file_name(self, number: int, width: int) -> str:
-        """datatrove's ``NNN_{name}.ds``; a bucket's files lead with the bucket, so a folder's sorted names read
-        bucket after bucket, which is the uniformly shuffled order."""
-        return f"{self._prefix}{number:0{width}d}_{self.save_filename}.ds"
+        return names.merged_file_name(self.save_filename, number, width, self.bucket)
 
     def owns(self, name: str) -> bool:
         """Whether a file (of any family member, of any attempt) is one of this merge's outputs."""
-        number, _, rest = name.removeprefix(self._prefix).partition("_")
+        prefix = names.merged_prefix(self.bucket)
+        number, _, rest = name.removeprefix(prefix).partition("_")
         ours = rest == f"{self.save_filename}.ds" or rest.startswith(f"{self.save_filename}.ds.")
-        return name.startswith(self._prefix) and number.isdigit() and len(number) >= 3 and ours
-
-
-@dataclass
-class MergeCounts:
-    """What the merge read and wrote: tokens written + tokens dropped = the inputs' tokens."""
-
-    input_files: int
-    units: int
-    index_entries: int
-    tokens: int
-    partial_chunk_tokens: int
-    tokens_dropped: int
-    resumed_files: int
-
-    def to_json(self) -> dict:
-        return asdict(self)
+        return name.startswith(prefix) and number.isdigit() and len(number) >= 3 and ours
 
 
 @dataclass
@@ -142,7 +139,7 @@ def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
         raise TokenFileError("no .ds files to merge")
     folder = urls[0].rsplit("/", 1)[0]
     described = manifest.output_entries(folder)
-    entries = [described.get(u.rsplit("/", 1)[-1], {}) for u in urls]
+    entries = [described[name] for u in urls if (name := u.rsplit("/", 1)[-1]) in described]
     listing = list_sizes(*open_fs(folder))  # one listing for the sizes of every file, not a HEAD each
     files = [TokenFile(u, listing=listing) for u in urls]  # raises when a .metadata is missing: never assumed
     first = files[0]
@@ -167,7 +164,7 @@ def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
                 raise TokenFileError(f"{f.url}.loss: {f.size('.loss')} bytes for {total} tokens")
         ends_list.append(ends)
         sizes.append(f.size(""))
-    distinct = {e["_manifest"].get("tokenizer", {}).get("sha256") for e in entries if e} - {None}
+    distinct = {e.tokenizer_sha256 for e in entries} - {None}
     if len(distinct) > 1:
         raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")
     return MergeInputs(
@@ -178,7 +175,7 @@ def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
         ends=np.concatenate(ends_list) if ends_list else np.empty(0, np.int64),
         offsets=np.concatenate([[0], np.cumsum([len(e) for e in ends_list])]).astype(np.int64),
         sizes=sizes,
-        pseudo_ends=any(e.get("pseudo_ends") for e in entries),
+        pseudo_ends=any(e.entry.pseudo_ends for e in entries),
     )
 
 
@@ -209,7 +206,7 @@ def plan_ordering(config: MergeConfig, units: _Units) -> tuple[np.ndarray, np.nd
     rng = np.random.default_rng(config.seed)
     if not config.shuffle:
         return file_ids, None
-    if config.mode == "shuffle":
+    if config.merge_mode == "shuffle":
         return file_ids, rng.permutation(len(file_ids))
     if config.bucket is not None:
         return file_ids, buckets.order(config.seed, config.bucket, len(file_ids))
@@ -245,7 +242,7 @@ def _plan(config: MergeConfig) -> _Plan:
     keep_tails = bool(chunk) and not config.drop_last_chunk
     total_tokens = int(tokens.sum()) - (0 if keep_tails else int(tails.sum()))
     total_units = int(counts.sum()) + (int(np.count_nonzero(tails)) if keep_tails else 0)
-    most_files = min(-(-total_tokens // config.max_tokens_per_file), total_units)  # every file holds >= 1 unit
+    most_files = min(-(-total_tokens // config.merge_max_tokens_per_file), total_units)  # every file holds >= 1 unit
     width = max(3, len(str(max(0, most_files - 1))))  # datatrove's 3 digits, wider only past 1,000 files
     units = _Units(inputs, chunk, counts)
     return _Plan(
@@ -256,7 +253,7 @@ def _plan(config: MergeConfig) -> _Plan:
 def _bucket_files(config: MergeConfig, urls: list[str]) -> list[str]:
     """The rank files of this merge's bucket; every rank must have scattered into the same buckets, this one
     among them."""
-    drawn = {e["_manifest"]["params"].get("num_buckets") for e in manifest.output_entries(config.input).values()}
+    drawn = {e.num_buckets for e in manifest.output_entries(config.input).values()}
     if len(drawn) != 1 or None in drawn:
         found = ", ".join(map(str, sorted(drawn, key=str))) or "no manifests"
         raise TokenFileError(f"{config.input}: a bucketed merge needs ranks of one num_buckets, found {found}")
@@ -265,7 +262,7 @@ def _bucket_files(config: MergeConfig, urls: list[str]) -> list[str]:
         raise UsageError(
             f"bucket {config.bucket} is outside 0..{num_buckets - 1}: the ranks drew {num_buckets} buckets"
         )
-    suffix = "_" + buckets.file_suffix(config.bucket)
+    suffix = "_" + names.bucket_suffix(config.bucket)
     chosen = [url for url in urls if url.endswith(suffix)]
     if not chosen:
         raise TokenFileError(
@@ -278,38 +275,40 @@ class _Checkpoints:
     """The ``on_close`` of the merge's writer: publishes each finished file with a manifest that records where in
     the ordering it ends, which is where a resumed merge starts."""
 
-    def __init__(self, attempt: Attempt, plan: _Plan, done: list[dict]):
+    def __init__(self, attempt: Attempt, plan: _Plan, done: list[MergeOutput]):
         self.attempt, self.plan, self.entries = attempt, plan, list(done)
         self.resumed_units = self.units_end
 
     @property
     def units_end(self) -> int:
-        return self.entries[-1]["units_end"] if self.entries else 0
+        return self.entries[-1].units_end if self.entries else 0
 
     @property
     def tokens(self) -> int:
-        return sum(entry["tokens"] for entry in self.entries)
+        return sum(entry.tokens for entry in self.entries)
 
     def __call__(self, written: WrittenTokenFile, units_written: int) -> None:
         chunk = self.plan.units.chunk
         grid = manifest.pseudo_ends(
             self.tokens, written.tokens, chunk, int(self.plan.units.counts.sum()) * (chunk or 0)
         )
-        entry = {
-            "name": written.name,
-            "fingerprint": self.plan.fingerprint,
-            "units_start": self.units_end,
-            "units_end": self.resumed_units + units_written,
-            **written.to_json(),
-            "pseudo_ends": "unknown" if self.plan.inputs.pseudo_ends else grid,
-        }
+        entry = manifest.output_entry(
+            written,
+            MergeOutput,
+            fingerprint=self.plan.fingerprint,
+            units_start=self.units_end,
+            units_end=self.resumed_units + units_written,
+            pseudo_ends="unknown" if self.plan.inputs.pseudo_ends else grid,
+        )
         self.attempt.place_families([written])
-        self.attempt.write(manifest.manifest_name(written.path.stem), manifest.dumps(entry))
+        self.attempt.write(manifest.manifest_name(written.path.stem), entry.dumps())
         self.entries.append(entry)
 
 
 @with_storage_options
-def merge(config: MergeConfig, progress: ProgressMode = None, owner: str | None = None) -> StageResult[MergeCounts]:
+def merge(
+    config: MergeConfig, progress: ProgressMode = None, owner: str | None = None
+) -> StageResult[MergeCounts, MergeManifest]:
     """Run the merge, resuming when an earlier run of the same merge was interrupted."""
     started = time.time()
     plan = _plan(config)
@@ -331,28 +330,28 @@ def merge(config: MergeConfig, progress: ProgressMode = None, owner: str | None 
         counts = MergeCounts(
             input_files=len(plan.inputs.urls),
             units=plan.total_units,
-            index_entries=sum(e["index_entries"] for e in checkpoints.entries),
+            index_entries=sum(e.index_entries for e in checkpoints.entries),
             tokens=checkpoints.tokens,
             partial_chunk_tokens=tails if plan.keep_tails else 0,
             tokens_dropped=0 if plan.keep_tails else tails,
             resumed_files=len(done),
         )
         inputs = plan.inputs
-        record = manifest.stage_record(
-            manifest.MERGE_FORMAT,
-            "merge",
-            config,
-            time.time() - started,
+        record = MergeManifest(
+            stage="merge",
+            **manifest.provenance(config, time.time() - started),
             save_filename=config.save_filename,
             bucket=config.bucket,
             seed=config.seed,
             fingerprint=plan.fingerprint,
-            tokenizer={"name": inputs.tokenizer, "sha256": inputs.tokenizer_sha256, "token_size": inputs.token_size},
-            inputs=[{"url": u, "bytes": s} for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
-            counts=counts.to_json(),
+            tokenizer=MergeTokenizer(
+                name=inputs.tokenizer, sha256=inputs.tokenizer_sha256, token_size=inputs.token_size
+            ),
+            inputs=[SizedInput(url=u, bytes=s) for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
+            counts=counts,
             outputs=checkpoints.entries,
         )
-        _commit(attempt, config, inputs, record)
+        record = _commit(attempt, config, inputs, record)
     return StageResult(counts, record, attempt.id)
 
 
@@ -366,40 +365,37 @@ def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Chec
         tokenizer=inputs.tokenizer,
         token_size=inputs.token_size,
         save_loss=config.save_loss,
-        max_tokens=config.max_tokens_per_file,
+        max_tokens=config.merge_max_tokens_per_file,
         close_at_limit=True,
         on_close=checkpoints,
     )
-    pool = SourcePool(inputs.urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
     inner = [inputs.file_ends(f) for f in range(len(inputs.urls))] if units.chunk else None
     file_ids, perm = plan_ordering(config, units)
     resume, ordered = checkpoints.units_end, len(file_ids)
-    shown = Progress(f"merge {config.stem}", plan.total_tokens, "tok", progress)
-    shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
     cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
-    for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
-        b = min(ordered, a + UNITS_PER_SLICE)
-        files, local = _slice_units(file_ids, perm, units, cursor, a, b)
-        starts, ends = units.bounds(files, local)
-        move_units(pool, files, starts, ends, writer, inner, progress=shown)
-    if plan.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
-        pending = np.flatnonzero(plan.tails)[max(0, resume - ordered) :]
-        chunk_starts = units.counts[pending] * units.chunk
-        move_units(pool, pending, chunk_starts, plan.tokens[pending], writer, inner, progress=shown)
-    writer.close()
-    shown.close()
-    pool.close()
+    pool = SourcePool(inputs.urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
+    with pool, Progress(f"merge {config.stem}", plan.total_tokens, "tok", progress) as shown, writer:
+        shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
+        for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
+            b = min(ordered, a + UNITS_PER_SLICE)
+            files, local = _slice_units(file_ids, perm, units, cursor, a, b)
+            starts, ends = units.bounds(files, local)
+            move_units(pool, files, starts, ends, writer, inner, progress=shown)
+        if plan.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
+            pending = np.flatnonzero(plan.tails)[max(0, resume - ordered) :]
+            chunk_starts = units.counts[pending] * units.chunk
+            move_units(pool, pending, chunk_starts, plan.tokens[pending], writer, inner, progress=shown)
 
 
-def _commit(attempt: Attempt, config: MergeConfig, inputs: MergeInputs, record: dict) -> None:
+def _commit(attempt: Attempt, config: MergeConfig, inputs: MergeInputs, record: MergeManifest) -> MergeManifest:
     """The dataset's metadata (datatrove's ``{name}.ds.metadata``: all files' tokens), then manifest and marker. A
     bucket task knows only its bucket's tokens, so a bucketed merge leaves the total to each file's metadata."""
-    files = manifest.output_files(record["outputs"])
+    files = record.output_files()
     if config.bucket is None:
-        meta = Metadata(inputs.tokenizer, inputs.token_size, record["counts"]["tokens"]).render().encode()
+        meta = Metadata(inputs.tokenizer, inputs.token_size, record.counts.tokens).render().encode()
         attempt.write(f"{config.save_filename}.ds.metadata", meta)
-        files[f"{config.save_filename}.ds.metadata"] = {"bytes": len(meta), "sha256": hashlib.sha256(meta).hexdigest()}
-    attempt.commit(record, files)
+        files[f"{config.save_filename}.ds.metadata"] = FileSum(bytes=len(meta), sha256=hashlib.sha256(meta).hexdigest())
+    return attempt.commit(record, files)
 
 
 def _slice_units(file_ids, perm, units: _Units, cursor: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -432,18 +428,22 @@ def _fingerprint(config: MergeConfig, inputs: MergeInputs, width: int) -> str:
     return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerprint: str) -> list[dict]:
+def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerprint: str) -> list[MergeOutput]:
     """The output files a previous run of this same merge finished, in order; everything after them (and all of
-    a different merge's files under this name) is removed."""
+    a different merge's files under this name) is removed. A damaged checkpoint is where the merge resumes."""
     fs, out_path = attempt.fs, attempt.out_path
-    done: list[dict] = []
+    done: list[MergeOutput] = []
     while True:
         name = config.file_name(len(done), width)
-        entry = manifest.read_json(fs, manifest.manifest_path(out_path, name[: -len(".ds")]))
-        if not entry or entry.get("fingerprint") != fingerprint or not _files_intact(fs, out_path, entry):
+        try:
+            entry = MergeOutput.read(fs, manifest.manifest_path(out_path, name[: -len(".ds")]))
+        except RecordError as exc:
+            log.warning("%s: the merge resumes here", exc)
+            break
+        if not entry or entry.fingerprint != fingerprint or not _files_intact(fs, out_path, entry):
             break
         done.append(entry)
-    keep = {n for e in done for n in e["files"]} | {f"{config.save_filename}.ds.metadata"}
+    keep = {n for e in done for n in e.files} | {f"{config.save_filename}.ds.metadata"}
     for name in list_names(fs, out_path):
         if config.owns(name) and name not in keep:
             attempt.remove(name)
@@ -454,9 +454,9 @@ def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerpr
     return done
 
 
-def _files_intact(fs, out_path: str, entry: dict) -> bool:
-    for name, info in entry["files"].items():
+def _files_intact(fs, out_path: str, entry: MergeOutput) -> bool:
+    for name, info in entry.files.items():
         path = join(out_path, name)
-        if not fs.exists(path) or fs.size(path) != info["bytes"]:
+        if not fs.exists(path) or fs.size(path) != info.bytes:
             return False
     return True

@@ -72,12 +72,15 @@ class Options:
         check(self)
 
 
-def fields_of(cls: type) -> list[tuple[dataclasses.Field, Spec, Kind]]:
-    """The option fields of a config class, in definition order (inherited groups first)."""
+@cache
+def fields_of(cls: type) -> tuple[tuple[dataclasses.Field, Spec, Kind], ...]:
+    """The option fields of a config class: its option groups' in the order the class lists them (the stages'
+    order), then its own, each in definition order."""
     hints = _hints(cls)
-    return [
-        (f, f.metadata["option"], kind_of(hints[f.name])) for f in dataclasses.fields(cls) if "option" in f.metadata
-    ]
+    depth = {c: i for i, c in enumerate(cls.__mro__)}
+    found = [f for f in dataclasses.fields(cls) if "option" in f.metadata]
+    found.sort(key=lambda f: depth[owner] if (owner := _defining_class(cls, f.name)) is not cls else len(depth))
+    return tuple((f, f.metadata["option"], kind_of(hints[f.name])) for f in found)
 
 
 @cache

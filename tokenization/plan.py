@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import orjson
 
 from tokenization.options import Options, params
-from tokenization.runs import BuildError
-from tokenization.sources import InputFile, InputListing
+from tokenization.records import InputFile, PlannedInputs, PlannedTokenizer, PlanRecord
+from tokenization.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
+from tokenization.sources import InputListing
+from tokenization.storage import join
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +33,11 @@ NOT_PLANNED = ("engine", "threads", "batch_size", "batch_bytes", "local_working_
 SHOWN = 5  # files named in a message, then a count
 
 
-class PlanConflict(BuildError):
-    """A run id is asked to resume with another plan, or its plan's files are no longer what it planned."""
-
-
 @dataclass(frozen=True)
 class Plan:
     """The record itself (``record``, as ``_RUN.json`` holds it) and its digest, which every manifest carries."""
 
-    record: dict
+    record: PlanRecord
 
     @classmethod
     def make(
@@ -53,26 +51,35 @@ class Plan:
     ) -> Plan:
         planned = {k: v for k, v in params(config).items() if k not in NOT_PLANNED}
         return cls(
-            {
-                "params": planned,
-                "seed": seed,
-                "tokenizer": {"sha256": tokenizer_sha256, "eos_token": eos_token},
-                "rendering_sha256": rendering_sha256,
-                "inputs": {
-                    "files": [f.to_json() for f in listing.files],
-                    "skipped": listing.skipped,
-                    "hidden": listing.hidden,
-                },
-            }
+            PlanRecord(
+                params=planned,
+                seed=seed,
+                tokenizer=PlannedTokenizer(sha256=tokenizer_sha256, eos_token=eos_token),
+                rendering_sha256=rendering_sha256,
+                inputs=PlannedInputs(files=listing.files, skipped=listing.skipped, hidden=listing.hidden),
+            )
         )
+
+    @classmethod
+    def recorded(cls, run_dir: str, digest: str) -> Plan:
+        """The plan the run's claim records, when it is the one with this ``digest`` (the run was started with it),
+        or an error saying otherwise."""
+        claimed = read_claim(run_dir)
+        found = claimed and cls(claimed.plan)
+        if found is None or found.digest != digest:
+            raise BuildError(
+                f"{join(run_dir, RUN_CLAIM)}: {'missing' if found is None else f'records plan {found.digest}'}, not "
+                f"this run's plan {digest}: the run folder was replaced after the run started"
+            )
+        return found
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(orjson.dumps(self.record, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        return hashlib.sha256(orjson.dumps(self.record.to_json(), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     @property
     def files(self) -> list[InputFile]:
-        return [InputFile.from_json(f) for f in self.record["inputs"]["files"]]
+        return self.record.inputs.files
 
     def share(self, rank: int, num_ranks: int) -> list[InputFile]:
         """Rank ``r`` of ``w`` takes files ``r, r + w, ...`` of the sorted list, as datatrove's ``get_shard``."""
@@ -108,23 +115,21 @@ class Plan:
         return arrived
 
 
-def _setting_differences(recorded: dict, proposed: dict) -> list[str]:
+def _setting_differences(recorded: PlanRecord, proposed: PlanRecord) -> list[str]:
     """Every setting that differs, as ``name now (planned before)``."""
     found = []
-    was, now = recorded["params"], proposed["params"]
+    was, now = recorded.params, proposed.params
     for name in sorted(set(was) | set(now)):
         if was.get(name) != now.get(name):
             found.append(f"{name} {now.get(name)!r} (planned {was.get(name)!r})")
-    if recorded["seed"] != proposed["seed"]:
-        found.append(f"seed {proposed['seed']} (planned {recorded['seed']})")
-    for key, label in (("sha256", "tokenizer sha256"), ("eos_token", "EOS token")):
-        before, after = recorded["tokenizer"][key], proposed["tokenizer"][key]
+    for label, before, after in (
+        ("seed", recorded.seed, proposed.seed),
+        ("tokenizer sha256", recorded.tokenizer.sha256, proposed.tokenizer.sha256),
+        ("EOS token", recorded.tokenizer.eos_token, proposed.tokenizer.eos_token),
+        ("chat template sha256", recorded.rendering_sha256, proposed.rendering_sha256),
+    ):
         if before != after:
             found.append(f"{label} {after!r} (planned {before!r})")
-    if recorded["rendering_sha256"] != proposed["rendering_sha256"]:
-        found.append(
-            f"chat template sha256 {proposed['rendering_sha256']!r} (planned {recorded['rendering_sha256']!r})"
-        )
     return found
 
 
@@ -132,16 +137,16 @@ def _named(urls: list[str]) -> str:
     return ", ".join(urls[:SHOWN]) + (f" and {len(urls) - SHOWN} more" if len(urls) > SHOWN else "")
 
 
-def unread_or_reread(planned: Iterable[InputFile], read: Iterable[dict]) -> str | None:
+def unread_or_reread(planned: Iterable[InputFile], read: Iterable[InputFile]) -> str | None:
     """What is wrong with the files the ranks read (their manifests' ``inputs``) against the plan's, or None when
     they read exactly the plan's files, each once."""
-    want = Counter((f.url, f.size, f.identity) for f in planned)
-    got = Counter((i["url"], i["bytes"], i.get("identity", "")) for i in read)
+    want = Counter(planned)
+    got = Counter(read)
     problems = []
-    if twice := sorted(url for (url, *_), n in got.items() if n > 1):
+    if twice := sorted(f.url for f, n in got.items() if n > 1):
         problems.append(f"read more than once: {_named(twice)}")
-    if never := sorted(url for url, *_ in want.keys() - got.keys()):
+    if never := sorted(f.url for f in want.keys() - got.keys()):
         problems.append(f"planned but never read: {_named(never)}")
-    if strangers := sorted(url for url, *_ in got.keys() - want.keys()):
+    if strangers := sorted(f.url for f in got.keys() - want.keys()):
         problems.append(f"read but not planned: {_named(strangers)}")
     return "; ".join(problems) or None

@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 from datetime import timedelta
+from types import TracebackType
 
 from tqdm import tqdm
 
@@ -21,7 +22,8 @@ ProgressMode = bool | float | None
 
 
 class Progress:
-    """Work done out of ``total`` (in ``unit``: ``B`` of input or ``tok`` of output), with counts alongside."""
+    """Work done out of ``total`` (in ``unit``: ``B`` of input or ``tok`` of output), with counts alongside. Used
+    with ``with``: the bar is closed on errors too, and the last line says done only when the stage is."""
 
     def __init__(self, desc: str, total: int, unit: str, mode: ProgressMode = None):
         self.desc, self.total, self.unit = desc, max(int(total), 0), unit
@@ -60,10 +62,15 @@ class Progress:
         parts.append(f"ETA {eta}")
         return ", ".join(parts)
 
-    def close(self) -> None:
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.bar is not None:
             self.bar.close()
-        elif self.interval is not None:
+        elif self.interval is not None and exc_type is None:
             log.info("%s (done in %.1fs)", self.line(), time.monotonic() - self.started)
 
     def _postfix(self) -> dict:

@@ -63,9 +63,13 @@ class Renderer:
     loss: tuple[str, ...]  # the fields, or the roles, whose text carries loss
     settings: dict = field(default_factory=dict)  # how a chat template is applied, for the manifest
 
+    @property
+    def sha256(self) -> str:
+        """Of the template's text: a plan records it, and a rank refuses to render with another."""
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
     def describe(self) -> dict:
-        sha256 = hashlib.sha256(self.source.encode()).hexdigest()
-        return {"kind": self.kind, "text": self.source, "sha256": sha256, "loss": list(self.loss), **self.settings}
+        return {"kind": self.kind, "text": self.source, "sha256": self.sha256, "loss": list(self.loss), **self.settings}
 
 
 def get_field(obj: dict, key: str) -> object:

@@ -15,12 +15,14 @@ import orjson
 from markupsafe import Markup
 
 from tokenization import manifest
-from tokenization.accounting import conservation, rank_manifests
+from tokenization.accounting import rank_manifests
+from tokenization.errors import MissingError
 from tokenization.pages import render
-from tokenization.runs import BUILD_MANIFEST, Layout
+from tokenization.records import BuildInputs, BuildRecord, RankManifest, Retention, Throughput
+from tokenization.runs import BUILD_MANIFEST, Layout, read_build
 from tokenization.storage import join, open_fs, write_bytes_atomic
 
-REPORT_FORMAT = "corpus-tokenization/report/1"
+REPORT_FORMAT = "corpus-tokenization/report/2"  # /1 copied the build record's figures; /2 holds the record
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 INPUTS_SHOWN = 20  # the page lists this many input files, then how many more; report.json has them all
@@ -43,150 +45,140 @@ SETTINGS = (
 RENDERING = ("template", "loss_fields", "messages_key", "chat_template", "loss_roles")  # when records are rendered
 
 
-def report_data(run_dir: str, build: dict | None = None) -> dict:
-    """Everything the report shows, from the run's manifests (``build``: its build manifest, when it is not
-    written yet)."""
-    fs, path = open_fs(run_dir)
-    if build is None:
-        build = manifest.read_json(fs, join(path, BUILD_MANIFEST))
-        if build is None:
-            raise FileNotFoundError(f"{run_dir}: no {BUILD_MANIFEST}; the build is not complete or this is not a run")
-    ranks = rank_manifests(Layout(run_dir).ranks, build["stages"]["tokenize"]["ranks"])
-    missing = [rank for rank, found in enumerate(ranks) if found is None]
-    if missing:
-        raise FileNotFoundError(f"{Layout(run_dir).ranks}: no manifest for ranks {missing}")
+def report_data(run_dir: str, build: BuildRecord | None = None, retention: Retention | None = None) -> dict:
+    """Everything the report shows: the build record itself (``build``, when it is not written yet), and what the
+    run's rank manifests add to it, with the builds that retention deleted when there were any."""
+    build = build or _build_record(run_dir)
+    ranks = rank_manifests(Layout(run_dir).ranks, build.stages.tokenize.ranks)
     lengths: Counter = Counter()
     for rank in ranks:
-        for row in rank["counts"].get("length_histogram", []):
-            lengths[row["min_tokens"]] += row["docs"]
-    stages = build.get("stages") or {}
+        for row in rank.counts.length_histogram:
+            lengths[row.min_tokens] += row.docs
     dropped = {
-        "tokenize": sum(r["counts"]["tokens_dropped"] for r in ranks),
-        "merge": (stages.get("merge") or {}).get("tokens_dropped", 0),
-        "context_shuffle": (stages.get("context_shuffle") or {}).get("tokens_dropped", 0),
+        "tokenize": sum(r.counts.tokens_dropped for r in ranks),
+        "merge": build.stages.merge.tokens_dropped if build.stages.merge else 0,
+        "context_shuffle": build.stages.context_shuffle.tokens_dropped if build.stages.context_shuffle else 0,
     }
-    outputs = manifest.output_entries(build["dataset"])
-    tokenizer = ranks[0]["tokenizer"]
+    outputs = manifest.output_entries(build.dataset)
+    tokenizer = ranks[0].tokenizer
     input_files = _input_files(ranks)
     return {
         "format": REPORT_FORMAT,
-        "run_id": build.get("run_id"),
+        "build": build.to_json(),
         "run_dir": run_dir,
-        "dataset": build["dataset"],
-        "digest": build.get("digest"),
-        "tokens": build["tokens"],
-        "conservation": conservation(ranks),
         "ranks": [_rank_row(r) for r in ranks],
         "length_histogram": [
             {"min_tokens": low, "max_tokens": 2 * low - 1, "docs": lengths[low]} for low in sorted(lengths)
         ],
         "files": [
-            {"name": name, "tokens": entry["tokens"], "index_entries": entry["index_entries"]}
-            for name, entry in sorted(outputs.items())
+            {"name": name, "tokens": d.entry.tokens, "index_entries": d.entry.index_entries}
+            for name, d in sorted(outputs.items())
         ],
         "tokens_dropped": dropped | {"total": sum(dropped.values())},
         "loss": _loss(ranks),
-        "settings": _settings(build.get("params", {})) | {"seed": build.get("seed")},
+        "settings": _settings(build),
         "tokenizer": {
-            "name": tokenizer["name"],
-            "sha256": tokenizer["sha256"],
-            "token_size": tokenizer["token_size"],
-            "vocab_size": tokenizer["vocab_size"],
-            "eos_token": tokenizer["eos_token"],
-            "engines": sorted({r["tokenizer"].get("engine", "hf") for r in ranks}),
+            "name": tokenizer.name,
+            "sha256": tokenizer.sha256,
+            "token_size": tokenizer.token_size,
+            "vocab_size": tokenizer.vocab_size,
+            "eos_token": tokenizer.eos_token,
+            "engines": sorted({r.tokenizer.engine for r in ranks}),
         },
-        "stages": stages,
-        "verify": build.get("verify"),
-        "started": build.get("started"),
-        "finished": build.get("finished"),
-        "wall_seconds": build.get("wall_seconds"),
-        "throughput": _throughput(ranks, build["tokens"], build.get("wall_seconds")),
+        "throughput": _throughput(ranks, build.tokens, build.wall_seconds),
         "inputs": _inputs_summary(build, input_files),
         "input_files": input_files,
-        "retention": build.get("retention"),
+        "retention": retention and retention.to_json(),
     }
 
 
-def _throughput(ranks: list[dict], tokens: int, wall_seconds: float | None) -> dict:
+def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | None) -> dict:
     """The build's rates over its wall time, and a rank's over its own time tokenizing (loading apart)."""
-    text_bytes = sum(r["counts"]["text_bytes"] for r in ranks)
+    text_bytes = sum(r.counts.text_bytes for r in ranks)
+    ranks_rate = manifest.throughput(
+        sum(r.seconds for r in ranks),
+        sum(r.tokenizer.load_seconds or 0 for r in ranks),
+        text_bytes,
+        sum(r.counts.tokens for r in ranks),
+    )
     return {
         "text_bytes": text_bytes,
-        "build": manifest.throughput(wall_seconds, 0, text_bytes, tokens) if wall_seconds else None,
-        "ranks": manifest.throughput(
-            sum(r["seconds"] for r in ranks),
-            sum(r["tokenizer"].get("load_seconds") or 0 for r in ranks),
-            text_bytes,
-            sum(r["counts"]["tokens"] for r in ranks),
-        ),
+        "build": manifest.throughput(wall_seconds, 0, text_bytes, tokens).to_json() if wall_seconds else None,
+        "ranks": ranks_rate.to_json(),
     }
 
 
-def _inputs_summary(build: dict, input_files: list[dict]) -> dict:
-    """The build manifest's account of its inputs; for builds from before it kept one, what the ranks read."""
-    return {
-        "spec": (build.get("params") or {}).get("input"),
-        "files": len(input_files),
-        "bytes": sum(f["bytes"] for f in input_files),
-        "skipped": None,
-        "hidden": None,
-        "arrived_after_plan": None,  # builds before plans were fixed kept no such list
-    } | (build.get("inputs") or {})
+def _inputs_summary(build: BuildRecord, input_files: list[dict]) -> dict:
+    """The build record's account of its inputs; for builds from before it kept one, what the ranks read."""
+    if build.inputs is not None:
+        return build.inputs.to_json()
+    read = BuildInputs(spec=build.input, files=len(input_files), bytes=sum(f["bytes"] for f in input_files))
+    return read.to_json()
 
 
-def _input_files(ranks: list[dict]) -> list[dict]:
+def _input_files(ranks: list[RankManifest]) -> list[dict]:
     """Every file the ranks read, with its size and its rank, by name."""
     return sorted(
-        ({"url": f["url"], "bytes": f["bytes"], "rank": r["rank"]} for r in ranks for f in r.get("inputs", [])),
+        ({"url": f.url, "bytes": f.size, "rank": r.rank} for r in ranks for f in r.inputs),
         key=lambda f: f["url"],
     )
 
 
-def _settings(params: dict) -> dict:
+def _settings(build: BuildRecord) -> dict:
     """The settings that shape the dataset; how records were rendered, when they were."""
-    rendered = params.get("template") or params.get("messages_key")
-    return {k: params.get(k) for k in SETTINGS + (RENDERING if rendered else ())}
+    shown = SETTINGS + (RENDERING if build.renders_records else ())
+    return {k: build.params.get(k) for k in shown} | {"seed": build.seed}
 
 
-def _loss(ranks: list[dict]) -> dict:
+def _loss(ranks: list[RankManifest]) -> dict:
     """Tokens that carry loss, and their share of the tokens encoded; None without loss masks (or from a build
     made before ranks counted them)."""
-    if not all(r["params"].get("save_loss") and "loss_tokens" in r["counts"] for r in ranks):
+    if not all(r.saves_loss and r.counts.loss_tokens is not None for r in ranks):
         return {"tokens": None, "share": None}
-    tokens = sum(r["counts"]["loss_tokens"] for r in ranks)
-    encoded = sum(r["counts"]["tokens"] for r in ranks)
+    tokens = sum(r.counts.loss_tokens for r in ranks)
+    encoded = sum(r.counts.tokens for r in ranks)
     return {"tokens": tokens, "share": tokens / encoded if encoded else None}
 
 
-def _rank_row(rank: dict) -> dict:
-    c = rank["counts"]
+def _rank_row(rank: RankManifest) -> dict:
+    c = rank.counts
+    rates = rank.throughput or Throughput(text_mb_per_s=None, tokens_per_s=None)
     return {
-        "rank": rank["rank"],
-        "docs_read": c["docs_read"],
-        "docs_written": c["docs_written"],
-        "tokens": c["tokens_written"],
-        "empty": c["empty"],
-        "rejected": c["rejected"],
-        "rejected_total": c["rejected_total"],
-        "special_token_literals": c["special_token_literals_total"],
+        "rank": rank.rank,
+        "docs_read": c.docs_read,
+        "docs_written": c.docs_written,
+        "tokens": c.tokens_written,
+        "empty": c.empty,
+        "rejected": c.rejected,
+        "rejected_total": c.rejected_total,
+        "special_token_literals": c.special_token_literals_total,
         "loss_share": _loss([rank])["share"],
-        "seconds": rank["seconds"],
-        "load_seconds": rank["tokenizer"].get("load_seconds"),
-        "text_mb_per_s": rank.get("throughput", {}).get("text_mb_per_s"),
-        "tokens_per_s": rank.get("throughput", {}).get("tokens_per_s"),
-        "engine": rank["tokenizer"].get("engine", "hf"),
+        "seconds": rank.seconds,
+        "load_seconds": rank.tokenizer.load_seconds,
+        "text_mb_per_s": rates.text_mb_per_s,
+        "tokens_per_s": rates.tokens_per_s,
+        "engine": rank.tokenizer.engine,
     }
 
 
-def write_report(run_dir: str, build: dict | None = None) -> dict:
-    """Write ``report.json`` and ``report.html`` into the run folder, each atomically; return the data."""
-    data = report_data(run_dir, build)
+def write_report(run_dir: str, build: BuildRecord | None = None, retention: Retention | None = None) -> BuildRecord:
+    """Write ``report.json`` and ``report.html`` into the run folder, each atomically; return the build record they
+    show."""
+    build = build or _build_record(run_dir)
+    data = report_data(run_dir, build, retention)
     fs, path = open_fs(run_dir)
     write_bytes_atomic(
         fs, join(path, REPORT_JSON), orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
     )
     write_bytes_atomic(fs, join(path, REPORT_HTML), render_html(data).encode())
-    return data
+    return build
+
+
+def _build_record(run_dir: str) -> BuildRecord:
+    build = read_build(run_dir)
+    if build is None:
+        raise MissingError(f"{run_dir}: no {BUILD_MANIFEST}; the build is not complete or this is not a run")
+    return build
 
 
 def render_html(data: dict) -> str:

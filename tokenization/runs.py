@@ -18,18 +18,20 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from tokenization import manifest
-from tokenization.errors import UsageError
+from tokenization.errors import TokenizationError, UsageError
+from tokenization.records import BuildRecord, PlanRecord, RunClaim
 from tokenization.storage import join, list_names, open_fs, put_if
 
 BUILD_MANIFEST = "_BUILD.json"
-BUILD_FORMAT = "corpus-tokenization/build/1"  # the format of _BUILD.json
 RUN_CLAIM = "_RUN.json"
-RUN_FORMAT = "corpus-tokenization/run/2"  # /1 held no plan
 
 
-class BuildError(RuntimeError):
+class BuildError(TokenizationError):
     """A build cannot go on: its folder belongs to another run, or its stages disagree about what they hold."""
+
+
+class PlanConflict(BuildError):
+    """A run id is asked to resume with another plan, or its plan's files are no longer what it planned."""
 
 
 def folder_for(output: str, run_id: str) -> str:
@@ -41,11 +43,11 @@ def folder_for(output: str, run_id: str) -> str:
     return join(output, "%2E" + name[1:] if name.startswith(".") else name)
 
 
-def claim(folder: str, run_id: str, plan: dict) -> dict:
+def claim(folder: str, run_id: str, plan: PlanRecord) -> RunClaim:
     """Make the folder this run's before anything is written, recording its ``plan``, or refuse: a folder claimed
-    by another run, or holding files that no run claims, is never written into. Returns the claim as stored:
-    ``{format, run_id, claimed, plan}``; a retry or a resume of this run finds its own claim, with the plan it
-    made first (the caller compares the two), and ``claimed``, the start of the build's wall time."""
+    by another run, or holding files that no run claims, is never written into. Returns the claim as stored; a
+    retry or a resume of this run finds its own claim, with the plan it made first (the caller compares the two),
+    and when it was claimed, the start of the build's wall time."""
     fs, path = open_fs(folder)
     claim_path = join(path, RUN_CLAIM)
     owner = read_claim(folder)
@@ -55,36 +57,38 @@ def claim(folder: str, run_id: str, plan: dict) -> dict:
                 f"{folder} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
                 f"claims: choose another output, or remove that folder"
             )
-        made = {"format": RUN_FORMAT, "run_id": run_id, "claimed": time.time(), "plan": plan}
+        made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan)
         try:
-            put_if(fs, claim_path, manifest.dumps(made), absent=True)
+            put_if(fs, claim_path, made.dumps(), absent=True)
             return made
         except FileExistsError:  # another task claimed it a moment ago: see whose claim it is
             owner = read_claim(folder)
-    if owner["run_id"] != run_id:
+    if owner.run_id != run_id:
         raise BuildError(
-            f"{folder} holds the output of run {owner['run_id']!r}, not of {run_id!r}: two runs never share a "
+            f"{folder} holds the output of run {owner.run_id!r}, not of {run_id!r}: two runs never share a "
             f"folder; trigger this run under another run id or output"
         )
     return owner
 
 
-def read_claim(folder: str) -> dict | None:
-    """The run folder's claim, or None when it has none; a claim that is not this version's whole record (an older
-    version's has no plan) is refused, naming the file, since no plan can be resumed without it."""
+def read_claim(folder: str) -> RunClaim | None:
+    """The run folder's claim, or None when it has none; a damaged one, or one that records no plan (an older
+    version's), is one line naming the file, since no plan can be resumed without it."""
     fs, path = open_fs(folder)
     where = join(folder, RUN_CLAIM)
-    owner = manifest.read_json(fs, join(path, RUN_CLAIM), "run claim")  # a damaged one: one line naming it
-    if owner is None:
-        return None
-    if not isinstance(owner.get("run_id"), str):
-        raise BuildError(f"{where}: not a run claim (no run_id)")
-    if owner.get("format") != RUN_FORMAT or not isinstance(owner.get("plan"), dict):
+    owner = RunClaim.read(fs, join(path, RUN_CLAIM), where)
+    if owner is not None and owner.plan is None:
         raise BuildError(
-            f"{where}: claimed by run {owner['run_id']!r} in format {owner.get('format', 'run/1')!r}, which records "
-            f"no plan to resume: run it under a new build id"
+            f"{where}: claimed by run {owner.run_id!r} in an older format, which records no plan to resume: run it "
+            f"under a new build id"
         )
     return owner
+
+
+def read_build(run_dir: str) -> BuildRecord | None:
+    """The run's build record, checked, or None while the build is not complete."""
+    fs, path = open_fs(run_dir)
+    return BuildRecord.read(fs, join(path, BUILD_MANIFEST), join(run_dir, BUILD_MANIFEST))
 
 
 def resolve_seed(seed: int | None, run_id: str) -> int:

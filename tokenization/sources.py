@@ -17,8 +17,9 @@ import orjson
 import zstandard
 from isal import igzip, isal_zlib
 
-from tokenization.errors import StorageError, reaching
+from tokenization.errors import StorageError, TokenizationError, reaching
 from tokenization.locations import GLOB_CHARS, glob_folder
+from tokenization.records import InputFile, Rejected
 from tokenization.rendering import MISSING, Renderer, get_field, no_loss_ranges, text_field
 from tokenization.storage import is_local, open_fs
 
@@ -35,26 +36,8 @@ UTF8_BOM = b"\xef\xbb\xbf"
 log = logging.getLogger(__name__)
 
 
-class InputError(ValueError):
+class InputError(TokenizationError, ValueError):
     """Input cannot be read: no files, an unknown format, or corrupt compressed data (the message names it)."""
-
-
-@dataclass(frozen=True)
-class InputFile:
-    """One input file as a listing saw it. ``identity`` tells a later look whether it is still the same file:
-    ``etag=...`` on an object store (S3's ETag is a digest of the content), ``mtime_ns=...,ctime_ns=...,ino=...``
-    locally (the change time cannot be set back, so a file rewritten with its old size and mtime differs)."""
-
-    url: str
-    size: int
-    identity: str = ""
-
-    def to_json(self) -> dict:
-        return {"url": self.url, "bytes": self.size, "identity": self.identity}
-
-    @classmethod
-    def from_json(cls, data: dict) -> InputFile:
-        return cls(data["url"], data["bytes"], data.get("identity", ""))
 
 
 @dataclass(frozen=True)
@@ -76,17 +59,6 @@ class Record:
     line: int
     data: dict | None = None  # the whole record, kept only when the reader is asked to (count --annotate)
     special_spans: list[tuple[int, int]] | None = None  # special tokens its chat template wrote (rendering.Rendered)
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    file: str
-    line: int
-    reason: str
-    raw: str
-
-    def to_json(self) -> dict:
-        return {"file": self.file, "line": self.line, "reason": self.reason, "raw": self.raw}
 
 
 def file_format(url: str) -> tuple[str, str | None]:

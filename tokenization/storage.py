@@ -28,6 +28,8 @@ from typing import TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from tokenization.errors import TokenizationError
+
 MIB = 1 << 20
 MIN_PART_SIZE = 8 * MIB
 MAX_PARTS = 10_000
@@ -42,7 +44,7 @@ StorageOptions = Mapping[str, Mapping]  # protocol -> the filesystem's keyword a
 _STAGE_OPTIONS: contextvars.ContextVar[StorageOptions | None] = contextvars.ContextVar("storage_options", default=None)
 
 
-class WriteError(OSError):
+class WriteError(TokenizationError, OSError):
     """A file could not be written; the message names it and, locally, its filesystem."""
 
 

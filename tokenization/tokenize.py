@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 from contextlib import closing
 from dataclasses import dataclass
@@ -19,21 +18,24 @@ from typing import Literal
 
 import numpy as np
 
-from tokenization import buckets, manifest
+from tokenization import buckets, manifest, names
 from tokenization.attempts import Attempt, attempt_at
 from tokenization.documents import Counts, DocumentOptions, RejectTally, TooManyRejects, encoded_batches
 from tokenization.encoding import Encoder
 from tokenization.errors import UsageError
+from tokenization.formats import DS, MEGATRON
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
 from tokenization.locations import check_disjoint
 from tokenization.manifest import StageResult
+from tokenization.names import RankFileKind
 from tokenization.options import Options, option
 from tokenization.permute import SourcePool, fixed_units, permute_units
-from tokenization.plan import PlanConflict
 from tokenization.progress import ProgressMode
+from tokenization.records import FileSum, InputFile, OutputEntry, RankManifest, TokenizerInfo
 from tokenization.rendering import Renderer
-from tokenization.sources import DocumentReader, InputFile, check_unchanged, list_input_files, shard
+from tokenization.runs import PlanConflict
+from tokenization.sources import DocumentReader, check_unchanged, list_input_files, shard
 from tokenization.storage import list_names, with_storage_options, writing
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ class RankOptions(Options):
         maximum=65_536,
         title="Buckets of the global shuffle",
         help="scatter each rank's documents into this many bucket files, each document's bucket drawn uniformly, "
-        "for a global shuffle that many merge tasks share (merge --mode bucketed); default: one shuffled sequence",
+        "for a global shuffle that many merge tasks share (merge_mode bucketed); default: one shuffled sequence",
     )
     output_format: Literal["ds", "megatron"] = option(
         "ds",
@@ -118,32 +120,26 @@ class TokenizeConfig(DocumentOptions, RankOptions):
 
     @property
     def stem(self) -> str:
-        """datatrove's name prefix for this rank: ``{save_filename}_{rank:05d}`` (empty parts left out)."""
-        return "_".join(x for x in (self.save_filename, f"{self.rank:05d}") if x)
+        return names.rank_stem(self.rank, self.save_filename)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> RankFileKind:
+        """How the rank orders its files' documents, which their names say."""
         if self.num_buckets:
-            return "bucketed"
+            return RankFileKind.BUCKET
         if self.shuffle_chunk_size:
-            return "chunk_shuffled"
-        return "doc_shuffled" if self.shuffle_documents else "unshuffled"
+            return RankFileKind.CHUNK_SHUFFLED
+        return RankFileKind.DOC_SHUFFLED if self.shuffle_documents else RankFileKind.UNSHUFFLED
 
     def output_name(self, sub: int) -> str:
-        return f"{self.stem}_{sub:05d}_{self.kind}.{'bin' if self.output_format == 'megatron' else 'ds'}"
+        return names.rank_file_name(self.stem, sub, self.kind, MEGATRON if self.output_format == "megatron" else DS)
 
     def bucket_name(self, bucket: int, sub: int) -> str:
-        return f"{self.stem}_{sub:05d}_{buckets.file_suffix(bucket)}"
+        return names.bucket_file_name(self.stem, sub, bucket)
 
     @property
     def writer_class(self) -> type:
         return MegatronWriter if self.output_format == "megatron" else TokenFileWriter
-
-
-def rank_file_pattern(stem: str) -> re.Pattern:
-    """Every token file a rank with this stem may have written, in any mode and attempt."""
-    kinds = r"(unshuffled|doc_shuffled|chunk_shuffled)\.(ds(\.\w+)?|bin|idx)|bucket\d{5}\.ds(\.\w+)?"
-    return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?({kinds})")
 
 
 @dataclass(frozen=True)
@@ -158,7 +154,7 @@ class RankShare:
 
     def check(self, encoder: Encoder, renderer: Renderer | None) -> None:
         """Refuse to encode with a tokenizer or chat template that is no longer the planned one."""
-        rendering = renderer and renderer.describe()["sha256"]
+        rendering = renderer and renderer.sha256
         for what, planned, now in (
             (f"tokenizer {encoder.name}", self.tokenizer_sha256, encoder.sha256),
             ("chat template", self.rendering_sha256, rendering),
@@ -173,7 +169,7 @@ class RankShare:
 @with_storage_options
 def tokenize_rank(
     config: TokenizeConfig, progress: ProgressMode = None, owner: str | None = None, share: RankShare | None = None
-) -> StageResult[Counts]:
+) -> StageResult[Counts, RankManifest]:
     """Run one rank end to end: its ``share`` of a build's plan, or else rank ``config.rank`` of a listing of
     ``config.inputs``. Re-running a rank replaces its output completely; a second attempt at the same rank while
     one runs is refused (``owner`` names this attempt's caller in that message)."""
@@ -195,21 +191,19 @@ def tokenize_rank(
         counts, written = _encode_and_shuffle(config, encoder, renderer, files, attempt, progress)
         check_unchanged(files)  # nor one that changed while it was read
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
-        record = manifest.stage_record(
-            manifest.MANIFEST_FORMAT,
-            "tokenize",
-            config,
-            seconds,
+        record = RankManifest(
+            stage="tokenize",
+            **manifest.provenance(config, seconds),
             rank=config.rank,
             world_size=config.world_size,
             seed=config.seed,
-            tokenizer=encoder.describe(),
+            tokenizer=TokenizerInfo(**encoder.describe()),
             rendering=renderer and renderer.describe(),
             plan=share and share.plan,
-            inputs=[f.to_json() for f in files],
+            inputs=files,
             skipped_inputs=skipped,
             input_bytes=sum(f.size for f in files),
-            counts=counts.to_json(),
+            counts=counts.record(),
             outputs=_outputs(config, counts, written),
             throughput=manifest.throughput(seconds, encoder.load_seconds, counts.text_bytes, counts.tokens),
         )
@@ -247,13 +241,13 @@ def _encode_and_shuffle(
     return counts, written
 
 
-def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenFile]) -> list[dict]:
+def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenFile]) -> list[OutputEntry]:
     """The manifest's entry of each file; chunk ends in an index are not document ends: say where, for verify."""
     chunk = config.shuffle_chunk_size
     full = (counts.tokens - counts.partial_chunk_tokens - counts.tokens_dropped) if chunk else 0
     starts = (np.cumsum([w.tokens for w in written]) - [w.tokens for w in written]).tolist()  # a rank may have none
     return [
-        w.to_json() | {"pseudo_ends": manifest.pseudo_ends(start, w.tokens, chunk, full)}
+        manifest.output_entry(w, pseudo_ends=manifest.pseudo_ends(start, w.tokens, chunk, full))
         for w, start in zip(written, starts, strict=True)
     ]
 
@@ -268,7 +262,7 @@ def _encode_pass(
     direct = not (config.shuffle_documents or config.shuffle_chunk_size or config.num_buckets)
     writer = SplitWriter(
         work,
-        config.output_name if direct else (lambda _: "unshuffled.ds"),
+        config.output_name if direct else (lambda _: names.working_file_name(RankFileKind.UNSHUFFLED)),
         tokenizer=config.tokenizer,
         token_size=encoder.token_size,
         save_loss=config.save_loss,
@@ -277,19 +271,27 @@ def _encode_pass(
     )
     where = f"rank {config.rank}"
     quarantine = work / QUARANTINE
-    with writing(quarantine), open(quarantine, "wb") as bad:
-        try:
-            tally = RejectTally(counts, where, config.source, config.max_rejects, config.max_reject_fraction, sink=bad)
-            batches = encoded_batches(reader, encoder, counts, config, tally, where, config.save_loss, progress)
-            with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
-                for batch in batches:
-                    attempt.lease.check()  # no request: the heartbeat found it
-                    ends = np.cumsum(batch.encoded.lengths)
-                    writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
-        finally:  # on errors too: no buffered byte of a failed attempt may reach a file that a retry reopens
-            written = writer.close()
+    # the writer's threads stop at the block's end on errors too: no buffered byte of a failed attempt may reach a
+    # file that a retry reopens
+    with writing(quarantine), open(quarantine, "wb") as bad, writer:
+        tally = RejectTally(counts, where, config.source, config.max_rejects, config.max_reject_fraction, sink=bad)
+        batches = encoded_batches(
+            reader,
+            encoder=encoder,
+            counts=counts,
+            options=config,
+            reject=tally,
+            desc=where,
+            save_loss=config.save_loss,
+            progress=progress,
+        )
+        with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
+            for batch in batches:
+                attempt.lease.check()  # no request: the heartbeat found it
+                ends = np.cumsum(batch.encoded.lengths)
+                writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
     tally.check()
-    return counts, written
+    return counts, writer.written
 
 
 def _shuffle(
@@ -305,16 +307,16 @@ def _shuffle(
         last = not config.shuffle_chunk_size
         writer = SplitWriter(
             work,
-            config.output_name if last else (lambda _: "doc_shuffled.ds"),
+            config.output_name if last else (lambda _: names.working_file_name(RankFileKind.DOC_SHUFFLED)),
             max_tokens=config.max_tokens_per_file if last else None,
             writer_class=config.writer_class if last else TokenFileWriter,
             **options,
         )
-        permute_units(SourcePool([str(source)], encoder.token_size, config.save_loss), ends, order, writer)
-        written = writer.close()
+        with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool, writer:
+            permute_units(pool, ends, order, writer)
         if last:
-            return written
-        source = written[0].path
+            return writer.written
+        source = writer.written[0].path
     doc_ends = np.asarray(TokenFile(str(source), encoder.token_size).ends, dtype=np.int64)
     total = int(doc_ends[-1])
     chunk_ends, full = fixed_units(total, config.shuffle_chunk_size)
@@ -328,9 +330,9 @@ def _shuffle(
     writer = SplitWriter(
         work, config.output_name, max_tokens=config.max_tokens_per_file, writer_class=config.writer_class, **options
     )
-    pool = SourcePool([str(source)], encoder.token_size, config.save_loss)
-    permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
-    return writer.close()
+    with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool, writer:
+        permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
+    return writer.written
 
 
 def _scatter(config: TokenizeConfig, encoder: Encoder, unshuffled: Path, work: Path) -> list[WrittenTokenFile]:
@@ -339,35 +341,36 @@ def _scatter(config: TokenizeConfig, encoder: Encoder, unshuffled: Path, work: P
     ends = np.asarray(TokenFile(str(unshuffled), encoder.token_size).ends, dtype=np.int64)
     drawn = buckets.assign(config.seed, config.rank, len(ends), config.num_buckets)
     order, bounds = buckets.by_bucket(drawn, config.num_buckets)
-    pool = SourcePool([str(unshuffled)], encoder.token_size, config.save_loss)
     written = []
-    for bucket in np.flatnonzero(np.diff(bounds)).tolist():
-        writer = SplitWriter(
-            work,
-            lambda sub, bucket=bucket: config.bucket_name(bucket, sub),
-            tokenizer=config.tokenizer,
-            token_size=encoder.token_size,
-            save_loss=config.save_loss,
-            max_tokens=config.max_tokens_per_file,
-        )
-        permute_units(pool, ends, order[bounds[bucket] : bounds[bucket + 1]], writer)
-        written += writer.close()
-    pool.close()
+    with SourcePool([str(unshuffled)], encoder.token_size, config.save_loss) as pool:
+        for bucket in np.flatnonzero(np.diff(bounds)).tolist():
+            with SplitWriter(
+                work,
+                lambda sub, bucket=bucket: config.bucket_name(bucket, sub),
+                tokenizer=config.tokenizer,
+                token_size=encoder.token_size,
+                save_loss=config.save_loss,
+                max_tokens=config.max_tokens_per_file,
+            ) as writer:
+                permute_units(pool, ends, order[bounds[bucket] : bounds[bucket + 1]], writer)
+            written += writer.written
     return written
 
 
-def _publish(config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: dict) -> None:
+def _publish(config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: RankManifest) -> None:
     """Replace the rank's previous output with the new files and its quarantine, then commit the manifest."""
     keep = {f.name for w in written for f in w.files}
-    pattern = rank_file_pattern(config.stem)
+    pattern = names.rank_file_pattern(config.stem)
     for name in list_names(attempt.fs, attempt.out_path):
         if pattern.fullmatch(name) and name not in keep:
             attempt.remove(name)
     attempt.place_families(written)
-    files = manifest.output_files(record["outputs"])
+    files = record.output_files()
     quarantine, bad = attempt.work / QUARANTINE, manifest.quarantine_name(config.stem)
     if quarantine.stat().st_size:
-        files[bad] = {"bytes": quarantine.stat().st_size, "sha256": hashlib.sha256(quarantine.read_bytes()).hexdigest()}
+        files[bad] = FileSum(
+            bytes=quarantine.stat().st_size, sha256=hashlib.sha256(quarantine.read_bytes()).hexdigest()
+        )
         attempt.place(quarantine, bad)
     else:
         attempt.remove(bad)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import fsspec
 import numpy as np
@@ -28,9 +29,20 @@ from tokenization.encoding import Encoder
 from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
 from tokenization.formats.megatron import MegatronFile
+from tokenization.manifest import Described
+from tokenization.records import (
+    CompletionMarker,
+    MergeManifest,
+    MergeOutput,
+    OutputEntry,
+    RecordError,
+    StageManifest,
+    stage_manifest,
+)
 from tokenization.runs import RUN_CLAIM
 from tokenization.storage import join, list_names, list_sizes, open_fs
 
+R = TypeVar("R")
 BLOCK_BYTES = 64 << 20
 MAX_REPORTED = 10  # problems of one kind reported per file, then a count
 BOOKKEEPING = {manifest.MANIFESTS, manifest.COMPLETIONS, manifest.QUARANTINE, LEASES, STAGING}  # folders, not files
@@ -72,18 +84,19 @@ def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None)
     report = Report()
     checks = _Checks()
     if tokenizer:
-        encoder = Encoder(tokenizer, eos_token, no_eos=eos_token is None)
+        encoder = Encoder(tokenizer, eos_token=eos_token, no_eos=eos_token is None)
         checks = _Checks(encoder.vocab_size, encoder.eos_id)
     folder = _Folder.open(url)
     records = _read_records(folder, report)
-    described = manifest.entries_by_name(record for _, record in records.manifests.values()) if records else {}
+    described = manifest.entries_by_name(read.record for read in records.manifests.values()) if records else {}
     ds_files, bin_files = token_file_names(folder.sizes, (DS,)), token_file_names(folder.sizes, (MEGATRON,))
     if not ds_files and not bin_files:
         report.problem(url, "no .ds or .bin files")
+    entries = {name: d.entry for name, d in described.items()}
     for name in ds_files:
-        _verify_ds(folder, name, described.get(name), checks, report)
+        _verify_ds(folder, name, entries.get(name), checks, report)
     for name in bin_files:
-        _verify_megatron(folder, name, described.get(name), checks, report)
+        _verify_megatron(folder, name, entries.get(name), checks, report)
     _verify_dataset_metadata(folder, report)
     if records:  # after the token files: their checksums were taken while they were streamed
         _check_records(folder, records, {*ds_files, *bin_files}, described, report)
@@ -129,35 +142,43 @@ class _Folder:
         return self.digests[name]
 
 
+@dataclass(frozen=True)
+class _Read(Generic[R]):
+    """A record and the bytes it was read from (a marker records their sha256)."""
+
+    data: bytes
+    record: R
+
+
 @dataclass
 class _Records:
-    """A folder's manifests, by stem with their bytes (a marker records their sha256): the stage manifests and
-    the merge's per-file checkpoints; and its completion markers, by stem."""
+    """A folder's manifests, by stem: the stage manifests and the merge's per-file checkpoints; and its completion
+    markers, by stem."""
 
-    manifests: dict[str, tuple[bytes, dict]]
-    markers: dict[str, dict]
+    manifests: dict[str, _Read[StageManifest | MergeOutput]]
+    markers: dict[str, CompletionMarker]
 
     @property
-    def stages(self) -> dict[str, tuple[bytes, dict]]:
-        return {stem: item for stem, item in self.manifests.items() if "outputs" in item[1]}
+    def stages(self) -> dict[str, _Read[StageManifest]]:
+        return {stem: read for stem, read in self.manifests.items() if isinstance(read.record, StageManifest)}
 
 
 def _read_records(folder: _Folder, report: Report) -> _Records | None:
     """Every record of the folder, each checked; None when one is malformed (each such is one problem): a folder
     whose records cannot be read cannot be checked against them."""
-    manifests = _read_subfolder(folder, manifest.MANIFESTS, manifest.manifest_record, report)
-    markers = _read_subfolder(folder, manifest.COMPLETIONS, manifest.marker_record, report)
+    manifests = _read_subfolder(folder, manifest.MANIFESTS, stage_manifest, report)
+    markers = _read_subfolder(folder, manifest.COMPLETIONS, CompletionMarker.loads, report)
     if manifests is None or markers is None:
         return None
-    return _Records(manifests, {stem: record for stem, (_, record) in markers.items()})
+    return _Records(manifests, {stem: read.record for stem, read in markers.items()})
 
 
 def _read_subfolder(
-    folder: _Folder, sub: str, parse: Callable[[bytes, str], dict], report: Report
-) -> dict[str, tuple[bytes, dict]] | None:
+    folder: _Folder, sub: str, parse: Callable[[bytes, str], R], report: Report
+) -> dict[str, _Read[R]] | None:
     """The records of ``sub`` by stem, with their bytes; None when one is malformed. A file there that is no
     record is a problem."""
-    records: dict[str, tuple[bytes, dict]] | None = {}
+    records: dict[str, _Read[R]] | None = {}
     for name in sorted(list_names(folder.fs, join(folder.path, sub))):
         label = folder.label(f"{sub}/{name}")
         if not name.endswith(".json"):
@@ -168,16 +189,18 @@ def _read_subfolder(
             record = parse(data, label)
         except FileNotFoundError:  # removed since the listing: a stage is writing this folder
             continue
-        except manifest.RecordError as exc:
+        except RecordError as exc:
             report.problems.append(str(exc))
             records = None
             continue
         if records is not None:
-            records[name.removesuffix(".json")] = (data, record)
+            records[name.removesuffix(".json")] = _Read(data, record)
     return records
 
 
-def _check_records(folder: _Folder, records: _Records, families: set[str], described: dict, report: Report) -> None:
+def _check_records(
+    folder: _Folder, records: _Records, families: set[str], described: dict[str, Described], report: Report
+) -> None:
     """The folder holds what its records say, and its records vouch for each other: every stage manifest has its
     completion marker, every marker its stage manifest, every file a marker lists is there with its size and
     sha256, every file there is listed, and the merge's checkpoints are its manifest's entries."""
@@ -197,7 +220,7 @@ def _check_records(folder: _Folder, records: _Records, families: set[str], descr
     _check_stages(folder, stages, records.markers, report)
     listed = _check_markers(folder, stages, records.markers, missing, report)
     _check_checkpoints(folder, records, report)
-    listed |= {name for entry in described.values() for name in entry["files"]}
+    listed |= {name for d in described.values() for name in d.entry.files}
     for name in sorted(n for n in folder.sizes if n not in listed and not _bookkeeping(n)):
         if _family(name) not in families - set(described):  # an unlisted family is one problem, not one a file
             report.problem(
@@ -207,7 +230,7 @@ def _check_records(folder: _Folder, records: _Records, families: set[str], descr
             )
 
 
-def _check_families(folder: _Folder, families: set[str], described: dict, report: Report) -> set[str]:
+def _check_families(folder: _Folder, families: set[str], described: dict[str, Described], report: Report) -> set[str]:
     """Every family a manifest lists is there and every family there is listed; returns the missing ones."""
     missing = set(described) - families
     for name in sorted(missing):
@@ -221,23 +244,29 @@ def _check_families(folder: _Folder, families: set[str], described: dict, report
     return missing
 
 
-def _check_stages(folder: _Folder, stages: dict, markers: dict[str, dict], report: Report) -> None:
+def _check_stages(
+    folder: _Folder, stages: dict[str, _Read[StageManifest]], markers: dict[str, CompletionMarker], report: Report
+) -> None:
     """Every stage manifest is complete (its marker exists and names its checksum) and adds up to its outputs."""
-    for stem, (data, record) in sorted(stages.items()):
+    for stem, read in sorted(stages.items()):
         where = folder.label(manifest.manifest_name(stem))
         marker = markers.get(stem)
         if marker is None:
             report.problem(where, "has no completion marker: its stage did not finish")
-        elif marker["sha256"] != hashlib.sha256(data).hexdigest():
+        elif marker.sha256 != hashlib.sha256(read.data).hexdigest():
             report.problem(where, "differs from the checksum its completion marker records")
-        counts = record["counts"]
-        said = counts.get("tokens_written", counts.get("tokens"))
-        held = sum(entry["tokens"] for entry in record["outputs"])
+        said, held = read.record.tokens_written, read.record.output_tokens
         if said != held:
             report.problem(where, f"counts {said} tokens written, its outputs list {held}")
 
 
-def _check_markers(folder: _Folder, stages: dict, markers: dict, missing: set[str], report: Report) -> set[str]:
+def _check_markers(
+    folder: _Folder,
+    stages: dict[str, _Read[StageManifest]],
+    markers: dict[str, CompletionMarker],
+    missing: set[str],
+    report: Report,
+) -> set[str]:
     """Every marker belongs to a stage manifest and lists its files, and every file it lists is there with its
     size and sha256 (a missing family is reported once, as such); returns the files the markers list."""
     listed: set[str] = set()
@@ -248,10 +277,10 @@ def _check_markers(folder: _Folder, stages: dict, markers: dict, missing: set[st
                 where, f"no stage manifest {own}: a marker copied from elsewhere, or its manifest was removed"
             )
             continue
-        if marker["manifest"] != own:
-            report.problem(where, f"names the manifest {marker['manifest']}, not its own {own}")
-        files = marker["files"]
-        for name in sorted(set(manifest.output_files(stages[stem][1]["outputs"])) - set(files)):
+        if marker.manifest != own:
+            report.problem(where, f"names the manifest {marker.manifest}, not its own {own}")
+        files = marker.files
+        for name in sorted(set(stages[stem].record.output_files()) - set(files)):
             report.problem(folder.label(name), f"its manifest {own} lists it, its completion marker does not")
         for name, info in sorted(files.items()):
             listed.add(name)
@@ -259,11 +288,11 @@ def _check_markers(folder: _Folder, stages: dict, markers: dict, missing: set[st
             if size is None:
                 if _family(name) not in missing:
                     report.problem(folder.label(name), f"listed by {manifest.marker_name(stem)} but missing")
-            elif size != info["bytes"] or folder.sha256(name) != info["sha256"]:
+            elif size != info.bytes or folder.sha256(name) != info.sha256:
                 report.problem(
                     folder.label(name),
                     f"differs from what {manifest.marker_name(stem)} records ({size} bytes, sha256 "
-                    f"{folder.sha256(name)[:12]}…, not {info['bytes']} bytes, {info['sha256'][:12]}…)",
+                    f"{folder.sha256(name)[:12]}…, not {info.bytes} bytes, {info.sha256[:12]}…)",
                 )
     return listed
 
@@ -272,10 +301,10 @@ def _check_checkpoints(folder: _Folder, records: _Records, report: Report) -> No
     """The merge's per-file checkpoints say where a resumed merge starts; its stage manifest owns them, as copies
     of its output entries: each must be there and equal to its entry, and no other may be."""
     owners = {
-        entry["name"].removesuffix(DS): (stem, entry)
-        for stem, (_, record) in records.stages.items()
-        if record["stage"] == "merge"
-        for entry in record["outputs"]
+        entry.name.removesuffix(DS): (stem, entry)
+        for stem, read in records.stages.items()
+        if isinstance(read.record, MergeManifest)
+        for entry in read.record.outputs
     }
     checkpoints = set(records.manifests) - set(records.stages)
     for stem in sorted(checkpoints | set(owners)):
@@ -284,10 +313,10 @@ def _check_checkpoints(folder: _Folder, records: _Records, report: Report) -> No
             report.problem(where, "a merge checkpoint that no stage manifest lists: a leftover of an unfinished merge")
             continue
         owner, entry = owners[stem]
-        what = f"the checkpoint of {entry['name']}, which {manifest.manifest_name(owner)} lists"
+        what = f"the checkpoint of {entry.name}, which {manifest.manifest_name(owner)} lists"
         if stem not in checkpoints:
             report.problem(where, f"missing: {what} (a resumed merge would redo that file and every later one)")
-        elif records.manifests[stem][1] != entry:
+        elif records.manifests[stem].record != entry:
             report.problem(where, f"differs from {what}: a resumed merge would start from it")
 
 
@@ -317,13 +346,15 @@ def _family(name: str) -> str:
     return head + DS if dot_ds else name
 
 
-def _source(entry: dict) -> str:
-    owner = entry["_manifest"]
-    stem = owner.get("save_filename") or owner.get("params", {}).get("save_filename")
-    return f"the {owner.get('stage', 'stage')} manifest{f' of {stem}' if stem else ''}"
+def _source(described: Described) -> str:
+    owner = described.listed_by
+    if not isinstance(owner, StageManifest):
+        return f"the merge checkpoint of {owner.name}"
+    stem = owner.prefix
+    return f"the {owner.stage} manifest{f' of {stem}' if stem else ''}"
 
 
-def _verify_ds(folder: _Folder, name: str, entry: dict | None, checks: _Checks, report: Report) -> None:
+def _verify_ds(folder: _Folder, name: str, entry: OutputEntry | None, checks: _Checks, report: Report) -> None:
     """One ``.ds`` family, its checksums taken as it streams."""
     report.files += 1
     label, path, sizes = folder.label(name), join(folder.path, name), folder.sizes
@@ -372,7 +403,7 @@ def _verify_ds(folder: _Folder, name: str, entry: dict | None, checks: _Checks, 
     report.tokens += tokens
 
 
-def _verify_megatron(folder: _Folder, name: str, entry: dict | None, checks: _Checks, report: Report) -> None:
+def _verify_megatron(folder: _Folder, name: str, entry: OutputEntry | None, checks: _Checks, report: Report) -> None:
     report.files += 1
     label = folder.label(name)
     try:
@@ -401,14 +432,14 @@ def _verify_megatron(folder: _Folder, name: str, entry: dict | None, checks: _Ch
     report.tokens += size // mg.dtype.itemsize
 
 
-def _check_counts(entry: dict | None, tokens: int, entries: int, label: str, report: Report) -> None:
+def _check_counts(entry: OutputEntry | None, tokens: int, entries: int, label: str, report: Report) -> None:
     """The tokens and index entries that the manifest records for this family, against the files."""
     if entry is None:
         return
-    if entry["tokens"] != tokens:
-        report.problem(label, f"holds {tokens} tokens, its manifest says {entry['tokens']}")
-    if entry["index_entries"] != entries:
-        report.problem(label, f"its index holds {entries} entries, its manifest says {entry['index_entries']}")
+    if entry.tokens != tokens:
+        report.problem(label, f"holds {tokens} tokens, its manifest says {entry.tokens}")
+    if entry.index_entries != entries:
+        report.problem(label, f"its index holds {entries} entries, its manifest says {entry.index_entries}")
 
 
 def _check_index(ends: np.ndarray, label: str, checks: _Checks, report: Report) -> None:
@@ -420,7 +451,9 @@ def _check_index(ends: np.ndarray, label: str, checks: _Checks, report: Report) 
         report.problems_at(f"{label}.index", "empty document", ends[1:][steps == 0])
 
 
-def _check_tokens(block, offset: int, ends, entry: dict | None, label: str, checks: _Checks, report: Report) -> None:
+def _check_tokens(
+    block, offset: int, ends, entry: OutputEntry | None, label: str, checks: _Checks, report: Report
+) -> None:
     """Ids below the vocabulary size, and the EOS before every real document end inside this block."""
     if checks.vocab_size is not None and len(block):
         report.problems_at(
@@ -430,7 +463,7 @@ def _check_tokens(block, offset: int, ends, entry: dict | None, label: str, chec
         )
     if checks.eos_id is None or not len(block):
         return
-    pseudo = (entry or {}).get("pseudo_ends")
+    pseudo = entry and entry.pseudo_ends
     if pseudo == "unknown":
         if offset == 0:
             report.notes.append(f"{label}: EOS not checked (its index mixes document ends with moved chunk ends)")
@@ -438,7 +471,7 @@ def _check_tokens(block, offset: int, ends, entry: dict | None, label: str, chec
     lo, hi = np.searchsorted(ends, [offset, offset + len(block)], side="right")
     doc_ends = ends[lo:hi]  # the entries whose last token is in this block
     if pseudo:  # chunk or window boundaries are not document ends
-        doc_ends = doc_ends[(doc_ends % pseudo["every"] != 0) | (doc_ends > pseudo["until"])]
+        doc_ends = doc_ends[(doc_ends % pseudo.every != 0) | (doc_ends > pseudo.until)]
     missing = doc_ends[block[doc_ends - 1 - offset] != checks.eos_id]
     report.problems_at(label, f"document ends without EOS {checks.eos_id}", missing)
 

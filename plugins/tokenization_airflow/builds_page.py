@@ -9,6 +9,7 @@ scripts, so a report's HTML can never run code in Airflow's origin.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Annotated
 from urllib.parse import quote
@@ -16,11 +17,15 @@ from urllib.parse import quote
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
+from tokenization.build import BuildPlan
 from tokenization.pages import render
+from tokenization.records import BuildSummary, RecordError
 from tokenization.report import REPORT_HTML
 from tokenization.storage import join, open_fs
 from tokenization_airflow.connections import storage_options
-from tokenization_airflow.deployment import allowed_locations
+from tokenization_airflow.deployment import deployment
+
+log = logging.getLogger(__name__)
 
 PREFIX = "/corpus-builds"
 DAG_ID = "tokenize_corpus"
@@ -89,8 +94,14 @@ def list_builds(dag_id: str, limit: int = RUNS_SHOWN) -> list[dict]:
 
 
 def _build_row(run, published: dict | None) -> dict:
-    """A run, and what its ``publish`` returned (``None`` until the build is published)."""
-    build = published or {}
+    """A run, and what its ``publish`` returned (``None`` until the build is published; a summary that cannot be
+    read leaves the figures out, with a warning)."""
+    build = None
+    try:
+        if published:
+            build = BuildSummary.from_json(published, f"the summary run {run.run_id!r} published (XCom)")
+    except RecordError as exc:
+        log.warning("%s", exc)
     seconds = (run.end_date - run.start_date).total_seconds() if run.start_date and run.end_date else None
     return {
         "run_id": run.run_id,
@@ -98,13 +109,13 @@ def _build_row(run, published: dict | None) -> dict:
         "date": _iso(run.logical_date or run.run_after),
         "started": _iso(run.start_date),
         "seconds": round(seconds, 1) if seconds is not None else None,
-        "tokens": build.get("tokens"),
-        "docs": build.get("docs"),
-        "rejects": build.get("rejects"),
-        "dataset": build.get("dataset"),
-        "tokenizer": build.get("tokenizer"),
-        "input": build.get("input"),
-        "seed": build.get("seed"),
+        "tokens": build and build.tokens,
+        "docs": build and build.docs,
+        "rejects": build and build.rejects,
+        "dataset": build and build.dataset,
+        "tokenizer": build and build.tokenizer,
+        "input": build and build.input,
+        "seed": build and build.seed,
     }
 
 
@@ -133,7 +144,8 @@ def recorded_run_dir(dag_id: str, run_id: str) -> tuple[str, str | None]:
         )
         if not spec:
             raise HTTPException(404, f"run {run_id!r} of {dag_id} planned no corpus build (state: {run.state})")
-        return spec["run_dir"], (run.conf or {}).get("aws_conn_id")
+        plan = BuildPlan.from_json(spec, f"the spec run {run_id!r} planned (XCom)")
+        return plan.run_dir, (run.conf or {}).get("aws_conn_id")
 
 
 @app.get("/api/builds")
@@ -153,7 +165,7 @@ def builds_page(user: User, dag_id: str = DAG_ID) -> HTMLResponse:
 def build_report(user: User, dag_id: str, run_id: str) -> HTMLResponse:
     readable_dag(dag_id, user)
     folder, conn_id = recorded_run_dir(dag_id, run_id)
-    if not allowed_locations().allows(folder):
+    if not deployment().allowed_locations.allows(folder):
         raise HTTPException(403, f"run {run_id!r} wrote outside the allowed locations: its report is not served")
     fs, path = open_fs(folder, storage_options(conn_id or "aws_default", lookup="secrets"))  # for this request only
     try:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
+from tokenization.errors import TokenizationError
+
 log = logging.getLogger(__name__)
 
 RETRIES = {"max_attempts": 10, "mode": "adaptive"}
 S3_CONN_TYPE = "aws"  # the Amazon provider's type; any other (http, postgres, ...) holds no S3 credentials
 
 
-class ConnectionTypeError(ValueError):
+class ConnectionTypeError(TokenizationError, ValueError):
     """The connection named for storage is of another type: its login would sign S3 requests that fail slowly."""
 
 

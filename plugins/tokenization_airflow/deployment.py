@@ -1,26 +1,77 @@
 """The deployment's settings, read from the environment of every Airflow component: default locations, the
-locations builds may use, the merge's queue and pool, the workers' local working folders. The DAG, its tasks and
-the builds page read them here."""
+locations builds may use, the merge's queue and pool, the workers' local working folders, the schedule, how many
+builds to keep and the connection to Airflow's own REST API. ``deployment()`` gives the DAG, its tasks, the
+builds page and the pool check one ``Deployment`` to read them from."""
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from tokenization.locations import SETTING as ALLOWED_LOCATIONS_SETTING
 from tokenization.locations import AllowedLocations
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample"
-DEFAULT_INPUT = os.environ.get("TOKENIZATION_INPUT", str(SAMPLE / "corpus"))
-DEFAULT_OUTPUT = os.environ.get("TOKENIZATION_OUTPUT", str(Path.cwd() / "tokenization-builds"))
-DEFAULT_TOKENIZER = os.environ.get("TOKENIZATION_TOKENIZER", str(SAMPLE / "tokenizer.json"))
 MERGE_POOL = "tokenization_merge"
-MERGE_QUEUE = os.environ.get("TOKENIZATION_MERGE_QUEUE", "large_disk")
-WORKDIR = os.environ.get("TOKENIZATION_WORKDIR")  # where ranks and context shards stage (default: system temp)
-MERGE_WORKDIR = os.environ.get("TOKENIZATION_MERGE_WORKDIR")  # the large-disk worker's disk, for the merge
+SETTINGS = (  # every variable Deployment.from_env reads
+    "TOKENIZATION_INPUT",
+    "TOKENIZATION_OUTPUT",
+    "TOKENIZATION_TOKENIZER",
+    "TOKENIZATION_MERGE_QUEUE",
+    "TOKENIZATION_WORKDIR",
+    "TOKENIZATION_MERGE_WORKDIR",
+    "TOKENIZATION_KEEP_BUILDS",
+    "TOKENIZATION_SCHEDULE",
+    "TOKENIZATION_AIRFLOW_API_CONN",
+    ALLOWED_LOCATIONS_SETTING,
+)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What one deployment decides for every build, whatever the run's params."""
+
+    default_input: str
+    default_output: str
+    default_tokenizer: str
+    merge_pool: str
+    merge_queue: str
+    workdir: str | None  # where ranks and context shards stage (None: the system's temporary folder)
+    merge_workdir: str | None  # the large-disk worker's disk, where the merge stages
+    keep_builds: int | None  # complete builds kept under the output once a build is published (None: all)
+    schedule: str | None  # a cron expression in UTC; None: triggered runs only
+    allowed_locations: AllowedLocations
+    api_conn_id: str  # the connection to Airflow's REST API, where the pool check cannot read the database
+
+    @classmethod
+    def from_env(cls) -> Deployment:
+        """The ``TOKENIZATION_*`` settings; unset, the bundled sample's input and tokenizer, an output in the
+        working folder, and only those three locations allowed."""
+        env = os.environ
+        default_input = env.get("TOKENIZATION_INPUT", str(SAMPLE / "corpus"))
+        default_output = env.get("TOKENIZATION_OUTPUT", str(Path.cwd() / "tokenization-builds"))
+        default_tokenizer = env.get("TOKENIZATION_TOKENIZER", str(SAMPLE / "tokenizer.json"))
+        is_file = default_tokenizer.endswith(".json")
+        tokenizer_folder = default_tokenizer.rsplit("/", 1)[0] if is_file else default_tokenizer
+        schedule = env.get("TOKENIZATION_SCHEDULE", "0 2 * * *")
+        return cls(
+            default_input=default_input,
+            default_output=default_output,
+            default_tokenizer=default_tokenizer,
+            merge_pool=MERGE_POOL,
+            merge_queue=env.get("TOKENIZATION_MERGE_QUEUE", "large_disk"),
+            workdir=env.get("TOKENIZATION_WORKDIR"),
+            merge_workdir=env.get("TOKENIZATION_MERGE_WORKDIR"),
+            keep_builds=_keep_builds(env.get("TOKENIZATION_KEEP_BUILDS")),
+            schedule=None if schedule.lower() == "none" else schedule,
+            allowed_locations=AllowedLocations.from_env([default_input, default_output, tokenizer_folder]),
+            api_conn_id=env.get("TOKENIZATION_AIRFLOW_API_CONN", "airflow_api"),
+        )
 
 
 def _keep_builds(value: str | None) -> int | None:
-    """``TOKENIZATION_KEEP_BUILDS``: complete builds kept under the output once a build is published (unset: all)."""
     if not value:
         return None
     if not value.isdigit() or int(value) < 1:
@@ -28,13 +79,13 @@ def _keep_builds(value: str | None) -> int | None:
     return int(value)
 
 
-KEEP_BUILDS = _keep_builds(os.environ.get("TOKENIZATION_KEEP_BUILDS"))
-# When the nightly build runs: a cron expression in UTC, or "none" for triggered runs only.
-SCHEDULE = os.environ.get("TOKENIZATION_SCHEDULE", "0 2 * * *")
+def deployment() -> Deployment:
+    """The deployment this process runs in, read once. An Airflow component's environment never changes while it
+    runs, but a test's may: a changed setting gives a new ``Deployment``."""
+    return _deployment_of(tuple(os.environ.get(name) for name in SETTINGS))
 
 
-def allowed_locations() -> AllowedLocations:
-    """``TOKENIZATION_ALLOWED_LOCATIONS``, or, unset, the default input, the default output and the default
-    tokenizer's folder."""
-    tokenizer_folder = DEFAULT_TOKENIZER.rsplit("/", 1)[0] if DEFAULT_TOKENIZER.endswith(".json") else DEFAULT_TOKENIZER
-    return AllowedLocations.from_env([DEFAULT_INPUT, DEFAULT_OUTPUT, tokenizer_folder])
+@functools.cache
+def _deployment_of(settings: tuple[str | None, ...]) -> Deployment:
+    """``settings`` (the values of ``SETTINGS``) is only the cache's key: the same environment, the same instance."""
+    return Deployment.from_env()

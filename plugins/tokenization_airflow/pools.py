@@ -3,19 +3,23 @@
 Airflow 3 blocks the metadata database inside task processes, so the check reads it directly where that is
 allowed (``dag.test``, ``airflow dags test``) and otherwise asks the REST API through the connection named by
 ``TOKENIZATION_AIRFLOW_API_CONN`` (default ``airflow_api``: host = the api-server URL, login and password).
+
+Why by hand, with urllib: in Airflow 3.3.2 no public client reads a pool from a task process. The Task SDK
+(``airflow.sdk``) has no pool API, and the Task Execution API it talks to serves connections, variables, XComs,
+assets, DAG runs and task instances, but no pools. The public REST API's client, ``apache-airflow-client``
+(``PoolApi.get_pool``), would do it, but it is not a dependency of this project.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import urllib.error
 import urllib.request
 
-log = logging.getLogger(__name__)
+from tokenization_airflow.deployment import deployment
 
-API_CONN = os.environ.get("TOKENIZATION_AIRFLOW_API_CONN", "airflow_api")
+log = logging.getLogger(__name__)
 
 
 def pool_exists(name: str) -> bool | None:
@@ -38,10 +42,11 @@ def _from_database(name: str) -> bool | None:
 def _from_rest_api(name: str) -> bool | None:
     from airflow.sdk import Connection
 
+    conn_id = deployment().api_conn_id
     try:
-        conn = Connection.get(API_CONN)
+        conn = Connection.get(conn_id)
     except Exception:
-        log.warning("cannot check pool %r: no database access here and no %r connection", name, API_CONN)
+        log.warning("cannot check pool %r: no database access here and no %r connection", name, conn_id)
         return None
     base = conn.host if "://" in (conn.host or "") else f"http://{conn.host}:{conn.port or 8080}"
     body = json.dumps({"username": conn.login, "password": conn.password}).encode()

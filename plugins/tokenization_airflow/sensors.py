@@ -38,12 +38,13 @@ class ShardSensor(BaseSensorOperator):
 
     @fails_at_once_on_data_errors
     def poke(self, context) -> PokeReturnValue:
-        num_ranks = self.spec["num_ranks"]
         build = build_of(context["params"], self.spec)
         self._missing = build.incomplete_ranks()
         if self._missing:
             self._fail_if_hopeless(context, self._missing)
-            self.log.info("waiting for %d of %d ranks: %s", len(self._missing), num_ranks, sorted(self._missing))
+            self.log.info(
+                "waiting for %d of %d ranks: %s", len(self._missing), build.plan.num_ranks, sorted(self._missing)
+            )
         return PokeReturnValue(is_done=not self._missing, xcom_value=build.plan.merge_buckets)
 
     def _fail_if_hopeless(self, context, missing: dict[int, str]) -> None:

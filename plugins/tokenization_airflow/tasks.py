@@ -15,25 +15,26 @@ from typing import ParamSpec, TypeVar
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from tokenization.attempts import AttemptConflict, LeaseLost
 from tokenization.build import Build, BuildConfig, BuildPlan
-from tokenization.documents import TooManyRejects
+from tokenization.errors import StorageError, TokenizationError
 from tokenization.locations import tokenizer_files
 from tokenization.options import fields_of
-from tokenization.runs import BuildError
+from tokenization.storage import WriteError
 from tokenization_airflow.connections import storage_options
-from tokenization_airflow.deployment import MERGE_POOL, MERGE_WORKDIR, WORKDIR, allowed_locations
+from tokenization_airflow.deployment import deployment
 from tokenization_airflow.pools import pool_exists
 
 log = logging.getLogger(__name__)
 
 MAP_LENGTH_FALLBACK = 1024  # Airflow's default [core] max_map_length
 BUILD_PARAMS = {f.name for f, spec, _ in fields_of(BuildConfig) if spec.param}
-PROJECT_MODULES = ("tokenization.", "tokenization_airflow.")  # whose ValueErrors say the data or a param is wrong
+RETRIABLE = (StorageError, WriteError, AttemptConflict, LeaseLost)  # the project errors a later try may not meet
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class PlanError(RuntimeError):
+class PlanError(TokenizationError):
     """The run cannot start: a param or the deployment is wrong."""
 
 
@@ -63,7 +64,7 @@ def check_locations(params: dict) -> None:
     """Inputs, outputs, tokenizer and chat template files only where the deployment allows (never http://,
     never /etc), each after its symlinks are resolved: a tokenizer folder's files one by one too. (The input
     folder's files are checked once listed, by the build's start.)"""
-    allowed = allowed_locations()
+    allowed = deployment().allowed_locations
     for name in ("input", "output"):
         allowed.check(name, params[name])
     if params.get("chat_template"):
@@ -76,22 +77,24 @@ def check_locations(params: dict) -> None:
 
 def check_merge_pool(merges: bool) -> None:
     """A task of a missing pool would wait forever, saying nothing."""
-    found = pool_exists(MERGE_POOL) if merges else None
-    log.info("merge pool %r: %s", MERGE_POOL, {True: "exists", False: "MISSING", None: "could not be checked"}[found])
+    pool = deployment().merge_pool
+    found = pool_exists(pool) if merges else None
+    log.info("merge pool %r: %s", pool, {True: "exists", False: "MISSING", None: "could not be checked"}[found])
     if found is False:
         raise PlanError(
-            f"pool {MERGE_POOL!r} does not exist, so the merge would wait forever: "
-            f"create it with `airflow pools set {MERGE_POOL} 1 'corpus-tokenization merge'`"
+            f"pool {pool!r} does not exist, so the merge would wait forever: "
+            f"create it with `airflow pools set {pool} 1 'corpus-tokenization merge'`"
         )
 
 
 def config_of(params: dict) -> BuildConfig:
     """The build's config: the run's params, the storage connection they name, the deployment's working folders."""
+    here = deployment()
     return BuildConfig(
         **{name: value for name, value in params.items() if name in BUILD_PARAMS},
         storage_options=storage_options(params["aws_conn_id"]),
-        local_working_dir=WORKDIR,
-        merge_working_dir=MERGE_WORKDIR,
+        local_working_dir=here.workdir,
+        merge_working_dir=here.merge_workdir,
     )
 
 
@@ -102,25 +105,21 @@ def plan(params: dict, run_id: str, conf: dict, declared: set[str], max_map_leng
     check_locations(params)
     config = config_of(params)
     check_merge_pool(config.output_format == "ds")
-    build = Build.start(config, run_id, allowed_locations())
+    build = Build.start(config, run_id, deployment().allowed_locations)
     build.unpublish()  # a run cleared whole rewrites its files: it is not complete until it publishes again
     return build
 
 
 def build_of(params: dict, spec: dict) -> Build:
     """The run's build in a later task: its params, and the plan that ``plan`` recorded as XCom ``spec``."""
-    return Build(config_of(params), BuildPlan.from_json(spec))
+    return Build(config_of(params), BuildPlan.from_json(spec, "the plan task's spec (XCom)"))
 
 
 def is_data_error(exc: BaseException) -> bool:
     """Whether running the task again would fail the same way: bad input, a refused param, a build that fails its
-    checks. These are the project's own ValueErrors (``InputError``, ``UsageError``, ``LocationError``,
-    ``TokenFileError``, ``RecordError``, ...) and ``TooManyRejects``, ``BuildError`` and ``PlanError``. Storage and
-    network errors are not, nor a conflict with a live attempt (``AttemptConflict``, ``LeaseLost``): a later try
-    may succeed."""
-    if isinstance(exc, (TooManyRejects, BuildError, PlanError)):
-        return True
-    return isinstance(exc, ValueError) and type(exc).__module__.startswith(PROJECT_MODULES)
+    checks: every ``TokenizationError`` but the ``RETRIABLE`` ones. Storage, write and network errors are not, nor a
+    conflict with a live attempt (``AttemptConflict``, ``LeaseLost``): a later try may succeed."""
+    return isinstance(exc, TokenizationError) and not isinstance(exc, RETRIABLE)
 
 
 def fails_at_once_on_data_errors(func: Callable[P, R]) -> Callable[P, R]:

@@ -13,13 +13,17 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 import numpy as np
 
+from tokenization.errors import TokenizationError
 from tokenization.storage import is_local, open_fs, start_writeback, writing
 
 INDEX_DTYPE = np.dtype("<u8")
@@ -32,7 +36,7 @@ UINT16_VOCAB_LIMIT = 65536
 WRITE_PIECE = 256 << 10
 
 
-class TokenFileError(ValueError):
+class TokenFileError(TokenizationError, ValueError):
     """A token file is missing, inconsistent or unreadable; the message names the file."""
 
 
@@ -113,7 +117,36 @@ class WrittenTokenFile:
         }
 
 
-class HashedFile:
+class FinishOrAbandon(ABC):
+    """A writer that ``with`` closes: the block's end finishes it (``close``, whose result ``written`` keeps), an
+    error in the block (or in finishing) abandons it (``abandon``): its handles are released and nothing of it is
+    published, so a failure path leaves no open file and no half-written file that looks finished."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is not None:
+            self.abandon()
+            return
+        try:
+            self.close()
+        except BaseException:
+            self.abandon()
+            raise
+
+    @abstractmethod
+    def close(self) -> object:
+        """Finish the files and return what was written."""
+
+    @abstractmethod
+    def abandon(self) -> None:
+        """Release the handles without finishing; safe to call after a ``close`` that failed half way."""
+
+
+class HashedFile(FinishOrAbandon):
     """A binary file opened for appending, hashed as it is written.
 
     Writing and hashing run on a thread each (both release the GIL), so they overlap with each other and with the
@@ -132,6 +165,7 @@ class HashedFile:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="write")
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="hash")
         self._pending: list[Future] = []
+        self.written: WrittenFile | None = None
 
     def write(self, data: np.ndarray) -> None:
         view = memoryview(np.ascontiguousarray(data)).cast("B")
@@ -165,10 +199,19 @@ class HashedFile:
             self._hasher.shutdown()
             with writing(self.path):
                 self.handle.close()
-        return WrittenFile(self.path.name, self.size, self.digest.hexdigest())
+        self.written = WrittenFile(self.path.name, self.size, self.digest.hexdigest())
+        return self.written
+
+    def abandon(self) -> None:
+        """Release the threads and the handle without the fsync. The block taken is written first (its error, if
+        any, is dropped: another is on its way), so no byte of a failed writer reaches the file after this returns
+        (a retry may reopen it)."""
+        self._writer.shutdown()
+        self._hasher.shutdown()
+        self.handle.close()
 
 
-class TokenFileWriter:
+class TokenFileWriter(FinishOrAbandon):
     """Appends documents to one ``.ds`` family in a local directory, streaming every file.
 
     Memory stays bounded: tokens, loss bytes and index entries go to disk as they arrive, and the
@@ -185,6 +228,7 @@ class TokenFileWriter:
         self._ds = HashedFile(self.path)
         self._index = HashedFile(self.path.with_name(self.path.name + ".index"))
         self._loss = HashedFile(self.path.with_name(self.path.name + ".loss")) if save_loss else None
+        self.written: WrittenTokenFile | None = None
 
     def write(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None = None) -> None:
         """Append ``tokens``; ``ends`` are index entries relative to the start of ``tokens``."""
@@ -206,7 +250,14 @@ class TokenFileWriter:
         with writing(meta_path):
             meta_path.write_bytes(meta)
         files.append(WrittenFile(meta_path.name, len(meta), hashlib.sha256(meta).hexdigest()))
-        return WrittenTokenFile(self.path, self.tokens, self.index_entries, tuple(files))
+        self.written = WrittenTokenFile(self.path, self.tokens, self.index_entries, tuple(files))
+        return self.written
+
+    def abandon(self) -> None:
+        """Release every file of the family; no metadata is written, so the family never reads as finished."""
+        for hashed in (self._ds, self._index, self._loss):
+            if hashed is not None:
+                hashed.abandon()
 
 
 def map_array(fs, path: str, dtype: np.dtype, label: str, size: int | None = None) -> np.ndarray:
@@ -295,7 +346,7 @@ class TokenFile:
         return np.asarray(self.tokens[start : int(ends[i])])
 
 
-class SplitWriter:
+class SplitWriter(FinishOrAbandon):
     """Writes a stream of units (documents, chunks, windows) into numbered ``.ds`` families.
 
     A file is closed right after the unit that takes it past ``max_tokens`` (datatrove's tokenizer rule), or
@@ -327,7 +378,7 @@ class SplitWriter:
         self.writer_class = writer_class
         self.written: list[WrittenTokenFile] = []
         self.units = 0
-        self._current: TokenFileWriter | None = None  # or another writer_class with the same interface
+        self._current: FinishOrAbandon | None = None  # a writer_class: TokenFileWriter or one with its interface
 
     def write(self, tokens: np.ndarray, unit_ends: np.ndarray, index_ends: np.ndarray, loss: np.ndarray | None) -> None:
         """Append whole units. ``unit_ends`` and ``index_ends`` are relative to ``tokens`` and sorted; every unit
@@ -361,3 +412,9 @@ class SplitWriter:
         if self._current is not None:
             self._finish()
         return self.written
+
+    def abandon(self) -> None:
+        """Release the file being written without finishing it: ``on_close`` never sees it."""
+        if self._current is not None:
+            self._current.abandon()
+            self._current = None

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenization.formats.ds import HashedFile, TokenFileError, WrittenFile, WrittenTokenFile, map_array
+from tokenization.formats.ds import (
+    FinishOrAbandon,
+    HashedFile,
+    TokenFileError,
+    WrittenFile,
+    WrittenTokenFile,
+    map_array,
+)
 from tokenization.storage import open_fs
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -32,7 +39,7 @@ DTYPES = {
 }
 
 
-class MegatronWriter:
+class MegatronWriter(FinishOrAbandon):
     """Appends documents to ``X.bin`` and writes ``X.idx`` on close; the same interface as TokenFileWriter.
 
     Memory: 4 bytes a sequence for the lengths, until close.
@@ -47,6 +54,7 @@ class MegatronWriter:
         self._bin = HashedFile(self.path)
         self._lengths: list[np.ndarray] = []
         self._last_end = 0
+        self.written: WrittenTokenFile | None = None
 
     @property
     def index_entries(self) -> int:
@@ -84,7 +92,12 @@ class MegatronWriter:
         with open(idx_path, "wb") as handle:
             handle.write(idx)
         files.append(WrittenFile(idx_path.name, len(idx), hashlib.sha256(idx).hexdigest()))
-        return WrittenTokenFile(self.path, self.tokens, n, tuple(files))
+        self.written = WrittenTokenFile(self.path, self.tokens, n, tuple(files))
+        return self.written
+
+    def abandon(self) -> None:
+        """Release ``X.bin`` without writing ``X.idx``: the pair never reads as finished."""
+        self._bin.abandon()
 
 
 class MegatronFile:

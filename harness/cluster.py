@@ -1,6 +1,7 @@
-"""A real Airflow deployment on this machine, for the distributed test: api-server, scheduler, dag-processor,
-triggerer and two Celery workers (``default``; ``large_disk`` with concurrency 1) on PostgreSQL and Redis, with
-S3 served by moto through a proxy that answers every Nth request with 503 SlowDown.
+"""A real Airflow deployment on this machine, for the distributed tests and the scale benchmark (``bench.scale``),
+not part of the library: api-server, scheduler, dag-processor, triggerer and two Celery workers (``default``;
+``large_disk`` with concurrency 1) on PostgreSQL and Redis, with S3 served by moto through a proxy that answers
+every Nth request with 503 SlowDown.
 
 Everything it creates is its own and is removed afterwards: a database, a Redis db, an AIRFLOW_HOME, the
 processes (stopped by process group, also on failure). Their logs are copied to ``artifacts/`` on failure.
@@ -27,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the repository root: this file is harness/cluster.py
 PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432"
 # The deployment's topology, shared with the docker-compose test: Airflow components, and workers by queue.
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -238,7 +239,7 @@ class Cluster:
                 "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
                 "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.cluster.worker_hostname",
+                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "harness.cluster.worker_hostname",
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"{PG_URL}/{self.db}",

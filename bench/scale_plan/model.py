@@ -1,43 +1,30 @@
-"""Capacity plan of a tokenize_corpus build: what a corpus of T tokens costs, stage by stage, on N workers.
-
-The projection is arithmetic on measured per-task rates (bench/RESULTS.md, a 2-core VM) and on a few stated
-assumptions about S3 and Airflow; it runs no pipeline code and loops over no documents. It prints a Markdown
-report (task counts; per-task time, RAM and local disk; S3 requests and bytes; Airflow load; wall time for several
-worker counts; the limits, closest first) and writes it with ``--out``. Into a file that holds the two markers
-``BEGIN`` and ``END`` only the text between them is written, so a document can keep its prose around the numbers.
-
-    .venv/bin/python bench/scale_plan.py                        # the 15 T-token plan, printed
-    .venv/bin/python bench/scale_plan.py --out docs/scaling.md  # regenerate the plan's numbers in place
-    .venv/bin/python bench/scale_plan.py --tokens 2e12 --ranks 1024 --buckets 256 --workers 32
-
-Every input is a field of ``Scenario`` and a flag of the same name (``tokenize_mb_s``: ``--tokenize-mb-s 36``).
-"""
+"""The capacity plan's model: a build's stages as tasks, each with the time, bytes, requests, RAM and disk it
+costs, from measured per-task rates and a few stated assumptions about S3 and Airflow. Arithmetic only: it runs no
+pipeline code and loops over no documents."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
-from tokenization.storage import MIN_PART_SIZE, part_size  # the part size the uploads really use
+from tokenization.attempts import HEARTBEAT_SECONDS
+from tokenization.build import DATASET_NAME
+from tokenization.context import DEFAULT_WINDOW
+from tokenization.formats.ds import INDEX_DTYPE
+from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig
+from tokenization.storage import MIB, MIN_PART_SIZE, part_size  # the part size the uploads really use
+from tokenization.tokenize import TokenizeConfig
+from tokenization.verify import BLOCK_BYTES
 
-MB, GB, TB, MIB = 1e6, 1e9, 1e12, 1 << 20
-BEGIN = "<!-- scale_plan.py: generated from here -->"
-END = "<!-- scale_plan.py: generated up to here -->"
+MB, GB, TB = 1e6, 1e9, 1e12
 
-# S3 and Airflow facts the plan is held against.
-S3_PUTS_PER_S = 3_500  # PUT/COPY/POST/DELETE a second per partitioned prefix (S3 performance guidelines)
-S3_GETS_PER_S = 5_500  # GET/HEAD a second per partitioned prefix
+# S3 and Airflow facts the model uses.
 LIST_PAGE_KEYS = 1_000  # ListObjectsV2 returns at most this many keys a request
 S3_BLOCK = 50 << 20  # s3fs reads a stream in ranged GETs of its default block size
-VERIFY_BLOCK = 64 << 20  # verify.py streams 64 MiB blocks
-LEASE_RENEW_S = 30  # attempts.py renews an S3 lease every 30 s
-XCOM_GUIDELINE = 64_000  # bytes a task instance's XCom should stay under (Airflow: "keep them to KBs")
-SMALL_OBJECT = 8 << 20  # a rank bucket file smaller than the smallest part costs a request for few bytes
-FIXED_TASKS = ("plan", "wait_for_shards", "plan_context", "publish")  # the DAG's unmapped tasks
+# The DAG's tasks in order (its task ids), and those of them that are not mapped.
+STAGES = ("plan", "tokenize", "wait_for_shards", "merge", "plan_context", "context_shuffle", "publish")
+FIXED_TASKS = ("plan", "wait_for_shards", "plan_context", "publish")
 
 # Bytes of memory a document, from the code (not measured; the fixed part of each task is measured RSS):
 TOKENIZE_BYTES_PER_DOC = 32  # bucketed pass 2: index ends, bucket drawn, argsort order, sorted copy (int64 each)
@@ -46,14 +33,17 @@ INTERLEAVE_BYTES_PER_DOC = 16  # the index, and its concatenated copy while the 
 BUCKET_BYTES_PER_DOC = 18  # the index (8), the bucket's permutation (8), the file id of each entry (2)
 CONTEXT_BYTES_PER_DOC = 16  # a merged file's index, read (8) and written again (8)
 CONTEXT_BYTES_PER_WINDOW = 16  # the window permutation (8) and the window ends in the new index (8)
-INDEX_BYTES_PER_DOC = 8  # .ds.index: one uint64 end offset a document
+INDEX_BYTES_PER_DOC = INDEX_DTYPE.itemsize  # .ds.index: one end offset a document
 METADATA_FILE_BYTES = 100  # a .ds.metadata file
 
-# File names, for XCom sizes (a build's rank stem is the rank; merged files are NNN_corpus.ds).
-RANK_FILE = f"{0:05d}_{0:05d}_doc_shuffled.ds"
-RANK_BUCKET_FILE = f"{0:05d}_{0:05d}_bucket{0:05d}.ds"
-MERGED_FILE = f"{0:03d}_corpus.ds"
-MERGED_BUCKET_FILE = f"{0:05d}_{0:03d}_corpus.ds"
+# File names, for XCom sizes, as the stages name them (a build's rank stem is the rank; merged files are
+# NNN_corpus.ds, three digits below 1,000 files).
+_RANK = TokenizeConfig(inputs=["input"], output="ranks", tokenizer="tokenizer.json")  # names need no real paths
+_MERGE = {"input": "ranks", "output": "merged", "save_filename": DATASET_NAME}
+RANK_FILE = _RANK.output_name(0)
+RANK_BUCKET_FILE = _RANK.bucket_name(0, 0)
+MERGED_FILE = MergeConfig(**_MERGE).file_name(0, 3)
+MERGED_BUCKET_FILE = MergeConfig(**_MERGE, merge_mode="bucketed", bucket=0).file_name(0, 3)
 SPEC_BYTES = 430  # the plan's XCom spec (a BuildPlan as JSON, with an S3 run folder)
 SUMMARY_BYTES = 500  # publish's return value
 
@@ -79,14 +69,18 @@ class Scenario:
     save_loss: bool = arg(False, "also write .ds.loss, 1 byte a token")
     text_bytes_per_token: float = arg(3.33, "bytes of input text a token", "README, Sizing: ~0.3 tokens a byte")
     input_file_gb: float = arg(1.0, "size of an input file, GB", ASSUMED)
-    context_window: int = arg(2049, "context_window (2049: a 2048-token context plus one)")
+    context_window: int = arg(
+        DEFAULT_WINDOW, f"context_window ({DEFAULT_WINDOW}: a {DEFAULT_WINDOW - 1}-token context plus one)"
+    )
     # The build
     ranks: int = arg(1024, "tokenize tasks (num_ranks, at most 4096)")
     buckets: int = arg(512, "buckets of the global shuffle: bucket merge tasks")
     bucket_prefixes: bool = arg(False, "proposed: rank files under a prefix a bucket (today: one folder)")
     distributed_verify: bool = arg(False, "proposed: each context task verifies its files; publish reads results")
     context_shards: int = arg(512, "context-shuffle tasks (num_context_shards, at most 1024)")
-    max_tokens_per_file: float = arg(100e9, "merge_max_tokens_per_file (datatrove's default, 100 GT)")
+    max_tokens_per_file: float = arg(
+        float(DEFAULT_MAX_TOKENS_PER_FILE), "merge_max_tokens_per_file (datatrove's default, 100 GT)"
+    )
     min_part_mib: float = arg(MIN_PART_SIZE / MIB, "smallest multipart part, MiB (storage.MIN_PART_SIZE)")
     # The deployment
     workers: int = arg(128, "Celery workers of the headline figures")
@@ -152,14 +146,14 @@ class Scenario:
         return [int(w) for w in self.table_workers.split(",")]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TaskCost:
     """One task of a stage (a stage's tasks are alike): what it computes, moves and asks S3, and its footprint.
     Counts and bytes are a task's; ``tasks`` times them is the stage's. Its time is computed from them, so that
     every stage follows one rule: compute at the measured rate, bytes at the task's share of the network, and each
     request it waits for (a GET, a LIST page, a file's upload) one after another."""
 
-    stage: str
+    stage: str  # its label in the report
     tasks: int
     pool: str  # the slots that run it: "workers", "merge" (the merge pool, on the workers) or "one"
     concurrency: int  # tasks sharing its worker's network
@@ -205,7 +199,7 @@ def list_pages(keys: float) -> int:
 
 def protocol_puts(seconds: float) -> float:
     """The write protocol's own requests: the lease, created and renewed; the manifest; the completion marker."""
-    return 3 + math.ceil(seconds / LEASE_RENEW_S)
+    return 3 + math.ceil(seconds / HEARTBEAT_SECONDS)
 
 
 def json_list_bytes(n: float, name: str) -> float:
@@ -248,8 +242,7 @@ def tokenize_cost(s: Scenario, bucketed: bool) -> TaskCost:
         disk=2 * out,  # pass 1's file, then pass 2's files
         xcom=json_list_bytes(files, RANK_BUCKET_FILE if bucketed else RANK_FILE),
     )
-    cost.puts = files * family_uploads(s, tokens / files, docs / files) + protocol_puts(cost.seconds(s))
-    return cost
+    return replace(cost, puts=files * family_uploads(s, tokens / files, docs / files) + protocol_puts(cost.seconds(s)))
 
 
 def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
@@ -299,8 +292,9 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
         disk=data + data / files,
         xcom=json_list_bytes(files, MERGED_BUCKET_FILE if bucketed else MERGED_FILE),
     )
-    cost.puts = files * (family_uploads(s, tokens / files, docs / files) + 1) + protocol_puts(cost.seconds(s))
-    return cost
+    return replace(
+        cost, puts=files * (family_uploads(s, tokens / files, docs / files) + 1) + protocol_puts(cost.seconds(s))
+    )
 
 
 def merged_files(s: Scenario, bucketed: bool) -> int:
@@ -347,8 +341,7 @@ def context_cost(s: Scenario, bucketed: bool) -> TaskCost:
         disk=2 * data,
         xcom=json_list_bytes(k, MERGED_BUCKET_FILE if bucketed else MERGED_FILE),
     )
-    cost.puts = k * family_uploads(s, tokens, docs + windows) + protocol_puts(cost.seconds(s))
-    return cost
+    return replace(cost, puts=k * family_uploads(s, tokens, docs + windows) + protocol_puts(cost.seconds(s)))
 
 
 def publish_cost(s: Scenario, bucketed: bool) -> TaskCost:
@@ -364,7 +357,7 @@ def publish_cost(s: Scenario, bucketed: bool) -> TaskCost:
         concurrency=1,
         compute_s=0 if s.distributed_verify else s.tokens * s.token_bytes / (s.verify_mb_s * MB),
         download=verified + manifests,
-        gets=math.ceil(verified / VERIFY_BLOCK) + s.ranks + m,
+        gets=math.ceil(verified / BLOCK_BYTES) + s.ranks + m,
         uploads=3,
         puts=3,  # report.html, report.json, _BUILD.json
         lists=list_pages(m * s.families),
@@ -401,9 +394,9 @@ def stage_seconds(s: Scenario, cost: TaskCost, workers: int) -> float:
     return math.ceil(cost.tasks / slots(s, cost.pool, workers)) * cost.seconds(s)
 
 
-def stages(s: Scenario, bucketed: bool, workers: int) -> list[TaskCost]:
-    """The DAG's stages in order, as run on ``workers`` workers."""
-    return [
+def stages(s: Scenario, bucketed: bool, workers: int) -> dict[str, TaskCost]:
+    """The DAG's stages in order, by task id, as run on ``workers`` workers."""
+    costs = (
         plan_cost(s),
         tokenize_cost(s, bucketed),
         sensor_cost(s, bucketed),
@@ -411,12 +404,14 @@ def stages(s: Scenario, bucketed: bool, workers: int) -> list[TaskCost]:
         plan_context_cost(s, bucketed),
         context_cost(s, bucketed),
         publish_cost(s, bucketed),
-    ]
+    )
+    return dict(zip(STAGES, costs, strict=True))
 
 
 def wall_seconds(s: Scenario, bucketed: bool, workers: int) -> dict[str, float]:
-    """Each stage's wall time on ``workers`` workers, and the build's: the stages run one after another."""
-    walls = {c.stage: stage_seconds(s, c, workers) for c in stages(s, bucketed, workers)}
+    """Each stage's wall time on ``workers`` workers, by task id, and the build's: the stages run one after
+    another."""
+    walls = {name: stage_seconds(s, c, workers) for name, c in stages(s, bucketed, workers).items()}
     return walls | {"total": sum(walls.values())}
 
 
@@ -426,405 +421,16 @@ def request_rates(s: Scenario, workers: int) -> dict[str, tuple[float, str]]:
     under a prefix a bucket spread over several (tokenize's writes, the merges' reads)."""
     spread = s.buckets if s.bucket_prefixes else 1
     puts, gets = {}, {}
-    for c in stages(s, True, workers):
+    for name, c in stages(s, True, workers).items():
         wall = stage_seconds(s, c, workers)
-        puts[c.stage] = c.tasks * c.puts / wall / (spread if c.stage == "tokenize" else 1)
+        puts[c.stage] = c.tasks * c.puts / wall / (spread if name == "tokenize" else 1)
         requests = c.gets + c.background_gets + c.lists
-        gets[c.stage] = c.tasks * requests / wall / (spread if c.stage.startswith("merge") else 1)
+        gets[c.stage] = c.tasks * requests / wall / (spread if name == "merge" else 1)
     busiest_put, busiest_get = max(puts, key=puts.get), max(gets, key=gets.get)
     return {"PUT/s": (puts[busiest_put], busiest_put), "GET/s": (gets[busiest_get], busiest_get)}
 
 
 def ti_starts_per_s(s: Scenario, workers: int) -> float:
     """Task instances the scheduler starts a second in the busiest stage."""
-    mapped = [c for c in stages(s, True, workers) if c.tasks > 1]
+    mapped = [c for c in stages(s, True, workers).values() if c.tasks > 1]
     return max(min(c.tasks, slots(s, c.pool, workers)) / c.seconds(s) for c in mapped)
-
-
-@dataclass(frozen=True)
-class Limit:
-    """A limit the plan is held against: its value on a number of workers, the limit, what drives it and what to
-    do about it. A ``floor`` must stay above its limit; everything else below."""
-
-    name: str
-    unit: str  # "bytes", "s", "/s" or "" (a plain number)
-    limit: float
-    grows_with: str  # "workers", "tokens", or the setting that drives it
-    fix: str
-    value_at: Callable[[Scenario, int], float]
-    floor: bool = False
-
-    def used(self, value: float) -> float:
-        """How much of the limit the plan uses: above 1, it is broken."""
-        return self.limit / value if self.floor else value / self.limit
-
-    def breaks_at(self, s: Scenario) -> str:
-        """Where the plan crosses the limit: the smallest power-of-two worker count that does, or, for what grows
-        in proportion to its driver, the driver scaled by what the plan leaves."""
-        if self.grows_with == "workers":
-            crossing = [2**k for k in range(17) if self.used(self.value_at(s, 2**k)) > 1]
-            return f"{crossing[0]:,} workers" if crossing else "never"
-        room = 1 / self.used(self.value_at(s, s.workers))
-        if self.grows_with == "tokens":
-            return f"{human(s.tokens * room)} tokens"
-        return f"{self.grows_with} x {room:.2g}"
-
-
-def busiest(attr: str) -> Callable[[Scenario, int], float]:
-    """A worker's need when every slot runs the stage that needs the most ``attr`` (RAM or disk) a task."""
-    return lambda s, w: s.concurrency * max(getattr(c, attr) for c in stages(s, True, w) if c.pool != "one")
-
-
-def merge_metadata_share(s: Scenario, w: int) -> float:
-    """A bucket merge's time spent listing and reading markers and manifests, over its time moving bytes."""
-    merge = merge_cost(s, True)
-    return merge.requests_s(s) / (merge.compute_s + merge.transfer_s(s))
-
-
-def limits(s: Scenario) -> list[Limit]:
-    """Everything the plan meets as the corpus or the fleet grows."""
-    deadline = s.deadline_h * 3600
-    return [
-        Limit(
-            "interleave merge: RAM of its one task",
-            "bytes",
-            s.large_ram_gb * GB,
-            "tokens",
-            "merge_mode bucketed",
-            lambda s, w: merge_cost(s, False).ram,
-        ),
-        Limit(
-            "interleave merge: local disk of its one task",
-            "bytes",
-            s.large_disk_tb * TB,
-            "tokens",
-            "merge_mode bucketed",
-            lambda s, w: merge_cost(s, False).disk,
-        ),
-        Limit(
-            "interleave build: wall time",
-            "s",
-            deadline,
-            "tokens",
-            "merge_mode bucketed",
-            lambda s, w: wall_seconds(s, False, w)["total"],
-        ),
-        Limit(
-            "bucketed build: wall time",
-            "s",
-            deadline,
-            "tokens",
-            "more workers, until publish (one task) is most of it",
-            lambda s, w: wall_seconds(s, True, w)["total"],
-        ),
-        Limit(
-            "publish: verify of the whole dataset in one task",
-            "s",
-            deadline,
-            "tokens",
-            "verify each file in the context task that writes it; publish reads their results",
-            lambda s, w: publish_cost(s, True).seconds(s),
-        ),
-        Limit(
-            "worker RAM: busiest stage x concurrency",
-            "bytes",
-            s.worker_ram_gb * GB,
-            "ranks x buckets",
-            "bucket merges read only their bucket's entries of the rank manifests; fewer ranks",
-            busiest("ram"),
-        ),
-        Limit(
-            "publish: RAM (every rank manifest, parsed)",
-            "bytes",
-            s.worker_ram_gb * GB / s.concurrency,
-            "ranks x buckets",
-            "sum the books rank by rank instead of holding every manifest",
-            lambda s, w: publish_cost(s, True).ram,
-        ),
-        Limit(
-            "worker disk: busiest stage x concurrency",
-            "bytes",
-            s.worker_disk_gb * GB,
-            "tokens",
-            "more ranks and buckets, or fewer slots a worker",
-            busiest("disk"),
-        ),
-        Limit(
-            "S3 PUT/s a prefix, busiest stage",
-            "/s",
-            S3_PUTS_PER_S,
-            "workers",
-            "larger parts (min_part_mib); a prefix a bucket for rank files; S3 adds partitions under sustained load",
-            lambda s, w: request_rates(s, w)["PUT/s"][0],
-        ),
-        Limit(
-            "S3 GET/s a prefix, busiest stage",
-            "/s",
-            S3_GETS_PER_S,
-            "workers",
-            "a prefix a bucket; fewer merge pool slots",
-            lambda s, w: request_rates(s, w)["GET/s"][0],
-        ),
-        Limit(
-            "bucket merge: metadata time / data time",
-            "",
-            1.0,
-            "ranks x buckets",
-            "a prefix a bucket (list R files, not R x B); read markers, manifests, indexes concurrently",
-            merge_metadata_share,
-        ),
-        Limit(
-            "XCom of a tokenize task (its file names)",
-            "bytes",
-            XCOM_GUIDELINE,
-            "buckets",
-            "return a count: the marker lists the files",
-            lambda s, w: tokenize_cost(s, True).xcom,
-        ),
-        Limit(
-            "max_map_length: largest mapped task",
-            "",
-            s.max_map_length,
-            "ranks or buckets",
-            "raise AIRFLOW__CORE__MAX_MAP_LENGTH on every component",
-            lambda s, w: max(s.ranks, s.buckets, min(s.context_shards, merged_files(s, True))),
-        ),
-        Limit(
-            "scheduler: task instances started a second",
-            "/s",
-            s.scheduler_tis_s,
-            "workers",
-            "longer tasks (fewer ranks or buckets); more schedulers",
-            ti_starts_per_s,
-        ),
-        Limit(
-            "rank bucket file (.ds), above 8 MiB",
-            "bytes",
-            SMALL_OBJECT,
-            "ranks x buckets",
-            "fewer ranks x buckets",
-            lambda s, w: s.tokens * s.token_bytes / (s.ranks * s.buckets),
-            floor=True,
-        ),
-    ]
-
-
-def human(x: float, unit: str = "") -> str:
-    """A figure for people: seconds as s, min or h; bytes as kB ... TB; counts and rates as 1.2 k, 3.4 M ..."""
-    if unit == "s":
-        return f"{x:.0f} s" if x < 120 else f"{x / 60:.1f} min" if x < 7200 else f"{x / 3600:.1f} h"
-    suffix = {"bytes": "B", "/s": "/s"}.get(unit, "")
-    for size, prefix in ((1e15, "P"), (TB, "T"), (GB, "G"), (MB, "M"), (1e3, "k")):
-        if abs(x) >= size:
-            return f"{x / size:.3g} {prefix}{suffix}"
-    return f"{x:.3g} {suffix}".strip()
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join("| " + " | ".join(cells) + " |" for cells in [header, ["---"] * len(header), *rows])
-
-
-def render(s: Scenario) -> str:
-    """The report, in Markdown."""
-    w = s.workers
-    costs = stages(s, True, w)
-    shards = costs[5].tasks
-    interleave = merge_cost(s, False)
-    keys = rank_folder_keys(s, True)
-    sections = [
-        f"### {human(s.tokens)} tokens: {human(s.docs)} documents, {human(s.dataset_bytes, 'bytes')} of token files",
-        "",
-        f"{s.ranks:,} ranks, {s.buckets:,} buckets, {shards:,} context shards; {w} workers x {s.concurrency} slots "
-        f"(a slot is 2 cores), merge pool {s.merge_slots} slots; rank files "
-        f"{'under a prefix a bucket' if s.bucket_prefixes else 'in one folder'}. Per task, on {w} workers:",
-        "",
-        table(
-            ["stage", "tasks", "time a task", "compute", "S3 bytes", "S3 requests", "peak RAM", "local disk"],
-            [
-                [
-                    c.stage,
-                    f"{c.tasks:,}",
-                    human(c.seconds(s), "s"),
-                    human(c.compute_s, "s"),
-                    human(c.transfer_s(s), "s"),
-                    human(c.requests_s(s), "s"),
-                    human(c.ram, "bytes"),
-                    human(c.disk, "bytes"),
-                ]
-                for c in [*costs, interleave]
-            ],
-        ),
-        "",
-        "#### S3 requests and bytes, whole stage",
-        "",
-        table(
-            ["stage", "GET", "PUT + parts", "LIST pages", "read", "written"],
-            [
-                [
-                    c.stage,
-                    human(c.tasks * (c.gets + c.background_gets)),
-                    human(c.tasks * c.puts),
-                    human(c.tasks * c.lists),
-                    human(c.tasks * c.read, "bytes"),
-                    human(c.tasks * c.upload, "bytes"),
-                ]
-                for c in [*costs, interleave]
-            ],
-        ),
-        "",
-        f"The ranks folder holds {human(keys)} objects ({s.ranks:,} ranks x {s.buckets:,} buckets x {s.families} "
-        f"files): one listing of it is {human(list_pages(keys))} LIST pages.",
-        "",
-        "#### Airflow",
-        "",
-        table(
-            ["stage", "task instances", "XCom a task", "XCom, stage"],
-            [[c.stage, f"{c.tasks:,}", human(c.xcom, "bytes"), human(c.tasks * c.xcom, "bytes")] for c in costs],
-        ),
-        "",
-        f"{s.ranks + s.buckets + shards + len(FIXED_TASKS):,} task instances = {s.ranks:,} ranks + {s.buckets:,} "
-        f"buckets + {shards:,} context shards + {len(FIXED_TASKS)} ({', '.join(FIXED_TASKS)}). The sensor starts "
-        "once every rank is done or failed, so it pokes once, and again every "
-        f"{s.poke_s:.0f} s only while a failed rank is retried. max_map_length needed: "
-        f"{max(s.ranks, s.buckets, shards):,} (set: "
-        f"{s.max_map_length:,}).",
-        "",
-        "#### Wall time",
-        "",
-        wall_table(s),
-        "",
-        "#### Limits, the closest first",
-        "",
-        limits_table(s),
-        "",
-        f"#### What the proposed changes buy, one on top of the other, on {w} workers",
-        "",
-        proposals_table(s),
-        "",
-        "#### Inputs",
-        "",
-        inputs_table(s),
-    ]
-    return "\n".join(sections) + "\n"
-
-
-def wall_table(s: Scenario) -> str:
-    """Each stage's wall time for each worker count, the interleave build's total beside the bucketed one, and the
-    busiest S3 prefix."""
-    rows = []
-    for w in s.worker_counts():
-        walls, rates = wall_seconds(s, True, w), request_rates(s, w)
-        rows.append(
-            [
-                f"{w:,}",
-                f"{w * s.concurrency:,}",
-                *(human(walls[c.stage], "s") for c in stages(s, True, w)),
-                f"**{human(walls['total'], 's')}**",
-                human(wall_seconds(s, False, w)["total"], "s"),
-                *(f"{rate:,.0f} ({stage})" for rate, stage in rates.values()),
-            ]
-        )
-    names = [c.stage for c in stages(s, True, s.workers)]
-    header = ["workers", "slots", *names, "total", "total, interleave", "PUT/s a prefix", "GET/s a prefix"]
-    return table(header, rows)
-
-
-def limits_table(s: Scenario) -> str:
-    """The limits, the one the plan uses most of first; what the plan has already broken is in bold."""
-    rows = sorted(((limit.value_at(s, s.workers), limit) for limit in limits(s)), key=lambda r: -r[1].used(r[0]))
-    return table(
-        ["limit", "this plan", "limit", "used", "breaks at", "what to do"],
-        [
-            [
-                limit.name,
-                human(value, limit.unit),
-                human(limit.limit, limit.unit),
-                f"**{limit.used(value):.0%}**" if limit.used(value) > 1 else f"{limit.used(value):.0%}",
-                limit.breaks_at(s),
-                limit.fix,
-            ]
-            for value, limit in rows
-        ],
-    )
-
-
-PROPOSALS = (
-    ("parts of 64 MiB at least (storage.MIN_PART_SIZE)", {"min_part_mib": 64}),
-    ("each context task verifies its files", {"distributed_verify": True}),
-    ("rank files under a prefix a bucket", {"bucket_prefixes": True}),
-)
-
-
-def proposals_table(s: Scenario) -> str:
-    """The build's wall time and the limits it still breaks (the interleave merge's aside) as each proposed change
-    is added to the ones before."""
-    rows, changed = [], s
-    for name, change in (("the plan as it is", {}), *PROPOSALS):
-        changed = replace(changed, **change)
-        walls = wall_seconds(changed, True, s.workers)
-        broken = [
-            limit.name
-            for limit in limits(changed)
-            if not limit.name.startswith("interleave") and limit.used(limit.value_at(changed, s.workers)) > 1
-        ]
-        put_rate, put_stage = request_rates(changed, s.workers)["PUT/s"]
-        rows.append(
-            [
-                name,
-                f"**{human(walls['total'], 's')}**",
-                human(walls["publish"], "s"),
-                f"{put_rate:,.0f} ({put_stage})",
-                "; ".join(broken) or "none",
-            ]
-        )
-    return table(["change", "build", "publish", "PUT/s a prefix", "limits still broken"], rows)
-
-
-def inputs_table(s: Scenario) -> str:
-    """The measured and assumed inputs with their sources, for the document that explains the plan."""
-    return table(
-        ["input", "value", "source"],
-        [
-            [f"`--{f.name.replace('_', '-')}`: {f.metadata['help']}", f"{getattr(s, f.name):g}", f.metadata["source"]]
-            for f in fields(s)
-            if f.metadata["source"]
-        ],
-    )
-
-
-def write(report: str, path: Path, begin: str = BEGIN, end: str = END) -> None:
-    """Write ``report`` to ``path``: between the markers ``begin`` and ``end`` when it has them, else the whole
-    file."""
-    text = path.read_text() if path.exists() else ""
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        report = f"{head}{begin}\n{report}{end}{rest.split(end, 1)[1]}"
-    path.write_text(report)
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[Scenario, Path | None]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in fields(Scenario):
-        flag = "--" + f.name.replace("_", "-")
-        source = f" [{f.metadata['source']}]" if f.metadata["source"] else ""
-        if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(flag, type=kind, default=f.default, help=f"{f.metadata['help']}{source} (%(default)s)")
-    parser.add_argument("--out", type=Path, help="write the report here (between the markers, if the file has them)")
-    args = vars(parser.parse_args(argv))
-    out = args.pop("out")
-    return Scenario(**args), out
-
-
-def main(argv: list[str] | None = None) -> None:
-    scenario, out = parse_args(argv)
-    report = render(scenario)
-    if out:
-        write(report, out)
-    print(report, end="")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,3 @@
+from bench.scale_plan.report import main
+
+main()

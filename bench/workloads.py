@@ -1,0 +1,195 @@
+"""The work each benchmark row measures, one function a workload, each run alone in a fresh interpreter:
+
+    python -m bench.workloads NAME '{"corpus": ..., "out": ...}'
+
+It prints one JSON line: the seconds the workload took, the process's peak RSS, and (the encoders) the seconds
+loading the tokenizer took. A fresh process a run keeps stages from inheriting each other's memory, so this module
+imports nothing heavy at the top: each workload imports what it uses, inside the measured time, as a stage does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a workload reads and where it writes; each uses the fields of its kind of row."""
+
+    out: str
+    corpus: str = ""
+    tokenizer: str = ""
+    eos: str = ""
+    text_key: str = ""
+    ranks: str = ""  # a folder of rank files, for merge, context shuffle and verify
+
+
+@dataclass(frozen=True)
+class EncodeTimes:
+    """An encoder's own timing: encoding alone, and loading the tokenizer alone (the texts already in memory)."""
+
+    seconds: float
+    load_seconds: float
+
+
+def ours_tokenize(inputs: Inputs) -> None:
+    from tokenization.tokenize import TokenizeConfig, tokenize_rank
+
+    config = TokenizeConfig(
+        inputs=[inputs.corpus],
+        output=inputs.out,
+        tokenizer=inputs.tokenizer,
+        text_key=inputs.text_key,
+        eos_token=inputs.eos,
+        seed=1234,
+        local_working_dir=inputs.out + "_work",
+        special_text="special",
+    )
+    tokenize_rank(config, progress=False)
+
+
+def datatrove_tokenize(inputs: Inputs) -> None:
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.tokens import DocumentTokenizer
+
+    tokenizer = DocumentTokenizer(inputs.out, tokenizer_name_or_path=inputs.tokenizer, eos_token=inputs.eos, seed=1234)
+    _datatrove([JsonlReader(inputs.corpus, text_key=inputs.text_key), tokenizer], inputs)
+
+
+def ours_count(inputs: Inputs) -> None:
+    from tokenization.count import CountConfig, count_tokens
+
+    config = CountConfig(
+        inputs=[inputs.corpus],
+        tokenizer=inputs.tokenizer,
+        text_key=inputs.text_key,
+        eos_token=inputs.eos,
+        special_text="special",
+    )
+    count_tokens(config, progress=False)
+
+
+def datatrove_count(inputs: Inputs) -> None:
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.tokens import TokensCounter
+
+    _datatrove([JsonlReader(inputs.corpus, text_key=inputs.text_key), TokensCounter(inputs.tokenizer)], inputs)
+
+
+def ours_merge(inputs: Inputs) -> None:
+    from tokenization.merge import MergeConfig, merge
+
+    merge(MergeConfig(input=inputs.ranks, output=inputs.out, save_filename="m", seed=1))
+
+
+def datatrove_merge(inputs: Inputs) -> None:
+    from datatrove.pipeline.tokens import DocumentTokenizerMerger
+
+    _datatrove([DocumentTokenizerMerger(inputs.ranks, inputs.out, save_filename="m", seed=1, progress=False)], inputs)
+
+
+def ours_context(inputs: Inputs) -> None:
+    from tokenization.context import ContextShuffleConfig, context_shuffle
+
+    context_shuffle(ContextShuffleConfig(input=inputs.ranks, output=inputs.out, seed=1, drop_tail=True), progress=False)
+
+
+def datatrove_context(inputs: Inputs) -> None:
+    from datatrove.pipeline.tokens import DocumentTokenizerContextShuffler
+
+    _datatrove([DocumentTokenizerContextShuffler(inputs.ranks, inputs.out, seed=1)], inputs)
+
+
+def ours_verify(inputs: Inputs) -> None:
+    from tokenization.verify import verify
+
+    if not verify(inputs.ranks).ok:
+        raise RuntimeError(f"verify found problems in {inputs.ranks}")
+
+
+def hf_encode(inputs: Inputs) -> EncodeTimes:
+    """HF ``encode_batch_fast`` alone, on every core: the limit of any pipeline built on it."""
+    from tokenizers import Tokenizer
+
+    return _encode(
+        inputs, lambda: Tokenizer.from_file(inputs.tokenizer), lambda tok, texts: tok.encode_batch_fast(texts)
+    )
+
+
+def gigatoken_encode(inputs: Inputs) -> EncodeTimes:
+    """gigatoken ``encode_batch`` alone, on every core, to one flat array of ids. Used directly, not through this
+    project, so that the limit does not move when the project's own code does."""
+    import awkward as ak
+    import gigatoken
+    import numpy as np
+
+    def load() -> Any:
+        return gigatoken.Tokenizer.from_json(Path(inputs.tokenizer).read_bytes())
+
+    return _encode(inputs, load, lambda tok, texts: np.asarray(ak.flatten(tok.encode_batch(texts))))
+
+
+def _datatrove(pipeline: list, inputs: Inputs) -> None:
+    from datatrove.executor import LocalPipelineExecutor
+
+    LocalPipelineExecutor(pipeline=pipeline, tasks=1, workers=1, logging_dir=inputs.out + "_logs").run()
+
+
+def _encode(inputs: Inputs, load: Callable[[], Any], encode: Callable[[Any, list[str]], Any]) -> EncodeTimes:
+    """The texts in memory first (read as the stages read them), then loading and encoding timed apart: a stage
+    pays the load once per process, so it is reported on its own rather than hidden in the limit."""
+    from tokenization.sources import DocumentReader, Record, list_input_files
+
+    reader = DocumentReader(list_input_files([inputs.corpus]).files, inputs.text_key)
+    texts = [r.text for r in reader if isinstance(r, Record) and r.text]
+    start = time.time()
+    tok = load()
+    load_seconds = time.time() - start
+    start = time.time()
+    encode(tok, texts)
+    return EncodeTimes(time.time() - start, load_seconds)
+
+
+Workload = Callable[[Inputs], EncodeTimes | None]
+WORKLOADS: dict[str, Workload] = {
+    w.__name__: w
+    for w in (
+        ours_tokenize,
+        datatrove_tokenize,
+        ours_count,
+        datatrove_count,
+        ours_merge,
+        datatrove_merge,
+        ours_context,
+        datatrove_context,
+        ours_verify,
+        hf_encode,
+        gigatoken_encode,
+    )
+}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS. VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent, VmHWM
+    belongs to this image only."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+
+
+def main(argv: list[str]) -> None:
+    name, inputs = argv
+    start = time.time()
+    times = WORKLOADS[name](Inputs(**json.loads(inputs)))
+    seconds = times.seconds if times else time.time() - start
+    load_seconds = times.load_seconds if times else None
+    print(json.dumps({"seconds": seconds, "rss_mb": peak_rss_mb(), "load_seconds": load_seconds}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,76 @@
+"""What files are called: a rank's stem and token files, the merged files, and every name a rank may have written.
+
+The names are datatrove's (``{save_filename}_{rank:05d}_{sub:05d}_doc_shuffled.ds``, ``NNN_{name}.ds``), so its
+readers and its merger take our folders as theirs. Tokenize, the merge and the books all name files from here:
+a name written one way and looked for another would lose a rank's files without an error.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+
+from tokenization.formats import DS, MEGATRON
+
+MEGATRON_INDEX = ".idx"
+
+
+class RankFileKind(str, Enum):
+    """How a rank ordered a file's documents: the last part of its name (a StrEnum, which Python 3.10 lacks)."""
+
+    UNSHUFFLED = "unshuffled"
+    DOC_SHUFFLED = "doc_shuffled"
+    CHUNK_SHUFFLED = "chunk_shuffled"
+    BUCKET = "bucket"  # followed by the bucket's number: bucket00007
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def rank_stem(rank: int, save_filename: str | None = None) -> str:
+    """datatrove's prefix of a rank's names, ``{save_filename}_{rank:05d}`` (the rank alone without a name); the
+    rank's lease, manifest, marker and quarantine are named by it too."""
+    return "_".join(x for x in (save_filename, f"{rank:05d}") if x)
+
+
+def rank_file_name(stem: str, sub: int, kind: RankFileKind, suffix: str = DS) -> str:
+    """The ``sub``-th file a rank writes in ``kind`` order: ``00003_00000_doc_shuffled.ds``."""
+    return f"{stem}_{sub:05d}_{kind}{suffix}"
+
+
+def bucket_suffix(bucket: int) -> str:
+    """How a rank's file of bucket ``b`` ends (``bucket00007.ds``): the merge of that bucket reads exactly these."""
+    return f"{RankFileKind.BUCKET}{bucket:05d}{DS}"
+
+
+def bucket_file_name(stem: str, sub: int, bucket: int) -> str:
+    """The ``sub``-th file of bucket ``bucket`` a rank writes: ``00003_00000_bucket00007.ds``."""
+    return f"{stem}_{sub:05d}_{bucket_suffix(bucket)}"
+
+
+def working_file_name(kind: RankFileKind) -> str:
+    """A rank's file of one pass in its attempt's working folder, before its last pass names the published ones."""
+    return f"{kind}{DS}"
+
+
+def rank_file_pattern(stem: str) -> re.Pattern:
+    """Every token file a rank with this stem may have written, in any order, format, family member or attempt."""
+    ordered = "|".join(kind for kind in RankFileKind if kind is not RankFileKind.BUCKET)
+    formats = rf"{re.escape(DS)}(\.\w+)?|{re.escape(MEGATRON)}|{re.escape(MEGATRON_INDEX)}"
+    kinds = rf"({ordered})({formats})|{RankFileKind.BUCKET}\d{{5}}{re.escape(DS)}(\.\w+)?"
+    return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?({kinds})")
+
+
+def merge_stem(save_filename: str, bucket: int | None = None) -> str:
+    """Names a merge's lease, manifest and marker: one a bucket, so that bucket tasks share a folder."""
+    return save_filename if bucket is None else f"{save_filename}_{RankFileKind.BUCKET}{bucket:05d}"
+
+
+def merged_prefix(bucket: int | None = None) -> str:
+    """What a bucket's merged files lead with (``00007_``), so a folder's sorted names read bucket after bucket."""
+    return "" if bucket is None else f"{bucket:05d}_"
+
+
+def merged_file_name(save_filename: str, number: int, width: int, bucket: int | None = None) -> str:
+    """datatrove's ``NNN_{name}.ds`` (``width`` digits), after the bucket's prefix."""
+    return f"{merged_prefix(bucket)}{number:0{width}d}_{save_filename}{DS}"

@@ -34,7 +34,7 @@ import numpy as np
 from bench import workloads
 from bench.workloads import Workload
 from tokenization.formats import DS
-from tokenization.tokenize import TokenizeConfig
+from tokenization.stages.tokenize import TokenizeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -130,7 +130,7 @@ def link_corpus(source: Path, corpus: Path, copies: int) -> None:
 
 def text_bytes(corpus: Path, text_key: str) -> int:
     """UTF-8 bytes of text in the corpus, the unit of the tokenize and count throughputs."""
-    from tokenization.sources import DocumentReader, Record, list_input_files
+    from tokenization.text.sources import DocumentReader, Record, list_input_files
 
     reader = DocumentReader(list_input_files([str(corpus)]).files, text_key)
     return sum(len(r.text.encode()) for r in reader if isinstance(r, Record))

@@ -40,10 +40,10 @@ import psutil
 from bench.scale_plan import model as plan
 from bench.scale_plan.report import table, write
 from harness.cluster import Cluster, Request, services_missing
-from tokenization.context import DEFAULT_WINDOW
 from tokenization.formats import DS
-from tokenization.manifest import COMPLETIONS, MANIFESTS
-from tokenization.runs import Layout
+from tokenization.publish.manifest import COMPLETIONS, MANIFESTS
+from tokenization.publish.runs import Layout
+from tokenization.stages.context_shuffle import DEFAULT_WINDOW
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

@@ -39,7 +39,7 @@ class EncodeTimes:
 
 
 def ours_tokenize(inputs: Inputs) -> None:
-    from tokenization.tokenize import TokenizeConfig, tokenize_rank
+    from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 
     config = TokenizeConfig(
         inputs=[inputs.corpus],
@@ -63,7 +63,7 @@ def datatrove_tokenize(inputs: Inputs) -> None:
 
 
 def ours_count(inputs: Inputs) -> None:
-    from tokenization.count import CountConfig, count_tokens
+    from tokenization.stages.count import CountConfig, count_tokens
 
     config = CountConfig(
         inputs=[inputs.corpus],
@@ -83,7 +83,7 @@ def datatrove_count(inputs: Inputs) -> None:
 
 
 def ours_merge(inputs: Inputs) -> None:
-    from tokenization.merge import MergeConfig, merge
+    from tokenization.stages.merge import MergeConfig, merge
 
     merge(MergeConfig(input=inputs.ranks, output=inputs.out, save_filename="m", seed=1))
 
@@ -95,7 +95,7 @@ def datatrove_merge(inputs: Inputs) -> None:
 
 
 def ours_context(inputs: Inputs) -> None:
-    from tokenization.context import ContextShuffleConfig, context_shuffle
+    from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 
     context_shuffle(ContextShuffleConfig(input=inputs.ranks, output=inputs.out, seed=1, drop_tail=True), progress=False)
 
@@ -107,7 +107,7 @@ def datatrove_context(inputs: Inputs) -> None:
 
 
 def ours_verify(inputs: Inputs) -> None:
-    from tokenization.verify import verify
+    from tokenization.stages.verify import verify
 
     if not verify(inputs.ranks).ok:
         raise RuntimeError(f"verify found problems in {inputs.ranks}")
@@ -144,7 +144,7 @@ def _datatrove(pipeline: list, inputs: Inputs) -> None:
 def _encode(inputs: Inputs, load: Callable[[], Any], encode: Callable[[Any, list[str]], Any]) -> EncodeTimes:
     """The texts in memory first (read as the stages read them), then loading and encoding timed apart: a stage
     pays the load once per process, so it is reported on its own rather than hidden in the limit."""
-    from tokenization.sources import DocumentReader, Record, list_input_files
+    from tokenization.text.sources import DocumentReader, Record, list_input_files
 
     reader = DocumentReader(list_input_files([inputs.corpus]).files, inputs.text_key)
     texts = [r.text for r in reader if isinstance(r, Record) and r.text]

@@ -10,10 +10,10 @@ import pytest
 
 from tests.test_merge import merged
 from tests.test_tokenize import documents, file_bytes, run
-from tokenization import buckets
-from tokenization.errors import UsageError
+from tokenization.formats import buckets
 from tokenization.formats.ds import TokenFileError
-from tokenization.merge import MergeConfig
+from tokenization.io.errors import UsageError
+from tokenization.stages.merge import MergeConfig
 
 RANKS, BUCKETS, SEED = 3, 4, 11
 CHI2_23_P001 = 49.73  # the chi-square value that 23 degrees of freedom exceed with probability 0.001

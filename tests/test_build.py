@@ -10,12 +10,12 @@ import pytest
 
 from tests.test_merge import merged
 from tests.test_tokenize import run
-from tokenization import manifest
-from tokenization.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
-from tokenization.errors import UsageError
+from tokenization.build.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
 from tokenization.formats.ds import TokenFileError
-from tokenization.records import PlannedInputs, PlannedTokenizer, PlanRecord, StageSummary, TokenizeSummary
-from tokenization.runs import BuildError, Layout, claim, folder_for
+from tokenization.io.errors import UsageError
+from tokenization.publish import manifest
+from tokenization.publish.records import PlannedInputs, PlannedTokenizer, PlanRecord, StageSummary, TokenizeSummary
+from tokenization.publish.runs import BuildError, Layout, claim, folder_for
 
 
 def test_run_ids_map_to_folders_one_to_one() -> None:
@@ -109,7 +109,8 @@ def test_a_copied_in_family_is_not_read(tmp_path, sample_corpus, sample_tokenize
 def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer) -> None:
     """``Build.run``: ranks as processes, merge, context shards, publish; the same params give the same digest
     under any build id, and running a build again keeps its complete ranks."""
-    from tokenization.build import Build, BuildConfig
+    from tokenization.build.config import BuildConfig
+    from tokenization.build.run import Build
 
     config = BuildConfig(
         input=str(sample_corpus),

@@ -105,7 +105,7 @@ def test_errors_are_one_line_with_exit_1(tmp_path, sample_corpus, sample_tokeniz
 
 def test_a_project_error_is_one_line_and_any_other_error_shows_its_traceback(tmp_path, sample_corpus) -> None:
     failing = (
-        "import sys, tokenization.cli as cli; from tokenization.sources import InputError\n"
+        "import sys, tokenization.cli as cli; from tokenization.text.sources import InputError\n"
         "def count(config): raise {}\n"
         "cli.count_tokens = count\n"
         "sys.exit(cli.main(['count', sys.argv[1], '--tokenizer', 'unused.json']))"

@@ -8,8 +8,8 @@ import numpy as np
 
 from tests.conftest import run_datatrove_context_shuffler
 from tests.test_merge import merged, synthetic_ranks
-from tokenization.context import ContextShuffleConfig, context_shuffle
 from tokenization.formats.ds import TokenFile
+from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 
 
 def shuffled(inputs, output, **options) -> dict:

@@ -9,7 +9,7 @@ import numpy as np
 
 from tests.conftest import EOS, sample_records, write_jsonl
 from tests.test_tokenize import documents, run
-from tokenization.count import CountConfig, count_tokens
+from tokenization.stages.count import CountConfig, count_tokens
 
 
 def test_counts_equal_what_tokenize_writes(tmp_path, sample_corpus, sample_tokenizer) -> None:

@@ -16,14 +16,14 @@ def _errors() -> tuple[list[BaseException], list[BaseException]]:
     """Errors that running again repeats, and errors that another try may not meet."""
     from tokenization_airflow.tasks import PlanError
 
-    from tokenization.attempts import AttemptConflict, LeaseLost
-    from tokenization.documents import TooManyRejects
-    from tokenization.errors import StorageError, UsageError
     from tokenization.formats.ds import TokenFileError
-    from tokenization.locations import LocationError
-    from tokenization.records import RecordError
-    from tokenization.runs import BuildError
-    from tokenization.sources import InputError
+    from tokenization.io.errors import StorageError, UsageError
+    from tokenization.io.locations import LocationError
+    from tokenization.publish.attempts import AttemptConflict, LeaseLost
+    from tokenization.publish.records import RecordError
+    from tokenization.publish.runs import BuildError
+    from tokenization.text.documents import TooManyRejects
+    from tokenization.text.sources import InputError
 
     data = [
         InputError("a.jsonl.gz: corrupt"),
@@ -123,6 +123,6 @@ def test_a_corrupt_gz_fails_its_rank_once_with_the_cause_as_the_last_log_line(
     )
     traceback, after = logged_failure(capfd.readouterr().out, f"airflow.sdk.exceptions.AirflowFailException: {cause}")
     assert len(after) == 2 and "::group::Post Execute" in after[0] and "::endgroup::" in after[1]  # an empty group
-    assert not [line for line in traceback if "tokenization/sources.py" in line]  # the library's frames stay out
+    assert not [line for line in traceback if "tokenization/text/sources.py" in line]  # the library's frames stay out
     logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR]
     assert ("tokenization_airflow.tasks", "ERROR", f"{cause} (a data error: the task fails without retries)") in logged

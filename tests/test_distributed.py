@@ -17,8 +17,8 @@ from tests.conftest import EOS
 from tests.test_context import shuffled
 from tests.test_merge import merged
 from tests.test_tokenize import file_bytes, run
-from tokenization.storage import using
-from tokenization.verify import verify
+from tokenization.io.storage import using
+from tokenization.stages.verify import verify
 
 reason = services_missing()
 pytestmark = pytest.mark.skipif(reason is not None, reason=f"distributed test: {reason}")

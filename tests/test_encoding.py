@@ -13,10 +13,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 
 from tests.conftest import EOS, shared_path
-from tokenization.cutting import Piece
-from tokenization.encoding import Encoder, framed
-from tokenization.loss_masks import no_loss_mask
-from tokenization.tokenizer_files import EOS_CANDIDATES, TokenizerError
+from tokenization.text.cutting import Piece
+from tokenization.text.encoding import Encoder, framed
+from tokenization.text.loss_masks import no_loss_mask
+from tokenization.text.tokenizer_files import EOS_CANDIDATES, TokenizerError
 
 # Each shared tokenizer's own end-of-text token and id, found with no EOS given.
 OWN_EOS = {
@@ -104,7 +104,7 @@ def test_the_eos_of_each_shared_tokenizer_is_its_own(name: str) -> None:
     token, token_id = OWN_EOS[name]
     encoder = Encoder(path)
     described = encoder.describe()
-    assert (described["eos_token"], described["eos_id"], described["eos_source"]) == (token, token_id, "vocabulary")
+    assert (described.eos_token, described.eos_id, described.eos_source) == (token, token_id, "vocabulary")
     plain = Tokenizer.from_file(path).encode("Hello world").ids  # mistral's BOS included
     assert encoder.encode(["Hello world"]).tokens.tolist() == [*plain, token_id]
 
@@ -172,7 +172,7 @@ def test_no_eos_writes_documents_without_a_separator(sample_tokenizer) -> None:
     plain = Tokenizer.from_file(str(sample_tokenizer)).encode("hello world").ids
     assert encoder.encode(["hello world"]).tokens.tolist() == plain
     described = encoder.describe()
-    assert (described["eos_token"], described["eos_id"], described["eos_source"]) == (None, None, None)
+    assert (described.eos_token, described.eos_id, described.eos_source) == (None, None, None)
     with pytest.raises(TokenizerError, match=r"an EOS token \('<\|endoftext\|>'\) and no EOS were both asked for"):
         Encoder(str(sample_tokenizer), eos_token=EOS, no_eos=True)
 
@@ -276,8 +276,8 @@ def test_a_lone_document_is_framed_in_place_and_like_any_other() -> None:
 
 
 def test_a_record_larger_than_a_batch_is_a_batch_of_its_own() -> None:
-    from tokenization.documents import Counts, DocumentOptions, _record_batches
-    from tokenization.sources import Record
+    from tokenization.text.documents import Counts, DocumentOptions, _record_batches
+    from tokenization.text.sources import Record
 
     def record(text: str) -> Record:
         return Record(text, "id", None, "f", 1)

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.test_s3 import s3  # noqa: F401 - the fixture
-from tokenization import latest
-from tokenization.build import Build, BuildConfig, latest_build
-from tokenization.latest import (
+from tokenization.build import latest
+from tokenization.build.complete import latest_build
+from tokenization.build.config import BuildConfig
+from tokenization.build.latest import (
     LATEST,
     LatestError,
     complete_builds,
@@ -25,7 +26,10 @@ from tokenization.latest import (
     point_latest,
     read_latest,
 )
-from tokenization.records import (
+from tokenization.build.report import report_data
+from tokenization.build.run import Build
+from tokenization.io.storage import using
+from tokenization.publish.records import (
     BuildRecord,
     BuildTokenizer,
     Conservation,
@@ -33,8 +37,6 @@ from tokenization.records import (
     TokenizeSummary,
     VerifySummary,
 )
-from tokenization.report import report_data
-from tokenization.storage import using
 
 DAY1, DAY2, DAY3 = (f"2026-11-{day}T02:00:00+00:00" for day in (28, 29, 30))
 WIDENED_SECONDS = 1.0  # how long the first publish waits, inside its window, for the second one to finish
@@ -142,7 +144,7 @@ def test_retention_leaves_alone_what_is_no_build(tmp_path, caplog) -> None:
     (thesis / "thesis.tex").write_text("\\documentclass{article}")
     old, new = fake_build(tmp_path, "old", DAY2), fake_build(tmp_path, "new", DAY3)
     assert point_latest(str(tmp_path)) == new
-    with caplog.at_level(logging.WARNING, "tokenization.latest"):
+    with caplog.at_level(logging.WARNING, "tokenization.build.latest"):
         assert expire(str(tmp_path), 1, {new}) == [old]
     assert (thesis / "thesis.tex").read_text() == "\\documentclass{article}" and (thesis / "_BUILD.json").exists()
     assert (
@@ -177,7 +179,7 @@ def test_a_malformed_sibling_never_blocks_a_publish(tmp_path, caplog, run_claim,
         (odd / "_RUN.json").write_text(json.dumps(run_claim))
     (odd / "_BUILD.json").write_text(record)
     old, new = fake_build(tmp_path, "old", DAY1), fake_build(tmp_path, "new", DAY2)
-    with caplog.at_level(logging.WARNING, "tokenization.latest"):
+    with caplog.at_level(logging.WARNING, "tokenization.build.latest"):
         assert point_latest(str(tmp_path)) == new
         assert expire(str(tmp_path), 1, {new}) == [old]
     assert (odd / "_BUILD.json").read_text() == record

@@ -20,12 +20,12 @@ import pytest
 from tests.conftest import EOS, ROOT
 from tests.test_attempts import wait_for
 from tests.test_s3 import s3  # noqa: F401 - the fixture
-from tokenization import attempts
-from tokenization.attempts import Attempt, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
-from tokenization.records import StageManifest
-from tokenization.storage import WriteError, put_if, using
-from tokenization.tokenize import TokenizeConfig, tokenize_rank
-from tokenization.verify import verify
+from tokenization.io.storage import WriteError, put_if, using
+from tokenization.publish import attempts
+from tokenization.publish.attempts import Attempt, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
+from tokenization.publish.records import StageManifest
+from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
+from tokenization.stages.verify import verify
 
 OUT = "corpus/out"
 LEASE = f"{OUT}/_leases/00000.json"
@@ -284,7 +284,7 @@ def test_an_attempt_whose_lease_is_found_lost_stops_at_the_next_batch(
     tmp_path, sample_corpus, sample_tokenizer, monkeypatch
 ) -> None:
     """Lost is for good: the rank does not encode the rest of its share for nothing."""
-    from tokenization import tokenize
+    from tokenization.stages import tokenize
 
     real, batches = tokenize.encoded_batches, []
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenization.locations import AllowedLocations, LocationError, check_disjoint, tokenizer_files
-from tokenization.sources import InputError, list_input_files
+from tokenization.io.locations import AllowedLocations, LocationError, check_disjoint, tokenizer_files
+from tokenization.text.sources import InputError, list_input_files
 
 
 @pytest.fixture

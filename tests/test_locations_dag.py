@@ -32,7 +32,7 @@ def planned(dag, params: dict):
 
 def test_a_symlinked_input_file_leading_outside_is_refused_by_plan(airflow_db, dag, deployment, tmp_path) -> None:
     """Finding 11: the input folder was allowed, so a symlink in it put 50 secret documents in the dataset."""
-    from tokenization.locations import LocationError
+    from tokenization.io.locations import LocationError
 
     secret = write_jsonl(tmp_path / "secret" / "leak.jsonl", [{"text": "secret"}] * 50)
     link = Path(deployment["input"]) / "leak.jsonl"
@@ -45,7 +45,7 @@ def test_a_symlinked_input_file_leading_outside_is_refused_by_plan(airflow_db, d
 def test_a_tokenizer_folder_whose_files_lead_outside_is_refused(airflow_db, dag, deployment, tmp_path) -> None:
     from tokenization_airflow import tasks
 
-    from tokenization.locations import LocationError
+    from tokenization.io.locations import LocationError
 
     folder = Path(deployment["input"]).parent / "tokenizer"
     folder.mkdir()
@@ -73,7 +73,7 @@ def test_a_connection_of_another_type_is_refused_by_name(airflow_db, dag, deploy
     assert str(refused.value) == message
     options = storage_options("minio_store")["s3"]
     assert options["key"] == "id" and options["client_kwargs"] == {"endpoint_url": "http://minio:9000"}
-    from tokenization.build import Build
+    from tokenization.build.run import Build
 
     monkeypatch.setattr(Build, "start", lambda *args: pytest.fail("plan went on to list the input"))
     with pytest.raises(ConnectionTypeError, match=r"^connection 'api_server_http' is of type 'http'"):

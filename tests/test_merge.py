@@ -15,9 +15,9 @@ import pytest
 
 from tests.conftest import run_datatrove_merger
 from tests.test_tokenize import documents, file_bytes, run
-from tokenization import permute
+from tokenization.formats import permute
 from tokenization.formats.ds import TokenFileError, TokenFileWriter
-from tokenization.merge import MergeConfig, merge
+from tokenization.stages.merge import MergeConfig, merge
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +214,8 @@ def test_credentials_never_reach_a_manifest_nor_stop_a_resume(tmp_path, ranks) -
 def test_checking_the_inputs_asks_storage_no_size_and_no_existence(ranks, storage_questions) -> None:
     """On S3 each size or existence question is a HEAD request: a bucket merge of a thousand rank files would wait
     for ten thousand of them. The inputs' sizes come from one listing of their folder instead."""
-    from tokenization.manifest import token_files
-    from tokenization.merge import validate_inputs
+    from tokenization.publish.manifest import token_files
+    from tokenization.stages.merge import validate_inputs
 
     urls = token_files(str(ranks))
     inputs = validate_inputs(urls, save_loss=True)

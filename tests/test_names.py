@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenization.names import (
+from tokenization.formats.names import (
     RankFileKind,
     bucket_file_name,
     merge_stem,

@@ -6,14 +6,14 @@ import argparse
 
 import pytest
 
-from tokenization.build import BuildConfig
+from tokenization.build.config import BuildConfig
 from tokenization.cli import build_parser
-from tokenization.context import ContextOptions, ContextShuffleConfig
-from tokenization.documents import DocumentOptions
-from tokenization.errors import UsageError
-from tokenization.merge import MergeConfig, MergeOptions
-from tokenization.options import fields_of, json_schema, section
-from tokenization.tokenize import RankOptions, TokenizeConfig
+from tokenization.io.errors import UsageError
+from tokenization.io.options import fields_of, json_schema, section
+from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig
+from tokenization.stages.merge import MergeConfig, MergeOptions
+from tokenization.stages.tokenize import RankOptions, TokenizeConfig
+from tokenization.text.documents import DocumentOptions
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:
@@ -59,7 +59,7 @@ def test_the_command_line_makes_the_same_config_as_the_library() -> None:
             "special",
         ]
     )
-    from tokenization.options import from_arguments
+    from tokenization.io.options import from_arguments
 
     config = from_arguments(TokenizeConfig, args)
     assert config == TokenizeConfig(

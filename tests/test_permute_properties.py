@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenization import permute
+from tokenization.formats import permute
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter
-from tokenization.permute import SourcePool, fixed_units, permute_units
+from tokenization.formats.permute import SourcePool, fixed_units, permute_units
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=60)
 

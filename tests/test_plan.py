@@ -10,12 +10,14 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from tokenization.accounting import incomplete_ranks
-from tokenization.build import Build, BuildConfig, summary
-from tokenization.plan import Plan, unread_or_reread
-from tokenization.records import InputFile, RecordError
-from tokenization.runs import BuildError, PlanConflict
-from tokenization.sources import InputError
+from tokenization.build.accounting import incomplete_ranks
+from tokenization.build.complete import summary
+from tokenization.build.config import BuildConfig
+from tokenization.build.plan import Plan, unread_or_reread
+from tokenization.build.run import Build
+from tokenization.publish.records import InputFile, RecordError
+from tokenization.publish.runs import BuildError, PlanConflict
+from tokenization.text.sources import InputError
 
 EOS = "<|endoftext|>"
 

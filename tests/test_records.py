@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenization.build import Build, BuildConfig
-from tokenization.records import (
+from tokenization.build.config import BuildConfig
+from tokenization.build.run import Build
+from tokenization.publish.records import (
     BuildRecord,
     CompletionMarker,
     ContextManifest,
@@ -22,7 +23,7 @@ from tokenization.records import (
     RunClaim,
     stage_manifest,
 )
-from tokenization.runs import read_build
+from tokenization.publish.runs import read_build
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,7 +139,9 @@ def test_an_older_record_is_read_with_the_fields_it_did_not_have(published: Path
     assert old_rank.tokenizer.engine == "hf" and old_rank.throughput is None
     marker = json.loads((published / "ranks/_completions/00000.json").read_text())
     del marker["format"]
-    assert CompletionMarker.from_json(marker, "untagged").to_json() == marker | {"format": CompletionMarker.format_tag()}
+    assert CompletionMarker.from_json(marker, "untagged").to_json() == marker | {
+        "format": CompletionMarker.format_tag()
+    }
 
 
 def test_verify_names_a_damaged_record_in_one_line(published: Path, tmp_path: Path) -> None:

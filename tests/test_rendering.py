@@ -15,11 +15,12 @@ from tokenizers import Tokenizer
 
 from tests.conftest import EOS, shared_path, write_jsonl
 from tests.test_tokenize import run
-from tokenization.count import CountConfig, count_tokens
-from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile
-from tokenization.rendering import chat_template, field_template, no_loss_ranges
-from tokenization.tokenize import TokenizeConfig, TooManyRejects
+from tokenization.io.errors import UsageError
+from tokenization.stages.count import CountConfig, count_tokens
+from tokenization.stages.tokenize import TokenizeConfig
+from tokenization.text.documents import TooManyRejects
+from tokenization.text.rendering import chat_template, field_template, no_loss_ranges
 
 GPT2_EOS = "<|endoftext|>"
 INSTRUCTION = "{prompt}\n\n{response}"
@@ -310,8 +311,9 @@ def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_wit
 ) -> None:
     """Rendered in the ranks, the mask moves with its tokens through the merge and the context windows; the
     report gives the share of tokens with loss, rank by rank and in all."""
-    from tokenization.build import Build, BuildConfig
-    from tokenization.report import render_html, report_data
+    from tokenization.build.config import BuildConfig
+    from tokenization.build.report import render_html, report_data
+    from tokenization.build.run import Build
 
     records = [
         {
@@ -372,7 +374,8 @@ def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_wit
 )
 def test_a_chat_template_that_cannot_be_used_fails_the_plan(tmp_path, sample_corpus, sample_tokenizer, text, message):
     """Before the fan-out: no rank of a build starts with a template that cannot render anything."""
-    from tokenization.build import Build, BuildConfig
+    from tokenization.build.config import BuildConfig
+    from tokenization.build.run import Build
 
     path = tmp_path / ("missing.jinja" if text is None else "chat.jinja")
     if text is not None:
@@ -653,8 +656,8 @@ HOSTILE = {  # template -> the reason its record is quarantined with
 HOSTILE_RUN = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-from tokenization.rendering import chat_template
-from tokenization.sandbox import Limits
+from tokenization.text.rendering import chat_template
+from tokenization.text.sandbox import Limits
 record = {"messages": [{"role": "user\\ue0009\\ue001", "content": "a few words " * 50}]}
 limits = Limits(steps=400_000)
 renderers = [chat_template(t, "t", "messages", ["assistant"], limits=limits) for t in json.load(sys.stdin)]

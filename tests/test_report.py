@@ -14,9 +14,10 @@ import pytest
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.test_merge import merged
 from tests.test_tokenize import run
-from tokenization.accounting import conservation, rank_manifests, stage_counts
-from tokenization.pages import date, duration, integer, number, render, size
-from tokenization.records import (
+from tokenization.build.accounting import conservation, rank_manifests, stage_counts
+from tokenization.build.pages import date, duration, integer, number, render, size
+from tokenization.build.report import INPUTS_SHOWN, render_html, report_data, write_report
+from tokenization.publish.records import (
     Arrived,
     BuildInputs,
     BuildRecord,
@@ -25,7 +26,6 @@ from tokenization.records import (
     TokenizeSummary,
     VerifySummary,
 )
-from tokenization.report import INPUTS_SHOWN, render_html, report_data, write_report
 
 HOSTILE = "<script>alert(1)</script>"
 NEW_FIELDS = {

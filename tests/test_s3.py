@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import EOS
 from tests.test_tokenize import file_bytes, run
-from tokenization.storage import MAX_PARTS, MIB, MIN_PART_SIZE, part_size, using
-from tokenization.verify import verify
+from tokenization.io.storage import MAX_PARTS, MIB, MIN_PART_SIZE, part_size, using
+from tokenization.stages.verify import verify
 
 
 class S3(NamedTuple):

@@ -17,8 +17,8 @@ import fsspec
 import pytest
 
 from harness.cluster import ROOT, Cluster, services_missing
-from tokenization.records import BuildRecord
-from tokenization.runs import folder_for
+from tokenization.publish.records import BuildRecord
+from tokenization.publish.runs import folder_for
 
 reason = services_missing()
 pytestmark = pytest.mark.skipif(reason is not None, reason=f"distributed test: {reason}")

@@ -15,9 +15,10 @@ import pytest
 import zstandard
 
 from tests.conftest import SAMPLE_TOKENIZER, write_jsonl
-from tokenization import sources
-from tokenization.errors import StorageError
-from tokenization.sources import DocumentReader, InputError, Record, Rejected, list_input_files, shard
+from tokenization.io.errors import StorageError
+from tokenization.publish.records import Rejected
+from tokenization.text import sources
+from tokenization.text.sources import DocumentReader, InputError, Record, list_input_files, shard
 
 RECORDS = [{"id": f"d{i}", "text": f"document number {i}"} for i in range(5)]
 

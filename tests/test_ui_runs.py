@@ -17,9 +17,10 @@ import pytest
 from harness.cluster import ROOT, Cluster, services_missing
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.test_builds_page import full_page_screenshot
-from tokenization.build import Build, BuildConfig
-from tokenization.records import BuildRecord
-from tokenization.runs import folder_for
+from tokenization.build.config import BuildConfig
+from tokenization.build.run import Build
+from tokenization.publish.records import BuildRecord
+from tokenization.publish.runs import folder_for
 
 reason = services_missing() or (
     None if shutil.which("chromium") and shutil.which("chromedriver") else "chromium and chromedriver are absent"

@@ -14,9 +14,9 @@ from tests.conftest import EOS, write_jsonl
 from tests.test_context import shuffled
 from tests.test_merge import merged
 from tests.test_tokenize import run
-from tokenization import permute
 from tokenization.cli import main
-from tokenization.verify import verify
+from tokenization.formats import permute
+from tokenization.stages.verify import verify
 
 NAME = "00000_00000_doc_shuffled.ds"
 
@@ -160,7 +160,8 @@ def test_verify_asks_storage_no_size_and_no_existence_a_file(rank, sample_tokeni
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
     """One small build (2 ranks, a merge into 4 files, 2 context shards) for the module; tests damage copies."""
-    from tokenization.build import Build, BuildConfig
+    from tokenization.build.config import BuildConfig
+    from tokenization.build.run import Build
 
     config = BuildConfig(
         input=str(sample_corpus),

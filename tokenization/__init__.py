@@ -1,1 +1,39 @@
-"""corpus-tokenization."""
+"""corpus-tokenization: cleaned text into datatrove's token files, shuffled at scale.
+
+The public API, as ``tokenization.NAME``: a whole build (``Build``, ``BuildConfig``), each stage as a function and
+its config, ``verify``, and ``TokenFile`` to read what they write. The layers below are ``io`` (storage, errors,
+options), ``formats``, ``publish`` (records, attempts), ``text`` (reading and encoding), ``stages`` and ``build``;
+each name is loaded on first use, so that importing one layer does not load them all.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+PUBLIC = {  # name -> the module that defines it
+    "Build": "tokenization.build.run",
+    "BuildConfig": "tokenization.build.config",
+    "Published": "tokenization.build.complete",
+    "TokenizeConfig": "tokenization.stages.tokenize",
+    "tokenize_rank": "tokenization.stages.tokenize",
+    "MergeConfig": "tokenization.stages.merge",
+    "merge": "tokenization.stages.merge",
+    "ContextShuffleConfig": "tokenization.stages.context_shuffle",
+    "context_shuffle": "tokenization.stages.context_shuffle",
+    "CountConfig": "tokenization.stages.count",
+    "count_tokens": "tokenization.stages.count",
+    "verify": "tokenization.stages.verify",
+    "TokenFile": "tokenization.formats.ds",
+    "TokenizationError": "tokenization.io.errors",
+}
+__all__ = sorted(PUBLIC)
+
+
+def __getattr__(name: str) -> object:
+    if name not in PUBLIC:
+        raise AttributeError(f"module 'tokenization' has no attribute {name!r}")
+    return getattr(import_module(PUBLIC[name]), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

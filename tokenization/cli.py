@@ -27,21 +27,23 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from tokenization.build import Build, BuildConfig, summary
-from tokenization.context import ContextShuffleConfig, context_shuffle
-from tokenization.count import CountConfig, count_tokens
-from tokenization.documents import Counts
-from tokenization.encoding import Encoder, limit_hf_threads
-from tokenization.errors import TokenizationError, UsageError, external_error
+from tokenization.build.complete import summary
+from tokenization.build.config import BuildConfig
+from tokenization.build.report import REPORT_HTML, write_report
+from tokenization.build.run import Build
 from tokenization.formats import MEGATRON, list_token_files
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.formats.megatron import MegatronFile
-from tokenization.merge import MergeConfig, merge
-from tokenization.options import add_arguments, from_arguments
-from tokenization.report import REPORT_HTML, write_report
-from tokenization.storage import join, open_fs
-from tokenization.tokenize import TokenizeConfig, tokenize_rank
-from tokenization.verify import verify
+from tokenization.io.errors import TokenizationError, UsageError, external_error
+from tokenization.io.options import add_arguments, from_arguments
+from tokenization.io.storage import join, open_fs
+from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
+from tokenization.stages.count import CountConfig, count_tokens
+from tokenization.stages.merge import MergeConfig, merge
+from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
+from tokenization.stages.verify import verify
+from tokenization.text.documents import Counts
+from tokenization.text.encoding import Encoder, limit_hf_threads
 
 EXAMPLE = """example: a whole build of a folder of JSON lines on one machine, 4 ranks, 2 at a time
 

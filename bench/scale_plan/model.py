@@ -8,14 +8,14 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 
-from tokenization.attempts import HEARTBEAT_SECONDS
-from tokenization.build import DATASET_NAME
-from tokenization.context import DEFAULT_WINDOW
+from tokenization.build.run import DATASET_NAME
 from tokenization.formats.ds import INDEX_DTYPE
-from tokenization.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig
-from tokenization.storage import MIB, MIN_PART_SIZE, part_size  # the part size the uploads really use
-from tokenization.tokenize import TokenizeConfig
-from tokenization.verify import BLOCK_BYTES
+from tokenization.io.storage import MIB, MIN_PART_SIZE, part_size  # the part size the uploads really use
+from tokenization.publish.attempts import HEARTBEAT_SECONDS
+from tokenization.stages.context_shuffle import DEFAULT_WINDOW
+from tokenization.stages.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig
+from tokenization.stages.tokenize import TokenizeConfig
+from tokenization.stages.verify import BLOCK_BYTES
 
 MB, GB, TB = 1e6, 1e9, 1e12
 

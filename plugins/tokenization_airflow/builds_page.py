@@ -17,11 +17,11 @@ from urllib.parse import quote
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
-from tokenization.build import BuildPlan
-from tokenization.pages import render
-from tokenization.records import BuildSummary, RecordError
-from tokenization.report import REPORT_HTML
-from tokenization.storage import join, open_fs
+from tokenization.build.config import BuildPlan
+from tokenization.build.pages import render
+from tokenization.build.report import REPORT_HTML
+from tokenization.io.storage import join, open_fs
+from tokenization.publish.records import BuildSummary, RecordError
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
 

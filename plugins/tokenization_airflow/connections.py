@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from tokenization.errors import TokenizationError
+from tokenization.io.errors import TokenizationError
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenization.locations import SETTING as ALLOWED_LOCATIONS_SETTING
-from tokenization.locations import AllowedLocations
+from tokenization.io.locations import SETTING as ALLOWED_LOCATIONS_SETTING
+from tokenization.io.locations import AllowedLocations
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample"
 MERGE_POOL = "tokenization_merge"

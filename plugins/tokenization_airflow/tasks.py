@@ -15,12 +15,13 @@ from typing import ParamSpec, TypeVar
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from tokenization.attempts import AttemptConflict, LeaseLost
-from tokenization.build import Build, BuildConfig, BuildPlan
-from tokenization.errors import StorageError, TokenizationError
-from tokenization.locations import tokenizer_files
-from tokenization.options import fields_of
-from tokenization.storage import WriteError
+from tokenization.build.config import BuildConfig, BuildPlan
+from tokenization.build.run import Build
+from tokenization.io.errors import StorageError, TokenizationError
+from tokenization.io.locations import tokenizer_files
+from tokenization.io.options import fields_of
+from tokenization.io.storage import WriteError
+from tokenization.publish.attempts import AttemptConflict, LeaseLost
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
 from tokenization_airflow.pools import pool_exists

@@ -19,7 +19,7 @@ RANKS = {int(rank) for rank in os.environ.get("FAULT_RANKS", "").split(",") if r
 FREEZE_AT = os.environ.get("FAULT_FREEZE_AT", "")
 
 if RANKS:
-    from tokenization.build import Build
+    from tokenization.build.run import Build
 
     _tokenize = Build.tokenize
 
@@ -33,7 +33,7 @@ if RANKS:
     Build.tokenize = tokenize
 
 if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FREEZE_AT:
-    from tokenization import attempts
+    from tokenization.publish import attempts
 
     attempts.LEASE_TTL_SECONDS = float(os.environ.get("FAULT_LEASE_TTL", attempts.LEASE_TTL_SECONDS))
     attempts.HEARTBEAT_SECONDS = float(os.environ.get("FAULT_HEARTBEAT", attempts.HEARTBEAT_SECONDS))

@@ -23,8 +23,8 @@ from typing import Self
 
 import numpy as np
 
-from tokenization.errors import TokenizationError
-from tokenization.storage import is_local, open_fs, start_writeback, writing
+from tokenization.io.errors import TokenizationError
+from tokenization.io.storage import is_local, open_fs, start_writeback, writing
 
 INDEX_DTYPE = np.dtype("<u8")
 LOSS_DTYPE = np.dtype("u1")

@@ -23,7 +23,7 @@ from tokenization.formats.ds import (
     WrittenTokenFile,
     map_array,
 )
-from tokenization.storage import open_fs
+from tokenization.io.storage import open_fs
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

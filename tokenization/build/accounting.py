@@ -1,0 +1,160 @@
+"""A build's books: which rank shards are complete, documents in = out, and tokens from stage to stage.
+
+Every figure comes from the manifests and markers on storage, never from what a task said it did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import fields
+from typing import TypeVar
+
+import orjson
+
+from tokenization.publish import manifest
+from tokenization.formats.names import rank_stem
+from tokenization.build.plan import unread_or_reread
+from tokenization.publish.records import (
+    CompletionMarker,
+    Conservation,
+    ContextCounts,
+    ContextManifest,
+    InputFile,
+    MergeCounts,
+    MergeManifest,
+    RankManifest,
+    RecordError,
+    StageSummary,
+    stage_manifest,
+)
+from tokenization.publish.runs import BuildError
+from tokenization.io.storage import join, list_names, list_sizes, open_fs
+
+C = TypeVar("C", MergeCounts, ContextCounts)
+
+
+def incomplete_ranks(ranks_dir: str, num_ranks: int, plan: str | None = None) -> dict[int, str]:
+    """Every rank of ``0..num_ranks-1`` whose shard is not complete yet, with the reason. While markers are missing
+    this costs one listing, whatever the number of ranks; once all are there, each marker and manifest is read once:
+    a shard is complete when its manifest has the checksum its marker records, was made under the build's ``plan``
+    (its digest, when given), and every file the marker lists is there with its size. A marker of a rank outside
+    the run is an error, never ignored."""
+    fs, path = open_fs(ranks_dir)
+    listed = {
+        name.removesuffix(".json") for name in list_names(fs, join(path, "_completions")) if name.endswith(".json")
+    }
+    expected = {rank_stem(rank): rank for rank in range(num_ranks)}
+    if strangers := sorted(listed - set(expected)):
+        raise BuildError(f"{ranks_dir} holds shards that are not ranks of this {num_ranks}-rank run: {strangers}")
+    if unmarked := {rank: "no completion marker" for stem, rank in expected.items() if stem not in listed}:
+        return unmarked
+    markers = manifest.completion_markers(fs, path)
+    sizes = {**list_sizes(fs, path), **_prefixed(fs, path, "_quarantine")}
+    status = {rank: _shard_status(fs, path, markers.get(stem), sizes, plan) for stem, rank in expected.items()}
+    return {rank: why for rank, why in status.items() if why is not None}
+
+
+def _prefixed(fs, path: str, folder: str) -> dict[str, int]:
+    return {f"{folder}/{name}": size for name, size in list_sizes(fs, join(path, folder)).items()}
+
+
+def _shard_status(
+    fs, path: str, marker: CompletionMarker | None, sizes: dict[str, int], plan: str | None
+) -> str | None:
+    if marker is None:
+        return "no completion marker"
+    try:
+        data = fs.cat_file(join(path, marker.manifest))
+    except FileNotFoundError:
+        return "completion marker without a manifest"
+    if hashlib.sha256(data).hexdigest() != marker.sha256:
+        return "manifest does not match its completion marker"
+    if plan is not None and (made_under := RankManifest.loads(data, join(path, marker.manifest)).plan) != plan:
+        return f"tokenized under another plan ({made_under}, not {plan})"
+    for name, info in marker.files.items():
+        if sizes.get(name) != info.bytes:
+            return f"{name} is missing or not the size its completion marker records"
+    return None
+
+
+def conservation(rank_manifests: list[RankManifest], planned: list[InputFile] | None = None) -> Conservation:
+    """Documents in = documents out + empty + quarantined, summed over the ranks; given the ``planned`` files, the
+    books hold only if the ranks read exactly those, each once (else ``inputs_problem`` says how not)."""
+    counts = [m.counts for m in rank_manifests]
+    rejected: Counter = Counter()
+    for c in counts:
+        rejected.update(c.rejected)
+    quarantined = sum(rejected.values())
+    docs_in, docs_out, empty = (sum(getattr(c, k) for c in counts) for k in ("docs_read", "docs_written", "empty"))
+    read = (entry for m in rank_manifests for entry in m.inputs)
+    problem = None if planned is None else unread_or_reread(planned, read)
+    return Conservation(
+        docs_in=docs_in,
+        docs_out=docs_out,
+        empty=empty,
+        quarantined=quarantined,
+        rejected_by_reason=dict(sorted(rejected.items())),
+        tokens=sum(c.tokens_written for c in counts),
+        tokens_dropped=sum(c.tokens_dropped for c in counts),
+        inputs_problem=problem,
+        holds=docs_in == docs_out + empty + quarantined and problem is None,
+    )
+
+
+def stage_counts(folder: str) -> C | None:
+    """The counts of every completed stage manifest of a folder (the merge's one, or all context shards'),
+    summed; None when the folder holds none."""
+    fs, path = open_fs(folder)
+    markers = manifest.completion_markers(fs, path)
+    counts = []
+    for marker in markers.values():
+        where = join(path, marker.manifest)
+        record = stage_manifest(fs.cat_file(where), where)
+        if not isinstance(record, MergeManifest | ContextManifest):
+            raise RecordError(where, f"a {type(record).__name__}, not a merge or context-shuffle manifest")
+        counts.append(record.counts)
+    if not counts:
+        return None
+    return type(counts[0])(**{f.name: sum(getattr(c, f.name) for c in counts) for f in fields(counts[0])})
+
+
+def token_flow(rank_tokens: int, stages: StageSummary, dataset_tokens: int) -> dict[str, int]:
+    """Tokens from stage to stage: what each stage was given = what it wrote + what it dropped, and the dataset's
+    files hold what the last stage wrote. A stage that does not add up raises, naming it: a leftover file merged
+    in, or a file lost on the way, must never pass for a build."""
+    flow = {"tokenize": rank_tokens}
+    given = rank_tokens
+    for stage, counts in (("merge", stages.merge), ("context_shuffle", stages.context_shuffle)):
+        if counts is None:
+            continue
+        if counts.tokens + counts.tokens_dropped != given:
+            raise BuildError(
+                f"{stage} wrote {counts.tokens} tokens and dropped {counts.tokens_dropped}, but was given {given}"
+            )
+        flow[stage] = given = counts.tokens
+    if dataset_tokens != given:
+        raise BuildError(f"the dataset's files hold {dataset_tokens} tokens, its manifests say {given}")
+    return flow
+
+
+def rank_manifests(ranks_dir: str, num_ranks: int) -> list[RankManifest]:
+    """Every rank's manifest, checked (``RecordError`` names a damaged one); a missing one is a BuildError."""
+    fs, path = open_fs(ranks_dir)
+    found = []
+    for rank in range(num_ranks):
+        where = manifest.manifest_path(path, rank_stem(rank))
+        record = RankManifest.read(fs, where)
+        if record is None:
+            raise BuildError(
+                f"{join(ranks_dir, manifest.manifest_name(rank_stem(rank)))}: missing, so rank {rank} is not complete"
+            )
+        found.append(record)
+    return found
+
+
+def dataset_digest(dataset: str) -> str:
+    """One sha256 for a whole dataset, from the checksums its manifests record: equal digests, equal bytes."""
+    entries = manifest.output_entries(dataset)
+    pairs = sorted((name, info.sha256) for d in entries.values() for name, info in d.entry.files.items())
+    return hashlib.sha256(orjson.dumps(pairs)).hexdigest()

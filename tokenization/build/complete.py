@@ -1,0 +1,208 @@
+"""Publishing a build: verify its dataset, check its books from the manifests on storage, write its report, then
+``_BUILD.json``, which declares it complete, and point ``{output}/LATEST`` at it; or take that declaration back."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+
+from tokenization.build import accounting
+from tokenization.build.config import BuildConfig, BuildPlan
+from tokenization.formats import token_file_names
+from tokenization.build.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
+from tokenization.io.options import params
+from tokenization.build.plan import Plan
+from tokenization.publish.records import (
+    Arrived,
+    BuildInputs,
+    BuildRecord,
+    BuildSummary,
+    BuildTokenizer,
+    ReportFiles,
+    Retention,
+    StageSummary,
+    TokenizeSummary,
+    VerifySummary,
+)
+from tokenization.build.report import REPORT_HTML, REPORT_JSON, write_report
+from tokenization.publish.runs import BuildError, Layout, read_build
+from tokenization.text.sources import InputError, list_input_files
+from tokenization.io.storage import join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
+from tokenization.stages.verify import verify
+
+log = logging.getLogger(__name__)
+
+PROBLEMS_LOGGED = 50
+ARRIVED_LISTED = 100  # input files that arrived after the plan, named in the build record (then a count)
+
+
+@dataclass(frozen=True)
+class Published:
+    """A complete build: its ``_BUILD.json``, where ``{output}/LATEST`` points (``latest``: a run folder) and the
+    complete builds that retention deleted."""
+
+    record: BuildRecord
+    latest: str
+    deleted: list[str]
+
+    def summary(self) -> BuildSummary:
+        """A few figures for XCom, the Asset event and the builds page."""
+        record = self.record
+        return BuildSummary(
+            dataset=record.dataset,
+            digest=record.digest,
+            tokens=record.tokens,
+            docs=record.conservation.docs_out,
+            rejects=record.conservation.quarantined,
+            files=len(record.files),
+            verified=record.verify.ok,
+            latest=self.latest,
+            deleted=self.deleted,
+            seed=record.seed,
+            tokenizer=record.tokenizer.name,
+            input=record.input,
+        )
+
+
+def publish(config: BuildConfig, plan: BuildPlan, keep: int | None = None) -> Published:
+    """Verify the dataset, check that every document and every token is accounted for and that the ranks read
+    exactly the plan's files (from the manifests on storage, never from what tasks said), write the report,
+    then ``_BUILD.json``, which declares the build complete; then point ``{output}/LATEST`` at the newest
+    complete build and, with ``keep``, delete the complete builds older than the newest ``keep`` (listed in the
+    report). A publish that fails leaves no ``_BUILD.json`` behind, not even an earlier one."""
+    run_dir = plan.run_dir
+    with using(config.storage_options):
+        try:
+            record = build_record(config, plan)
+        except Exception:
+            unpublish(config, plan)
+            raise
+        record = replace(record, report=ReportFiles(html=REPORT_HTML, json=REPORT_JSON))
+        write_report(run_dir, record)  # before the record that declares the build complete
+        fs, path = open_fs(Layout(plan.run_dir).manifest)
+        write_bytes_atomic(fs, path, record.dumps())
+        newest = point_latest(config.output)
+        deleted = expire(config.output, keep, {newest, run_dir}) if keep else []
+        if deleted:
+            write_report(run_dir, record, Retention(keep=keep, deleted=deleted))
+    log.info("published %s: %d tokens; report %s", record.dataset, record.tokens, REPORT_HTML)
+    return Published(record, newest, deleted)
+
+
+def published(config: BuildConfig, plan: BuildPlan) -> Published | None:
+    """This build as published, when it already is (its ``_BUILD.json`` records this very plan)."""
+    with using(config.storage_options):
+        record = read_build(plan.run_dir)
+        if record is None or record.plan != plan.digest:
+            return None
+        try:
+            latest = read_latest(config.output) or ""
+        except LatestError:  # a LATEST that names no build here: the next publish rewrites it
+            latest = ""
+        return Published(record, latest, [])
+
+
+def unpublish(config: BuildConfig, plan: BuildPlan) -> None:
+    """Take back ``_BUILD.json`` before files it describes may change, or when a publish fails: no build is
+    ever declared complete over files that are not the ones it describes."""
+    where = Layout(plan.run_dir).manifest
+    with using(config.storage_options):
+        fs, path = open_fs(where)
+        if fs.exists(path):
+            remove_if_exists(fs, path)
+            log.warning("%s removed: the build is incomplete until it is published again", where)
+
+
+def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
+    """The record of a build whose dataset verifies and whose books hold; a BuildError says what does not."""
+    layout = Layout(plan.run_dir)
+    merged, context = accounting.stage_counts(layout.merged), accounting.stage_counts(layout.context)
+    dataset = layout.context if context else layout.merged if plan.merges else layout.ranks
+    checked = verify(dataset, config.tokenizer, plan.eos_token)
+    for line in checked.problems[:PROBLEMS_LOGGED] + checked.notes:
+        log.warning("verify: %s", line)
+    if not checked.ok:
+        raise BuildError(f"verify found {len(checked.problems)} problems in {dataset}; the build is not published")
+    recorded = Plan.recorded(plan.run_dir, plan.digest)
+    balance = accounting.conservation(accounting.rank_manifests(layout.ranks, plan.num_ranks), recorded.files)
+    if balance.inputs_problem:
+        raise BuildError(f"the ranks did not read exactly the plan's input files: {balance.inputs_problem}")
+    if not balance.holds:
+        raise BuildError(f"documents are not conserved: {balance}")
+    finished = time.time()
+    stages = StageSummary(
+        tokenize=TokenizeSummary(ranks=plan.num_ranks, input_files=plan.input_files, **asdict(balance)),
+        merge=merged,
+        context_shuffle=context,
+    )
+    return BuildRecord(
+        run_id=plan.run_id,
+        plan=plan.digest,
+        dataset=dataset,
+        input=config.input,
+        seed=plan.seed,
+        tokenizer=BuildTokenizer(name=config.tokenizer, sha256=plan.tokenizer_sha256, eos=plan.eos_token),
+        params=params(config),
+        inputs=BuildInputs(
+            spec=config.input,
+            files=plan.input_files,
+            bytes=plan.input_bytes,
+            skipped=plan.skipped_inputs,
+            hidden=recorded.record.inputs.hidden,
+            arrived_after_plan=_arrived_after(config, recorded),
+        ),
+        started=_iso(plan.started),
+        finished=_iso(finished),
+        wall_seconds=round(finished - plan.started, 3),
+        conservation=balance,
+        token_flow=accounting.token_flow(balance.tokens, stages, checked.tokens),
+        tokens=checked.tokens,
+        digest=accounting.dataset_digest(dataset),
+        files=token_file_names(list_names(*open_fs(dataset))),
+        stages=stages,
+        verify=VerifySummary(ok=checked.ok, files=checked.files, tokens=checked.tokens, notes=checked.notes),
+    )
+
+
+def _arrived_after(config: BuildConfig, recorded: Plan) -> Arrived:
+    """The input files that arrived after the plan was made, which this build leaves out: for the report."""
+    try:
+        listing = list_input_files([config.input])
+    except InputError:  # the input is gone, or empty now: nothing arrived
+        return Arrived(files=0, first=[])
+    known = {f.url for f in recorded.files}
+    arrived = [f.url for f in listing.files if f.url not in known]
+    return Arrived(files=len(arrived), first=arrived[:ARRIVED_LISTED])
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds")
+
+
+def latest_build(folder: str) -> BuildRecord:
+    """The record of the newest complete build under a builds folder, the one ``LATEST`` names, checked as publish
+    checks a candidate; anything else raises one line naming the file."""
+    return latest_complete_build(folder).record
+
+
+def summary(build: BuildRecord) -> str:
+    """A few lines for a person: where the dataset is, how much is in it, and whether it verified."""
+    c = build.conservation
+    lines = [
+        f"dataset: {build.dataset}",
+        f"digest:  {build.digest} (sha256 of the files' checksums: equal digests, equal bytes)",
+        f"documents: {c.docs_in:,} read = {c.docs_out:,} written + {c.empty:,} empty + "
+        f"{c.quarantined:,} quarantined ({'holds' if c.holds else 'DOES NOT HOLD'})",
+        f"tokens: {build.tokens:,} in {len(build.files)} files, {c.tokens_dropped:,} dropped",
+        f"verify: {'passed' if build.verify.ok else 'FAILED'} ({build.verify.files} files)",
+    ]
+    inputs = build.inputs
+    if inputs and inputs.arrived_after_plan:  # builds since plans were fixed
+        arrived = inputs.arrived_after_plan.files
+        later = f"; {arrived:,} arrived after the plan, left for the next build" if arrived else ""
+        lines.insert(3, f"inputs: the plan's {inputs.files:,} files, each read once{later}")
+    if build.report:  # the run folder holds the dataset's folder and the report
+        lines.append(f"report: {join(build.dataset.rsplit('/', 1)[0], build.report.html)}")
+    return "\n".join(lines)

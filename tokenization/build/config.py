@@ -1,0 +1,93 @@
+"""A build's params and the plan ``Build.start`` makes of them once: the two things every step of a build is given
+(in Airflow, the DAG's Params and the ``plan`` task's XCom ``spec``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from tokenization.stages.context_shuffle import ContextOptions
+from tokenization.text.documents import DocumentOptions
+from tokenization.io.errors import UsageError
+from tokenization.stages.merge import MergeOptions
+from tokenization.io.options import option
+from tokenization.publish.records import Record
+from tokenization.stages.tokenize import RankOptions
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
+    """A build's params: the DAG's Params and the options of ``tokenization build`` are made from these fields."""
+
+    input: str = option(flag="", title="Input", help="folder, glob or fsspec URL of .jsonl[.gz|.zst] or .parquet files")
+    output: str = option(title="Output", help="folder or fsspec URL; a build writes under {output}/{build id}")
+    seed: int | None = option(
+        None,
+        minimum=0,
+        title="Seed",
+        help="shuffle seed for every stage (default: one derived from the build id, the same for every retry)",
+    )
+    num_ranks: int = option(
+        4,
+        minimum=1,
+        maximum=4096,
+        title="Ranks",
+        help="tokenize tasks; rank r takes input files r, r + ranks, ... of the sorted list",
+    )
+    num_context_shards: int = option(
+        4,
+        minimum=1,
+        maximum=1024,
+        title="Context-shuffle tasks",
+        help="context-shuffle tasks, each taking some of the merged files (never more tasks than files)",
+    )
+    local_working_dir: str | None = option(
+        None, param=False, help="local folder where ranks and context shards stage their files"
+    )
+    merge_working_dir: str | None = option(
+        None,
+        param=False,
+        help="local folder with room for the whole dataset, where the merge stages its files (default: "
+        "--local-working-dir)",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.merge_mode == "bucketed") != bool(self.num_buckets):
+            raise UsageError("merge_mode bucketed and num_buckets go together: give both or neither")
+
+    def shared(self, *groups: type) -> dict:
+        """This config's values of the option groups a stage config shares with it."""
+        return {f.name: getattr(self, f.name) for group in groups for f in fields(group)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildPlan(Record):
+    """What ``start`` decided once for the whole run; every later step reads it (in Airflow, the XCom ``spec``)."""
+
+    LABEL: ClassVar[str] = "build spec"
+
+    run_id: str
+    run_dir: str
+    seed: int
+    num_ranks: int
+    input_files: int
+    input_bytes: int
+    skipped_inputs: int
+    tokenizer_sha256: str
+    eos_token: str | None
+    merges: bool  # the ds format is merged and context-shuffled; Megatron's rank files are the dataset
+    num_buckets: int | None  # a merge task a bucket, or one merge of everything
+    started: float  # when the run claimed its folder
+    digest: str  # of the plan its claim records (``tokenization.build.plan``): every rank manifest names it
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(range(self.num_ranks))
+
+    @property
+    def merge_buckets(self) -> list[int | None]:
+        """What each merge task takes: a bucket each, or everything (None) in one task; nothing without a merge."""
+        if not self.merges:
+            return []
+        return list(range(self.num_buckets)) if self.num_buckets else [None]

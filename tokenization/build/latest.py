@@ -1,0 +1,266 @@
+"""A builds folder's pointer to its newest complete build, and the retention of complete builds.
+
+``{output}/LATEST`` holds one line: the name of the run folder of the newest complete build (the one whose
+``_BUILD.json`` says it started last), one path segment, so that it resolves from anywhere: a reader joins it to
+the output it was given and never follows it outside. Publishing a build points it there by compare-and-swap
+(under a lock file locally, a conditional PUT on S3), unless a newer build already completed: a reader never sees
+a half-written pointer nor one that goes back.
+
+Only this project's own complete builds are candidates, for ``LATEST`` and for retention: a child folder of the
+output whose ``_RUN.json`` claims it for the run its name spells and whose ``_BUILD.json`` is that run's record.
+Anything else (a user's folder, a running or failed build, a malformed record) is left alone, with a warning when
+it holds a ``_BUILD.json``. Retention keeps the newest ``keep`` candidates and deletes older ones, never the build
+being published nor the one ``LATEST`` names.
+
+No path given by a user is ever used as a glob: the output is listed, never globbed, and folders are removed with
+:func:`tokenization.io.storage.remove_tree`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+import fsspec
+
+from tokenization.io.errors import MissingError, TokenizationError, UsageError
+from tokenization.publish.records import BuildRecord, RecordError, RunClaim
+from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, folder_for, read_build
+from tokenization.io.storage import (
+    is_local,
+    is_s3,
+    join,
+    open_fs,
+    put_if,
+    read_with_etag,
+    remove_tree,
+    write_bytes_atomic,
+)
+
+LATEST = "LATEST"
+LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_for encodes a leading dot)
+SWAP_ATTEMPTS = 20  # each a read, a listing and a conditional PUT: only a publish racing others ever retries
+
+log = logging.getLogger(__name__)
+
+
+class LatestError(TokenizationError, ValueError):
+    """``LATEST``, or the build record it leads to, cannot be used; the message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class CompleteBuild:
+    """One of this project's complete builds: its run folder, named ``name`` under the output, and its record."""
+
+    run_dir: str
+    name: str
+    started: datetime
+    record: BuildRecord
+
+    @property
+    def order(self) -> tuple[datetime, str]:
+        return self.started, self.name
+
+
+def complete_build(output: str, name: str) -> CompleteBuild | None:
+    """The complete build in ``{output}/{name}``, None when that folder holds no ``_BUILD.json`` (a running or
+    failed build, or no build at all); a record that is not this project's, or is malformed, raises
+    :class:`LatestError` naming the file."""
+    run_dir = join(output, name)
+    fs, path = open_fs(run_dir)
+    try:
+        record = read_build(run_dir)
+        if record is None:
+            return None
+        claim = RunClaim.read(fs, join(path, RUN_CLAIM), join(run_dir, RUN_CLAIM))
+    except RecordError as exc:
+        raise LatestError(str(exc)) from None
+    if claim is None:
+        raise LatestError(f"{join(run_dir, BUILD_MANIFEST)}: no {RUN_CLAIM} claims the folder, so no build made it")
+    if not _owns(output, name, claim.run_id):
+        raise LatestError(
+            f"{join(run_dir, RUN_CLAIM)}: claims the folder for run {claim.run_id!r}, whose folder is another"
+        )
+    if record.run_id != claim.run_id:
+        raise LatestError(f"{join(run_dir, BUILD_MANIFEST)}: the record of run {record.run_id!r}, not {claim.run_id!r}")
+    return CompleteBuild(run_dir, name, _started(record.started, join(run_dir, BUILD_MANIFEST)), record)
+
+
+def complete_builds(output: str) -> list[CompleteBuild]:
+    """Every complete build under ``output``, the newest first; a folder with a ``_BUILD.json`` that is no build of
+    this project is skipped with a warning naming it."""
+    found = []
+    for name in _child_folders(*open_fs(output)):
+        try:
+            build = complete_build(output, name)
+        except LatestError as exc:
+            log.warning("%s; LATEST and retention leave it alone (move it out of %s to silence this)", exc, output)
+            continue
+        if build is not None:
+            found.append(build)
+    return sorted(found, key=lambda b: b.order, reverse=True)
+
+
+def read_latest(output: str) -> str | None:
+    """The run folder ``LATEST`` names, inside ``output``, or None when there is none yet."""
+    fs, path = open_fs(output)
+    try:
+        text = fs.cat_file(join(path, LATEST))
+    except FileNotFoundError:
+        return None
+    name = latest_name(output, text)
+    return None if name is None else join(output, name)
+
+
+def latest_complete_build(output: str) -> CompleteBuild:
+    """The complete build ``LATEST`` names: ``FileNotFoundError`` when there is no ``LATEST`` yet, and
+    :class:`LatestError` when it names no complete build of this project."""
+    run_dir = read_latest(output)
+    if run_dir is None:
+        raise MissingError(f"{output}: no {LATEST}, so no complete build yet")
+    name = run_dir.rsplit("/", 1)[-1]
+    build = complete_build(output, name)
+    if build is None:
+        raise LatestError(f"{join(output, LATEST)}: names {name}, which holds no {BUILD_MANIFEST} (not complete)")
+    return build
+
+
+def latest_name(output: str, text: bytes) -> str | None:
+    """The run folder name that ``LATEST``'s content ``text`` gives, or None when it is empty. The previous version
+    wrote a whole path or URL (relative to the writer's working folder, maybe): its last segment is taken when it
+    names a folder of ``output``. Nothing outside ``output`` is ever named: anything else raises."""
+    value = text.decode(errors="replace").strip()
+    if not value:
+        return None
+    if _is_name(value):
+        return value
+    last = value.rstrip("/").rsplit("/", 1)[-1]
+    fs, path = open_fs(output)
+    if _is_name(last) and fs.isdir(join(path, last)):
+        return last
+    raise LatestError(
+        f"{join(output, LATEST)}: names {value!r}, which is no folder of {output} (it is never followed outside "
+        f"it); publish a build to rewrite it, or remove it"
+    )
+
+
+def point_latest(output: str) -> str:
+    """Point ``LATEST`` at the newest complete build and return it (the one just published, unless a newer one
+    completed meanwhile). A compare-and-swap: read ``LATEST``, list the builds, write only if ``LATEST`` still
+    holds what was read (a lock locally, ``If-Match`` on S3), else decide again; it never goes back."""
+    fs, path = open_fs(output)
+    with _locked(fs, path):
+        for _ in range(SWAP_ATTEMPTS):
+            text, etag = _read_latest_versioned(fs, join(path, LATEST))
+            builds = complete_builds(output)
+            if not builds:
+                raise LatestError(f"{output}: no complete build to point {LATEST} at")
+            current = _named_build(output, text)
+            if current is not None and current.order >= builds[0].order:
+                return current.run_dir
+            try:
+                _write_latest(fs, join(path, LATEST), builds[0].name, etag)
+            except (FileExistsError, FileNotFoundError):  # another publish moved (or someone removed) it since
+                continue
+            log.info("%s now names %s", join(output, LATEST), builds[0].run_dir)
+            return builds[0].run_dir
+    raise LatestError(
+        f"{join(output, LATEST)}: changed by other publishes {SWAP_ATTEMPTS} times in a row; publish again"
+    )
+
+
+def expire(output: str, keep: int, spare: set[str]) -> list[str]:
+    """Delete the complete builds beyond the newest ``keep``, except those in ``spare``; returns what it deleted."""
+    deleted = []
+    for build in complete_builds(output)[keep:]:
+        if build.run_dir in spare:
+            continue
+        fs, path = open_fs(build.run_dir)
+        try:
+            fs.rm_file(join(path, BUILD_MANIFEST))  # first: a deletion cut short leaves an incomplete build, not a
+        except FileNotFoundError:  # complete one with files missing; gone: another publish's retention took it
+            continue
+        remove_tree(fs, path)
+        log.warning("retention (keep %d complete builds): deleted %s, started %s", keep, build.run_dir, build.started)
+        deleted.append(build.run_dir)
+    return deleted
+
+
+def _named_build(output: str, text: bytes | None) -> CompleteBuild | None:
+    """The complete build ``LATEST``'s content names, or None when it names none that is still a valid one."""
+    try:
+        name = None if text is None else latest_name(output, text)
+        return None if name is None else complete_build(output, name)
+    except LatestError as exc:
+        log.warning("%s is replaced: %s", join(output, LATEST), exc)
+        return None
+
+
+def _read_latest_versioned(fs: fsspec.AbstractFileSystem, path: str) -> tuple[bytes | None, str | None]:
+    """``LATEST``'s content and, on S3, its ETag; ``(None, None)`` when there is none."""
+    try:
+        return read_with_etag(fs, path)
+    except FileNotFoundError:
+        return None, None
+
+
+def _write_latest(fs: fsspec.AbstractFileSystem, path: str, name: str, etag: str | None) -> None:
+    """Write ``LATEST`` whole; on S3 only over the version read (``etag``), or only if there was none (no ETag),
+    else ``FileExistsError``. Locally the caller holds the lock; other stores have no such condition, and a race
+    of two publishes there can leave either one."""
+    data = f"{name}\n".encode()
+    if is_s3(fs):
+        put_if(fs, path, data, absent=etag is None, etag=etag)
+    else:
+        write_bytes_atomic(fs, path, data)
+
+
+@contextmanager
+def _locked(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]:
+    """Hold ``{output}/.LATEST.lock`` exclusively, locally (``flock``: between processes and between threads, each
+    opening the file). Elsewhere a no-op: on S3 the conditional writes do its work."""
+    if not is_local(fs):
+        yield
+        return
+    fs.makedirs(path, exist_ok=True)
+    with open(join(path, LOCK), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _child_folders(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    """The names of the folders directly inside ``path`` (none when it does not exist), without dot names."""
+    fs.invalidate_cache(path)
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return []
+    names = (e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
+    return sorted(name for name in names if not name.startswith("."))
+
+
+def _started(started: str, where: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(started) if isinstance(started, str) else None
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise LatestError(f'{where}: "started" is {started!r}, not an ISO 8601 time with its UTC offset')
+    return moment
+
+
+def _owns(output: str, name: str, run_id: object) -> bool:
+    """Whether ``run_id`` is a run id whose folder under ``output`` is ``name``."""
+    try:
+        return isinstance(run_id, str) and folder_for(output, run_id) == join(output, name)
+    except UsageError:  # no folder at all: "", "." or ".."
+        return False
+
+
+def _is_name(value: str) -> bool:
+    """Whether ``value`` is one folder name under the output, the kind ``folder_for`` makes."""
+    return bool(value) and "/" not in value and "\\" not in value and not value.startswith(".")

@@ -1,0 +1,152 @@
+"""A build's plan: made once, when its run claims its folder, and the only thing a later step or a resume takes.
+
+A plan is what decides the dataset's bytes: the params (less the few that cannot change a byte), the seed, the
+tokenizer's and the chat template's sha256, and the exact input files, each with the identity a listing gave it
+(``sources.InputFile``). It is recorded in the run's claim (``runs.claim``), so it exists before any work and
+cannot be replaced. Ranks take their share of its file list, never a new listing; a re-run of the same run id
+resumes only when it would make the very same plan (files that arrived since are left out, and named); the books
+check that the ranks read exactly the plan's files, each once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import orjson
+
+from tokenization.io.options import Options, params
+from tokenization.publish.records import InputFile, PlannedInputs, PlannedTokenizer, PlanRecord
+from tokenization.publish.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
+from tokenization.text.sources import InputListing
+from tokenization.io.storage import join
+
+log = logging.getLogger(__name__)
+
+# Params that choose how the work is done, never what it writes: exact engines give identical ids (the tests prove
+# it), and threads, batches and working folders only change how fast the same bytes come. (The seed is planned as
+# resolved, on its own: the param may be None.)
+NOT_PLANNED = ("engine", "threads", "batch_size", "batch_bytes", "local_working_dir", "merge_working_dir", "seed")
+SHOWN = 5  # files named in a message, then a count
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The record itself (``record``, as ``_RUN.json`` holds it) and its digest, which every manifest carries."""
+
+    record: PlanRecord
+
+    @classmethod
+    def make(
+        cls,
+        config: Options,
+        seed: int,
+        tokenizer_sha256: str,
+        eos_token: str | None,
+        rendering_sha256: str | None,
+        listing: InputListing,
+    ) -> Plan:
+        planned = {k: v for k, v in params(config).items() if k not in NOT_PLANNED}
+        return cls(
+            PlanRecord(
+                params=planned,
+                seed=seed,
+                tokenizer=PlannedTokenizer(sha256=tokenizer_sha256, eos_token=eos_token),
+                rendering_sha256=rendering_sha256,
+                inputs=PlannedInputs(files=listing.files, skipped=listing.skipped, hidden=listing.hidden),
+            )
+        )
+
+    @classmethod
+    def recorded(cls, run_dir: str, digest: str) -> Plan:
+        """The plan the run's claim records, when it is the one with this ``digest`` (the run was started with it),
+        or an error saying otherwise."""
+        claimed = read_claim(run_dir)
+        found = claimed and cls(claimed.plan)
+        if found is None or found.digest != digest:
+            raise BuildError(
+                f"{join(run_dir, RUN_CLAIM)}: {'missing' if found is None else f'records plan {found.digest}'}, not "
+                f"this run's plan {digest}: the run folder was replaced after the run started"
+            )
+        return found
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(orjson.dumps(self.record.to_json(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+    @property
+    def files(self) -> list[InputFile]:
+        return self.record.inputs.files
+
+    def share(self, rank: int, num_ranks: int) -> list[InputFile]:
+        """Rank ``r`` of ``w`` takes files ``r, r + w, ...`` of the sorted list, as datatrove's ``get_shard``."""
+        return self.files[rank::num_ranks]
+
+    def refuse_another(self, proposed: Plan, listing: InputListing, where: str) -> list[InputFile]:
+        """Resume this plan only if ``proposed`` (what the re-run would plan) is the same plan: same settings, and
+        each planned file still there and unchanged. Returns the files that arrived since, which the build leaves
+        out; raises :class:`PlanConflict` naming every difference otherwise."""
+        differences = _setting_differences(self.record, proposed.record)
+        now = {f.url: f for f in listing.files}
+        planned = self.files
+        gone = [f.url for f in planned if f.url not in now]
+        changed = [f.url for f in planned if f.url in now and now[f.url] != f]
+        if gone:
+            differences.append(f"{len(gone)} planned input files are gone ({_named(gone)})")
+        if changed:
+            differences.append(f"{len(changed)} planned input files changed since ({_named(changed)})")
+        if differences:
+            raise PlanConflict(
+                f"{where} was planned otherwise: {'; '.join(differences)}. A build id resumes only its own plan: "
+                f"run these settings or inputs under a new build id"
+            )
+        known = {f.url for f in planned}
+        arrived = [f for f in listing.files if f.url not in known]
+        if arrived:
+            log.warning(
+                "%d input files arrived after %s was planned and are not in this build: %s",
+                len(arrived),
+                where,
+                _named([f.url for f in arrived]),
+            )
+        return arrived
+
+
+def _setting_differences(recorded: PlanRecord, proposed: PlanRecord) -> list[str]:
+    """Every setting that differs, as ``name now (planned before)``."""
+    found = []
+    was, now = recorded.params, proposed.params
+    for name in sorted(set(was) | set(now)):
+        if was.get(name) != now.get(name):
+            found.append(f"{name} {now.get(name)!r} (planned {was.get(name)!r})")
+    for label, before, after in (
+        ("seed", recorded.seed, proposed.seed),
+        ("tokenizer sha256", recorded.tokenizer.sha256, proposed.tokenizer.sha256),
+        ("EOS token", recorded.tokenizer.eos_token, proposed.tokenizer.eos_token),
+        ("chat template sha256", recorded.rendering_sha256, proposed.rendering_sha256),
+    ):
+        if before != after:
+            found.append(f"{label} {after!r} (planned {before!r})")
+    return found
+
+
+def _named(urls: list[str]) -> str:
+    return ", ".join(urls[:SHOWN]) + (f" and {len(urls) - SHOWN} more" if len(urls) > SHOWN else "")
+
+
+def unread_or_reread(planned: Iterable[InputFile], read: Iterable[InputFile]) -> str | None:
+    """What is wrong with the files the ranks read (their manifests' ``inputs``) against the plan's, or None when
+    they read exactly the plan's files, each once."""
+    want = Counter(planned)
+    got = Counter(read)
+    problems = []
+    if twice := sorted(f.url for f, n in got.items() if n > 1):
+        problems.append(f"read more than once: {_named(twice)}")
+    if never := sorted(f.url for f in want.keys() - got.keys()):
+        problems.append(f"planned but never read: {_named(never)}")
+    if strangers := sorted(f.url for f in got.keys() - want.keys()):
+        problems.append(f"read but not planned: {_named(strangers)}")
+    return "; ".join(problems) or None

@@ -1,0 +1,218 @@
+"""The build report: what one build did, from its manifests alone, as JSON and as one self-contained HTML page.
+
+``publish`` writes ``report.json`` and ``report.html`` into the run folder, next to the dataset, before the
+build manifest that declares the build complete; ``tokenization report RUN_DIR`` writes them again from the
+manifests. The page is ``templates/report.html.j2``; its plots are matplotlib SVG, inlined, so it needs nothing
+else to display.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+
+import orjson
+from markupsafe import Markup
+
+from tokenization.publish import manifest
+from tokenization.build.accounting import rank_manifests
+from tokenization.io.errors import MissingError
+from tokenization.build.pages import render
+from tokenization.publish.records import BuildInputs, BuildRecord, RankManifest, Retention, Throughput
+from tokenization.publish.runs import BUILD_MANIFEST, Layout, read_build
+from tokenization.io.storage import join, open_fs, write_bytes_atomic
+
+REPORT_FORMAT = "corpus-tokenization/report/2"  # /1 copied the build record's figures; /2 holds the record
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+INPUTS_SHOWN = 20  # the page lists this many input files, then how many more; report.json has them all
+SETTINGS = (
+    "seed",
+    "num_ranks",
+    "shuffle_documents",
+    "shuffle_chunk_size",
+    "max_tokens_per_file",
+    "save_loss",
+    "output_format",
+    "merge_mode",
+    "merge_max_tokens_per_file",
+    "context_window",
+    "num_context_shards",
+    "eos_token",
+    "engine",
+    "threads",
+)
+RENDERING = ("template", "loss_fields", "messages_key", "chat_template", "loss_roles")  # when records are rendered
+
+
+def report_data(run_dir: str, build: BuildRecord | None = None, retention: Retention | None = None) -> dict:
+    """Everything the report shows: the build record itself (``build``, when it is not written yet), and what the
+    run's rank manifests add to it, with the builds that retention deleted when there were any."""
+    build = build or _build_record(run_dir)
+    ranks = rank_manifests(Layout(run_dir).ranks, build.stages.tokenize.ranks)
+    lengths: Counter = Counter()
+    for rank in ranks:
+        for row in rank.counts.length_histogram:
+            lengths[row.min_tokens] += row.docs
+    dropped = {
+        "tokenize": sum(r.counts.tokens_dropped for r in ranks),
+        "merge": build.stages.merge.tokens_dropped if build.stages.merge else 0,
+        "context_shuffle": build.stages.context_shuffle.tokens_dropped if build.stages.context_shuffle else 0,
+    }
+    outputs = manifest.output_entries(build.dataset)
+    tokenizer = ranks[0].tokenizer
+    input_files = _input_files(ranks)
+    return {
+        "format": REPORT_FORMAT,
+        "build": build.to_json(),
+        "run_dir": run_dir,
+        "ranks": [_rank_row(r) for r in ranks],
+        "length_histogram": [
+            {"min_tokens": low, "max_tokens": 2 * low - 1, "docs": lengths[low]} for low in sorted(lengths)
+        ],
+        "files": [
+            {"name": name, "tokens": d.entry.tokens, "index_entries": d.entry.index_entries}
+            for name, d in sorted(outputs.items())
+        ],
+        "tokens_dropped": dropped | {"total": sum(dropped.values())},
+        "loss": _loss(ranks),
+        "settings": _settings(build),
+        "tokenizer": {
+            "name": tokenizer.name,
+            "sha256": tokenizer.sha256,
+            "token_size": tokenizer.token_size,
+            "vocab_size": tokenizer.vocab_size,
+            "eos_token": tokenizer.eos_token,
+            "engines": sorted({r.tokenizer.engine for r in ranks}),
+        },
+        "throughput": _throughput(ranks, build.tokens, build.wall_seconds),
+        "inputs": _inputs_summary(build, input_files),
+        "input_files": input_files,
+        "retention": retention and retention.to_json(),
+    }
+
+
+def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | None) -> dict:
+    """The build's rates over its wall time, and a rank's over its own time tokenizing (loading apart)."""
+    text_bytes = sum(r.counts.text_bytes for r in ranks)
+    ranks_rate = manifest.throughput(
+        sum(r.seconds for r in ranks),
+        sum(r.tokenizer.load_seconds or 0 for r in ranks),
+        text_bytes,
+        sum(r.counts.tokens for r in ranks),
+    )
+    return {
+        "text_bytes": text_bytes,
+        "build": manifest.throughput(wall_seconds, 0, text_bytes, tokens).to_json() if wall_seconds else None,
+        "ranks": ranks_rate.to_json(),
+    }
+
+
+def _inputs_summary(build: BuildRecord, input_files: list[dict]) -> dict:
+    """The build record's account of its inputs; for builds from before it kept one, what the ranks read."""
+    if build.inputs is not None:
+        return build.inputs.to_json()
+    read = BuildInputs(spec=build.input, files=len(input_files), bytes=sum(f["bytes"] for f in input_files))
+    return read.to_json()
+
+
+def _input_files(ranks: list[RankManifest]) -> list[dict]:
+    """Every file the ranks read, with its size and its rank, by name."""
+    return sorted(
+        ({"url": f.url, "bytes": f.size, "rank": r.rank} for r in ranks for f in r.inputs),
+        key=lambda f: f["url"],
+    )
+
+
+def _settings(build: BuildRecord) -> dict:
+    """The settings that shape the dataset; how records were rendered, when they were."""
+    shown = SETTINGS + (RENDERING if build.renders_records else ())
+    return build.settings(shown) | {"seed": build.seed}
+
+
+def _loss(ranks: list[RankManifest]) -> dict:
+    """Tokens that carry loss, and their share of the tokens encoded; None without loss masks (or from a build
+    made before ranks counted them)."""
+    if not all(r.saves_loss and r.counts.loss_tokens is not None for r in ranks):
+        return {"tokens": None, "share": None}
+    tokens = sum(r.counts.loss_tokens for r in ranks)
+    encoded = sum(r.counts.tokens for r in ranks)
+    return {"tokens": tokens, "share": tokens / encoded if encoded else None}
+
+
+def _rank_row(rank: RankManifest) -> dict:
+    c = rank.counts
+    rates = rank.throughput or Throughput(text_mb_per_s=None, tokens_per_s=None)
+    return {
+        "rank": rank.rank,
+        "docs_read": c.docs_read,
+        "docs_written": c.docs_written,
+        "tokens": c.tokens_written,
+        "empty": c.empty,
+        "rejected": c.rejected,
+        "rejected_total": c.rejected_total,
+        "special_token_literals": c.special_token_literals_total,
+        "loss_share": _loss([rank])["share"],
+        "seconds": rank.seconds,
+        "load_seconds": rank.tokenizer.load_seconds,
+        "text_mb_per_s": rates.text_mb_per_s,
+        "tokens_per_s": rates.tokens_per_s,
+        "engine": rank.tokenizer.engine,
+    }
+
+
+def write_report(run_dir: str, build: BuildRecord | None = None, retention: Retention | None = None) -> BuildRecord:
+    """Write ``report.json`` and ``report.html`` into the run folder, each atomically; return the build record they
+    show."""
+    build = build or _build_record(run_dir)
+    data = report_data(run_dir, build, retention)
+    fs, path = open_fs(run_dir)
+    write_bytes_atomic(
+        fs, join(path, REPORT_JSON), orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    )
+    write_bytes_atomic(fs, join(path, REPORT_HTML), render_html(data).encode())
+    return build
+
+
+def _build_record(run_dir: str) -> BuildRecord:
+    build = read_build(run_dir)
+    if build is None:
+        raise MissingError(f"{run_dir}: no {BUILD_MANIFEST}; the build is not complete or this is not a run")
+    return build
+
+
+def render_html(data: dict) -> str:
+    """The page: the verdict first, then totals, time, inputs, tokenizer, plots, tables, settings, verify notes."""
+    plots = {"length": _length_plot(data["length_histogram"]), "files": _files_plot(data["files"])}
+    return render("report.html.j2", report=data, plots=plots, inputs_shown=INPUTS_SHOWN)
+
+
+def _length_plot(rows: list[dict]) -> Markup:
+    labels = [f"{r['min_tokens']}-{r['max_tokens']}" for r in rows]
+    return _bar_svg(labels, [r["docs"] for r in rows], "tokens in a document (power-of-two buckets)", "documents")
+
+
+def _files_plot(files: list[dict]) -> Markup:
+    return _bar_svg([f["name"] for f in files], [f["tokens"] for f in files], "output file", "tokens")
+
+
+def _bar_svg(labels: list[str], values: list[int], xlabel: str, ylabel: str) -> Markup:
+    """A bar chart as inline SVG (text kept as text, so the page stays small and searchable)."""
+    import matplotlib
+
+    matplotlib.use("svg", force=True)
+    from matplotlib import pyplot as plt
+
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "corpus-tokenization"}):
+        figure, axes = plt.subplots(figsize=(9, 3.2))
+        axes.bar(range(len(values)), values, color="#3b6ea8")
+        axes.set_xticks(range(len(values)), labels, rotation=45 if len(labels) > 6 else 0, ha="right", fontsize=8)
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel(ylabel)
+        axes.spines[["top", "right"]].set_visible(False)
+        figure.tight_layout()
+        out = io.StringIO()
+        figure.savefig(out, format="svg", metadata={"Date": None})
+        plt.close(figure)
+    svg = out.getvalue()
+    return Markup(svg[svg.index("<svg") :])  # matplotlib's own markup, its text escaped by matplotlib

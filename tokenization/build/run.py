@@ -1,0 +1,233 @@
+"""A whole corpus build as a library object: the same plan, stages and publish whether Airflow runs it (a task a
+step, through the glue in ``plugins/``) or ``tokenization build`` runs it on one machine, so both give the same
+bytes for the same params::
+
+    start (check, claim the run folder, fix the seed) -> tokenize (a rank each) -> every shard complete
+        -> merge -> context shuffle (a shard each) -> publish (verify, account, report, _BUILD.json)
+
+The run folder's layout is in ``tokenization.publish.runs``; the books that publish checks are in
+``tokenization.build.accounting``.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from typing import Literal
+
+from tokenization.build import accounting
+
+from tokenization.build import complete
+from tokenization.build.config import BuildConfig, BuildPlan
+from tokenization.publish.records import ContextCounts
+from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
+from tokenization.text.documents import Counts, DocumentOptions
+from tokenization.text.encoding import limit_hf_threads
+from tokenization.io.errors import TokenizationError
+from tokenization.formats import DS, list_token_files
+from tokenization.io.locations import AllowedLocations, check_disjoint
+from tokenization.publish.manifest import StageResult
+from tokenization.stages.merge import MergeConfig, MergeOptions, merge
+from tokenization.publish.records import MergeCounts
+from tokenization.build.plan import Plan
+from tokenization.io.progress import ProgressMode
+from tokenization.build.complete import Published, latest_build, summary
+from tokenization.publish.records import RankManifest
+from tokenization.publish.runs import (
+    BuildError,
+    Layout,
+    claim,
+    folder_for,
+    resolve_seed,
+)
+from tokenization.text.sources import list_input_files
+from tokenization.io.storage import using
+from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
+
+log = logging.getLogger(__name__)
+
+DATASET_NAME = "corpus"  # the merged files are NNN_corpus.ds
+PROBLEMS_LOGGED = 50
+ARRIVED_LISTED = 100  # input files that arrived after the plan, named in the build record (then a count)
+
+
+class Build:
+    """One build run: its config and the plan made once for it. Each step is a method that Airflow's tasks and the
+    command line call alike; every step opens storage with the config's storage options."""
+
+    def __init__(self, config: BuildConfig, plan: BuildPlan):
+        self.config, self.plan = config, plan
+        self.layout = Layout(plan.run_dir)
+
+    @classmethod
+    def start(cls, config: BuildConfig, run_id: str, allowed: AllowedLocations | None = None) -> Build:
+        """Check what can be checked before any work (an output apart from the input, the input files, within the
+        ``allowed`` locations when given, the tokenizer and its EOS, a chat template), then make the plan and
+        claim the run's folder with it. A retry or a resume of the same run finds its own claim, and goes on only
+        if it would plan the very same build (``Plan.refuse_another``)."""
+        with using(config.storage_options):
+            check_disjoint([config.input], config.output)
+            listing = list_input_files([config.input])
+            if allowed is not None:
+                allowed.check_files("input", [f.url for f in listing.files])
+            encoder = config.encoder()
+            renderer = config.renderer(encoder)
+            run_dir = folder_for(config.output, run_id)
+            seed = resolve_seed(config.seed, run_id)
+            rendering = renderer and renderer.sha256
+            proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, listing)
+            claimed = claim(run_dir, run_id, proposed.record)
+            recorded = Plan(claimed.plan)
+            if recorded.digest != proposed.digest:
+                recorded.refuse_another(proposed, listing, run_dir)
+        files = recorded.files
+        plan = BuildPlan(
+            run_id=run_id,
+            run_dir=run_dir,
+            seed=seed,
+            num_ranks=config.num_ranks,
+            input_files=len(files),
+            input_bytes=sum(f.size for f in files),
+            skipped_inputs=len(recorded.record.inputs.skipped),
+            tokenizer_sha256=encoder.sha256,
+            eos_token=encoder.eos_token,
+            merges=config.output_format == "ds",
+            num_buckets=config.num_buckets,
+            started=float(claimed.claimed),
+            digest=recorded.digest,
+        )
+        log.info("plan: %s", plan)
+        return cls(config, plan)
+
+    def recorded_plan(self) -> Plan:
+        """The plan the run's claim records: the one this build was started with, or an error saying otherwise."""
+        return Plan.recorded(self.layout.run_dir, self.plan.digest)
+
+    def tokenize(
+        self, rank: int, progress: ProgressMode = None, owner: str | None = None
+    ) -> StageResult[Counts, RankManifest]:
+        """Rank ``rank``'s share of the plan's files, never a new listing."""
+        with using(self.config.storage_options):
+            plan = self.recorded_plan()
+        share = RankShare(
+            files=plan.share(rank, self.plan.num_ranks),
+            plan=plan.digest,
+            tokenizer_sha256=plan.record.tokenizer.sha256,
+            rendering_sha256=plan.record.rendering_sha256,
+        )
+        config = TokenizeConfig(
+            inputs=[self.config.input],
+            output=self.layout.ranks,
+            seed=self.plan.seed,
+            rank=rank,
+            world_size=self.plan.num_ranks,
+            local_working_dir=self.config.local_working_dir,
+            **self.config.shared(DocumentOptions, RankOptions),
+        )
+        return tokenize_rank(config, progress, owner, share)
+
+    def incomplete_ranks(self) -> dict[int, str]:
+        """Every rank whose shard is not complete on storage yet, with the reason."""
+        with using(self.config.storage_options):
+            return accounting.incomplete_ranks(self.layout.ranks, self.plan.num_ranks, self.plan.digest)
+
+    def merge(
+        self, bucket: int | None = None, progress: ProgressMode = None, owner: str | None = None
+    ) -> StageResult[MergeCounts]:
+        """The global merge of every rank file, or of one bucket of them."""
+        config = MergeConfig(
+            input=self.layout.ranks,
+            output=self.layout.merged,
+            save_filename=DATASET_NAME,
+            seed=self.plan.seed,
+            bucket=bucket,
+            save_loss=self.config.save_loss,
+            local_working_dir=self.config.merge_working_dir or self.config.local_working_dir,
+            **self.config.shared(MergeOptions),
+        )
+        return merge(config, progress, owner)
+
+    def context_shards(self) -> list[int]:
+        """The context-shuffle tasks to run: at most one a merged file, none when the window is 0."""
+        if not (self.plan.merges and self.config.context_window):
+            return []
+        with using(self.config.storage_options):
+            merged_files = len(list_token_files(self.layout.merged, (DS,)))
+        return list(range(min(self.config.num_context_shards, merged_files)))
+
+    def context_shuffle(
+        self, shard: int, num_shards: int, progress: ProgressMode = None, owner: str | None = None
+    ) -> StageResult[ContextCounts]:
+        config = ContextShuffleConfig(
+            input=self.layout.merged,
+            output=self.layout.context,
+            seed=self.plan.seed,
+            shard=shard,
+            num_shards=num_shards,
+            local_working_dir=self.config.local_working_dir,
+            **self.config.shared(ContextOptions),
+        )
+        return context_shuffle(config, progress, owner)
+
+    def publish(self, keep: int | None = None) -> Published:
+        """Verify, account, report and declare the build complete (``complete.publish``)."""
+        return complete.publish(self.config, self.plan, keep)
+
+    def published(self) -> Published | None:
+        """This build as published, when it already is (its ``_BUILD.json`` records this very plan)."""
+        return complete.published(self.config, self.plan)
+
+    def unpublish(self) -> None:
+        """Take back ``_BUILD.json`` before the files it describes may change."""
+        complete.unpublish(self.config, self.plan)
+
+    def run(self, parallel: int = 1, progress: ProgressMode = None, keep: int | None = None) -> Published:
+        """The whole build on this machine: the ranks as up to ``parallel`` processes at once, the merge, the
+        context shards (as processes too), then publish (keeping ``keep`` complete builds, when given). A step
+        that fails stops the build; running it again with the same build id keeps the complete ranks, resumes the
+        merge after its last published file, and redoes the rest, with the same bytes; a build already published
+        is returned as it is."""
+        if (done := self.published()) is not None:
+            log.info("%s is already published: nothing to do", self.layout.run_dir)
+            return done
+        self._in_processes("tokenize", [(rank,) for rank in sorted(self.incomplete_ranks())], parallel)
+        if missing := self.incomplete_ranks():
+            raise BuildError(f"ranks not complete after tokenizing: {missing}")
+        if self.plan.num_buckets:
+            self._in_processes("merge", [(bucket,) for bucket in self.plan.merge_buckets], parallel)
+        elif self.plan.merges:
+            self.merge(None, progress)
+        shards = self.context_shards()
+        self._in_processes("context_shuffle", [(shard, len(shards)) for shard in shards], parallel)
+        return self.publish(keep)
+
+    def _in_processes(
+        self, step: Literal["tokenize", "merge", "context_shuffle"], calls: list[tuple], parallel: int
+    ) -> None:
+        """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (spawned: no thread pool
+        is inherited), logging each as it completes; the first failure cancels what has not started."""
+        if not calls:
+            return
+        with ProcessPoolExecutor(min(parallel, len(calls)), mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(_run_step, self, step, args): args for args in calls}
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for future in pending:
+                future.cancel()
+            for future in list(done) + list(pending):
+                if not future.cancelled():
+                    result = future.result()  # raises the step's error
+                    log.info(
+                        "%s %s: %s tokens in %d files, %.1fs",
+                        step,
+                        futures[future][0],
+                        f"{result.tokens:,}",
+                        len(result.outputs),
+                        result.seconds,
+                    )
+
+
+def _run_step(build: Build, step: str, args: tuple) -> StageResult:
+    """One step in a worker process, without progress bars (several would share one terminal)."""
+    limit_hf_threads(build.config.threads)
+    return getattr(build, step)(*args, progress=False)

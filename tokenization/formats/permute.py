@@ -1,0 +1,311 @@
+"""The one byte-moving engine shared by the document, chunk and window shuffles and by the merge.
+
+A *unit* is a contiguous token range ``[start, end)`` of one source file: a document, a fixed-size chunk or a
+context window. :func:`move_units` writes units in a given order over bounded blocks: it reads a block's units
+with large or batched ``pread`` calls, puts them in order with Arrow's ``take`` (one memcpy a unit, looped in C),
+and rebuilds the index: every unit end becomes an entry, and the source index entries that fall strictly inside a
+moved unit move with it. No Python runs per unit or per token.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+import pyarrow as pa
+
+from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, token_dtype
+from tokenization.io.progress import Progress
+from tokenization.io.storage import is_local, open_fs, writing
+
+BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output; 1 Mi-token blocks took 25% longer
+MAX_OPEN_FILES = 128
+# A source's units in a block are read as one span when it is at most this many times what they hold, else with
+# one pread each: a pread costs ~2 us (a page-cache lookup) plus its copy, so reading 2x the bytes in one call is
+# cheaper than one call a unit as soon as units are a few hundred bytes. (Memory maps cost more here: ~6-20 us a
+# scattered unit in faults and in dropping the pages again to keep resident memory flat.)
+SPAN_READ_MAX_WASTE = 2
+
+
+class SourcePool:
+    """Source token files, opened on demand, at most ``max_open`` at a time (least recently used first out), so
+    the number of open files stays bounded whatever the number of inputs. Remote files are copied to
+    ``cache_dir`` once, with large sequential reads, because the moves read them at random.
+
+    Units are read with ``pread`` into private buffers, never mapped: resident memory stays that of a block. Loss
+    bytes are read on a thread of their own while the tokens are read (``pread`` releases the GIL): scattered
+    units cost ~2 us a call, and this halves the wait for them. Used with ``with``, which closes every file, stops
+    the thread and deletes the cache, on errors too.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        token_size: int,
+        with_loss: bool,
+        max_open: int = MAX_OPEN_FILES,
+        cache_dir: Path | None = None,
+    ):
+        self.urls = list(urls)
+        self.token_size = token_size
+        self.dtype = token_dtype(token_size)
+        self.with_loss = with_loss
+        self.max_open = max_open
+        self.cache_dir = cache_dir
+        self._open: OrderedDict[int, _Source] = OrderedDict()
+        self._loss_reader = ThreadPoolExecutor(1, thread_name_prefix="read-loss") if with_loss else None
+
+    def _source(self, i: int) -> _Source:
+        if i in self._open:
+            self._open.move_to_end(i)
+            return self._open[i]
+        while len(self._open) >= self.max_open:
+            self._open.popitem(last=False)[1].close()
+        self._open[i] = _Source(self._local(i), self.token_size, self.with_loss)
+        return self._open[i]
+
+    def read(self, i: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Tokens (and loss bytes) ``[start, stop)`` of source ``i``, read into new arrays."""
+        return self._both(self._source(i).pread_span, start, stop)
+
+    def read_each(self, i: int, starts: np.ndarray, ends: np.ndarray) -> tuple[bytes, bytes | None]:
+        """Tokens (and loss bytes) of every unit ``[starts[k], ends[k])`` of source ``i``, end to end in this order,
+        one ``pread`` a unit."""
+        return self._both(self._source(i).pread_each, starts, ends)
+
+    def _both(self, read: Callable, *args) -> tuple:
+        """``read(0, *args)`` (the tokens) here while ``read(1, *args)`` (the loss bytes) runs on the loss thread."""
+        loss = self._loss_reader.submit(read, 1, *args) if self._loss_reader else None
+        return read(0, *args), loss.result() if loss else None
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def _local(self, i: int) -> str:
+        fs, path = open_fs(self.urls[i])
+        if is_local(fs):
+            return path
+        if self.cache_dir is None:
+            raise ValueError(f"{self.urls[i]} is remote: a local cache_dir is needed to read it at random")
+        local = self.cache_dir / f"{i:06d}" / path.rsplit("/", 1)[-1]
+        if not local.exists():
+            suffixes = ["", ".metadata"] + ([".loss"] if self.with_loss else [])
+            for suffix in suffixes:
+                if suffix != ".metadata" or fs.exists(path + suffix):
+                    with writing(f"{local}{suffix}"):
+                        local.parent.mkdir(parents=True, exist_ok=True)
+                        fs.get_file(path + suffix, str(local) + suffix)
+        return str(local)
+
+    def __enter__(self) -> SourcePool:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._loss_reader is not None:
+            self._loss_reader.shutdown()
+        for source in self._open.values():
+            source.close()
+        self._open.clear()
+        if self.cache_dir is not None:
+            shutil.rmtree(self.cache_dir, ignore_errors=True)
+
+
+class _Source:
+    """One open source: a descriptor for its tokens and one for its loss bytes."""
+
+    def __init__(self, path: str, token_size: int, with_loss: bool):
+        TokenFile(path, token_size)  # raises when the file is missing or its metadata gives another token size
+        self.paths = [path] + ([path + ".loss"] if with_loss else [])
+        self.dtypes = [token_dtype(token_size), LOSS_DTYPE]
+        self.fds = [os.open(p, os.O_RDONLY) for p in self.paths]
+
+    def pread_span(self, which: int, start: int, stop: int) -> np.ndarray:
+        """Items ``[start, stop)`` of file ``which`` (0 tokens, 1 loss) in a new array; a short file is an error."""
+        out = np.empty(stop - start, self.dtypes[which])
+        view, offset = memoryview(out).cast("B"), start * out.itemsize
+        while len(view):
+            got = os.preadv(self.fds[which], [view], offset)
+            if got == 0:
+                raise TokenFileError(f"{self.paths[which]}: ends before byte {offset + len(view)}")
+            view, offset = view[got:], offset + got
+        return out
+
+    def pread_each(self, which: int, starts: np.ndarray, ends: np.ndarray) -> bytes:
+        """Items ``[starts[k], ends[k])`` of file ``which`` (0 tokens, 1 loss) end to end, one ``pread`` each,
+        looped by ``map`` in C; a short file is an error."""
+        size = self.dtypes[which].itemsize
+        lengths = ((ends - starts) * size).tolist()
+        data = b"".join(map(os.pread, repeat(self.fds[which]), lengths, (starts * size).tolist()))
+        if len(data) != sum(lengths):
+            raise TokenFileError(f"{self.paths[which]}: ends before byte {int(ends.max()) * size}")
+        return data
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised."""
+    total = int(lengths.sum())
+    out_starts = np.cumsum(lengths) - lengths
+    index = np.arange(total, dtype=np.int64)
+    index += np.repeat(np.asarray(starts, dtype=np.int64) - out_starts, lengths)
+    return index
+
+
+def fixed_units(total: int, size: int) -> tuple[np.ndarray, int]:
+    """End offsets of ``size``-token units over ``total`` tokens, the partial tail included as a last unit,
+    and the number of full units."""
+    full = total // size
+    ends = np.arange(1, full + 1, dtype=np.int64) * size
+    if total % size:
+        ends = np.append(ends, total)
+    return ends, full
+
+
+def move_units(
+    pool: SourcePool,
+    source: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    writer: SplitWriter,
+    inner: Sequence[np.ndarray] | None = None,
+    block_tokens: int = BLOCK_TOKENS,
+    progress: Progress | None = None,
+) -> None:
+    """Write unit ``i`` = ``pool[source[i]][starts[i]:ends[i]]`` for every i, in order, to ``writer``.
+
+    ``inner[s]`` (sorted) are the index entries of source ``s`` to carry along, such as document ends inside
+    chunks. A unit longer than ``block_tokens`` is copied in slices, so memory is bounded by the block size,
+    not by the largest unit.
+    """
+    source = np.asarray(source, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    out_ends = np.cumsum(ends - starts)
+    a = 0
+    while a < len(starts):
+        base = int(out_ends[a - 1]) if a else 0
+        b = max(a + 1, int(np.searchsorted(out_ends, base + block_tokens, side="right")))
+        if b == a + 1 and out_ends[a] - base > block_tokens:
+            _copy_long_unit(pool, int(source[a]), int(starts[a]), int(ends[a]), writer, inner, block_tokens)
+        else:
+            _copy_block(pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, writer, inner)
+        if progress is not None:
+            progress.advance(int(out_ends[b - 1]) - base, units=b - a, tokens=int(out_ends[b - 1]) - base)
+        a = b
+
+
+def _copy_block(pool, source, starts, ends, rel_ends, writer, inner) -> None:
+    """Read one block of units, one source file at a time, then put them in output order with Arrow's ``take``
+    (one memcpy a unit, looped in C: 0.2 us a unit, read included, where a Python loop of slices cost ~1 us)."""
+    out_starts = rel_ends - (ends - starts)
+    by_source = np.argsort(source, kind="stable")
+    ids, firsts = np.unique(source[by_source], return_index=True)
+    parts, moved = [], [rel_ends]
+    for s, group in zip(ids, np.split(by_source, firsts[1:]), strict=True):
+        parts.append(_read_units(pool, int(s), starts[group], ends[group]))
+        if inner is not None:
+            moved.append(_moved_inner_ends(inner[s], starts[group], ends[group], out_starts[group]))
+    order = np.empty_like(by_source)
+    order[by_source] = np.arange(len(by_source))  # output unit j is unit order[j] of the parts, end to end
+    tokens, loss = (_in_order([p[k] for p in parts], order) for k in (0, 1))
+    index = rel_ends if inner is None else np.sort(np.concatenate(moved))
+    writer.write(tokens.view(pool.dtype), rel_ends, index, loss)
+
+
+def _read_units(pool, s: int, starts, ends) -> list[pa.LargeBinaryArray | None]:
+    """One source's units of a block, as [tokens, loss bytes or None], each one binary array of the units in the
+    given order: read as one span when they lie close together (a merge's interleave reads each file in order),
+    else with one ``pread`` each."""
+    lengths = ends - starts
+    lo, hi = int(starts.min()), int(ends.max())
+    if hi - lo <= SPAN_READ_MAX_WASTE * int(lengths.sum()):
+        found, starts, ends = pool.read(s, lo, hi), starts - lo, ends - lo
+    else:
+        found, ends = pool.read_each(s, starts, ends), np.cumsum(lengths)
+        starts = ends - lengths
+    sizes = (pool.dtype.itemsize, LOSS_DTYPE.itemsize)
+    return [None if d is None else _units(d, starts * n, ends * n) for d, n in zip(found, sizes, strict=True)]
+
+
+def _units(data, starts: np.ndarray, ends: np.ndarray) -> pa.LargeBinaryArray:
+    """Bytes ``data[starts[k]:ends[k]]`` for every k, as one binary array: zero-copy when the units lie end to
+    end in this order, else gathered by ``take``. Arrow trusts the offsets, so overlapping units are refused."""
+    buffer = pa.py_buffer(data)
+    if np.array_equal(starts[1:], ends[:-1]):
+        return _binary(np.append(starts, ends[-1]), buffer)
+    by_start = np.argsort(starts, kind="stable")
+    bounds = np.column_stack([starts[by_start], ends[by_start]]).ravel()  # entry 2k: unit; 2k + 1: gap after it
+    if np.any(bounds[1:] < bounds[:-1]):
+        raise ValueError("units of one source overlap")
+    rank = np.empty_like(by_start)
+    rank[by_start] = np.arange(len(by_start))
+    return _binary(bounds, buffer).take(pa.array(2 * rank))
+
+
+def _binary(offsets: np.ndarray, data: pa.Buffer) -> pa.LargeBinaryArray:
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), data])
+
+
+def _in_order(parts: list[pa.LargeBinaryArray | None], order: np.ndarray) -> np.ndarray | None:
+    """The bytes of unit ``order[0]``, ``order[1]``, ... of the parts (end to end), as one uint8 array."""
+    if parts[0] is None:
+        return None
+    whole = parts[0] if len(parts) == 1 else pa.concat_arrays(parts).take(pa.array(order))
+    _, offsets, data = whole.buffers()
+    first, last = np.frombuffer(offsets, np.int64)[[whole.offset, whole.offset + len(whole)]]
+    return np.frombuffer(data, np.uint8)[first:last]
+
+
+def _moved_inner_ends(inner: np.ndarray, starts: np.ndarray, ends: np.ndarray, out_starts: np.ndarray) -> np.ndarray:
+    """The source entries strictly inside each unit, moved to the unit's new place (in no particular order)."""
+    by_start = np.argsort(starts)  # sorted keys: each binary search starts where the last one ended, 2x faster
+    starts, ends, out_starts = starts[by_start], ends[by_start], out_starts[by_start]
+    lo = np.searchsorted(inner, starts, side="right")
+    hi = np.searchsorted(inner, ends, side="left")
+    counts = hi - lo
+    return inner[ranges(lo, counts)].astype(np.int64) + np.repeat(out_starts - starts, counts)
+
+
+def _copy_long_unit(pool, s: int, start: int, end: int, writer, inner, block_tokens: int) -> None:
+    """Stream one unit too large for a block as consecutive slices; it stays one unit for file splitting."""
+    for piece_start in range(start, end, block_tokens):
+        piece_end = min(end, piece_start + block_tokens)
+        entries = np.empty(0, dtype=np.int64)
+        if inner is not None:
+            lo, hi = np.searchsorted(inner[s], [piece_start, piece_end], side="right")
+            entries = inner[s][lo:hi].astype(np.int64)
+            entries = entries[entries < end] - piece_start
+        unit_ends = np.array([piece_end - piece_start] if piece_end == end else [], dtype=np.int64)
+        tokens, loss = pool.read(s, piece_start, piece_end)
+        writer.write(tokens, unit_ends, np.concatenate([entries, unit_ends]), loss)
+
+
+def permute_units(
+    pool: SourcePool,
+    ends: np.ndarray,
+    order: np.ndarray,
+    writer: SplitWriter,
+    inner_ends: np.ndarray | None = None,
+    block_tokens: int = BLOCK_TOKENS,
+    progress: Progress | None = None,
+) -> None:
+    """Write the units of source 0, cut by ``ends``, in the order ``order`` (the one-file shuffles)."""
+    ends = np.asarray(ends, dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    inner = None if inner_ends is None else [np.asarray(inner_ends, dtype=np.int64)]
+    move_units(pool, np.zeros(len(order), np.int64), starts[order], ends[order], writer, inner, block_tokens, progress)

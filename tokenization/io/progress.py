@@ -1,0 +1,90 @@
+"""Progress of a long stage, as a person watching it needs it: percent done, documents, tokens, tokens/s, ETA.
+
+On a terminal it is a tqdm bar. In a task log, where a redrawn bar collapses into one line, it is a log line every
+N seconds. Stages take ``progress``: ``None`` picks by whether stderr is a terminal (lines every
+``DEFAULT_SECONDS``), ``True`` a bar, a number a line every that many seconds, ``False`` nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from datetime import timedelta
+from types import TracebackType
+
+from tqdm import tqdm
+
+log = logging.getLogger("tokenization.io.progress")
+
+DEFAULT_SECONDS = 30.0
+ProgressMode = bool | float | None
+
+
+class Progress:
+    """Work done out of ``total`` (in ``unit``: ``B`` of input or ``tok`` of output), with counts alongside. Used
+    with ``with``: the bar is closed on errors too, and the last line says done only when the stage is."""
+
+    def __init__(self, desc: str, total: int, unit: str, mode: ProgressMode = None):
+        self.desc, self.total, self.unit = desc, max(int(total), 0), unit
+        self.started = time.monotonic()
+        self.done = 0
+        self.counts: dict[str, int] = {}
+        if mode is None:
+            mode = True if sys.stderr.isatty() else DEFAULT_SECONDS
+        self.bar = tqdm(total=self.total, unit=unit, unit_scale=True, desc=desc) if mode is True else None
+        self.interval = None if mode is True or mode is False else float(mode)
+        self._next_line = self.started + (self.interval or 0)
+
+    def update(self, done: int, **counts: int) -> None:
+        """Set the work done so far and the running counts (``docs=``, ``tokens=``)."""
+        self.done, self.counts = int(done), counts
+        if self.bar is not None:
+            self.bar.update(self.done - self.bar.n)
+            self.bar.set_postfix(self._postfix(), refresh=False)
+        elif self.interval is not None and time.monotonic() >= self._next_line:
+            log.info("%s", self.line())
+            self._next_line = time.monotonic() + self.interval
+
+    def advance(self, amount: int, **counts: int) -> None:
+        """Add ``amount`` of work and these increments to the counts."""
+        self.update(self.done + amount, **{k: self.counts.get(k, 0) + counts.get(k, 0) for k in counts | self.counts})
+
+    def line(self) -> str:
+        """``rank 3: 41.7% of 1.2 GB, 12,345 docs, 45,678,901 tokens, 1.52 Mtok/s, ETA 0:02:13``."""
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        fraction = self.done / self.total if self.total else 1.0
+        eta = timedelta(seconds=round(elapsed * (1 - fraction) / fraction)) if fraction > 0 else "unknown"
+        parts = [f"{self.desc}: {100 * fraction:.1f}% of {_size(self.total, self.unit)}"]
+        parts += [f"{n:,} {name}" for name, n in self.counts.items()]
+        if "tokens" in self.counts:
+            parts.append(f"{self.counts['tokens'] / elapsed / 1e6:.2f} Mtok/s")
+        parts.append(f"ETA {eta}")
+        return ", ".join(parts)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.interval is not None and exc_type is None:
+            log.info("%s (done in %.1fs)", self.line(), time.monotonic() - self.started)
+
+    def _postfix(self) -> dict:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        postfix = {name: f"{n:,}" for name, n in self.counts.items()}
+        if "tokens" in self.counts:
+            postfix["tok/s"] = f"{self.counts['tokens'] / elapsed:,.0f}"
+        return postfix
+
+
+def _size(amount: int, unit: str) -> str:
+    if unit == "B":
+        for scale, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+            if amount >= scale:
+                return f"{amount / scale:.1f} {name}"
+        return f"{amount} B"
+    return f"{amount:,} {unit}"

@@ -1,0 +1,119 @@
+"""One build run's folder: one folder per run id, claimed by its run before anything is written, and its layout.
+
+``{output}/{run id}``, with the run id percent-encoded where it holds a character outside ``A-Za-z0-9_.-~`` (so
+``qa:col`` is ``qa%3Acol``, never ``qa-col``'s folder)::
+
+    {run}/_RUN.json    the claim: which run owns the folder and its plan (``tokenization.build.plan``), written first
+    {run}/ranks/       the tokenize stage's rank files, manifests, quarantine, markers
+    {run}/merged/      the merge's output
+    {run}/context/     the context-window shuffle's output (absent when the window is 0)
+    {run}/report.html  the build report (and report.json), written by publish
+    {run}/_BUILD.json  the dataset manifest, written last: its presence means the build is complete
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from tokenization.io.errors import TokenizationError, UsageError
+from tokenization.io.storage import join, list_names, open_fs, put_if
+from tokenization.publish.records import BuildRecord, PlanRecord, RunClaim
+
+BUILD_MANIFEST = "_BUILD.json"
+RUN_CLAIM = "_RUN.json"
+
+
+class BuildError(TokenizationError):
+    """A build cannot go on: its folder belongs to another run, or its stages disagree about what they hold."""
+
+
+class PlanConflict(BuildError):
+    """A run id is asked to resume with another plan, or its plan's files are no longer what it planned."""
+
+
+def folder_for(output: str, run_id: str) -> str:
+    """The folder of one run: one folder per run id, and one run id per folder. Characters outside
+    ``A-Za-z0-9_.-~`` (and a leading dot) are percent-encoded, which no other run id can spell."""
+    if not run_id or run_id in (".", ".."):
+        raise UsageError(f"run id {run_id!r} cannot name a folder")
+    name = quote(run_id, safe="")
+    return join(output, "%2E" + name[1:] if name.startswith(".") else name)
+
+
+def claim(folder: str, run_id: str, plan: PlanRecord) -> RunClaim:
+    """Make the folder this run's before anything is written, recording its ``plan``, or refuse: a folder claimed
+    by another run, or holding files that no run claims, is never written into. Returns the claim as stored; a
+    retry or a resume of this run finds its own claim, with the plan it made first (the caller compares the two),
+    and when it was claimed, the start of the build's wall time."""
+    fs, path = open_fs(folder)
+    claim_path = join(path, RUN_CLAIM)
+    owner = read_claim(folder)
+    if owner is None:
+        if found := sorted(list_names(fs, path)):
+            raise BuildError(
+                f"{folder} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
+                f"claims: choose another output, or remove that folder"
+            )
+        made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan)
+        try:
+            put_if(fs, claim_path, made.dumps(), absent=True)
+            return made
+        except FileExistsError:  # another task claimed it a moment ago: see whose claim it is
+            owner = read_claim(folder)
+    if owner.run_id != run_id:
+        raise BuildError(
+            f"{folder} holds the output of run {owner.run_id!r}, not of {run_id!r}: two runs never share a "
+            f"folder; trigger this run under another run id or output"
+        )
+    return owner
+
+
+def read_claim(folder: str) -> RunClaim | None:
+    """The run folder's claim, or None when it has none; a damaged one, or one that records no plan (an older
+    version's), is one line naming the file, since no plan can be resumed without it."""
+    fs, path = open_fs(folder)
+    where = join(folder, RUN_CLAIM)
+    owner = RunClaim.read(fs, join(path, RUN_CLAIM), where)
+    if owner is not None and owner.plan is None:
+        raise BuildError(
+            f"{where}: claimed by run {owner.run_id!r} in an older format, which records no plan to resume: run it "
+            f"under a new build id"
+        )
+    return owner
+
+
+def read_build(run_dir: str) -> BuildRecord | None:
+    """The run's build record, checked, or None while the build is not complete."""
+    fs, path = open_fs(run_dir)
+    return BuildRecord.read(fs, join(path, BUILD_MANIFEST), join(run_dir, BUILD_MANIFEST))
+
+
+def resolve_seed(seed: int | None, run_id: str) -> int:
+    """The given seed, or one derived from the run id: one seed per run, whatever is retried."""
+    if seed is not None:
+        return int(seed)
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "little")
+
+
+@dataclass(frozen=True)
+class Layout:
+    run_dir: str
+
+    @property
+    def ranks(self) -> str:
+        return join(self.run_dir, "ranks")
+
+    @property
+    def merged(self) -> str:
+        return join(self.run_dir, "merged")
+
+    @property
+    def context(self) -> str:
+        return join(self.run_dir, "context")
+
+    @property
+    def manifest(self) -> str:
+        return join(self.run_dir, BUILD_MANIFEST)

@@ -1,0 +1,158 @@
+"""The token counter: the tokenize stage's encoding without its output, for budgets and mixture weights.
+
+It counts exactly what ``tokenize`` would write (same EOS, BOS and special-text policy, same empty and bad
+records skipped) and writes a stats JSON: totals, per input file, and a histogram of document lengths in
+tokens. With ``annotate`` it also writes every valid record back as JSON lines with a ``token_count`` field,
+as datatrove's TokensCounter annotates documents (0 for an empty document, which the stage does not write).
+"""
+
+from __future__ import annotations
+
+import gzip
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import zstandard
+
+from tokenization.io.options import option
+from tokenization.io.progress import ProgressMode
+from tokenization.io.storage import move_into_place, open_fs, with_storage_options, write_bytes_atomic
+from tokenization.publish import manifest
+from tokenization.publish.manifest import StageResult
+from tokenization.publish.records import CountedFile, CountStats, Rejected
+from tokenization.text.documents import Counts, DocumentOptions, RejectTally, encoded_batches
+from tokenization.text.encoding import Encoder
+from tokenization.text.sources import DocumentReader, list_input_files
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountConfig(DocumentOptions):
+    """What to count and where to write the figures."""
+
+    inputs: list[str] = option(flag="", help="input files, folders or globs (.jsonl[.gz|.zst], .parquet); fsspec URLs")
+    stats_out: str | None = option(None, help="write the stats JSON here (a path or fsspec URL)")
+    annotate: str | None = option(
+        None, help="write every valid record back as JSON lines with a token_count field (.gz/.zst compress)"
+    )
+
+
+@with_storage_options
+def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageResult[Counts, CountStats]:
+    """Count; write the stats (and the annotated records) where asked."""
+    started = time.time()
+    encoder = config.encoder()
+    renderer = config.renderer(encoder)
+    files = list_input_files(config.inputs).files
+    with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
+        reader = DocumentReader(
+            files, config.text_key, config.id_key, bool(config.annotate), renderer, config.max_record_bytes
+        )
+        counts, per_file = encoder.exactly(lambda: _count_pass(config, encoder, reader, Path(tmp), progress))
+        if config.annotate:
+            fs, path = open_fs(config.annotate)
+            move_into_place(Path(tmp) / _annotation_name(config.annotate), fs, path)
+    c = counts.record()
+    seconds = round(time.time() - started, 3)
+    stats = CountStats(
+        stage="count",
+        **manifest.provenance(config, seconds),
+        tokenizer=encoder.describe(),
+        rendering=renderer and renderer.describe(),
+        docs=c.docs_written,
+        tokens=c.tokens,
+        loss_tokens=c.loss_tokens if config.renders_loss else None,
+        empty=c.empty,
+        rejected=c.rejected,
+        docs_read=c.docs_read,
+        blank_lines=c.blank_lines,
+        special_token_literals=c.special_token_literals,
+        mean_tokens_per_doc=round(c.tokens / c.docs_written, 3) if c.docs_written else 0,
+        max_tokens_per_doc=c.longest,
+        files=[CountedFile(url=f.url, bytes=f.size, **_file_counts(per_file[f.url])) for f in files],
+        length_histogram=c.length_histogram,
+        throughput=manifest.throughput(seconds, encoder.load_seconds, c.text_bytes, c.tokens),
+    )
+    if config.stats_out:
+        fs, path = open_fs(config.stats_out)
+        write_bytes_atomic(fs, path, stats.dumps())
+    return StageResult(counts, stats)
+
+
+def _count_pass(
+    config: CountConfig, encoder: Encoder, reader: DocumentReader, tmp: Path, progress: ProgressMode
+) -> tuple[Counts, dict[str, Counter]]:
+    """One pass over the inputs: counts in total and per file, and the annotated records in ``tmp``."""
+    counts = Counts()
+    per_file: dict[str, Counter] = defaultdict(Counter)
+    tally = RejectTally(counts, "count", config.source, config.max_rejects, config.max_reject_fraction)
+
+    def reject(item: Rejected) -> None:
+        per_file[item.file]["rejected"] += 1
+        tally(item)
+
+    annotated = _open_annotation(tmp, config.annotate) if config.annotate else None
+    batches = encoded_batches(
+        reader,
+        encoder=encoder,
+        counts=counts,
+        options=config,
+        reject=reject,
+        desc="count",
+        save_loss=config.renders_loss,
+        progress=progress,
+    )
+    try:
+        for batch in batches:
+            lengths = batch.token_counts()
+            for record, n in zip(batch.records, lengths.tolist(), strict=True):
+                stats = per_file[record.file]
+                stats["docs" if record.text else "empty"] += 1
+                stats["tokens"] += n
+                if annotated is not None:
+                    annotated.write(orjson.dumps(record.data | {"token_count": n}) + b"\n")
+    finally:
+        batches.close()  # an error stops the reading and encoding threads here, not at exit
+        if annotated is not None:
+            annotated.close()
+    tally.check()
+    return counts, per_file
+
+
+def _file_counts(stats: Counter) -> dict:
+    return {key: stats[key] for key in ("docs", "tokens", "empty", "rejected")}
+
+
+class _Annotation:
+    """A local JSON-lines file, compressed as its final name asks (``.gz``, ``.zst``), published when closed."""
+
+    def __init__(self, path: Path, compression: str | None):
+        self.name = str(path)
+        self._raw = open(path, "wb")  # noqa: SIM115 - closed in close()
+        if compression == "gzip":
+            self._out = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0)
+        elif compression == "zstd":
+            self._out = zstandard.ZstdCompressor().stream_writer(self._raw, closefd=False)
+        else:
+            self._out = self._raw
+
+    def write(self, data: bytes) -> None:
+        self._out.write(data)
+
+    def close(self) -> None:
+        if self._out is not self._raw:
+            self._out.close()
+        self._raw.close()
+
+
+def _annotation_name(destination: str) -> str:
+    return destination.rsplit("/", 1)[-1]
+
+
+def _open_annotation(tmp: Path, destination: str) -> _Annotation:
+    name = _annotation_name(destination)
+    compression = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
+    return _Annotation(tmp / name, compression)

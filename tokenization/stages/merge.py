@@ -1,0 +1,463 @@
+"""The merge: every rank file of a folder becomes one sequence of output files, globally reordered. One task.
+
+* ``interleave`` (default) is datatrove's DocumentTokenizerMerger: ``default_rng(seed).permutation`` of the
+  list ``[f] * units_f`` over the sorted input files; each entry ``f`` takes the *next* unit of file ``f``, so
+  the order inside a file is kept. Same inputs and seed, same bytes.
+* ``shuffle`` is a true uniform permutation of every unit of every file. It holds the permutation of all units
+  in memory: 8 bytes a unit, on top of the 8 bytes a unit of the loaded indexes.
+
+Inputs are validated before anything is written. Output files are published one by one, each with a manifest
+that records where in the ordering it ends; a merge killed at any point and run again with the same arguments
+resumes after the last published file and produces the same bytes as an uninterrupted run.
+
+Inputs may be remote, but they are read at random (a unit here, a unit there), so remote inputs are first
+copied to the local working directory: run the merge on a worker with a large local disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+import orjson
+
+from tokenization.formats import buckets, names
+from tokenization.formats.ds import Metadata, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
+from tokenization.formats.permute import MAX_OPEN_FILES, SourcePool, move_units
+from tokenization.io.errors import UsageError
+from tokenization.io.options import Options, option
+from tokenization.io.progress import Progress, ProgressMode
+from tokenization.io.storage import join, list_names, list_sizes, open_fs, with_storage_options
+from tokenization.publish import manifest
+from tokenization.publish.attempts import Attempt, attempt_at
+from tokenization.publish.manifest import StageResult
+from tokenization.publish.records import (
+    FileSum,
+    MergeCounts,
+    MergeManifest,
+    MergeOutput,
+    MergeTokenizer,
+    RecordError,
+    SizedInput,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS_PER_FILE = 100_000_000_000  # datatrove's default: 100 GT
+UNITS_PER_SLICE = 1 << 20  # ordering entries turned into byte moves at a time
+IRRELEVANT_TO_BYTES = ("input", "output", "local_working_dir", "max_open_files", "storage_options")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeOptions(Options):
+    """Merge: how the rank files are ordered into merged files (merge and build share these)."""
+
+    merge_mode: Literal["interleave", "shuffle", "bucketed"] = option(
+        "interleave",
+        title="Merge order",
+        help="interleave: datatrove's random interleave of the rank files, each file's order kept (datatrove's "
+        "bytes); shuffle: a uniform permutation of every unit of every file, in one task; bucketed: the same, in a "
+        "task a bucket (of ranks tokenized with num_buckets)",
+    )
+    merge_max_tokens_per_file: int = option(
+        DEFAULT_MAX_TOKENS_PER_FILE,
+        minimum=1,
+        title="Most tokens a merged file",
+        help="close a merged file once it holds this many tokens, at the end of a document or chunk",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeConfig(MergeOptions):
+    """The global merge: every rank file of a folder, reordered into one sequence of files."""
+
+    input: str = option(flag="", help="folder or fsspec URL holding the rank .ds files (and their markers)")
+    output: str = option(help="output folder or fsspec URL")
+    save_filename: str = option(help="name of the merged dataset: files are NNN_{name}.ds")
+    seed: int = option(0, minimum=0, help="ordering seed: the same seed gives the same bytes")
+    bucket: int | None = option(None, minimum=0, help="with --merge-mode bucketed: the bucket this task merges")
+    shuffle: bool = option(True, flag="--no-shuffle", help="reorder (--no-shuffle concatenates in file order)")
+    shuffle_chunk_size: int | None = option(
+        None, minimum=1, help="move fixed chunks of this many tokens instead of documents (default: documents)"
+    )
+    drop_last_chunk: bool = option(False, help="drop each file's partial last chunk, as datatrove does (counted)")
+    save_loss: bool = option(False, help="merge the .ds.loss files too (every input must have one)")
+    local_working_dir: str | None = option(
+        None, help="local folder for staging and for copies of remote inputs (default: the system's temp)"
+    )
+    max_open_files: int = option(MAX_OPEN_FILES, minimum=1, help="input files held open at once")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.merge_mode == "bucketed") != (self.bucket is not None):
+            raise UsageError("merge_mode bucketed and bucket go together: give both or neither")
+        if self.merge_mode == "bucketed" and self.shuffle_chunk_size:
+            raise UsageError("a bucketed merge moves documents: no shuffle_chunk_size")
+
+    @property
+    def stem(self) -> str:
+        return names.merge_stem(self.save_filename, self.bucket)
+
+    def file_name(self, number: int, width: int) -> str:
+        return names.merged_file_name(self.save_filename, number, width, self.bucket)
+
+    def owns(self, name: str) -> bool:
+        """Whether a file (of any family member, of any attempt) is one of this merge's outputs."""
+        prefix = names.merged_prefix(self.bucket)
+        number, _, rest = name.removeprefix(prefix).partition("_")
+        ours = rest == f"{self.save_filename}.ds" or rest.startswith(f"{self.save_filename}.ds.")
+        return name.startswith(prefix) and number.isdigit() and len(number) >= 3 and ours
+
+
+@dataclass
+class MergeInputs:
+    """The validated inputs: names, token size, tokenizer, and every file's index entries (concatenated)."""
+
+    urls: list[str]
+    token_size: int
+    tokenizer: str
+    tokenizer_sha256: str | None
+    ends: np.ndarray  # all index entries, file after file
+    offsets: np.ndarray  # file f's entries are ends[offsets[f]:offsets[f + 1]]
+    sizes: list[int]
+    pseudo_ends: bool  # some input's index holds chunk or window boundaries besides document ends
+
+    def file_ends(self, f: int) -> np.ndarray:
+        return self.ends[self.offsets[f] : self.offsets[f + 1]]
+
+    def tokens(self, f: int) -> int:
+        ends = self.file_ends(f)
+        return int(ends[-1]) if len(ends) else 0
+
+
+def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
+    """Check every input before anything is written; a mix of token sizes or tokenizers is an error."""
+    if not urls:
+        raise TokenFileError("no .ds files to merge")
+    folder = urls[0].rsplit("/", 1)[0]
+    described = manifest.output_entries(folder)
+    entries = [described[name] for u in urls if (name := u.rsplit("/", 1)[-1]) in described]
+    listing = list_sizes(*open_fs(folder))  # one listing for the sizes of every file, not a HEAD each
+    files = [TokenFile(u, listing=listing) for u in urls]  # raises when a .metadata is missing: never assumed
+    first = files[0]
+    ends_list, sizes = [], []
+    for f in files:
+        if f.token_size != first.token_size:
+            raise TokenFileError(f"{f.url}: token_size {f.token_size} differs from {first.url}'s {first.token_size}")
+        if f.metadata.tokenizer != first.metadata.tokenizer:
+            raise TokenFileError(
+                f"{f.url}: tokenizer {f.metadata.tokenizer!r} differs from {first.url}'s {first.metadata.tokenizer!r}"
+            )
+        ends = np.asarray(f.ends, dtype=np.int64)
+        total = int(ends[-1]) if len(ends) else 0
+        if f.num_tokens != total or f.size("") % f.token_size:
+            raise TokenFileError(f"{f.url}: {f.size('')} bytes, but its index ends at token {total}")
+        if len(ends) and (ends[0] < 0 or np.any(np.diff(ends) < 0)):
+            raise TokenFileError(f"{f.url}.index: entries are not non-decreasing")
+        if save_loss:
+            if not f.exists(".loss"):
+                raise TokenFileError(f"{f.url}.loss is missing (merge without save_loss, or re-tokenize with it)")
+            if f.size(".loss") != total:
+                raise TokenFileError(f"{f.url}.loss: {f.size('.loss')} bytes for {total} tokens")
+        ends_list.append(ends)
+        sizes.append(f.size(""))
+    distinct = {e.tokenizer_sha256 for e in entries} - {None}
+    if len(distinct) > 1:
+        raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")
+    return MergeInputs(
+        urls=urls,
+        token_size=first.token_size,
+        tokenizer=first.metadata.tokenizer,
+        tokenizer_sha256=distinct.pop() if distinct else None,
+        ends=np.concatenate(ends_list) if ends_list else np.empty(0, np.int64),
+        offsets=np.concatenate([[0], np.cumsum([len(e) for e in ends_list])]).astype(np.int64),
+        sizes=sizes,
+        pseudo_ends=any(e.entry.pseudo_ends for e in entries),
+    )
+
+
+@dataclass
+class _Units:
+    """How the merge cuts each file into units, and in which order they come."""
+
+    inputs: MergeInputs
+    chunk: int | None
+    counts: np.ndarray  # full units per file (documents, or whole chunks)
+
+    def bounds(self, files: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token ranges of unit ``local[i]`` of file ``files[i]``."""
+        if self.chunk:
+            return local * self.chunk, (local + 1) * self.chunk
+        g = self.inputs.offsets[files] + local
+        ends = self.inputs.ends[g]
+        starts = np.where(local > 0, self.inputs.ends[np.maximum(g - 1, 0)], 0)
+        return starts, ends
+
+
+def plan_ordering(config: MergeConfig, units: _Units) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(file_ids, perm)``: entry j of the output is unit ``perm[j]`` (global, file-major) in shuffle mode,
+    else the next unit of file ``file_ids[j]``."""
+    n_files = len(units.counts)
+    dtype = np.uint16 if n_files <= np.iinfo(np.uint16).max + 1 else np.uint32
+    file_ids = np.repeat(np.arange(n_files, dtype=dtype), units.counts)
+    rng = np.random.default_rng(config.seed)
+    if not config.shuffle:
+        return file_ids, None
+    if config.merge_mode == "shuffle":
+        return file_ids, rng.permutation(len(file_ids))
+    if config.bucket is not None:
+        return file_ids, buckets.order(config.seed, config.bucket, len(file_ids))
+    rng.shuffle(file_ids)  # in place; the same draw as datatrove's rng.permutation(file_ids)
+    return file_ids, None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything decided before a byte is written: the inputs, how they are cut into units, the totals, the
+    width of the file numbers and the fingerprint a resumed merge must share."""
+
+    inputs: MergeInputs
+    units: _Units
+    tokens: np.ndarray  # per input file
+    tails: np.ndarray  # per input file: tokens after its last whole chunk (0 without chunks)
+    keep_tails: bool
+    total_tokens: int
+    total_units: int
+    width: int
+    fingerprint: str
+
+
+def _plan(config: MergeConfig) -> _Plan:
+    urls = manifest.token_files(config.input)
+    if config.bucket is not None:
+        urls = _bucket_files(config, urls)
+    inputs = validate_inputs(urls, config.save_loss)
+    chunk = config.shuffle_chunk_size
+    tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
+    counts = tokens // chunk if chunk else np.diff(inputs.offsets)
+    tails = (tokens - counts * chunk) if chunk else np.zeros(len(urls), np.int64)
+    keep_tails = bool(chunk) and not config.drop_last_chunk
+    total_tokens = int(tokens.sum()) - (0 if keep_tails else int(tails.sum()))
+    total_units = int(counts.sum()) + (int(np.count_nonzero(tails)) if keep_tails else 0)
+    most_files = min(-(-total_tokens // config.merge_max_tokens_per_file), total_units)  # every file holds >= 1 unit
+    width = max(3, len(str(max(0, most_files - 1))))  # datatrove's 3 digits, wider only past 1,000 files
+    units = _Units(inputs, chunk, counts)
+    return _Plan(
+        inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, _fingerprint(config, inputs, width)
+    )
+
+
+def _bucket_files(config: MergeConfig, urls: list[str]) -> list[str]:
+    """The rank files of this merge's bucket; every rank must have scattered into the same buckets, this one
+    among them."""
+    drawn = {e.num_buckets for e in manifest.output_entries(config.input).values()}
+    if len(drawn) != 1 or None in drawn:
+        found = ", ".join(map(str, sorted(drawn, key=str))) or "no manifests"
+        raise TokenFileError(f"{config.input}: a bucketed merge needs ranks of one num_buckets, found {found}")
+    (num_buckets,) = drawn
+    if config.bucket >= num_buckets:
+        raise UsageError(
+            f"bucket {config.bucket} is outside 0..{num_buckets - 1}: the ranks drew {num_buckets} buckets"
+        )
+    suffix = "_" + names.bucket_suffix(config.bucket)
+    chosen = [url for url in urls if url.endswith(suffix)]
+    if not chosen:
+        raise TokenFileError(
+            f"{config.input}: no rank drew a document for bucket {config.bucket} of {num_buckets}: use fewer buckets"
+        )
+    return chosen
+
+
+class _Checkpoints:
+    """The ``on_close`` of the merge's writer: publishes each finished file with a manifest that records where in
+    the ordering it ends, which is where a resumed merge starts."""
+
+    def __init__(self, attempt: Attempt, plan: _Plan, done: list[MergeOutput]):
+        self.attempt, self.plan, self.entries = attempt, plan, list(done)
+        self.resumed_units = self.units_end
+
+    @property
+    def units_end(self) -> int:
+        return self.entries[-1].units_end if self.entries else 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(entry.tokens for entry in self.entries)
+
+    def __call__(self, written: WrittenTokenFile, units_written: int) -> None:
+        chunk = self.plan.units.chunk
+        grid = manifest.pseudo_ends(
+            self.tokens, written.tokens, chunk, int(self.plan.units.counts.sum()) * (chunk or 0)
+        )
+        entry = manifest.output_entry(
+            written,
+            MergeOutput,
+            fingerprint=self.plan.fingerprint,
+            units_start=self.units_end,
+            units_end=self.resumed_units + units_written,
+            pseudo_ends="unknown" if self.plan.inputs.pseudo_ends else grid,
+        )
+        self.attempt.place_families([written])
+        self.attempt.write(manifest.manifest_name(written.path.stem), entry.dumps())
+        self.entries.append(entry)
+
+
+@with_storage_options
+def merge(
+    config: MergeConfig, progress: ProgressMode = None, owner: str | None = None
+) -> StageResult[MergeCounts, MergeManifest]:
+    """Run the merge, resuming when an earlier run of the same merge was interrupted."""
+    started = time.time()
+    plan = _plan(config)
+    stem = config.stem
+    with attempt_at(config.output, stem, config.local_working_dir, owner) as attempt:
+        done = _completed_files(attempt, config, plan.width, plan.fingerprint)
+        checkpoints = _Checkpoints(attempt, plan, done)
+        log.info(
+            "merge %s: %d inputs, %d units, %d tokens; %d files already done, resuming at unit %d",
+            stem,
+            len(plan.inputs.urls),
+            plan.total_units,
+            plan.total_tokens,
+            len(done),
+            checkpoints.units_end,
+        )
+        _move(config, plan, attempt, checkpoints, progress)
+        tails = int(plan.tails.sum())
+        counts = MergeCounts(
+            input_files=len(plan.inputs.urls),
+            units=plan.total_units,
+            index_entries=sum(e.index_entries for e in checkpoints.entries),
+            tokens=checkpoints.tokens,
+            partial_chunk_tokens=tails if plan.keep_tails else 0,
+            tokens_dropped=0 if plan.keep_tails else tails,
+            resumed_files=len(done),
+        )
+        inputs = plan.inputs
+        record = MergeManifest(
+            stage="merge",
+            **manifest.provenance(config, time.time() - started),
+            save_filename=config.save_filename,
+            bucket=config.bucket,
+            seed=config.seed,
+            fingerprint=plan.fingerprint,
+            tokenizer=MergeTokenizer(
+                name=inputs.tokenizer, sha256=inputs.tokenizer_sha256, token_size=inputs.token_size
+            ),
+            inputs=[SizedInput(url=u, bytes=s) for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
+            counts=counts,
+            outputs=checkpoints.entries,
+        )
+        record = _commit(attempt, config, inputs, record)
+    return StageResult(counts, record, attempt.id)
+
+
+def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Checkpoints, progress: ProgressMode):
+    """Move every unit not yet published, in the planned order, into files that publish themselves as they close."""
+    inputs, units = plan.inputs, plan.units
+    done = len(checkpoints.entries)
+    writer = SplitWriter(
+        attempt.work,
+        lambda sub: config.file_name(sub + done, plan.width),
+        tokenizer=inputs.tokenizer,
+        token_size=inputs.token_size,
+        save_loss=config.save_loss,
+        max_tokens=config.merge_max_tokens_per_file,
+        close_at_limit=True,
+        on_close=checkpoints,
+    )
+    inner = [inputs.file_ends(f) for f in range(len(inputs.urls))] if units.chunk else None
+    file_ids, perm = plan_ordering(config, units)
+    resume, ordered = checkpoints.units_end, len(file_ids)
+    cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
+    pool = SourcePool(inputs.urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
+    with pool, Progress(f"merge {config.stem}", plan.total_tokens, "tok", progress) as shown, writer:
+        shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
+        for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
+            b = min(ordered, a + UNITS_PER_SLICE)
+            files, local = _slice_units(file_ids, perm, units, cursor, a, b)
+            starts, ends = units.bounds(files, local)
+            move_units(pool, files, starts, ends, writer, inner, progress=shown)
+        if plan.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
+            pending = np.flatnonzero(plan.tails)[max(0, resume - ordered) :]
+            chunk_starts = units.counts[pending] * units.chunk
+            move_units(pool, pending, chunk_starts, plan.tokens[pending], writer, inner, progress=shown)
+
+
+def _commit(attempt: Attempt, config: MergeConfig, inputs: MergeInputs, record: MergeManifest) -> MergeManifest:
+    """The dataset's metadata (datatrove's ``{name}.ds.metadata``: all files' tokens), then manifest and marker. A
+    bucket task knows only its bucket's tokens, so a bucketed merge leaves the total to each file's metadata."""
+    files = record.output_files()
+    if config.bucket is None:
+        meta = Metadata(inputs.tokenizer, inputs.token_size, record.counts.tokens).render().encode()
+        attempt.write(f"{config.save_filename}.ds.metadata", meta)
+        files[f"{config.save_filename}.ds.metadata"] = FileSum(bytes=len(meta), sha256=hashlib.sha256(meta).hexdigest())
+    return attempt.commit(record, files)
+
+
+def _slice_units(file_ids, perm, units: _Units, cursor: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Files and unit numbers within their file for ordering entries ``a..b``; advances ``cursor``."""
+    if perm is not None:  # shuffle mode: a global unit id -> (file, unit in file)
+        starts = np.concatenate([[0], np.cumsum(units.counts)])
+        global_ids = perm[a:b]
+        files = np.searchsorted(starts, global_ids, side="right") - 1
+        return files, global_ids - starts[files]
+    files = file_ids[a:b].astype(np.int64)
+    by_file = np.argsort(files, kind="stable")
+    sorted_files = files[by_file]
+    firsts = np.searchsorted(sorted_files, sorted_files, side="left")
+    rank = np.empty(len(files), dtype=np.int64)
+    rank[by_file] = np.arange(len(files)) - firsts
+    local = cursor[files] + rank
+    cursor += np.bincount(files, minlength=len(cursor))
+    return files, local
+
+
+def _fingerprint(config: MergeConfig, inputs: MergeInputs, width: int) -> str:
+    """Everything that decides the output bytes: a resumed run must agree on all of it."""
+    plan = {
+        "inputs": [[u.rsplit("/", 1)[-1], s] for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
+        "index_entries": len(inputs.ends),
+        "params": {k: v for k, v in asdict(config).items() if k not in IRRELEVANT_TO_BYTES},
+        "width": width,
+        "numpy": np.__version__,
+    }
+    return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerprint: str) -> list[MergeOutput]:
+    """The output files a previous run of this same merge finished, in order; everything after them (and all of
+    a different merge's files under this name) is removed. A damaged checkpoint is where the merge resumes."""
+    fs, out_path = attempt.fs, attempt.out_path
+    done: list[MergeOutput] = []
+    while True:
+        name = config.file_name(len(done), width)
+        try:
+            entry = MergeOutput.read(fs, manifest.manifest_path(out_path, name[: -len(".ds")]))
+        except RecordError as exc:
+            log.warning("%s: the merge resumes here", exc)
+            break
+        if not entry or entry.fingerprint != fingerprint or not _files_intact(fs, out_path, entry):
+            break
+        done.append(entry)
+    keep = {n for e in done for n in e.files} | {f"{config.save_filename}.ds.metadata"}
+    for name in list_names(fs, out_path):
+        if config.owns(name) and name not in keep:
+            attempt.remove(name)
+    for name in list_names(fs, join(out_path, "_manifests")):
+        family = name.removesuffix(".json") + ".ds"
+        if config.owns(family) and family not in keep:
+            attempt.remove(f"_manifests/{name}")
+    return done
+
+
+def _files_intact(fs, out_path: str, entry: MergeOutput) -> bool:
+    for name, info in entry.files.items():
+        path = join(out_path, name)
+        if not fs.exists(path) or fs.size(path) != info.bytes:
+            return False
+    return True

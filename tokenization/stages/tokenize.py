@@ -1,0 +1,377 @@
+"""The tokenize stage: one rank's share of the input becomes shuffled ``.ds`` files, a manifest and a marker.
+
+Pass 1 encodes documents in order into a local working file and records their ends. Pass 2 permutes
+documents (then, optionally, fixed-size chunks) by moving bytes, never re-tokenizing. The permutations are
+datatrove's: ``numpy.random.default_rng(seed)``, one generator per rank, the document permutation drawn
+first and the chunk permutation second, so the same seed gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from tokenization.formats import DS, MEGATRON, buckets, names
+from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
+from tokenization.formats.megatron import MegatronWriter
+from tokenization.formats.names import RankFileKind
+from tokenization.formats.permute import SourcePool, fixed_units, permute_units
+from tokenization.io.errors import UsageError
+from tokenization.io.locations import check_disjoint
+from tokenization.io.options import Options, option
+from tokenization.io.progress import ProgressMode
+from tokenization.io.storage import list_names, with_storage_options, writing
+from tokenization.publish import manifest
+from tokenization.publish.attempts import Attempt, attempt_at
+from tokenization.publish.manifest import StageResult
+from tokenization.publish.records import FileSum, InputFile, OutputEntry, RankManifest
+from tokenization.publish.runs import PlanConflict
+from tokenization.text.documents import Counts, DocumentOptions, RejectTally, TooManyRejects, encoded_batches
+from tokenization.text.encoding import Encoder
+from tokenization.text.rendering import Renderer
+from tokenization.text.sources import DocumentReader, check_unchanged, list_input_files, shard
+
+log = logging.getLogger(__name__)
+
+QUARANTINE = "quarantine.jsonl"  # in the attempt's working folder, published as _quarantine/{stem}.jsonl
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankOptions(Options):
+    """Rank files: how each rank orders and writes its documents (tokenize and build share these)."""
+
+    shuffle_documents: bool = option(
+        True,
+        flag="--no-shuffle",
+        title="Shuffle documents within each rank",
+        help="shuffle the documents of each rank (--no-shuffle keeps them in input order)",
+    )
+    shuffle_chunk_size: int | None = option(
+        None,
+        minimum=1,
+        title="Chunk shuffle size",
+        help="after the documents, also shuffle chunks of this many tokens (default: no chunk shuffle)",
+    )
+    max_tokens_per_file: int | None = option(
+        None,
+        minimum=1,
+        title="Most tokens a rank file",
+        help="start a new rank file past this many tokens, at a document boundary (default: one file a rank)",
+    )
+    save_loss: bool = option(
+        False,
+        title="Write loss masks",
+        help="write .ds.loss: 1 for a token that carries loss, 0 for one in a record's no_loss_ranges or outside "
+        "its loss fields or roles",
+    )
+    num_buckets: int | None = option(
+        None,
+        minimum=1,
+        maximum=65_536,
+        title="Buckets of the global shuffle",
+        help="scatter each rank's documents into this many bucket files, each document's bucket drawn uniformly, "
+        "for a global shuffle that many merge tasks share (merge_mode bucketed); default: one shuffled sequence",
+    )
+    output_format: Literal["ds", "megatron"] = option(
+        "ds",
+        flag="--format",
+        title="Output format",
+        help="ds: datatrove's .ds family (merged and context-shuffled by a build); megatron: .bin/.idx per rank",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.output_format == "megatron" and self.save_loss:
+            raise UsageError("Megatron's indexed dataset has no loss mask: save_loss needs the ds format")
+        if isinstance(self, DocumentOptions) and self.loss_fields and not self.save_loss:
+            raise UsageError("loss_fields needs save_loss: without .ds.loss files the loss spans are lost")
+        if self.num_buckets and (self.shuffle_chunk_size or self.output_format == "megatron"):
+            raise UsageError("num_buckets moves whole documents into .ds buckets: no shuffle_chunk_size, no megatron")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeConfig(DocumentOptions, RankOptions):
+    """One rank's parameters; defaults follow datatrove's DocumentTokenizer where they are sound."""
+
+    inputs: list[str] = option(flag="", help="input files, folders or globs (.jsonl[.gz|.zst], .parquet); fsspec URLs")
+    output: str = option(help="output folder or fsspec URL")
+    seed: int = option(0, minimum=0, help="shuffle seed: the same seed gives the same bytes")
+    rank: int = option(0, minimum=0, help="this task's rank: it tokenizes input files rank, rank + world size, ...")
+    world_size: int = option(1, minimum=1, help="how many ranks share the input files")
+    save_filename: str | None = option(None, help="prefix of the output names (default: none, {rank}_...)")
+    drop_last_chunk: bool = option(False, help="drop the partial last chunk, as datatrove does (counted as dropped)")
+    local_working_dir: str | None = option(
+        None, help="local folder for the unshuffled pass (default: beside a local output, else the system's temp)"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rank >= self.world_size:
+            raise UsageError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
+        if self.drop_last_chunk and not self.shuffle_chunk_size:
+            raise UsageError("drop_last_chunk needs shuffle_chunk_size")
+
+    @property
+    def stem(self) -> str:
+        return names.rank_stem(self.rank, self.save_filename)
+
+    @property
+    def kind(self) -> RankFileKind:
+        """How the rank orders its files' documents, which their names say."""
+        if self.num_buckets:
+            return RankFileKind.BUCKET
+        if self.shuffle_chunk_size:
+            return RankFileKind.CHUNK_SHUFFLED
+        return RankFileKind.DOC_SHUFFLED if self.shuffle_documents else RankFileKind.UNSHUFFLED
+
+    def output_name(self, sub: int) -> str:
+        return names.rank_file_name(self.stem, sub, self.kind, MEGATRON if self.output_format == "megatron" else DS)
+
+    def bucket_name(self, bucket: int, sub: int) -> str:
+        return names.bucket_file_name(self.stem, sub, bucket)
+
+    @property
+    def writer_class(self) -> type:
+        return MegatronWriter if self.output_format == "megatron" else TokenFileWriter
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """A rank's part of a build's plan (``tokenization.build.plan``): exactly these files, never a new listing, read
+    with the tokenizer and chat template the plan was made with; the plan's digest goes into the rank's manifest."""
+
+    files: list[InputFile]
+    plan: str
+    tokenizer_sha256: str
+    rendering_sha256: str | None
+
+    def check(self, encoder: Encoder, renderer: Renderer | None) -> None:
+        """Refuse to encode with a tokenizer or chat template that is no longer the planned one."""
+        rendering = renderer and renderer.sha256
+        for what, planned, now in (
+            (f"tokenizer {encoder.name}", self.tokenizer_sha256, encoder.sha256),
+            ("chat template", self.rendering_sha256, rendering),
+        ):
+            if planned != now:
+                raise PlanConflict(
+                    f"{what} changed since the build was planned (sha256 {now}, planned {planned}): a build encodes "
+                    f"with what it planned; run the new one under a new build id"
+                )
+
+
+@with_storage_options
+def tokenize_rank(
+    config: TokenizeConfig, progress: ProgressMode = None, owner: str | None = None, share: RankShare | None = None
+) -> StageResult[Counts, RankManifest]:
+    """Run one rank end to end: its ``share`` of a build's plan, or else rank ``config.rank`` of a listing of
+    ``config.inputs``. Re-running a rank replaces its output completely; a second attempt at the same rank while
+    one runs is refused (``owner`` names this attempt's caller in that message)."""
+    started = time.time()
+    encoder = config.encoder()  # fails before any data is read
+    renderer = config.renderer(encoder)  # so does a chat template that cannot be read
+    if share is None:
+        check_disjoint(config.inputs, config.output)
+        listing = list_input_files(config.inputs)
+        files, skipped = shard(listing.files, config.rank, config.world_size), listing.skipped
+    else:
+        share.check(encoder, renderer)
+        files, skipped = share.files, []
+    check_unchanged(files)  # fails before any work on a file that is not what was listed
+    log.info(
+        "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
+    )
+    with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
+        counts, written = _encode_and_shuffle(config, encoder, renderer, files, attempt, progress)
+        check_unchanged(files)  # nor one that changed while it was read
+        seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
+        record = RankManifest(
+            stage="tokenize",
+            **manifest.provenance(config, seconds),
+            rank=config.rank,
+            world_size=config.world_size,
+            seed=config.seed,
+            tokenizer=encoder.describe(),
+            rendering=renderer and renderer.describe(),
+            plan=share and share.plan,
+            inputs=files,
+            skipped_inputs=skipped,
+            input_bytes=sum(f.size for f in files),
+            counts=counts.record(),
+            outputs=_outputs(config, counts, written),
+            throughput=manifest.throughput(seconds, encoder.load_seconds, counts.text_bytes, counts.tokens),
+        )
+        _publish(config, attempt, written, record)
+    log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
+    return StageResult(counts, record, attempt.id)
+
+
+def _encode_and_shuffle(
+    config: TokenizeConfig,
+    encoder: Encoder,
+    renderer: Renderer | None,
+    files: list,
+    attempt: Attempt,
+    progress: ProgressMode,
+) -> tuple[Counts, list[WrittenTokenFile]]:
+    """Both passes in the attempt's working folder; rejected records are published even when they fail the rank,
+    as they are what the user needs to look at."""
+    try:
+        reader = DocumentReader(
+            files, config.text_key, config.id_key, renderer=renderer, max_record_bytes=config.max_record_bytes
+        )
+        counts, written = encoder.exactly(lambda: _encode_pass(config, encoder, reader, attempt, progress))
+    except TooManyRejects:
+        attempt.place(attempt.work / QUARANTINE, manifest.quarantine_name(config.stem))
+        raise
+    log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
+    if config.num_buckets and written:
+        written = _scatter(config, encoder, written[0].path, attempt.work)
+        log.info("rank %d: pass 2 done, %d files in %d buckets", config.rank, len(written), config.num_buckets)
+    elif (config.shuffle_documents or config.shuffle_chunk_size) and written:
+        written = _shuffle(config, encoder, written[0].path, counts, attempt.work)
+        log.info("rank %d: pass 2 done, %s", config.rank, config.kind)
+    counts.tokens_written = sum(w.tokens for w in written)
+    return counts, written
+
+
+def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenFile]) -> list[OutputEntry]:
+    """The manifest's entry of each file; chunk ends in an index are not document ends: say where, for verify."""
+    chunk = config.shuffle_chunk_size
+    full = (counts.tokens - counts.partial_chunk_tokens - counts.tokens_dropped) if chunk else 0
+    starts = (np.cumsum([w.tokens for w in written]) - [w.tokens for w in written]).tolist()  # a rank may have none
+    return [
+        manifest.output_entry(w, pseudo_ends=manifest.pseudo_ends(start, w.tokens, chunk, full))
+        for w, start in zip(written, starts, strict=True)
+    ]
+
+
+def _encode_pass(
+    config: TokenizeConfig, encoder: Encoder, reader: DocumentReader, attempt: Attempt, progress: ProgressMode
+) -> tuple[Counts, list[WrittenTokenFile]]:
+    """Pass 1: encode the rank's documents in input order into the attempt's working folder, rejects to
+    quarantine; an attempt whose lease is found lost stops at the next batch (its successor does the work)."""
+    counts = Counts()
+    work = attempt.work
+    direct = not (config.shuffle_documents or config.shuffle_chunk_size or config.num_buckets)
+    writer = SplitWriter(
+        work,
+        config.output_name if direct else (lambda _: names.working_file_name(RankFileKind.UNSHUFFLED)),
+        tokenizer=config.tokenizer,
+        token_size=encoder.token_size,
+        save_loss=config.save_loss,
+        max_tokens=config.max_tokens_per_file if direct else None,
+        writer_class=config.writer_class if direct else TokenFileWriter,
+    )
+    where = f"rank {config.rank}"
+    quarantine = work / QUARANTINE
+    # the writer's threads stop at the block's end on errors too: no buffered byte of a failed attempt may reach a
+    # file that a retry reopens
+    with writing(quarantine), open(quarantine, "wb") as bad, writer:
+        tally = RejectTally(counts, where, config.source, config.max_rejects, config.max_reject_fraction, sink=bad)
+        batches = encoded_batches(
+            reader,
+            encoder=encoder,
+            counts=counts,
+            options=config,
+            reject=tally,
+            desc=where,
+            save_loss=config.save_loss,
+            progress=progress,
+        )
+        with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
+            for batch in batches:
+                attempt.lease.check()  # no request: the heartbeat found it
+                ends = np.cumsum(batch.encoded.lengths)
+                writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
+    tally.check()
+    return counts, writer.written
+
+
+def _shuffle(
+    config: TokenizeConfig, encoder: Encoder, unshuffled: Path, counts: Counts, work: Path
+) -> list[WrittenTokenFile]:
+    """Pass 2: the document permutation, then the chunk permutation, each a byte move through the engine."""
+    rng = np.random.default_rng(config.seed)
+    options = {"tokenizer": config.tokenizer, "token_size": encoder.token_size, "save_loss": config.save_loss}
+    source = unshuffled
+    if config.shuffle_documents:
+        ends = np.asarray(TokenFile(str(source), encoder.token_size).ends, dtype=np.int64)
+        order = rng.permutation(len(ends))
+        last = not config.shuffle_chunk_size
+        writer = SplitWriter(
+            work,
+            config.output_name if last else (lambda _: names.working_file_name(RankFileKind.DOC_SHUFFLED)),
+            max_tokens=config.max_tokens_per_file if last else None,
+            writer_class=config.writer_class if last else TokenFileWriter,
+            **options,
+        )
+        with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool, writer:
+            permute_units(pool, ends, order, writer)
+        if last:
+            return writer.written
+        source = writer.written[0].path
+    doc_ends = np.asarray(TokenFile(str(source), encoder.token_size).ends, dtype=np.int64)
+    total = int(doc_ends[-1])
+    chunk_ends, full = fixed_units(total, config.shuffle_chunk_size)
+    order = rng.permutation(full)
+    tail = total - full * config.shuffle_chunk_size
+    if tail and config.drop_last_chunk:
+        counts.tokens_dropped += tail
+    elif tail:
+        order = np.append(order, full)
+        counts.partial_chunk_tokens = tail
+    writer = SplitWriter(
+        work, config.output_name, max_tokens=config.max_tokens_per_file, writer_class=config.writer_class, **options
+    )
+    with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool, writer:
+        permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
+    return writer.written
+
+
+def _scatter(config: TokenizeConfig, encoder: Encoder, unshuffled: Path, work: Path) -> list[WrittenTokenFile]:
+    """Pass 2 of a bucketed shuffle: each document to the bucket drawn for it, in input order within a bucket (the
+    bucket's merge orders them); buckets that drew no document get no file."""
+    ends = np.asarray(TokenFile(str(unshuffled), encoder.token_size).ends, dtype=np.int64)
+    drawn = buckets.assign(config.seed, config.rank, len(ends), config.num_buckets)
+    order, bounds = buckets.by_bucket(drawn, config.num_buckets)
+    written = []
+    with SourcePool([str(unshuffled)], encoder.token_size, config.save_loss) as pool:
+        for bucket in np.flatnonzero(np.diff(bounds)).tolist():
+            with SplitWriter(
+                work,
+                lambda sub, bucket=bucket: config.bucket_name(bucket, sub),
+                tokenizer=config.tokenizer,
+                token_size=encoder.token_size,
+                save_loss=config.save_loss,
+                max_tokens=config.max_tokens_per_file,
+            ) as writer:
+                permute_units(pool, ends, order[bounds[bucket] : bounds[bucket + 1]], writer)
+            written += writer.written
+    return written
+
+
+def _publish(config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: RankManifest) -> None:
+    """Replace the rank's previous output with the new files and its quarantine, then commit the manifest."""
+    keep = {f.name for w in written for f in w.files}
+    pattern = names.rank_file_pattern(config.stem)
+    for name in list_names(attempt.fs, attempt.out_path):
+        if pattern.fullmatch(name) and name not in keep:
+            attempt.remove(name)
+    attempt.place_families(written)
+    files = record.output_files()
+    quarantine, bad = attempt.work / QUARANTINE, manifest.quarantine_name(config.stem)
+    if quarantine.stat().st_size:
+        files[bad] = FileSum(
+            bytes=quarantine.stat().st_size, sha256=hashlib.sha256(quarantine.read_bytes()).hexdigest()
+        )
+        attempt.place(quarantine, bad)
+    else:
+        attempt.remove(bad)
+    attempt.commit(record, files)

@@ -1,0 +1,505 @@
+"""``verify``: check an output folder of ``.ds`` families or Megatron ``.bin/.idx`` pairs before anyone trains.
+
+Every problem is reported with its file and, where it has one, the token offset. Files are streamed in large
+blocks (tokens, loss bytes and checksums in one pass), so memory stays bounded by the block size and the index
+arrays, and a gigabyte takes seconds.
+
+Then every record is checked, since a build is only as trustworthy as the records that say what it holds: the
+folder's manifests list the file families it must hold, so a family that is missing, a family that no manifest
+lists, and counts that differ from what the files hold are problems. Each stage manifest needs its completion
+marker (which records the manifest's sha256), each marker its stage manifest, and every file a marker lists must be
+there with its size and sha256 (the dataset's ``{name}.ds.metadata`` and the quarantine included); a file that no
+record lists (a lone ``.ds.index``, a leftover) is a problem, and so are the merge's per-file checkpoints unless
+each equals the entry its stage manifest holds for it. A malformed record is one problem naming its file and field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import fsspec
+import numpy as np
+
+from tokenization.formats import DS, MEGATRON, token_file_names
+from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
+from tokenization.formats.megatron import MegatronFile
+from tokenization.io.storage import join, list_names, list_sizes, open_fs
+from tokenization.publish import manifest
+from tokenization.publish.attempts import LEASES, STAGING
+from tokenization.publish.manifest import Described
+from tokenization.publish.records import (
+    CompletionMarker,
+    MergeManifest,
+    MergeOutput,
+    OutputEntry,
+    RecordError,
+    StageManifest,
+    stage_manifest,
+)
+from tokenization.publish.runs import RUN_CLAIM
+from tokenization.text.encoding import Encoder
+
+R = TypeVar("R")
+BLOCK_BYTES = 64 << 20
+MAX_REPORTED = 10  # problems of one kind reported per file, then a count
+BOOKKEEPING = {manifest.MANIFESTS, manifest.COMPLETIONS, manifest.QUARANTINE, LEASES, STAGING}  # folders, not files
+
+
+@dataclass
+class Report:
+    files: int = 0
+    tokens: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def problem(self, where: str, message: str, offset: int | None = None) -> None:
+        self.problems.append(f"{where}{f' @ token {offset}' if offset is not None else ''}: {message}")
+
+    def problems_at(self, where: str, message: str, offsets: np.ndarray) -> None:
+        """Report the first few offsets where a check failed, and how many there were."""
+        for offset in offsets[:MAX_REPORTED].tolist():
+            self.problem(where, message, offset)
+        if len(offsets) > MAX_REPORTED:
+            self.problem(where, f"{message}: {len(offsets) - MAX_REPORTED} more like this")
+
+
+@dataclass
+class _Checks:
+    """What the optional tokenizer lets us check: ids below the vocabulary size, EOS at document ends."""
+
+    vocab_size: int | None = None
+    eos_id: int | None = None
+
+
+def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None) -> Report:
+    """Check every token file directly inside ``url`` and every record of the folder; a problem-free report means
+    the folder is usable."""
+    report = Report()
+    checks = _Checks()
+    if tokenizer:
+        encoder = Encoder(tokenizer, eos_token=eos_token, no_eos=eos_token is None)
+        checks = _Checks(encoder.vocab_size, encoder.eos_id)
+    folder = _Folder.open(url)
+    records = _read_records(folder, report)
+    described = manifest.entries_by_name(read.record for read in records.manifests.values()) if records else {}
+    ds_files, bin_files = token_file_names(folder.sizes, (DS,)), token_file_names(folder.sizes, (MEGATRON,))
+    if not ds_files and not bin_files:
+        report.problem(url, "no .ds or .bin files")
+    entries = {name: d.entry for name, d in described.items()}
+    for name in ds_files:
+        _verify_ds(folder, name, entries.get(name), checks, report)
+    for name in bin_files:
+        _verify_megatron(folder, name, entries.get(name), checks, report)
+    _verify_dataset_metadata(folder, report)
+    if records:  # after the token files: their checksums were taken while they were streamed
+        _check_records(folder, records, {*ds_files, *bin_files}, described, report)
+    return report
+
+
+@dataclass
+class _Folder:
+    """The folder being verified. One listing answers every size and existence question (a HEAD each on S3), and
+    each file is hashed once, however many records list it."""
+
+    fs: fsspec.AbstractFileSystem
+    path: str
+    url: str
+    sizes: dict[str, int]  # the folder's own entries, by name
+    digests: dict[str, str] = field(default_factory=dict)
+    subfolders: dict[str, dict[str, int]] = field(default_factory=dict)  # their entries, once one is asked about
+
+    @classmethod
+    def open(cls, url: str) -> _Folder:
+        fs, path = open_fs(url)
+        return cls(fs, path, url.rstrip("/"), list_sizes(fs, path))
+
+    def label(self, name: str) -> str:
+        return join(self.url, name)
+
+    def size(self, name: str) -> int | None:
+        """A file's size, None when it is absent; a file of a subfolder (the quarantine) lists that subfolder."""
+        sub, _, base = name.rpartition("/")
+        if not sub:
+            return self.sizes.get(name)
+        if sub not in self.subfolders:
+            self.subfolders[sub] = list_sizes(self.fs, join(self.path, sub))
+        return self.subfolders[sub].get(base)
+
+    def sha256(self, name: str) -> str:
+        """A file's sha256, streamed in blocks (memory stays bounded) unless it was taken already."""
+        if name not in self.digests:
+            digest = hashlib.sha256()
+            for _ in _blocks(self.fs, join(self.path, name), np.dtype(np.uint8), digest):
+                pass
+            self.digests[name] = digest.hexdigest()
+        return self.digests[name]
+
+
+@dataclass(frozen=True)
+class _Read(Generic[R]):
+    """A record and the bytes it was read from (a marker records their sha256)."""
+
+    data: bytes
+    record: R
+
+
+@dataclass
+class _Records:
+    """A folder's manifests, by stem: the stage manifests and the merge's per-file checkpoints; and its completion
+    markers, by stem."""
+
+    manifests: dict[str, _Read[StageManifest | MergeOutput]]
+    markers: dict[str, CompletionMarker]
+
+    @property
+    def stages(self) -> dict[str, _Read[StageManifest]]:
+        return {stem: read for stem, read in self.manifests.items() if isinstance(read.record, StageManifest)}
+
+
+def _read_records(folder: _Folder, report: Report) -> _Records | None:
+    """Every record of the folder, each checked; None when one is malformed (each such is one problem): a folder
+    whose records cannot be read cannot be checked against them."""
+    manifests = _read_subfolder(folder, manifest.MANIFESTS, stage_manifest, report)
+    markers = _read_subfolder(folder, manifest.COMPLETIONS, CompletionMarker.loads, report)
+    if manifests is None or markers is None:
+        return None
+    return _Records(manifests, {stem: read.record for stem, read in markers.items()})
+
+
+def _read_subfolder(
+    folder: _Folder, sub: str, parse: Callable[[bytes, str], R], report: Report
+) -> dict[str, _Read[R]] | None:
+    """The records of ``sub`` by stem, with their bytes; None when one is malformed. A file there that is no
+    record is a problem."""
+    records: dict[str, _Read[R]] | None = {}
+    for name in sorted(list_names(folder.fs, join(folder.path, sub))):
+        label = folder.label(f"{sub}/{name}")
+        if not name.endswith(".json"):
+            report.problem(label, f"not a record: only {sub}/{{stem}}.json files belong there; remove it")
+            continue
+        try:
+            data = folder.fs.cat_file(join(folder.path, sub, name))
+            record = parse(data, label)
+        except FileNotFoundError:  # removed since the listing: a stage is writing this folder
+            continue
+        except RecordError as exc:
+            report.problems.append(str(exc))
+            records = None
+            continue
+        if records is not None:
+            records[name.removesuffix(".json")] = _Read(data, record)
+    return records
+
+
+def _check_records(
+    folder: _Folder, records: _Records, families: set[str], described: dict[str, Described], report: Report
+) -> None:
+    """The folder holds what its records say, and its records vouch for each other: every stage manifest has its
+    completion marker, every marker its stage manifest, every file a marker lists is there with its size and
+    sha256, every file there is listed, and the merge's checkpoints are its manifest's entries."""
+    stages = records.stages
+    if stages:
+        missing = _check_families(folder, families, described, report)
+    elif records.manifests or records.markers or _in_a_run(folder):
+        report.problem(
+            folder.url,
+            f"no stage manifest in {manifest.MANIFESTS}/: the stage that writes this folder did not finish, or its "
+            "manifest was removed; run that stage again",
+        )
+        missing = set()
+    else:
+        report.notes.append(f"{folder.url}: no manifests, so which files belong here cannot be checked")
+        return
+    _check_stages(folder, stages, records.markers, report)
+    listed = _check_markers(folder, stages, records.markers, missing, report)
+    _check_checkpoints(folder, records, report)
+    listed |= {name for d in described.values() for name in d.entry.files}
+    for name in sorted(n for n in folder.sizes if n not in listed and not _bookkeeping(n)):
+        if _family(name) not in families - set(described):  # an unlisted family is one problem, not one a file
+            report.problem(
+                folder.label(name),
+                "no completion marker lists this file: a leftover of another run, or of a stage that did not "
+                "finish; remove it",
+            )
+
+
+def _check_families(folder: _Folder, families: set[str], described: dict[str, Described], report: Report) -> set[str]:
+    """Every family a manifest lists is there and every family there is listed; returns the missing ones."""
+    missing = set(described) - families
+    for name in sorted(missing):
+        report.problem(folder.label(name), f"listed in {_source(described[name])} but missing")
+    for name in sorted(families - set(described)):
+        report.problem(
+            folder.label(name),
+            "no manifest lists this file family: a leftover of another run, or the output of a stage that did "
+            "not finish",
+        )
+    return missing
+
+
+def _check_stages(
+    folder: _Folder, stages: dict[str, _Read[StageManifest]], markers: dict[str, CompletionMarker], report: Report
+) -> None:
+    """Every stage manifest is complete (its marker exists and names its checksum) and adds up to its outputs."""
+    for stem, read in sorted(stages.items()):
+        where = folder.label(manifest.manifest_name(stem))
+        marker = markers.get(stem)
+        if marker is None:
+            report.problem(where, "has no completion marker: its stage did not finish")
+        elif marker.sha256 != hashlib.sha256(read.data).hexdigest():
+            report.problem(where, "differs from the checksum its completion marker records")
+        said, held = read.record.tokens_written, read.record.output_tokens
+        if said != held:
+            report.problem(where, f"counts {said} tokens written, its outputs list {held}")
+
+
+def _check_markers(
+    folder: _Folder,
+    stages: dict[str, _Read[StageManifest]],
+    markers: dict[str, CompletionMarker],
+    missing: set[str],
+    report: Report,
+) -> set[str]:
+    """Every marker belongs to a stage manifest and lists its files, and every file it lists is there with its
+    size and sha256 (a missing family is reported once, as such); returns the files the markers list."""
+    listed: set[str] = set()
+    for stem, marker in sorted(markers.items()):
+        where, own = folder.label(manifest.marker_name(stem)), manifest.manifest_name(stem)
+        if stem not in stages:
+            report.problem(
+                where, f"no stage manifest {own}: a marker copied from elsewhere, or its manifest was removed"
+            )
+            continue
+        if marker.manifest != own:
+            report.problem(where, f"names the manifest {marker.manifest}, not its own {own}")
+        files = marker.files
+        for name in sorted(set(stages[stem].record.output_files()) - set(files)):
+            report.problem(folder.label(name), f"its manifest {own} lists it, its completion marker does not")
+        for name, info in sorted(files.items()):
+            listed.add(name)
+            size = folder.size(name)
+            if size is None:
+                if _family(name) not in missing:
+                    report.problem(folder.label(name), f"listed by {manifest.marker_name(stem)} but missing")
+            elif size != info.bytes or folder.sha256(name) != info.sha256:
+                report.problem(
+                    folder.label(name),
+                    f"differs from what {manifest.marker_name(stem)} records ({size} bytes, sha256 "
+                    f"{folder.sha256(name)[:12]}…, not {info.bytes} bytes, {info.sha256[:12]}…)",
+                )
+    return listed
+
+
+def _check_checkpoints(folder: _Folder, records: _Records, report: Report) -> None:
+    """The merge's per-file checkpoints say where a resumed merge starts; its stage manifest owns them, as copies
+    of its output entries: each must be there and equal to its entry, and no other may be."""
+    owners = {
+        entry.name.removesuffix(DS): (stem, entry)
+        for stem, read in records.stages.items()
+        if isinstance(read.record, MergeManifest)
+        for entry in read.record.outputs
+    }
+    checkpoints = set(records.manifests) - set(records.stages)
+    for stem in sorted(checkpoints | set(owners)):
+        where = folder.label(manifest.manifest_name(stem))
+        if stem not in owners:
+            report.problem(where, "a merge checkpoint that no stage manifest lists: a leftover of an unfinished merge")
+            continue
+        owner, entry = owners[stem]
+        what = f"the checkpoint of {entry.name}, which {manifest.manifest_name(owner)} lists"
+        if stem not in checkpoints:
+            report.problem(where, f"missing: {what} (a resumed merge would redo that file and every later one)")
+        elif records.manifests[stem].record != entry:
+            report.problem(where, f"differs from {what}: a resumed merge would start from it")
+
+
+def _in_a_run(folder: _Folder) -> bool:
+    """Whether the folder is a stage folder of a build's run (its parent holds the run's claim)."""
+    parent = folder.path.rstrip("/").rpartition("/")[0]
+    if not parent:
+        return False
+    try:
+        folder.fs.cat_file(join(parent, RUN_CLAIM))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _bookkeeping(name: str) -> bool:
+    """The folders of records and attempts, and an attempt's lock file, which verify checks on their own or not
+    at all (a lock file outlives a killed attempt until the next one)."""
+    return name in BOOKKEEPING or (name.startswith(".") and name.endswith(".lock"))
+
+
+def _family(name: str) -> str:
+    """The token file that names the family of a file: ``X.ds`` for ``X.ds.index``, ``X.bin`` for ``X.idx``."""
+    if name.endswith(".idx"):
+        return name.removesuffix(".idx") + MEGATRON
+    head, dot_ds, _ = name.rpartition(DS + ".")
+    return head + DS if dot_ds else name
+
+
+def _source(described: Described) -> str:
+    owner = described.listed_by
+    if not isinstance(owner, StageManifest):
+        return f"the merge checkpoint of {owner.name}"
+    stem = owner.prefix
+    return f"the {owner.stage} manifest{f' of {stem}' if stem else ''}"
+
+
+def _verify_ds(folder: _Folder, name: str, entry: OutputEntry | None, checks: _Checks, report: Report) -> None:
+    """One ``.ds`` family, its checksums taken as it streams."""
+    report.files += 1
+    label, path, sizes = folder.label(name), join(folder.path, name), folder.sizes
+    size = sizes[name]
+    meta = None
+    if name + ".metadata" in sizes:
+        try:
+            meta = Metadata.parse(folder.fs.cat_file(path + ".metadata").decode("utf-8"), f"{label}.metadata")
+        except (TokenFileError, UnicodeDecodeError) as exc:
+            report.problem(f"{label}.metadata", str(exc))
+    else:
+        report.problem(f"{label}.metadata", "missing: the token size is unknown")
+    if name + ".index" not in sizes:
+        report.problem(f"{label}.index", "missing")
+        return
+    try:
+        index = map_array(folder.fs, path + ".index", INDEX_DTYPE, f"{label}.index", sizes[name + ".index"])
+        ends = np.asarray(index, dtype=np.int64)
+    except TokenFileError as exc:
+        report.problem(f"{label}.index", str(exc))
+        return
+    last = int(ends[-1]) if len(ends) else 0
+    token_size = meta.token_size if meta else (size // last if last and size // last in (2, 4) else None)
+    if token_size not in (2, 4):
+        report.problem(label, f"token size {token_size} is neither 2 nor 4")
+        return
+    tokens = size // token_size
+    if size % token_size or tokens != last:
+        report.problem(label, f"{size} bytes of {token_size}-byte tokens, but the index ends at token {last}")
+    if meta and meta.token_count != tokens:
+        report.problem(f"{label}.metadata", f"says {meta.token_count} tokens, the file holds {tokens}")
+    _check_index(ends, label, checks, report)
+    _check_counts(entry, tokens, len(ends), label, report)
+    has_loss = name + ".loss" in sizes
+    if has_loss and sizes[name + ".loss"] != tokens:
+        report.problem(f"{label}.loss", f"{sizes[name + '.loss']} bytes for {tokens} tokens")
+    digest = hashlib.sha256()
+    for offset, block in _blocks(folder.fs, path, token_dtype(token_size), digest):
+        _check_tokens(block, offset, ends, entry, label, checks, report)
+    folder.digests[name] = digest.hexdigest()
+    if has_loss:
+        digest = hashlib.sha256()
+        for offset, block in _blocks(folder.fs, path + ".loss", LOSS_DTYPE, digest):
+            report.problems_at(f"{label}.loss", "loss byte is neither 0 nor 1", offset + np.flatnonzero(block > 1))
+        folder.digests[name + ".loss"] = digest.hexdigest()
+    report.tokens += tokens
+
+
+def _verify_megatron(folder: _Folder, name: str, entry: OutputEntry | None, checks: _Checks, report: Report) -> None:
+    report.files += 1
+    label = folder.label(name)
+    try:
+        mg = MegatronFile(label)
+    except TokenFileError as exc:
+        report.problem(label, str(exc))
+        return
+    lengths = mg.lengths.astype(np.int64)
+    ends = np.cumsum(lengths)
+    size, total = folder.sizes[name], int(ends[-1]) if len(ends) else 0
+    if total * mg.dtype.itemsize != size:
+        report.problem(label, f"{size} bytes, but the sequence lengths add up to {total} tokens")
+    expected = (ends - lengths) * mg.dtype.itemsize
+    report.problems_at(
+        mg.url + ".idx", "byte pointer disagrees with the lengths", np.flatnonzero(mg.pointers != expected)
+    )
+    doc = mg.document_indices
+    if len(doc) == 0 or doc[0] != 0 or doc[-1] != len(lengths) or np.any(np.diff(doc) < 0):
+        report.problem(mg.url + ".idx", "document indices do not run from 0 to the sequence count")
+    report.problems_at(label, "negative sequence length", np.flatnonzero(lengths < 0))
+    _check_counts(entry, total, len(lengths), label, report)
+    digest = hashlib.sha256()
+    for offset, block in _blocks(folder.fs, mg.bin_path, mg.dtype, digest):
+        _check_tokens(block, offset, ends, entry, label, checks, report)
+    folder.digests[name] = digest.hexdigest()
+    report.tokens += size // mg.dtype.itemsize
+
+
+def _check_counts(entry: OutputEntry | None, tokens: int, entries: int, label: str, report: Report) -> None:
+    """The tokens and index entries that the manifest records for this family, against the files."""
+    if entry is None:
+        return
+    if entry.tokens != tokens:
+        report.problem(label, f"holds {tokens} tokens, its manifest says {entry.tokens}")
+    if entry.index_entries != entries:
+        report.problem(label, f"its index holds {entries} entries, its manifest says {entry.index_entries}")
+
+
+def _check_index(ends: np.ndarray, label: str, checks: _Checks, report: Report) -> None:
+    if len(ends) and ends[0] < 0:
+        report.problem(f"{label}.index", "negative first entry", 0)
+    steps = np.diff(ends)
+    report.problems_at(f"{label}.index", "entry smaller than the one before", ends[1:][steps < 0])
+    if checks.eos_id is not None:
+        report.problems_at(f"{label}.index", "empty document", ends[1:][steps == 0])
+
+
+def _check_tokens(
+    block, offset: int, ends, entry: OutputEntry | None, label: str, checks: _Checks, report: Report
+) -> None:
+    """Ids below the vocabulary size, and the EOS before every real document end inside this block."""
+    if checks.vocab_size is not None and len(block):
+        report.problems_at(
+            label,
+            f"id beyond the vocabulary of {checks.vocab_size}",
+            offset + np.flatnonzero(block >= checks.vocab_size),
+        )
+    if checks.eos_id is None or not len(block):
+        return
+    pseudo = entry and entry.pseudo_ends
+    if pseudo == "unknown":
+        if offset == 0:
+            report.notes.append(f"{label}: EOS not checked (its index mixes document ends with moved chunk ends)")
+        return
+    lo, hi = np.searchsorted(ends, [offset, offset + len(block)], side="right")
+    doc_ends = ends[lo:hi]  # the entries whose last token is in this block
+    if pseudo:  # chunk or window boundaries are not document ends
+        doc_ends = doc_ends[(doc_ends % pseudo.every != 0) | (doc_ends > pseudo.until)]
+    missing = doc_ends[block[doc_ends - 1 - offset] != checks.eos_id]
+    report.problems_at(label, f"document ends without EOS {checks.eos_id}", missing)
+
+
+def _blocks(fs, path: str, dtype: np.dtype, digest) -> Iterator[tuple[int, np.ndarray]]:
+    """The file as consecutive arrays of at most BLOCK_BYTES, hashing the bytes on the way."""
+    step = BLOCK_BYTES // dtype.itemsize * dtype.itemsize
+    offset = 0
+    with fs.open(path, "rb", block_size=step) as handle:
+        while data := handle.read(step):
+            digest.update(data)
+            usable = len(data) // dtype.itemsize * dtype.itemsize
+            yield offset, np.frombuffer(data[:usable], dtype)
+            offset += usable // dtype.itemsize
+
+
+def _verify_dataset_metadata(folder: _Folder, report: Report) -> None:
+    """A merged dataset's ``{name}.ds.metadata`` (with no ``{name}.ds``) counts the tokens of ``NNN_{name}.ds``."""
+    names = set(folder.sizes)
+    for meta_name in sorted(n for n in names if n.endswith(".ds.metadata") and n[: -len(".metadata")] not in names):
+        stem = meta_name[: -len(".ds.metadata")]
+        parts = [n for n in names if n.endswith(f"_{stem}.ds") and n.split("_", 1)[0].isdigit()]
+        label = folder.label(meta_name)
+        try:
+            meta = Metadata.parse(folder.fs.cat_file(join(folder.path, meta_name)).decode("utf-8"), label)
+        except (TokenFileError, UnicodeDecodeError) as exc:
+            report.problem(label, str(exc))
+            continue
+        total = sum(folder.sizes[n] // meta.token_size for n in parts)
+        if meta.token_count != total:
+            report.problem(label, f"says {meta.token_count} tokens, its {len(parts)} files hold {total}")

@@ -1,0 +1,180 @@
+"""A tokenizer as a run loads it: its ``tokenizer.json`` from a file, a folder holding one, any fsspec URL or the
+HuggingFace hub, that file's sha256 (which a build's plan pins), its vocabulary and the width of its ids, its special
+tokens, and its own end-of-text token.
+
+Unless told otherwise, a run ends every document with the tokenizer's own end-of-text token: the one the
+``tokenizer_config.json`` beside it names, else the last special token its post-processor appends, else the first
+of ``EOS_CANDIDATES`` its vocabulary holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import posixpath
+from dataclasses import dataclass
+
+import fsspec
+from tokenizers import Tokenizer
+
+from tokenization.formats.ds import token_size_for_vocab
+from tokenization.io.errors import TokenizationError
+from tokenization.io.storage import is_local, open_fs
+
+log = logging.getLogger(__name__)
+
+# Well-known end-of-text tokens, in order of preference (GPT-2 and many others, Llama-3, SentencePiece, Gemma,
+# DeepSeek, Phi-3): a tokenizer that holds both <|endoftext|> and </s> ends documents with <|endoftext|>.
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<｜end▁of▁sentence｜>", "<|end|>")
+EOS_ORIGINS = {  # how a message names the place where the tokenizer's own EOS was found
+    "tokenizer_config.json": "tokenizer_config.json",
+    "post-processor": "its post-processor",
+    "vocabulary": "its vocabulary",
+}
+
+
+class TokenizerError(TokenizationError, ValueError):
+    """The tokenizer cannot be loaded or does not fit the requested policy."""
+
+
+def tokenizer_location(name_or_path: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
+    """Where the ``tokenizer.json`` of a file, a folder holding one, or any fsspec URL is; None for a HuggingFace
+    hub name."""
+    fs, path = open_fs(name_or_path)
+    if is_local(fs) and not os.path.exists(path):
+        if name_or_path.endswith(".json") or name_or_path.startswith(("/", ".", "~")):
+            raise TokenizerError(f"{name_or_path}: no such tokenizer file")
+        return None
+    if fs.isdir(path):
+        path = path.rstrip("/") + "/tokenizer.json"
+    return fs, path
+
+
+def load_tokenizer_bytes(name_or_path: str) -> tuple[Tokenizer, bytes]:
+    """A tokenizer and its serialized form, from a ``tokenizer.json`` file, a folder holding one, or any fsspec
+    URL. Anything else is taken as a HuggingFace hub name, which needs network access."""
+    location = tokenizer_location(name_or_path)
+    if location is None:
+        try:
+            tokenizer = Tokenizer.from_pretrained(name_or_path)
+        except Exception as exc:
+            raise TokenizerError(
+                f"{name_or_path}: not a local tokenizer file and could not be loaded from the HuggingFace hub ({exc})"
+            ) from exc
+        return tokenizer, tokenizer.to_str().encode("utf-8")
+    fs, path = location
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError as exc:
+        raise TokenizerError(f"{name_or_path}: no tokenizer.json found") from exc
+    try:
+        return Tokenizer.from_str(data.decode("utf-8")), data
+    except Exception as exc:
+        raise TokenizerError(f"{name_or_path}: not a tokenizers JSON file ({exc})") from exc
+
+
+def configured_eos(name_or_path: str) -> str | None:
+    """The ``eos_token`` named by a ``tokenizer_config.json`` beside the tokenizer (a string or a dict with
+    ``content``), or None. A hub name has none: reading its config would need the network."""
+    location = tokenizer_location(name_or_path)
+    if location is None:
+        return None
+    fs, path = location
+    config_path = posixpath.join(posixpath.dirname(path), "tokenizer_config.json")
+    try:
+        config = json.loads(fs.cat_file(config_path))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise TokenizerError(f"{config_path}: not a JSON file ({exc})") from exc
+    eos = config.get("eos_token") if isinstance(config, dict) else None
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else None
+
+
+@dataclass(frozen=True)
+class TokenizerFile:
+    """A loaded tokenizer and what a manifest says of it. ``data`` is its ``tokenizer.json``, which the fast engine
+    loads itself; ``special_tokens`` come longest first, as a regex must try them."""
+
+    name: str
+    tokenizer: Tokenizer
+    data: bytes
+    sha256: str
+    vocab_size: int
+    token_size: int
+    special_tokens: list[str]
+
+    @classmethod
+    def load(cls, name_or_path: str) -> TokenizerFile:
+        tokenizer, data = load_tokenizer_bytes(name_or_path)
+        tokenizer.no_truncation()  # a document is never cropped, nor padded
+        tokenizer.no_padding()
+        vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        added = json.loads(data).get("added_tokens") or []
+        specials = {t["content"] for t in added if t.get("special")}
+        return cls(
+            name=name_or_path,
+            tokenizer=tokenizer,
+            data=data,
+            sha256=hashlib.sha256(data).hexdigest(),
+            vocab_size=vocab_size,
+            token_size=token_size_for_vocab(vocab_size),
+            special_tokens=sorted(specials, key=lambda t: (-len(t), t)),
+        )
+
+    def describe(self) -> dict:
+        """The manifest's record of the tokenizer itself."""
+        return {"name": self.name, "sha256": self.sha256, "vocab_size": self.vocab_size, "token_size": self.token_size}
+
+    def special_ids_around(self) -> tuple[list[int], list[int]]:
+        """The ids that the tokenizer's own post-processor puts before a document (its BOS, if any) and after it."""
+        probe = "a"
+        with_specials = self.tokenizer.encode(probe, add_special_tokens=True).ids
+        plain = self.tokenizer.encode(probe, add_special_tokens=False).ids
+        for k in range(len(with_specials) - len(plain) + 1):
+            if with_specials[k : k + len(plain)] == plain:
+                return with_specials[:k], with_specials[k + len(plain) :]
+        raise TokenizerError(f"{self.name}: its post-processor changes the text's ids, not only the ends")
+
+    def choose_eos(self, eos_token: str | None, appended: list[int]) -> tuple[str, str]:
+        """The EOS to append and where it came from: the parameter, or else the tokenizer's own. ``appended``: the
+        ids its post-processor appends."""
+        if eos_token is not None:
+            if self.tokenizer.token_to_id(eos_token) is None:
+                raise TokenizerError(self._unknown_eos(eos_token, appended))
+            return eos_token, "param"
+        own = self._own_eos(appended)
+        if own is None:
+            raise TokenizerError(
+                f"{self.name}: no end-of-text token found (no tokenizer_config.json beside it names one, its "
+                f"post-processor appends none, and its vocabulary holds none of {', '.join(EOS_CANDIDATES)}): "
+                "pass --eos-token TOKEN, or --no-eos to write documents without a separator"
+            )
+        return own
+
+    def _own_eos(self, appended: list[int]) -> tuple[str, str] | None:
+        """The tokenizer's own end-of-text token and where it was found: the ``tokenizer_config.json`` beside it,
+        else the last special token its post-processor appends, else the first of ``EOS_CANDIDATES`` it holds."""
+        configured = configured_eos(self.name)
+        if configured is not None and self.tokenizer.token_to_id(configured) is not None:
+            return configured, "tokenizer_config.json"
+        if configured is not None:
+            log.warning("%s: tokenizer_config.json names EOS %r, which is not in the vocabulary", self.name, configured)
+        if appended:
+            return self.tokenizer.id_to_token(appended[-1]), "post-processor"
+        known = next((t for t in EOS_CANDIDATES if self.tokenizer.token_to_id(t) is not None), None)
+        return None if known is None else (known, "vocabulary")
+
+    def _unknown_eos(self, eos_token: str, appended: list[int]) -> str:
+        """Why ``eos_token`` cannot be used, and what can: the tokenizer's own EOS, or else a few special tokens."""
+        message = f"EOS token {eos_token!r} is not in the vocabulary of {self.name}"
+        own = self._own_eos(appended)
+        if own is None:
+            return f"{message} (special tokens: {', '.join(self.special_tokens[:8]) or 'none'})"
+        token, source = own
+        origin = EOS_ORIGINS[source]
+        return f"{message}; its own end-of-text token is {token!r} (from {origin}): leave the EOS unset to use it"

@@ -32,18 +32,21 @@ ROOT = Path(__file__).resolve().parents[1]
 def published(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
     """A whole build: ranks, merge (with its checkpoints), context shards, the build record."""
     out = tmp_path_factory.mktemp("records")
-    config = BuildConfig(
-        input=str(sample_corpus),
+    Build.start(_config(out, sample_corpus, sample_tokenizer), "records").run()
+    return out / "records"
+
+
+def _config(out: Path, corpus: Path, tokenizer: Path) -> BuildConfig:
+    return BuildConfig(
+        input=str(corpus),
         output=str(out),
-        tokenizer=str(sample_tokenizer),
+        tokenizer=str(tokenizer),
         num_ranks=2,
         merge_max_tokens_per_file=20_000,
         context_window=1025,
         num_context_shards=2,
         seed=5,
     )
-    Build.start(config, "records").run()
-    return out / "records"
 
 
 def _records(run: Path) -> dict[Path, type]:
@@ -60,8 +63,14 @@ def _records(run: Path) -> dict[Path, type]:
 def test_every_record_reads_back_as_it_was_written(published: Path) -> None:
     kinds = _records(published)
     assert {kind for kind in kinds.values()} == {
-        RunClaim, BuildRecord, CompletionMarker, RankManifest, MergeManifest, MergeOutput, ContextManifest
-    }  # fmt: skip
+        RunClaim,
+        BuildRecord,
+        CompletionMarker,
+        RankManifest,
+        MergeManifest,
+        MergeOutput,
+        ContextManifest,
+    }
     for path, kind in kinds.items():
         data = path.read_bytes()
         record = kind.loads(data, str(path))
@@ -183,3 +192,19 @@ def test_the_summary_command_names_a_damaged_build_record(published: Path, tmp_p
     assert run.returncode == 1
     assert run.stderr.startswith(f"error: {record}: not a valid build record: not JSON") and run.stderr.count("\n") == 1
     assert read_build(str(published)).tokens > 0  # the original is untouched
+
+
+def test_a_resumed_build_tokenizes_again_a_rank_whose_marker_is_damaged(
+    published: Path, tmp_path: Path, sample_corpus, sample_tokenizer
+) -> None:
+    """A truncated marker is a rank not complete, with its one line as the reason; the resumed build tokenizes that
+    rank again, to the same bytes."""
+    build = Build.start(_config(tmp_path, sample_corpus, sample_tokenizer), "records")
+    build.run()
+    build.unpublish()
+    marker = tmp_path / "records/ranks/_completions/00001.json"
+    marker.write_bytes(marker.read_bytes()[:25])
+    why = f"{marker}: not a valid completion marker: not JSON (unexpected end of data: line 1 column 26 (char 25))"
+    assert build.incomplete_ranks() == {1: why}
+    assert build.run().record.digest == read_build(str(published)).digest
+    assert build.incomplete_ranks() == {}

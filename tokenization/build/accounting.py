@@ -49,9 +49,8 @@ def incomplete_ranks(ranks_dir: str, num_ranks: int, plan: str | None = None) ->
         raise BuildError(f"{ranks_dir} holds shards that are not ranks of this {num_ranks}-rank run: {strangers}")
     if unmarked := {rank: "no completion marker" for stem, rank in expected.items() if stem not in listed}:
         return unmarked
-    markers = manifest.completion_markers(fs, path)
     sizes = {**list_sizes(fs, path), **_prefixed(fs, path, "_quarantine")}
-    status = {rank: _shard_status(fs, path, markers.get(stem), sizes, plan) for stem, rank in expected.items()}
+    status = {rank: _shard_status(fs, path, stem, sizes, plan) for stem, rank in expected.items()}
     return {rank: why for rank, why in status.items() if why is not None}
 
 
@@ -59,9 +58,13 @@ def _prefixed(fs, path: str, folder: str) -> dict[str, int]:
     return {f"{folder}/{name}": size for name, size in list_sizes(fs, join(path, folder)).items()}
 
 
-def _shard_status(
-    fs, path: str, marker: CompletionMarker | None, sizes: dict[str, int], plan: str | None
-) -> str | None:
+def _shard_status(fs, path: str, stem: str, sizes: dict[str, int], plan: str | None) -> str | None:
+    """Why the shard of ``stem`` is not complete, or None. A damaged marker or manifest is such a reason, said in
+    its one line: tokenizing the rank again replaces both."""
+    try:
+        marker = CompletionMarker.read(fs, manifest.marker_path(path, stem))
+    except RecordError as exc:
+        return str(exc)
     if marker is None:
         return "no completion marker"
     try:
@@ -70,8 +73,13 @@ def _shard_status(
         return "completion marker without a manifest"
     if hashlib.sha256(data).hexdigest() != marker.sha256:
         return "manifest does not match its completion marker"
-    if plan is not None and (made_under := RankManifest.loads(data, join(path, marker.manifest)).plan) != plan:
-        return f"tokenized under another plan ({made_under}, not {plan})"
+    if plan is not None:
+        try:
+            made_under = RankManifest.loads(data, join(path, marker.manifest)).plan
+        except RecordError as exc:
+            return str(exc)
+        if made_under != plan:
+            return f"tokenized under another plan ({made_under}, not {plan})"
     for name, info in marker.files.items():
         if sizes.get(name) != info.bytes:
             return f"{name} is missing or not the size its completion marker records"

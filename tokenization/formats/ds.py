@@ -19,12 +19,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tokenization.io.errors import TokenizationError
 from tokenization.io.storage import is_local, open_fs, start_writeback, writing
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; annotations are not evaluated
 
 INDEX_DTYPE = np.dtype("<u8")
 LOSS_DTYPE = np.dtype("u1")

@@ -42,7 +42,6 @@ complete when `_BUILD.json` exists. Its *Build report* tab opens the report. The
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import pendulum
@@ -56,9 +55,6 @@ from tokenization_airflow.sensors import ShardSensor
 from tokenization.text.encoding import limit_hf_threads
 
 DATASET = Asset(name="tokenized_corpus", uri="file:///tokenization/tokenize_corpus/dataset")
-RETRIES = int(os.environ.get("TOKENIZATION_TASK_RETRIES", "2"))
-MAX_ACTIVE_RUNS = int(os.environ.get("TOKENIZATION_MAX_ACTIVE_RUNS", "1"))
-RETRY_DELAY = timedelta(seconds=float(os.environ.get("TOKENIZATION_RETRY_DELAY_SECONDS", "60")))
 DEPLOYMENT = deployment()
 DEFAULTS = {
     "input": DEPLOYMENT.default_input,
@@ -73,11 +69,11 @@ PARAMS = build_params(DEFAULTS) | airflow_params()
     schedule=CronTriggerTimetable(DEPLOYMENT.schedule, timezone="UTC") if DEPLOYMENT.schedule else None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    max_active_runs=MAX_ACTIVE_RUNS,
+    max_active_runs=DEPLOYMENT.max_active_runs,
     params=PARAMS,
     default_args={
-        "retries": RETRIES,
-        "retry_delay": RETRY_DELAY,
+        "retries": DEPLOYMENT.task_retries,
+        "retry_delay": DEPLOYMENT.retry_delay,
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": timedelta(minutes=30),
     },

@@ -1,13 +1,14 @@
 """The deployment's settings, read from the environment of every Airflow component: default locations, the
-locations builds may use, the merge's queue and pool, the workers' local working folders, the schedule, how many
-builds to keep and the connection to Airflow's own REST API. ``deployment()`` gives the DAG, its tasks, the
-builds page and the pool check one ``Deployment`` to read them from."""
+locations builds may use, the merge's queue and pool, the workers' local working folders, the schedule, retries,
+how many builds to keep and to run at once, and the connection to Airflow's own REST API. ``deployment()`` gives
+the DAG, its tasks, the builds page and the pool check one ``Deployment`` to read them from."""
 
 from __future__ import annotations
 
 import functools
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from tokenization.io.locations import SETTING as ALLOWED_LOCATIONS_SETTING
@@ -25,6 +26,9 @@ SETTINGS = (  # every variable Deployment.from_env reads
     "TOKENIZATION_KEEP_BUILDS",
     "TOKENIZATION_SCHEDULE",
     "TOKENIZATION_AIRFLOW_API_CONN",
+    "TOKENIZATION_TASK_RETRIES",
+    "TOKENIZATION_RETRY_DELAY_SECONDS",
+    "TOKENIZATION_MAX_ACTIVE_RUNS",
     ALLOWED_LOCATIONS_SETTING,
 )
 
@@ -44,6 +48,9 @@ class Deployment:
     schedule: str | None  # a cron expression in UTC; None: triggered runs only
     allowed_locations: AllowedLocations
     api_conn_id: str  # the connection to Airflow's REST API, where the pool check cannot read the database
+    task_retries: int  # of a task that fails for a reason a later try may not meet (never of a data error)
+    retry_delay: timedelta
+    max_active_runs: int  # builds of the DAG at once
 
     @classmethod
     def from_env(cls) -> Deployment:
@@ -68,6 +75,9 @@ class Deployment:
             schedule=None if schedule.lower() == "none" else schedule,
             allowed_locations=AllowedLocations.from_env([default_input, default_output, tokenizer_folder]),
             api_conn_id=env.get("TOKENIZATION_AIRFLOW_API_CONN", "airflow_api"),
+            task_retries=int(env.get("TOKENIZATION_TASK_RETRIES", "2")),
+            retry_delay=timedelta(seconds=float(env.get("TOKENIZATION_RETRY_DELAY_SECONDS", "60"))),
+            max_active_runs=int(env.get("TOKENIZATION_MAX_ACTIVE_RUNS", "1")),
         )
 
 

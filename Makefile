@@ -53,7 +53,7 @@ demo: airflow-init
 	@echo 'running tokenize_corpus with $(DEMO_CONF) (log: $(AIRFLOW_LOCAL_HOME)/demo.log)'
 	@$(AIRFLOW_ENV) airflow dags test tokenize_corpus -c '$(DEMO_CONF)' > $(AIRFLOW_LOCAL_HOME)/demo.log 2>&1 \
 	  || { tail -40 $(AIRFLOW_LOCAL_HOME)/demo.log; exit 1; }
-	@$(RUN) python -m tokenization.build $(DEMO_OUT)
+	@$(RUN) python -m tokenization.builds $(DEMO_OUT)
 
 # Airflow's UI and REST API on http://localhost:8080 with the DAG loaded (Ctrl-C stops it). The admin password is
 # created once in airflow-home/; the airflow_api connection lets the plan task check that the merge pool exists.

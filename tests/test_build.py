@@ -10,7 +10,7 @@ import pytest
 
 from tests.test_merge import merged
 from tests.test_tokenize import run
-from tokenization.build.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
+from tokenization.builds.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
 from tokenization.formats.ds import TokenFileError
 from tokenization.io.errors import UsageError
 from tokenization.publish import manifest
@@ -109,8 +109,8 @@ def test_a_copied_in_family_is_not_read(tmp_path, sample_corpus, sample_tokenize
 def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer) -> None:
     """``Build.run``: ranks as processes, merge, context shards, publish; the same params give the same digest
     under any build id, and running a build again keeps its complete ranks."""
-    from tokenization.build.config import BuildConfig
-    from tokenization.build.run import Build
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
 
     config = BuildConfig(
         input=str(sample_corpus),

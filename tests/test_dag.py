@@ -42,7 +42,7 @@ def test_shape(dag) -> None:
 
 def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
     """The trigger form is made from the library's BuildConfig: nothing untitled, defaults from one place."""
-    from tokenization.build.config import BuildConfig
+    from tokenization.builds.config import BuildConfig
     from tokenization.stages.merge import DEFAULT_MAX_TOKENS_PER_FILE
 
     params = {name: dag.params.get_param(name) for name in dag.params}
@@ -105,8 +105,8 @@ def test_a_run_equals_tokenization_build(airflow_db, dag, tmp_path, sample_corpu
 
 
 def test_a_bucketed_run_maps_the_merge_over_buckets(airflow_db, dag, tmp_path, sample_corpus, sample_tokenizer):
-    from tokenization.build.config import BuildConfig
-    from tokenization.build.run import Build
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
 
     conf = DAG_CONF | {"merge_mode": "bucketed", "num_buckets": 4}
     run_, tis, ok = run_dag(dag, conf)
@@ -122,7 +122,7 @@ def test_a_bucketed_run_maps_the_merge_over_buckets(airflow_db, dag, tmp_path, s
 @pytest.fixture
 def fails_once(monkeypatch):
     """``fails_once(rank)``: that rank's first attempt fails (dag.test runs every task in this process)."""
-    from tokenization.build.run import Build
+    from tokenization.builds.run import Build
 
     tokenize, failed = Build.tokenize, set()
 

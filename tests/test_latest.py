@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.test_s3 import s3  # noqa: F401 - the fixture
-from tokenization.build import latest
-from tokenization.build.complete import latest_build
-from tokenization.build.config import BuildConfig
-from tokenization.build.latest import (
+from tokenization.builds import latest
+from tokenization.builds.complete import latest_build
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.latest import (
     LATEST,
     LatestError,
     complete_builds,
@@ -26,8 +26,8 @@ from tokenization.build.latest import (
     point_latest,
     read_latest,
 )
-from tokenization.build.report import report_data
-from tokenization.build.run import Build
+from tokenization.builds.report import report_data
+from tokenization.builds.run import Build
 from tokenization.io.storage import using
 from tokenization.publish.records import (
     BuildRecord,
@@ -144,7 +144,7 @@ def test_retention_leaves_alone_what_is_no_build(tmp_path, caplog) -> None:
     (thesis / "thesis.tex").write_text("\\documentclass{article}")
     old, new = fake_build(tmp_path, "old", DAY2), fake_build(tmp_path, "new", DAY3)
     assert point_latest(str(tmp_path)) == new
-    with caplog.at_level(logging.WARNING, "tokenization.build.latest"):
+    with caplog.at_level(logging.WARNING, "tokenization.builds.latest"):
         assert expire(str(tmp_path), 1, {new}) == [old]
     assert (thesis / "thesis.tex").read_text() == "\\documentclass{article}" and (thesis / "_BUILD.json").exists()
     assert (
@@ -179,7 +179,7 @@ def test_a_malformed_sibling_never_blocks_a_publish(tmp_path, caplog, run_claim,
         (odd / "_RUN.json").write_text(json.dumps(run_claim))
     (odd / "_BUILD.json").write_text(record)
     old, new = fake_build(tmp_path, "old", DAY1), fake_build(tmp_path, "new", DAY2)
-    with caplog.at_level(logging.WARNING, "tokenization.build.latest"):
+    with caplog.at_level(logging.WARNING, "tokenization.builds.latest"):
         assert point_latest(str(tmp_path)) == new
         assert expire(str(tmp_path), 1, {new}) == [old]
     assert (odd / "_BUILD.json").read_text() == record
@@ -298,14 +298,14 @@ def test_latest_resolves_from_anywhere_and_never_outside_the_output(tmp_path, mo
 
 
 def summarize(folder: str | Path) -> subprocess.CompletedProcess:
-    """``python -m tokenization.build FOLDER``."""
+    """``python -m tokenization.builds FOLDER``."""
     return subprocess.run(
-        [sys.executable, "-m", "tokenization.build", str(folder)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tokenization.builds", str(folder)], capture_output=True, text=True, timeout=120
     )
 
 
 def test_the_summary_of_a_malformed_build_is_one_line(tmp_path) -> None:
-    """Finding 4: ``python -m tokenization.build OUT`` names the file it cannot use, in one line, and follows
+    """Finding 4: ``python -m tokenization.builds OUT`` names the file it cannot use, in one line, and follows
     nothing outside ``OUT``."""
     fake_build(tmp_path, "a", DAY1)
     point_latest(str(tmp_path))

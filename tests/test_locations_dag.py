@@ -73,7 +73,7 @@ def test_a_connection_of_another_type_is_refused_by_name(airflow_db, dag, deploy
     assert str(refused.value) == message
     options = storage_options("minio_store")["s3"]
     assert options["key"] == "id" and options["client_kwargs"] == {"endpoint_url": "http://minio:9000"}
-    from tokenization.build.run import Build
+    from tokenization.builds.run import Build
 
     monkeypatch.setattr(Build, "start", lambda *args: pytest.fail("plan went on to list the input"))
     with pytest.raises(ConnectionTypeError, match=r"^connection 'api_server_http' is of type 'http'"):

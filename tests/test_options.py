@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from tokenization.build.config import BuildConfig
+from tokenization.builds.config import BuildConfig
 from tokenization.cli import build_parser
 from tokenization.io.errors import UsageError
 from tokenization.io.options import fields_of, json_schema, section

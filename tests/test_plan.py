@@ -10,11 +10,11 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from tokenization.build.accounting import incomplete_ranks
-from tokenization.build.complete import summary
-from tokenization.build.config import BuildConfig
-from tokenization.build.plan import Plan, unread_or_reread
-from tokenization.build.run import Build
+from tokenization.builds.accounting import incomplete_ranks
+from tokenization.builds.complete import summary
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.plan import Plan, unread_or_reread
+from tokenization.builds.run import Build
 from tokenization.publish.records import InputFile, RecordError
 from tokenization.publish.runs import BuildError, PlanConflict
 from tokenization.text.sources import InputError

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenization.build.config import BuildConfig
-from tokenization.build.run import Build
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
 from tokenization.publish.records import (
     BuildRecord,
     CompletionMarker,
@@ -187,7 +187,7 @@ def test_the_summary_command_names_a_damaged_build_record(published: Path, tmp_p
     record = out / "records" / "_BUILD.json"
     record.write_bytes(record.read_bytes()[:-30])
     run = subprocess.run(
-        [sys.executable, "-m", "tokenization.build", str(out)], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "tokenization.builds", str(out)], capture_output=True, text=True, cwd=ROOT
     )
     assert run.returncode == 1
     assert run.stderr.startswith(f"error: {record}: not a valid build record: not JSON") and run.stderr.count("\n") == 1

@@ -311,9 +311,9 @@ def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_wit
 ) -> None:
     """Rendered in the ranks, the mask moves with its tokens through the merge and the context windows; the
     report gives the share of tokens with loss, rank by rank and in all."""
-    from tokenization.build.config import BuildConfig
-    from tokenization.build.report import render_html, report_data
-    from tokenization.build.run import Build
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.report import render_html, report_data
+    from tokenization.builds.run import Build
 
     records = [
         {
@@ -374,8 +374,8 @@ def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_wit
 )
 def test_a_chat_template_that_cannot_be_used_fails_the_plan(tmp_path, sample_corpus, sample_tokenizer, text, message):
     """Before the fan-out: no rank of a build starts with a template that cannot render anything."""
-    from tokenization.build.config import BuildConfig
-    from tokenization.build.run import Build
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
 
     path = tmp_path / ("missing.jinja" if text is None else "chat.jinja")
     if text is not None:

@@ -14,9 +14,9 @@ import pytest
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.test_merge import merged
 from tests.test_tokenize import run
-from tokenization.build.accounting import conservation, rank_manifests, stage_counts
-from tokenization.build.pages import date, duration, integer, number, render, size
-from tokenization.build.report import INPUTS_SHOWN, render_html, report_data, write_report
+from tokenization.builds.accounting import conservation, rank_manifests, stage_counts
+from tokenization.builds.pages import date, duration, integer, number, render, size
+from tokenization.builds.report import INPUTS_SHOWN, render_html, report_data, write_report
 from tokenization.publish.records import (
     Arrived,
     BuildInputs,

@@ -17,8 +17,8 @@ import pytest
 from harness.cluster import ROOT, Cluster, services_missing
 from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.test_builds_page import full_page_screenshot
-from tokenization.build.config import BuildConfig
-from tokenization.build.run import Build
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
 from tokenization.publish.records import BuildRecord
 from tokenization.publish.runs import folder_for
 

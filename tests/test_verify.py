@@ -160,8 +160,8 @@ def test_verify_asks_storage_no_size_and_no_existence_a_file(rank, sample_tokeni
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
     """One small build (2 ranks, a merge into 4 files, 2 context shards) for the module; tests damage copies."""
-    from tokenization.build.config import BuildConfig
-    from tokenization.build.run import Build
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
 
     config = BuildConfig(
         input=str(sample_corpus),

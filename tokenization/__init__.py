@@ -2,7 +2,7 @@
 
 The public API, as ``tokenization.NAME``: a whole build (``Build``, ``BuildConfig``), each stage as a function and
 its config, ``verify``, and ``TokenFile`` to read what they write. The layers below are ``io`` (storage, errors,
-options), ``formats``, ``publish`` (records, attempts), ``text`` (reading and encoding), ``stages`` and ``build``;
+options), ``formats``, ``publish`` (records, attempts), ``text`` (reading and encoding), ``stages`` and ``builds``;
 each name is loaded on first use, so that importing one layer does not load them all.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from importlib import import_module
 
 PUBLIC = {  # name -> the module that defines it
-    "Build": "tokenization.build.run",
-    "BuildConfig": "tokenization.build.config",
-    "Published": "tokenization.build.complete",
+    "Build": "tokenization.builds.run",
+    "BuildConfig": "tokenization.builds.config",
+    "Published": "tokenization.builds.complete",
     "TokenizeConfig": "tokenization.stages.tokenize",
     "tokenize_rank": "tokenization.stages.tokenize",
     "MergeConfig": "tokenization.stages.merge",

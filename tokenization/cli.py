@@ -27,10 +27,10 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from tokenization.build.complete import summary
-from tokenization.build.config import BuildConfig
-from tokenization.build.report import REPORT_HTML, write_report
-from tokenization.build.run import Build
+from tokenization.builds.complete import summary
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.report import REPORT_HTML, write_report
+from tokenization.builds.run import Build
 from tokenization.formats import MEGATRON, list_token_files
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.formats.megatron import MegatronFile

@@ -8,7 +8,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 
-from tokenization.build.run import DATASET_NAME
+from tokenization.builds.run import DATASET_NAME
 from tokenization.formats.ds import INDEX_DTYPE
 from tokenization.io.storage import MIB, MIN_PART_SIZE, part_size  # the part size the uploads really use
 from tokenization.publish.attempts import HEARTBEAT_SECONDS

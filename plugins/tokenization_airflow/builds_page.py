@@ -17,9 +17,9 @@ from urllib.parse import quote
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
-from tokenization.build.config import BuildPlan
-from tokenization.build.pages import render
-from tokenization.build.report import REPORT_HTML
+from tokenization.builds.config import BuildPlan
+from tokenization.builds.pages import render
+from tokenization.builds.report import REPORT_HTML
 from tokenization.io.storage import join, open_fs
 from tokenization.publish.records import BuildSummary, RecordError
 from tokenization_airflow.connections import storage_options

@@ -8,7 +8,7 @@ from dataclasses import MISSING
 
 from airflow.sdk import Param
 
-from tokenization.build.config import BuildConfig
+from tokenization.builds.config import BuildConfig
 from tokenization.io.options import fields_of, json_schema, section
 
 FIRST = ("input", "output", "tokenizer")  # the trigger form opens with what every build sets

@@ -15,8 +15,8 @@ from typing import ParamSpec, TypeVar
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from tokenization.build.config import BuildConfig, BuildPlan
-from tokenization.build.run import Build
+from tokenization.builds.config import BuildConfig, BuildPlan
+from tokenization.builds.run import Build
 from tokenization.io.errors import StorageError, TokenizationError
 from tokenization.io.locations import tokenizer_files
 from tokenization.io.options import fields_of

@@ -19,7 +19,7 @@ RANKS = {int(rank) for rank in os.environ.get("FAULT_RANKS", "").split(",") if r
 FREEZE_AT = os.environ.get("FAULT_FREEZE_AT", "")
 
 if RANKS:
-    from tokenization.build.run import Build
+    from tokenization.builds.run import Build
 
     _tokenize = Build.tokenize
 

@@ -88,11 +88,11 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class StageResult(Generic[C, R]):
-    """What a stage did: its counts, typed for callers, and the record it wrote, with the attempt that wrote it."""
+    """What a stage did: its counts, typed for callers, and the record it wrote (a manifest names the attempt that
+    wrote it)."""
 
     counts: C
     record: R
-    attempt: str | None = None
 
     @property
     def outputs(self) -> list[str]:
@@ -113,7 +113,7 @@ class StageResult(Generic[C, R]):
         return self.record.seconds
 
     def to_json(self) -> dict:
-        return self.record.to_json() | ({"attempt": self.attempt} if self.attempt else {})
+        return self.record.to_json()
 
 
 def throughput(seconds: float, load_seconds: float, text_bytes: int, tokens: int) -> Throughput:

@@ -573,7 +573,7 @@ class PlannedInputs(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class PlanRecord(Record):
-    """What decides a build's bytes, fixed once (``tokenization.build.plan``): its digest is in every rank manifest."""
+    """What decides a build's bytes, fixed once (``tokenization.builds.plan``): its digest is in every rank manifest."""
 
     params: dict[str, Any]
     seed: int

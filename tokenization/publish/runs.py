@@ -3,7 +3,7 @@
 ``{output}/{run id}``, with the run id percent-encoded where it holds a character outside ``A-Za-z0-9_.-~`` (so
 ``qa:col`` is ``qa%3Acol``, never ``qa-col``'s folder)::
 
-    {run}/_RUN.json    the claim: which run owns the folder and its plan (``tokenization.build.plan``), written first
+    {run}/_RUN.json    the claim: which run owns the folder and its plan (``tokenization.builds.plan``), written first
     {run}/ranks/       the tokenize stage's rank files, manifests, quarantine, markers
     {run}/merged/      the merge's output
     {run}/context/     the context-window shuffle's output (absent when the window is 0)

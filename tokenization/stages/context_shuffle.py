@@ -118,7 +118,7 @@ def context_shuffle(
             outputs=outputs,
         )
         record = attempt.commit(record, record.output_files())
-    return StageResult(counts, record, attempt.id)
+    return StageResult(counts, record)
 
 
 def _shuffle_file(

@@ -353,7 +353,7 @@ def merge(
             outputs=checkpoints.entries,
         )
         record = _commit(attempt, config, inputs, record)
-    return StageResult(counts, record, attempt.id)
+    return StageResult(counts, record)
 
 
 def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Checkpoints, progress: ProgressMode):

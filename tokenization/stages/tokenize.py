@@ -144,7 +144,7 @@ class TokenizeConfig(DocumentOptions, RankOptions):
 
 @dataclass(frozen=True)
 class RankShare:
-    """A rank's part of a build's plan (``tokenization.build.plan``): exactly these files, never a new listing, read
+    """A rank's part of a build's plan (``tokenization.builds.plan``): exactly these files, never a new listing, read
     with the tokenizer and chat template the plan was made with; the plan's digest goes into the rank's manifest."""
 
     files: list[InputFile]
@@ -207,9 +207,9 @@ def tokenize_rank(
             outputs=_outputs(config, counts, written),
             throughput=manifest.throughput(seconds, encoder.load_seconds, counts.text_bytes, counts.tokens),
         )
-        _publish(config, attempt, written, record)
+        record = _publish(config, attempt, written, record)
     log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
-    return StageResult(counts, record, attempt.id)
+    return StageResult(counts, record)
 
 
 def _encode_and_shuffle(
@@ -357,8 +357,11 @@ def _scatter(config: TokenizeConfig, encoder: Encoder, unshuffled: Path, work: P
     return written
 
 
-def _publish(config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: RankManifest) -> None:
-    """Replace the rank's previous output with the new files and its quarantine, then commit the manifest."""
+def _publish(
+    config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: RankManifest
+) -> RankManifest:
+    """Replace the rank's previous output with the new files and its quarantine, then commit the manifest (as
+    written, with the attempt)."""
     keep = {f.name for w in written for f in w.files}
     pattern = names.rank_file_pattern(config.stem)
     for name in list_names(attempt.fs, attempt.out_path):
@@ -374,4 +377,4 @@ def _publish(config: TokenizeConfig, attempt: Attempt, written: list[WrittenToke
         attempt.place(quarantine, bad)
     else:
         attempt.remove(bad)
-    attempt.commit(record, files)
+    return attempt.commit(record, files)

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from tokenization.stages.context_shuffle import ContextOptions
-from tokenization.text.documents import DocumentOptions
 from tokenization.io.errors import UsageError
-from tokenization.stages.merge import MergeOptions
 from tokenization.io.options import option
 from tokenization.publish.records import Record
+from tokenization.stages.context_shuffle import ContextOptions
+from tokenization.stages.merge import MergeOptions
 from tokenization.stages.tokenize import RankOptions
+from tokenization.text.documents import DocumentOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +79,7 @@ class BuildPlan(Record):
     merges: bool  # the ds format is merged and context-shuffled; Megatron's rank files are the dataset
     num_buckets: int | None  # a merge task a bucket, or one merge of everything
     started: float  # when the run claimed its folder
-    digest: str  # of the plan its claim records (``tokenization.build.plan``): every rank manifest names it
+    digest: str  # of the plan its claim records (``tokenization.builds.plan``): every rank manifest names it
 
     @property
     def ranks(self) -> list[int]:

@@ -12,9 +12,10 @@ from typing import TypeVar
 
 import orjson
 
-from tokenization.publish import manifest
+from tokenization.builds.plan import unread_or_reread
 from tokenization.formats.names import rank_stem
-from tokenization.build.plan import unread_or_reread
+from tokenization.io.storage import join, list_names, list_sizes, open_fs
+from tokenization.publish import manifest
 from tokenization.publish.records import (
     CompletionMarker,
     Conservation,
@@ -29,7 +30,6 @@ from tokenization.publish.records import (
     stage_manifest,
 )
 from tokenization.publish.runs import BuildError
-from tokenization.io.storage import join, list_names, list_sizes, open_fs
 
 C = TypeVar("C", MergeCounts, ContextCounts)
 

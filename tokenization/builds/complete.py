@@ -8,12 +8,14 @@ import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
-from tokenization.build import accounting
-from tokenization.build.config import BuildConfig, BuildPlan
+from tokenization.builds import accounting
+from tokenization.builds.config import BuildConfig, BuildPlan
+from tokenization.builds.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
+from tokenization.builds.plan import Plan
+from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.formats import token_file_names
-from tokenization.build.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
 from tokenization.io.options import params
-from tokenization.build.plan import Plan
+from tokenization.io.storage import join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
 from tokenization.publish.records import (
     Arrived,
     BuildInputs,
@@ -26,11 +28,9 @@ from tokenization.publish.records import (
     TokenizeSummary,
     VerifySummary,
 )
-from tokenization.build.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.publish.runs import BuildError, Layout, read_build
-from tokenization.text.sources import InputError, list_input_files
-from tokenization.io.storage import join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
 from tokenization.stages.verify import verify
+from tokenization.text.sources import InputError, list_input_files
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ bytes for the same params::
         -> merge -> context shuffle (a shard each) -> publish (verify, account, report, _BUILD.json)
 
 The run folder's layout is in ``tokenization.publish.runs``; the books that publish checks are in
-``tokenization.build.accounting``.
+``tokenization.builds.accounting``.
 """
 
 from __future__ import annotations
@@ -16,24 +16,16 @@ from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from typing import Literal
 
-from tokenization.build import accounting
-
-from tokenization.build import complete
-from tokenization.build.config import BuildConfig, BuildPlan
-from tokenization.publish.records import ContextCounts
-from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
-from tokenization.text.documents import Counts, DocumentOptions
-from tokenization.text.encoding import limit_hf_threads
-from tokenization.io.errors import TokenizationError
+from tokenization.builds import accounting, complete
+from tokenization.builds.complete import Published
+from tokenization.builds.config import BuildConfig, BuildPlan
+from tokenization.builds.plan import Plan
 from tokenization.formats import DS, list_token_files
 from tokenization.io.locations import AllowedLocations, check_disjoint
-from tokenization.publish.manifest import StageResult
-from tokenization.stages.merge import MergeConfig, MergeOptions, merge
-from tokenization.publish.records import MergeCounts
-from tokenization.build.plan import Plan
 from tokenization.io.progress import ProgressMode
-from tokenization.build.complete import Published, latest_build, summary
-from tokenization.publish.records import RankManifest
+from tokenization.io.storage import using
+from tokenization.publish.manifest import StageResult
+from tokenization.publish.records import ContextCounts, MergeCounts, RankManifest
 from tokenization.publish.runs import (
     BuildError,
     Layout,
@@ -41,9 +33,12 @@ from tokenization.publish.runs import (
     folder_for,
     resolve_seed,
 )
-from tokenization.text.sources import list_input_files
-from tokenization.io.storage import using
+from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
+from tokenization.stages.merge import MergeConfig, MergeOptions, merge
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
+from tokenization.text.documents import Counts, DocumentOptions
+from tokenization.text.encoding import limit_hf_threads
+from tokenization.text.sources import list_input_files
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ from collections import Counter
 import orjson
 from markupsafe import Markup
 
-from tokenization.publish import manifest
-from tokenization.build.accounting import rank_manifests
+from tokenization.builds.accounting import rank_manifests
+from tokenization.builds.pages import render
 from tokenization.io.errors import MissingError
-from tokenization.build.pages import render
+from tokenization.io.storage import join, open_fs, write_bytes_atomic
+from tokenization.publish import manifest
 from tokenization.publish.records import BuildInputs, BuildRecord, RankManifest, Retention, Throughput
 from tokenization.publish.runs import BUILD_MANIFEST, Layout, read_build
-from tokenization.io.storage import join, open_fs, write_bytes_atomic
 
 REPORT_FORMAT = "corpus-tokenization/report/2"  # /1 copied the build record's figures; /2 holds the record
 REPORT_JSON = "report.json"

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import orjson
 
 from tokenization.io.options import Options, params
+from tokenization.io.storage import join
 from tokenization.publish.records import InputFile, PlannedInputs, PlannedTokenizer, PlanRecord
 from tokenization.publish.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
 from tokenization.text.sources import InputListing
-from tokenization.io.storage import join
 
 log = logging.getLogger(__name__)
 

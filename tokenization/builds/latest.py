@@ -28,8 +28,6 @@ from datetime import datetime
 import fsspec
 
 from tokenization.io.errors import MissingError, TokenizationError, UsageError
-from tokenization.publish.records import BuildRecord, RecordError, RunClaim
-from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, folder_for, read_build
 from tokenization.io.storage import (
     is_local,
     is_s3,
@@ -40,6 +38,8 @@ from tokenization.io.storage import (
     remove_tree,
     write_bytes_atomic,
 )
+from tokenization.publish.records import BuildRecord, RecordError, RunClaim
+from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, folder_for, read_build
 
 LATEST = "LATEST"
 LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_for encodes a leading dot)

@@ -155,7 +155,7 @@ def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committe
     assert tried and all(status.startswith("4") for _, _, status in tried), tried  # all refused by the store
     assert stored(s3.fs) == committed
     marker = s3.fs.cat_file(f"{OUT}/{MARKER}")
-    assert successor.attempt.encode() in marker
+    assert successor.record.attempt.encode() in marker
     with using(s3.options):
         assert verify(f"s3://{OUT}", str(sample_tokenizer), EOS).ok
 

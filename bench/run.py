@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import gzip
+import io
 import json
 import math
 import os
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import zstandard
 
 from bench import workloads
 from bench.workloads import Workload
@@ -41,7 +44,8 @@ SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "RESULTS.md"
 EOS = "<|endoftext|>"
 OTHER_TOKENIZERS = {"llama3": "<|end_of_text|>", "mistral-7b": "</s>"}  # a uint32 one, and one that adds a BOS
-ROWS = ("tokenize", "count", *OTHER_TOKENIZERS, "1gb", "merge", "context", "verify", "memory")
+ROWS = ("tokenize", "count", *OTHER_TOKENIZERS, "1gb", "merge", "context", "verify", "memory", "nightly")
+NIGHTLY_FILES = 50  # input files of the nightly rows' corpus; one changed the next night is 2% of them
 CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 COMPARED = (DS, f"{DS}.index", f"{DS}.loss")
 
@@ -236,6 +240,15 @@ LOAD_COLUMNS = (
     ("HF load (s)", "HF", "{:.2f}"),
     ("gigatoken load (s)", "gigatoken", "{:.2f}"),
 )
+NIGHTLY_COLUMNS = (
+    ("build", "build", "{}"),
+    ("input files", "files", "{}"),
+    ("files tokenized", "tokenized", "{}"),
+    ("whole build (s)", "build_s", "{:.2f}"),
+    ("tokenize stage, ranks' time (s)", "tokenize_s", "{:.2f}"),
+    ("whole build / first night", "build_ratio", "{:.2f}x"),
+    ("tokenize stage / first night", "tokenize_ratio", "{:.2f}x"),
+)
 MEMORY_COLUMNS = (
     ("stage", "stage", "{}"),
     ("input (MB)", "input_mb", "{:.1f}"),
@@ -325,6 +338,74 @@ def memory_rows(work: Path, source: Path, base: dict, text_mb: float, scale: int
     return rows
 
 
+def nightly_rows(work: Path, source: Path, base: dict, repeats: int) -> list[dict]:
+    """A whole build on the corpus dealt into ``NIGHTLY_FILES`` files, with an empty tokenization cache, then the
+    next night's build after one file (2% of them) changed in place: each night's best of ``repeats``, the whole
+    build's time and its tokenize stage's (the ranks' seconds, summed), and the next night's over the first's."""
+    corpus = work / "nightly-corpus"
+    deal_corpus(source, corpus, NIGHTLY_FILES)
+    changed = corpus / f"part-{NIGHTLY_FILES // 2:03d}.jsonl.gz"
+    original = changed.read_bytes()
+    runs: dict[str, list[dict]] = {"first": [], "next": []}
+    for _ in range(repeats):
+        builds = work / "nightly-builds"
+        shutil.rmtree(builds, ignore_errors=True)
+        changed.write_bytes(original)
+        for night in runs:
+            if night == "next":
+                changed.write_bytes(rewritten(original))
+            args = base | {"corpus": str(corpus), "builds": str(builds), "build_id": night, "out": str(work / "x")}
+            took = measure(workloads.ours_build, args)
+            cache = json.loads((builds / night / "_BUILD.json").read_text())["cache"]
+            runs[night].append(took | {"cache": cache})
+    changed.write_bytes(original)
+    first, following = (fastest(runs[night]) for night in runs)
+    rows = []
+    for label, night in (("first night, empty cache", first), ("next night, 2% of files changed", following)):
+        cache = night["cache"]
+        rows.append(
+            {
+                "build": label,
+                "files": cache["files_hit"] + cache["files_missed"],
+                "tokenized": cache["files_missed"],
+                "build_s": night["seconds"],
+                "tokenize_s": cache["tokenize_seconds"],
+                "build_ratio": night["seconds"] / first["seconds"],
+                "tokenize_ratio": cache["tokenize_seconds"] / first["cache"]["tokenize_seconds"],
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def deal_corpus(source: Path, corpus: Path, files: int) -> None:
+    """The corpus's documents (as ``link_corpus`` takes them) dealt into ``files`` gzipped JSON-lines files."""
+    linked = corpus.with_name(corpus.name + "-source")
+    link_corpus(source, linked, copies=1)
+    lines = [line for path in sorted(linked.iterdir()) for line in _lines(path)]
+    corpus.mkdir(parents=True, exist_ok=True)
+    for k in range(files):
+        (corpus / f"part-{k:03d}.jsonl.gz").write_bytes(gzip.compress(b"".join(lines[k::files]), mtime=0))
+
+
+def _lines(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        data = gzip.decompress(data)
+    elif path.name.endswith(".zst"):
+        data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
+    return [line + b"\n" for line in data.split(b"\n") if line.strip()]
+
+
+def rewritten(gzipped: bytes) -> bytes:
+    """The file with one character of its first document changed, as a night's edit of the corpus."""
+    data = bytearray(gzip.decompress(gzipped))
+    at = data.index(b'"text":') + len(b'"text":')
+    at = data.index(b'"', at) + 1
+    data[at] = ord("Q") if data[at] != ord("Q") else ord("R")
+    return gzip.compress(bytes(data), mtime=0)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -375,15 +456,19 @@ def main() -> None:
         byte_rows(bench, docs, wanted)
     if "memory" in wanted:
         memory = memory_rows(work, Path(args.corpora), base, text_mb, args.scale, docs)
-    text = "\n".join(report(bench, memory, text_mb, args)) + "\n"
+    nightly = nightly_rows(work, Path(args.corpora), base, args.repeats) if "nightly" in wanted else []
+    text = "\n".join(report(bench, memory, nightly, text_mb, args)) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
     shutil.rmtree(work, ignore_errors=True)
 
 
-def report(bench: Bench, memory: list[dict], text_mb: float, args: argparse.Namespace) -> list[str]:
-    """The speed table with its limits, the tokenizers' load times, and the memory table, in Markdown."""
+def report(
+    bench: Bench, memory: list[dict], nightly: list[dict], text_mb: float, args: argparse.Namespace
+) -> list[str]:
+    """The speed table with its limits, the tokenizers' load times, the memory table and the nightly builds' table,
+    in Markdown."""
     machine = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
     big = f" (the GB row: datatrove once, ours best of {min(2, args.repeats)})" if "1gb" in args.only else ""
     lines = [
@@ -411,6 +496,16 @@ def report(bench: Bench, memory: list[dict], text_mb: float, args: argparse.Name
         grows = "tokenize: the corpus repeated; merge and context shuffle: ~400-token documents"
         lines += ["", f"Peak RSS as the input grows ({grows}):", ""]
         lines += markdown_table(MEMORY_COLUMNS, memory)
+    if nightly:
+        lines += ["", f"Nightly builds with the tokenization cache ({NIGHTLY_FILES} input files, 4 ranks):", ""]
+        lines += markdown_table(NIGHTLY_COLUMNS, nightly)
+        lines += [
+            "",
+            "A whole build (`tokenization build`, 2 processes at a time: tokenize, merge, context shuffle, verify, "
+            "publish), then the next night's under a new build id, after one input file was rewritten in place. The "
+            "tokenize stage's time is its ranks' seconds, summed (tokenizer loading included): what the cache saves "
+            "of a night's worker time. The stages after it move every byte each night.",
+        ]
     return lines
 
 

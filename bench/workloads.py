@@ -28,6 +28,8 @@ class Inputs:
     eos: str = ""
     text_key: str = ""
     ranks: str = ""  # a folder of rank files, for merge, context shuffle and verify
+    builds: str = ""  # a whole build's output, kept from one night's build to the next (its cache with it)
+    build_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,24 @@ def ours_verify(inputs: Inputs) -> None:
         raise RuntimeError(f"verify found problems in {inputs.ranks}")
 
 
+def ours_build(inputs: Inputs) -> None:
+    """A whole build on this machine, with the tokenization cache of ``builds`` (its default, ``builds/.cache``)."""
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
+
+    config = BuildConfig(
+        input=inputs.corpus,
+        output=inputs.builds,
+        tokenizer=inputs.tokenizer,
+        text_key=inputs.text_key,
+        eos_token=inputs.eos,
+        seed=1234,
+        num_ranks=4,
+        num_context_shards=2,
+    )
+    Build.start(config, inputs.build_id).run(parallel=2, progress=False)
+
+
 def hf_encode(inputs: Inputs) -> EncodeTimes:
     """HF ``encode_batch_fast`` alone, on every core: the limit of any pipeline built on it."""
     from tokenizers import Tokenizer
@@ -169,6 +189,7 @@ WORKLOADS: dict[str, Workload] = {
         ours_context,
         datatrove_context,
         ours_verify,
+        ours_build,
         hf_encode,
         gigatoken_encode,
     )

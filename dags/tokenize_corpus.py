@@ -16,7 +16,10 @@ plan -> tokenize [rank-0 ..] -> wait_for_shards -> merge [all | bucket-0 ..] -> 
   are refused, naming each difference.
 - **tokenize** is one task a rank: rank r encodes the plan's input files r, r + ranks, ... (never a new listing:
   files that land later wait for the next build) and shuffles its documents.
-  Rejected records go to `_quarantine/` with their reason; too many fail the rank.
+  Rejected records go to `_quarantine/` with their reason; too many fail the rank. A file that an earlier build
+  tokenized (the same bytes, tokenizer and settings) comes from the tokenization cache (`cache`, by default
+  `{output}/.cache`; `off` for none), checked, instead of being tokenized again: a nightly build tokenizes only
+  what changed.
 - **wait_for_shards** waits until every rank's completion marker, manifest and files are on storage, and keeps
   waiting while a failed rank is cleared and run again.
 - **merge** runs in pool `tokenization_merge` on the large-disk queue: one task reorders every rank file
@@ -32,8 +35,9 @@ plan -> tokenize [rank-0 ..] -> wait_for_shards -> merge [all | bucket-0 ..] -> 
   so unpausing starts the run of the DAG's *Next Run* slot at once, then only the latest slot. `{output}/LATEST`
   names the newest complete build; `TOKENIZATION_KEEP_BUILDS` keeps that many complete builds, deleting older ones.
 - **By hand**: *Trigger* opens a form of these params, in sections; the defaults are the deployment's.
-- **A failed rank**: open the run's *Grid*, select the failed `rank-N`, *Clear* it. Only that rank runs again, and
-  the build completes with the same bytes as a run without the failure.
+- **A failed rank**: open the run's *Grid*, select the failed `rank-N`, *Clear* it. Only that rank runs again,
+  taking from the cache the files it finished before it failed, and the build completes with the same bytes as
+  a run without the failure.
 
 Each run writes `{output}/{run id}/` (`ranks/`, `merged/`, `context/`, `report.html`, `_BUILD.json`); the build is
 complete when `_BUILD.json` exists. Its *Build report* tab opens the report. The same build runs without Airflow:

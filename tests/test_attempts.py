@@ -105,7 +105,7 @@ def test_a_second_attempt_is_refused_naming_the_first(tmp_path, corpus, sample_t
 
 def test_a_killed_attempts_leftovers_go_with_the_next_attempt(tmp_path, corpus, sample_tokenizer, clean) -> None:
     first = tokenize(corpus, tmp_path, sample_tokenizer)
-    wait_for(lambda: any((tmp_path / ".staging").glob("00000.attempt-*/unshuffled.ds")))
+    wait_for(lambda: any((tmp_path / ".staging").glob("00000.attempt-*/segments/*/segment.ds")))
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert [p.name.split(".")[0] for p in (tmp_path / ".staging").iterdir()] == ["00000"]  # what it left

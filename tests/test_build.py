@@ -140,6 +140,7 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     assert "storage_options" not in record["params"] and record["params"]["num_ranks"] == 3
     assert (tmp_path / "first" / "report.html").exists()
     assert summary.to_json() == {
+        "format": "corpus-tokenization/build-summary/1",
         "dataset": first.record.dataset,
         "digest": first.record.digest,
         "tokens": 64_522,
@@ -152,6 +153,7 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         "input": str(sample_corpus),
         "latest": str(tmp_path / "first"),
         "deleted": [],
+        "reused": 0.0,  # the first build: nothing in its cache yet
     }
 
     assert Build.start(config, "second").run(parallel=1).record.digest == first.record.digest

@@ -47,7 +47,8 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
 
     params = {name: dag.params.get_param(name) for name in dag.params}
     schemas = {name: param.schema for name, param in params.items()}
-    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 36
+    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 37
+    assert schemas["cache"]["type"] == ["null", "string"] and "off" in params["cache"].description
     assert [name for name, param in params.items() if not (param.schema.get("title") and param.description)] == []
     assert schemas["text_key"]["section"] == "Reading and encoding" and schemas["save_loss"]["section"] == "Rank files"
     assert schemas["template"]["type"] == ["null", "string"] and dag.params.dump()["loss_roles"] == "assistant"
@@ -145,6 +146,10 @@ def test_a_failed_rank_is_retried_and_the_bytes_match_a_clean_run(airflow_db, da
     faulty, tis, ok = run_dag(dag, DAG_CONF)
     assert ok and tis[("tokenize", 2)].try_number == 2 and tis[("tokenize", 0)].try_number == 1
     assert file_bytes(build_of(faulty)[0] / "context") == file_bytes(build_of(clean)[0] / "context")
+    cache = build_of(faulty)[1]["cache"]  # the nightly default: the second night tokenizes nothing again
+    assert (cache["files_hit"], cache["files_missed"]) == (4, 0)
+    off, _, ok = run_dag(dag, DAG_CONF | {"cache": "off"})
+    assert ok and build_of(off)[1]["cache"] is None and build_of(off)[1]["digest"] == build_of(clean)[1]["digest"]
 
 
 def test_a_missing_pool_fails_plan_with_the_command_to_create_it(airflow_db, dag) -> None:

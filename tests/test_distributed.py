@@ -1,5 +1,8 @@
 """The DAG on a real distributed deployment: CeleryExecutor with PostgreSQL and Redis, two workers, S3 (moto)
-behind a proxy that injects 503s. Driven through the REST API v2, as an operator would.
+behind a proxy that injects 503s. Driven through the REST API v2, as an operator would: last night's build (made
+by the library, on the same storage), then tonight's corpus (a file rewritten with its size kept, one added, one
+deleted) built by two runs at once, one with the tokenization cache, which tokenizes only the rewritten and the
+added file, and one without: the same bytes.
 
 Skips with the reason when PostgreSQL, Redis or the Celery provider are not available.
 """
@@ -7,17 +10,22 @@ Skips with the reason when PostgreSQL, Redis or the Celery provider are not avai
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import datetime
+from pathlib import Path
 
 import fsspec
 import pytest
 
 from harness.cluster import Cluster, services_missing
-from tests.conftest import EOS
+from tests.conftest import EOS, write_jsonl
 from tests.test_context import shuffled
 from tests.test_merge import merged
 from tests.test_tokenize import file_bytes, run
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
 from tokenization.io.storage import using
+from tokenization.publish.records import RankManifest
 from tokenization.stages.verify import verify
 
 reason = services_missing()
@@ -38,8 +46,21 @@ CONF = {
 DATA_FILES = (".ds", ".ds.index", ".ds.loss", ".ds.metadata")
 
 
+def next_night(corpus: Path, folder: Path) -> Path:
+    """The corpus as it is the next night: part-00001 rewritten with its size kept (its gzip header's time), a new
+    part-00004, part-00003 gone."""
+    shutil.copytree(corpus, folder)
+    rewritten = bytearray((folder / "part-00001.jsonl.gz").read_bytes())
+    rewritten[4:8] = (1_764_547_200).to_bytes(4, "little")  # gzip's MTIME: other bytes, the same documents
+    (folder / "part-00001.jsonl.gz").write_bytes(bytes(rewritten))
+    write_jsonl(folder / "part-00004.jsonl.gz", [{"id": "new-1", "text": "A document that arrived today."}])
+    (folder / "part-00003.jsonl.gz").unlink()
+    return folder
+
+
 def local_reference(folder, corpus, tokenizer) -> dict[str, bytes]:
-    """The same params through the library on local files (test_dag shows this equals a dag.test run)."""
+    """The same params through the library on local files, without a cache (test_dag shows this equals a dag.test
+    run)."""
     for rank in range(4):
         run([corpus], folder / "ranks", tokenizer, rank=rank, world_size=4, seed=SEED, save_loss=True)
     merged(
@@ -65,8 +86,13 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         s3 = fsspec.filesystem("s3", skip_instance_cache=True, **options)
         s3.mkdir("corpus")
-        for path in sorted(sample_corpus.glob("*.jsonl.gz")):
-            s3.put_file(str(path), f"corpus/input/{path.name}")
+        upload(s3, sample_corpus)
+        params = {k: v for k, v in CONF.items() if k != "sensor_timeout"}  # the DAG's own params, an Airflow one aside
+        where = {"output": "s3://corpus/builds", "tokenizer": str(sample_tokenizer), "storage_options": {"s3": options}}
+        last_night = BuildConfig(**where, **params)
+        Build.start(last_night, "last_night").run(parallel=2)  # what tonight's runs find in the cache
+        tonight = next_night(sample_corpus, tmp_path / "tonight")
+        upload(s3, tonight)
 
         def states(run_id: str) -> dict:
             return {(t["task_id"], t["map_index"]): t for t in cluster.task_instances(DAG, run_id)}
@@ -80,9 +106,9 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
             return ti.get(("tokenize", 1), {}).get("state") == "failed" and sensor in ("up_for_reschedule", "running")
 
         cluster.api("PATCH", f"/dags/{DAG}?update_mask=is_paused", {"is_paused": False})  # no schedule here
-        runs = ("run_a", "run_b")
-        for run_id in runs:  # two runs at once: only the pool keeps their merges apart
-            cluster.api("POST", f"/dags/{DAG}/dagRuns", {"logical_date": None, "dag_run_id": run_id, "conf": CONF})
+        runs = {"run_a": CONF, "run_b": CONF | {"cache": "off"}}
+        for run_id, conf in runs.items():  # two runs at once: only the pool keeps their merges apart
+            cluster.api("POST", f"/dags/{DAG}/dagRuns", {"logical_date": None, "dag_run_id": run_id, "conf": conf})
         for run_id in runs:
             cluster.wait_for(lambda r=run_id: waiting_on_failed_rank(r), 400, f"{run_id}: rank 1 to fail")
             assert run_state(run_id) == "running"  # the sensor waits for the failed rank
@@ -106,6 +132,14 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
         assert first[1] <= second[0], f"two merges ran at once: {merges}"
         assert cluster.proxy.injected > 0, "no 503 was injected"
 
+        s3.invalidate_cache()
+        served = {
+            f.url.rsplit("/", 1)[1]: f.hit
+            for p in s3.find("corpus/builds/run_a/ranks/_manifests")
+            for f in RankManifest.loads(s3.cat_file(p), p).cache.files
+        }
+        assert sorted(name for name, hit in served.items() if not hit) == ["part-00001.jsonl.gz", "part-00004.jsonl.gz"]
+        assert len(served) == 4
         built = {}
         for run_id in runs:
             dataset = f"s3://corpus/builds/{run_id}/context"
@@ -116,6 +150,15 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
                 p.rsplit("/", 1)[1]: s3.cat_file(p) for p in s3.find(dataset[5:]) if p.endswith(DATA_FILES)
             }
         injected = cluster.proxy.injected
-    reference = local_reference(tmp_path / "local", sample_corpus, sample_tokenizer)
-    assert built["run_a"] == built["run_b"] == reference and len(reference) == 16
+    reference = local_reference(tmp_path / "local", tonight, sample_tokenizer)
+    assert built["run_a"] == built["run_b"] == reference and len(reference) >= 8
     print(f"absorbed {injected} injected 503s")
+
+
+def upload(s3, corpus: Path) -> None:
+    """The corpus as the input, in place of the one before."""
+    if s3.exists("corpus/input"):
+        s3.rm("corpus/input", recursive=True)
+    for path in sorted(corpus.glob("*.jsonl.gz")):
+        s3.put_file(str(path), f"corpus/input/{path.name}")
+    s3.invalidate_cache()

@@ -117,13 +117,17 @@ def test_three_nightly_builds_keep_two_and_name_the_last(tmp_path, sample_corpus
     assert second.latest == str(tmp_path / "night-2") and second.deleted == []
     third = Build.start(config, "night-3").run(keep=2)
     assert third.latest == str(tmp_path / "night-3") and third.deleted == [str(tmp_path / "night-1")]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".LATEST.lock", LATEST, "night-2", "night-3", "unfinished"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        *(".LATEST.lock", ".cache", LATEST),
+        *("night-2", "night-3", "unfinished"),
+    ]
     assert latest_build(str(tmp_path)).run_id == "night-3"
     assert third.summary().latest == third.latest
     data = report_data(str(tmp_path / "night-3"))
     assert json.loads((tmp_path / "night-3" / "report.json").read_text())["retention"] == {
         "keep": 2,
         "deleted": [str(tmp_path / "night-1")],
+        "cache": {"entries": 0, "bytes": 0},  # every night read the same files: the builds kept use their entries
     }
     assert data["build"]["tokens"] == third.record.tokens
     assert data["retention"] is None  # report_data alone has no retention
@@ -343,7 +347,7 @@ def test_publish_into_outputs_with_glob_characters(tmp_path, sample_corpus, samp
         published = Build.start(BuildConfig(output=str(output), **config), "night-1").run(keep=1)
         assert published.latest == str(output / "night-1") and published.deleted == [str(output / "night-0")]
         assert (output / LATEST).read_text() == "night-1\n"
-        assert sorted(p.name for p in output.iterdir()) == [".LATEST.lock", LATEST, "night-1"]
+        assert sorted(p.name for p in output.iterdir()) == [".LATEST.lock", ".cache", LATEST, "night-1"]
         done = summarize(output)
         assert done.returncode == 0 and f"dataset: {output}/night-1/merged" in done.stdout, done.stderr
     assert files_of(tmp_path / "outA") == kept

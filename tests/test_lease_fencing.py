@@ -284,9 +284,9 @@ def test_an_attempt_whose_lease_is_found_lost_stops_at_the_next_batch(
     tmp_path, sample_corpus, sample_tokenizer, monkeypatch
 ) -> None:
     """Lost is for good: the rank does not encode the rest of its share for nothing."""
-    from tokenization.stages import tokenize
+    from tokenization.stages import first_pass
 
-    real, batches = tokenize.encoded_batches, []
+    real, batches = first_pass.encoded_batches, []
 
     def counted(*args, **kwargs):
         for batch in real(*args, **kwargs):
@@ -297,7 +297,7 @@ def test_an_attempt_whose_lease_is_found_lost_stops_at_the_next_batch(
         if batches:  # found lost by the heartbeat once the first batch is out
             raise LeaseLost(f"{self.path}: taken over")
 
-    monkeypatch.setattr(tokenize, "encoded_batches", counted)
+    monkeypatch.setattr(first_pass, "encoded_batches", counted)
     monkeypatch.setattr(FileLease, "check", lost)
     config = TokenizeConfig(
         inputs=[str(sample_corpus)], output=str(tmp_path), tokenizer=str(sample_tokenizer), eos_token=EOS, batch_size=8

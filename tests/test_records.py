@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.publish.records import (
     BuildRecord,
+    BuildSummary,
+    CacheEntry,
+    CacheUse,
     CompletionMarker,
     ContextManifest,
     MergeManifest,
@@ -51,6 +56,9 @@ def _config(out: Path, corpus: Path, tokenizer: Path) -> BuildConfig:
 
 def _records(run: Path) -> dict[Path, type]:
     kinds = {run / "_RUN.json": RunClaim, run / "_BUILD.json": BuildRecord}
+    cache = run.parent / ".cache"
+    kinds |= dict.fromkeys(sorted(cache.glob("entries/*.json")), CacheEntry)
+    kinds |= dict.fromkeys(sorted(cache.glob("uses/*/*.json")), CacheUse)
     for path in sorted(run.glob("*/_completions/*.json")):
         kinds[path] = CompletionMarker
     stages = {"ranks": RankManifest, "merged": MergeManifest, "context": ContextManifest}
@@ -70,6 +78,8 @@ def test_every_record_reads_back_as_it_was_written(published: Path) -> None:
         MergeManifest,
         MergeOutput,
         ContextManifest,
+        CacheEntry,
+        CacheUse,
     }
     for path, kind in kinds.items():
         data = path.read_bytes()
@@ -141,11 +151,14 @@ def test_an_older_record_is_read_with_the_fields_it_did_not_have(published: Path
     rank = json.loads((published / "ranks/_manifests/00000.json").read_text())
     for key in ("loss_tokens", "length_histogram", "special_token_literals_total"):
         del rank["counts"][key]
-    del rank["throughput"], rank["plan"], rank["tokenizer"]["engine"]
+    del rank["throughput"], rank["plan"], rank["tokenizer"]["engine"], rank["cache"]
     rank["format"] = "corpus-tokenization/rank-manifest/1"
     old_rank = RankManifest.from_json(rank, "old rank")
     assert old_rank.counts.loss_tokens is None and old_rank.counts.length_histogram == []
-    assert old_rank.tokenizer.engine == "hf" and old_rank.throughput is None
+    assert old_rank.tokenizer.engine == "hf" and old_rank.throughput is None and old_rank.cache is None
+    summary = Published(BuildRecord.loads((published / "_BUILD.json").read_bytes(), "new"), "", []).summary()
+    xcom = {k: v for k, v in summary.to_json().items() if k not in ("format", "reused")}  # as published before
+    assert BuildSummary.from_json(xcom, "an older run's summary") == replace(summary, reused=None)
     marker = json.loads((published / "ranks/_completions/00000.json").read_text())
     del marker["format"]
     assert CompletionMarker.from_json(marker, "untagged").to_json() == marker | {

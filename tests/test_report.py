@@ -123,7 +123,9 @@ def test_an_older_build_without_times_or_inputs_still_renders(small_build) -> No
 def test_a_long_input_list_is_cut_after_twenty(small_build) -> None:
     run_dir, build = small_build
     data = report_data(run_dir, build)
-    data["input_files"] = [{"url": f"s3://corpus/part-{i:05d}.jsonl.gz", "bytes": 1500, "rank": 0} for i in range(25)]
+    data["input_files"] = [
+        {"url": f"s3://corpus/part-{i:05d}.jsonl.gz", "bytes": 1500, "rank": 0, "cache": "hit"} for i in range(25)
+    ]
     page = render_html(data)
     assert page.count("s3://corpus/part-") == INPUTS_SHOWN == 20 and "part-00019" in page and "part-00020" not in page
     assert '<tr class="more"><td>and 5 more</td><td class="num">7.5 kB</td>' in page
@@ -180,10 +182,11 @@ def test_the_builds_page_escapes_and_formats() -> None:
         "tokens": 64_522,
         "docs": 308,
         "rejects": None,
+        "reused": 0.981,
     }
     page = render("builds.html.j2", dag_id="tokenize_corpus", builds=[row], report_url=lambda dag, run: f"/r/{run}")
     assert "<script" not in page and 'data-run-id="&lt;script&gt;alert(1)&lt;/script&gt;"' in page
     shown = {"started": "2026-11-30 02:00 UTC", "duration": "1 min 12 s", "seed": "1234", "tokens": "64,522"}
-    for key, text in (shown | {"docs": "308", "rejects": "–"}).items():
+    for key, text in (shown | {"docs": "308", "rejects": "–", "reused": "98.1%"}).items():
         assert f'data-key="{key}">{text}</td>' in page, key
     assert "<style>" in page and "border-collapse" in page  # the shared stylesheet, inline

@@ -7,7 +7,8 @@ A build runs the stages in order, each also a command of its own:
   context-shuffle  cut files into training windows and permute them (a shard of the files each)
   build            all of the above, then verify and publish: {output}/{build id}/_BUILD.json
 
-and count (tokens, no files), verify, inspect and report look at inputs and outputs.
+and count (tokens, no files), verify, inspect and report look at inputs and outputs; cache lists and prunes the
+tokenization cache, where builds keep each input file's tokens for the next one.
 
 The .ds family: X.ds holds the token ids (little-endian uint16, or uint32 past 65,536 ids), X.ds.index the
 uint64 end offset of each document in tokens, X.ds.loss one byte a token (0 = no loss), and X.ds.metadata
@@ -21,12 +22,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
 import numpy as np
 
+from tokenization.builds import pages
 from tokenization.builds.complete import summary
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.report import REPORT_HTML, write_report
@@ -37,6 +40,7 @@ from tokenization.formats.megatron import MegatronFile
 from tokenization.io.errors import TokenizationError, UsageError, external_error
 from tokenization.io.options import add_arguments, from_arguments
 from tokenization.io.storage import join, open_fs
+from tokenization.publish.cache import DEFAULT_FOLDER, ENTRIES, Cache
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.merge import MergeConfig, merge
@@ -101,6 +105,24 @@ def build_parser() -> argparse.ArgumentParser:
     rep = command("report", "write a build's report.html and report.json again, from its manifests")
     rep.add_argument("run_dir", metavar="RUN_DIR", help="the build's folder (holding ranks/ and _BUILD.json)")
 
+    cache = command("cache", "list or prune a tokenization cache")
+    actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION", help="list or prune")
+    where = "the cache's folder or fsspec URL, or a builds output, whose cache is {output}/" + DEFAULT_FOLDER
+    for name, said in (
+        ("list", "every entry: its size, when it was made and last used, by which build, and its input file"),
+        ("prune", "remove entries by age, or the least recently used ones down to a size; never one in use"),
+    ):
+        action = actions.add_parser(name, help=said, description=said)
+        action.set_defaults(parser=action)
+        action.add_argument("location", metavar="CACHE", help=where)
+        if name == "prune":
+            action.add_argument(
+                "--older-than", type=_duration, metavar="AGE", help="remove entries last used before: 30d, 12h, 90m"
+            )
+            action.add_argument(
+                "--max-size", type=_size, metavar="SIZE", help="then keep at most this much: 500GB, 1.5TB, 200MiB"
+            )
+
     ins = command("inspect", "describe a token file (.ds or Megatron .bin) or a folder of them")
     ins.add_argument("path", help="a .ds or .bin file, or a folder, local or fsspec URL")
     ins.add_argument("--decode", type=int, default=0, metavar="N", help="print the first N documents as text")
@@ -113,6 +135,62 @@ def _positive(value: str) -> int:
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return number
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20}
+SIZE_UNITS |= {"GIB": 2**30, "TIB": 2**40}
+
+
+def _duration(value: str) -> float:
+    """``30d``, ``12h``, ``90m`` or ``3600s`` in seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value.lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{value!r} is no age: give a number and s, m, h, d or w, such as 30d")
+    return float(match.group(1)) * DURATION_UNITS[match.group(2)]
+
+
+def _size(value: str) -> int:
+    """``500GB``, ``1.5TB`` or ``200MiB`` in bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)\s*", value.lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{value!r} is no size: give a number and B, kB, MB, GB, TB (or KiB ... TiB)")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()])
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    cache = _cache_at(args.location)
+    if args.action == "prune":
+        if args.older_than is None and args.max_size is None:
+            raise UsageError("prune needs --older-than, --max-size or both")
+        cleaned = cache.prune(args.older_than, args.max_size)
+        print(f"cache {cache.location}: removed {cleaned.entries:,} entries, {pages.size(cleaned.bytes)}")
+        return 0
+    listed = cache.entries()
+    print(f"cache {cache.location}: {len(listed):,} entries, {pages.size(sum(i.entry.bytes for i in listed))}")
+    if listed:
+        print(f"{'key':12}  {'size':>9}  {'made':20}  {'last used':20}  {'by':24}  input file")
+    for item in listed:
+        e = item.entry
+        owner = item.last_owner.rstrip("/").rsplit("/", 1)[-1] if item.last_owner else pages.MISSING
+        print(
+            f"{e.key[:12]}  {pages.size(e.bytes):>9}  {_when(e.created):20}  {_when(item.last_used):20}  "
+            f"{owner:24}  {e.source.url}"
+        )
+    return 0
+
+
+def _cache_at(location: str) -> Cache:
+    """The cache at ``location``, or the cache of the builds output ``location`` (``{output}/.cache``)."""
+    fs, path = open_fs(location)
+    beside = join(location, DEFAULT_FOLDER)
+    if not fs.exists(join(path, ENTRIES)) and fs.exists(join(path, DEFAULT_FOLDER, ENTRIES)):
+        return Cache(beside)
+    return Cache(location)
+
+
+def _when(moment: float | None) -> str:
+    return pages.date(None if moment is None else datetime.fromtimestamp(moment, timezone.utc))
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -251,6 +329,7 @@ def _decode(urls: list[str], files: list[TokenFile | MegatronFile], count: int, 
 
 COMMANDS = {
     "build": cmd_build,
+    "cache": cmd_cache,
     "tokenize": cmd_tokenize,
     "merge": cmd_merge,
     "context-shuffle": cmd_context_shuffle,

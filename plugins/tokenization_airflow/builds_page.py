@@ -116,6 +116,7 @@ def _build_row(run, published: dict | None) -> dict:
         "tokenizer": build and build.tokenizer,
         "input": build and build.input,
         "seed": build and build.seed,
+        "reused": build and build.reused,
     }
 
 

@@ -22,6 +22,7 @@ from tokenization.io.locations import tokenizer_files
 from tokenization.io.options import fields_of
 from tokenization.io.storage import WriteError
 from tokenization.publish.attempts import AttemptConflict, LeaseLost
+from tokenization.publish.cache import chosen_location
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
 from tokenization_airflow.pools import pool_exists
@@ -62,14 +63,16 @@ def check_map_length(params: dict, max_map_length: int) -> None:
 
 
 def check_locations(params: dict) -> None:
-    """Inputs, outputs, tokenizer and chat template files only where the deployment allows (never http://,
-    never /etc), each after its symlinks are resolved: a tokenizer folder's files one by one too. (The input
-    folder's files are checked once listed, by the build's start.)"""
+    """Inputs, outputs, the cache, tokenizer and chat template files only where the deployment allows (never
+    http://, never /etc), each after its symlinks are resolved: a tokenizer folder's files one by one too. (The
+    input folder's files are checked once listed, by the build's start.)"""
     allowed = deployment().allowed_locations
     for name in ("input", "output"):
         allowed.check(name, params[name])
-    if params.get("chat_template"):
-        allowed.check("chat_template", params["chat_template"])
+    cache = chosen_location(params.get("cache"), None)  # its default is inside the output
+    for name, location in (("cache", cache), ("chat_template", params.get("chat_template"))):
+        if location:
+            allowed.check(name, location)
     tokenizer = params["tokenizer"]
     if "://" in tokenizer or tokenizer.startswith(("/", ".", "~")) or os.path.exists(tokenizer):
         allowed.check("tokenizer", tokenizer)  # anything else is a hub name: the hub is a fixed host

@@ -17,6 +17,7 @@ from tokenization.formats.names import rank_stem
 from tokenization.io.storage import join, list_names, list_sizes, open_fs
 from tokenization.publish import manifest
 from tokenization.publish.records import (
+    CacheSummary,
     CompletionMarker,
     Conservation,
     ContextCounts,
@@ -107,6 +108,26 @@ def conservation(rank_manifests: list[RankManifest], planned: list[InputFile] | 
         tokens_dropped=sum(c.tokens_dropped for c in counts),
         inputs_problem=problem,
         holds=docs_in == docs_out + empty + quarantined and problem is None,
+    )
+
+
+def cache_summary(rank_manifests: list[RankManifest]) -> CacheSummary | None:
+    """What the tokenization cache did for the ranks (None when they ran without one): the files it served and
+    those tokenized, the input bytes and tokens reused, and the ranks' time, of which encoding."""
+    caches = [m.cache for m in rank_manifests if m.cache is not None]
+    if not caches:
+        return None
+    served = [f for cache in caches for f in cache.files]
+    hits = [f for f in served if f.hit]
+    return CacheSummary(
+        location=caches[0].location,
+        files_hit=len(hits),
+        files_missed=len(served) - len(hits),
+        bytes_reused=sum(f.bytes for f in hits),
+        bytes_total=sum(m.input_bytes for m in rank_manifests),
+        tokens_reused=sum(f.tokens for f in hits),
+        tokenize_seconds=round(sum(m.seconds for m in rank_manifests), 3),
+        encode_seconds=round(sum(f.seconds for f in served if not f.hit), 3),
     )
 
 

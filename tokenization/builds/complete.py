@@ -16,12 +16,15 @@ from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.formats import token_file_names
 from tokenization.io.options import params
 from tokenization.io.storage import join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
+from tokenization.publish.cache import Cache
 from tokenization.publish.records import (
     Arrived,
     BuildInputs,
     BuildRecord,
     BuildSummary,
     BuildTokenizer,
+    CacheCleaning,
+    CacheSummary,
     ReportFiles,
     Retention,
     StageSummary,
@@ -63,6 +66,7 @@ class Published:
             seed=record.seed,
             tokenizer=record.tokenizer.name,
             input=record.input,
+            reused=record.cache and record.cache.reused,
         )
 
 
@@ -85,10 +89,24 @@ def publish(config: BuildConfig, plan: BuildPlan, keep: int | None = None) -> Pu
         write_bytes_atomic(fs, path, record.dumps())
         newest = point_latest(config.output)
         deleted = expire(config.output, keep, {newest, run_dir}) if keep else []
-        if deleted:
-            write_report(run_dir, record, Retention(keep=keep, deleted=deleted))
+        cleaned = _clean_cache(config) if keep else None
+        if deleted or (cleaned and cleaned.entries):
+            write_report(run_dir, record, Retention(keep=keep, deleted=deleted, cache=cleaned))
     log.info("published %s: %d tokens; report %s", record.dataset, record.tokens, REPORT_HTML)
     return Published(record, newest, deleted)
+
+
+def _clean_cache(config: BuildConfig) -> CacheCleaning | None:
+    """Retention's part in the tokenization cache: the entries that no build still there used (``Cache.collect``).
+    The build is published by then: a cache that cannot be cleaned now is logged, and cleaned by the next publish."""
+    location = config.cache_location
+    if location is None:
+        return None
+    try:
+        return Cache(location).collect()
+    except OSError as exc:
+        log.warning("cache %s: not cleaned (%s); the next publish with retention cleans it", location, exc)
+        return None
 
 
 def published(config: BuildConfig, plan: BuildPlan) -> Published | None:
@@ -126,7 +144,8 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
     if not checked.ok:
         raise BuildError(f"verify found {len(checked.problems)} problems in {dataset}; the build is not published")
     recorded = Plan.recorded(plan.run_dir, plan.digest)
-    balance = accounting.conservation(accounting.rank_manifests(layout.ranks, plan.num_ranks), recorded.files)
+    ranks = accounting.rank_manifests(layout.ranks, plan.num_ranks)
+    balance = accounting.conservation(ranks, recorded.files)
     if balance.inputs_problem:
         raise BuildError(f"the ranks did not read exactly the plan's input files: {balance.inputs_problem}")
     if not balance.holds:
@@ -163,6 +182,7 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
         files=token_file_names(list_names(*open_fs(dataset))),
         stages=stages,
         verify=VerifySummary(ok=checked.ok, files=checked.files, tokens=checked.tokens, notes=checked.notes),
+        cache=accounting.cache_summary(ranks),
     )
 
 
@@ -187,6 +207,18 @@ def latest_build(folder: str) -> BuildRecord:
     return latest_complete_build(folder).record
 
 
+def cache_line(cache: CacheSummary) -> str:
+    """``47 of 50 input files from the cache (96.1% of the bytes, 12,345,678 tokens), 3 tokenized in 4.2 s; the
+    ranks took 9.8 s``."""
+    files = cache.files_hit + cache.files_missed
+    share = f"{cache.reused:.1%} of the bytes, " if cache.reused is not None else ""
+    return (
+        f"{cache.files_hit:,} of {files:,} input files from the cache ({share}{cache.tokens_reused:,} tokens), "
+        f"{cache.files_missed:,} tokenized in {cache.encode_seconds:.1f} s; "
+        f"the ranks took {cache.tokenize_seconds:.1f} s"
+    )
+
+
 def summary(build: BuildRecord) -> str:
     """A few lines for a person: where the dataset is, how much is in it, and whether it verified."""
     c = build.conservation
@@ -203,6 +235,8 @@ def summary(build: BuildRecord) -> str:
         arrived = inputs.arrived_after_plan.files
         later = f"; {arrived:,} arrived after the plan, left for the next build" if arrived else ""
         lines.insert(3, f"inputs: the plan's {inputs.files:,} files, each read once{later}")
+    if build.cache:
+        lines.append(f"cache: {cache_line(build.cache)}")
     if build.report:  # the run folder holds the dataset's folder and the report
         lines.append(f"report: {join(build.dataset.rsplit('/', 1)[0], build.report.html)}")
     return "\n".join(lines)

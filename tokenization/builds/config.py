@@ -8,7 +8,9 @@ from typing import ClassVar
 
 from tokenization.io.errors import UsageError
 from tokenization.io.options import option
-from tokenization.publish.records import Record
+from tokenization.io.storage import join
+from tokenization.publish.cache import DEFAULT_FOLDER, OFF, chosen_location
+from tokenization.publish.records import Record, TokenizerFacts
 from tokenization.stages.context_shuffle import ContextOptions
 from tokenization.stages.merge import MergeOptions
 from tokenization.stages.tokenize import RankOptions
@@ -50,11 +52,22 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         help="local folder with room for the whole dataset, where the merge stages its files (default: "
         "--local-working-dir)",
     )
+    cache: str | None = option(
+        None,
+        title="Tokenization cache",
+        help="where each input file's tokens are kept for the next build, which then tokenizes only the files that "
+        f"changed (a folder or fsspec URL), or {OFF} (default: {{output}}/{DEFAULT_FOLDER})",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if (self.merge_mode == "bucketed") != bool(self.num_buckets):
             raise UsageError("merge_mode bucketed and num_buckets go together: give both or neither")
+
+    @property
+    def cache_location(self) -> str | None:
+        """Where the build's tokenization cache is: None when it is off."""
+        return chosen_location(self.cache, join(self.output, DEFAULT_FOLDER))
 
     def shared(self, *groups: type) -> dict:
         """This config's values of the option groups a stage config shares with it."""
@@ -63,8 +76,11 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
 
 @dataclass(frozen=True, kw_only=True)
 class BuildPlan(Record):
-    """What ``start`` decided once for the whole run; every later step reads it (in Airflow, the XCom ``spec``)."""
+    """What ``start`` decided once for the whole run; every later step reads it (in Airflow, the XCom ``spec``,
+    untagged before version 1)."""
 
+    KIND: ClassVar[str] = "build-spec"
+    UNTAGGED: ClassVar[bool] = True
     LABEL: ClassVar[str] = "build spec"
 
     run_id: str
@@ -76,6 +92,9 @@ class BuildPlan(Record):
     skipped_inputs: int
     tokenizer_sha256: str
     eos_token: str | None
+    tokenizer: TokenizerFacts | None = (
+        None  # what loading it told: a rank loads it only to encode (None: an older spec)
+    )
     merges: bool  # the ds format is merged and context-shuffled; Megatron's rank files are the dataset
     num_buckets: int | None  # a merge task a bucket, or one merge of everything
     started: float  # when the run claimed its folder

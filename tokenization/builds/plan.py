@@ -27,9 +27,18 @@ from tokenization.text.sources import InputListing
 log = logging.getLogger(__name__)
 
 # Params that choose how the work is done, never what it writes: exact engines give identical ids (the tests prove
-# it), and threads, batches and working folders only change how fast the same bytes come. (The seed is planned as
-# resolved, on its own: the param may be None.)
-NOT_PLANNED = ("engine", "threads", "batch_size", "batch_bytes", "local_working_dir", "merge_working_dir", "seed")
+# it), and threads, batches, working folders and the tokenization cache only change how fast the same bytes come.
+# (The seed is planned as resolved, on its own: the param may be None.)
+NOT_PLANNED = (
+    "engine",
+    "threads",
+    "batch_size",
+    "batch_bytes",
+    "local_working_dir",
+    "merge_working_dir",
+    "cache",
+    "seed",
+)
 SHOWN = 5  # files named in a message, then a count
 
 

@@ -21,6 +21,7 @@ from tokenization.io.storage import join, open_fs, write_bytes_atomic
 from tokenization.publish import manifest
 from tokenization.publish.records import BuildInputs, BuildRecord, RankManifest, Retention, Throughput
 from tokenization.publish.runs import BUILD_MANIFEST, Layout, read_build
+from tokenization.text.encoding import NO_ENGINE
 
 REPORT_FORMAT = "corpus-tokenization/report/2"  # /1 copied the build record's figures; /2 holds the record
 REPORT_JSON = "report.json"
@@ -83,7 +84,8 @@ def report_data(run_dir: str, build: BuildRecord | None = None, retention: Reten
             "token_size": tokenizer.token_size,
             "vocab_size": tokenizer.vocab_size,
             "eos_token": tokenizer.eos_token,
-            "engines": sorted({r.tokenizer.engine for r in ranks}),
+            "engines": sorted({r.tokenizer.engine for r in ranks} - {NO_ENGINE})
+            or [NO_ENGINE],  # of the ranks that encoded
         },
         "throughput": _throughput(ranks, build.tokens, build.wall_seconds),
         "inputs": _inputs_summary(build, input_files),
@@ -93,13 +95,15 @@ def report_data(run_dir: str, build: BuildRecord | None = None, retention: Reten
 
 
 def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | None) -> dict:
-    """The build's rates over its wall time, and a rank's over its own time tokenizing (loading apart)."""
+    """The build's rates over its wall time, and a rank's over its own time tokenizing (loading apart), of the
+    text it encoded: the cache's hits aside."""
     text_bytes = sum(r.counts.text_bytes for r in ranks)
+    hits = [f for r in ranks if r.cache for f in r.cache.files if f.hit]
     ranks_rate = manifest.throughput(
         sum(r.seconds for r in ranks),
         sum(r.tokenizer.load_seconds or 0 for r in ranks),
-        text_bytes,
-        sum(r.counts.tokens for r in ranks),
+        text_bytes - sum(f.text_bytes for f in hits),
+        sum(r.counts.tokens for r in ranks) - sum(f.tokens for f in hits),
     )
     return {
         "text_bytes": text_bytes,
@@ -117,9 +121,11 @@ def _inputs_summary(build: BuildRecord, input_files: list[dict]) -> dict:
 
 
 def _input_files(ranks: list[RankManifest]) -> list[dict]:
-    """Every file the ranks read, with its size and its rank, by name."""
+    """Every file the ranks read, with its size, its rank and how the cache served it (``hit``, ``miss``, or None
+    without a cache), by name."""
+    served = {f.url: "hit" if f.hit else "miss" for r in ranks if r.cache for f in r.cache.files}
     return sorted(
-        ({"url": f.url, "bytes": f.size, "rank": r.rank} for r in ranks for f in r.inputs),
+        ({"url": f.url, "bytes": f.size, "rank": r.rank, "cache": served.get(f.url)} for r in ranks for f in r.inputs),
         key=lambda f: f["url"],
     )
 
@@ -158,6 +164,7 @@ def _rank_row(rank: RankManifest) -> dict:
         "text_mb_per_s": rates.text_mb_per_s,
         "tokens_per_s": rates.tokens_per_s,
         "engine": rank.tokenizer.engine,
+        "files_from_cache": rank.cache and f"{sum(f.hit for f in rank.cache.files)} of {len(rank.cache.files)}",
     }
 
 

@@ -24,6 +24,7 @@ from tokenization.formats import DS, list_token_files
 from tokenization.io.locations import AllowedLocations, check_disjoint
 from tokenization.io.progress import ProgressMode
 from tokenization.io.storage import using
+from tokenization.publish.cache import OFF
 from tokenization.publish.manifest import StageResult
 from tokenization.publish.records import ContextCounts, MergeCounts, RankManifest
 from tokenization.publish.runs import (
@@ -63,6 +64,8 @@ class Build:
         if it would plan the very same build (``Plan.refuse_another``)."""
         with using(config.storage_options):
             check_disjoint([config.input], config.output)
+            if config.cache_location:
+                check_disjoint([config.input], config.cache_location, "cache")
             listing = list_input_files([config.input])
             if allowed is not None:
                 allowed.check_files("input", [f.url for f in listing.files])
@@ -87,6 +90,7 @@ class Build:
             skipped_inputs=len(recorded.record.inputs.skipped),
             tokenizer_sha256=encoder.sha256,
             eos_token=encoder.eos_token,
+            tokenizer=encoder.facts(),
             merges=config.output_format == "ds",
             num_buckets=config.num_buckets,
             started=float(claimed.claimed),
@@ -110,6 +114,8 @@ class Build:
             plan=plan.digest,
             tokenizer_sha256=plan.record.tokenizer.sha256,
             rendering_sha256=plan.record.rendering_sha256,
+            run_dir=self.layout.run_dir,
+            tokenizer=self.plan.tokenizer,
         )
         config = TokenizeConfig(
             inputs=[self.config.input],
@@ -118,6 +124,7 @@ class Build:
             rank=rank,
             world_size=self.plan.num_ranks,
             local_working_dir=self.config.local_working_dir,
+            cache=self.config.cache_location or OFF,
             **self.config.shared(DocumentOptions, RankOptions),
         )
         return tokenize_rank(config, progress, owner, share)

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from pathlib import Path
 from types import TracebackType
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,29 @@ MAX_OPEN_FILES = 128
 # cheaper than one call a unit as soon as units are a few hundred bytes. (Memory maps cost more here: ~6-20 us a
 # scattered unit in faults and in dropping the pages again to keep resident memory flat.)
 SPAN_READ_MAX_WASTE = 2
+
+
+class Units(NamedTuple):
+    """Units (documents, chunks, windows) of several source files: unit ``i`` is tokens ``[starts[i], ends[i])`` of
+    source ``source[i]``; ``move_units(pool, *units, writer)`` writes them in this order."""
+
+    source: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def documents(cls, paths: Sequence[str], token_size: int) -> Units:
+        """Every document of these local families, file after file, as their indexes end them."""
+        ends = [np.asarray(TokenFile(path, token_size).ends, dtype=np.int64) for path in paths]
+        counts = [len(e) for e in ends]
+        source = np.repeat(np.arange(len(paths), dtype=np.int64), counts)
+        starts = [np.concatenate([[0], e[:-1]]).astype(np.int64) for e in ends]
+        joined = (np.concatenate(parts) if parts else np.empty(0, np.int64) for parts in (starts, ends))
+        return cls(source, *joined)
+
+    def take(self, order: np.ndarray) -> Units:
+        """The units in ``order``."""
+        return Units(self.source[order], self.starts[order], self.ends[order])
 
 
 class SourcePool:
@@ -60,6 +84,7 @@ class SourcePool:
         self.max_open = max_open
         self.cache_dir = cache_dir
         self._open: OrderedDict[int, _Source] = OrderedDict()
+        self._checked: set[int] = set()  # sources whose files were checked once: opening one again is two opens
         self._loss_reader = ThreadPoolExecutor(1, thread_name_prefix="read-loss") if with_loss else None
 
     def _source(self, i: int) -> _Source:
@@ -68,7 +93,11 @@ class SourcePool:
             return self._open[i]
         while len(self._open) >= self.max_open:
             self._open.popitem(last=False)[1].close()
-        self._open[i] = _Source(self._local(i), self.token_size, self.with_loss)
+        path = self._local(i)
+        if i not in self._checked:
+            TokenFile(path, self.token_size)  # raises when the file is missing or its metadata gives another size
+            self._checked.add(i)
+        self._open[i] = _Source(path, self.token_size, self.with_loss)
         return self._open[i]
 
     def read(self, i: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -124,7 +153,6 @@ class _Source:
     """One open source: a descriptor for its tokens and one for its loss bytes."""
 
     def __init__(self, path: str, token_size: int, with_loss: bool):
-        TokenFile(path, token_size)  # raises when the file is missing or its metadata gives another token size
         self.paths = [path] + ([path + ".loss"] if with_loss else [])
         self.dtypes = [token_dtype(token_size), LOSS_DTYPE]
         self.fds = [os.open(p, os.O_RDONLY) for p in self.paths]

@@ -76,17 +76,18 @@ def _within(location: str, prefix: str) -> bool:
     return location == prefix or location.startswith(prefix.rstrip("/") + "/")
 
 
-def check_disjoint(inputs: Sequence[str], output: str) -> None:
-    """Refuse an output that is an input, lies inside one or holds one (a glob counts as the folder it searches):
-    the next build on that input would read this build's manifests, markers and token files as documents."""
+def check_disjoint(inputs: Sequence[str], output: str, what: str = "output") -> None:
+    """Refuse an output (or another place a build writes, ``what``: its cache) that is an input, lies inside one
+    or holds one (a glob counts as the folder it searches): the next build on that input would read this build's
+    manifests, markers and token files as documents."""
     out = resolve(output)
     for spec in inputs:
         folder = resolve(spec if os.path.exists(spec) else glob_folder(spec))  # a real `data [v2]` is no glob
         if _within(out, folder) or _within(folder, out):
             relation = "is" if out == folder else "is inside" if _within(out, folder) else "contains"
             raise LocationError(
-                f"output {_shown(output, out)} {relation} input {_shown(spec, folder)}: a build on that input would "
-                f"read this build's own files as documents; choose an output outside every input"
+                f"{what} {_shown(output, out)} {relation} input {_shown(spec, folder)}: a build on that input would "
+                f"read this build's own files as documents; choose an {what} outside every input"
             )
 
 

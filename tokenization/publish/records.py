@@ -316,6 +316,21 @@ class TokenizerInfo(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TokenizerFacts(Record):
+    """What loading a tokenizer (the file of this ``sha256``) told a build's plan, with the build's EOS settings:
+    a rank of the build takes them from the plan, and loads the tokenizer itself only when it encodes a file."""
+
+    sha256: str
+    vocab_size: int
+    special_tokens: list[str]
+    eos_token: str | None
+    eos_id: int | None
+    eos_source: str | None
+    bos_ids: list[int]
+    tail_ids: list[int]
+
+
+@dataclass(frozen=True, kw_only=True)
 class HistogramRow(Record):
     min_tokens: int
     max_tokens: int
@@ -342,6 +357,67 @@ class RankCounts(Record):
     special_token_literals: dict[str, int] = field(default_factory=dict)
     special_token_literals_total: int = 0
     length_histogram: list[HistogramRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CachedInput(Record):
+    """One input file of a rank as the tokenization cache served it: a hit (its first pass taken from the cache)
+    or a miss (tokenized, then stored), under the key of everything that decides it."""
+
+    url: str
+    key: str
+    hit: bool
+    bytes: int  # the input file's
+    text_bytes: int  # of its documents' text
+    tokens: int  # of its documents, EOS included
+    seconds: float  # encoding it (a miss), or fetching and checking it (a hit)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankCache(Record):
+    """Where a rank's tokenization cache is, and how it served each of the rank's input files, in input order."""
+
+    location: str
+    files: list[CachedInput]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheEntry(Record):
+    """``{cache}/entries/{key}.json``, an entry's marker, written last and only where none is: the data folder that
+    holds the entry's files, each file's size and sha256 (a reader checks them all before it uses any), the input
+    file's counts, and what the entry was made from (``described``: what its key covers)."""
+
+    KIND: ClassVar[str] = "cache-entry"
+    LABEL: ClassVar[str] = "cache entry"
+    key: str
+    data: str
+    files: dict[str, FileSum]
+    counts: RankCounts
+    source: InputFile
+    content: str
+    described: dict[str, Any]
+    created: float
+    encode_seconds: float
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheUse(Record):
+    """``{cache}/uses/{owner}/{stem}.json``: the entries a rank uses, written before it looks any up. Until it is
+    ``finished`` it is in flight, and no cleaning removes them; after, they are kept while ``keeps`` (its build's
+    ``_RUN.json``) exists."""
+
+    KIND: ClassVar[str] = "cache-use"
+    LABEL: ClassVar[str] = "cache use"
+    owner: str
+    keeps: str
+    stem: str
+    keys: list[str]
+    started: float
+    finished: float | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,7 +466,7 @@ class RankManifest(StageManifest):
     """``ranks/_manifests/{rank}.json``: one rank's inputs, plan, tokenizer, counts and files."""
 
     KIND: ClassVar[str] = "rank-manifest"
-    VERSION: ClassVar[int] = 2  # /1 was the same record, without the checks on reading
+    VERSION: ClassVar[int] = 3  # /2 had no cache; /1 was the same record, without the checks on reading
     rank: int
     world_size: int
     tokenizer: TokenizerInfo
@@ -402,6 +478,7 @@ class RankManifest(StageManifest):
     counts: RankCounts
     outputs: list[OutputEntry]
     throughput: Throughput | None = None
+    cache: RankCache | None = None  # None: the rank ran without a tokenization cache
 
     @property
     def tokens_written(self) -> int:
@@ -661,6 +738,26 @@ class VerifySummary(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CacheSummary(Record):
+    """What the tokenization cache did for a build: the input files it served (hits) and those tokenized (misses),
+    the input bytes and tokens it reused, and the ranks' time, summed, of which encoding the misses."""
+
+    location: str
+    files_hit: int
+    files_missed: int
+    bytes_reused: int
+    bytes_total: int
+    tokens_reused: int
+    tokenize_seconds: float
+    encode_seconds: float
+
+    @property
+    def reused(self) -> float | None:
+        """The share of the input's bytes whose tokens came from the cache."""
+        return self.bytes_reused / self.bytes_total if self.bytes_total else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReportFiles(Record):
     html: str
     json: str
@@ -672,7 +769,7 @@ class BuildRecord(Record):
     a person or a scheduler looks at comes from it."""
 
     KIND: ClassVar[str] = "build"
-    VERSION: ClassVar[int] = 2  # /1 was the same record, without the checks on reading
+    VERSION: ClassVar[int] = 3  # /2 had no cache; /1 was the same record, without the checks on reading
     LABEL: ClassVar[str] = "build record"
     run_id: str | None = None
     plan: str | None = None  # the plan's digest; builds before plans were fixed had none
@@ -693,6 +790,7 @@ class BuildRecord(Record):
     stages: StageSummary
     verify: VerifySummary
     report: ReportFiles | None = None  # where publish wrote the report (None: a build made before reports)
+    cache: CacheSummary | None = None  # None: built without a tokenization cache
 
     def settings(self, names: tuple[str, ...]) -> dict[str, Any]:
         """The values of these params (None for one that the version which made the build did not have)."""
@@ -707,8 +805,11 @@ class BuildRecord(Record):
 @dataclass(frozen=True, kw_only=True)
 class BuildSummary(Record):
     """A published build in a few figures, from its build record: for XCom, the Asset event and the builds page
-    (``latest``: the run folder ``{output}/LATEST`` names; ``deleted``: complete builds retention deleted)."""
+    (``latest``: the run folder ``{output}/LATEST`` names; ``deleted``: complete builds retention deleted;
+    ``reused``: the share of the input whose tokens came from the cache). Untagged before version 1."""
 
+    KIND: ClassVar[str] = "build-summary"
+    UNTAGGED: ClassVar[bool] = True
     LABEL: ClassVar[str] = "build summary"
     dataset: str
     digest: str
@@ -722,11 +823,22 @@ class BuildSummary(Record):
     seed: int
     tokenizer: str
     input: str
+    reused: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheCleaning(Record):
+    """Cache entries removed (because no build still there used them, or by a prune) and the bytes freed."""
+
+    entries: int
+    bytes: int
 
 
 @dataclass(frozen=True, kw_only=True)
 class Retention(Record):
-    """The complete builds a publish deleted, keeping the newest ``keep``: the report lists them."""
+    """The complete builds a publish deleted, keeping the newest ``keep``, and the cache entries that only they
+    used: the report lists them."""
 
     keep: int
     deleted: list[str]
+    cache: CacheCleaning | None = None

@@ -88,7 +88,7 @@ def _count_pass(
     """One pass over the inputs: counts in total and per file, and the annotated records in ``tmp``."""
     counts = Counts()
     per_file: dict[str, Counter] = defaultdict(Counter)
-    tally = RejectTally(counts, "count", config.source, config.max_rejects, config.max_reject_fraction)
+    tally = RejectTally("count", config.source, config.max_rejects, config.max_reject_fraction)
 
     def reject(item: Rejected) -> None:
         per_file[item.file]["rejected"] += 1
@@ -118,7 +118,7 @@ def _count_pass(
         batches.close()  # an error stops the reading and encoding threads here, not at exit
         if annotated is not None:
             annotated.close()
-    tally.check()
+    tally.check(counts)
     return counts, per_file
 
 

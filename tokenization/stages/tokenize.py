@@ -1,17 +1,17 @@
 """The tokenize stage: one rank's share of the input becomes shuffled ``.ds`` files, a manifest and a marker.
 
-Pass 1 encodes documents in order into a local working file and records their ends. Pass 2 permutes
-documents (then, optionally, fixed-size chunks) by moving bytes, never re-tokenizing. The permutations are
-datatrove's: ``numpy.random.default_rng(seed)``, one generator per rank, the document permutation drawn
-first and the chunk permutation second, so the same seed gives the same bytes.
+Pass 1 (``first_pass``) gives each input file's documents, in input order, as a segment in the local working
+folder, encoded or taken from the tokenization cache. Pass 2 permutes the rank's documents, its segments' end to
+end (then, optionally, fixed-size chunks), by moving bytes, never re-tokenizing. The permutations are datatrove's:
+``numpy.random.default_rng(seed)``, one generator per rank, the document permutation drawn first and the chunk
+permutation second, so the same seed gives the same bytes, whatever the cache held.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from contextlib import closing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,25 +22,25 @@ from tokenization.formats import DS, MEGATRON, buckets, names
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
 from tokenization.formats.names import RankFileKind
-from tokenization.formats.permute import SourcePool, fixed_units, permute_units
+from tokenization.formats.permute import SourcePool, Units, fixed_units, move_units, permute_units
 from tokenization.io.errors import UsageError
 from tokenization.io.locations import check_disjoint
 from tokenization.io.options import Options, option
 from tokenization.io.progress import ProgressMode
-from tokenization.io.storage import list_names, with_storage_options, writing
+from tokenization.io.storage import file_sha256, join, list_names, with_storage_options
 from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
+from tokenization.publish.cache import Cache, chosen_location
 from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import FileSum, InputFile, OutputEntry, RankManifest
-from tokenization.publish.runs import PlanConflict
-from tokenization.text.documents import Counts, DocumentOptions, RejectTally, TooManyRejects, encoded_batches
+from tokenization.publish.records import FileSum, InputFile, OutputEntry, RankCache, RankManifest, TokenizerFacts
+from tokenization.publish.runs import RUN_CLAIM, PlanConflict
+from tokenization.stages.first_pass import CacheOwner, FirstPass, Segment, quarantined, total
+from tokenization.text.documents import Counts, DocumentOptions, TooManyRejects
 from tokenization.text.encoding import Encoder
 from tokenization.text.rendering import Renderer
-from tokenization.text.sources import DocumentReader, check_unchanged, list_input_files, shard
+from tokenization.text.sources import check_unchanged, list_input_files, shard
 
 log = logging.getLogger(__name__)
-
-QUARANTINE = "quarantine.jsonl"  # in the attempt's working folder, published as _quarantine/{stem}.jsonl
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +110,11 @@ class TokenizeConfig(DocumentOptions, RankOptions):
     local_working_dir: str | None = option(
         None, help="local folder for the unshuffled pass (default: beside a local output, else the system's temp)"
     )
+    cache: str | None = option(
+        None,
+        help="tokenization cache: a folder or fsspec URL where each input file's tokens are kept, so that a file "
+        "tokenized before (the same bytes, tokenizer and settings) is not tokenized again; off: none (the default)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -141,6 +146,10 @@ class TokenizeConfig(DocumentOptions, RankOptions):
     def writer_class(self) -> type:
         return MegatronWriter if self.output_format == "megatron" else TokenFileWriter
 
+    @property
+    def cache_location(self) -> str | None:
+        return chosen_location(self.cache, None)
+
 
 @dataclass(frozen=True)
 class RankShare:
@@ -151,6 +160,8 @@ class RankShare:
     plan: str
     tokenizer_sha256: str
     rendering_sha256: str | None
+    run_dir: str  # the build's folder: the cache keeps the entries it uses while its _RUN.json is there
+    tokenizer: TokenizerFacts | None = None  # what loading the tokenizer told the plan (None: a plan made before)
 
     def check(self, encoder: Encoder, renderer: Renderer | None) -> None:
         """Refuse to encode with a tokenizer or chat template that is no longer the planned one."""
@@ -174,23 +185,47 @@ def tokenize_rank(
     ``config.inputs``. Re-running a rank replaces its output completely; a second attempt at the same rank while
     one runs is refused (``owner`` names this attempt's caller in that message)."""
     started = time.time()
-    encoder = config.encoder()  # fails before any data is read
+    encoder = config.encoder(share and share.tokenizer)  # fails before any data is read
     renderer = config.renderer(encoder)  # so does a chat template that cannot be read
+    location = config.cache_location
     if share is None:
         check_disjoint(config.inputs, config.output)
+        if location:
+            check_disjoint(config.inputs, location, "cache")
         listing = list_input_files(config.inputs)
         files, skipped = shard(listing.files, config.rank, config.world_size), listing.skipped
+        user, keeps = config.output, join(config.output, manifest.manifest_name(config.stem))
     else:
         share.check(encoder, renderer)
         files, skipped = share.files, []
+        user, keeps = share.run_dir, join(share.run_dir, RUN_CLAIM)
     check_unchanged(files)  # fails before any work on a file that is not what was listed
     log.info(
         "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
     )
     with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
-        counts, written = _encode_and_shuffle(config, encoder, renderer, files, attempt, progress)
+        first = FirstPass(
+            config,
+            save_loss=config.save_loss,
+            encoder=encoder,
+            renderer=renderer,
+            attempt=attempt,
+            where=f"rank {config.rank}",
+            cache=location and CacheOwner(Cache(location), user, keeps, config.stem),
+        )
+        try:  # rejected records are published even when they fail the rank: they are what a user must look at
+            segments = first.run(files, progress)
+        except TooManyRejects:
+            attempt.place(quarantined(attempt.work), manifest.quarantine_name(config.stem))
+            raise
+        counts = total(segments)
+        log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
+        written = _second_pass(config, encoder, segments, counts, attempt.work)
+        log.info("rank %d: pass 2 done, %d files, %s", config.rank, len(written), config.kind)
+        counts.tokens_written = sum(w.tokens for w in written)
         check_unchanged(files)  # nor one that changed while it was read
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
+        encoded = total([s for s in segments if s.encoded])  # the rates are of encoding: the cache's hits aside
         record = RankManifest(
             stage="tokenize",
             **manifest.provenance(config, seconds),
@@ -205,40 +240,12 @@ def tokenize_rank(
             input_bytes=sum(f.size for f in files),
             counts=counts.record(),
             outputs=_outputs(config, counts, written),
-            throughput=manifest.throughput(seconds, encoder.load_seconds, counts.text_bytes, counts.tokens),
+            throughput=manifest.throughput(seconds, encoder.load_seconds, encoded.text_bytes, encoded.tokens),
+            cache=location and RankCache(location=location, files=[s.cached for s in segments]),
         )
-        record = _publish(config, attempt, written, record)
+        record = _publish(config, attempt, written, record, quarantined(attempt.work))
     log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
     return StageResult(counts, record)
-
-
-def _encode_and_shuffle(
-    config: TokenizeConfig,
-    encoder: Encoder,
-    renderer: Renderer | None,
-    files: list,
-    attempt: Attempt,
-    progress: ProgressMode,
-) -> tuple[Counts, list[WrittenTokenFile]]:
-    """Both passes in the attempt's working folder; rejected records are published even when they fail the rank,
-    as they are what the user needs to look at."""
-    try:
-        reader = DocumentReader(
-            files, config.text_key, config.id_key, renderer=renderer, max_record_bytes=config.max_record_bytes
-        )
-        counts, written = encoder.exactly(lambda: _encode_pass(config, encoder, reader, attempt, progress))
-    except TooManyRejects:
-        attempt.place(attempt.work / QUARANTINE, manifest.quarantine_name(config.stem))
-        raise
-    log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
-    if config.num_buckets and written:
-        written = _scatter(config, encoder, written[0].path, attempt.work)
-        log.info("rank %d: pass 2 done, %d files in %d buckets", config.rank, len(written), config.num_buckets)
-    elif (config.shuffle_documents or config.shuffle_chunk_size) and written:
-        written = _shuffle(config, encoder, written[0].path, counts, attempt.work)
-        log.info("rank %d: pass 2 done, %s", config.rank, config.kind)
-    counts.tokens_written = sum(w.tokens for w in written)
-    return counts, written
 
 
 def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenFile]) -> list[OutputEntry]:
@@ -252,113 +259,107 @@ def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenF
     ]
 
 
-def _encode_pass(
-    config: TokenizeConfig, encoder: Encoder, reader: DocumentReader, attempt: Attempt, progress: ProgressMode
-) -> tuple[Counts, list[WrittenTokenFile]]:
-    """Pass 1: encode the rank's documents in input order into the attempt's working folder, rejects to
-    quarantine; an attempt whose lease is found lost stops at the next batch (its successor does the work)."""
-    counts = Counts()
-    work = attempt.work
-    direct = not (config.shuffle_documents or config.shuffle_chunk_size or config.num_buckets)
+def _second_pass(
+    config: TokenizeConfig, encoder: Encoder, segments: list[Segment], counts: Counts, work: Path
+) -> list[WrittenTokenFile]:
+    """Pass 2: the rank's documents, its segments' end to end, into its files: scattered into buckets, or in the
+    document permutation (or input order), then, with chunks, in the chunk permutation; each a byte move."""
+    paths = [str(s.path) for s in segments]
+    documents = Units.documents(paths, encoder.token_size)
+    if not len(documents.ends):
+        return []
+    rng = np.random.default_rng(config.seed)
+    with SourcePool(paths, encoder.token_size, config.save_loss) as pool:
+        if config.num_buckets:
+            return _scatter(config, encoder, pool, documents, work)
+        if config.shuffle_documents:
+            documents = documents.take(rng.permutation(len(documents.ends)))
+        if not config.shuffle_chunk_size:
+            return _write(config, encoder, pool, documents, work, config.output_name, last=True)
+        kind = RankFileKind.DOC_SHUFFLED if config.shuffle_documents else RankFileKind.UNSHUFFLED
+        (whole,) = _write(config, encoder, pool, documents, work, lambda _: names.working_file_name(kind), last=False)
+    return _chunk_shuffle(config, encoder, whole.path, rng, counts, work)
+
+
+def _write(
+    config: TokenizeConfig,
+    encoder: Encoder,
+    pool: SourcePool,
+    units: Units,
+    work: Path,
+    name_for: Callable[[int], str],
+    *,
+    last: bool,
+) -> list[WrittenTokenFile]:
+    """These units in this order into files named ``name_for(sub)``: the rank's own files (``last``: split at
+    ``max_tokens_per_file``, in its format) or one working file for the pass after."""
     writer = SplitWriter(
         work,
-        config.output_name if direct else (lambda _: names.working_file_name(RankFileKind.UNSHUFFLED)),
+        name_for,
         tokenizer=config.tokenizer,
         token_size=encoder.token_size,
         save_loss=config.save_loss,
-        max_tokens=config.max_tokens_per_file if direct else None,
-        writer_class=config.writer_class if direct else TokenFileWriter,
+        max_tokens=config.max_tokens_per_file if last else None,
+        writer_class=config.writer_class if last else TokenFileWriter,
     )
-    where = f"rank {config.rank}"
-    quarantine = work / QUARANTINE
-    # the writer's threads stop at the block's end on errors too: no buffered byte of a failed attempt may reach a
-    # file that a retry reopens
-    with writing(quarantine), open(quarantine, "wb") as bad, writer:
-        tally = RejectTally(counts, where, config.source, config.max_rejects, config.max_reject_fraction, sink=bad)
-        batches = encoded_batches(
-            reader,
-            encoder=encoder,
-            counts=counts,
-            options=config,
-            reject=tally,
-            desc=where,
-            save_loss=config.save_loss,
-            progress=progress,
-        )
-        with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
-            for batch in batches:
-                attempt.lease.check()  # no request: the heartbeat found it
-                ends = np.cumsum(batch.encoded.lengths)
-                writer.write(batch.encoded.tokens, ends, ends, batch.encoded.loss)
-    tally.check()
-    return counts, writer.written
+    with writer:
+        move_units(pool, *units, writer)
+    return writer.written
 
 
-def _shuffle(
-    config: TokenizeConfig, encoder: Encoder, unshuffled: Path, counts: Counts, work: Path
+def _chunk_shuffle(
+    config: TokenizeConfig, encoder: Encoder, source: Path, rng: np.random.Generator, counts: Counts, work: Path
 ) -> list[WrittenTokenFile]:
-    """Pass 2: the document permutation, then the chunk permutation, each a byte move through the engine."""
-    rng = np.random.default_rng(config.seed)
-    options = {"tokenizer": config.tokenizer, "token_size": encoder.token_size, "save_loss": config.save_loss}
-    source = unshuffled
-    if config.shuffle_documents:
-        ends = np.asarray(TokenFile(str(source), encoder.token_size).ends, dtype=np.int64)
-        order = rng.permutation(len(ends))
-        last = not config.shuffle_chunk_size
-        writer = SplitWriter(
-            work,
-            config.output_name if last else (lambda _: names.working_file_name(RankFileKind.DOC_SHUFFLED)),
-            max_tokens=config.max_tokens_per_file if last else None,
-            writer_class=config.writer_class if last else TokenFileWriter,
-            **options,
-        )
-        with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool, writer:
-            permute_units(pool, ends, order, writer)
-        if last:
-            return writer.written
-        source = writer.written[0].path
+    """The chunk permutation of the documents as ordered in ``source``; the partial last chunk kept last, or
+    dropped and counted."""
     doc_ends = np.asarray(TokenFile(str(source), encoder.token_size).ends, dtype=np.int64)
-    total = int(doc_ends[-1])
-    chunk_ends, full = fixed_units(total, config.shuffle_chunk_size)
+    total_tokens = int(doc_ends[-1])
+    chunk_ends, full = fixed_units(total_tokens, config.shuffle_chunk_size)
     order = rng.permutation(full)
-    tail = total - full * config.shuffle_chunk_size
+    tail = total_tokens - full * config.shuffle_chunk_size
     if tail and config.drop_last_chunk:
         counts.tokens_dropped += tail
     elif tail:
         order = np.append(order, full)
         counts.partial_chunk_tokens = tail
     writer = SplitWriter(
-        work, config.output_name, max_tokens=config.max_tokens_per_file, writer_class=config.writer_class, **options
+        work,
+        config.output_name,
+        tokenizer=config.tokenizer,
+        token_size=encoder.token_size,
+        save_loss=config.save_loss,
+        max_tokens=config.max_tokens_per_file,
+        writer_class=config.writer_class,
     )
     with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool, writer:
         permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
     return writer.written
 
 
-def _scatter(config: TokenizeConfig, encoder: Encoder, unshuffled: Path, work: Path) -> list[WrittenTokenFile]:
+def _scatter(
+    config: TokenizeConfig, encoder: Encoder, pool: SourcePool, documents: Units, work: Path
+) -> list[WrittenTokenFile]:
     """Pass 2 of a bucketed shuffle: each document to the bucket drawn for it, in input order within a bucket (the
     bucket's merge orders them); buckets that drew no document get no file."""
-    ends = np.asarray(TokenFile(str(unshuffled), encoder.token_size).ends, dtype=np.int64)
-    drawn = buckets.assign(config.seed, config.rank, len(ends), config.num_buckets)
+    drawn = buckets.assign(config.seed, config.rank, len(documents.ends), config.num_buckets)
     order, bounds = buckets.by_bucket(drawn, config.num_buckets)
     written = []
-    with SourcePool([str(unshuffled)], encoder.token_size, config.save_loss) as pool:
-        for bucket in np.flatnonzero(np.diff(bounds)).tolist():
-            with SplitWriter(
-                work,
-                lambda sub, bucket=bucket: config.bucket_name(bucket, sub),
-                tokenizer=config.tokenizer,
-                token_size=encoder.token_size,
-                save_loss=config.save_loss,
-                max_tokens=config.max_tokens_per_file,
-            ) as writer:
-                permute_units(pool, ends, order[bounds[bucket] : bounds[bucket + 1]], writer)
-            written += writer.written
+    for bucket in np.flatnonzero(np.diff(bounds)).tolist():
+        with SplitWriter(
+            work,
+            lambda sub, bucket=bucket: config.bucket_name(bucket, sub),
+            tokenizer=config.tokenizer,
+            token_size=encoder.token_size,
+            save_loss=config.save_loss,
+            max_tokens=config.max_tokens_per_file,
+        ) as writer:
+            move_units(pool, *documents.take(order[bounds[bucket] : bounds[bucket + 1]]), writer)
+        written += writer.written
     return written
 
 
 def _publish(
-    config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: RankManifest
+    config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: RankManifest, quarantine: Path
 ) -> RankManifest:
     """Replace the rank's previous output with the new files and its quarantine, then commit the manifest (as
     written, with the attempt)."""
@@ -369,11 +370,9 @@ def _publish(
             attempt.remove(name)
     attempt.place_families(written)
     files = record.output_files()
-    quarantine, bad = attempt.work / QUARANTINE, manifest.quarantine_name(config.stem)
+    bad = manifest.quarantine_name(config.stem)
     if quarantine.stat().st_size:
-        files[bad] = FileSum(
-            bytes=quarantine.stat().st_size, sha256=hashlib.sha256(quarantine.read_bytes()).hexdigest()
-        )
+        files[bad] = FileSum(bytes=quarantine.stat().st_size, sha256=file_sha256(quarantine))
         attempt.place(quarantine, bad)
     else:
         attempt.remove(bad)

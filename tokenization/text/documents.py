@@ -6,15 +6,16 @@ rejected (handed to the caller's ``reject``); blank lines are counted apart.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from queue import Full, Queue
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import orjson
@@ -23,7 +24,7 @@ from tokenization.io.errors import TokenizationError, UsageError
 from tokenization.io.options import Options, option
 from tokenization.io.progress import Progress, ProgressMode
 from tokenization.io.storage import open_fs
-from tokenization.publish.records import HistogramRow, RankCounts, Rejected
+from tokenization.publish.records import HistogramRow, RankCounts, Rejected, TokenizerFacts
 from tokenization.text import rendering
 from tokenization.text.cutting import NO_EXACT_CUT, NoExactCut
 from tokenization.text.encoding import Encoded, Encoder, Prepared
@@ -210,8 +211,9 @@ class DocumentOptions(Options):
             return f"messages key {self.messages_key!r}"
         return f"text key {self.text_key!r}"
 
-    def encoder(self) -> Encoder:
-        """The encoder these options describe; loading it checks the tokenizer and the EOS before any data."""
+    def encoder(self, known: TokenizerFacts | None = None) -> Encoder:
+        """The encoder these options describe; loading it checks the tokenizer and the EOS before any data (or, with
+        what a build's plan ``known`` of them, that the tokenizer is that plan's)."""
         return Encoder(
             self.tokenizer,
             eos_token=self.eos_token,
@@ -219,6 +221,7 @@ class DocumentOptions(Options):
             engine=self.engine,
             threads=self.threads,
             no_eos=self.no_eos,
+            known=known,
         )
 
 
@@ -240,6 +243,30 @@ class Counts:
     longest: int = 0  # tokens in the longest document
     special_token_literals: Counter = field(default_factory=Counter)
     length_buckets: np.ndarray = field(default_factory=lambda: np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64))
+
+    @classmethod
+    def of(cls, record: RankCounts) -> Counts:
+        """The counts a record holds (a cached file's), to add up with others."""
+        buckets = np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64)
+        for row in record.length_histogram:
+            buckets[row.min_tokens.bit_length() - 1] = row.docs
+        kept = {f.name for f in fields(cls)} - {"rejected", "special_token_literals", "length_buckets", "loss_tokens"}
+        return cls(
+            **{name: getattr(record, name) for name in kept},
+            loss_tokens=record.loss_tokens or 0,
+            rejected=Counter(record.rejected),
+            special_token_literals=Counter(record.special_token_literals),
+            length_buckets=buckets,
+        )
+
+    def add(self, other: Counts) -> None:
+        """Add another file's counts to these: a rank's are the sum of its files'."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, Counter):
+                mine.update(theirs)
+            else:
+                setattr(self, f.name, max(mine, theirs) if f.name == "longest" else mine + theirs)
 
     def add_lengths(self, lengths: np.ndarray) -> None:
         """Count documents of these token lengths in power-of-two buckets: [1, 2), [2, 4), ..."""
@@ -276,29 +303,29 @@ def histogram_rows(buckets: np.ndarray) -> list[HistogramRow]:
 
 
 class RejectTally:
-    """The ``reject`` callback of a pass: writes each rejected record to ``sink``, fails the pass as soon as
-    ``max_rejects`` is passed, and, once every record is read, fails it if the reject fraction is too high or if
-    records were read but none written (a wrong text key rejects them all; such a rank must never look complete).
-    """
+    """Counts rejected records by reason, failing the pass as soon as there are more than ``max_rejects``; once
+    every record is read, ``check`` fails it if the reject fraction is too high or if records were read but none
+    written (a wrong text key rejects them all; such a rank must never look complete). ``before``: the tally of
+    the files read before this one, whose rejects count towards the limit too."""
 
     def __init__(
         self,
-        counts: Counts,
         where: str,
         source: str,
         max_rejects: int | None = DEFAULT_MAX_REJECTS,
         max_fraction: float | None = DEFAULT_MAX_REJECT_FRACTION,
-        sink: BinaryIO | None = None,
+        before: RejectTally | None = None,
     ):
-        self.counts, self.where, self.source, self.sink = counts, where, source, sink
+        self.where, self.source = where, source
         self.max_rejects, self.max_fraction = max_rejects, max_fraction
+        self.before = before
+        self.reasons: Counter = Counter()
         self.first: dict[str, Rejected] = {}
 
     def __call__(self, item: Rejected) -> None:
-        if self.sink is not None:
-            self.sink.write(orjson.dumps(item.to_json()) + b"\n")
+        self.reasons[item.reason] += 1
         self.first.setdefault(item.reason, item)
-        rejected = sum(self.counts.rejected.values())
+        rejected = self.total
         if self.max_rejects is not None and rejected > self.max_rejects:
             raise TooManyRejects(
                 f"{self.where}: {rejected} rejected records exceed max_rejects={self.max_rejects}; "
@@ -306,10 +333,23 @@ class RejectTally:
                 f"{self.source}{self._keys_hint()}"
             )
 
-    def check(self) -> None:
-        """The limits that need the whole pass: some document written, and the reject fraction."""
-        c = self.counts
-        rejected = sum(c.rejected.values())
+    @property
+    def total(self) -> int:
+        return sum(self.reasons.values()) + (self.before.total if self.before else 0)
+
+    def next_file(self) -> RejectTally:
+        """The tally of the next file: its rejects are added to these by ``add`` once the file is done."""
+        return RejectTally(self.where, self.source, self.max_rejects, self.max_fraction, before=self)
+
+    def add(self, other: RejectTally) -> None:
+        self.reasons.update(other.reasons)
+        for reason, item in other.first.items():
+            self.first.setdefault(reason, item)
+
+    def check(self, counts: Counts) -> None:
+        """The limits that need the whole pass (``counts``): some document written, and the reject fraction."""
+        c = counts
+        rejected = self.total
         if c.docs_read and not c.docs_written:
             what = f"{rejected} rejected ({self._reasons()})" if rejected else f"all {c.empty} were empty"
             raise TooManyRejects(
@@ -321,14 +361,22 @@ class RejectTally:
                 f"max_reject_fraction={self.max_fraction}: {self._reasons()}{self._keys_hint()}"
             )
 
+    def _all(self) -> tuple[Counter, dict[str, Rejected]]:
+        """The reasons and first examples of this file and of those before it."""
+        if self.before is None:
+            return self.reasons, self.first
+        reasons, first = self.before._all()
+        return reasons + self.reasons, self.first | first  # the earliest example of a reason first
+
     def _reasons(self) -> str:
-        top = self.counts.rejected.most_common(TOP_REASONS)
-        first = self.first[top[0][0]]
-        return f"{', '.join(f'{reason} {n}' for reason, n in top)}; first: {first.file} line {first.line}"
+        reasons, first = self._all()
+        top = reasons.most_common(TOP_REASONS)
+        example = first[top[0][0]]
+        return f"{', '.join(f'{reason} {n}' for reason, n in top)}; first: {example.file} line {example.line}"
 
     def _keys_hint(self) -> str:
         """The fields a record had when a field was missing: usually the one the user meant is among them."""
-        missing = next((item for reason, item in self.first.items() if reason.startswith("missing_")), None)
+        missing = next((item for reason, item in self._all()[1].items() if reason.startswith("missing_")), None)
         if missing is None:
             return ""
         try:
@@ -363,15 +411,22 @@ def encoded_batches(
     reject: Callable[[Rejected], None],
     desc: str,
     save_loss: bool = False,
-    progress: ProgressMode = None,
+    progress: ProgressMode | Progress = None,
 ) -> Iterator[Batch]:
     """Encode the reader's documents in batches bounded by ``options.batch_size`` documents and
     ``options.batch_bytes`` bytes of text, with loss bytes when ``save_loss``.
 
     Three things overlap: a thread reads, decompresses and parses the input; another encodes one batch (the engine
     releases the GIL) while the caller writes the previous one and prepares the next (``Encoder.prepare``).
-    Progress: see ``tokenization.io.progress``."""
-    shown = Progress(desc, reader.total_bytes, "B", progress)
+    Progress: see ``tokenization.io.progress``; a ``Progress`` given is advanced (a rank's, over all its files),
+    not closed."""
+    shown = progress if isinstance(progress, Progress) else Progress(desc, reader.total_bytes, "B", progress)
+    shown_bytes = 0  # of the reader's, shown so far
+
+    def show(done_bytes: int, docs: int, tokens: int) -> None:
+        nonlocal shown_bytes
+        shown.advance(done_bytes - shown_bytes, docs=docs, tokens=tokens)
+        shown_bytes = done_bytes
 
     def prepared(records: list[Record]) -> tuple[list[Record], Prepared]:
         """The batch's records and their texts ready for the engine. A document that cannot be cut into bounded
@@ -401,10 +456,11 @@ def encoded_batches(
             counts.loss_tokens += int(np.count_nonzero(batch.encoded.loss))
         counts.add_lengths(batch.encoded.lengths)
         counts.special_token_literals.update(batch.encoded.special_literals)
-        shown.update(ahead.mark, docs=counts.docs_written, tokens=counts.tokens)
+        show(ahead.mark, len(batch.encoded.lengths), len(batch.encoded.tokens))
         return batch
 
-    with shown, ThreadPoolExecutor(1, thread_name_prefix="encode") as encoding:
+    owned = contextlib.nullcontext() if shown is progress else shown
+    with owned, ThreadPoolExecutor(1, thread_name_prefix="encode") as encoding:
         pending: Future | None = None
         ahead = ReadAhead(reader, _text_length, chunk=READ_AHEAD_CHARS, where=lambda: reader.bytes_read)
         for records in _record_batches(ahead, counts, options, reject):
@@ -414,8 +470,8 @@ def encoded_batches(
             pending = submitted
         if pending is not None:
             yield done(pending.result())
-        counts.blank_lines = reader.blank_lines
-        shown.update(reader.total_bytes, docs=counts.docs_written, tokens=counts.tokens)
+        counts.blank_lines += reader.blank_lines
+        show(reader.total_bytes, 0, 0)
 
 
 def _record_batches(

@@ -16,21 +16,24 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple, TypeVar
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from tokenization.formats.ds import token_dtype
-from tokenization.publish.records import TokenizerInfo
+from tokenization.publish.records import TokenizerFacts, TokenizerInfo
 from tokenization.text.cutting import Cutter, Piece, Ranges
 from tokenization.text.encoding_policy import SPECIAL_TEXT_POLICIES, EncodingPolicy, SpecialLiterals, SpecialTextPolicy
-from tokenization.text.engines import ENGINES, EngineChoice, EngineMismatch, Group, HFEngine, chosen_engine
+from tokenization.text.engines import ENGINES, Engine, EngineChoice, EngineMismatch, Group, HFEngine, chosen_engine
 from tokenization.text.loss_masks import held_out, special_held_out
 from tokenization.text.tokenizer_files import TokenizerError, TokenizerFile
 
 log = logging.getLogger(__name__)
 
+NO_ENGINE = "none"  # the engine a stage names when it encoded no text
+NO_ENGINE_NOTE = "no text was encoded: it all came from the tokenization cache, or there was none"
 GROUP_CHARS = 1 << 18  # characters of pieces HF encodes at once, two pieces on two threads: 25-115 MB of Encodings
 T = TypeVar("T")
 
@@ -97,7 +100,10 @@ class Encoder:
         engine: EngineChoice = "auto",
         threads: int | None = None,
         no_eos: bool = False,
+        known: TokenizerFacts | None = None,
     ):
+        """``known``: what loading this tokenizer with these settings told a build's plan (``facts``). When the
+        file has those very bytes, HF's tokenizer is loaded only when a text is first encoded or cut."""
         if special_text not in SPECIAL_TEXT_POLICIES:
             raise TokenizerError(f"special-token policy must be one of {SPECIAL_TEXT_POLICIES}, got {special_text!r}")
         if engine not in ENGINES:
@@ -107,25 +113,79 @@ class Encoder:
         if no_eos and eos_token is not None:
             raise TokenizerError(f"an EOS token ({eos_token!r}) and no EOS were both asked for: choose one")
         started = time.perf_counter()
-        self.file = TokenizerFile.load(name_or_path)
-        self.policy = EncodingPolicy.choose(self.file, eos_token=eos_token, no_eos=no_eos, special_text=special_text)
-        self.policy.apply_to(self.file.tokenizer)
-        self.cutter = Cutter(self.file.tokenizer, name_or_path)
+        self.file = TokenizerFile.load(name_or_path, known)
+        if known is not None and known.sha256 == self.file.sha256:
+            self.policy = EncodingPolicy.known(known, special_text)
+        else:
+            self.policy = EncodingPolicy.choose(
+                self.file, eos_token=eos_token, no_eos=no_eos, special_text=special_text
+            )
         self.literals = SpecialLiterals.of(self.file.special_tokens)
-        self.engine, self.engine_note = chosen_engine(engine, self.file, threads or available_threads())
+        self._choice, self._threads = engine, threads or available_threads()
+        self._expected: int | None = None  # input bytes to encode, when the caller knows (``expect``)
+        self._engine: Engine | None = None
+        self.engine_note: str | None = None
         self.checked_docs = 0  # pieces HF encoded again to check the engine, in the batches taken so far
         self._docs_prepared = 0  # the run's documents and pieces prepared so far: where the next batch starts
         self._pieces_prepared = 0
         self.load_seconds = round(time.perf_counter() - started, 3)  # reported apart from the work's rates
 
+    @property
+    def engine(self) -> Engine:
+        """The engine, made when the first batch is prepared (on the caller's thread): a rank that takes every file
+        from the tokenization cache never builds it (the fast engine's tables take a second or more). Its building
+        counts as loading."""
+        return self._made_engine()
+
+    def _made_engine(self) -> Engine:
+        if self._engine is None:
+            hf = HFEngine(self.tokenizer)
+            started = time.perf_counter()
+            self._engine, self.engine_note = chosen_engine(self._choice, hf, self.file, self._threads, self._expected)
+            self._loaded(started)
+        return self._engine
+
+    def expect(self, input_bytes: int) -> None:
+        """Say how many bytes of input this encoder will encode, before it encodes any: under "auto", too few to be
+        worth building the fast engine are encoded by HF (``engines.FAST_ENGINE_MIN_BYTES``)."""
+        self._expected = input_bytes
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """HF's tokenizer, following the policy (its post-processor appends the EOS, its special-token text reads as
+        the policy says), loaded when first used; loading counts as loading."""
+        started = time.perf_counter()
+        tokenizer = self.file.tokenizer
+        self.policy.apply_to(tokenizer)
+        self._loaded(started)
+        return tokenizer
+
+    @cached_property
+    def cutter(self) -> Cutter:
+        return Cutter(self.tokenizer, self.name)
+
+    def _loaded(self, started: float) -> None:
+        """Count what a lazy load took since ``started`` as loading, which the rates leave out."""
+        self.load_seconds = round(self.load_seconds + time.perf_counter() - started, 3)
+
+    def facts(self) -> TokenizerFacts:
+        """What loading the tokenizer told, with this run's EOS settings: a build's plan hands it to its ranks."""
+        p = self.policy
+        return TokenizerFacts(
+            sha256=self.sha256,
+            vocab_size=self.vocab_size,
+            special_tokens=self.special_tokens,
+            eos_token=p.eos_token,
+            eos_id=p.eos_id,
+            eos_source=p.eos_source,
+            bos_ids=p.bos_ids,
+            tail_ids=p.tail_ids,
+        )
+
     # What other modules read of the tokenizer and the policy.
     @property
     def name(self) -> str:
         return self.file.name
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.file.tokenizer
 
     @property
     def sha256(self) -> str:
@@ -166,22 +226,22 @@ class Encoder:
     def fall_back(self, reason: str) -> None:
         """Encode with HF from now on, and say why in the log and the manifest."""
         log.warning("%s: falling back to HF tokenizers: %s", self.name, reason)
-        self.engine, self.engine_note = HFEngine(self.tokenizer), f"fell back: {reason}"
+        self._engine, self.engine_note = HFEngine(self.tokenizer), f"fell back: {reason}"
 
     def describe(self) -> TokenizerInfo:
         """The manifest's record of the tokenizer, the policy applied to it, and how it was encoded."""
         return TokenizerInfo(
             **self.file.describe(),
             **self.policy.describe(),
-            engine=self.engine.name,
-            engine_note=self.engine_note,
+            engine=self._engine.name if self._engine else NO_ENGINE,
+            engine_note=self.engine_note if self._engine else NO_ENGINE_NOTE,
             self_checked_docs=self.checked_docs,
             load_seconds=self.load_seconds,
         )
 
     def special_split_problem(self) -> str | None:
         """Why a chat template's special tokens cannot be encoded apart from the text around them, or None."""
-        return self.policy.special_split_problem(self.file)
+        return self.policy.special_split_problem(self.file, self.tokenizer)
 
     def encode(self, texts: list[str], no_loss: list[Ranges | None] | None = None) -> Encoded:
         """Encode a batch. With ``no_loss`` (one entry per text) loss bytes are computed: 0 for every token that
@@ -195,6 +255,7 @@ class Encoder:
         holds the GIL, so a pipeline runs it on another thread while the engine encodes the batch before.
         ``specials`` (one entry per text): the spans of special-token text that a chat template wrote, each
         encoded as its token whatever the policy, and not counted as special-token text of the documents."""
+        self._made_engine()  # here, on the caller's thread, before a batch is encoded
         literals: Counter = Counter()
         literal_docs: set[int] = set()
         pieces: list[Piece] = []

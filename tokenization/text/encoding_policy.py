@@ -16,6 +16,7 @@ from typing import Literal
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
+from tokenization.publish.records import TokenizerFacts
 from tokenization.text.cutting import Ranges, gaps
 from tokenization.text.tokenizer_files import TokenizerFile
 
@@ -46,6 +47,11 @@ class EncodingPolicy:
         tail_ids = appended if eos_id is None else [eos_id]
         return cls(eos_token, eos_id, eos_source, bos_ids, special_text, tail_ids)
 
+    @classmethod
+    def known(cls, facts: TokenizerFacts, special_text: SpecialTextPolicy) -> EncodingPolicy:
+        """The policy that loading the tokenizer gave a build's plan (``Encoder.facts``)."""
+        return cls(facts.eos_token, facts.eos_id, facts.eos_source, facts.bos_ids, special_text, facts.tail_ids)
+
     def describe(self) -> dict:
         """The manifest's record of the policy: its fields but ``tail_ids``, which the EOS and the tokenizer say."""
         described = asdict(self)
@@ -63,13 +69,13 @@ class EncodingPolicy:
             )
         tokenizer.encode_special_tokens = self.special_text == "text"
 
-    def special_split_problem(self, file: TokenizerFile) -> str | None:
+    def special_split_problem(self, file: TokenizerFile, tokenizer: Tokenizer) -> str | None:
         """Why a chat template's special tokens cannot be encoded apart from the text around them with exactly the
         ids HF gives the whole text when it recognizes them, or None: a pre-tokenizer that prepends "▁" only at the
-        start of a text, or a token that strips the spaces beside it, would make them differ."""
+        start of a text, or a token that strips the spaces beside it, would make them differ. ``tokenizer``: the
+        file's, with this policy applied."""
         if self.special_text != "text" or not file.special_tokens:
             return None
-        tokenizer = file.tokenizer
         around = ("Hi ", " there", "\n\nok  ")
         wholes = [token.join(around) for token in file.special_tokens]
         tokenizer.encode_special_tokens = False  # as HF reads the text of a chat template

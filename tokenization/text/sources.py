@@ -19,7 +19,7 @@ from isal import igzip, isal_zlib
 
 from tokenization.io.errors import StorageError, TokenizationError, reaching
 from tokenization.io.locations import GLOB_CHARS, glob_folder
-from tokenization.io.storage import is_local, open_fs
+from tokenization.io.storage import file_sha256, is_local, open_fs
 from tokenization.publish.records import InputFile, Rejected
 from tokenization.text.rendering import MISSING, Renderer, get_field, no_loss_ranges, text_field
 
@@ -206,6 +206,24 @@ def identity(fs, path: str, info: dict) -> str:
         return f"etag={str(etag).strip(chr(34))}"
     modified = info.get("LastModified") or info.get("mtime") or info.get("updated")
     return f"modified={modified}" if modified else ""
+
+
+def content_identity(file: InputFile) -> str:
+    """What tells this file's bytes from any other's, for the tokenization cache. On an object store, the ETag its
+    listing gave, with its size: S3's ETag is the MD5 of the bytes (of the parts' MD5s, for a multipart upload), so
+    other bytes give another one, whatever the size and the time; a store's version number changes with every
+    write. Elsewhere (a local file), the sha256 of its bytes: an mtime can be set back and a rewrite in place keeps
+    the size, so nothing cheaper tells."""
+    if file.identity.startswith("etag="):
+        return f"{file.identity},bytes={file.size}"
+    fs, path = open_fs(file.url)
+    try:
+        with reaching(file.url):
+            return f"sha256={file_sha256(path, fs)}"
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"{file.url}: could not be read to identify its content; {exc}") from exc
 
 
 def check_unchanged(files: Sequence[InputFile]) -> None:

@@ -1,0 +1,424 @@
+"""The tokenization cache: a nightly build tokenizes only the input files that changed, and its bytes equal a build
+with an empty cache or none, in every mode; entries are written atomically, checked before use, and cleaned."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EOS, sample_records, shared_path, write_jsonl
+from tests.test_cli import cli
+from tests.test_s3 import s3  # noqa: F401 - the fixture
+from tests.test_tokenize import file_bytes, run
+from tokenization.builds.complete import Published
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
+from tokenization.publish.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
+from tokenization.publish.records import RankManifest
+from tokenization.text.documents import TooManyRejects
+
+FILES = 24  # the sample's records dealt into this many input files
+
+
+def corpus(folder: Path, files: int = FILES) -> Path:
+    """The bundled sample's records in ``files`` plain JSON-lines files, a few with records to quarantine."""
+    records = sample_records()
+    for k in range(files):
+        part = records[k::files]
+        if k % 7 == 3:
+            part = [*part[:2], "{not json", {"id": f"bad-{k}", "txt": "no text field"}, *part[2:]]
+        write_jsonl(folder / f"part-{k:03d}.jsonl", part)
+    return folder
+
+
+def build(
+    corpus: Path, output: Path, build_id: str, tokenizer: Path, keep: int | None = None, **options
+) -> tuple[dict, dict[str, bytes]]:
+    """A whole build on this machine (two processes at a time): its build record and its dataset's bytes."""
+    settings = {
+        "eos_token": EOS,
+        "num_ranks": 3,
+        "seed": 11,
+        "save_loss": True,
+        "merge_max_tokens_per_file": 30_000,
+        "context_window": 1025,
+        "num_context_shards": 2,
+        "max_reject_fraction": None,
+    }
+    config = BuildConfig(input=str(corpus), output=str(output), tokenizer=str(tokenizer), **settings | options)
+    published = in_process(Build.start(config, build_id), keep)
+    record = json.loads((output / build_id / "_BUILD.json").read_text())
+    return record, file_bytes(Path(published.record.dataset))
+
+
+def in_process(build: Build, keep: int | None = None) -> Published:
+    """What ``Build.run`` does, step by step in this process (no process to start a step: the tests stay quick)."""
+    for rank in build.plan.ranks:
+        build.tokenize(rank, progress=False)
+    for bucket in build.plan.merge_buckets:
+        build.merge(bucket, progress=False)
+    shards = build.context_shards()
+    for shard in shards:
+        build.context_shuffle(shard, len(shards), progress=False)
+    return build.publish(keep)
+
+
+def served(run_dir: Path) -> dict[str, bool]:
+    """How the cache served each input file of a build, by name: hit (True) or miss (False)."""
+    found = {}
+    for path in sorted((run_dir / "ranks" / "_manifests").glob("*.json")):
+        rank = RankManifest.loads(path.read_bytes(), str(path))
+        found |= {f.url.rsplit("/", 1)[-1]: f.hit for f in rank.cache.files}
+    return found
+
+
+def rewrite_in_place(path: Path) -> None:
+    """Change one character of a document, keeping the file's size and its modification time."""
+    stat = path.stat()
+    data = path.read_bytes()
+    at = data.index(b'"text": "') + len(b'"text": "')
+    swapped = b"Q" if data[at : at + 1] != b"Q" else b"R"
+    path.write_bytes(data[:at] + swapped + data[at + 1 :])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+def test_the_next_nights_build_tokenizes_only_what_changed_and_equals_a_build_without_a_cache(
+    tmp_path, sample_tokenizer
+) -> None:
+    source = corpus(tmp_path / "corpus")
+    out = tmp_path / "builds"
+    first, _ = build(source, out, "night-1", sample_tokenizer)
+    assert first["cache"]["files_hit"] == 0 and first["cache"]["files_missed"] == FILES
+    assert first["cache"]["location"] == str(out / ".cache")
+
+    rewrite_in_place(source / "part-005.jsonl")
+    (source / "part-011.jsonl").unlink()
+    write_jsonl(source / "part-100.jsonl", [{"id": "new", "text": "A file that arrived today."}])
+    second, data = build(source, out, "night-2", sample_tokenizer, num_ranks=4)  # the files dealt anew
+    misses = {name for name, hit in served(out / "night-2").items() if not hit}
+    assert misses == {"part-005.jsonl", "part-100.jsonl"} and len(served(out / "night-2")) == FILES
+    cache = second["cache"]
+    assert (cache["files_hit"], cache["files_missed"]) == (FILES - 2, 2)
+    assert cache["tokens_reused"] > 0.9 * second["stages"]["tokenize"]["tokens"]
+    assert cache["bytes_reused"] == sum(p.stat().st_size for p in source.glob("*.jsonl")) - sum(
+        (source / name).stat().st_size for name in misses
+    )
+    assert second["conservation"]["holds"] and second["conservation"]["quarantined"] == 6
+
+    off, off_data = build(source, out, "no-cache", sample_tokenizer, num_ranks=4, cache="off")
+    empty, empty_data = build(source, out, "empty", sample_tokenizer, num_ranks=4, cache=str(tmp_path / "fresh"))
+    assert off["cache"] is None and empty["cache"]["files_hit"] == 0
+    assert second["digest"] == off["digest"] == empty["digest"]
+    assert data == off_data == empty_data
+    for name in ("night-2", "no-cache"):  # the quarantine too, file after file, naming each file as it is now
+        assert sorted((out / name / "ranks" / "_quarantine").iterdir()) != []
+    assert _quarantined(out / "night-2") == _quarantined(out / "no-cache")
+    report = json.loads((out / "night-2" / "report.json").read_text())
+    assert {f["cache"] for f in report["input_files"]} == {"hit", "miss"}
+    assert "Tokenization cache" in (out / "night-2" / "report.html").read_text()
+
+
+def _quarantined(run_dir: Path) -> list[dict]:
+    lines = []
+    for path in sorted((run_dir / "ranks" / "_quarantine").glob("*.jsonl")):
+        lines += [json.loads(line) for line in path.read_text().splitlines()]
+    return sorted(lines, key=lambda r: (r["file"], r["line"]))
+
+
+MODES = {
+    "doc shuffle, loss": {"save_loss": True},
+    "input order, split files": {"shuffle_documents": False, "max_tokens_per_file": 4000},
+    "chunks, tail dropped": {"shuffle_chunk_size": 1000, "drop_last_chunk": True},
+    "chunks in input order": {"shuffle_documents": False, "shuffle_chunk_size": 700},
+    "buckets": {"num_buckets": 5, "save_loss": True},
+    "megatron": {"output_format": "megatron"},
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_mode_gives_the_same_bytes_with_a_full_cache_an_empty_one_or_none(tmp_path, sample_tokenizer, mode):
+    """A rank may hold other files than the night before (the files are dealt anew): the cache is per file."""
+    source = corpus(tmp_path / "corpus", files=12)
+    cache = tmp_path / "cache"
+    options = MODES[mode] | {"seed": 4, "max_reject_fraction": None}
+    for rank in range(3):  # fills the cache, three ranks' worth
+        run([source], tmp_path / "warmup", sample_tokenizer, rank=rank, world_size=3, cache=str(cache), **options)
+    outputs = {}
+    for name, location in (("none", None), ("empty", str(tmp_path / "empty")), ("full", str(cache))):
+        done = [
+            run([source], tmp_path / name, sample_tokenizer, rank=rank, world_size=2, cache=location, **options)
+            for rank in range(2)
+        ]
+        hits = [f["hit"] for d in done for f in (d["cache"] or {"files": []})["files"]]
+        assert hits == {"none": [], "empty": [False] * 12, "full": [True] * 12}[name]
+        outputs[name] = (_token_files(tmp_path / name), [d["counts"] for d in done], _quarantine(tmp_path / name))
+    assert outputs["none"] == outputs["empty"] == outputs["full"]
+    assert outputs["full"][0]
+
+
+def _token_files(folder: Path) -> dict[str, bytes]:
+    """Every token file of a folder, .ds family or Megatron's, by name."""
+    suffixes = (".ds", ".index", ".loss", ".metadata", ".bin", ".idx")
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in suffixes}
+
+
+def _quarantine(folder: Path) -> list[bytes]:
+    return [p.read_bytes() for p in sorted((folder / "_quarantine").glob("*.jsonl"))]
+
+
+def test_templated_records_with_loss_fields_are_cached_like_any(tmp_path) -> None:
+    instruct = shared_path("corpora", "instruct_dolly_hhrlhf.jsonl.gz")
+    tokenizer = shared_path("tokenizers", "gpt2", "tokenizer.json")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / instruct.name).symlink_to(instruct)
+    options = {"template": "{prompt}{response}", "loss_fields": "response", "save_loss": True, "seed": 2}
+    for name in ("cold", "warm"):
+        done = run([tmp_path / "in"], tmp_path / name, tokenizer, cache=str(tmp_path / "cache"), **options)
+        assert [f["hit"] for f in done["cache"]["files"]] == [name == "warm"]
+    assert file_bytes(tmp_path / "cold") == file_bytes(tmp_path / "warm")
+    other = run(
+        [tmp_path / "in"],
+        tmp_path / "other",
+        tokenizer,
+        cache=str(tmp_path / "cache"),
+        **options | {"loss_fields": "prompt"},
+    )
+    assert [f["hit"] for f in other["cache"]["files"]] == [False]  # other loss fields, another key
+
+
+def entry_files(cache: Path) -> list[Path]:
+    return sorted(p for p in (cache / DATA).rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("damage", ["a flipped byte", "a truncated file", "a missing file", "a damaged marker"])
+def test_a_corrupt_entry_is_never_used(tmp_path, sample_tokenizer, caplog, damage) -> None:
+    source = corpus(tmp_path / "corpus", files=3)
+    cache = tmp_path / "cache"
+    clean = run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    victim = next(p for p in entry_files(cache) if p.name == "segment.ds" and "part-001" in _source_of(p, cache))
+    if damage == "a flipped byte":
+        with open(victim, "r+b") as handle:
+            handle.seek(victim.stat().st_size // 2)
+            byte = handle.read(1)
+            handle.seek(-1, os.SEEK_CUR)
+            handle.write(bytes([byte[0] ^ 0x40]))
+    elif damage == "a truncated file":
+        victim.write_bytes(victim.read_bytes()[:-2])
+    elif damage == "a missing file":
+        victim.with_name("segment.ds.index").unlink()
+    else:
+        marker = cache / ENTRIES / f"{victim.parent.parent.name}.json"
+        marker.write_text(marker.read_text()[:-20])
+    caplog.set_level(logging.WARNING, logger="tokenization.publish.cache")
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True, False, True]
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert victim.parent.parent.name in warned and "tokenized again" in warned
+    third = run([source], tmp_path / "third", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in third["cache"]["files"]] == [True, True, True]  # stored anew, checked, used
+
+
+def _source_of(data_file: Path, cache: Path) -> str:
+    key = data_file.parent.parent.name
+    return json.loads((cache / ENTRIES / f"{key}.json").read_text())["source"]["url"]
+
+
+def test_two_writers_of_one_entry_store_it_once(tmp_path, sample_tokenizer) -> None:
+    """Two ranks (or builds) that miss the same file at once: the first marker wins, nothing is mixed."""
+    source = corpus(tmp_path / "corpus", files=2)
+    first = tmp_path / "cache"
+    run([source], tmp_path / "a", sample_tokenizer, cache=str(first))
+    cache = Cache(str(first))
+    entry = cache.entries()[0].entry
+    fetched = cache.fetch(entry, tmp_path / "fetched")
+    assert cache.commit(entry, fetched) is False  # a second writer of the same key
+    assert len(list((first / DATA / entry.key).iterdir())) == 1  # its folder went with its loss
+    assert cache.fetch(cache.lookup(entry.key), tmp_path / "again") is not None
+
+
+def test_a_renamed_file_hits_and_its_records_name_it_as_it_is_now(tmp_path, sample_tokenizer) -> None:
+    source = corpus(tmp_path / "corpus", files=4)
+    run([source], tmp_path / "a", sample_tokenizer, cache=str(tmp_path / "cache"), max_reject_fraction=None)
+    (source / "part-003.jsonl").rename(source / "renamed.jsonl")
+    moved = run([source], tmp_path / "b", sample_tokenizer, cache=str(tmp_path / "cache"), max_reject_fraction=None)
+    assert all(f["hit"] for f in moved["cache"]["files"])
+    lines = [json.loads(line) for line in (tmp_path / "b" / "_quarantine" / "00000.jsonl").read_text().splitlines()]
+    assert {line["file"] for line in lines} == {str(source / "renamed.jsonl")} and len(lines) == 2
+
+
+def test_cached_rejects_count_towards_the_limits_as_if_read_again(tmp_path, sample_tokenizer) -> None:
+    source = corpus(tmp_path / "corpus", files=8)
+    cache = str(tmp_path / "cache")
+    run([source], tmp_path / "a", sample_tokenizer, cache=cache, max_reject_fraction=None)
+    errors = []
+    for location in (None, cache):
+        with pytest.raises(TooManyRejects) as caught:
+            run([source], tmp_path / f"limited-{location is None}", sample_tokenizer, cache=location, max_rejects=1)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1] and "2 rejected records exceed max_rejects=1" in errors[0]
+    assert _quarantine(tmp_path / "limited-True") == _quarantine(tmp_path / "limited-False")
+
+
+def test_a_cleared_rank_hits_the_cache_for_the_files_it_already_did(tmp_path, sample_tokenizer, monkeypatch) -> None:
+    """A rank killed after its first files: its retry (Airflow's Clear, or the same build id again) takes them
+    from the cache and tokenizes only the rest."""
+    from tokenization.stages import first_pass
+
+    source = corpus(tmp_path / "corpus", files=6)
+    encode, calls = first_pass.FirstPass._encode, []
+
+    def dies_on_the_third_file(self, file, folder, shown):
+        calls.append(file.url)
+        if len(calls) == 3:
+            raise RuntimeError("the worker was lost (a test fault)")
+        return encode(self, file, folder, shown)
+
+    monkeypatch.setattr(first_pass.FirstPass, "_encode", dies_on_the_third_file)
+    config = BuildConfig(input=str(source), output=str(tmp_path / "out"), tokenizer=str(sample_tokenizer), num_ranks=1)
+    started = Build.start(config, "nightly")
+    with pytest.raises(RuntimeError, match="a test fault"):
+        started.tokenize(0, progress=False)
+    result = started.tokenize(0, progress=False)
+    assert [f.hit for f in result.record.cache.files] == [True, True, False, False, False, False]
+    engine = result.record.tokenizer  # four small files: not worth building the fast engine for
+    assert engine.engine == "hf" and "HF encodes sooner than the fast engine is built" in engine.engine_note
+
+
+def test_retention_removes_the_entries_that_only_deleted_builds_used(tmp_path, sample_tokenizer) -> None:
+    source = corpus(tmp_path / "corpus", files=6)
+    out = tmp_path / "builds"
+    build(source, out, "night-1", sample_tokenizer)
+    old = {json.loads(p.read_text())["source"]["url"]: p.stem for p in (out / ".cache" / ENTRIES).glob("*.json")}
+    rewrite_in_place(source / "part-002.jsonl")
+    (source / "part-004.jsonl").unlink()
+    build(source, out, "night-2", sample_tokenizer, keep=1)
+    assert not (out / "night-1").exists()
+    keys = {p.stem for p in (out / ".cache" / ENTRIES).glob("*.json")}
+    gone = {old[str(source / name)] for name in ("part-002.jsonl", "part-004.jsonl")}
+    assert keys.isdisjoint(gone) and len(keys) == 5 and (set(old.values()) - gone) <= keys
+    assert {p.name for p in (out / ".cache" / DATA).iterdir()} == keys
+    assert len(list((out / ".cache" / USES).iterdir())) == 1  # night-1's uses went with it
+    report = json.loads((out / "night-2" / "report.json").read_text())
+    assert report["retention"]["cache"]["entries"] == 2 and report["retention"]["cache"]["bytes"] > 0
+
+
+def test_prune_by_age_and_by_size_never_removes_an_entry_in_use(tmp_path, sample_tokenizer) -> None:
+    source = corpus(tmp_path / "corpus", files=4)
+    location = tmp_path / "cache"
+    run([source], tmp_path / "a", sample_tokenizer, cache=str(location))
+    cache = Cache(str(location))
+    listed = cache.entries()
+    busy = listed[-1].entry.key
+    with cache.using(str(tmp_path / "a-build"), str(tmp_path / "nothing"), "00000", [busy]):
+        removed = cache.prune(older_than=0)
+        assert removed.entries == 3 and [i.entry.key for i in cache.entries()] == [busy]
+    run([source], tmp_path / "b", sample_tokenizer, cache=str(location))
+    listed = cache.entries()
+    held = sum(i.entry.bytes for i in listed)
+    assert cache.prune(max_bytes=held - 1).entries == 1  # the least recently used one goes
+    assert [i.entry.key for i in cache.entries()] == [i.entry.key for i in listed[:-1]]
+
+
+def test_a_writer_that_died_leaves_a_folder_that_cleaning_removes_a_day_later(tmp_path, sample_tokenizer) -> None:
+    source = corpus(tmp_path / "corpus", files=2)
+    location = tmp_path / "cache"
+    run([source], tmp_path / "a", sample_tokenizer, cache=str(location))
+    orphan = location / DATA / ("0" * 64) / "deadwriter00"
+    orphan.mkdir(parents=True)
+    (orphan / "segment.ds").write_bytes(b"\0" * 10)
+    assert Cache(str(location)).prune(older_than=10**6).bytes == 0 and orphan.exists()
+    old = time.time() - IN_FLIGHT_SECONDS - 60
+    os.utime(orphan / "segment.ds", (old, old))
+    assert Cache(str(location)).prune(older_than=10**6).bytes == 10 and not orphan.parent.exists()
+
+
+def test_the_command_line_lists_and_prunes(tmp_path, sample_tokenizer) -> None:
+    source = corpus(tmp_path / "corpus", files=3)
+    out = tmp_path / "builds"
+    run([source], tmp_path / "by-hand", sample_tokenizer, cache=str(out / ".cache"))
+    listed = cli("cache", "list", str(out))  # a builds output names its cache
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].startswith(f"cache {out}/.cache: 3 entries, ") and lines[1].split()[:2] == ["key", "size"]
+    assert all(line.split()[9] == "by-hand" for line in lines[2:]) and len(lines) == 5  # after size, made, used
+    refused = cli("cache", "prune", str(out / ".cache"))
+    assert refused.returncode == 2 and "prune needs --older-than, --max-size or both" in refused.stderr
+    wrong = cli("cache", "prune", str(out / ".cache"), "--older-than", "soon")
+    assert wrong.returncode == 2 and "'soon' is no age" in wrong.stderr
+    pruned = cli("cache", "prune", str(out / ".cache"), "--max-size", "0B")
+    assert pruned.returncode == 0 and pruned.stdout.startswith(f"cache {out}/.cache: removed 3 entries, ")
+
+
+def test_on_s3_a_changed_object_misses_and_a_corrupt_entry_is_tokenized_again(tmp_path, s3, sample_tokenizer):  # noqa: F811
+    """On S3 a file's content is known by its ETag and size: an object rewritten with other bytes of the same size
+    misses; a cache entry's object corrupted in place is found by its sha256, and the file tokenized again."""
+    source = corpus(tmp_path / "corpus", files=6)
+    for path in sorted(source.iterdir()):
+        s3.fs.put_file(str(path), f"corpus/input/{path.name}")
+    s3.fs.invalidate_cache()
+    options = {"input": "s3://corpus/input", "output": "s3://corpus/builds", "storage_options": s3.options}
+    settings = {"num_ranks": 2, "seed": 3, "context_window": 0, "max_reject_fraction": None}
+    config = BuildConfig(tokenizer=str(sample_tokenizer), **settings, **options)
+    in_process(Build.start(config, "night-1"))
+
+    rewrite_in_place(source / "part-001.jsonl")
+    s3.fs.put_file(str(source / "part-001.jsonl"), "corpus/input/part-001.jsonl")
+    s3.fs.rm_file("corpus/input/part-005.jsonl")
+    s3.fs.pipe_file("corpus/input/part-200.jsonl", b'{"text": "arrived on S3 today"}\n')
+    s3.fs.invalidate_cache()
+    second = in_process(Build.start(config, "night-2")).record
+    files = {f.url.rsplit("/", 1)[-1]: f for r in _rank_manifests_on_s3(s3, "night-2") for f in r.cache.files}
+    assert {name for name, f in files.items() if not f.hit} == {"part-001.jsonl", "part-200.jsonl"} and len(files) == 6
+    assert second.cache.location == "s3://corpus/builds/.cache" and second.cache.files_hit == 4
+
+    key = files["part-000.jsonl"].key
+    victim = next(p for p in s3.fs.find(f"corpus/builds/.cache/data/{key}") if p.endswith("/segment.ds"))
+    data = bytearray(s3.fs.cat_file(victim))
+    data[0] ^= 1
+    s3.fs.pipe_file(victim, bytes(data))
+    s3.fs.invalidate_cache()
+    third = in_process(Build.start(config, "night-3")).record
+    assert (third.cache.files_hit, third.cache.files_missed) == (5, 1)
+    off = in_process(Build.start(replace(config, cache="off"), "no-cache")).record
+    assert off.cache is None and second.digest == third.digest == off.digest
+
+
+def _rank_manifests_on_s3(s3, run_id: str) -> list[RankManifest]:  # noqa: F811 - the fixture's name
+    folder = f"corpus/builds/{run_id}/ranks/_manifests"
+    return [RankManifest.loads(s3.fs.cat_file(p), p) for p in s3.fs.find(folder)]
+
+
+def test_a_rank_that_takes_every_file_from_the_cache_never_loads_the_tokenizer(
+    tmp_path, sample_tokenizer, monkeypatch
+) -> None:
+    """The plan loaded it and tells its ranks what loading said: loading HF's tokenizer (0.2-0.7 s) and building
+    the fast engine (~1 s) are a rank's fixed costs, which only a rank that encodes pays."""
+    from tokenization.text import tokenizer_files
+
+    source = corpus(tmp_path / "corpus", files=4)
+    where = {"input": str(source), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
+    config = BuildConfig(**where, num_ranks=1, seed=5)
+    Build.start(config, "night-1").tokenize(0, progress=False)
+    nightly = Build.start(config, "night-2")
+    loaded = []
+
+    class Counted:
+        @staticmethod
+        def from_str(text: str):
+            loaded.append(len(text))
+            return tokenizer_files.Tokenizer.from_str(text)
+
+    monkeypatch.setattr(tokenizer_files, "Tokenizer", Counted)
+    result = nightly.tokenize(0, progress=False)
+    assert loaded == [] and result.record.tokenizer.engine == "none"
+    assert [f.hit for f in result.record.cache.files] == [True] * 4
+    monkeypatch.undo()
+    assert file_bytes(tmp_path / "out" / "night-2" / "ranks") == file_bytes(tmp_path / "out" / "night-1" / "ranks")

@@ -1,0 +1,270 @@
+"""Pass 1 of a rank, a file at a time: each input file's documents, in input order, become a segment in the
+attempt's working folder (a ``.ds`` family, the file's counts and its quarantined records), taken from the
+tokenization cache (``tokenization.publish.cache``) when it holds the file, else encoded there and then stored.
+
+A segment is the same whether it was encoded or taken from the cache, and a rank's documents are its segments'
+end to end, so pass 2 writes the same bytes with a full cache, an empty one or none. A cached file's rejected
+records count towards the rank's limits in input order, as if it had been read again, so a rank fails, or not, at
+the same record either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from tokenization.formats.ds import TokenFileWriter, WrittenTokenFile
+from tokenization.io.progress import Progress, ProgressMode
+from tokenization.io.storage import file_sha256, writing
+from tokenization.publish.attempts import Attempt
+from tokenization.publish.cache import Cache
+from tokenization.publish.records import CachedInput, CacheEntry, FileSum, InputFile, Rejected
+from tokenization.text.cache_key import CacheKey, cache_key
+from tokenization.text.documents import Counts, DocumentOptions, RejectTally, encoded_batches
+from tokenization.text.encoding import Encoder
+from tokenization.text.rendering import Renderer
+from tokenization.text.sources import DocumentReader, content_identity
+
+log = logging.getLogger(__name__)
+
+SEGMENTS = "segments"  # in the attempt's working folder: one folder a file, numbered in input order
+SEGMENT = "segment.ds"
+QUARANTINE = "quarantine.jsonl"
+CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One input file's first pass: its documents' ``.ds`` family (``path``), its counts, and its rejected records
+    (``quarantine``: one JSON line each, naming the file as this rank reads it); ``cached``: how the cache served
+    it (None without a cache)."""
+
+    file: InputFile
+    path: Path
+    counts: Counts
+    quarantine: Path
+    cached: CachedInput | None
+
+    @property
+    def encoded(self) -> bool:
+        """Whether this rank encoded the file (a miss, or no cache), rather than taking it from the cache."""
+        return self.cached is None or not self.cached.hit
+
+
+@dataclass(frozen=True)
+class CacheOwner:
+    """Who uses the cache: a rank (``stem``) of a build (``owner``, its run folder), whose entries stay while
+    ``keeps`` (the build's ``_RUN.json``) exists."""
+
+    cache: Cache
+    owner: str
+    keeps: str
+    stem: str
+
+
+class FirstPass:
+    """Pass 1 of one rank (named ``where`` in messages and progress): ``run`` gives its segments, in input order."""
+
+    def __init__(
+        self,
+        options: DocumentOptions,
+        *,
+        save_loss: bool,
+        encoder: Encoder,
+        renderer: Renderer | None,
+        attempt: Attempt,
+        where: str,
+        cache: CacheOwner | None = None,
+    ):
+        self.options, self.save_loss, self.encoder, self.renderer = options, save_loss, encoder, renderer
+        self.attempt, self.where, self.cache = attempt, where, cache
+        self.tally = RejectTally(where, options.source, options.max_rejects, options.max_reject_fraction)
+
+    def run(self, files: Sequence[InputFile], progress: ProgressMode) -> list[Segment]:
+        """Every file's segment; ``TooManyRejects`` as soon as the rank's limits are passed (``quarantined`` then
+        gives what was rejected so far)."""
+        if self.cache is None:
+            with Progress(self.where, sum(f.size for f in files), "B", progress) as shown:
+                segments = [self._segment(i, file, None, None, shown) for i, file in enumerate(files)]
+        else:
+            keys = [self._key(file) for file in files]
+            c = self.cache
+            with c.cache.using(c.owner, c.keeps, c.stem, [key.digest for key in keys]):
+                entries = [c.cache.lookup(key.digest) for key in keys]
+                missed = [f for f, entry in zip(files, entries, strict=True) if entry is None]
+                log.info(
+                    "%s: %d of %d input files in the cache, %d to tokenize",
+                    self.where,
+                    len(files) - len(missed),
+                    len(files),
+                    len(missed),
+                )
+                self.encoder.expect(sum(f.size for f in missed))
+                with Progress(self.where, sum(f.size for f in files), "B", progress) as shown:
+                    found = zip(files, keys, entries, strict=True)
+                    segments = [self._segment(i, *each, shown) for i, each in enumerate(found)]
+        self.tally.check(total(segments))
+        return segments
+
+    def _key(self, file: InputFile) -> CacheKey:
+        return cache_key(
+            content_identity(file),
+            file.url,
+            encoder=self.encoder,
+            renderer=self.renderer,
+            options=self.options,
+            save_loss=self.save_loss,
+        )
+
+    def _segment(
+        self, i: int, file: InputFile, key: CacheKey | None, entry: CacheEntry | None, shown: Progress
+    ) -> Segment:
+        """The file's segment: its cache ``entry``'s, checked, or else encoded (then stored, under ``key``)."""
+        folder = self.attempt.work / SEGMENTS / f"{i:05d}"
+        if entry is not None and (hit := self._from_cache(entry, file, folder, shown)) is not None:
+            return hit
+        started = time.perf_counter()
+        segment, written = self.encoder.exactly(self._encoding(file, folder, shown))
+        seconds = time.perf_counter() - started
+        if key is None:
+            return segment
+        self._store(segment, written, key, seconds)
+        return replace(segment, cached=_served(file, key.digest, segment.counts, hit=False, seconds=seconds))
+
+    def _from_cache(self, entry: CacheEntry, file: InputFile, folder: Path, shown: Progress) -> Segment | None:
+        """A hit, checked, or None. Its rejected records, naming the file as this rank reads it, count as they
+        would if it were read again."""
+        started = time.perf_counter()
+        fetched = self.cache.cache.fetch(entry, folder / CACHED)
+        if fetched is None:
+            return None
+        quarantine = folder / QUARANTINE
+        tally = self.tally.next_file()
+        with writing(quarantine), open(quarantine, "wb") as out:
+            if QUARANTINE in fetched:
+                with open(fetched[QUARANTINE], "rb") as lines:
+                    for line in lines:
+                        item = replace(Rejected.loads(line, str(fetched[QUARANTINE])), file=file.url)
+                        out.write(_line(item))
+                        tally(item)
+        self.tally.add(tally)
+        counts = Counts.of(entry.counts)
+        shown.advance(file.size, docs=counts.docs_written, tokens=counts.tokens)
+        served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started)
+        return Segment(file, fetched[SEGMENT], counts, quarantine, served)
+
+    def _encoding(
+        self, file: InputFile, folder: Path, shown: Progress
+    ) -> Callable[[], tuple[Segment, WrittenTokenFile]]:
+        """Encoding the file, from its start: ``Encoder.exactly`` runs it again on HF if the fast engine disagrees,
+        with the progress shown as it was before the file."""
+        before, counted = shown.done, dict(shown.counts)
+
+        def encode() -> tuple[Segment, WrittenTokenFile]:
+            if shown.done != before:  # a second try
+                shown.update(before, **counted)
+            return self._encode(file, folder, shown)
+
+        return encode
+
+    def _encode(self, file: InputFile, folder: Path, shown: Progress) -> tuple[Segment, WrittenTokenFile]:
+        """A miss (or no cache): the file's documents encoded into the segment, rejects to its quarantine; an
+        attempt whose lease is found lost stops at the next batch (its successor does the work)."""
+        with writing(folder):
+            folder.mkdir(parents=True, exist_ok=True)
+        counts, tally = Counts(), self.tally.next_file()
+        quarantine = folder / QUARANTINE
+        o = self.options
+        reader = DocumentReader(
+            [file], o.text_key, o.id_key, renderer=self.renderer, max_record_bytes=o.max_record_bytes
+        )
+        writer = TokenFileWriter(
+            folder / SEGMENT, tokenizer=o.tokenizer, token_size=self.encoder.token_size, save_loss=self.save_loss
+        )
+        # the writer's threads stop at the block's end on errors too: no buffered byte of a failed try may reach a
+        # file that a second try reopens
+        with writing(quarantine), open(quarantine, "wb") as bad, writer:
+
+            def reject(item: Rejected) -> None:
+                bad.write(_line(item))
+                tally(item)
+
+            batches = encoded_batches(
+                reader,
+                encoder=self.encoder,
+                counts=counts,
+                options=o,
+                reject=reject,
+                desc=self.where,
+                save_loss=self.save_loss,
+                progress=shown,
+            )
+            with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
+                for batch in batches:
+                    self.attempt.lease.check()  # no request: the heartbeat found it
+                    writer.write(batch.encoded.tokens, np.cumsum(batch.encoded.lengths), batch.encoded.loss)
+        self.tally.add(tally)
+        return Segment(file, folder / SEGMENT, counts, quarantine, None), writer.written
+
+    def _store(self, segment: Segment, written: WrittenTokenFile, key: CacheKey, seconds: float) -> None:
+        """A miss's segment into the cache, for the next build."""
+        files = {f.name: segment.path.with_name(f.name) for f in written.files}
+        sums = {f.name: FileSum(bytes=f.bytes, sha256=f.sha256) for f in written.files}
+        if size := segment.quarantine.stat().st_size:
+            files[QUARANTINE] = segment.quarantine
+            sums[QUARANTINE] = FileSum(bytes=size, sha256=file_sha256(segment.quarantine))
+        entry = CacheEntry(
+            key=key.digest,
+            data="",  # the data folder and the time: the commit's
+            files=sums,
+            counts=segment.counts.record(),
+            source=segment.file,
+            content=key.described["content"],
+            described=key.described,
+            created=0.0,
+            encode_seconds=round(seconds, 3),
+        )
+        self.cache.cache.commit(entry, files)
+
+
+def total(segments: Sequence[Segment]) -> Counts:
+    """A rank's counts: its files'."""
+    counts = Counts()
+    for segment in segments:
+        counts.add(segment.counts)
+    return counts
+
+
+def quarantined(work: Path) -> Path:
+    """The rank's rejected records, file after file, in one file of its working folder (those of the files done
+    so far, when the rank failed on its limits)."""
+    whole = work / QUARANTINE
+    with writing(whole), open(whole, "wb") as out:
+        for part in sorted((work / SEGMENTS).glob(f"*/{QUARANTINE}"), key=lambda p: int(p.parent.name)):
+            with open(part, "rb") as lines:
+                shutil.copyfileobj(lines, out)
+    return whole
+
+
+def _served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: float) -> CachedInput:
+    return CachedInput(
+        url=file.url,
+        key=key,
+        hit=hit,
+        bytes=file.size,
+        text_bytes=counts.text_bytes,
+        tokens=counts.tokens,
+        seconds=round(seconds, 3),
+    )
+
+
+def _line(item: Rejected) -> bytes:
+    return orjson.dumps(item.to_json()) + b"\n"

@@ -197,7 +197,9 @@ def entry_files(cache: Path) -> list[Path]:
     return sorted(p for p in (cache / DATA).rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("damage", ["a flipped byte", "a truncated file", "a missing file", "a damaged marker"])
+@pytest.mark.parametrize(
+    "damage", ["a flipped byte", "a truncated file", "a missing file", "a damaged marker", "counts edited"]
+)
 def test_a_corrupt_entry_is_never_used(tmp_path, sample_tokenizer, caplog, damage) -> None:
     source = corpus(tmp_path / "corpus", files=3)
     cache = tmp_path / "cache"
@@ -213,9 +215,14 @@ def test_a_corrupt_entry_is_never_used(tmp_path, sample_tokenizer, caplog, damag
         victim.write_bytes(victim.read_bytes()[:-2])
     elif damage == "a missing file":
         victim.with_name("segment.ds.index").unlink()
-    else:
+    elif damage == "a damaged marker":
         marker = cache / ENTRIES / f"{victim.parent.parent.name}.json"
         marker.write_text(marker.read_text()[:-20])
+    else:  # a marker that reads well, with counts its files do not hold
+        marker = cache / ENTRIES / f"{victim.parent.parent.name}.json"
+        edited = json.loads(marker.read_text())
+        edited["counts"]["docs_written"] += 1
+        marker.write_text(json.dumps(edited))
     caplog.set_level(logging.WARNING, logger="tokenization.publish.cache")
     again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
     assert [f["hit"] for f in again["cache"]["files"]] == [True, False, True]
@@ -385,8 +392,10 @@ def test_on_s3_a_changed_object_misses_and_a_corrupt_entry_is_tokenized_again(tm
     data[0] ^= 1
     s3.fs.pipe_file(victim, bytes(data))
     s3.fs.invalidate_cache()
-    third = in_process(Build.start(config, "night-3")).record
+    third = in_process(Build.start(config, "night-3"), keep=1).record  # retention, on S3 too
     assert (third.cache.files_hit, third.cache.files_missed) == (5, 1)
+    retention = json.loads(s3.fs.cat_file("corpus/builds/night-3/report.json"))["retention"]
+    assert len(retention["deleted"]) == 2 and retention["cache"]["entries"] == 2  # part-001 as it was, part-005
     off = in_process(Build.start(replace(config, cache="off"), "no-cache")).record
     assert off.cache is None and second.digest == third.digest == off.digest
 

@@ -4,6 +4,7 @@ masks, uint32 vocabularies."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import fsspec
@@ -215,6 +216,25 @@ def test_bos_from_the_tokenizer_is_kept_with_eos(bos_tokenizer) -> None:
 def test_mistral_keeps_bos_and_appends_eos() -> None:
     encoder = Encoder(str(shared_path("tokenizers", "mistral-7b", "tokenizer.json")), eos_token="</s>")
     assert encoder.encode(["Hello world"]).tokens.tolist() == [1, 22557, 1526, 2]
+
+
+@pytest.mark.parametrize("special_text", ["text", "special"])
+def test_an_encoder_told_what_the_plan_loaded_encodes_the_same_ids(bos_tokenizer, special_text) -> None:
+    """A build's ranks take what loading the tokenizer told the plan (``Encoder.facts``) and load HF's tokenizer
+    only to encode; told about other bytes, an encoder loads its own."""
+    texts = [f"hello {EOS} world", "a second document"]
+    loaded = Encoder(bos_tokenizer, eos_token=EOS, special_text=special_text)
+    told = Encoder(bos_tokenizer, eos_token=EOS, special_text=special_text, known=loaded.facts())
+    assert "tokenizer" not in told.__dict__ and told.describe().engine == "none"  # nothing loaded yet
+    how = ("engine", "engine_note", "load_seconds", "self_checked_docs")  # how it ran, not what it is
+
+    def described(encoder: Encoder) -> dict:
+        return {k: v for k, v in encoder.describe().to_json().items() if k not in how}
+
+    assert told.facts() == loaded.facts() and described(told) == described(loaded)
+    assert told.encode(texts).tokens.tolist() == loaded.encode(texts).tokens.tolist()
+    stranger = replace(loaded.facts(), sha256="0" * 64, eos_id=-1)
+    assert Encoder(bos_tokenizer, eos_token=EOS, known=stranger).eos_id == loaded.eos_id
 
 
 def test_literal_special_token_text_policies(sample_tokenizer) -> None:

@@ -160,15 +160,19 @@ class Cache:
             problem = f"{exc.filename or 'a file'} is missing"
         if problem is None:
             return local
+        self.discard(entry, problem)
+        shutil.rmtree(into, ignore_errors=True)
+        return None
+
+    def discard(self, entry: CacheEntry, problem: str) -> None:
+        """Remove an entry found unfit for use (``problem`` says why, in the log): its file is tokenized again."""
         log.warning(
             "cache entry %s (of %s): %s; it is removed, and the file tokenized again",
             self._url(self._entry_path(entry.key)),
             entry.source.url,
             problem,
         )
-        shutil.rmtree(into, ignore_errors=True)
         self._forget(entry.key, entry.data)
-        return None
 
     def commit(self, entry: CacheEntry, files: Mapping[str, Path]) -> bool:
         """Store ``entry`` (whose ``data`` names no folder yet) with these local files, by name: the files into a

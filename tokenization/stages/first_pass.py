@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from tokenization.formats.ds import TokenFileWriter, WrittenTokenFile
+from tokenization.formats.ds import TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.io.progress import Progress, ProgressMode
 from tokenization.io.storage import file_sha256, writing
 from tokenization.publish.attempts import Attempt
@@ -146,6 +146,9 @@ class FirstPass:
         fetched = self.cache.cache.fetch(entry, folder / CACHED)
         if fetched is None:
             return None
+        if problem := self._disagreement(entry, fetched):
+            self.cache.cache.discard(entry, problem)
+            return None
         quarantine = folder / QUARANTINE
         tally = self.tally.next_file()
         with writing(quarantine), open(quarantine, "wb") as out:
@@ -160,6 +163,27 @@ class FirstPass:
         shown.advance(file.size, docs=counts.docs_written, tokens=counts.tokens)
         served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started)
         return Segment(file, fetched[SEGMENT], counts, quarantine, served)
+
+    def _disagreement(self, entry: CacheEntry, fetched: dict[str, Path]) -> str | None:
+        """How an entry's files, each as its marker records them, disagree with its counts (a marker edited by
+        hand), or None: the segment's documents, tokens and loss bytes, and the records it quarantined."""
+        family = [SEGMENT, f"{SEGMENT}.index", f"{SEGMENT}.metadata"] + ([f"{SEGMENT}.loss"] if self.save_loss else [])
+        if missing := [name for name in family if name not in fetched]:
+            return f"it holds no {missing[0]}"
+        c = entry.counts
+        segment = TokenFile(str(fetched[SEGMENT]), self.encoder.token_size)
+        ends = segment.ends
+        found = {
+            "documents": (len(ends), c.docs_written),
+            "tokens": (segment.num_tokens, c.tokens),
+            "loss bytes": (segment.size(".loss") if self.save_loss else c.tokens, c.tokens),
+            "index end": (int(ends[-1]) if len(ends) else 0, c.tokens),
+        }
+        found["quarantined records"] = (_lines(fetched[QUARANTINE]) if QUARANTINE in fetched else 0, c.rejected_total)
+        for what, (held, counted) in found.items():
+            if held != counted:
+                return f"its files hold {held:,} {what}, its counts say {counted:,}"
+        return None
 
     def _encoding(
         self, file: InputFile, folder: Path, shown: Progress
@@ -264,6 +288,11 @@ def _served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: fl
         tokens=counts.tokens,
         seconds=round(seconds, 3),
     )
+
+
+def _lines(path: Path) -> int:
+    with open(path, "rb") as lines:
+        return sum(1 for _ in lines)
 
 
 def _line(item: Rejected) -> bytes:

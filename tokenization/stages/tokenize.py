@@ -291,9 +291,18 @@ def _write(
     *,
     last: bool,
 ) -> list[WrittenTokenFile]:
-    """These units in this order into files named ``name_for(sub)``: the rank's own files (``last``: split at
-    ``max_tokens_per_file``, in its format) or one working file for the pass after."""
-    writer = SplitWriter(
+    """These units, in this order, into the files ``_writer`` makes."""
+    with _writer(config, encoder, work, name_for, last=last) as writer:
+        move_units(pool, *units, writer)
+    return writer.written
+
+
+def _writer(
+    config: TokenizeConfig, encoder: Encoder, work: Path, name_for: Callable[[int], str], *, last: bool
+) -> SplitWriter:
+    """A writer of files named ``name_for(sub)``: the rank's own (``last``: split at ``max_tokens_per_file``, in
+    its format), or one working file for the pass after."""
+    return SplitWriter(
         work,
         name_for,
         tokenizer=config.tokenizer,
@@ -302,9 +311,6 @@ def _write(
         max_tokens=config.max_tokens_per_file if last else None,
         writer_class=config.writer_class if last else TokenFileWriter,
     )
-    with writer:
-        move_units(pool, *units, writer)
-    return writer.written
 
 
 def _chunk_shuffle(
@@ -322,15 +328,7 @@ def _chunk_shuffle(
     elif tail:
         order = np.append(order, full)
         counts.partial_chunk_tokens = tail
-    writer = SplitWriter(
-        work,
-        config.output_name,
-        tokenizer=config.tokenizer,
-        token_size=encoder.token_size,
-        save_loss=config.save_loss,
-        max_tokens=config.max_tokens_per_file,
-        writer_class=config.writer_class,
-    )
+    writer = _writer(config, encoder, work, config.output_name, last=True)
     with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool, writer:
         permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
     return writer.written
@@ -345,16 +343,10 @@ def _scatter(
     order, bounds = buckets.by_bucket(drawn, config.num_buckets)
     written = []
     for bucket in np.flatnonzero(np.diff(bounds)).tolist():
-        with SplitWriter(
-            work,
-            lambda sub, bucket=bucket: config.bucket_name(bucket, sub),
-            tokenizer=config.tokenizer,
-            token_size=encoder.token_size,
-            save_loss=config.save_loss,
-            max_tokens=config.max_tokens_per_file,
-        ) as writer:
-            move_units(pool, *documents.take(order[bounds[bucket] : bounds[bucket + 1]]), writer)
-        written += writer.written
+        ours = documents.take(order[bounds[bucket] : bounds[bucket + 1]])
+        written += _write(
+            config, encoder, pool, ours, work, lambda sub, b=bucket: config.bucket_name(b, sub), last=True
+        )
     return written
 
 

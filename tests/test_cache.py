@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EOS, sample_records, shared_path, write_jsonl
+from tests.conftest import EOS, in_process, sample_records, shared_path, write_jsonl
 from tests.test_cli import cli
 from tests.test_s3 import s3  # noqa: F401 - the fixture
 from tests.test_tokenize import file_bytes, run
-from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.publish.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
@@ -55,18 +54,6 @@ def build(
     published = in_process(Build.start(config, build_id), keep)
     record = json.loads((output / build_id / "_BUILD.json").read_text())
     return record, file_bytes(Path(published.record.dataset))
-
-
-def in_process(build: Build, keep: int | None = None) -> Published:
-    """What ``Build.run`` does, step by step in this process (no process to start a step: the tests stay quick)."""
-    for rank in build.plan.ranks:
-        build.tokenize(rank, progress=False)
-    for bucket in build.plan.merge_buckets:
-        build.merge(bucket, progress=False)
-    shards = build.context_shards()
-    for shard in shards:
-        build.context_shuffle(shard, len(shards), progress=False)
-    return build.publish(keep)
 
 
 def served(run_dir: Path) -> dict[str, bool]:

@@ -18,7 +18,7 @@ import fsspec
 import pytest
 
 from harness.cluster import Cluster, services_missing
-from tests.conftest import EOS, write_jsonl
+from tests.conftest import EOS, in_process, write_jsonl
 from tests.test_context import shuffled
 from tests.test_merge import merged
 from tests.test_tokenize import file_bytes, run
@@ -90,7 +90,7 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
         params = {k: v for k, v in CONF.items() if k != "sensor_timeout"}  # the DAG's own params, an Airflow one aside
         where = {"output": "s3://corpus/builds", "tokenizer": str(sample_tokenizer), "storage_options": {"s3": options}}
         last_night = BuildConfig(**where, **params)
-        Build.start(last_night, "last_night").run(parallel=2)  # what tonight's runs find in the cache
+        in_process(Build.start(last_night, "last_night"))  # what tonight's runs find in the cache
         tonight = next_night(sample_corpus, tmp_path / "tonight")
         upload(s3, tonight)
 

@@ -92,9 +92,8 @@ class BuildPlan(Record):
     skipped_inputs: int
     tokenizer_sha256: str
     eos_token: str | None
-    tokenizer: TokenizerFacts | None = (
-        None  # what loading it told: a rank loads it only to encode (None: an older spec)
-    )
+    # what loading the tokenizer told the plan: a rank loads it only to encode (None: a spec made before)
+    tokenizer: TokenizerFacts | None = None
     merges: bool  # the ds format is merged and context-shuffled; Megatron's rank files are the dataset
     num_buckets: int | None  # a merge task a bucket, or one merge of everything
     started: float  # when the run claimed its folder

@@ -84,14 +84,18 @@ def report_data(run_dir: str, build: BuildRecord | None = None, retention: Reten
             "token_size": tokenizer.token_size,
             "vocab_size": tokenizer.vocab_size,
             "eos_token": tokenizer.eos_token,
-            "engines": sorted({r.tokenizer.engine for r in ranks} - {NO_ENGINE})
-            or [NO_ENGINE],  # of the ranks that encoded
+            "engines": _engines(ranks),
         },
         "throughput": _throughput(ranks, build.tokens, build.wall_seconds),
         "inputs": _inputs_summary(build, input_files),
         "input_files": input_files,
         "retention": retention and retention.to_json(),
     }
+
+
+def _engines(ranks: list[RankManifest]) -> list[str]:
+    """The engines of the ranks that encoded text (``none`` when the cache held every file)."""
+    return sorted({r.tokenizer.engine for r in ranks} - {NO_ENGINE}) or [NO_ENGINE]
 
 
 def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | None) -> dict:

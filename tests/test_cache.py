@@ -233,7 +233,7 @@ def test_two_writers_of_one_entry_store_it_once(tmp_path, sample_tokenizer) -> N
     cache = Cache(str(first))
     entry = cache.entries()[0].entry
     fetched = cache.fetch(entry, tmp_path / "fetched")
-    assert cache.commit(entry, fetched) is False  # a second writer of the same key
+    assert cache.commit(entry, fetched) is None  # a second writer of the same key
     assert len(list((first / DATA / entry.key).iterdir())) == 1  # its folder went with its loss
     assert cache.fetch(cache.lookup(entry.key), tmp_path / "again") is not None
 
@@ -269,11 +269,11 @@ def test_a_cleared_rank_hits_the_cache_for_the_files_it_already_did(tmp_path, sa
     source = corpus(tmp_path / "corpus", files=6)
     encode, calls = first_pass.FirstPass._encode, []
 
-    def dies_on_the_third_file(self, file, folder, shown):
+    def dies_on_the_third_file(self, file, *args):
         calls.append(file.url)
         if len(calls) == 3:
             raise RuntimeError("the worker was lost (a test fault)")
-        return encode(self, file, folder, shown)
+        return encode(self, file, *args)
 
     monkeypatch.setattr(first_pass.FirstPass, "_encode", dies_on_the_third_file)
     config = BuildConfig(input=str(source), output=str(tmp_path / "out"), tokenizer=str(sample_tokenizer), num_ranks=1)
@@ -418,3 +418,33 @@ def test_a_rank_that_takes_every_file_from_the_cache_never_loads_the_tokenizer(
     assert [f.hit for f in result.record.cache.files] == [True] * 4
     monkeypatch.undo()
     assert file_bytes(tmp_path / "out" / "night-2" / "ranks") == file_bytes(tmp_path / "out" / "night-1" / "ranks")
+
+
+def test_when_the_fast_engine_disagrees_the_rank_is_redone_on_hf_and_its_entries_too(
+    tmp_path, sample_tokenizer, monkeypatch, caplog
+) -> None:
+    """As a rank without a cache: every file of the rank again on HF. The entries it stored with the fast engine
+    before the disagreement are removed, and stored again by HF."""
+    from tokenization.text import engines
+
+    monkeypatch.setattr(engines, "FAST_ENGINE_MIN_BYTES", 0)  # the fast engine even for the sample's few bytes
+    real, calls = engines.CheckedEngine.encode, []
+
+    def disagrees_on_its_second_group(self, group):
+        calls.append(group)
+        if len(calls) == 2:
+            raise engines.EngineMismatch("a disagreement a test made")
+        return real(self, group)
+
+    monkeypatch.setattr(engines.CheckedEngine, "encode", disagrees_on_its_second_group)
+    source = corpus(tmp_path / "corpus", files=4)
+    caplog.set_level(logging.WARNING)
+    done = run([source], tmp_path / "a", sample_tokenizer, cache=str(tmp_path / "cache"))
+    assert done["tokenizer"]["engine"] == "hf" and "a disagreement a test made" in done["tokenizer"]["engine_note"]
+    assert "made by the fast engine in a rank where it then disagreed with HF" in caplog.text
+    assert len(Cache(str(tmp_path / "cache")).entries()) == 4
+    monkeypatch.undo()
+    again = run([source], tmp_path / "b", sample_tokenizer, cache=str(tmp_path / "cache"))
+    run([source], tmp_path / "none", sample_tokenizer)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True] * 4
+    assert file_bytes(tmp_path / "a") == file_bytes(tmp_path / "b") == file_bytes(tmp_path / "none")

@@ -174,11 +174,11 @@ class Cache:
         )
         self._forget(entry.key, entry.data)
 
-    def commit(self, entry: CacheEntry, files: Mapping[str, Path]) -> bool:
+    def commit(self, entry: CacheEntry, files: Mapping[str, Path]) -> CacheEntry | None:
         """Store ``entry`` (whose ``data`` names no folder yet) with these local files, by name: the files into a
-        data folder of this writer's own, then the marker, only where none is. Returns whether this writer's entry
-        is the one stored: another writer's, the same bytes a moment earlier, wins otherwise, and this one's folder
-        is removed. A store that fails is logged, and the rank goes on without it."""
+        data folder of this writer's own, then the marker, only where none is. Returns the entry as stored, or None
+        when another writer's entry (the same bytes, a moment earlier) won, and this one's folder is removed. A
+        store that fails is logged, and the rank goes on without it."""
         entry = replace(entry, data=uuid.uuid4().hex[:12], created=time.time())
         folder = join(self.path, DATA, entry.key, entry.data)
         try:
@@ -189,14 +189,14 @@ class Cache:
                     else:
                         upload(path, self.fs, join(folder, name))
                 put_if(self.fs, self._entry_path(entry.key), entry.dumps(), absent=True)
-            return True
+            return entry
         except FileExistsError:
             log.info("%s: stored by another writer a moment earlier", self._url(self._entry_path(entry.key)))
         except OSError as exc:  # a write error or an unreachable store (StorageError) alike
             log.warning("%s: not stored in the cache (%s); the build goes on without it", entry.source.url, exc)
         with contextlib.suppress(OSError):
             remove_tree(self.fs, folder)
-        return False
+        return None
 
     # Looking after it: listing, retention's collection and pruning.
 

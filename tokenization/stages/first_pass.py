@@ -10,10 +10,11 @@ the same record either way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,7 +29,7 @@ from tokenization.publish.attempts import Attempt
 from tokenization.publish.cache import Cache
 from tokenization.publish.records import CachedInput, CacheEntry, FileSum, InputFile, Rejected
 from tokenization.text.cache_key import CacheKey, cache_key
-from tokenization.text.documents import Counts, DocumentOptions, RejectTally, encoded_batches
+from tokenization.text.documents import Counts, DocumentOptions, RejectTally, Threads, encoded_batches
 from tokenization.text.encoding import Encoder
 from tokenization.text.rendering import Renderer
 from tokenization.text.sources import DocumentReader, content_identity
@@ -59,6 +60,9 @@ class Segment:
         return self.cached is None or not self.cached.hit
 
 
+Found = tuple[InputFile, CacheKey | None, CacheEntry | None]  # a file, its key and its cache entry, when it has them
+
+
 @dataclass(frozen=True)
 class CacheOwner:
     """Who uses the cache: a rank (``stem``) of a build (``owner``, its run folder), whose entries stay while
@@ -86,31 +90,43 @@ class FirstPass:
     ):
         self.options, self.save_loss, self.encoder, self.renderer = options, save_loss, encoder, renderer
         self.attempt, self.where, self.cache = attempt, where, cache
-        self.tally = RejectTally(where, options.source, options.max_rejects, options.max_reject_fraction)
+        self.tally: RejectTally  # of a try at the rank's files (``_pass``), with the entries it stored
+        self.stored: list[CacheEntry] = []
 
     def run(self, files: Sequence[InputFile], progress: ProgressMode) -> list[Segment]:
         """Every file's segment; ``TooManyRejects`` as soon as the rank's limits are passed (``quarantined`` then
-        gives what was rejected so far)."""
+        gives what was rejected so far). If the fast engine disagrees with HF on any file, every file is done again
+        on HF, as a rank without a cache would, and the entries this rank stored with the fast engine are removed."""
+        with contextlib.ExitStack() as held:
+            found = self._look_up(files, held)
+            threads = held.enter_context(Threads())
+            return self.encoder.exactly(lambda: self._pass(found, threads, progress))
+
+    def _look_up(self, files: Sequence[InputFile], held: contextlib.ExitStack) -> list[Found]:
+        """Each file with its key and its cache entry (None for a miss, or without a cache). The rank's use of the
+        cache is recorded before it looks anything up, and lasts as long as ``held``."""
         if self.cache is None:
-            with Progress(self.where, sum(f.size for f in files), "B", progress) as shown:
-                segments = [self._segment(i, file, None, None, shown) for i, file in enumerate(files)]
-        else:
-            keys = [self._key(file) for file in files]
-            c = self.cache
-            with c.cache.using(c.owner, c.keeps, c.stem, [key.digest for key in keys]):
-                entries = [c.cache.lookup(key.digest) for key in keys]
-                missed = [f for f, entry in zip(files, entries, strict=True) if entry is None]
-                log.info(
-                    "%s: %d of %d input files in the cache, %d to tokenize",
-                    self.where,
-                    len(files) - len(missed),
-                    len(files),
-                    len(missed),
-                )
-                self.encoder.expect(sum(f.size for f in missed))
-                with Progress(self.where, sum(f.size for f in files), "B", progress) as shown:
-                    found = zip(files, keys, entries, strict=True)
-                    segments = [self._segment(i, *each, shown) for i, each in enumerate(found)]
+            return [(file, None, None) for file in files]
+        keys = [self._key(file) for file in files]
+        c = self.cache
+        held.enter_context(c.cache.using(c.owner, c.keeps, c.stem, [key.digest for key in keys]))
+        entries = [c.cache.lookup(key.digest) for key in keys]
+        missed = [f for f, entry in zip(files, entries, strict=True) if entry is None]
+        hits = len(files) - len(missed)
+        log.info("%s: %d of %d input files in the cache, %d to tokenize", self.where, hits, len(files), len(missed))
+        self.encoder.expect(sum(f.size for f in missed))
+        return list(zip(files, keys, entries, strict=True))
+
+    def _pass(self, found: list[Found], threads: Threads, progress: ProgressMode) -> list[Segment]:
+        """One try at every file, in input order: a fresh tally of rejects, and what it stores in the cache."""
+        for entry in self.stored:  # a try before this one's, whose engine then disagreed with HF
+            self.cache.cache.discard(entry, "made by the fast engine in a rank where it then disagreed with HF")
+        self.tally = RejectTally(
+            self.where, self.options.source, self.options.max_rejects, self.options.max_reject_fraction
+        )
+        self.stored = []
+        with Progress(self.where, sum(file.size for file, _, _ in found), "B", progress) as shown:
+            segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
         self.tally.check(total(segments))
         return segments
 
@@ -125,14 +141,21 @@ class FirstPass:
         )
 
     def _segment(
-        self, i: int, file: InputFile, key: CacheKey | None, entry: CacheEntry | None, shown: Progress
+        self,
+        i: int,
+        file: InputFile,
+        key: CacheKey | None,
+        entry: CacheEntry | None,
+        shown: Progress,
+        threads: Threads,
     ) -> Segment:
         """The file's segment: its cache ``entry``'s, checked, or else encoded (then stored, under ``key``)."""
         folder = self.attempt.work / SEGMENTS / f"{i:05d}"
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
         if entry is not None and (hit := self._from_cache(entry, file, folder, shown)) is not None:
             return hit
         started = time.perf_counter()
-        segment, written = self.encoder.exactly(self._encoding(file, folder, shown))
+        segment, written = self._encode(file, folder, shown, threads)
         seconds = time.perf_counter() - started
         if key is None:
             return segment
@@ -185,21 +208,9 @@ class FirstPass:
                 return f"its files hold {held:,} {what}, its counts say {counted:,}"
         return None
 
-    def _encoding(
-        self, file: InputFile, folder: Path, shown: Progress
-    ) -> Callable[[], tuple[Segment, WrittenTokenFile]]:
-        """Encoding the file, from its start: ``Encoder.exactly`` runs it again on HF if the fast engine disagrees,
-        with the progress shown as it was before the file."""
-        before, counted = shown.done, dict(shown.counts)
-
-        def encode() -> tuple[Segment, WrittenTokenFile]:
-            if shown.done != before:  # a second try
-                shown.update(before, **counted)
-            return self._encode(file, folder, shown)
-
-        return encode
-
-    def _encode(self, file: InputFile, folder: Path, shown: Progress) -> tuple[Segment, WrittenTokenFile]:
+    def _encode(
+        self, file: InputFile, folder: Path, shown: Progress, threads: Threads
+    ) -> tuple[Segment, WrittenTokenFile]:
         """A miss (or no cache): the file's documents encoded into the segment, rejects to its quarantine; an
         attempt whose lease is found lost stops at the next batch (its successor does the work)."""
         with writing(folder):
@@ -230,6 +241,7 @@ class FirstPass:
                 desc=self.where,
                 save_loss=self.save_loss,
                 progress=shown,
+                threads=threads,
             )
             with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
                 for batch in batches:
@@ -256,7 +268,8 @@ class FirstPass:
             created=0.0,
             encode_seconds=round(seconds, 3),
         )
-        self.cache.cache.commit(entry, files)
+        if (stored := self.cache.cache.commit(entry, files)) is not None:
+            self.stored.append(stored)
 
 
 def total(segments: Sequence[Segment]) -> Counts:

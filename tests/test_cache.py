@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -347,7 +349,14 @@ def test_the_command_line_lists_and_prunes(tmp_path, sample_tokenizer) -> None:
     assert refused.returncode == 2 and "prune needs --older-than, --max-size or both" in refused.stderr
     wrong = cli("cache", "prune", str(out / ".cache"), "--older-than", "soon")
     assert wrong.returncode == 2 and "'soon' is no age" in wrong.stderr
-    pruned = cli("cache", "prune", str(out / ".cache"), "--max-size", "0B")
+    closed = subprocess.Popen(  # ``| head``: the reader is gone before the listing is written
+        [sys.executable, "-m", "tokenization.cli", "cache", "list", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    closed.stdout.close()
+    assert closed.wait() == 1 and b"Traceback" not in closed.stderr.read()
+    pruned = cli("cache", "prune", str(out / ".cache"), "--max-size", "0")  # a plain number: bytes
     assert pruned.returncode == 0 and pruned.stdout.startswith(f"cache {out}/.cache: removed 3 entries, ")
 
 

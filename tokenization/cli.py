@@ -151,11 +151,13 @@ def _duration(value: str) -> float:
 
 
 def _size(value: str) -> int:
-    """``500GB``, ``1.5TB`` or ``200MiB`` in bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)\s*", value.lower())
+    """``500GB``, ``1.5TB``, ``200MiB`` or a plain number of bytes (``0`` empties the cache) in bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", value.lower())
     if match is None:
-        raise argparse.ArgumentTypeError(f"{value!r} is no size: give a number and B, kB, MB, GB, TB (or KiB ... TiB)")
-    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()])
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is no size: give bytes, or a number and kB, MB, GB, TB (or KiB ... TiB)"
+        )
+    return int(float(match.group(1)) * SIZE_UNITS[(match.group(2) or "b").upper()])
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -347,6 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit_hf_threads(getattr(args, "threads", None))
     try:
         return COMMANDS[args.command](args)
+    except BrokenPipeError:  # its output piped into a reader that stopped early (``| head``): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes it
+        return 1
     except UsageError as exc:
         args.parser.error(str(exc))  # exits 2, as argparse does for its own usage errors
     except TokenizationError as exc:  # any other exception is a bug: its traceback shows where

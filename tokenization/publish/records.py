@@ -322,7 +322,7 @@ class TokenizerFacts(Record):
 
     sha256: str
     vocab_size: int
-    special_tokens: list[str]
+    special_tokens: list[str] = field(repr=False)  # out of a plan's log line: some tokenizers have hundreds
     eos_token: str | None
     eos_id: int | None
     eos_source: str | None

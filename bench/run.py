@@ -44,8 +44,9 @@ SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "RESULTS.md"
 EOS = "<|endoftext|>"
 OTHER_TOKENIZERS = {"llama3": "<|end_of_text|>", "mistral-7b": "</s>"}  # a uint32 one, and one that adds a BOS
-ROWS = ("tokenize", "count", *OTHER_TOKENIZERS, "1gb", "merge", "context", "verify", "memory", "nightly")
+ROWS = ("tokenize", "count", *OTHER_TOKENIZERS, "1gb", "merge", "context", "verify", "memory", "nightly", "publish")
 NIGHTLY_FILES = 50  # input files of the nightly rows' corpus; one changed the next night is 2% of them
+PUBLISH_COPIES = (4, 16)  # the publish rows: builds of the corpus this many times over, 4x apart
 CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 COMPARED = (DS, f"{DS}.index", f"{DS}.loss")
 
@@ -249,6 +250,13 @@ NIGHTLY_COLUMNS = (
     ("whole build / first night", "build_ratio", "{:.2f}x"),
     ("tokenize stage / first night", "tokenize_ratio", "{:.2f}x"),
 )
+PUBLISH_COLUMNS = (
+    ("dataset", "dataset", "{}"),
+    ("tokens", "tokens", "{:,}"),
+    ("token files (MB)", "mb", "{:.1f}"),
+    ("publish (s)", "publish_s", "{:.2f}"),
+    ("reading every byte (s)", "verify_s", "{:.2f}"),
+)
 MEMORY_COLUMNS = (
     ("stage", "stage", "{}"),
     ("input (MB)", "input_mb", "{:.1f}"),
@@ -378,6 +386,37 @@ def nightly_rows(work: Path, source: Path, base: dict, repeats: int) -> list[dic
     return rows
 
 
+def publish_rows(work: Path, source: Path, base: dict, repeats: int, copies_made: tuple[int, ...]) -> list[dict]:
+    """Publish alone, for whole builds of the corpus ``copies_made`` times over, beside reading every byte of the
+    same dataset (what publish did before the stages checked their own files)."""
+    rows = []
+    for copies in copies_made:
+        corpus, builds = work / f"publish-corpus-x{copies}", work / f"publish-builds-x{copies}"
+        link_corpus(source, corpus, copies)
+        args = base | {"corpus": str(corpus), "builds": str(builds), "build_id": "night", "out": str(work / "x")}
+        measure(workloads.ours_build, args)
+        record = builds / "night" / "_BUILD.json"
+        built = json.loads(record.read_text())
+        publishes = []
+        for _ in range(repeats):
+            record.unlink()
+            publishes.append(measure(workloads.ours_publish, args))
+        reading = [measure(workloads.ours_reread, args) for _ in range(repeats)]
+        dataset = Path(built["dataset"])
+        rows.append(
+            {
+                "dataset": f"{copies}x the corpus",
+                "tokens": built["tokens"],
+                "mb": sum(p.stat().st_size for p in dataset.iterdir() if p.is_file()) / 1e6,
+                "publish_s": fastest(publishes)["seconds"],
+                "verify_s": fastest(reading)["seconds"],
+            }
+        )
+        print(rows[-1], flush=True)
+        shutil.rmtree(builds, ignore_errors=True)
+    return rows
+
+
 def deal_corpus(source: Path, corpus: Path, files: int) -> None:
     """The corpus's documents (as ``link_corpus`` takes them) dealt into ``files`` gzipped JSON-lines files."""
     linked = corpus.with_name(corpus.name + "-source")
@@ -457,7 +496,9 @@ def main() -> None:
     if "memory" in wanted:
         memory = memory_rows(work, Path(args.corpora), base, text_mb, args.scale, docs)
     nightly = nightly_rows(work, Path(args.corpora), base, args.repeats) if "nightly" in wanted else []
-    text = "\n".join(report(bench, memory, nightly, text_mb, args)) + "\n"
+    copies = (1, 4) if args.smoke else PUBLISH_COPIES
+    publish = publish_rows(work, Path(args.corpora), base, args.repeats, copies) if "publish" in wanted else []
+    text = "\n".join(report(bench, memory, nightly, publish, text_mb, args)) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
@@ -465,10 +506,15 @@ def main() -> None:
 
 
 def report(
-    bench: Bench, memory: list[dict], nightly: list[dict], text_mb: float, args: argparse.Namespace
+    bench: Bench,
+    memory: list[dict],
+    nightly: list[dict],
+    publish: list[dict],
+    text_mb: float,
+    args: argparse.Namespace,
 ) -> list[str]:
-    """The speed table with its limits, the tokenizers' load times, the memory table and the nightly builds' table,
-    in Markdown."""
+    """The speed table with its limits, the tokenizers' load times, the memory table, the nightly builds' table and
+    the publish table, in Markdown."""
     machine = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
     big = f" (the GB row: datatrove once, ours best of {min(2, args.repeats)})" if "1gb" in args.only else ""
     lines = [
@@ -505,6 +551,16 @@ def report(
             "publish), then the next night's under a new build id, after one input file was rewritten in place. The "
             "tokenize stage's time is its ranks' seconds, summed (tokenizer loading included): what the cache saves "
             "of a night's worker time. The stages after it move every byte each night.",
+        ]
+    if publish:
+        lines += ["", "Publish as the dataset grows (a whole build, then its publish alone):", ""]
+        lines += markdown_table(PUBLISH_COLUMNS, publish)
+        lines += [
+            "",
+            "Each its own time, imports and the build's plan aside. Publish checks the records, one listing's "
+            "sizes and the books, and writes the report; the context-shuffle tasks checked their own files before "
+            "upload, so it reads no token byte. Reading every byte: verify of the same dataset against the "
+            "tokenizer, which is what publish did before.",
         ]
     return lines
 

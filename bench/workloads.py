@@ -33,11 +33,12 @@ class Inputs:
 
 
 @dataclass(frozen=True)
-class EncodeTimes:
-    """An encoder's own timing: encoding alone, and loading the tokenizer alone (the texts already in memory)."""
+class OwnTimes:
+    """A workload's own timing, where the process's would hide what is measured: the work alone (an encoder's
+    encoding, the texts already in memory; publish alone, its imports done), and loading a tokenizer alone."""
 
     seconds: float
-    load_seconds: float
+    load_seconds: float | None = None
 
 
 def ours_tokenize(inputs: Inputs) -> None:
@@ -117,6 +118,33 @@ def ours_verify(inputs: Inputs) -> None:
 
 def ours_build(inputs: Inputs) -> None:
     """A whole build on this machine, with the tokenization cache of ``builds`` (its default, ``builds/.cache``)."""
+    _build(inputs).run(parallel=2, progress=False)
+
+
+def ours_publish(inputs: Inputs) -> OwnTimes:
+    """Publish alone, of a build whose stages are done (``ours_build``'s, its ``_BUILD.json`` removed)."""
+    build = _build(inputs)
+    start = time.perf_counter()
+    build.publish()
+    return OwnTimes(time.perf_counter() - start)
+
+
+def ours_reread(inputs: Inputs) -> OwnTimes:
+    """What publish did before the stages checked their own files: verify every byte of the build's dataset
+    against its tokenizer (ids, EOS), alone."""
+    from tokenization.builds import complete
+    from tokenization.stages.verify import verify
+
+    build = _build(inputs)
+    dataset = build.published().record.dataset
+    start = time.perf_counter()
+    if not verify(dataset, checks=complete.dataset_checks(build.config, build.plan)).ok:
+        raise RuntimeError(f"verify found problems in {dataset}")
+    return OwnTimes(time.perf_counter() - start)
+
+
+def _build(inputs: Inputs):
+    """The build ``build_id`` under ``builds``, as the whole-build rows make it (the same id: the same plan)."""
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
 
@@ -130,10 +158,10 @@ def ours_build(inputs: Inputs) -> None:
         num_ranks=4,
         num_context_shards=2,
     )
-    Build.start(config, inputs.build_id).run(parallel=2, progress=False)
+    return Build.start(config, inputs.build_id)
 
 
-def hf_encode(inputs: Inputs) -> EncodeTimes:
+def hf_encode(inputs: Inputs) -> OwnTimes:
     """HF ``encode_batch_fast`` alone, on every core: the limit of any pipeline built on it."""
     from tokenizers import Tokenizer
 
@@ -142,7 +170,7 @@ def hf_encode(inputs: Inputs) -> EncodeTimes:
     )
 
 
-def gigatoken_encode(inputs: Inputs) -> EncodeTimes:
+def gigatoken_encode(inputs: Inputs) -> OwnTimes:
     """gigatoken ``encode_batch`` alone, on every core, to one flat array of ids. Used directly, not through this
     project, so that the limit does not move when the project's own code does."""
     import awkward as ak
@@ -161,7 +189,7 @@ def _datatrove(pipeline: list, inputs: Inputs) -> None:
     LocalPipelineExecutor(pipeline=pipeline, tasks=1, workers=1, logging_dir=inputs.out + "_logs").run()
 
 
-def _encode(inputs: Inputs, load: Callable[[], Any], encode: Callable[[Any, list[str]], Any]) -> EncodeTimes:
+def _encode(inputs: Inputs, load: Callable[[], Any], encode: Callable[[Any, list[str]], Any]) -> OwnTimes:
     """The texts in memory first (read as the stages read them), then loading and encoding timed apart: a stage
     pays the load once per process, so it is reported on its own rather than hidden in the limit."""
     from tokenization.text.sources import DocumentReader, Record, list_input_files
@@ -173,10 +201,10 @@ def _encode(inputs: Inputs, load: Callable[[], Any], encode: Callable[[Any, list
     load_seconds = time.time() - start
     start = time.time()
     encode(tok, texts)
-    return EncodeTimes(time.time() - start, load_seconds)
+    return OwnTimes(time.time() - start, load_seconds)
 
 
-Workload = Callable[[Inputs], EncodeTimes | None]
+Workload = Callable[[Inputs], OwnTimes | None]
 WORKLOADS: dict[str, Workload] = {
     w.__name__: w
     for w in (
@@ -190,6 +218,8 @@ WORKLOADS: dict[str, Workload] = {
         datatrove_context,
         ours_verify,
         ours_build,
+        ours_publish,
+        ours_reread,
         hf_encode,
         gigatoken_encode,
     )

@@ -56,8 +56,18 @@ def test_bench_smoke_writes_the_tables(tmp_path) -> None:
     assert [row["tokenizer"] for row in loads] == ["sample"]
     assert all(NUMBER.fullmatch(row[engine]) for row in loads for engine in ("HF load (s)", "gigatoken load (s)"))
 
-    grown = column(tables(memory)["stage"], "stage")
+    later = tables(memory)
+    grown = column(later["stage"], "stage")
     assert grown == ["tokenize + doc shuffle", "merge", "context shuffle"] * 2
+    nights = later["build"]
+    assert [(row["input files"], row["files tokenized"]) for row in nights] == [("50", "50"), ("50", "1")]
+    published = later["dataset"]
+    assert column(published, "dataset") == ["1x the corpus", "4x the corpus"]  # the smoke run's sizes
+    tokens = [int(cell.replace(",", "")) for cell in column(published, "tokens")]
+    assert tokens[1] == 4 * tokens[0] > 0  # the corpus four times over: four times the tokens
+    assert all(
+        NUMBER.fullmatch(cell) for row in published for cell in (row["publish (s)"], row["reading every byte (s)"])
+    )
 
 
 def test_bench_refuses_unknown_rows() -> None:

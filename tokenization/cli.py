@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("path", help="output folder or fsspec URL")
     ver.add_argument("--tokenizer", help="also check every id against this tokenizer's vocabulary")
     ver.add_argument("--eos-token", help="also check that every document ends with this token (needs --tokenizer)")
+    ver.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="instead of reading every file, trust the checks that stages made of their own files before upload "
+        "(with the same tokenizer checks), and read N of those files, chosen at random (default: read every file)",
+    )
 
     rep = command("report", "write a build's report.html and report.json again, from its manifests")
     rep.add_argument("run_dir", metavar="RUN_DIR", help="the build's folder (holding ranks/ and _BUILD.json)")
@@ -262,7 +269,9 @@ def cmd_count(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    report = verify(args.path, args.tokenizer, args.eos_token)
+    if args.sample is not None and args.sample < 0:
+        raise UsageError(f"--sample must be 0 or more, got {args.sample}")
+    report = verify(args.path, args.tokenizer, args.eos_token, vouched=args.sample is not None, sample=args.sample or 0)
     for line in report.problems + report.notes:
         print(line)
     state = "OK" if report.ok else f"FAILED, {len(report.problems)} problems"

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import TypeVar
 
 import orjson
 
 from tokenization.builds.plan import unread_or_reread
 from tokenization.formats.names import rank_stem
-from tokenization.io.storage import join, list_names, list_sizes, open_fs
+from tokenization.io.storage import in_batches, join, list_names, list_sizes, open_fs, read_many
 from tokenization.publish import manifest
 from tokenization.publish.records import (
     CacheSummary,
@@ -51,26 +51,44 @@ def incomplete_ranks(ranks_dir: str, num_ranks: int, plan: str | None = None) ->
     if unmarked := {rank: "no completion marker" for stem, rank in expected.items() if stem not in listed}:
         return unmarked
     sizes = {**list_sizes(fs, path), **_prefixed(fs, path, "_quarantine")}
-    status = {rank: _shard_status(fs, path, stem, sizes, plan) for stem, rank in expected.items()}
+    status = {}
+    for batch in in_batches(list(expected)):  # a batch's markers, then their manifests, read concurrently
+        markers = read_many(fs, [manifest.marker_path(path, stem) for stem in batch])
+        named = {stem: _marker(data, where) for stem, (where, data) in zip(batch, markers.items(), strict=True)}
+        wanted = [join(path, marker.manifest) for marker in named.values() if isinstance(marker, CompletionMarker)]
+        manifests = read_many(fs, wanted)
+        for stem, marker in named.items():
+            status[expected[stem]] = _shard_status(path, marker, manifests, sizes, plan)
     return {rank: why for rank, why in status.items() if why is not None}
+
+
+def _marker(data: bytes | None, where: str) -> CompletionMarker | str:
+    """A rank's marker, or why it cannot be used: its one line, when it is damaged."""
+    if data is None:
+        return "no completion marker"
+    try:
+        return CompletionMarker.loads(data, where)
+    except RecordError as exc:
+        return str(exc)
 
 
 def _prefixed(fs, path: str, folder: str) -> dict[str, int]:
     return {f"{folder}/{name}": size for name, size in list_sizes(fs, join(path, folder)).items()}
 
 
-def _shard_status(fs, path: str, stem: str, sizes: dict[str, int], plan: str | None) -> str | None:
-    """Why the shard of ``stem`` is not complete, or None. A damaged marker or manifest is such a reason, said in
-    its one line: tokenizing the rank again replaces both."""
-    try:
-        marker = CompletionMarker.read(fs, manifest.marker_path(path, stem))
-    except RecordError as exc:
-        return str(exc)
-    if marker is None:
-        return "no completion marker"
-    try:
-        data = fs.cat_file(join(path, marker.manifest))
-    except FileNotFoundError:
+def _shard_status(
+    path: str,
+    marker: CompletionMarker | str,
+    manifests: dict[str, bytes | None],
+    sizes: dict[str, int],
+    plan: str | None,
+) -> str | None:
+    """Why a rank's shard is not complete, or None, from its marker (or why it has none) and the manifests read.
+    A damaged marker or manifest is such a reason, said in its one line: tokenizing the rank again replaces both."""
+    if isinstance(marker, str):
+        return marker
+    data = manifests.get(join(path, marker.manifest))
+    if data is None:
         return "completion marker without a manifest"
     if hashlib.sha256(data).hexdigest() != marker.sha256:
         return "manifest does not match its completion marker"
@@ -168,17 +186,19 @@ def token_flow(rank_tokens: int, stages: StageSummary, dataset_tokens: int) -> d
 
 
 def rank_manifests(ranks_dir: str, num_ranks: int) -> list[RankManifest]:
-    """Every rank's manifest, checked (``RecordError`` names a damaged one); a missing one is a BuildError."""
+    """Every rank's manifest, checked (``RecordError`` names a damaged one; a missing one is a BuildError), each
+    without its output entries (``outputs`` empty): the books and the report never need them, and a bucketed
+    rank's are most of its manifest (~2 kB a bucket), so what is held stays small however many buckets there are.
+    Read a batch at a time, concurrently."""
     fs, path = open_fs(ranks_dir)
     found = []
-    for rank in range(num_ranks):
-        where = manifest.manifest_path(path, rank_stem(rank))
-        record = RankManifest.read(fs, where)
-        if record is None:
-            raise BuildError(
-                f"{join(ranks_dir, manifest.manifest_name(rank_stem(rank)))}: missing, so rank {rank} is not complete"
-            )
-        found.append(record)
+    for batch in in_batches(list(range(num_ranks))):
+        read = read_many(fs, [manifest.manifest_path(path, rank_stem(rank)) for rank in batch])
+        for rank, (where, data) in zip(batch, read.items(), strict=True):
+            if data is None:
+                name = manifest.manifest_name(rank_stem(rank))
+                raise BuildError(f"{join(ranks_dir, name)}: missing, so rank {rank} is not complete")
+            found.append(replace(RankManifest.loads(data, where), outputs=[]))
     return found
 
 

@@ -148,7 +148,8 @@ class Build:
             local_working_dir=self.config.merge_working_dir or self.config.local_working_dir,
             **self.config.shared(MergeOptions),
         )
-        return merge(config, progress, owner)
+        dataset = not self.config.context_window  # no context shuffle follows: the merge's files are the dataset
+        return merge(config, progress, owner, complete.dataset_checks(self.config, self.plan) if dataset else None)
 
     def context_shards(self) -> list[int]:
         """The context-shuffle tasks to run: at most one a merged file, none when the window is 0."""
@@ -170,7 +171,7 @@ class Build:
             local_working_dir=self.config.local_working_dir,
             **self.config.shared(ContextOptions),
         )
-        return context_shuffle(config, progress, owner)
+        return context_shuffle(config, progress, owner, complete.dataset_checks(self.config, self.plan))
 
     def publish(self, keep: int | None = None) -> Published:
         """Verify, account, report and declare the build complete (``complete.publish``)."""

@@ -416,6 +416,7 @@ class Attempt:
             sha256=hashlib.sha256(data).hexdigest(),
             attempt=self.id,
             files=files,
+            checked=record.checked,
         )
         self.write(manifest.marker_name(self.stem), marker.dumps())
         return record

@@ -42,16 +42,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tokenization.io.errors import StorageError, reaching
+from tokenization.io.errors import reaching
 from tokenization.io.storage import (
     current_etag,
     file_sha256,
+    in_batches,
     is_local,
     join,
     link_or_copy,
     list_names,
     open_fs,
     put_if,
+    read_many,
     remove_if,
     remove_if_exists,
     remove_tree,
@@ -371,20 +373,10 @@ def _differences(local: Mapping[str, Path], recorded: Mapping[str, FileSum]) -> 
 
 
 def _read_all(fs, paths: list[str]) -> dict[str, bytes]:
-    """The bytes of many small files, read concurrently where the store can (one request each); a file removed
-    since it was listed is left out."""
-    if not paths:
-        return {}
-    try:
-        found = fs.cat(paths, on_error="return")
-    except FileNotFoundError:
-        return {}
-    if isinstance(found, bytes):  # one path: fsspec answers with its bytes
-        found = {paths[0]: found}
-    errors = [v for v in found.values() if isinstance(v, Exception) and not isinstance(v, FileNotFoundError)]
-    if errors:
-        raise StorageError(f"{paths[0].rsplit('/', 2)[0]}: {errors[0]}") from errors[0]
-    return {path: data for path, data in found.items() if isinstance(data, bytes)}
+    """The bytes of many small files, a batch of requests at a time; a file removed since it was listed is left out."""
+    return {
+        path: data for batch in in_batches(paths) for path, data in read_many(fs, batch).items() if data is not None
+    }
 
 
 def _exists(url: str) -> bool:

@@ -433,12 +433,28 @@ class StageRecord(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SelfCheck(Record):
+    """A stage's check of its own files on local disk, before it uploaded them (``stages.verify.OwnCheck``):
+    verify's checks of every family it wrote, and each file's size and sha256 against what its writer recorded.
+    ``vocab_size`` and ``eos_id``: what ids and document ends were checked against (None: not checked). Publish
+    reads no byte of the files a stage vouches for this way (``families``: the ``.ds`` or ``.bin`` of each), when
+    its marker carries the same check."""
+
+    families: list[str]
+    tokens: int
+    vocab_size: int | None
+    eos_id: int | None
+    notes: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
 class StageManifest(StageRecord):
     """A stage's manifest: also its seed and the attempt that wrote it. ``counts``, ``outputs`` and
     ``tokens_written`` (what its counts say it wrote) are each stage's own."""
 
     seed: int
     attempt: str | None = None  # set when an attempt commits it
+    checked: SelfCheck | None = None  # the stage's check of its own files; None: it made none
 
     @property
     def prefix(self) -> str | None:
@@ -466,7 +482,7 @@ class RankManifest(StageManifest):
     """``ranks/_manifests/{rank}.json``: one rank's inputs, plan, tokenizer, counts and files."""
 
     KIND: ClassVar[str] = "rank-manifest"
-    VERSION: ClassVar[int] = 3  # /2 had no cache; /1 was the same record, without the checks on reading
+    VERSION: ClassVar[int] = 4  # /3 had no self-check; /2 no cache; /1 was /2 without the checks on reading
     rank: int
     world_size: int
     tokenizer: TokenizerInfo
@@ -525,7 +541,7 @@ class MergeManifest(StageManifest):
     """``merged/_manifests/{name}.json``: the merge (of everything, or of one bucket) and its files."""
 
     KIND: ClassVar[str] = "merge-manifest"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3  # /2 had no self-check
     save_filename: str
     bucket: int | None = None
     fingerprint: str
@@ -553,7 +569,7 @@ class ContextManifest(StageManifest):
     """``context/_manifests/context_{shard}.json``: one context-shuffle task's files."""
 
     KIND: ClassVar[str] = "context-manifest"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3  # /2 had no self-check
     inputs: list[str]
     counts: ContextCounts
     outputs: list[ContextOutput]
@@ -617,16 +633,19 @@ def stage_manifest(data: bytes, path: str) -> StageManifest | MergeOutput:
 
 @dataclass(frozen=True, kw_only=True)
 class CompletionMarker(Record):
-    """``_completions/{stem}.json``, written last: the attempt, its manifest's sha256, and every published file
-    with its size and sha256 (untagged before version 1)."""
+    """``_completions/{stem}.json``, written last: the attempt, its manifest's sha256, every published file with its
+    size and sha256, and the stage's check of its own files, as its manifest records it (untagged before version 1;
+    version 1 had no check)."""
 
     KIND: ClassVar[str] = "completion"
+    VERSION: ClassVar[int] = 2
     UNTAGGED: ClassVar[bool] = True
     LABEL: ClassVar[str] = "completion marker"
     manifest: str
     sha256: str
     attempt: str
     files: dict[str, FileSum]
+    checked: SelfCheck | None = None
 
     def dumps(self) -> bytes:
         return orjson.dumps(self.to_json(), option=orjson.OPT_SORT_KEYS)

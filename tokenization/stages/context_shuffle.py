@@ -6,6 +6,10 @@ The permutation is datatrove's DocumentTokenizerContextShuffler's: one ``default
 with their windows, document ends inside a window move with it and every window end becomes an index entry,
 the tail shorter than a window is kept at the end (and counted), and metadata and a manifest are written.
 The task takes ``files[shard::num_shards]`` of the sorted input, so a folder can be shuffled by many tasks.
+
+Its files are a build's dataset, so the task checks each one on local disk before it uploads it (verify's checks,
+``stages.verify.OwnCheck``): the bytes are read again where they are, by as many tasks as there are shards, and
+publish then reads none of them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
 from tokenization.publish.manifest import StageResult
 from tokenization.publish.records import ContextCounts, ContextManifest, ContextOutput
+from tokenization.stages.verify import Checks, OwnCheck
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +85,12 @@ def shard_files(config: ContextShuffleConfig) -> list[str]:
 
 @with_storage_options
 def context_shuffle(
-    config: ContextShuffleConfig, progress: ProgressMode = None, owner: str | None = None
+    config: ContextShuffleConfig, progress: ProgressMode = None, owner: str | None = None, checks: Checks | None = None
 ) -> StageResult[ContextCounts, ContextManifest]:
-    """Shuffle this task's files into ``config.output``, one output family per input file, under its name."""
+    """Shuffle this task's files into ``config.output``, one output family per input file, under its name, each
+    checked before upload (ids and document ends against ``checks``, when a build knows its tokenizer)."""
     started = time.time()
+    own = OwnCheck(checks or Checks(), f"context shuffle {config.stem}")
     files = shard_files(config)
     sources = [TokenFile(url) for url in files]
     rng = np.random.default_rng(config.seed)  # one generator for the task, drawn file after file
@@ -97,11 +104,13 @@ def context_shuffle(
                 if source.num_tokens == 0:  # nothing to cut; datatrove's empty files stay behind
                     continue
                 written, full = _shuffle_file(config, url, source, rng, attempt, shown)
-                attempt.place_families([written])
                 nested = written.name in described and described[written.name].entry.pseudo_ends is not None
                 grid = manifest.pseudo_ends(0, written.tokens, config.context_window, full * config.context_window)
                 pseudo = "unknown" if nested else grid
-                outputs.append(manifest.output_entry(written, ContextOutput, source=url, pseudo_ends=pseudo))
+                entry = manifest.output_entry(written, ContextOutput, source=url, pseudo_ends=pseudo)
+                own.family(attempt.work, entry)
+                attempt.place_families([written])
+                outputs.append(entry)
                 tail = source.num_tokens - full * config.context_window
                 tally.update(windows=full, tokens=written.tokens)
                 tally["tokens_dropped" if config.drop_tail else "tail_tokens_kept"] += tail
@@ -116,6 +125,7 @@ def context_shuffle(
             inputs=files,
             counts=counts,
             outputs=outputs,
+            checked=own.result(),
         )
         record = attempt.commit(record, record.output_files())
     return StageResult(counts, record)

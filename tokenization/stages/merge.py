@@ -44,6 +44,7 @@ from tokenization.publish.records import (
     RecordError,
     SizedInput,
 )
+from tokenization.stages.verify import Checks, OwnCheck
 
 log = logging.getLogger(__name__)
 
@@ -276,8 +277,8 @@ class _Checkpoints:
     """The ``on_close`` of the merge's writer: publishes each finished file with a manifest that records where in
     the ordering it ends, which is where a resumed merge starts."""
 
-    def __init__(self, attempt: Attempt, plan: _Plan, done: list[MergeOutput]):
-        self.attempt, self.plan, self.entries = attempt, plan, list(done)
+    def __init__(self, attempt: Attempt, plan: _Plan, done: list[MergeOutput], own: OwnCheck | None):
+        self.attempt, self.plan, self.entries, self.own = attempt, plan, list(done), own
         self.resumed_units = self.units_end
 
     @property
@@ -301,6 +302,8 @@ class _Checkpoints:
             units_end=self.resumed_units + units_written,
             pseudo_ends="unknown" if self.plan.inputs.pseudo_ends else grid,
         )
+        if self.own is not None:
+            self.own.family(written.path.parent, entry)
         self.attempt.place_families([written])
         self.attempt.write(manifest.manifest_name(written.path.stem), entry.dumps())
         self.entries.append(entry)
@@ -308,15 +311,18 @@ class _Checkpoints:
 
 @with_storage_options
 def merge(
-    config: MergeConfig, progress: ProgressMode = None, owner: str | None = None
+    config: MergeConfig, progress: ProgressMode = None, owner: str | None = None, checks: Checks | None = None
 ) -> StageResult[MergeCounts, MergeManifest]:
-    """Run the merge, resuming when an earlier run of the same merge was interrupted."""
+    """Run the merge, resuming when an earlier run of the same merge was interrupted. With ``checks`` (its files
+    are the dataset: no context shuffle follows), each file is checked on local disk before upload, as a context
+    shuffle checks its own; the files an earlier attempt published are left to publish's reading."""
     started = time.time()
     plan = _plan(config)
     stem = config.stem
+    own = OwnCheck(checks, f"merge {stem}") if checks is not None else None
     with attempt_at(config.output, stem, config.local_working_dir, owner) as attempt:
         done = _completed_files(attempt, config, plan.width, plan.fingerprint)
-        checkpoints = _Checkpoints(attempt, plan, done)
+        checkpoints = _Checkpoints(attempt, plan, done, own)
         log.info(
             "merge %s: %d inputs, %d units, %d tokens; %d files already done, resuming at unit %d",
             stem,
@@ -351,6 +357,7 @@ def merge(
             inputs=[SizedInput(url=u, bytes=s) for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
             counts=counts,
             outputs=checkpoints.entries,
+            checked=own and own.result(),
         )
         record = _commit(attempt, config, inputs, record)
     return StageResult(counts, record)

@@ -11,13 +11,21 @@ marker (which records the manifest's sha256), each marker its stage manifest, an
 there with its size and sha256 (the dataset's ``{name}.ds.metadata`` and the quarantine included); a file that no
 record lists (a lone ``.ds.index``, a leftover) is a problem, and so are the merge's per-file checkpoints unless
 each equals the entry its stage manifest holds for it. A malformed record is one problem naming its file and field.
+
+A stage checks its own files the same way before it uploads them (``OwnCheck``), and its manifest and marker say
+so. ``publish`` then reads no byte of them again (``vouched``): it checks the records, one listing's sizes, and the
+books. The files' bytes are read where they are written, by the task that wrote them, so publishing costs the same
+whatever the dataset's size. ``tokenization verify`` reads everything, unless asked to trust those checks and
+re-read a random sample (``sample``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Generic, TypeVar
 
 import fsspec
@@ -26,6 +34,7 @@ import numpy as np
 from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
 from tokenization.formats.megatron import MegatronFile
+from tokenization.io.errors import TokenizationError
 from tokenization.io.storage import join, list_names, list_sizes, open_fs
 from tokenization.publish import manifest
 from tokenization.publish.attempts import LEASES, STAGING
@@ -36,6 +45,7 @@ from tokenization.publish.records import (
     MergeOutput,
     OutputEntry,
     RecordError,
+    SelfCheck,
     StageManifest,
     stage_manifest,
 )
@@ -70,22 +80,44 @@ class Report:
             self.problem(where, f"{message}: {len(offsets) - MAX_REPORTED} more like this")
 
 
-@dataclass
-class _Checks:
-    """What the optional tokenizer lets us check: ids below the vocabulary size, EOS at document ends."""
+@dataclass(frozen=True)
+class Checks:
+    """What a tokenizer lets verify check: ids below the vocabulary size, EOS at document ends (None: unchecked)."""
 
     vocab_size: int | None = None
     eos_id: int | None = None
 
-
-def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None) -> Report:
-    """Check every token file directly inside ``url`` and every record of the folder; a problem-free report means
-    the folder is usable."""
-    report = Report()
-    checks = _Checks()
-    if tokenizer:
+    @classmethod
+    def of(cls, tokenizer: str | None, eos_token: str | None) -> Checks:
+        if not tokenizer:
+            return cls()
         encoder = Encoder(tokenizer, eos_token=eos_token, no_eos=eos_token is None)
-        checks = _Checks(encoder.vocab_size, encoder.eos_id)
+        return cls(encoder.vocab_size, encoder.eos_id)
+
+    def made_by(self, check: SelfCheck) -> bool:
+        """Whether a stage's own check checked at least what these checks ask."""
+        return all(
+            want is None or want == made
+            for want, made in ((self.vocab_size, check.vocab_size), (self.eos_id, check.eos_id))
+        )
+
+
+def verify(
+    url: str,
+    tokenizer: str | None = None,
+    eos_token: str | None = None,
+    *,
+    checks: Checks | None = None,
+    vouched: bool = False,
+    sample: int = 0,
+) -> Report:
+    """Check every token file directly inside ``url`` and every record of the folder; a problem-free report means
+    the folder is usable. ``checks`` (else those of ``tokenizer``): what ids and document ends must be. With
+    ``vouched``, the families whose stage checked them before upload (its manifest and marker say so, with at
+    least ``checks``) are not read: their sizes are checked against the listing, their sha256 taken from the
+    marker; except ``sample`` of them, chosen at random, which are read and checked all the same."""
+    report = Report()
+    checks = checks or Checks.of(tokenizer, eos_token)
     folder = _Folder.open(url)
     records = _read_records(folder, report)
     described = manifest.entries_by_name(read.record for read in records.manifests.values()) if records else {}
@@ -93,14 +125,84 @@ def verify(url: str, tokenizer: str | None = None, eos_token: str | None = None)
     if not ds_files and not bin_files:
         report.problem(url, "no .ds or .bin files")
     entries = {name: d.entry for name, d in described.items()}
-    for name in ds_files:
-        _verify_ds(folder, name, entries.get(name), checks, report)
-    for name in bin_files:
-        _verify_megatron(folder, name, entries.get(name), checks, report)
+    trusted = _trusted(records, checks, sample, report) if vouched and records else set()
+    for name in ds_files + bin_files:
+        if name in trusted:
+            _vouched(folder, entries[name], report)
+        elif name in ds_files:
+            _verify_ds(folder, name, entries.get(name), checks, report)
+        else:
+            _verify_megatron(folder, name, entries.get(name), checks, report)
+    if skipped := len(trusted.intersection(ds_files + bin_files)):
+        report.notes.append(f"{url}: {skipped} files not read again: their stages checked them before upload")
     _verify_dataset_metadata(folder, report)
     if records:  # after the token files: their checksums were taken while they were streamed
         _check_records(folder, records, {*ds_files, *bin_files}, described, report)
     return report
+
+
+class SelfCheckFailed(TokenizationError):
+    """A stage's own files failed verify's checks before upload: nothing of the attempt is published."""
+
+
+class OwnCheck:
+    """A stage's check of the files it wrote (``where`` names it), family by family on local disk before it
+    uploads them: verify's checks against ``checks``, and each file's size and sha256 against what its writer
+    recorded. ``result`` goes into the stage's manifest and marker."""
+
+    def __init__(self, checks: Checks, where: str):
+        self.checks, self.where = checks, where
+        self.families: list[str] = []
+        self.tokens = 0
+        self.notes: list[str] = []
+
+    def family(self, folder: Path, entry: OutputEntry) -> None:
+        """Check one written family (its files in ``folder``, under their output names); SelfCheckFailed names
+        the problems."""
+        local, report = _Folder.open(str(folder)), Report()
+        check = _verify_megatron if entry.name.endswith(MEGATRON) else _verify_ds
+        check(local, entry.name, entry, self.checks, report)
+        for name, info in sorted(entry.files.items()):
+            size = local.size(name)
+            if size is None:
+                report.problem(local.label(name), "missing")
+            elif size != info.bytes or local.sha256(name) != info.sha256:
+                report.problem(local.label(name), "differs from the size and sha256 its writer recorded")
+        if report.problems:
+            shown = "; ".join(report.problems[:MAX_REPORTED])
+            more = f" (and {len(report.problems) - MAX_REPORTED} more)" if len(report.problems) > MAX_REPORTED else ""
+            raise SelfCheckFailed(
+                f"{self.where}: {entry.name} fails verify before upload, so nothing is published: {shown}{more}"
+            )
+        self.families.append(entry.name)
+        self.tokens += report.tokens
+        self.notes += [note.replace(local.label(entry.name), entry.name) for note in report.notes]
+
+    def result(self) -> SelfCheck:
+        c = self.checks
+        return SelfCheck(
+            families=self.families, tokens=self.tokens, vocab_size=c.vocab_size, eos_id=c.eos_id, notes=self.notes
+        )
+
+
+def _trusted(records: _Records, checks: Checks, sample: int, report: Report) -> set[str]:
+    """The families that stages checked before upload, with at least ``checks``, as both their manifest and their
+    marker say; minus ``sample`` of them, chosen at random, to be read all the same."""
+    trusted = set()
+    for stem, read in records.stages.items():
+        own, marker = read.record.checked, records.markers.get(stem)
+        if own is not None and marker is not None and marker.checked == own and checks.made_by(own):
+            trusted |= set(own.families) & {entry.name for entry in read.record.outputs}
+            report.notes += own.notes
+    return trusted - set(random.sample(sorted(trusted), min(sample, len(trusted))))
+
+
+def _vouched(folder: _Folder, entry: OutputEntry, report: Report) -> None:
+    """A family its stage checked before upload: counted from its entry; its files' sizes are checked against the
+    listing, and their sha256 are the marker's (``_check_markers``)."""
+    report.files += 1
+    report.tokens += entry.tokens
+    folder.vouched.update(entry.files)
 
 
 @dataclass
@@ -113,6 +215,7 @@ class _Folder:
     url: str
     sizes: dict[str, int]  # the folder's own entries, by name
     digests: dict[str, str] = field(default_factory=dict)
+    vouched: set[str] = field(default_factory=set)  # files whose sha256 is their marker's: not read (``verify``)
     subfolders: dict[str, dict[str, int]] = field(default_factory=dict)  # their entries, once one is asked about
 
     @classmethod
@@ -288,7 +391,7 @@ def _check_markers(
             if size is None:
                 if _family(name) not in missing:
                     report.problem(folder.label(name), f"listed by {manifest.marker_name(stem)} but missing")
-            elif size != info.bytes or folder.sha256(name) != info.sha256:
+            elif size != info.bytes or (name not in folder.vouched and folder.sha256(name) != info.sha256):
                 report.problem(
                     folder.label(name),
                     f"differs from what {manifest.marker_name(stem)} records ({size} bytes, sha256 "
@@ -354,7 +457,7 @@ def _source(described: Described) -> str:
     return f"the {owner.stage} manifest{f' of {stem}' if stem else ''}"
 
 
-def _verify_ds(folder: _Folder, name: str, entry: OutputEntry | None, checks: _Checks, report: Report) -> None:
+def _verify_ds(folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> None:
     """One ``.ds`` family, its checksums taken as it streams."""
     report.files += 1
     label, path, sizes = folder.label(name), join(folder.path, name), folder.sizes
@@ -403,7 +506,7 @@ def _verify_ds(folder: _Folder, name: str, entry: OutputEntry | None, checks: _C
     report.tokens += tokens
 
 
-def _verify_megatron(folder: _Folder, name: str, entry: OutputEntry | None, checks: _Checks, report: Report) -> None:
+def _verify_megatron(folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> None:
     report.files += 1
     label = folder.label(name)
     try:
@@ -442,7 +545,7 @@ def _check_counts(entry: OutputEntry | None, tokens: int, entries: int, label: s
         report.problem(label, f"its index holds {entries} entries, its manifest says {entry.index_entries}")
 
 
-def _check_index(ends: np.ndarray, label: str, checks: _Checks, report: Report) -> None:
+def _check_index(ends: np.ndarray, label: str, checks: Checks, report: Report) -> None:
     if len(ends) and ends[0] < 0:
         report.problem(f"{label}.index", "negative first entry", 0)
     steps = np.diff(ends)
@@ -452,7 +555,7 @@ def _check_index(ends: np.ndarray, label: str, checks: _Checks, report: Report) 
 
 
 def _check_tokens(
-    block, offset: int, ends, entry: OutputEntry | None, label: str, checks: _Checks, report: Report
+    block, offset: int, ends, entry: OutputEntry | None, label: str, checks: Checks, report: Report
 ) -> None:
     """Ids below the vocabulary size, and the EOS before every real document end inside this block."""
     if checks.vocab_size is not None and len(block):

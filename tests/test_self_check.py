@@ -1,0 +1,162 @@
+"""Verify where the bytes are: each context-shuffle task checks its own files on local disk before it uploads them,
+its manifest and marker say so, and publish then reads no byte of them; ``tokenization verify`` still reads all,
+or trusts those checks and re-reads a random sample."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EOS, in_process
+from tests.test_cli import cli
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
+from tokenization.publish.records import CompletionMarker, ContextManifest, MergeManifest, stage_manifest
+from tokenization.stages import verify as verifying
+from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
+from tokenization.stages.verify import Checks, SelfCheckFailed, verify
+
+SETTINGS = {"num_ranks": 2, "num_context_shards": 2, "context_window": 257, "merge_max_tokens_per_file": 20000}
+
+
+def started(tmp_path, corpus, tokenizer, build_id: str = "night") -> Build:
+    config = BuildConfig(
+        input=str(corpus), output=str(tmp_path / "out"), tokenizer=str(tokenizer), eos_token=EOS, **SETTINGS
+    )
+    return Build.start(config, build_id)
+
+
+def until_publish(build: Build) -> None:
+    """Every stage of the build but publish."""
+    for rank in build.plan.ranks:
+        build.tokenize(rank, progress=False)
+    for bucket in build.plan.merge_buckets:
+        build.merge(bucket, progress=False)
+    shards = build.context_shards()
+    for shard in shards:
+        build.context_shuffle(shard, len(shards), progress=False)
+
+
+def reading_no_token_file(monkeypatch) -> None:
+    """From here on, reading a token file's bytes fails the test (a dataset's ``.ds.metadata`` text may be read)."""
+    blocks = verifying._blocks
+
+    def guarded(fs, path: str, *args):
+        assert path.endswith(".metadata"), f"read {path}"
+        return blocks(fs, path, *args)
+
+    monkeypatch.setattr(verifying, "_blocks", guarded)
+
+
+def test_each_context_task_records_its_check_and_publish_reads_no_token_byte(
+    tmp_path, sample_corpus, sample_tokenizer, monkeypatch
+) -> None:
+    build = started(tmp_path, sample_corpus, sample_tokenizer)
+    until_publish(build)
+    context = Path(build.layout.context)
+    facts = build.plan.tokenizer
+    files = tokens = 0
+    for shard in range(2):
+        stem = f"context_{shard:05d}"
+        record = ContextManifest.loads((context / "_manifests" / f"{stem}.json").read_bytes(), stem)
+        marker = CompletionMarker.loads((context / "_completions" / f"{stem}.json").read_bytes(), stem)
+        checked = record.checked
+        assert checked is not None and marker.checked == checked
+        assert (checked.vocab_size, checked.eos_id) == (facts.vocab_size, facts.eos_id) and checked.eos_id is not None
+        assert checked.families == [o.name for o in record.outputs] and checked.tokens == record.counts.tokens
+        files, tokens = files + len(checked.families), tokens + checked.tokens
+
+    reading_no_token_file(monkeypatch)
+    published = build.publish()
+    assert published.record.verify.ok and published.record.verify.files == files and published.record.tokens == tokens
+    assert any(
+        "not read again: their stages checked them before upload" in note for note in published.record.verify.notes
+    )
+
+
+def test_a_task_whose_own_files_fail_publishes_nothing(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """Ids beyond the vocabulary (a check against too small a vocabulary stands in for a corrupt write): the task
+    fails naming the file and the first token, and leaves no manifest, marker or token file in the output."""
+    build = started(tmp_path, sample_corpus, sample_tokenizer)
+    for rank in build.plan.ranks:
+        build.tokenize(rank, progress=False)
+    build.merge(None, progress=False)
+    output = tmp_path / "shuffled"
+    config = ContextShuffleConfig(input=build.layout.merged, output=str(output), context_window=257, seed=1)
+    with pytest.raises(
+        SelfCheckFailed,
+        match=r"context shuffle context_00000: 000_corpus\.ds fails verify before "
+        r"upload, so nothing is published: .*000_corpus\.ds @ token \d+: id beyond the vocabulary of 100",
+    ):
+        context_shuffle(config, progress=False, checks=Checks(vocab_size=100))
+    assert not [p for p in output.rglob("*") if p.is_file() and not p.name.startswith(".")]
+
+
+def test_a_marker_without_the_check_gets_its_files_read(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """A check vouches only when the manifest and the marker carry the same one, made with at least the checks
+    asked for: otherwise the files are read as before, and a flipped byte is found."""
+    build = started(tmp_path, sample_corpus, sample_tokenizer)
+    until_publish(build)
+    context = tmp_path / "out" / "night" / "context"
+    data = context / "000_corpus.ds"
+    flipped = bytearray(data.read_bytes())
+    flipped[10] ^= 0xFF
+    data.write_bytes(bytes(flipped))
+    facts = build.plan.tokenizer
+    checks = Checks(facts.vocab_size, facts.eos_id)
+    assert verify(str(context), checks=checks, vouched=True).ok  # trusted: not read
+    assert not verify(str(context), checks=checks).ok  # read
+    assert not verify(str(context), checks=Checks(facts.vocab_size + 1, facts.eos_id), vouched=True).ok
+    marker = context / "_completions" / "context_00000.json"
+    record = json.loads(marker.read_bytes())
+    record["checked"] = None
+    marker.write_text(json.dumps(record))
+    found = verify(str(context), checks=checks, vouched=True)
+    assert any("000_corpus.ds: differs from what _completions/context_00000.json records" in p for p in found.problems)
+
+
+def test_verify_re_reads_a_random_sample_of_what_stages_checked(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    build = started(tmp_path, sample_corpus, sample_tokenizer)
+    published = in_process(build)
+    context = published.record.dataset
+    files = published.record.verify.files
+    sampled = cli("verify", context, "--sample", str(files))
+    assert sampled.returncode == 0, sampled.stdout + sampled.stderr
+    assert "not read again" not in sampled.stdout
+    trusting = cli("verify", context, "--sample", "0")
+    assert trusting.returncode == 0 and f"{files} files not read again" in trusting.stdout
+    data = next(p for p in sorted((tmp_path / "out" / "night" / "context").glob("*.ds")))
+    flipped = bytearray(data.read_bytes())
+    flipped[10] ^= 0xFF
+    data.write_bytes(bytes(flipped))
+    assert cli("verify", context, "--sample", "0").returncode == 0  # the checks vouch for it: not read
+    caught = cli("verify", context, "--sample", str(files))
+    assert caught.returncode == 1 and f"{data.name}: differs from what _completions/" in caught.stdout
+    assert cli("verify", context).returncode == 1  # the full check reads everything
+
+
+@pytest.mark.parametrize("buckets", [None, 2])
+def test_without_a_context_shuffle_the_merge_checks_its_own_files(
+    tmp_path, sample_corpus, sample_tokenizer, monkeypatch, buckets
+) -> None:
+    config = BuildConfig(
+        input=str(sample_corpus),
+        output=str(tmp_path / "out"),
+        tokenizer=str(sample_tokenizer),
+        eos_token=EOS,
+        **SETTINGS | {"context_window": 0, "num_buckets": buckets, "merge_mode": "bucketed" if buckets else "shuffle"},
+    )
+    build = Build.start(config, "night")
+    until_publish(build)
+    merged = Path(build.layout.merged)
+    families = set()
+    for path in sorted((merged / "_manifests").glob("*.json")):
+        record = stage_manifest(path.read_bytes(), str(path))  # the merge's manifest, or a file's checkpoint
+        if isinstance(record, MergeManifest):
+            assert record.checked is not None and record.checked.families == [o.name for o in record.outputs]
+            families |= set(record.checked.families)
+    assert families == {p.name for p in merged.glob("*.ds")} and len(families) >= 2
+    reading_no_token_file(monkeypatch)
+    assert build.publish().record.verify.files == len(families)

@@ -19,12 +19,12 @@ from bench.scale_plan.model import (
     tokenize_cost,
     wall_seconds,
 )
-from tokenization.io.storage import MIB, MIN_PART_SIZE
+from tokenization.io.storage import MIB
 
 S3_PUTS_PER_S = 3_500  # PUT/COPY/POST/DELETE a second per partitioned prefix (S3 performance guidelines)
 S3_GETS_PER_S = 5_500  # GET/HEAD a second per partitioned prefix
 XCOM_GUIDELINE = 64_000  # bytes a task instance's XCom should stay under (Airflow: "keep them to KBs")
-SMALL_OBJECT = MIN_PART_SIZE  # a rank bucket file smaller than the smallest part costs a request for few bytes
+SMALL_OBJECT = 8 * MIB  # a rank bucket file below this costs a request for too few bytes to reach a stream's rate
 WORKER_COUNTS = [2**k for k in range(17)]  # where a limit that grows with the fleet is looked for
 
 
@@ -102,11 +102,11 @@ def limits(s: Scenario) -> list[Limit]:
             lambda s, w: wall_seconds(s, True, w)["total"],
         ),
         Limit(
-            "publish: verify of the whole dataset in one task",
+            "publish: one task (records and books; without the context tasks' checks, every byte)",
             "s",
             deadline,
             "tokens",
-            "verify each file in the context task that writes it; publish reads their results",
+            "keep the context tasks' own checks (distributed_verify)",
             lambda s, w: publish_cost(s, True).seconds(s),
         ),
         Limit(
@@ -118,11 +118,11 @@ def limits(s: Scenario) -> list[Limit]:
             busiest("ram"),
         ),
         Limit(
-            "publish: RAM (every rank manifest, parsed)",
+            "publish: RAM (a batch of rank manifests, parsed)",
             "bytes",
             s.worker_ram_gb * GB / s.concurrency,
             "ranks x buckets",
-            "sum the books rank by rank instead of holding every manifest",
+            "fewer ranks x buckets: a batch of manifests holds every bucket's entries",
             lambda s, w: publish_cost(s, True).ram,
         ),
         Limit(
@@ -154,7 +154,7 @@ def limits(s: Scenario) -> list[Limit]:
             "",
             1.0,
             "ranks x buckets",
-            "a prefix a bucket (list R files, not R x B); read markers, manifests, indexes concurrently",
+            "a prefix a bucket (list R files, not R x B)",
             merge_metadata_share,
         ),
         Limit(

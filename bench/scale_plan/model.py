@@ -10,7 +10,14 @@ from dataclasses import dataclass, field, replace
 
 from tokenization.builds.run import DATASET_NAME
 from tokenization.formats.ds import INDEX_DTYPE
-from tokenization.io.storage import MIB, MIN_PART_SIZE, part_size  # the part size the uploads really use
+from tokenization.io.storage import (  # what the transfers really use
+    CONCURRENT_READS,
+    MIB,
+    MIN_PART_SIZE,
+    TRANSFER_BUFFER,
+    TRANSFER_STREAMS,
+    part_size,
+)
 from tokenization.publish.attempts import HEARTBEAT_SECONDS
 from tokenization.stages.context_shuffle import DEFAULT_WINDOW
 from tokenization.stages.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig
@@ -76,12 +83,17 @@ class Scenario:
     ranks: int = arg(1024, "tokenize tasks (num_ranks, at most 4096)")
     buckets: int = arg(512, "buckets of the global shuffle: bucket merge tasks")
     bucket_prefixes: bool = arg(False, "proposed: rank files under a prefix a bucket (today: one folder)")
-    distributed_verify: bool = arg(False, "proposed: each context task verifies its files; publish reads results")
+    distributed_verify: bool = arg(
+        True, "each context task checks its own files before upload, and publish reads none (off: it reads all)"
+    )
     context_shards: int = arg(512, "context-shuffle tasks (num_context_shards, at most 1024)")
     max_tokens_per_file: float = arg(
         float(DEFAULT_MAX_TOKENS_PER_FILE), "merge_max_tokens_per_file (datatrove's default, 100 GT)"
     )
     min_part_mib: float = arg(MIN_PART_SIZE / MIB, "smallest multipart part, MiB (storage.MIN_PART_SIZE)")
+    streams: int = arg(TRANSFER_STREAMS, "S3 connections a file moves over at once (storage.TRANSFER_STREAMS)")
+    transfer_buffer_mib: float = arg(TRANSFER_BUFFER / MIB, "bytes of a file in flight, MiB (storage.TRANSFER_BUFFER)")
+    concurrent_reads: int = arg(CONCURRENT_READS, "small records read at once (storage.CONCURRENT_READS)")
     # The deployment
     workers: int = arg(128, "Celery workers of the headline figures")
     table_workers: str = arg("8,32,128,512", "worker counts of the wall-time table, comma-separated")
@@ -107,10 +119,13 @@ class Scenario:
     marker_bytes: float = arg(391, "a rank's completion marker, bytes a bucket", SAMPLE_RANK)
     manifest_bytes: float = arg(682, "a rank's manifest, bytes a bucket", SAMPLE_RANK)
     marker_ram_bytes: float = arg(1333, "markers, parsed, bytes of RAM a bucket", "measured: tracemalloc")
+    listed_key_ram_bytes: float = arg(
+        718, "a listed key, RAM while the listing is held (s3fs's entry, then name and size)", "measured: tracemalloc"
+    )
     entries_ram_bytes: float = arg(1879, "manifest entries, parsed (a merge), RAM a bucket", "measured: tracemalloc")
     manifest_ram_bytes: float = arg(1826, "a manifest, parsed (publish), RAM a bucket", "measured: tracemalloc")
     # Assumed: S3 and Airflow
-    s3_mb_s: float = arg(200, "one task's S3 transfer (one stream), MB/s", ASSUMED)
+    s3_mb_s: float = arg(200, "one S3 connection's transfer, MB/s", ASSUMED)
     request_s: float = arg(0.05, "a small S3 GET, one after another, s", ASSUMED)
     list_page_s: float = arg(0.1, "a LIST page of 1,000 keys, s", ASSUMED)
     task_overhead_s: float = arg(5, "Airflow's cost of a task instance (queue, start, imports), s", ASSUMED)
@@ -134,13 +149,20 @@ class Scenario:
     def text_bytes(self) -> float:
         return self.tokens * self.text_bytes_per_token
 
-    def upload_bytes_s(self, concurrency: int) -> float:
-        """What one task uploads a second: multipart parts go 10 at a time, so its share of the worker's network."""
+    def network_share(self, concurrency: int) -> float:
+        """A task's share of its worker's network, bytes a second."""
         return self.nic_gbit * 1e9 / 8 / concurrency
 
+    def upload_bytes_s(self, concurrency: int) -> float:
+        """What one task uploads a second: its parts go as many at once as the transfer buffer holds (at most
+        ``streams``), each at one connection's rate, within its share of the network."""
+        part = max(self.min_part_mib, 1) * MIB
+        streams = max(1, min(self.streams, int(self.transfer_buffer_mib * MIB // part)))
+        return min(streams * self.s3_mb_s * MB, self.network_share(concurrency))
+
     def download_bytes_s(self, concurrency: int) -> float:
-        """What one task downloads a second: a file is one GET stream, so at most that, or its share."""
-        return min(self.s3_mb_s * MB, self.upload_bytes_s(concurrency))
+        """What one task downloads a second: ``streams`` ranged GETs at once, within its share of the network."""
+        return min(self.streams * self.s3_mb_s * MB, self.network_share(concurrency))
 
     def worker_counts(self) -> list[int]:
         return [int(w) for w in self.table_workers.split(",")]
@@ -183,7 +205,7 @@ class TaskCost:
 def upload_requests(s: Scenario, size: float) -> float:
     """Requests to upload one file as storage.py does: one PUT below two parts (s3fs's rule), else a multipart
     upload of ``part_size`` parts, at least ``min_part_mib`` (create, the parts, complete)."""
-    part = max(part_size(math.ceil(size)), s.min_part_mib * MIB)
+    part = part_size(math.ceil(size), int(s.min_part_mib * MIB))
     return 1 if size < 2 * part else math.ceil(size / part) + 2
 
 
@@ -248,27 +270,31 @@ def tokenize_cost(s: Scenario, bucketed: bool) -> TaskCost:
 def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
     """wait_for_shards starts once every rank is done or failed (trigger rule ``all_done``), so in a build
     without failures its first poke finds every marker: one listing of ``_completions/``, one of the ranks folder
-    (the files' sizes), and every rank's marker and manifest, one after another. It pokes again, a listing each
-    ``poke_s``, only while a failed rank is retried."""
+    (the files' sizes, held), and every rank's marker and manifest, a batch of ``concurrent_reads`` ranks at a time
+    (their markers at once, then their manifests). It pokes again, a listing each ``poke_s``, only while a failed
+    rank is retried."""
     metadata = s.ranks * rank_files(s, bucketed) * (s.marker_bytes + s.manifest_bytes)
+    batch = min(s.ranks, s.concurrent_reads)
     return TaskCost(
         stage="wait_for_shards",
         tasks=1,
         pool="one",
         concurrency=1,
         download=metadata,
-        gets=2 * s.ranks,
+        gets=2 * math.ceil(s.ranks / batch),
         lists=list_pages(rank_folder_keys(s, bucketed)) + list_pages(s.ranks),
         read=metadata,
-        ram=s.ranks * rank_files(s, bucketed) * s.marker_ram_bytes,
+        ram=rank_folder_keys(s, bucketed) * s.listed_key_ram_bytes
+        + batch * rank_files(s, bucketed) * s.marker_ram_bytes,
         xcom=len(json.dumps(list(range(s.buckets)) if bucketed else [None])),
     )
 
 
 def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
     """A merge task, of one bucket or of everything: list the rank files; read the ranks' markers and manifests and
-    each input's .metadata and .index; copy its inputs to local disk; write them in the new order (one output file
-    in flight on local disk); upload."""
+    each input's .metadata and .index, ``concurrent_reads`` requests at a time; copy its inputs to local disk, one
+    after another (each over ``streams`` connections); write them in the new order (one output file in flight on
+    local disk); upload."""
     n = s.buckets if bucketed else 1
     tokens, docs, data = s.tokens / n, s.docs / n, s.dataset_bytes / n
     files = math.ceil(tokens / s.max_tokens_per_file)
@@ -282,7 +308,9 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
         compute_s=tokens * s.token_bytes / (s.merge_mb_s * MB),
         download=data + metadata,
         upload=data,
-        gets=s.ranks * (s.families + 3),  # each input file, its .metadata twice (checked, copied), marker, manifest
+        # one input after another: its .ds and .metadata (and .loss) copied; at once: the ranks' markers and
+        # manifests, each input's .metadata and .index
+        gets=s.ranks * (s.families - 1) + math.ceil(4 * s.ranks / s.concurrent_reads),
         uploads=files * (s.families + 1) + 2,  # the families and a manifest a file; the merge's manifest, marker
         lists=list_pages(listed) + 2 * list_pages(s.ranks),  # the rank files, _completions/, _manifests/
         read=data + metadata,
@@ -333,7 +361,8 @@ def context_cost(s: Scenario, bucketed: bool) -> TaskCost:
         compute_s=k * tokens * s.token_bytes / (rate * MB),
         download=k * data,
         upload=k * data,
-        gets=k * s.families + m + 2 * merges,  # its files; a manifest a merged file, each merge's manifest, marker
+        # its files, one after another; at once: a manifest a merged file, each merge's manifest and marker
+        gets=k * s.families + math.ceil((m + 2 * merges) / s.concurrent_reads),
         uploads=k * s.families + 2,
         lists=list_pages(m * s.families) + 2 * list_pages(m + merges),
         read=k * data,
@@ -345,11 +374,14 @@ def context_cost(s: Scenario, bucketed: bool) -> TaskCost:
 
 
 def publish_cost(s: Scenario, bucketed: bool) -> TaskCost:
-    """publish: verify streams every byte of the dataset in 64 MiB blocks, in this one task (unless each context
-    task verified its own files); then the books read every rank's manifest; three small files."""
+    """publish: with the context tasks' own checks, verify reads the records and one listing, no token byte;
+    without them it streams every byte of the dataset in 64 MiB blocks, in this one task. Then the books read
+    every rank's manifest, a batch of ``concurrent_reads`` at a time, each kept without its output entries; three
+    small files."""
     m = merged_files(s, bucketed)
     manifests = s.ranks * rank_files(s, bucketed) * s.manifest_bytes
     verified = 0 if s.distributed_verify else s.dataset_bytes
+    records = 2 * min(s.context_shards, m) + s.ranks  # the context tasks' manifests and markers, the ranks' manifests
     return TaskCost(
         stage="publish",
         tasks=1,
@@ -357,14 +389,14 @@ def publish_cost(s: Scenario, bucketed: bool) -> TaskCost:
         concurrency=1,
         compute_s=0 if s.distributed_verify else s.tokens * s.token_bytes / (s.verify_mb_s * MB),
         download=verified + manifests,
-        gets=math.ceil(verified / BLOCK_BYTES) + s.ranks + m,
+        gets=math.ceil(verified / BLOCK_BYTES) + math.ceil(records / s.concurrent_reads),
         uploads=3,
         puts=3,  # report.html, report.json, _BUILD.json
         lists=list_pages(m * s.families),
         read=verified + manifests,
         ram=s.verify_rss_mb * MB
-        + INDEX_BYTES_PER_DOC * s.docs / m
-        + s.ranks * rank_files(s, bucketed) * s.manifest_ram_bytes,
+        + (0 if s.distributed_verify else INDEX_BYTES_PER_DOC * s.docs / m)
+        + min(s.ranks, s.concurrent_reads) * rank_files(s, bucketed) * s.manifest_ram_bytes,
         xcom=SUMMARY_BYTES,
     )
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, token_dtype
 from tokenization.io.progress import Progress
-from tokenization.io.storage import is_local, open_fs, writing
+from tokenization.io.storage import download, is_local, open_fs, writing
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output; 1 Mi-token blocks took 25% longer
 MAX_OPEN_FILES = 128
@@ -131,7 +131,7 @@ class SourcePool:
                 if suffix != ".metadata" or fs.exists(path + suffix):
                     with writing(f"{local}{suffix}"):
                         local.parent.mkdir(parents=True, exist_ok=True)
-                        fs.get_file(path + suffix, str(local) + suffix)
+                        download(fs, path + suffix, Path(f"{local}{suffix}"))
         return str(local)
 
     def __enter__(self) -> SourcePool:

@@ -21,7 +21,8 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -32,7 +33,14 @@ from fsspec.implementations.local import LocalFileSystem
 from tokenization.io.errors import StorageError, TokenizationError
 
 MIB = 1 << 20
-MIN_PART_SIZE = 8 * MIB
+# S3 serves ~3,500 PUT-class requests a second a prefix: with 8 MiB parts, 1,024 ranks uploading at once made
+# ~5,400 (docs/scaling.md); 64 MiB parts make 8x fewer, and a file under two parts is one PUT.
+MIN_PART_SIZE = 64 * MIB
+# A file moves to or from S3 over several connections at once (s3fs's ranged GETs and multipart parts): one stream
+# reaches a fraction of a worker's network. Bounded: at most TRANSFER_STREAMS requests, and TRANSFER_BUFFER bytes
+# held, a file.
+TRANSFER_STREAMS = 8
+TRANSFER_BUFFER = 256 * MIB
 MAX_PARTS = 10_000
 PART_HEADROOM = 0.9  # stay well inside the 10,000-part limit of S3 multipart uploads
 TEMPORARY_MARK = ".tmp-"  # in the name of every temporary file this package writes beside a final one
@@ -40,6 +48,7 @@ SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing dirty pages out, do not
 HASH_READ = 8 * MIB  # bytes read at a time to hash a file: sha256 runs at ~1 GB/s, one read costs ~10 us
 NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP)  # a hard link refused: copy instead
 T = TypeVar("T")
+U = TypeVar("U")
 _LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # the C library the interpreter runs on
 
 
@@ -95,10 +104,10 @@ def join(base: str, *parts: str) -> str:
     return "/".join([str(base).rstrip("/"), *parts])
 
 
-def part_size(file_size: int) -> int:
+def part_size(file_size: int, smallest: int = MIN_PART_SIZE) -> int:
     """Multipart part size for a file, so that no upload ever needs more than ~9,000 parts."""
     needed = math.ceil(file_size / (MAX_PARTS * PART_HEADROOM))
-    return max(MIN_PART_SIZE, math.ceil(needed / MIB) * MIB)
+    return max(smallest, math.ceil(needed / MIB) * MIB)
 
 
 def filesystem_of(path: str | Path) -> str:
@@ -166,12 +175,24 @@ def move_into_place(src: Path, fs: fsspec.AbstractFileSystem, dest: str, tmp_dir
 
 
 def upload(src: Path, fs: fsspec.AbstractFileSystem, dest: str) -> None:
-    """Copy a finished local file to an object store; the object appears only once its upload completes."""
+    """Copy a finished local file to an object store; the object appears only once its upload completes. On S3,
+    parts of ``part_size`` go up as many at once as ``TRANSFER_BUFFER`` holds, at most ``TRANSFER_STREAMS``."""
     with writing(dest, local=False):
         if is_s3(fs):
-            fs.put_file(str(src), dest, chunksize=part_size(src.stat().st_size))
+            part = part_size(src.stat().st_size)
+            streams = max(1, min(TRANSFER_STREAMS, TRANSFER_BUFFER // part))
+            fs.put_file(str(src), dest, chunksize=part, max_concurrency=streams)
         else:
             fs.put_file(str(src), dest)
+
+
+def download(fs: fsspec.AbstractFileSystem, src: str, dest: Path) -> None:
+    """Copy a remote file to local disk; on S3 over ``TRANSFER_STREAMS`` ranged GETs at once, each of an equal
+    share of ``TRANSFER_BUFFER``."""
+    if is_s3(fs):
+        fs.get_file(src, str(dest), chunksize=TRANSFER_BUFFER // TRANSFER_STREAMS, max_concurrency=TRANSFER_STREAMS)
+    else:
+        fs.get_file(src, str(dest))
 
 
 def link_or_copy(src: Path, dest: Path) -> None:
@@ -330,6 +351,14 @@ def read_many(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str, byte
             raise StorageError(f"{path}: {data}") from data
         read[path] = data if isinstance(data, bytes) else None
     return read
+
+
+def map_concurrently(fn: Callable[[T], U], items: Sequence[T], workers: int = CONCURRENT_READS) -> list[U]:
+    """``fn`` of each item, in order, on up to ``workers`` threads (for requests that wait, not for computing),
+    each call with the caller's storage options: a thread does not inherit them, so each gets a copy."""
+    with ThreadPoolExecutor(workers, thread_name_prefix="storage") as pool:
+        futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
+        return [future.result() for future in futures]
 
 
 def in_batches(items: list[T], size: int = CONCURRENT_READS) -> Iterator[list[T]]:

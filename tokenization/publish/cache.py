@@ -45,6 +45,7 @@ from pathlib import Path
 from tokenization.io.errors import reaching
 from tokenization.io.storage import (
     current_etag,
+    download,
     file_sha256,
     in_batches,
     is_local,
@@ -155,8 +156,8 @@ class Cache:
                         link_or_copy(Path(folder, name), path)
                 else:
                     into.mkdir(parents=True, exist_ok=True)
-                    names = sorted(local)
-                    self.fs.get([join(folder, name) for name in names], [str(local[name]) for name in names])
+                    for name, path in sorted(local.items()):
+                        download(self.fs, join(folder, name), path)
             problem = _differences(local, entry.files)
         except FileNotFoundError as exc:
             problem = f"{exc.filename or 'a file'} is missing"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import resource
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -24,7 +24,7 @@ import numpy as np
 from tokenization.formats import DS, token_file_names
 from tokenization.formats.ds import TokenFileError, WrittenTokenFile
 from tokenization.io.options import Options, params
-from tokenization.io.storage import join, list_names, open_fs
+from tokenization.io.storage import in_batches, join, list_names, open_fs, read_many
 from tokenization.publish.records import (
     CompletionMarker,
     FileSum,
@@ -162,17 +162,22 @@ class Described:
 
 
 def output_entries(folder: str) -> dict[str, Described]:
-    """Every output file that the manifests in ``folder/_manifests`` describe, by file name."""
+    """Every output file that the manifests in ``folder/_manifests`` describe, by file name (the manifests read a
+    batch at a time, concurrently)."""
     fs, path = open_fs(join(folder, MANIFESTS))
-    names = [name for name in list_names(fs, path) if name.endswith(".json")]
-    return entries_by_name(_read_listed(fs, join(path, name)) for name in names)
+    paths = [join(path, name) for name in list_names(fs, path) if name.endswith(".json")]
+    return entries_by_name(record for where, record in _read_listed(fs, paths, stage_manifest))
 
 
-def _read_listed(fs: fsspec.AbstractFileSystem, path: str) -> StageManifest | MergeOutput | None:
-    try:
-        return stage_manifest(fs.cat_file(path), path)
-    except FileNotFoundError:  # removed since the listing
-        return None
+def _read_listed(
+    fs: fsspec.AbstractFileSystem, paths: list[str], parse: Callable[[bytes, str], R]
+) -> Iterator[tuple[str, R]]:
+    """The records at ``paths``, each with its path, read a batch at a time, concurrently; one removed since the
+    listing (an attempt starting) is left out."""
+    for batch in in_batches(paths):
+        for where, data in read_many(fs, batch).items():
+            if data is not None:
+                yield where, parse(data, where)
 
 
 def entries_by_name(manifests: Iterable[StageManifest | MergeOutput | None]) -> dict[str, Described]:
@@ -188,13 +193,9 @@ def entries_by_name(manifests: Iterable[StageManifest | MergeOutput | None]) -> 
 def completion_markers(fs: fsspec.AbstractFileSystem, out_path: str) -> dict[str, CompletionMarker]:
     """Every completion marker of an output folder, by stem, checked."""
     folder = join(out_path, COMPLETIONS)
-    markers = {}
-    for name in list_names(fs, folder):
-        if name.endswith(".json"):
-            marker = CompletionMarker.read(fs, join(folder, name))
-            if marker is not None:  # else removed since the listing: an attempt starting
-                markers[name.removesuffix(".json")] = marker
-    return markers
+    paths = [join(folder, name) for name in list_names(fs, folder) if name.endswith(".json")]
+    listed = _read_listed(fs, paths, CompletionMarker.loads)
+    return {where.rsplit("/", 1)[-1].removesuffix(".json"): marker for where, marker in listed}
 
 
 def token_files(folder: str) -> list[str]:

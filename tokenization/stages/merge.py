@@ -31,7 +31,7 @@ from tokenization.formats.permute import MAX_OPEN_FILES, SourcePool, move_units
 from tokenization.io.errors import UsageError
 from tokenization.io.options import Options, option
 from tokenization.io.progress import Progress, ProgressMode
-from tokenization.io.storage import join, list_names, list_sizes, open_fs, with_storage_options
+from tokenization.io.storage import join, list_names, list_sizes, map_concurrently, open_fs, with_storage_options
 from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
 from tokenization.publish.manifest import StageResult
@@ -143,17 +143,21 @@ def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
     described = manifest.output_entries(folder)
     entries = [described[name] for u in urls if (name := u.rsplit("/", 1)[-1]) in described]
     listing = list_sizes(*open_fs(folder))  # one listing for the sizes of every file, not a HEAD each
-    files = [TokenFile(u, listing=listing) for u in urls]  # raises when a .metadata is missing: never assumed
-    first = files[0]
+
+    def opened(url: str) -> tuple[TokenFile, np.ndarray]:  # raises when a .metadata is missing: never assumed
+        f = TokenFile(url, listing=listing)
+        return f, np.asarray(f.ends, dtype=np.int64)
+
+    read = map_concurrently(opened, urls)  # each input's metadata and index: requests in flight at once
+    first = read[0][0]
     ends_list, sizes = [], []
-    for f in files:
+    for f, ends in read:
         if f.token_size != first.token_size:
             raise TokenFileError(f"{f.url}: token_size {f.token_size} differs from {first.url}'s {first.token_size}")
         if f.metadata.tokenizer != first.metadata.tokenizer:
             raise TokenFileError(
                 f"{f.url}: tokenizer {f.metadata.tokenizer!r} differs from {first.url}'s {first.metadata.tokenizer!r}"
             )
-        ends = np.asarray(f.ends, dtype=np.int64)
         total = int(ends[-1]) if len(ends) else 0
         if f.num_tokens != total or f.size("") % f.token_size:
             raise TokenFileError(f"{f.url}: {f.size('')} bytes, but its index ends at token {total}")

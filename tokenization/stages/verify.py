@@ -35,7 +35,7 @@ from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
 from tokenization.formats.megatron import MegatronFile
 from tokenization.io.errors import TokenizationError
-from tokenization.io.storage import join, list_names, list_sizes, open_fs
+from tokenization.io.storage import in_batches, join, list_names, list_sizes, open_fs, read_many
 from tokenization.publish import manifest
 from tokenization.publish.attempts import LEASES, STAGING
 from tokenization.publish.manifest import Described
@@ -282,22 +282,25 @@ def _read_subfolder(
     """The records of ``sub`` by stem, with their bytes; None when one is malformed. A file there that is no
     record is a problem."""
     records: dict[str, _Read[R]] | None = {}
-    for name in sorted(list_names(folder.fs, join(folder.path, sub))):
-        label = folder.label(f"{sub}/{name}")
+    names = sorted(list_names(folder.fs, join(folder.path, sub)))
+    for name in names:
         if not name.endswith(".json"):
-            report.problem(label, f"not a record: only {sub}/{{stem}}.json files belong there; remove it")
-            continue
-        try:
-            data = folder.fs.cat_file(join(folder.path, sub, name))
-            record = parse(data, label)
-        except FileNotFoundError:  # removed since the listing: a stage is writing this folder
-            continue
-        except RecordError as exc:
-            report.problems.append(str(exc))
-            records = None
-            continue
-        if records is not None:
-            records[name.removesuffix(".json")] = _Read(data, record)
+            report.problem(
+                folder.label(f"{sub}/{name}"), f"not a record: only {sub}/{{stem}}.json files belong there; remove it"
+            )
+    for batch in in_batches([name for name in names if name.endswith(".json")]):
+        read = read_many(folder.fs, [join(folder.path, sub, name) for name in batch])
+        for name, data in zip(batch, read.values(), strict=True):
+            if data is None:  # removed since the listing: a stage is writing this folder
+                continue
+            try:
+                record = parse(data, folder.label(f"{sub}/{name}"))
+            except RecordError as exc:
+                report.problems.append(str(exc))
+                records = None
+                continue
+            if records is not None:
+                records[name.removesuffix(".json")] = _Read(data, record)
     return records
 
 

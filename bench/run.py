@@ -44,9 +44,23 @@ SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "bench" / "RESULTS.md"
 EOS = "<|endoftext|>"
 OTHER_TOKENIZERS = {"llama3": "<|end_of_text|>", "mistral-7b": "</s>"}  # a uint32 one, and one that adds a BOS
-ROWS = ("tokenize", "count", *OTHER_TOKENIZERS, "1gb", "merge", "context", "verify", "memory", "nightly", "publish")
+ROWS = (
+    "tokenize",
+    "count",
+    *OTHER_TOKENIZERS,
+    "1gb",
+    "merge",
+    "context",
+    "verify",
+    "memory",
+    "nightly",
+    "publish",
+    "s3",
+)
 NIGHTLY_FILES = 50  # input files of the nightly rows' corpus; one changed the next night is 2% of them
 PUBLISH_COPIES = (4, 16)  # the publish rows: builds of the corpus this many times over, 4x apart
+S3_BANDWIDTH = 50e6  # the simulated S3 of the s3 rows: bytes a second a connection moves, each way
+S3_LATENCY = 0.03  # and seconds a request waits before its first byte (S3: 20-50 ms)
 CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 COMPARED = (DS, f"{DS}.index", f"{DS}.loss")
 
@@ -54,12 +68,13 @@ COMPARED = (DS, f"{DS}.index", f"{DS}.loss")
 ENGINES: dict[str, Workload] = {"HF": workloads.hf_encode, "gigatoken": workloads.gigatoken_encode}
 
 
-def measure(workload: Workload, args: dict) -> dict:
-    """One run of a workload in a fresh interpreter: its seconds, peak RSS and (encoders) load seconds."""
+def measure(workload: Workload, args: dict, env: dict[str, str] | None = None) -> dict:
+    """One run of a workload in a fresh interpreter (with more environment variables: ``env``): its seconds, peak
+    RSS and (encoders) load seconds."""
     shutil.rmtree(args["out"], ignore_errors=True)
     shutil.rmtree(args["out"] + "_logs", ignore_errors=True)
     command = [sys.executable, "-m", "bench.workloads", workload.__name__, json.dumps(args)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=os.environ | (env or {}))
     if done.returncode:
         raise RuntimeError(f"{workload.__name__} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -250,6 +265,13 @@ NIGHTLY_COLUMNS = (
     ("whole build / first night", "build_ratio", "{:.2f}x"),
     ("tokenize stage / first night", "tokenize_ratio", "{:.2f}x"),
 )
+S3_COLUMNS = (
+    ("task", "stage", "{}"),
+    ("streams a file", "streams", "{}"),
+    ("tokens (MB)", "mb", "{:.1f}"),
+    ("seconds", "seconds", "{:.2f}"),
+    ("tokens a second (MB/s)", "mb_s", "{:.1f}"),
+)
 PUBLISH_COLUMNS = (
     ("dataset", "dataset", "{}"),
     ("tokens", "tokens", "{:,}"),
@@ -417,6 +439,43 @@ def publish_rows(work: Path, source: Path, base: dict, repeats: int, copies_made
     return rows
 
 
+def s3_rows(work: Path, docs: int, repeats: int) -> list[dict]:
+    """A merge and a context shuffle whose inputs and outputs are on a simulated S3 (moto, behind a proxy that caps
+    each connection at ``S3_BANDWIDTH`` and delays each request by ``S3_LATENCY``), a file moving over one
+    connection, then over ``TRANSFER_STREAMS``: what several streams buy a task."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    from harness.cluster import FaultProxy, free_port
+    from tokenization.io.storage import TRANSFER_STREAMS
+
+    ranks = work / "s3-ranks"
+    mb = synthetic_ranks(ranks, 2, docs * 5 // 2, 200, 600) / 1e6  # 300 MB files: multipart uploads, as at scale
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    proxy = FaultProxy(port, None, S3_BANDWIDTH, S3_LATENCY)
+    credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+    try:
+        direct = s3fs.S3FileSystem(key="bench", secret="bench", endpoint_url=f"http://127.0.0.1:{port}")
+        direct.mkdir("bench")
+        direct.put(str(ranks) + "/", "bench/ranks/", recursive=True)
+        args = {"ranks": "s3://bench/ranks", "endpoint": f"http://127.0.0.1:{proxy.port}"}
+        rows = []
+        for stage, workload in (("merge", workloads.s3_merge), ("context shuffle", workloads.s3_context)):
+            for streams in sorted({1, TRANSFER_STREAMS}):
+                env = credentials | {"TOKENIZATION_S3_STREAMS": str(streams)}
+                out = f"s3://bench/{workload.__name__}-{streams}"  # a new output each run: none resumes another
+                runs = [measure(workload, args | {"out": f"{out}-{i}"}, env) for i in range(repeats)]
+                seconds = fastest(runs)["seconds"]
+                rows.append({"stage": stage, "streams": streams, "mb": mb, "seconds": seconds, "mb_s": mb / seconds})
+                print(rows[-1], flush=True)
+    finally:
+        proxy.stop()
+        server.stop()
+    return rows
+
+
 def deal_corpus(source: Path, corpus: Path, files: int) -> None:
     """The corpus's documents (as ``link_corpus`` takes them) dealt into ``files`` gzipped JSON-lines files."""
     linked = corpus.with_name(corpus.name + "-source")
@@ -496,9 +555,10 @@ def main() -> None:
     if "memory" in wanted:
         memory = memory_rows(work, Path(args.corpora), base, text_mb, args.scale, docs)
     nightly = nightly_rows(work, Path(args.corpora), base, args.repeats) if "nightly" in wanted else []
+    s3 = s3_rows(work, docs, args.repeats) if "s3" in wanted else []
     copies = (1, 4) if args.smoke else PUBLISH_COPIES
     publish = publish_rows(work, Path(args.corpora), base, args.repeats, copies) if "publish" in wanted else []
-    text = "\n".join(report(bench, memory, nightly, publish, text_mb, args)) + "\n"
+    text = "\n".join(report(bench, memory, nightly, publish, s3, text_mb, args)) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
@@ -510,11 +570,12 @@ def report(
     memory: list[dict],
     nightly: list[dict],
     publish: list[dict],
+    s3: list[dict],
     text_mb: float,
     args: argparse.Namespace,
 ) -> list[str]:
-    """The speed table with its limits, the tokenizers' load times, the memory table, the nightly builds' table and
-    the publish table, in Markdown."""
+    """The speed table with its limits, the tokenizers' load times, the memory table, the nightly builds' table,
+    the publish table and the S3 streams table, in Markdown."""
     machine = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
     big = f" (the GB row: datatrove once, ours best of {min(2, args.repeats)})" if "1gb" in args.only else ""
     lines = [
@@ -561,6 +622,16 @@ def report(
             "sizes and the books, and writes the report; the context-shuffle tasks checked their own files before "
             "upload, so it reads no token byte. Reading every byte: verify of the same dataset against the "
             "tokenizer, which is what publish did before.",
+        ]
+    if s3:
+        cap = f"{S3_BANDWIDTH / 1e6:.0f} MB/s a connection, {S3_LATENCY * 1e3:.0f} ms a request"
+        lines += ["", f"Tasks on a simulated S3 ({cap}), a file over one connection or several:", ""]
+        lines += markdown_table(S3_COLUMNS, s3)
+        lines += [
+            "",
+            "Each a whole process, its input read from and its output written to moto behind a proxy with that cap "
+            "and latency (`harness.cluster.FaultProxy`); MB: the task's tokens, read once and written once. "
+            "Streams: `TOKENIZATION_S3_STREAMS`.",
         ]
     return lines
 

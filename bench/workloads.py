@@ -28,6 +28,7 @@ class Inputs:
     eos: str = ""
     text_key: str = ""
     ranks: str = ""  # a folder of rank files, for merge, context shuffle and verify
+    endpoint: str = ""  # the S3 endpoint of ``ranks`` and ``out``, when they are s3:// URLs
     builds: str = ""  # a whole build's output, kept from one night's build to the next (its cache with it)
     build_id: str = ""
 
@@ -107,6 +108,23 @@ def datatrove_context(inputs: Inputs) -> None:
     from datatrove.pipeline.tokens import DocumentTokenizerContextShuffler
 
     _datatrove([DocumentTokenizerContextShuffler(inputs.ranks, inputs.out, seed=1)], inputs)
+
+
+def s3_merge(inputs: Inputs) -> None:
+    """The merge, its inputs and output on S3 (``endpoint``)."""
+    from tokenization.stages.merge import MergeConfig, merge
+
+    options = {"s3": {"endpoint_url": inputs.endpoint}}
+    merge(MergeConfig(input=inputs.ranks, output=inputs.out, save_filename="m", seed=1, storage_options=options))
+
+
+def s3_context(inputs: Inputs) -> None:
+    """The context shuffle, its inputs and output on S3 (``endpoint``)."""
+    from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
+
+    options = {"s3": {"endpoint_url": inputs.endpoint}}
+    config = ContextShuffleConfig(input=inputs.ranks, output=inputs.out, seed=1, storage_options=options)
+    context_shuffle(config, progress=False)
 
 
 def ours_verify(inputs: Inputs) -> None:
@@ -217,6 +235,8 @@ WORKLOADS: dict[str, Workload] = {
         ours_context,
         datatrove_context,
         ours_verify,
+        s3_merge,
+        s3_context,
         ours_build,
         ours_publish,
         ours_reread,

@@ -94,6 +94,9 @@ def s3_kind(method: str, target: str) -> str:
     return method
 
 
+PACED_WRITE = 256 << 10  # bytes of a response written at a time under a bandwidth cap
+
+
 @dataclass(frozen=True)
 class Request:
     at: float
@@ -103,11 +106,15 @@ class Request:
 
 
 class FaultProxy:
-    """Forwards HTTP to ``target``; every ``every``-th request gets a 503 SlowDown instead, as S3 sends them. Every
-    request is logged (``log``) so that a benchmark can say which stage asked S3 for what."""
+    """Forwards HTTP to ``target``, as S3 behaves rather than as a loopback server does: every ``every``-th request
+    gets a 503 SlowDown instead (None: none does); each request waits ``latency`` seconds first (S3's first byte
+    takes 20-50 ms); and a connection moves its body at most ``bandwidth`` bytes a second each way (None: no cap),
+    so that several connections at once move more than one, as on S3. Every request is logged (``log``) so that a
+    benchmark can say which stage asked S3 for what."""
 
-    def __init__(self, target_port: int, every: int):
+    def __init__(self, target_port: int, every: int | None, bandwidth: float | None = None, latency: float = 0.0):
         self.target_port, self.every = target_port, every
+        self.bandwidth, self.latency = bandwidth, latency
         self.requests = self.injected = 0
         self.log: list[Request] = []
         self.lock = threading.Lock()
@@ -120,10 +127,12 @@ class FaultProxy:
                 pass
 
             def _any(self) -> None:
+                started = time.perf_counter()
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.pace(started + proxy.latency, len(body))  # the upload, at the connection's rate
                 with proxy.lock:
                     proxy.requests += 1
-                    fail = proxy.requests % proxy.every == 0
+                    fail = proxy.every is not None and proxy.requests % proxy.every == 0
                     proxy.injected += fail
                     path, _, query = self.path.partition("?")
                     prefix = dict(urllib.parse.parse_qsl(query)).get("prefix", "")
@@ -151,7 +160,10 @@ class FaultProxy:
                 length = response.getheader("Content-Length") if self.command == "HEAD" else str(len(data))
                 self.send_header("Content-Length", length or "0")
                 self.end_headers()
-                self.wfile.write(data)
+                start = time.perf_counter()
+                for at in range(0, len(data), PACED_WRITE):  # the download, at the connection's rate
+                    self.wfile.write(data[at : at + PACED_WRITE])
+                    proxy.pace(start, at + PACED_WRITE)
                 upstream.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
@@ -164,6 +176,12 @@ class FaultProxy:
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def pace(self, since: float, sent: int) -> None:
+        """Wait until ``sent`` bytes since ``since`` (a ``perf_counter`` time) keep to the bandwidth cap."""
+        due = since + (sent / self.bandwidth if self.bandwidth else 0.0)
+        if (wait := due - time.perf_counter()) > 0:
+            time.sleep(wait)
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -178,15 +196,19 @@ class Cluster:
         fail_ranks: str = "1",
         workers: dict[str, tuple[str, int]] = WORKERS,
         merge_slots: int = MERGE_POOL[1],
-        fault_every: int = 7,
+        fault_every: int | None = 7,
         settings: dict[str, str] | None = None,
+        s3_bandwidth: float | None = None,
+        s3_latency: float = 0.0,
     ):
         """``workers`` maps each Celery worker's name to its queues (comma-separated) and concurrency;
         ``merge_slots`` sizes the merge pool; every ``fault_every``-th S3 request gets a 503; ``settings`` are
-        more environment variables of every component (``TOKENIZATION_SCHEDULE``, ...)."""
+        more environment variables of every component (``TOKENIZATION_SCHEDULE``, ...); ``s3_bandwidth`` (bytes a
+        second a connection) and ``s3_latency`` (seconds a request) make the simulated S3 behave like one."""
         self.workdir = workdir
         self.settings = settings or {}
         self.workers, self.merge_slots, self.fault_every = workers, merge_slots, fault_every
+        self.s3_bandwidth, self.s3_latency = s3_bandwidth, s3_latency
         self.home = workdir / "airflow-home"
         self.logs = workdir / "process-logs"
         self.db = f"tokenization_test_{secrets.token_hex(4)}"
@@ -278,7 +300,7 @@ class Cluster:
         self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
         self.moto.start()
         urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{moto_port}/moto-api/reset", method="POST"))
-        self.proxy = FaultProxy(moto_port, every=self.fault_every)
+        self.proxy = FaultProxy(moto_port, self.fault_every, self.s3_bandwidth, self.s3_latency)
         _postgres(f"CREATE DATABASE {self.db}")
         self._run("airflow", "db", "migrate")
         self._run("airflow", "pools", "set", MERGE_POOL[0], str(self.merge_slots), "corpus-tokenization merge")

@@ -68,6 +68,14 @@ def test_bench_smoke_writes_the_tables(tmp_path) -> None:
     assert all(
         NUMBER.fullmatch(cell) for row in published for cell in (row["publish (s)"], row["reading every byte (s)"])
     )
+    tasks = later["task"]  # on the simulated S3, one connection a file, then several
+    assert [(row["task"], row["streams a file"]) for row in tasks] == [
+        ("merge", "1"),
+        ("merge", "8"),
+        ("context shuffle", "1"),
+        ("context shuffle", "8"),
+    ]
+    assert all(NUMBER.fullmatch(row["seconds"]) for row in tasks)
 
 
 def test_bench_refuses_unknown_rows() -> None:

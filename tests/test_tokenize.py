@@ -166,6 +166,7 @@ def test_manifest_checksums_and_marker(tmp_path, sample_corpus, sample_tokenizer
         "manifest": "_manifests/web_00000.json",
         "sha256": hashlib.sha256(manifest_bytes).hexdigest(),
         "attempt": manifest["attempt"],
+        "checked": None,  # a rank's files are checked by the stages after it, or by publish
         "files": {
             name: {
                 "bytes": (tmp_path / name).stat().st_size,

@@ -38,8 +38,8 @@ MIB = 1 << 20
 MIN_PART_SIZE = 64 * MIB
 # A file moves to or from S3 over several connections at once (s3fs's ranged GETs and multipart parts): one stream
 # reaches a fraction of a worker's network. Bounded: at most TRANSFER_STREAMS requests, and TRANSFER_BUFFER bytes
-# held, a file.
-TRANSFER_STREAMS = 8
+# held, a file. A deployment sets the streams with TOKENIZATION_S3_STREAMS (1: one connection a file).
+TRANSFER_STREAMS = max(1, int(os.environ.get("TOKENIZATION_S3_STREAMS") or 8))
 TRANSFER_BUFFER = 256 * MIB
 MAX_PARTS = 10_000
 PART_HEADROOM = 0.9  # stay well inside the 10,000-part limit of S3 multipart uploads

@@ -94,6 +94,7 @@ def s3_kind(method: str, target: str) -> str:
     return method
 
 
+HEARTBEAT_TIMEOUT = "90"  # seconds without heartbeats before a task is failed and retried: docker-compose's (why)
 PACED_WRITE = 256 << 10  # bytes of a response written at a time under a bandwidth cap
 
 
@@ -271,6 +272,7 @@ class Cluster:
                 "AIRFLOW__API__PORT": str(self.port),
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
                 "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "600",
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": HEARTBEAT_TIMEOUT,
                 "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn_aws),
                 "AIRFLOW_CONN_AIRFLOW_API": json.dumps(conn_api),
                 "TOKENIZATION_TASK_RETRIES": "0",

@@ -78,6 +78,12 @@ def sample_records() -> list[dict]:
 def in_process(build, keep: int | None = None):
     """What ``Build.run`` does, step by step in this process: no process started for a step keeps a test quick.
     Returns the build as published."""
+    until_publish(build)
+    return build.publish(keep)
+
+
+def until_publish(build) -> None:
+    """Every step of ``Build.run`` but publish, in this process."""
     for rank in build.plan.ranks:
         build.tokenize(rank, progress=False)
     for bucket in build.plan.merge_buckets:
@@ -85,7 +91,6 @@ def in_process(build, keep: int | None = None):
     shards = build.context_shards()
     for shard in shards:
         build.context_shuffle(shard, len(shards), progress=False)
-    return build.publish(keep)
 
 
 def run_datatrove(

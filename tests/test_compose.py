@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from harness.cluster import COMPONENTS, MERGE_POOL, WORKERS
+from harness.cluster import COMPONENTS, HEARTBEAT_TIMEOUT, MERGE_POOL, WORKERS
 from tests.conftest import ROOT
 
 yaml = pytest.importorskip("yaml", reason="PyYAML comes with the 'airflow' dependency group")
@@ -105,6 +105,14 @@ def test_the_stack_refuses_to_start_with_the_placeholder_secrets() -> None:
     assert subprocess.run(script, env=good, capture_output=True, text=True).returncode == 0
     bad_key = subprocess.run(script, env=good | {"AIRFLOW__CORE__FERNET_KEY": "x" * 44}, capture_output=True, text=True)
     assert bad_key.returncode == 1 and "is not a Fernet key" in bad_key.stderr
+
+
+def test_a_dead_workers_tasks_come_back_in_minutes_in_compose_and_in_the_tests() -> None:
+    """Airflow fails, then retries, a task whose heartbeats stopped after this timeout: 300 s by default."""
+    env = COMPOSE["x-airflow-common"]["environment"]
+    timeout = env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"]
+    assert int(timeout) <= 120
+    assert timeout == HEARTBEAT_TIMEOUT  # the real topology's, in the tests
 
 
 def test_thousands_of_ranks_can_be_mapped_and_builds_stay_in_the_allowed_locations() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EOS, in_process
+from tests.conftest import EOS, in_process, until_publish
 from tests.test_cli import cli
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
@@ -26,17 +26,6 @@ def started(tmp_path, corpus, tokenizer, build_id: str = "night") -> Build:
         input=str(corpus), output=str(tmp_path / "out"), tokenizer=str(tokenizer), eos_token=EOS, **SETTINGS
     )
     return Build.start(config, build_id)
-
-
-def until_publish(build: Build) -> None:
-    """Every stage of the build but publish."""
-    for rank in build.plan.ranks:
-        build.tokenize(rank, progress=False)
-    for bucket in build.plan.merge_buckets:
-        build.merge(bucket, progress=False)
-    shards = build.context_shards()
-    for shard in shards:
-        build.context_shuffle(shard, len(shards), progress=False)
 
 
 def reading_no_token_file(monkeypatch) -> None:

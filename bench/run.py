@@ -20,6 +20,7 @@ import filecmp
 import gzip
 import io
 import json
+import logging
 import math
 import os
 import platform
@@ -449,6 +450,7 @@ def s3_rows(work: Path, docs: int, repeats: int) -> list[dict]:
     from harness.cluster import FaultProxy, free_port
     from tokenization.io.storage import TRANSFER_STREAMS
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request otherwise
     ranks = work / "s3-ranks"
     mb = synthetic_ranks(ranks, 2, docs * 5 // 2, 200, 600) / 1e6  # 300 MB files: multipart uploads, as at scale
     port = free_port()

@@ -21,11 +21,11 @@ from tokenization.stages.verify import Checks, SelfCheckFailed, verify
 SETTINGS = {"num_ranks": 2, "num_context_shards": 2, "context_window": 257, "merge_max_tokens_per_file": 20000}
 
 
-def started(tmp_path, corpus, tokenizer, build_id: str = "night") -> Build:
+def started(tmp_path, corpus, tokenizer) -> Build:
     config = BuildConfig(
         input=str(corpus), output=str(tmp_path / "out"), tokenizer=str(tokenizer), eos_token=EOS, **SETTINGS
     )
-    return Build.start(config, build_id)
+    return Build.start(config, "night")
 
 
 def reading_no_token_file(monkeypatch) -> None:

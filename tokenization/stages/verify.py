@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -583,15 +584,22 @@ def _check_tokens(
 
 
 def _blocks(fs, path: str, dtype: np.dtype, digest) -> Iterator[tuple[int, np.ndarray]]:
-    """The file as consecutive arrays of at most BLOCK_BYTES, hashing the bytes on the way."""
+    """The file as consecutive arrays of at most BLOCK_BYTES, hashing the bytes on the way: a block is hashed on a
+    thread of its own (sha256 releases the GIL) while it is checked and the next one read, so reading and hashing
+    (each ~1.5 GB/s here) overlap instead of adding up."""
     step = BLOCK_BYTES // dtype.itemsize * dtype.itemsize
     offset = 0
-    with fs.open(path, "rb", block_size=step) as handle:
+    with fs.open(path, "rb", block_size=step) as handle, ThreadPoolExecutor(1, thread_name_prefix="hash") as hasher:
+        hashed = None
         while data := handle.read(step):
-            digest.update(data)
+            if hashed is not None:
+                hashed.result()  # in order: one block at a time
+            hashed = hasher.submit(digest.update, data)
             usable = len(data) // dtype.itemsize * dtype.itemsize
-            yield offset, np.frombuffer(data[:usable], dtype)
+            yield offset, np.frombuffer(memoryview(data)[:usable], dtype)  # a view: no copy of the block
             offset += usable // dtype.itemsize
+        if hashed is not None:
+            hashed.result()
 
 
 def _verify_dataset_metadata(folder: _Folder, report: Report) -> None:

@@ -3,8 +3,8 @@
     python -m bench.run [--corpora DIR] [--tokenizer PATH] [--tokenizers DIR] [--big-mb MB] [--repeats N]
                         [--only ROWS] [--out FILE] [--smoke]
 
-A full run (15-20 minutes, most of it datatrove on the GB row) rewrites bench/RESULTS.md; ``--only merge,context``
-reruns some rows and prints them, writing only to ``--out``.
+A full run (20-30 minutes, most of it datatrove on the GB row and the simulated S3 rows) rewrites bench/RESULTS.md;
+``--only merge,context`` reruns some rows and prints them, writing only to ``--out``.
 
 Every measurement runs in its own process, which reports its wall time and its own peak RSS, so stages do not
 inherit each other's memory. Limits are measured alongside, so that a speed-up over datatrove is not read as

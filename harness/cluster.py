@@ -161,10 +161,11 @@ class FaultProxy:
                 length = response.getheader("Content-Length") if self.command == "HEAD" else str(len(data))
                 self.send_header("Content-Length", length or "0")
                 self.end_headers()
-                start = time.perf_counter()
-                for at in range(0, len(data), PACED_WRITE):  # the download, at the connection's rate
-                    self.wfile.write(data[at : at + PACED_WRITE])
-                    proxy.pace(start, at + PACED_WRITE)
+                start, view = time.perf_counter(), memoryview(data)
+                for at in range(0, len(data), PACED_WRITE):  # the download, at the connection's rate: a piece
+                    chunk = view[at : at + PACED_WRITE]  # goes once its bytes would have arrived
+                    proxy.pace(start, at + len(chunk))
+                    self.wfile.write(chunk)
                 upstream.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any

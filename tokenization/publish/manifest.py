@@ -166,7 +166,7 @@ def output_entries(folder: str) -> dict[str, Described]:
     batch at a time, concurrently)."""
     fs, path = open_fs(join(folder, MANIFESTS))
     paths = [join(path, name) for name in list_names(fs, path) if name.endswith(".json")]
-    return entries_by_name(record for where, record in _read_listed(fs, paths, stage_manifest))
+    return entries_by_name(record for _, record in _read_listed(fs, paths, stage_manifest))
 
 
 def _read_listed(
@@ -180,11 +180,11 @@ def _read_listed(
                 yield where, parse(data, where)
 
 
-def entries_by_name(manifests: Iterable[StageManifest | MergeOutput | None]) -> dict[str, Described]:
+def entries_by_name(manifests: Iterable[StageManifest | MergeOutput]) -> dict[str, Described]:
     """The output entries of these manifests by file name. A stage manifest's entry wins over a merge
     checkpoint's: its completion marker vouches for it."""
     entries: dict[str, Described] = {}
-    for record in sorted(filter(None, manifests), key=lambda record: isinstance(record, StageManifest)):
+    for record in sorted(manifests, key=lambda record: isinstance(record, StageManifest)):
         for entry in record.outputs if isinstance(record, StageManifest) else [record]:
             entries[entry.name] = Described(entry, record)
     return entries

@@ -10,10 +10,12 @@ import pytest
 
 from tests.test_merge import merged
 from tests.test_tokenize import documents, file_bytes, run
+from tokenization.builds.accounting import incomplete_ranks
 from tokenization.formats import buckets
 from tokenization.formats.ds import TokenFileError
 from tokenization.io.errors import UsageError
 from tokenization.stages.merge import MergeConfig
+from tokenization.stages.verify import verify
 
 RANKS, BUCKETS, SEED = 3, 4, 11
 CHI2_23_P001 = 49.73  # the chi-square value that 23 degrees of freedom exceed with probability 0.001
@@ -87,6 +89,33 @@ def test_a_bucket_outside_the_ranks_buckets_or_ranks_without_buckets_are_refused
         MergeConfig(input="i", output="o", save_filename="m", merge_mode="bucketed")
 
 
+def test_each_bucket_has_its_own_folder_which_its_merge_alone_reads(tmp_path, sample_corpus, sample_tokenizer):
+    """A prefix a bucket: on S3 each bucket's merge lists only its own files, and each prefix gets its own request
+    rate. The sensor and verify find the files there; a leftover stops only its own bucket's merge."""
+    ranks = tmp_path / "ranks"
+    for rank in range(2):
+        run([sample_corpus], ranks, sample_tokenizer, rank=rank, world_size=2, seed=SEED, num_buckets=2)
+    assert not list(ranks.glob("*.ds*"))
+    for bucket in range(2):
+        held = sorted(p.name for p in (ranks / f"bucket{bucket:05d}").iterdir())
+        assert held == [
+            f"{r:05d}_00000_bucket{bucket:05d}.ds{x}" for r in range(2) for x in ("", ".index", ".metadata")
+        ]
+    assert incomplete_ranks(str(ranks), 2) == {} and verify(str(ranks)).ok
+
+    leftover = ranks / "bucket00001" / "00007_00000_bucket00001.ds"
+    leftover.write_bytes(b"")
+    merged(ranks, tmp_path / "merged", seed=SEED, merge_mode="bucketed", bucket=0)
+    with pytest.raises(TokenFileError, match=r"bucket00001/00007_00000_bucket00001.ds: no completion marker lists it"):
+        merged(ranks, tmp_path / "merged", seed=SEED, merge_mode="bucketed", bucket=1)
+    leftover.unlink()
+    (ranks / "bucket00001" / "00001_00000_bucket00001.ds.index").write_bytes(b"\0" * 8)
+    assert incomplete_ranks(str(ranks), 2) == {
+        1: "bucket00001/00001_00000_bucket00001.ds.index is missing or not the size its completion marker records"
+    }
+    assert "bucket00001/00001_00000_bucket00001.ds.index" in "\n".join(verify(str(ranks)).problems)
+
+
 def final_orders(order_of, seeds: int) -> Counter:
     return Counter(tuple(order_of(seed)) for seed in range(seeds))
 
@@ -137,4 +166,4 @@ def test_a_bucket_task_resumes_and_never_touches_another_buckets_files(tmp_path,
     assert again["counts"]["resumed_files"] == len(first["outputs"]) >= 2  # the same bucket: all kept
     merged(tmp_path / "ranks", tmp_path / "merged", bucket=0, merge_max_tokens_per_file=9_000, **options)  # starts over
     assert {p.name: p.read_bytes() for p in (tmp_path / "merged").glob("00001_*")} == others
-    assert sorted(documents(tmp_path / "merged")) == sorted(documents(tmp_path / "ranks"))
+    assert sorted(documents(tmp_path / "merged")) == sorted(documents(tmp_path / "ranks", "bucket*/*.ds"))

@@ -153,9 +153,10 @@ def test_every_mode_gives_the_same_bytes_with_a_full_cache_an_empty_one_or_none(
 
 
 def _token_files(folder: Path) -> dict[str, bytes]:
-    """Every token file of a folder, .ds family or Megatron's, by name."""
+    """Every token file of a folder and of its bucket folders, .ds family or Megatron's, by name in the folder."""
     suffixes = (".ds", ".index", ".loss", ".metadata", ".bin", ".idx")
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in suffixes}
+    files = [*folder.iterdir(), *folder.glob("bucket*/*")]
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(files) if p.suffix in suffixes}
 
 
 def _quarantine(folder: Path) -> list[bytes]:

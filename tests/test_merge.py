@@ -214,10 +214,10 @@ def test_credentials_never_reach_a_manifest_nor_stop_a_resume(tmp_path, ranks) -
 def test_checking_the_inputs_asks_storage_no_size_and_no_existence(ranks, storage_questions) -> None:
     """On S3 each size or existence question is a HEAD request: a bucket merge of a thousand rank files would wait
     for ten thousand of them. The inputs' sizes come from one listing of their folder instead."""
-    from tokenization.publish.manifest import token_files
+    from tokenization.publish.manifest import output_entries, token_files
     from tokenization.stages.merge import validate_inputs
 
     urls = token_files(str(ranks))
-    inputs = validate_inputs(urls, save_loss=True)
+    inputs = validate_inputs(urls, save_loss=True, entries=list(output_entries(str(ranks)).values()))
     assert len(urls) == 3 and sum(inputs.sizes) > 0
     assert storage_questions == Counter(), storage_questions

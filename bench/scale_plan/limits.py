@@ -114,7 +114,7 @@ def limits(s: Scenario) -> list[Limit]:
             "bytes",
             s.worker_ram_gb * GB,
             "ranks x buckets",
-            "bucket merges read only their bucket's entries of the rank manifests; fewer ranks",
+            "fewer ranks x buckets: a bucket merge reads every rank's manifest, a batch at a time",
             busiest("ram"),
         ),
         Limit(
@@ -138,7 +138,7 @@ def limits(s: Scenario) -> list[Limit]:
             "/s",
             S3_PUTS_PER_S,
             "workers",
-            "larger parts (min_part_mib); a prefix a bucket for rank files; S3 adds partitions under sustained load",
+            "larger parts (min_part_mib); S3 adds partitions under sustained load",
             lambda s, w: request_rates(s, w)["PUT/s"][0],
         ),
         Limit(
@@ -146,7 +146,7 @@ def limits(s: Scenario) -> list[Limit]:
             "/s",
             S3_GETS_PER_S,
             "workers",
-            "a prefix a bucket; fewer merge pool slots",
+            "fewer merge pool slots",
             lambda s, w: request_rates(s, w)["GET/s"][0],
         ),
         Limit(
@@ -154,7 +154,7 @@ def limits(s: Scenario) -> list[Limit]:
             "",
             1.0,
             "ranks x buckets",
-            "a prefix a bucket (list R files, not R x B)",
+            "fewer ranks x buckets: each bucket task reads every rank's marker and manifest",
             merge_metadata_share,
         ),
         Limit(

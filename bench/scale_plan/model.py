@@ -42,6 +42,7 @@ CONTEXT_BYTES_PER_DOC = 16  # a merged file's index, read (8) and written again 
 CONTEXT_BYTES_PER_WINDOW = 16  # the window permutation (8) and the window ends in the new index (8)
 INDEX_BYTES_PER_DOC = INDEX_DTYPE.itemsize  # .ds.index: one end offset a document
 METADATA_FILE_BYTES = 100  # a .ds.metadata file
+LISTED_FILE_DIGEST_BYTES = 8  # the sensor keeps each listed file as an 8-byte digest of name and size
 
 # File names, for XCom sizes, as the stages name them (a build's rank stem is the rank; merged files are
 # NNN_corpus.ds, three digits below 1,000 files).
@@ -82,7 +83,7 @@ class Scenario:
     # The build
     ranks: int = arg(1024, "tokenize tasks (num_ranks, at most 4096)")
     buckets: int = arg(512, "buckets of the global shuffle: bucket merge tasks")
-    bucket_prefixes: bool = arg(False, "proposed: rank files under a prefix a bucket (today: one folder)")
+    bucket_prefixes: bool = arg(True, "rank files under a prefix a bucket (off: in one folder, as before)")
     distributed_verify: bool = arg(
         True, "each context task checks its own files before upload, and publish reads none (off: it reads all)"
     )
@@ -270,11 +271,13 @@ def tokenize_cost(s: Scenario, bucketed: bool) -> TaskCost:
 def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
     """wait_for_shards starts once every rank is done or failed (trigger rule ``all_done``), so in a build
     without failures its first poke finds every marker: one listing of ``_completions/``, one of the ranks folder
-    (the files' sizes, held), and every rank's marker and manifest, a batch of ``concurrent_reads`` ranks at a time
-    (their markers at once, then their manifests). It pokes again, a listing each ``poke_s``, only while a failed
-    rank is retried."""
+    and of each bucket's (``concurrent_reads`` at a time, each folded into 8 bytes a file as it is read), and every
+    rank's marker and manifest, a batch of ``concurrent_reads`` ranks at a time (their markers at once, then their
+    manifests). It pokes again, a listing each ``poke_s``, only while a failed rank is retried."""
     metadata = s.ranks * rank_files(s, bucketed) * (s.marker_bytes + s.manifest_bytes)
     batch = min(s.ranks, s.concurrent_reads)
+    prefixes = s.buckets if bucketed and s.bucket_prefixes else 1
+    listed_at_once = rank_folder_keys(s, bucketed) / prefixes * min(prefixes, s.concurrent_reads)
     return TaskCost(
         stage="wait_for_shards",
         tasks=1,
@@ -282,9 +285,12 @@ def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
         concurrency=1,
         download=metadata,
         gets=2 * math.ceil(s.ranks / batch),
-        lists=list_pages(rank_folder_keys(s, bucketed)) + list_pages(s.ranks),
+        # waited for: the top folder, then the bucket folders a batch at a time (a batch waits for one folder)
+        lists=math.ceil(prefixes / s.concurrent_reads) * list_pages(rank_folder_keys(s, bucketed) / prefixes)
+        + list_pages(s.ranks),
         read=metadata,
-        ram=rank_folder_keys(s, bucketed) * s.listed_key_ram_bytes
+        ram=listed_at_once * s.listed_key_ram_bytes
+        + rank_folder_keys(s, bucketed) * LISTED_FILE_DIGEST_BYTES
         + batch * rank_files(s, bucketed) * s.marker_ram_bytes,
         xcom=len(json.dumps(list(range(s.buckets)) if bucketed else [None])),
     )
@@ -316,7 +322,8 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
         read=data + metadata,
         ram=s.merge_rss_mb * MB
         + (BUCKET_BYTES_PER_DOC if bucketed else INTERLEAVE_BYTES_PER_DOC) * docs
-        + s.ranks * rank_files(s, bucketed) * s.entries_ram_bytes,
+        + s.ranks * rank_files(s, bucketed) / (n if s.bucket_prefixes else 1) * s.entries_ram_bytes
+        + min(s.ranks, s.concurrent_reads) * rank_files(s, bucketed) * s.manifest_ram_bytes,  # a batch, parsed
         disk=data + data / files,
         xcom=json_list_bytes(files, MERGED_BUCKET_FILE if bucketed else MERGED_FILE),
     )

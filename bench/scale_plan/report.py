@@ -184,12 +184,12 @@ def breaks_at(limit: Limit, s: Scenario) -> str:
 CHANGES = (  # from the code as the first plan measured it, one change on top of the other
     (
         "before: 8 MiB parts, one stream a file, publish reads every byte",
-        {"min_part_mib": 8, "streams": 1, "distributed_verify": False},
+        {"min_part_mib": 8, "streams": 1, "distributed_verify": False, "bucket_prefixes": False},
     ),
     ("parts of 64 MiB at least (storage.MIN_PART_SIZE)", {"min_part_mib": MIN_PART_SIZE / MIB}),
     ("each context task verifies its own files", {"distributed_verify": True}),
     (f"{TRANSFER_STREAMS} streams a file (storage.TRANSFER_STREAMS)", {"streams": TRANSFER_STREAMS}),
-    ("proposed: rank files under a prefix a bucket", {"bucket_prefixes": True}),
+    ("rank files under a prefix a bucket (names.bucket_folder)", {"bucket_prefixes": True}),
 )
 
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import fields, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
+import numpy as np
 import orjson
 
 from tokenization.builds.plan import unread_or_reread
-from tokenization.formats.names import rank_stem
-from tokenization.io.storage import in_batches, join, list_names, list_sizes, open_fs, read_many
+from tokenization.formats.names import BUCKET_FOLDER, rank_stem
+from tokenization.io.storage import in_batches, join, list_names, list_sizes, map_concurrently, open_fs, read_many
 from tokenization.publish import manifest
 from tokenization.publish.records import (
     CacheSummary,
@@ -50,7 +52,7 @@ def incomplete_ranks(ranks_dir: str, num_ranks: int, plan: str | None = None) ->
         raise BuildError(f"{ranks_dir} holds shards that are not ranks of this {num_ranks}-rank run: {strangers}")
     if unmarked := {rank: "no completion marker" for stem, rank in expected.items() if stem not in listed}:
         return unmarked
-    sizes = {**list_sizes(fs, path), **_prefixed(fs, path, "_quarantine")}
+    listed_files = _ListedFiles.of(fs, path)
     status = {}
     for batch in in_batches(list(expected)):  # a batch's markers, then their manifests, read concurrently
         markers = read_many(fs, [manifest.marker_path(path, stem) for stem in batch])
@@ -58,7 +60,7 @@ def incomplete_ranks(ranks_dir: str, num_ranks: int, plan: str | None = None) ->
         wanted = [join(path, marker.manifest) for marker in named.values() if isinstance(marker, CompletionMarker)]
         manifests = read_many(fs, wanted)
         for stem, marker in named.items():
-            status[expected[stem]] = _shard_status(path, marker, manifests, sizes, plan)
+            status[expected[stem]] = _shard_status(path, marker, manifests, listed_files, plan)
     return {rank: why for rank, why in status.items() if why is not None}
 
 
@@ -72,15 +74,46 @@ def _marker(data: bytes | None, where: str) -> CompletionMarker | str:
         return str(exc)
 
 
-def _prefixed(fs, path: str, folder: str) -> dict[str, int]:
-    return {f"{folder}/{name}": size for name, size in list_sizes(fs, join(path, folder)).items()}
+@dataclass(frozen=True)
+class _ListedFiles:
+    """Every file of a rank folder with its size (its own, its quarantine's and each bucket folder's), kept as one
+    8-byte digest of name and size a file, sorted: 8 bytes a file, where a listing of R x B x 3 names held ~0.7 kB
+    each (1.15 GB at 1,024 ranks x 512 buckets). Two files share a digest with odds of 2^-64 a pair."""
+
+    digests: np.ndarray  # uint64, sorted
+
+    @classmethod
+    def of(cls, fs, path: str) -> _ListedFiles:
+        """One listing of the folder, then its subfolders' listings a batch at a time, concurrently."""
+        top = list_sizes(fs, path)
+        folders = [manifest.QUARANTINE, *(name for name in top if BUCKET_FOLDER.fullmatch(name))]
+        digests = [_digests(top.items())]
+        for batch in in_batches(folders):
+            listings = map_concurrently(lambda folder: list_sizes(fs, join(path, folder)), batch)
+            for folder, listing in zip(batch, listings, strict=True):
+                digests.append(_digests((f"{folder}/{name}", size) for name, size in listing.items()))
+        return cls(np.sort(np.concatenate(digests)))
+
+    def holds(self, name: str, size: int) -> bool:
+        """Whether the folder holds the file ``name`` (relative to it) with this size."""
+        digest = _digest(name, size)
+        at = int(np.searchsorted(self.digests, digest))
+        return at < len(self.digests) and int(self.digests[at]) == digest
+
+
+def _digest(name: str, size: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{name}\n{size}".encode(), digest_size=8).digest(), "little")
+
+
+def _digests(files: Iterable[tuple[str, int]]) -> np.ndarray:
+    return np.fromiter((_digest(name, size) for name, size in files), dtype=np.uint64)
 
 
 def _shard_status(
     path: str,
     marker: CompletionMarker | str,
     manifests: dict[str, bytes | None],
-    sizes: dict[str, int],
+    listed_files: _ListedFiles,
     plan: str | None,
 ) -> str | None:
     """Why a rank's shard is not complete, or None, from its marker (or why it has none) and the manifests read.
@@ -100,7 +133,7 @@ def _shard_status(
         if made_under != plan:
             return f"tokenized under another plan ({made_under}, not {plan})"
     for name, info in marker.files.items():
-        if sizes.get(name) != info.bytes:
+        if not listed_files.holds(name, info.bytes):
             return f"{name} is missing or not the size its completion marker records"
     return None
 

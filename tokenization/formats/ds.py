@@ -106,18 +106,16 @@ class WrittenTokenFile:
     tokens: int
     index_entries: int
     files: tuple[WrittenFile, ...]
+    folder: str = ""  # where in its output it is published: a bucket's folder for a rank's bucket files, else ""
 
     @property
     def name(self) -> str:
-        return self.path.name
+        """Its ``.ds`` file's name in the output (relative to the output folder), as records list it."""
+        return self.published(self.path.name)
 
-    def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "tokens": self.tokens,
-            "index_entries": self.index_entries,
-            "files": {f.name: {"bytes": f.bytes, "sha256": f.sha256} for f in self.files},
-        }
+    def published(self, file_name: str) -> str:
+        """A file of the family (named as written, in ``path``'s folder) by its name in the output."""
+        return f"{self.folder}/{file_name}" if self.folder else file_name
 
 
 class FinishOrAbandon(ABC):

@@ -48,6 +48,15 @@ def bucket_file_name(stem: str, sub: int, bucket: int) -> str:
     return f"{stem}_{sub:05d}_{bucket_suffix(bucket)}"
 
 
+def bucket_folder(bucket: int) -> str:
+    """The folder of a rank folder that holds every rank's files of bucket ``bucket`` (``bucket00007``): a prefix a
+    bucket, so that a bucket's merge lists only its own files, and S3 serves each prefix its own request rate."""
+    return f"{RankFileKind.BUCKET}{bucket:05d}"
+
+
+BUCKET_FOLDER = re.compile(rf"{RankFileKind.BUCKET}\d{{5}}")  # what ``bucket_folder`` names
+
+
 def working_file_name(kind: RankFileKind) -> str:
     """A rank's file of one pass in its attempt's working folder, before its last pass names the published ones."""
     return f"{kind}{DS}"

@@ -363,10 +363,10 @@ class Attempt:
         move_into_place(src, self.fs, join(self.out_path, name), self.landing)
 
     def place_families(self, written: Iterable[WrittenTokenFile]) -> None:
-        """Move every file of each written token-file family into the output, under its own name."""
+        """Move every file of each written token-file family into the output, under its name there."""
         for family in written:
             for f in family.files:
-                self.place(family.path.with_name(f.name), f.name)
+                self.place(family.path.with_name(f.name), family.published(f.name))
 
     def write(self, name: str, data: bytes) -> None:
         """Write a small file of the output whole, as the lease holder; on S3 only over the version seen before

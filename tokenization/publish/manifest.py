@@ -15,7 +15,7 @@ import importlib.metadata
 import platform
 import resource
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 import fsspec
@@ -139,7 +139,7 @@ E = TypeVar("E", bound=OutputEntry)
 
 def output_entry(written: WrittenTokenFile, kind: type[E] = OutputEntry, **fields: object) -> E:
     """A written file family as a manifest lists it (``kind``: a stage's own entry, with its ``fields``)."""
-    files = {f.name: FileSum(bytes=f.bytes, sha256=f.sha256) for f in written.files}
+    files = {written.published(f.name): FileSum(bytes=f.bytes, sha256=f.sha256) for f in written.files}
     return kind(name=written.name, tokens=written.tokens, index_entries=written.index_entries, files=files, **fields)
 
 
@@ -161,12 +161,28 @@ class Described:
         return self.listed_by.num_buckets if isinstance(self.listed_by, RankManifest) else None
 
 
-def output_entries(folder: str) -> dict[str, Described]:
-    """Every output file that the manifests in ``folder/_manifests`` describe, by file name (the manifests read a
-    batch at a time, concurrently)."""
+def output_entries(folder: str, within: str | None = None) -> dict[str, Described]:
+    """Every output file that the manifests in ``folder/_manifests`` describe, by file name; with ``within``, only
+    those in that subfolder (``stage_records``)."""
+    return entries_by_name(stage_records(folder, within))
+
+
+def stage_records(folder: str, within: str | None = None) -> list[StageManifest | MergeOutput]:
+    """The manifests in ``folder/_manifests``, read a batch at a time, concurrently. With ``within`` (a bucket's
+    folder of a rank folder) each keeps only its entries of files in that subfolder: a bucket task holds its own
+    bucket's entries, not every bucket's."""
     fs, path = open_fs(join(folder, MANIFESTS))
     paths = [join(path, name) for name in list_names(fs, path) if name.endswith(".json")]
-    return entries_by_name(record for _, record in _read_listed(fs, paths, stage_manifest))
+    records = (record for _, record in _read_listed(fs, paths, stage_manifest))
+    return [record if within is None else _only_within(record, within) for record in records]
+
+
+def _only_within(record: R, within: str) -> R:
+    if isinstance(record, StageManifest):
+        return replace(record, outputs=[e for e in record.outputs if e.name.startswith(f"{within}/")])
+    if isinstance(record, CompletionMarker):
+        return replace(record, files={n: f for n, f in record.files.items() if n.startswith(f"{within}/")})
+    return record
 
 
 def _read_listed(
@@ -190,24 +206,33 @@ def entries_by_name(manifests: Iterable[StageManifest | MergeOutput]) -> dict[st
     return entries
 
 
-def completion_markers(fs: fsspec.AbstractFileSystem, out_path: str) -> dict[str, CompletionMarker]:
-    """Every completion marker of an output folder, by stem, checked."""
+def completion_markers(
+    fs: fsspec.AbstractFileSystem, out_path: str, within: str | None = None
+) -> dict[str, CompletionMarker]:
+    """Every completion marker of an output folder, by stem, checked; with ``within``, each listing only its files
+    in that subfolder."""
     folder = join(out_path, COMPLETIONS)
     paths = [join(folder, name) for name in list_names(fs, folder) if name.endswith(".json")]
     listed = _read_listed(fs, paths, CompletionMarker.loads)
-    return {where.rsplit("/", 1)[-1].removesuffix(".json"): marker for where, marker in listed}
+    return {
+        where.rsplit("/", 1)[-1].removesuffix(".json"): marker if within is None else _only_within(marker, within)
+        for where, marker in listed
+    }
 
 
-def token_files(folder: str) -> list[str]:
-    """The ``.ds`` files of a folder that a stage should read, sorted by name as datatrove lists them.
+def token_files(folder: str, within: str | None = None) -> list[str]:
+    """The ``.ds`` files of a folder (of its subfolder ``within``, a bucket's) that a stage should read, sorted by
+    name as datatrove lists them.
 
     A folder written by this package holds completion markers, and then exactly the ``.ds`` files they list count:
     a ``.ds`` file that no marker lists (a leftover of another run, an attempt that did not finish) is an error, as
     is a listed one that is missing. A folder without markers (datatrove's output, say) gives every ``.ds`` file.
     """
     fs, path = open_fs(folder)
-    present = set(token_file_names(list_names(fs, path), (DS,)))
-    markers = completion_markers(fs, path)
+    prefix = f"{within}/" if within else ""
+    here = list_names(fs, join(path, within) if within else path)
+    present = {prefix + name for name in token_file_names(here, (DS,))}
+    markers = completion_markers(fs, path, within)
     if markers:
         listed = set(token_file_names((n for marker in markers.values() for n in marker.files), (DS,)))
         if unlisted := sorted(present - listed):

@@ -4,7 +4,8 @@
 ``qa:col`` is ``qa%3Acol``, never ``qa-col``'s folder)::
 
     {run}/_RUN.json    the claim: which run owns the folder and its plan (``tokenization.builds.plan``), written first
-    {run}/ranks/       the tokenize stage's rank files, manifests, quarantine, markers
+    {run}/ranks/       the tokenize stage's rank files, manifests, quarantine, markers; when bucketed, each
+                       bucket's rank files in a folder of their own (``ranks/bucket00007/``)
     {run}/merged/      the merge's output
     {run}/context/     the context-window shuffle's output (absent when the window is 0)
     {run}/report.html  the build report (and report.json), written by publish

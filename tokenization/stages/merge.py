@@ -34,13 +34,14 @@ from tokenization.io.progress import Progress, ProgressMode
 from tokenization.io.storage import join, list_names, list_sizes, map_concurrently, open_fs, with_storage_options
 from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
-from tokenization.publish.manifest import StageResult
+from tokenization.publish.manifest import Described, StageResult
 from tokenization.publish.records import (
     FileSum,
     MergeCounts,
     MergeManifest,
     MergeOutput,
     MergeTokenizer,
+    RankManifest,
     RecordError,
     SizedInput,
 )
@@ -135,13 +136,12 @@ class MergeInputs:
         return int(ends[-1]) if len(ends) else 0
 
 
-def validate_inputs(urls: list[str], save_loss: bool) -> MergeInputs:
-    """Check every input before anything is written; a mix of token sizes or tokenizers is an error."""
+def validate_inputs(urls: list[str], save_loss: bool, entries: list[Described]) -> MergeInputs:
+    """Check every input before anything is written; a mix of token sizes or tokenizers is an error. ``entries``:
+    those of the inputs that their manifests describe."""
     if not urls:
         raise TokenFileError("no .ds files to merge")
     folder = urls[0].rsplit("/", 1)[0]
-    described = manifest.output_entries(folder)
-    entries = [described[name] for u in urls if (name := u.rsplit("/", 1)[-1]) in described]
     listing = list_sizes(*open_fs(folder))  # one listing for the sizes of every file, not a HEAD each
 
     def opened(url: str) -> tuple[TokenFile, np.ndarray]:  # raises when a .metadata is missing: never assumed
@@ -237,10 +237,12 @@ class _Plan:
 
 
 def _plan(config: MergeConfig) -> _Plan:
-    urls = manifest.token_files(config.input)
-    if config.bucket is not None:
-        urls = _bucket_files(config, urls)
-    inputs = validate_inputs(urls, config.save_loss)
+    if config.bucket is None:
+        urls, described = manifest.token_files(config.input), manifest.output_entries(config.input)
+    else:
+        urls, described = _bucket_inputs(config)
+    named = (url.removeprefix(config.input.rstrip("/") + "/") for url in urls)
+    inputs = validate_inputs(urls, config.save_loss, [described[name] for name in named if name in described])
     chunk = config.shuffle_chunk_size
     tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
     counts = tokens // chunk if chunk else np.diff(inputs.offsets)
@@ -256,10 +258,12 @@ def _plan(config: MergeConfig) -> _Plan:
     )
 
 
-def _bucket_files(config: MergeConfig, urls: list[str]) -> list[str]:
-    """The rank files of this merge's bucket; every rank must have scattered into the same buckets, this one
-    among them."""
-    drawn = {e.num_buckets for e in manifest.output_entries(config.input).values()}
+def _bucket_inputs(config: MergeConfig) -> tuple[list[str], dict[str, Described]]:
+    """The rank files of this merge's bucket, from its folder alone, and their entries, the only ones kept of the
+    ranks' manifests; every rank must have scattered into the same buckets, this one among them."""
+    within = names.bucket_folder(config.bucket)
+    records = manifest.stage_records(config.input, within)
+    drawn = {record.num_buckets if isinstance(record, RankManifest) else None for record in records}
     if len(drawn) != 1 or None in drawn:
         found = ", ".join(map(str, sorted(drawn, key=str))) or "no manifests"
         raise TokenFileError(f"{config.input}: a bucketed merge needs ranks of one num_buckets, found {found}")
@@ -268,13 +272,12 @@ def _bucket_files(config: MergeConfig, urls: list[str]) -> list[str]:
         raise UsageError(
             f"bucket {config.bucket} is outside 0..{num_buckets - 1}: the ranks drew {num_buckets} buckets"
         )
-    suffix = "_" + names.bucket_suffix(config.bucket)
-    chosen = [url for url in urls if url.endswith(suffix)]
-    if not chosen:
+    urls = manifest.token_files(config.input, within)
+    if not urls:
         raise TokenFileError(
             f"{config.input}: no rank drew a document for bucket {config.bucket} of {num_buckets}: use fewer buckets"
         )
-    return chosen
+    return urls, manifest.entries_by_name(records)
 
 
 class _Checkpoints:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -338,15 +338,14 @@ def _scatter(
     config: TokenizeConfig, encoder: Encoder, pool: SourcePool, documents: Units, work: Path
 ) -> list[WrittenTokenFile]:
     """Pass 2 of a bucketed shuffle: each document to the bucket drawn for it, in input order within a bucket (the
-    bucket's merge orders them); buckets that drew no document get no file."""
+    bucket's merge orders them), published in that bucket's folder; buckets that drew no document get no file."""
     drawn = buckets.assign(config.seed, config.rank, len(documents.ends), config.num_buckets)
     order, bounds = buckets.by_bucket(drawn, config.num_buckets)
     written = []
     for bucket in np.flatnonzero(np.diff(bounds)).tolist():
         ours = documents.take(order[bounds[bucket] : bounds[bucket + 1]])
-        written += _write(
-            config, encoder, pool, ours, work, lambda sub, b=bucket: config.bucket_name(b, sub), last=True
-        )
+        files = _write(config, encoder, pool, ours, work, lambda sub, b=bucket: config.bucket_name(b, sub), last=True)
+        written += [replace(w, folder=names.bucket_folder(bucket)) for w in files]
     return written
 
 
@@ -354,8 +353,10 @@ def _publish(
     config: TokenizeConfig, attempt: Attempt, written: list[WrittenTokenFile], record: RankManifest, quarantine: Path
 ) -> RankManifest:
     """Replace the rank's previous output with the new files and its quarantine, then commit the manifest (as
-    written, with the attempt)."""
-    keep = {f.name for w in written for f in w.files}
+    written, with the attempt). Its earlier files are found in one listing of the rank folder; those in bucket
+    folders are replaced by name (the same plan names the same files), and one there under another name is a file
+    that no marker lists, which the bucket's merge refuses, naming it."""
+    keep = {w.published(f.name) for w in written for f in w.files}
     pattern = names.rank_file_pattern(config.stem)
     for name in list_names(attempt.fs, attempt.out_path):
         if pattern.fullmatch(name) and name not in keep:

@@ -35,8 +35,9 @@ import numpy as np
 from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
 from tokenization.formats.megatron import MegatronFile
+from tokenization.formats.names import BUCKET_FOLDER
 from tokenization.io.errors import TokenizationError
-from tokenization.io.storage import in_batches, join, list_names, list_sizes, open_fs, read_many
+from tokenization.io.storage import in_batches, join, list_names, list_sizes, map_concurrently, open_fs, read_many
 from tokenization.publish import manifest
 from tokenization.publish.attempts import LEASES, STAGING
 from tokenization.publish.manifest import Described
@@ -221,16 +222,25 @@ class _Folder:
 
     @classmethod
     def open(cls, url: str) -> _Folder:
+        """The folder's listing; a rank folder's bucket folders are listed too (concurrently), and their files
+        are the folder's, named ``bucket00007/...`` as the records name them."""
         fs, path = open_fs(url)
-        return cls(fs, path, url.rstrip("/"), list_sizes(fs, path))
+        sizes = list_sizes(fs, path)
+        folders = [name for name in sizes if BUCKET_FOLDER.fullmatch(name)]
+        listings = map_concurrently(lambda folder: list_sizes(fs, join(path, folder)), folders)
+        for folder, listing in zip(folders, listings, strict=True):
+            del sizes[folder]
+            sizes |= {f"{folder}/{name}": size for name, size in listing.items()}
+        return cls(fs, path, url.rstrip("/"), sizes)
 
     def label(self, name: str) -> str:
         return join(self.url, name)
 
     def size(self, name: str) -> int | None:
-        """A file's size, None when it is absent; a file of a subfolder (the quarantine) lists that subfolder."""
+        """A file's size, None when it is absent; a file of another subfolder (the quarantine) lists that
+        subfolder."""
         sub, _, base = name.rpartition("/")
-        if not sub:
+        if not sub or name in self.sizes:
             return self.sizes.get(name)
         if sub not in self.subfolders:
             self.subfolders[sub] = list_sizes(self.fs, join(self.path, sub))

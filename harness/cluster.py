@@ -202,11 +202,14 @@ class Cluster:
         settings: dict[str, str] | None = None,
         s3_bandwidth: float | None = None,
         s3_latency: float = 0.0,
+        stall_merge: bool = False,
     ):
         """``workers`` maps each Celery worker's name to its queues (comma-separated) and concurrency;
         ``merge_slots`` sizes the merge pool; every ``fault_every``-th S3 request gets a 503; ``settings`` are
         more environment variables of every component (``TOKENIZATION_SCHEDULE``, ...); ``s3_bandwidth`` (bytes a
-        second a connection) and ``s3_latency`` (seconds a request) make the simulated S3 behave like one."""
+        second a connection) and ``s3_latency`` (seconds a request) make the simulated S3 behave like one;
+        ``stall_merge`` stops the first merge for good after its first file (see tests/faults), so that a test can
+        kill the large-disk worker mid-merge (:meth:`kill_and_restart`)."""
         self.workdir = workdir
         self.settings = settings or {}
         self.workers, self.merge_slots, self.fault_every = workers, merge_slots, fault_every
@@ -218,8 +221,9 @@ class Cluster:
         self.port = free_port()
         self.password = secrets.token_urlsafe(12)
         self.jwt_secret = secrets.token_hex(32)  # every component must share it
-        self.fail_ranks = fail_ranks
+        self.fail_ranks, self.stall_merge = fail_ranks, stall_merge
         self.processes: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, tuple[list[str], str | None]] = {}
         self.moto = self.proxy = None
         self.token: str | None = None
 
@@ -291,6 +295,11 @@ class Cluster:
             if worker == "default-worker":  # its ranks fail their first attempt: see tests/faults
                 env["PYTHONPATH"] = f"{ROOT / 'tests' / 'faults'}:{ROOT}"
                 env |= {"FAULT_RANKS": self.fail_ranks, "FAULT_DIR": str(self.workdir)}
+            if worker == "large-disk-worker" and self.stall_merge:
+                env["PYTHONPATH"] = f"{ROOT / 'tests' / 'faults'}:{ROOT}"
+                # the lease's TTL below the heartbeat timeout, as LEASE_TTL_SECONDS is below compose's recovery
+                env |= {"FAULT_STALL_MERGE": "1", "FAULT_DIR": str(self.workdir), "FAULT_LEASE_TTL": "15"}
+                env |= {"FAULT_HEARTBEAT": "2"}
         return env
 
     def start(self) -> None:
@@ -312,13 +321,31 @@ class Cluster:
         for name, (queues, concurrency) in self.workers.items():
             worker = ["airflow", "celery", "worker", "-q", queues, "-c", str(concurrency), "-H", name]
             commands[name] = (worker, name)
-        for name, (command, worker) in commands.items():
-            log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - owned by the process
-            self.processes[name] = subprocess.Popen(
-                command, env=self.env(worker), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-            )
+        self.commands = commands
+        for name in commands:
+            self._launch(name)
         self._wait(lambda: self._healthy(), 180, "the api-server and scheduler to become healthy")
         self.token = self._token()
+
+    def _launch(self, name: str) -> None:
+        command, worker = self.commands[name]
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+        self.processes[name] = subprocess.Popen(
+            command, env=self.env(worker), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
+
+    def kill_and_restart(self, name: str) -> None:
+        """SIGKILL a component and every process under it at once (a worker's machine lost: its tasks stop without
+        a word), then start it again under the same name."""
+        import psutil
+
+        root = psutil.Process(self.processes[name].pid)
+        doomed = [root, *root.children(recursive=True)]
+        for proc in doomed:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(doomed, timeout=30)
+        self._launch(name)
 
     def _run(self, *command: str) -> None:
         done = subprocess.run(command, env=self.env(), capture_output=True, text=True, cwd=ROOT)

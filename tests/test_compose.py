@@ -107,12 +107,24 @@ def test_the_stack_refuses_to_start_with_the_placeholder_secrets() -> None:
     assert bad_key.returncode == 1 and "is not a Fernet key" in bad_key.stderr
 
 
-def test_a_dead_workers_tasks_come_back_in_minutes_in_compose_and_in_the_tests() -> None:
-    """Airflow fails, then retries, a task whose heartbeats stopped after this timeout: 300 s by default."""
+def test_a_dead_workers_tasks_come_back_in_minutes_in_compose_and_in_the_tests(monkeypatch) -> None:
+    """Airflow fails, then retries, a task whose heartbeats stopped after this timeout: 300 s by default. The
+    retry must find the dead attempt's S3 lease expired, or it fails on it until its retries run out."""
+    from plugins.tokenization_airflow.deployment import Deployment
+    from tokenization.publish.attempts import LEASE_TTL_SECONDS
+
     env = COMPOSE["x-airflow-common"]["environment"]
     timeout = env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"]
     assert int(timeout) <= 120
     assert timeout == HEARTBEAT_TIMEOUT  # the real topology's, in the tests
+    for name in ("TOKENIZATION_RETRY_DELAY_SECONDS", "TOKENIZATION_TASK_RETRIES"):
+        if name in env:
+            monkeypatch.setenv(name, str(env[name]))
+        else:
+            monkeypatch.delenv(name, raising=False)
+    deployment = Deployment.from_env()
+    assert deployment.task_retries >= 1
+    assert int(timeout) + deployment.retry_delay.total_seconds() > LEASE_TTL_SECONDS
 
 
 def test_thousands_of_ranks_can_be_mapped_and_builds_stay_in_the_allowed_locations() -> None:

@@ -2,7 +2,9 @@
 behind a proxy that injects 503s. Driven through the REST API v2, as an operator would: last night's build (made
 by the library, on the same storage), then tonight's corpus (a file rewritten with its size kept, one added, one
 deleted) built by two runs at once, one with the tokenization cache, which tokenizes only the rewritten and the
-added file, and one without: the same bytes.
+added file, and one without: the same bytes. The large-disk worker is killed mid-merge, its machine lost; once
+Airflow has failed the merge for its missing heartbeats, the operator clears it, and it resumes after the file
+the dead attempt published: the same bytes again.
 
 Skips with the reason when PostgreSQL, Redis or the Celery provider are not available.
 """
@@ -22,6 +24,7 @@ from tests.conftest import EOS, in_process, write_jsonl
 from tests.test_context import shuffled
 from tests.test_merge import merged
 from tests.test_tokenize import file_bytes, run
+from tokenization.builds.accounting import stage_counts
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.io.storage import using
@@ -79,7 +82,9 @@ def local_reference(folder, corpus, tokenizer) -> dict[str, bytes]:
 def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
     tmp_path, monkeypatch, sample_corpus, sample_tokenizer
 ) -> None:
-    with Cluster(tmp_path / "cluster") as cluster:
+    # Airflow fails a dead worker's task after 30 s without heartbeats here (compose: 90 s), to keep the suite short
+    quick = {"AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30"}
+    with Cluster(tmp_path / "cluster", stall_merge=True, settings=quick) as cluster:
         endpoint = {"endpoint_url": json.loads(cluster.env()["AIRFLOW_CONN_AWS_DEFAULT"])["extra"]["endpoint_url"]}
         retries = {"retries": {"max_attempts": 10}}
         options = {"key": "testing", "secret": "testing", "client_kwargs": endpoint, "config_kwargs": retries}
@@ -115,6 +120,14 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
             clear = {"dry_run": False, "dag_run_id": run_id, "task_ids": [["tokenize", 1]], "only_failed": False}
             cleared = cluster.api("POST", f"/dags/{DAG}/clearTaskInstances", clear)
             assert [(t["task_id"], t["map_index"]) for t in cleared["task_instances"]] == [("tokenize", 1)]
+
+        cluster.wait_for((tmp_path / "cluster" / "merge-stalled").exists, 600, "a merge to publish its first file")
+        (killed,) = [r for r in runs if states(r)[("merge", 0)]["state"] == "running"]  # one pool slot: one merge
+        cluster.kill_and_restart("large-disk-worker")
+        dead = lambda: states(killed)[("merge", 0)]["state"] == "failed"  # noqa: E731 - polled
+        cluster.wait_for(dead, 300, f"{killed}: Airflow to fail the merge of the dead worker")
+        clear = {"dry_run": False, "dag_run_id": killed, "task_ids": [["merge", 0]], "only_failed": False}
+        cluster.api("POST", f"/dags/{DAG}/clearTaskInstances", clear | {"include_downstream": True})
         for run_id in runs:
             cluster.wait_for(lambda r=run_id: run_state(r) in ("success", "failed"), 600, f"{run_id} to finish")
             assert run_state(run_id) == "success", {k: v["state"] for k, v in states(run_id).items()}
@@ -127,6 +140,7 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
                 assert (t["hostname"], t["queue"], t["try_number"]) == ("default-worker", "default", 1 + (rank == 1))
             m = ti[("merge", 0)]
             assert (m["hostname"], m["queue"], m["pool"]) == ("large-disk-worker", "large_disk", "tokenization_merge")
+            assert m["try_number"] == 1 + (run_id == killed)
             merges.append((datetime.fromisoformat(m["start_date"]), datetime.fromisoformat(m["end_date"])))
         first, second = sorted(merges)
         assert first[1] <= second[0], f"two merges ran at once: {merges}"
@@ -140,6 +154,10 @@ def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
         }
         assert sorted(name for name, hit in served.items() if not hit) == ["part-00001.jsonl.gz", "part-00004.jsonl.gz"]
         assert len(served) == 4
+        with using({"s3": options}):  # the retry kept the dead attempt's file, and its records describe no mix
+            merged_folder = f"s3://corpus/builds/{killed}/merged"
+            assert stage_counts(merged_folder).resumed_files == 1
+            assert verify(merged_folder, str(sample_tokenizer), EOS).ok
         built = {}
         for run_id in runs:
             dataset = f"s3://corpus/builds/{run_id}/context"

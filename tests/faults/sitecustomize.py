@@ -7,7 +7,10 @@ command frozen past its lease): put this folder first on a process's PYTHONPATH,
   let one lapse in a second instead of five minutes;
 - set ``FAULT_FREEZE_AT`` to ``lease`` (just after the attempt took its lease) or ``publish`` (just before it
   places its first file): the process then sends itself SIGSTOP there, once, heartbeat included, as a worker's
-  session stopped by its host would be, and goes on when it gets SIGCONT.
+  session stopped by its host would be, and goes on when it gets SIGCONT;
+- set ``FAULT_STALL_MERGE``: the first merge in ``FAULT_DIR``'s life stops for good right after it published its
+  first file and that file's checkpoint, its lease still renewed, and says so with the file ``merge-stalled``
+  there: a test then kills its worker mid-merge.
 
 Production code knows nothing of this."""
 
@@ -59,3 +62,19 @@ if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FRE
 
     attempts.ObjectLease.acquire = freezing("lease", attempts.ObjectLease.acquire, after=True)
     attempts.Attempt.place = freezing("publish", attempts.Attempt.place, after=False)
+
+if os.environ.get("FAULT_STALL_MERGE"):
+    import time
+
+    from tokenization.stages import merge
+
+    _checkpoint = merge._Checkpoints.__call__
+
+    def checkpoint_then_stall(self, *args, **kwargs):
+        _checkpoint(self, *args, **kwargs)
+        stalled = Path(os.environ["FAULT_DIR"]) / "merge-stalled"
+        if not stalled.exists():
+            stalled.touch()
+            time.sleep(3600)
+
+    merge._Checkpoints.__call__ = checkpoint_then_stall

@@ -81,8 +81,11 @@ from tokenization.publish.records import CompletionMarker, FileSum, StageManifes
 
 log = logging.getLogger(__name__)
 
-LEASE_TTL_SECONDS = 300.0  # an object-store lease not renewed for this long belongs to a dead attempt
-HEARTBEAT_SECONDS = 30.0  # ten renewals a TTL: a few lost requests never let a live lease expire
+# An object-store lease not renewed for this long belongs to a dead attempt. Shorter than the time Airflow takes to
+# retry the task of a dead worker (compose: 90 s without heartbeats, 10 s to notice, then a 60 s retry delay), so
+# the retry finds the dead attempt's lease expired, rather than failing on it until its retries run out.
+LEASE_TTL_SECONDS = 120.0
+HEARTBEAT_SECONDS = 12.0  # ten renewals a TTL: a few lost requests never let a live lease expire
 STAGING = ".staging"
 LEASES = "_leases"
 ATTEMPT_MARK = ".attempt-"  # staging folders are {stem}.attempt-{id}

@@ -4,9 +4,10 @@
 
 It starts the distributed test's deployment (``harness/cluster.py``: api-server, scheduler, dag-processor, triggerer
 and two Celery workers on PostgreSQL and Redis; S3 served by moto behind a proxy that answers some requests with
-503 SlowDown, every 50th here), with both workers on both queues and a merge pool of 4 slots, so that bucket
-merges spread over them. It runs ``tokenize_corpus`` once with ``merge_mode: bucketed`` on the shared corpora,
-dealt into one gzipped input file a rank, with GPT-2 read from S3, and reports:
+503 SlowDown, every 50th here, caps each connection's bandwidth and delays each request), with both workers on
+both queues and a merge pool of 4 slots, so that bucket merges spread over them. It runs ``tokenize_corpus`` once
+with ``merge_mode: bucketed`` on the shared corpora, dealt into one gzipped input file a rank, with GPT-2 read from
+S3, and reports:
 
 * wall time, of the run and of each stage (a stage lasts from its first task's start to its last one's end);
 * per task: duration, the part of it the stage itself took (from its manifest), worker, peak RSS (manifest);
@@ -56,6 +57,8 @@ WORKERS = {"worker-1": ("default,large_disk", 2), "worker-2": ("default,large_di
 MERGE_SLOTS = 4
 PUT_CLASS = ("PUT", "PART", "CREATE", "COMPLETE")
 INDEX_PARAM = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}  # a mapped task's map index
+SETTINGS = ("ranks", "buckets", "copies", "context_window", "fault_every", "s3_bandwidth", "s3_latency")
+RECORDS = (f"/{MANIFESTS}/", f"/{COMPLETIONS}/")  # small objects: a GET of one is a request's own time
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,13 @@ def stage_of(request: Request, windows: dict[str, tuple[float, float]]) -> str:
     return max(running, key=lambda s: windows[s][0]) if running else "between tasks"
 
 
-def model_scenario(corpus: Corpus, tokens: int, token_bytes: int, args: SimpleNamespace, cores: int):
-    """The capacity plan's scenario for this very build: its corpus, settings and deployment. The model's slot is
-    2 cores; here both workers share one machine of ``cores``, so a mapped task's compute runs at that share of
-    the measured rates (the unmapped ones, publish's verify, run alone and keep them)."""
+def model_scenario(
+    corpus: Corpus, tokens: int, token_bytes: int, args: SimpleNamespace, cores: int, request_s: float
+) -> plan.Scenario:
+    """The capacity plan's scenario for this very build: its corpus, settings and deployment, the simulated S3's
+    bandwidth a connection and its measured time a small request. The model's slot is 2 cores; here both workers
+    share one machine of ``cores``, so a mapped task's compute runs at that share of the measured rates (the
+    unmapped ones, publish's verify, run alone and keep them)."""
     slots = len(WORKERS) * WORKERS["worker-1"][1]
     share = cores / slots / 2
     default = plan.Scenario()
@@ -132,10 +138,19 @@ def model_scenario(corpus: Corpus, tokens: int, token_bytes: int, args: SimpleNa
         table_workers=str(len(WORKERS)),
         concurrency=WORKERS["worker-1"][1],
         merge_slots=MERGE_SLOTS,
+        s3_mb_s=args.s3_bandwidth,
+        request_s=request_s,
         tokenize_mb_s=default.tokenize_mb_s * share,
         merge_mb_s=default.merge_mb_s * share,
         context_mb_s=default.context_mb_s * share,
     )
+
+
+def record_get_seconds(requests: list[Request]) -> float:
+    """The median time of a GET of a small record (a marker, a manifest) that was not refused: what one request
+    costs on this S3, latency and handling."""
+    times = [r.seconds for r in requests if r.kind == "GET" and not r.injected and any(x in r.path for x in RECORDS)]
+    return statistics.median(times)
 
 
 def postgres(cluster: Cluster, sql: str, *args) -> list[tuple]:
@@ -165,7 +180,13 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
     corpus = deal_corpus(args.corpora, work / "input", args.ranks, args.copies)
     print(f"corpus: {corpus.docs:,} documents, {corpus.text_bytes / 1e6:.1f} MB of text in {corpus.files} files")
     cluster = Cluster(
-        work / "cluster", fail_ranks="", workers=WORKERS, merge_slots=MERGE_SLOTS, fault_every=args.fault_every
+        work / "cluster",
+        fail_ranks="",
+        workers=WORKERS,
+        merge_slots=MERGE_SLOTS,
+        fault_every=args.fault_every,
+        s3_bandwidth=args.s3_bandwidth * 1e6,
+        s3_latency=args.s3_latency / 1000,
     )
     with cluster:
         endpoint = json.loads(cluster.env()["AIRFLOW_CONN_AWS_DEFAULT"])["extra"]["endpoint_url"]
@@ -209,7 +230,7 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
         build = json.loads(s3.cat_file(layout.manifest))
         ds_bytes = sum(s3.size(f"{layout.context}/{name}") for name in build["files"] if name.endswith(DS))
         return {
-            "settings": {k: getattr(args, k) for k in ("ranks", "buckets", "copies", "context_window", "fault_every")},
+            "settings": {k: getattr(args, k) for k in SETTINGS},
             "measured": datetime.now().date().isoformat(),
             "cores": os.cpu_count(),
             "corpus": asdict(corpus),
@@ -255,7 +276,9 @@ def report(m: dict) -> str:
     """The measurements as Markdown, each beside the model's figure for the same build where it has one."""
     args, corpus, build, tis = SimpleNamespace(**m["settings"]), Corpus(**m["corpus"]), m["build"], m["tis"]
     cores = m.get("cores", 2)  # (measurements before it was recorded came from this 2-core machine)
-    scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores)
+    logged = [Request(*r) for r in m["requests"]]
+    request_s = record_get_seconds(logged)
+    scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores, request_s)
     model = plan.stages(scenario, True, scenario.workers)
     model_walls = plan.wall_seconds(scenario, True, scenario.workers)
     windows = stage_windows(tis)
@@ -268,7 +291,7 @@ def report(m: dict) -> str:
         if "stage" in manifest:  # a merge also keeps a manifest of each file it wrote, to resume from
             record[manifest["stage"]].append(manifest)
     requests = defaultdict(Counter)
-    for request in (Request(*r) for r in m["requests"]):
+    for request in logged:
         requests[stage_of(request, windows)][request.kind if not request.injected else "injected"] += 1
 
     tasks_rows = []
@@ -322,10 +345,12 @@ def report(m: dict) -> str:
         f"have a `text` field, {args.copies} times, {corpus.docs:,} documents and {corpus.text_bytes / 1e6:.1f} MB of "
         f"text dealt into {corpus.files} files; GPT-2, read from S3; {build['tokens']:,} tokens. Two Celery workers, "
         f"each on both queues with concurrency {WORKERS['worker-1'][1]}; merge pool {MERGE_SLOTS} slots; S3 is moto "
-        f"behind a proxy that answers every {args.fault_every}th request with 503 SlowDown. Figures in brackets are "
+        f"behind a proxy that answers every {args.fault_every}th request with 503 SlowDown, caps each connection at "
+        f"{args.s3_bandwidth:g} MB/s and delays each request by {args.s3_latency:g} ms. Figures in brackets are "
         f"`bench.scale_plan`'s for this very build (its scenario: this corpus, these settings, 2 workers x 2 "
-        f"slots, its default latencies, and its measured rates at {cores / 4:.2g} core a slot instead of 2, as the "
-        "four slots share this machine).",
+        f"slots, the simulated S3's bandwidth a connection, its measured time a small GET ({request_s * 1000:.0f} "
+        f"ms, the median), and its measured rates at {cores / 4:.2g} core a slot instead of 2, as the four slots "
+        "share this machine).",
         "",
         f"**Wall time: {run_wall:.0f} s** for the run (the model: {model_walls['total']:.0f} s); digest "
         f"`{build['digest'][:12]}…`, verify {'passed' if build['verify']['ok'] else 'FAILED'}, "
@@ -387,6 +412,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="answer every Nth S3 request with 503 SlowDown (%(default)s; the distributed test uses 7, which makes "
         "retry back-offs most of a task's time)",
     )
+    parser.add_argument("--s3-bandwidth", type=float, default=50, help="MB/s a connection to S3 (%(default)s)")
+    parser.add_argument("--s3-latency", type=float, default=30, help="ms added to each S3 request (%(default)s)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the build (%(default)s)")
     parser.add_argument(
         "--measurements",

@@ -100,10 +100,11 @@ PACED_WRITE = 256 << 10  # bytes of a response written at a time under a bandwid
 
 @dataclass(frozen=True)
 class Request:
-    at: float
+    at: float  # when it arrived
     kind: str
     path: str  # bucket and key, or the bucket and the listed prefix
     injected: bool
+    seconds: float = 0.0  # from its arrival to the last byte of its answer
 
 
 class FaultProxy:
@@ -128,18 +129,25 @@ class FaultProxy:
                 pass
 
             def _any(self) -> None:
-                started = time.perf_counter()
+                arrived, started = time.time(), time.perf_counter()
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 proxy.pace(started + proxy.latency, len(body))  # the upload, at the connection's rate
                 with proxy.lock:
                     proxy.requests += 1
                     fail = proxy.every is not None and proxy.requests % proxy.every == 0
                     proxy.injected += fail
-                    path, _, query = self.path.partition("?")
-                    prefix = dict(urllib.parse.parse_qsl(query)).get("prefix", "")
-                    kind = s3_kind(self.command, self.path)
-                    listed = f"{path.rstrip('/')}/{prefix}" if kind == "LIST" else path
-                    proxy.log.append(Request(time.time(), kind, urllib.parse.unquote(listed), fail))
+                path, _, query = self.path.partition("?")
+                prefix = dict(urllib.parse.parse_qsl(query)).get("prefix", "")
+                kind = s3_kind(self.command, self.path)
+                listed = f"{path.rstrip('/')}/{prefix}" if kind == "LIST" else path
+                try:
+                    self._answer(fail, body)
+                finally:
+                    seconds = time.perf_counter() - started
+                    with proxy.lock:
+                        proxy.log.append(Request(arrived, kind, urllib.parse.unquote(listed), fail, seconds))
+
+            def _answer(self, fail: bool, body: bytes) -> None:
                 if fail:
                     payload = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
                     self.send_response(503)

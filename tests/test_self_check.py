@@ -104,6 +104,8 @@ def test_a_marker_without_the_check_gets_its_files_read(tmp_path, sample_corpus,
     marker.write_text(json.dumps(record))
     found = verify(str(context), checks=checks, vouched=True)
     assert any("000_corpus.ds: differs from what _completions/context_00000.json records" in p for p in found.problems)
+    disagree = "context_00000.json: records another check of the stage's own files than its manifest"
+    assert any(disagree in p for p in found.problems)
 
 
 def test_verify_re_reads_a_random_sample_of_what_stages_checked(tmp_path, sample_corpus, sample_tokenizer) -> None:

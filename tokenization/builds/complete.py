@@ -142,10 +142,13 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
     merged, context = accounting.stage_counts(layout.merged), accounting.stage_counts(layout.context)
     dataset = layout.context if context else layout.merged if plan.merges else layout.ranks
     checked = verify(dataset, checks=dataset_checks(config, plan), vouched=True)
-    for line in checked.problems[:PROBLEMS_LOGGED] + checked.notes:
+    for line in checked.problems[:PROBLEMS_LOGGED]:
         log.warning("verify: %s", line)
+    for line in checked.notes:
+        log.info("verify: %s", line)
     if not checked.ok:
-        raise BuildError(f"verify found {len(checked.problems)} problems in {dataset}; the build is not published")
+        found = f"{len(checked.problems)} problem{'s' * (len(checked.problems) != 1)}"
+        raise BuildError(f"verify found {found} in {dataset}; the build is not published")
     recorded = Plan.recorded(plan.run_dir, plan.digest)
     ranks = accounting.rank_manifests(layout.ranks, plan.num_ranks)
     balance = accounting.conservation(ranks, recorded.files)

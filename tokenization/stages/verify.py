@@ -396,6 +396,8 @@ def _check_markers(
             continue
         if marker.manifest != own:
             report.problem(where, f"names the manifest {marker.manifest}, not its own {own}")
+        if marker.checked != stages[stem].record.checked:
+            report.problem(where, f"records another check of the stage's own files than its manifest {own} does")
         files = marker.files
         for name in sorted(set(stages[stem].record.output_files()) - set(files)):
             report.problem(folder.label(name), f"its manifest {own} lists it, its completion marker does not")

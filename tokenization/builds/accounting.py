@@ -94,11 +94,13 @@ class _ListedFiles:
                 digests.append(_digests((f"{folder}/{name}", size) for name, size in listing.items()))
         return cls(np.sort(np.concatenate(digests)))
 
-    def holds(self, name: str, size: int) -> bool:
-        """Whether the folder holds the file ``name`` (relative to it) with this size."""
-        digest = _digest(name, size)
-        at = int(np.searchsorted(self.digests, digest))
-        return at < len(self.digests) and int(self.digests[at]) == digest
+    def first_missing(self, sizes: dict[str, int]) -> str | None:
+        """The first of these files (name relative to the folder: size) that the folder does not hold with that
+        size, looked up all at once; None when it holds them all."""
+        wanted = _digests(sizes.items())
+        at = np.minimum(np.searchsorted(self.digests, wanted), max(len(self.digests) - 1, 0))
+        held = self.digests[at] == wanted if len(self.digests) else np.zeros(len(wanted), bool)
+        return None if held.all() else list(sizes)[int(np.argmin(held))]
 
 
 def _digest(name: str, size: int) -> int:
@@ -132,10 +134,8 @@ def _shard_status(
             return str(exc)
         if made_under != plan:
             return f"tokenized under another plan ({made_under}, not {plan})"
-    for name, info in marker.files.items():
-        if not listed_files.holds(name, info.bytes):
-            return f"{name} is missing or not the size its completion marker records"
-    return None
+    missing = listed_files.first_missing({name: info.bytes for name, info in marker.files.items()})
+    return missing and f"{missing} is missing or not the size its completion marker records"
 
 
 def conservation(rank_manifests: list[RankManifest], planned: list[InputFile] | None = None) -> Conservation:

@@ -1,9 +1,10 @@
 """Benchmarks: this project against datatrove 0.10.1 on the same input, in the same run, alternating.
 
     python -m bench.run [--corpora DIR] [--tokenizer PATH] [--tokenizers DIR] [--big-mb MB] [--repeats N]
-                        [--only ROWS] [--out FILE] [--smoke]
+                        [--books-ranks N] [--books-buckets N] [--only ROWS] [--out FILE] [--smoke]
 
-A full run (20-30 minutes, most of it datatrove on the GB row and the simulated S3 rows) rewrites bench/RESULTS.md;
+A full run (20-30 minutes, most of it datatrove on the GB row and the simulated S3 rows, plus the books row's,
+which makes ~3 million sparse files at its 4,096 ranks) rewrites bench/RESULTS.md;
 ``--only merge,context`` reruns some rows and prints them, writing only to ``--out``.
 
 Every measurement runs in its own process, which reports its wall time and its own peak RSS, so stages do not
@@ -18,9 +19,9 @@ from __future__ import annotations
 import argparse
 import filecmp
 import gzip
+import hashlib
 import io
 import json
-import logging
 import math
 import os
 import platform
@@ -29,7 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +40,14 @@ import zstandard
 from bench import workloads
 from bench.workloads import Workload
 from tokenization.formats import DS
-from tokenization.stages.tokenize import TokenizeConfig
+from tokenization.formats.names import rank_stem
+from tokenization.publish import manifest
+from tokenization.publish.records import CompletionMarker, FileSum, InputFile, RankManifest
+from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
+SAMPLE_CORPUS, SAMPLE_TOKENIZER = ROOT / "sample" / "corpus", ROOT / "sample" / "tokenizer.json"
 RESULTS = ROOT / "bench" / "RESULTS.md"
 EOS = "<|endoftext|>"
 OTHER_TOKENIZERS = {"llama3": "<|end_of_text|>", "mistral-7b": "</s>"}  # a uint32 one, and one that adds a BOS
@@ -57,12 +63,17 @@ ROWS = (
     "nightly",
     "publish",
     "s3",
+    "books",
 )
 NIGHTLY_FILES = 50  # input files of the nightly rows' corpus; one changed the next night is 2% of them
 PUBLISH_COPIES = (4, 16)  # the publish rows: builds of the corpus this many times over, 4x apart
-S3_BANDWIDTH = 50e6  # the simulated S3 of the s3 rows: bytes a second a connection moves, each way
-S3_LATENCY = 0.03  # and seconds a request waits before its first byte (S3: 20-50 ms)
+# The simulated S3 of the s3 rows: bytes a second a connection moves, each way, and seconds a request waits before
+# its first byte (S3: 20-50 ms). The cap is low enough that 8 connections stay under what moto serves on this
+# 2-core machine in a process of its own (~80 MB/s), so that the cap, not the simulator, limits each stream.
+S3_BANDWIDTH = 10e6
+S3_LATENCY = 0.03
 CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+BOOKS_PLAN = hashlib.sha256(b"bench books").hexdigest()  # the plan digest the books rows' ranks are made under
 COMPARED = (DS, f"{DS}.index", f"{DS}.loss")
 
 # The encoders whose speed alone is the limit of the encoding rows, by the name the tables give them.
@@ -271,7 +282,7 @@ S3_COLUMNS = (
     ("streams a file", "streams", "{}"),
     ("tokens (MB)", "mb", "{:.1f}"),
     ("seconds", "seconds", "{:.2f}"),
-    ("tokens a second (MB/s)", "mb_s", "{:.1f}"),
+    ("x one stream", "speedup", "{:.2f}x"),
 )
 PUBLISH_COLUMNS = (
     ("dataset", "dataset", "{}"),
@@ -285,6 +296,19 @@ MEMORY_COLUMNS = (
     ("input (MB)", "input_mb", "{:.1f}"),
     ("seconds", "seconds", "{:.2f}"),
     ("peak RSS (MB)", "rss", "{:.0f}"),
+)
+BOOKS_COLUMNS = (
+    ("ranks", "ranks", "{:,}"),
+    ("buckets", "buckets", "{}"),
+    ("buckets written", "written", "{}"),
+    ("rank files", "files", "{:,}"),
+    ("markers (MB)", "markers_mb", "{:.1f}"),
+    ("manifests (MB)", "manifests_mb", "{:.1f}"),
+    ("folder made (s)", "made_s", "{:.1f}"),
+    ("sensor (s)", "sensor_s", "{:.2f}"),
+    ("sensor peak RSS (MB)", "sensor_rss", "{:.0f}"),
+    ("publish books (s)", "publish_s", "{:.2f}"),
+    ("publish books peak RSS (MB)", "publish_rss", "{:.0f}"),
 )
 
 
@@ -442,40 +466,136 @@ def publish_rows(work: Path, source: Path, base: dict, repeats: int, copies_made
 
 def s3_rows(work: Path, docs: int, repeats: int) -> list[dict]:
     """A merge and a context shuffle whose inputs and outputs are on a simulated S3 (moto, behind a proxy that caps
-    each connection at ``S3_BANDWIDTH`` and delays each request by ``S3_LATENCY``), a file moving over one
-    connection, then over ``TRANSFER_STREAMS``: what several streams buy a task."""
+    each connection at ``S3_BANDWIDTH`` and delays each request by ``S3_LATENCY``; each in a process of its own), a
+    file moving over one connection, then over ``TRANSFER_STREAMS``: what several streams buy a task."""
     import s3fs
-    from moto.server import ThreadedMotoServer
 
-    from harness.cluster import FaultProxy, free_port
+    from harness.cluster import s3_in_processes
     from tokenization.io.storage import TRANSFER_STREAMS
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request otherwise
     ranks = work / "s3-ranks"
     mb = synthetic_ranks(ranks, 2, docs * 5 // 2, 200, 600) / 1e6  # 300 MB files: multipart uploads, as at scale
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    proxy = FaultProxy(port, None, S3_BANDWIDTH, S3_LATENCY)
     credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-    try:
-        direct = s3fs.S3FileSystem(key="bench", secret="bench", endpoint_url=f"http://127.0.0.1:{port}")
-        direct.mkdir("bench")
-        direct.put(str(ranks) + "/", "bench/ranks/", recursive=True)
-        args = {"ranks": "s3://bench/ranks", "endpoint": f"http://127.0.0.1:{proxy.port}"}
-        rows = []
+    rows = []
+    with s3_in_processes(S3_BANDWIDTH, S3_LATENCY) as endpoint:
+        s3 = s3fs.S3FileSystem(key="bench", secret="bench", endpoint_url=endpoint)
+        s3.mkdir("bench")
+        s3.put(str(ranks) + "/", "bench/ranks/", recursive=True, max_concurrency=TRANSFER_STREAMS)
+        args = {"ranks": "s3://bench/ranks", "endpoint": endpoint}
         for stage, workload in (("merge", workloads.s3_merge), ("context shuffle", workloads.s3_context)):
             for streams in sorted({1, TRANSFER_STREAMS}):
                 env = credentials | {"TOKENIZATION_S3_STREAMS": str(streams)}
                 out = f"s3://bench/{workload.__name__}-{streams}"  # a new output each run: none resumes another
                 runs = [measure(workload, args | {"out": f"{out}-{i}"}, env) for i in range(repeats)]
                 seconds = fastest(runs)["seconds"]
-                rows.append({"stage": stage, "streams": streams, "mb": mb, "seconds": seconds, "mb_s": mb / seconds})
+                one = next((row["seconds"] for row in rows if row["stage"] == stage and row["streams"] == 1), seconds)
+                rows.append(
+                    {"stage": stage, "streams": streams, "mb": mb, "seconds": seconds, "speedup": one / seconds}
+                )
                 print(rows[-1], flush=True)
-    finally:
-        proxy.stop()
-        server.stop()
     return rows
+
+
+def books_rows(work: Path, ranks: int, buckets: int) -> list[dict]:
+    """The two places that add up every rank's records, at ``ranks`` complete ranks of ``buckets`` buckets (made
+    by ``books_folder``), each once in its own process: the sensor's check, and publish's books."""
+    folder, planned = work / "books-ranks", work / "books-planned.json"
+    start = time.time()
+    row = {"ranks": ranks, "buckets": buckets, **books_folder(folder, planned, work / "books-cache", ranks, buckets)}
+    row["made_s"] = time.time() - start
+    args = {"ranks": str(folder), "num_ranks": ranks, "plan": BOOKS_PLAN, "planned": str(planned)}
+    for key, workload in (("sensor", workloads.ours_sensor_books), ("publish", workloads.ours_publish_books)):
+        took = measure(workload, args | {"out": str(work / "x")})
+        row |= {f"{key}_s": took["seconds"], f"{key}_rss": took["rss_mb"]}
+    print(row, flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    return [row]
+
+
+def books_folder(folder: Path, planned: Path, cache: Path, ranks: int, buckets: int) -> dict:
+    """A rank folder of ``ranks`` complete ranks, made in minutes where tokenizing them would take days: one real
+    rank of the bundled sample (its documents land in the buckets they land in), its records cloned under every
+    other rank's name, and every token file a marker lists made sparse, of its recorded size (the books look at
+    sizes, never at bytes, and a hole takes no disk). The plan's input files go to ``planned``; returns the folder's
+    figures for the table."""
+    config = TokenizeConfig(
+        inputs=[str(SAMPLE_CORPUS)],
+        output=str(folder),
+        tokenizer=str(SAMPLE_TOKENIZER),
+        eos_token=EOS,
+        num_buckets=buckets,
+        cache=str(cache),  # as in a build, so that the cache's summary has something to add up
+    )
+    tokenize_rank(config, progress=False)
+    sample, marker = (
+        record.loads((folder / name(config.stem)).read_bytes(), name(config.stem))
+        for record, name in ((RankManifest, manifest.manifest_name), (CompletionMarker, manifest.marker_name))
+    )
+    check_inodes(folder, ranks * len(marker.files))
+    read = [f for rank in range(ranks) for f in clone_rank(folder, sample, marker, rank, ranks)]
+    planned.write_text(json.dumps([f.to_json() for f in read]))
+    return {
+        "written": len(sample.outputs),
+        "files": ranks * len(marker.files),
+        "markers_mb": folder_mb(folder / manifest.COMPLETIONS),
+        "manifests_mb": folder_mb(folder / manifest.MANIFESTS),
+    }
+
+
+def clone_rank(folder: Path, sample: RankManifest, marker: CompletionMarker, rank: int, ranks: int) -> list[InputFile]:
+    """Rank 0's records as rank ``rank``'s of ``ranks`` (its files' names, input files of its own, the books' plan),
+    the marker holding the new manifest's sha256, written with its token files; the input files it read."""
+    stem = rank_stem(rank)
+
+    def named(name: str) -> str:
+        return name.replace(f"/{rank_stem(0)}_", f"/{stem}_", 1)  # bucket00007/00000_00000_... names rank 0
+
+    def moved(url: str) -> str:
+        parent, name = url.rsplit("/", 1)
+        return f"{parent}/{stem}/{name}"
+
+    clone = replace(
+        sample,
+        rank=rank,
+        world_size=ranks,
+        params=sample.params | {"rank": rank, "world_size": ranks},
+        plan=BOOKS_PLAN,
+        inputs=[replace(f, url=moved(f.url)) for f in sample.inputs],
+        outputs=[replace(e, name=named(e.name), files=renamed(e.files, named)) for e in sample.outputs],
+        cache=sample.cache and replace(sample.cache, files=[replace(f, url=moved(f.url)) for f in sample.cache.files]),
+    )
+    data = clone.dumps()
+    (folder / manifest.manifest_name(stem)).write_bytes(data)
+    files = renamed(marker.files, named)
+    sparse_files(folder, files)
+    sha256 = hashlib.sha256(data).hexdigest()
+    cloned = replace(marker, manifest=manifest.manifest_name(stem), sha256=sha256, files=files)
+    (folder / manifest.marker_name(stem)).write_bytes(cloned.dumps())
+    return clone.inputs
+
+
+def renamed(files: dict[str, FileSum], named: Callable[[str], str]) -> dict[str, FileSum]:
+    return {named(name): info for name, info in files.items()}
+
+
+def sparse_files(folder: Path, files: dict[str, FileSum]) -> None:
+    """Each file of its recorded size and no block on disk; millions of them, so no pathlib and no ``with``."""
+    root, flags = str(folder), os.O_WRONLY | os.O_CREAT
+    for name, info in files.items():
+        fd = os.open(f"{root}/{name}", flags, 0o644)
+        os.ftruncate(fd, info.bytes)
+        os.close(fd)
+
+
+def check_inodes(folder: Path, files: int) -> None:
+    """Refuse to start what would fill the file system's inodes (a file system that does not count them: go)."""
+    stats = os.statvfs(folder)
+    if stats.f_files and stats.f_favail < 2 * files:
+        raise RuntimeError(f"{folder}: {files:,} files wanted, {stats.f_favail:,} inodes free; fewer --books-ranks")
+
+
+def folder_mb(folder: Path) -> float:
+    return sum(entry.stat().st_size for entry in os.scandir(folder)) / 1e6
 
 
 def deal_corpus(source: Path, corpus: Path, files: int) -> None:
@@ -518,6 +638,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--scale", type=int, default=10, help="the memory table's largest input, in corpus copies")
     parser.add_argument("--text-key", default="text", help="the field holding the text (default: text)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--books-ranks", type=int, default=4096, help="ranks of the books row (default: 4096)")
+    parser.add_argument("--books-buckets", type=int, default=512, help="buckets of the books row (default: 512)")
     parser.add_argument("--only", type=lambda s: s.split(","), default=list(ROWS), help=f"rows, of {','.join(ROWS)}")
     parser.add_argument("--out", help=f"where the tables go (default: {RESULTS.relative_to(ROOT)} on a full run)")
     parser.add_argument("--smoke", action="store_true", help="tiny inputs, one repeat: checks that it runs")
@@ -527,9 +649,9 @@ def parse_args() -> argparse.Namespace:
     full = set(args.only) == set(ROWS) and not args.smoke
     args.out = args.out or (str(RESULTS) if full else None)
     if args.smoke:
-        args.corpora = str(ROOT / "sample" / "corpus")
-        args.tokenizer = str(ROOT / "sample" / "tokenizer.json")
+        args.corpora, args.tokenizer = str(SAMPLE_CORPUS), str(SAMPLE_TOKENIZER)
         args.repeats, args.scale, args.big_mb = 1, 2, 1.0
+        args.books_ranks, args.books_buckets = 8, 4
         args.only = [row for row in args.only if row not in OTHER_TOKENIZERS]  # the sample has one tokenizer
     return args
 
@@ -560,7 +682,8 @@ def main() -> None:
     s3 = s3_rows(work, docs, args.repeats) if "s3" in wanted else []
     copies = (1, 4) if args.smoke else PUBLISH_COPIES
     publish = publish_rows(work, Path(args.corpora), base, args.repeats, copies) if "publish" in wanted else []
-    text = "\n".join(report(bench, memory, nightly, publish, s3, text_mb, args)) + "\n"
+    books = books_rows(work, args.books_ranks, args.books_buckets) if "books" in wanted else []
+    text = "\n".join(report(bench, memory, nightly, publish, s3, books, text_mb, args)) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
@@ -573,11 +696,12 @@ def report(
     nightly: list[dict],
     publish: list[dict],
     s3: list[dict],
+    books: list[dict],
     text_mb: float,
     args: argparse.Namespace,
 ) -> list[str]:
     """The speed table with its limits, the tokenizers' load times, the memory table, the nightly builds' table,
-    the publish table and the S3 streams table, in Markdown."""
+    the publish table, the S3 streams table and the books table, in Markdown."""
     machine = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
     big = f" (the GB row: datatrove once, ours best of {min(2, args.repeats)})" if "1gb" in args.only else ""
     lines = [
@@ -632,8 +756,24 @@ def report(
         lines += [
             "",
             "Each a whole process, its input read from and its output written to moto behind a proxy with that cap "
-            "and latency (`harness.cluster.FaultProxy`); MB: the task's tokens, read once and written once. "
-            "Streams: `TOKENIZATION_S3_STREAMS`.",
+            "and latency (`harness.cluster.s3_in_processes`: moto's server and the proxy each in a process of its "
+            "own); MB: the task's tokens, read once and written once. Streams: `TOKENIZATION_S3_STREAMS` (a download "
+            "in ranged GETs of 32 MiB, an upload in parts of 64 MiB, 4 at once). x one stream: the same task's "
+            "time over one connection, divided by this one.",
+        ]
+    if books:
+        lines += ["", "Adding up every rank's records, at many ranks of many buckets (one run each):", ""]
+        lines += markdown_table(BOOKS_COLUMNS, books)
+        lines += [
+            "",
+            "The rank folder is one real rank of the bundled sample, tokenized into that many buckets (its documents "
+            "fill the buckets written), its manifest and completion marker cloned under every other rank's name, "
+            "with input files of its own, and each token file a marker lists made as a sparse file of its recorded "
+            "size: folder made is all of that. The sensor: `incomplete_ranks` with the plan, which lists the folder "
+            "and each bucket folder (32 at a time, keeping an 8-byte digest a file) and reads every marker and "
+            "manifest, 32 ranks at a time. Publish books: `rank_manifests`, then `conservation` against the plan's "
+            "input files and `cache_summary`, as publish calls them. Each its own time in its own process, imports "
+            "aside; peak RSS is the process's, imports included.",
         ]
     return lines
 

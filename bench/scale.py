@@ -115,12 +115,13 @@ def stage_of(request: Request, windows: dict[str, tuple[float, float]]) -> str:
 
 
 def model_scenario(
-    corpus: Corpus, tokens: int, token_bytes: int, args: SimpleNamespace, cores: int, request_s: float
+    corpus: Corpus, tokens: int, token_bytes: int, args: SimpleNamespace, cores: int, measured: dict[str, float]
 ) -> plan.Scenario:
     """The capacity plan's scenario for this very build: its corpus, settings and deployment, the simulated S3's
-    bandwidth a connection and its measured time a small request. The model's slot is 2 cores; here both workers
-    share one machine of ``cores``, so a mapped task's compute runs at that share of the measured rates (the
-    unmapped ones, publish's verify, run alone and keep them)."""
+    bandwidth a connection, and what this run measured of its environment (``measured``: a small GET's time, the
+    ranks' tokenizer loading). The model's slot is 2 cores; here both workers share one machine of ``cores``, so a
+    mapped task's compute runs at that share of the measured rates (the unmapped ones, publish's verify, run alone
+    and keep them)."""
     slots = len(WORKERS) * WORKERS["worker-1"][1]
     share = cores / slots / 2
     default = plan.Scenario()
@@ -139,7 +140,8 @@ def model_scenario(
         concurrency=WORKERS["worker-1"][1],
         merge_slots=MERGE_SLOTS,
         s3_mb_s=args.s3_bandwidth,
-        request_s=request_s,
+        request_s=measured["request_s"],
+        rank_load_s=measured["rank_load_s"],
         tokenize_mb_s=default.tokenize_mb_s * share,
         merge_mb_s=default.merge_mb_s * share,
         context_mb_s=default.context_mb_s * share,
@@ -277,8 +279,9 @@ def report(m: dict) -> str:
     args, corpus, build, tis = SimpleNamespace(**m["settings"]), Corpus(**m["corpus"]), m["build"], m["tis"]
     cores = m.get("cores", 2)  # (measurements before it was recorded came from this 2-core machine)
     logged = [Request(*r) for r in m["requests"]]
-    request_s = record_get_seconds(logged)
-    scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores, request_s)
+    loads = [r["tokenizer"]["load_seconds"] or 0.0 for r in m["manifests"] if r.get("stage") == "tokenize"]
+    measured = {"request_s": record_get_seconds(logged), "rank_load_s": statistics.mean(loads)}
+    scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores, measured)
     model = plan.stages(scenario, True, scenario.workers)
     model_walls = plan.wall_seconds(scenario, True, scenario.workers)
     windows = stage_windows(tis)
@@ -348,9 +351,10 @@ def report(m: dict) -> str:
         f"behind a proxy that answers every {args.fault_every}th request with 503 SlowDown, caps each connection at "
         f"{args.s3_bandwidth:g} MB/s and delays each request by {args.s3_latency:g} ms. Figures in brackets are "
         f"`bench.scale_plan`'s for this very build (its scenario: this corpus, these settings, 2 workers x 2 "
-        f"slots, the simulated S3's bandwidth a connection, its measured time a small GET ({request_s * 1000:.0f} "
-        f"ms, the median), and its measured rates at {cores / 4:.2g} core a slot instead of 2, as the four slots "
-        "share this machine).",
+        f"slots, the simulated S3's bandwidth a connection, and as measured in this run a small GET's time "
+        f"({measured['request_s'] * 1000:.0f} ms, the median) and a rank's tokenizer loading "
+        f"({measured['rank_load_s']:.2f} s, the mean); its measured rates at {cores / 4:.2g} core a slot instead "
+        "of 2, as the four slots share this machine).",
         "",
         f"**Wall time: {run_wall:.0f} s** for the run (the model: {model_walls['total']:.0f} s); digest "
         f"`{build['digest'][:12]}…`, verify {'passed' if build['verify']['ok'] else 'FAILED'}, "

@@ -31,6 +31,9 @@ class Inputs:
     endpoint: str = ""  # the S3 endpoint of ``ranks`` and ``out``, when they are s3:// URLs
     builds: str = ""  # a whole build's output, kept from one night's build to the next (its cache with it)
     build_id: str = ""
+    num_ranks: int = 0  # the ranks whose records ``ranks`` holds, for the books
+    plan: str = ""  # the plan digest those ranks were made under
+    planned: str = ""  # a JSON file of the plan's input files (``InputFile`` records), for publish's books
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,32 @@ def _build(inputs: Inputs):
     return Build.start(config, inputs.build_id)
 
 
+def ours_sensor_books(inputs: Inputs) -> OwnTimes:
+    """The sensor's check of a build's ranks alone (``incomplete_ranks``, with the plan, as ``Build`` calls it):
+    every marker and manifest read, the rank folder and each bucket folder listed. Every rank must be complete."""
+    from tokenization.builds.accounting import incomplete_ranks
+
+    start = time.perf_counter()
+    if missing := incomplete_ranks(inputs.ranks, inputs.num_ranks, inputs.plan):
+        raise RuntimeError(f"{len(missing)} ranks are not complete, as rank {min(missing)}: {missing[min(missing)]}")
+    return OwnTimes(time.perf_counter() - start)
+
+
+def ours_publish_books(inputs: Inputs) -> OwnTimes:
+    """Publish's books alone, as ``complete.build_record`` keeps them: every rank manifest, documents conserved
+    against the plan's input files (read first, untimed, as publish holds its plan), and the cache's summary."""
+    from tokenization.builds.accounting import cache_summary, conservation, rank_manifests
+    from tokenization.publish.records import InputFile
+
+    planned = [InputFile.from_json(f, inputs.planned) for f in json.loads(Path(inputs.planned).read_bytes())]
+    start = time.perf_counter()
+    ranks = rank_manifests(inputs.ranks, inputs.num_ranks)
+    balance = conservation(ranks, planned)
+    if not balance.holds or cache_summary(ranks) is None:
+        raise RuntimeError(f"the books of {inputs.ranks} do not hold, or its ranks ran without a cache: {balance}")
+    return OwnTimes(time.perf_counter() - start)
+
+
 def hf_encode(inputs: Inputs) -> OwnTimes:
     """HF ``encode_batch_fast`` alone, on every core: the limit of any pipeline built on it."""
     from tokenizers import Tokenizer
@@ -240,6 +269,8 @@ WORKLOADS: dict[str, Workload] = {
         ours_build,
         ours_publish,
         ours_reread,
+        ours_sensor_books,
+        ours_publish_books,
         hf_encode,
         gigatoken_encode,
     )

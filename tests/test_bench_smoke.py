@@ -76,6 +76,15 @@ def test_bench_smoke_writes_the_tables(tmp_path) -> None:
         ("context shuffle", "8"),
     ]
     assert all(NUMBER.fullmatch(row["seconds"]) for row in tasks)
+    assert [row["x one stream"] for row in tasks][::2] == ["1.00x", "1.00x"] and all(
+        RATIO.fullmatch(row["x one stream"]) for row in tasks
+    )
+    books = later["ranks"]  # the sensor's check and publish's books over cloned ranks: the smoke run's sizes
+    assert [(row["ranks"], row["buckets"], row["buckets written"]) for row in books] == [("8", "4", "4")]
+    assert int(books[0]["rank files"]) == 8 * 4 * 3  # each bucket's .ds, .ds.index and .ds.metadata, a rank
+    figures = ("markers (MB)", "manifests (MB)", "folder made (s)", "sensor (s)", "publish books (s)")
+    assert all(NUMBER.fullmatch(books[0][header]) for header in figures)
+    assert all(books[0][header].isdigit() for header in ("sensor peak RSS (MB)", "publish books peak RSS (MB)"))
 
 
 def test_bench_refuses_unknown_rows() -> None:

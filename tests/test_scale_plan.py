@@ -94,10 +94,12 @@ def test_each_change_relieves_what_it_claims() -> None:
     assert model.sensor_cost(s, True).ram < model.sensor_cost(one_folder, True).ram / 10
     assert model.merge_cost(s, True).lists < model.merge_cost(one_folder, True).lists / 100
     assert model.tokenize_cost(s, True).puts < model.tokenize_cost(replace(s, min_part_mib=8), True).puts
-    slow = replace(s, s3_mb_s=50)  # a connection slower than a slot's share of the network: streams add up
-    one_stream = replace(slow, streams=1)
-    many = model.merge_cost(slow, True).transfer_s(slow)
-    assert many == pytest.approx(model.merge_cost(one_stream, True).transfer_s(one_stream) / 3.125)  # 156 / 50 MB/s
+    slow = replace(s, s3_mb_s=20)  # 8 connections move less than a slot's share of the network: streams add up
+    one_stream, c = replace(slow, streams=1), s.concurrency
+    many = slow.download_bytes_s(c)
+    assert many == pytest.approx(one_stream.download_bytes_s(c) * s.streams * s.streams_efficiency)  # as measured
+    assert model.merge_cost(slow, True).transfer_s(slow) < model.merge_cost(one_stream, True).transfer_s(one_stream)
+    assert s.streams * s.s3_mb_s * s.streams_efficiency * model.MB > s.network_share(s.concurrency)  # the plan's
 
 
 def test_every_field_is_a_flag_and_the_report_is_written_between_markers(tmp_path) -> None:

@@ -59,6 +59,12 @@ ASSUMED = "assumption"
 TOKENIZE_ROW = "bench/RESULTS.md, row tokenize + doc shuffle, gpt2, 1.02 GB"
 MERGE_ROW = "bench/RESULTS.md, row merge, ~400-token docs"
 SAMPLE_RANK = "measured: a sample rank, 16 vs 64 buckets"
+GPT2_LOAD = "bench/RESULTS.md, tokenizer load, gpt2"
+S3_GUIDELINES = "AWS, S3 performance guidelines: a request a 85-90 MB/s"
+# Measured in bench/RESULTS.md (row s3): a merge over 8 connections of a simulated S3 capped at 10 MB/s a
+# connection took 1/2.50 of its time over one (142.0 s, 56.7 s): 2.50 / 8. A lower bound: the task's compute does
+# not speed up, its uploads go 4 parts at once, and moto's one process serves ~45-80 MB/s on this 2-core machine.
+STREAMS_EFFICIENCY = 0.31
 
 
 def arg(default, help: str, source: str = ""):
@@ -111,6 +117,7 @@ class Scenario:
     # Measured on the 2-core benchmark VM
     tokenize_mb_s: float = arg(60.4, "tokenize: MB of text a second", TOKENIZE_ROW)
     tokenize_rss_mb: float = arg(243, "tokenize: peak RSS, MB", TOKENIZE_ROW)
+    rank_load_s: float = arg(0.16, "tokenize: loading the tokenizer (HF and gigatoken), s", GPT2_LOAD)
     merge_mb_s: float = arg(343.1, "merge: MB of tokens a second", MERGE_ROW)
     merge_rss_mb: float = arg(208, "merge: peak RSS besides its arrays, MB", MERGE_ROW)
     context_mb_s: float = arg(263.4, "context shuffle: MB of tokens a second", "bench/RESULTS.md, row context shuffle")
@@ -126,7 +133,12 @@ class Scenario:
     entries_ram_bytes: float = arg(1879, "manifest entries, parsed (a merge), RAM a bucket", "measured: tracemalloc")
     manifest_ram_bytes: float = arg(1826, "a manifest, parsed (publish), RAM a bucket", "measured: tracemalloc")
     # Assumed: S3 and Airflow
-    s3_mb_s: float = arg(200, "one S3 connection's transfer, MB/s", ASSUMED)
+    s3_mb_s: float = arg(85, "one S3 connection's transfer, MB/s", S3_GUIDELINES)
+    streams_efficiency: float = arg(
+        STREAMS_EFFICIENCY,
+        "of streams x one connection's rate, what a task's streams move at once",
+        "bench/RESULTS.md, row s3: merge, 8 streams against 1",
+    )
     request_s: float = arg(0.05, "a small S3 GET, one after another, s", ASSUMED)
     list_page_s: float = arg(0.1, "a LIST page of 1,000 keys, s", ASSUMED)
     task_overhead_s: float = arg(5, "Airflow's cost of a task instance (queue, start, imports), s", ASSUMED)
@@ -159,11 +171,16 @@ class Scenario:
         ``streams``), each at one connection's rate, within its share of the network."""
         part = max(self.min_part_mib, 1) * MIB
         streams = max(1, min(self.streams, int(self.transfer_buffer_mib * MIB // part)))
-        return min(streams * self.s3_mb_s * MB, self.network_share(concurrency))
+        return min(self.streams_bytes_s(streams), self.network_share(concurrency))
 
     def download_bytes_s(self, concurrency: int) -> float:
         """What one task downloads a second: ``streams`` ranged GETs at once, within its share of the network."""
-        return min(self.streams * self.s3_mb_s * MB, self.network_share(concurrency))
+        return min(self.streams_bytes_s(self.streams), self.network_share(concurrency))
+
+    def streams_bytes_s(self, streams: int) -> float:
+        """What ``streams`` connections at once move a second: one connection's rate, or that many times it at the
+        measured efficiency."""
+        return self.s3_mb_s * MB * (1 if streams == 1 else streams * self.streams_efficiency)
 
     def worker_counts(self) -> list[int]:
         return [int(w) for w in self.table_workers.split(",")]
@@ -255,7 +272,7 @@ def tokenize_cost(s: Scenario, bucketed: bool) -> TaskCost:
         tasks=s.ranks,
         pool="workers",
         concurrency=s.concurrency,
-        compute_s=text / (s.tokenize_mb_s * MB),
+        compute_s=s.rank_load_s + text / (s.tokenize_mb_s * MB),
         upload=out,
         uploads=files * s.families + 2,  # the token files, the manifest, the marker
         lists=input_pages(s),

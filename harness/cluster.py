@@ -25,6 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,7 +115,9 @@ class FaultProxy:
     so that several connections at once move more than one, as on S3. Every request is logged (``log``) so that a
     benchmark can say which stage asked S3 for what."""
 
-    def __init__(self, target_port: int, every: int | None, bandwidth: float | None = None, latency: float = 0.0):
+    def __init__(
+        self, target_port: int, every: int | None, bandwidth: float | None = None, latency: float = 0.0, port: int = 0
+    ):
         self.target_port, self.every = target_port, every
         self.bandwidth, self.latency = bandwidth, latency
         self.requests = self.injected = 0
@@ -183,7 +186,7 @@ class FaultProxy:
                 if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up (a cancelled read)
                     super().handle_error(request, client_address)
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -195,6 +198,33 @@ class FaultProxy:
 
     def stop(self) -> None:
         self.server.shutdown()
+
+
+@contextlib.contextmanager
+def s3_in_processes(bandwidth: float | None, latency: float) -> Iterator[str]:
+    """A simulated S3 whose store (moto's server) and proxy (a :class:`FaultProxy` without faults) each run in a
+    process of their own, so that neither takes the other's core, nor the measured task's: yields its endpoint."""
+    moto_port, proxy_port = free_port(), free_port()
+    commands = [
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
+        [sys.executable, "-m", "harness.cluster", str(moto_port), str(proxy_port), str(bandwidth or 0), str(latency)],
+    ]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "cwd": ROOT}
+    processes = [subprocess.Popen(command, **quiet) for command in commands]
+    try:
+        for port in (moto_port, proxy_port):
+            Cluster._wait(lambda p=port: _accepts(p), 60, f"the simulated S3 on port {port}")
+        yield f"http://127.0.0.1:{proxy_port}"
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(30)
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
 
 
 class Cluster:
@@ -460,3 +490,9 @@ def _redis_session(*commands: list[str]) -> bytes:
         sock.sendall(payload)
         time.sleep(0.05)
         return sock.recv(4096)
+
+
+if __name__ == "__main__":  # python -m harness.cluster TARGET_PORT PORT BANDWIDTH LATENCY: a proxy alone, no faults
+    target, port, bandwidth, latency = sys.argv[1:5]
+    FaultProxy(int(target), None, float(bandwidth) or None, float(latency), port=int(port))
+    threading.Event().wait()

@@ -142,6 +142,7 @@ def model_scenario(
         s3_mb_s=args.s3_bandwidth,
         request_s=measured["request_s"],
         rank_load_s=measured["rank_load_s"],
+        task_overhead_s=measured["task_overhead_s"],
         tokenize_mb_s=default.tokenize_mb_s * share,
         merge_mb_s=default.merge_mb_s * share,
         context_mb_s=default.context_mb_s * share,
@@ -279,13 +280,6 @@ def report(m: dict) -> str:
     args, corpus, build, tis = SimpleNamespace(**m["settings"]), Corpus(**m["corpus"]), m["build"], m["tis"]
     cores = m.get("cores", 2)  # (measurements before it was recorded came from this 2-core machine)
     logged = [Request(*r) for r in m["requests"]]
-    loads = [r["tokenizer"]["load_seconds"] or 0.0 for r in m["manifests"] if r.get("stage") == "tokenize"]
-    measured = {"request_s": record_get_seconds(logged), "rank_load_s": statistics.mean(loads)}
-    scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores, measured)
-    model = plan.stages(scenario, True, scenario.workers)
-    model_walls = plan.wall_seconds(scenario, True, scenario.workers)
-    windows = stage_windows(tis)
-    run_wall = timestamp(m["run"]["end_date"]) - timestamp(m["run"]["start_date"])
     by_stage = defaultdict(list)
     for ti in tis:
         by_stage[ti["task_id"]].append(ti)
@@ -293,6 +287,18 @@ def report(m: dict) -> str:
     for manifest in m["manifests"]:
         if "stage" in manifest:  # a merge also keeps a manifest of each file it wrote, to resume from
             record[manifest["stage"]].append(manifest)
+    loads = [r["tokenizer"]["load_seconds"] or 0.0 for r in record["tokenize"]]
+    overhead = airflow_overhead(by_stage, record)
+    measured = {
+        "request_s": record_get_seconds(logged),
+        "rank_load_s": statistics.mean(loads),
+        "task_overhead_s": statistics.mean(overhead),
+    }
+    scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores, measured)
+    model = plan.stages(scenario, True, scenario.workers)
+    model_walls = plan.wall_seconds(scenario, True, scenario.workers)
+    windows = stage_windows(tis)
+    run_wall = timestamp(m["run"]["end_date"]) - timestamp(m["run"]["start_date"])
     requests = defaultdict(Counter)
     for request in logged:
         requests[stage_of(request, windows)][request.kind if not request.injected else "injected"] += 1
@@ -334,7 +340,6 @@ def report(m: dict) -> str:
     total = Counter()
     for got in requests.values():
         total.update(got)
-    overhead = airflow_overhead(by_stage, record)
     xcom_rows = [
         [stage, figure(m["xcom"].get(stage, 0)), figure(model[stage].tasks * model[stage].xcom)]
         for stage in plan.STAGES
@@ -352,9 +357,10 @@ def report(m: dict) -> str:
         f"{args.s3_bandwidth:g} MB/s and delays each request by {args.s3_latency:g} ms. Figures in brackets are "
         f"`bench.scale_plan`'s for this very build (its scenario: this corpus, these settings, 2 workers x 2 "
         f"slots, the simulated S3's bandwidth a connection, and as measured in this run a small GET's time "
-        f"({measured['request_s'] * 1000:.0f} ms, the median) and a rank's tokenizer loading "
-        f"({measured['rank_load_s']:.2f} s, the mean); its measured rates at {cores / 4:.2g} core a slot instead "
-        "of 2, as the four slots share this machine).",
+        f"({measured['request_s'] * 1000:.0f} ms, the median), a rank's tokenizer loading "
+        f"({measured['rank_load_s']:.2f} s) and a task's time outside its stage function "
+        f"({measured['task_overhead_s']:.1f} s, both means); its measured rates at {cores / 4:.2g} core a slot "
+        "instead of 2, as the four slots share this machine).",
         "",
         f"**Wall time: {run_wall:.0f} s** for the run (the model: {model_walls['total']:.0f} s); digest "
         f"`{build['digest'][:12]}…`, verify {'passed' if build['verify']['ok'] else 'FAILED'}, "
@@ -374,9 +380,9 @@ def report(m: dict) -> str:
         ),
         "",
         "*Its work* is the time the stage function took (its manifest's `seconds`); the rest of a task is Airflow's: "
-        f"{statistics.mean(overhead):.1f} s a task on average here (the model assumes {scenario.task_overhead_s:.0f} "
-        "s). Peak RSS is the task process's, which Airflow forks from the Celery worker, so it includes the "
-        "worker's own pages.",
+        f"{statistics.mean(overhead):.1f} s a task on average here (the model of the 15 T plan assumes "
+        f"{plan.Scenario().task_overhead_s:.0f} s). Peak RSS is the task process's, which Airflow forks from the "
+        "Celery worker, so it includes the worker's own pages.",
         "",
         "#### S3 requests by stage: measured (model)",
         "",

@@ -105,3 +105,23 @@ def test_merge_and_context_shuffle_from_and_to_s3(tmp_path, s3, sample_corpus, s
             assert s3.fs.cat_file(f"corpus/{stage}/{name}") == data, f"{stage}/{name}"
     with using(s3.options):
         assert verify("s3://corpus/context", str(sample_tokenizer), EOS).ok
+
+
+def test_a_record_is_read_with_one_request(s3) -> None:
+    """Markers and manifests are read by the thousand (every rank's, by each bucket task): a HEAD before each GET
+    doubled the requests and the waiting."""
+    from harness.cluster import FaultProxy
+    from tokenization.io.storage import open_fs, read_many
+
+    moto_port = int(s3.options["s3"]["endpoint_url"].rsplit(":", 1)[1])
+    proxy = FaultProxy(moto_port, None)
+    try:
+        for name in ("a", "b", "c"):
+            s3.fs.pipe(f"corpus/records/{name}.json", b"{}")
+        fs, _ = open_fs("s3://corpus/records", {"s3": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}})
+        read = read_many(fs, ["corpus/records/a.json", "corpus/records/b.json"])
+        assert read == {"corpus/records/a.json": b"{}", "corpus/records/b.json": b"{}"}
+        assert fs.cat_file("corpus/records/c.json") == b"{}"
+        assert [r.kind for r in proxy.log] == ["GET"] * 3
+    finally:
+        proxy.stop()

@@ -188,12 +188,14 @@ def stage_counts(folder: str) -> C | None:
     fs, path = open_fs(folder)
     markers = manifest.completion_markers(fs, path)
     counts = []
-    for marker in markers.values():
-        where = join(path, marker.manifest)
-        record = stage_manifest(fs.cat_file(where), where)
-        if not isinstance(record, MergeManifest | ContextManifest):
-            raise RecordError(where, f"a {type(record).__name__}, not a merge or context-shuffle manifest")
-        counts.append(record.counts)
+    for batch in in_batches([join(path, marker.manifest) for marker in markers.values()]):
+        for where, data in read_many(fs, batch).items():  # a batch's manifests at once: one per task of a stage
+            if data is None:
+                raise RecordError(where, "missing, though its completion marker names it")
+            record = stage_manifest(data, where)
+            if not isinstance(record, MergeManifest | ContextManifest):
+                raise RecordError(where, f"a {type(record).__name__}, not a merge or context-shuffle manifest")
+            counts.append(record.counts)
     if not counts:
         return None
     return type(counts[0])(**{f.name: sum(getattr(c, f.name) for c in counts) for f in fields(counts[0])})

@@ -45,6 +45,7 @@ MAX_PARTS = 10_000
 PART_HEADROOM = 0.9  # stay well inside the 10,000-part limit of S3 multipart uploads
 TEMPORARY_MARK = ".tmp-"  # in the name of every temporary file this package writes beside a final one
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing dirty pages out, do not wait
+S3_PROTOCOLS = ("s3", "s3a")
 HASH_READ = 8 * MIB  # bytes read at a time to hash a file: sha256 runs at ~1 GB/s, one read costs ~10 us
 NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP)  # a hard link refused: copy instead
 T = TypeVar("T")
@@ -65,7 +66,12 @@ def open_fs(url: str, options: StorageOptions | None = None) -> tuple[fsspec.Abs
     protocol (credentials, endpoint), or else with those of the stage running in this context (see ``using``)."""
     chosen = (_STAGE_OPTIONS.get() if options is None else options) or {}
     protocol = fsspec.core.split_protocol(str(url))[0] or "file"
-    fs, path = fsspec.core.url_to_fs(str(url), **dict(chosen.get(protocol, {})))
+    given = dict(chosen.get(protocol, {}))
+    if protocol in S3_PROTOCOLS:
+        # s3fs reads a whole object over its max_concurrency connections, 10 by default, and so first asks for its
+        # size: a HEAD before each GET of every record. The transfers that want several connections ask for them.
+        given.setdefault("max_concurrency", 1)
+    fs, path = fsspec.core.url_to_fs(str(url), **given)
     return fs, path
 
 

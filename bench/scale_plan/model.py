@@ -315,9 +315,9 @@ def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
 
 def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
     """A merge task, of one bucket or of everything: list the rank files; read the ranks' markers and manifests and
-    each input's .metadata and .index, ``concurrent_reads`` requests at a time; copy its inputs to local disk, one
-    after another (each over ``streams`` connections); write them in the new order (one output file in flight on
-    local disk); upload."""
+    each input's .metadata and .index, ``concurrent_reads`` requests at a time; copy its inputs to local disk, as
+    many at once as the transfer buffer holds of one (``SourcePool.fetch``; each over ``streams`` connections);
+    write them in the new order (one output file in flight on local disk); upload."""
     n = s.buckets if bucketed else 1
     tokens, docs, data = s.tokens / n, s.docs / n, s.dataset_bytes / n
     files = math.ceil(tokens / s.max_tokens_per_file)
@@ -331,9 +331,10 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
         compute_s=tokens * s.token_bytes / (s.merge_mb_s * MB),
         download=data + metadata,
         upload=data,
-        # one input after another: its .ds and .metadata (and .loss) copied; at once: the ranks' markers and
-        # manifests, each input's .metadata and .index
-        gets=s.ranks * (s.families - 1) + math.ceil(4 * s.ranks / s.concurrent_reads),
+        # a batch of inputs at a time: whether its .metadata exists, its .ds and .metadata (and .loss) copied; at
+        # once: the ranks' markers and manifests, each input's .metadata and .index
+        gets=math.ceil(s.ranks / inputs_at_once(s, data / s.ranks)) * s.families
+        + math.ceil(4 * s.ranks / s.concurrent_reads),
         uploads=files * (s.families + 1) + 2,  # the families and a manifest a file; the merge's manifest, marker
         lists=list_pages(listed) + 2 * list_pages(s.ranks),  # the rank files, _completions/, _manifests/
         read=data + metadata,
@@ -347,6 +348,11 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
     return replace(
         cost, puts=files * (family_uploads(s, tokens / files, docs / files) + 1) + protocol_puts(cost.seconds(s))
     )
+
+
+def inputs_at_once(s: Scenario, size: float) -> int:
+    """Input files of ``size`` bytes a merge copies at once (``SourcePool.fetch``)."""
+    return min(s.concurrent_reads, max(1, int(s.transfer_buffer_mib * MIB // max(size, 1))))
 
 
 def merged_files(s: Scenario, bucketed: bool) -> int:

@@ -24,7 +24,15 @@ import pyarrow as pa
 
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, token_dtype
 from tokenization.io.progress import Progress
-from tokenization.io.storage import download, is_local, open_fs, writing
+from tokenization.io.storage import (
+    CONCURRENT_READS,
+    TRANSFER_BUFFER,
+    download,
+    is_local,
+    map_concurrently,
+    open_fs,
+    writing,
+)
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output; 1 Mi-token blocks took 25% longer
 MAX_OPEN_FILES = 128
@@ -117,6 +125,14 @@ class SourcePool:
     @property
     def open_count(self) -> int:
         return len(self._open)
+
+    def fetch(self, sizes: Sequence[int]) -> None:
+        """Copy every remote source to the cache now (``sizes``: their ``.ds`` bytes), as many at once as
+        ``TRANSFER_BUFFER`` holds of the largest, at most ``CONCURRENT_READS``: a small file costs a request's wait
+        more than its bytes, and one after another those waits are most of a bucket merge of many ranks' small
+        files; a large one moves alone, over its own streams."""
+        at_once = min(CONCURRENT_READS, max(1, TRANSFER_BUFFER // max(1, max(sizes, default=1))))
+        map_concurrently(self._local, range(len(self.urls)), workers=at_once)
 
     def _local(self, i: int) -> str:
         fs, path = open_fs(self.urls[i])

@@ -390,6 +390,7 @@ def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Chec
     cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
     pool = SourcePool(inputs.urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
     with pool, Progress(f"merge {config.stem}", plan.total_tokens, "tok", progress) as shown, writer:
+        pool.fetch(inputs.sizes)
         shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
         for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
             b = min(ordered, a + UNITS_PER_SLICE)

@@ -36,6 +36,7 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 WORKERS = {"default-worker": ("default", 4), "large-disk-worker": ("large_disk", 1)}
 MERGE_POOL = ("tokenization_merge", 1)
 REDIS = ("127.0.0.1", 6379)
+QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "cwd": ROOT}  # a helper process's output
 
 
 def worker_hostname() -> str:
@@ -205,20 +206,24 @@ def s3_in_processes(bandwidth: float | None, latency: float) -> Iterator[str]:
     """A simulated S3 whose store (moto's server) and proxy (a :class:`FaultProxy` without faults) each run in a
     process of their own, so that neither takes the other's core, nor the measured task's: yields its endpoint."""
     moto_port, proxy_port = free_port(), free_port()
-    commands = [
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-        [sys.executable, "-m", "harness.cluster", str(moto_port), str(proxy_port), str(bandwidth or 0), str(latency)],
-    ]
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "cwd": ROOT}
-    processes = [subprocess.Popen(command, **quiet) for command in commands]
+    proxy = [sys.executable, "-m", "harness.cluster", *map(str, (moto_port, proxy_port, bandwidth or 0, latency))]
+    processes = [moto_server(moto_port), subprocess.Popen(proxy, **QUIET)]
     try:
-        for port in (moto_port, proxy_port):
-            Cluster._wait(lambda p=port: _accepts(p), 60, f"the simulated S3 on port {port}")
+        Cluster._wait(lambda: _accepts(proxy_port), 60, f"the simulated S3's proxy on port {proxy_port}")
         yield f"http://127.0.0.1:{proxy_port}"
     finally:
         for process in processes:
             process.terminate()
             process.wait(30)
+
+
+def moto_server(port: int) -> subprocess.Popen:
+    """moto's S3 server in a process of its own, quiet, empty and answering: in the caller's process it would
+    share one interpreter lock with everything the caller does (a test, a benchmark, a proxy), and slow both."""
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], **QUIET)
+    Cluster._wait(lambda: _accepts(port), 60, f"moto's server on port {port}")
+    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset", method="POST"))
+    return process
 
 
 def _accepts(port: int) -> bool:
@@ -341,15 +346,11 @@ class Cluster:
         return env
 
     def start(self) -> None:
-        from moto.server import ThreadedMotoServer
-
         self.home.mkdir(parents=True)
         self.logs.mkdir(parents=True)
         (self.home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": self.password}))
         moto_port = free_port()
-        self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
-        self.moto.start()
-        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{moto_port}/moto-api/reset", method="POST"))
+        self.moto = moto_server(moto_port)
         self.proxy = FaultProxy(moto_port, self.fault_every, self.s3_bandwidth, self.s3_latency)
         _postgres(f"CREATE DATABASE {self.db}")
         self._run("airflow", "db", "migrate")
@@ -465,7 +466,8 @@ class Cluster:
         if self.proxy:
             self.proxy.stop()
         if self.moto:
-            self.moto.stop()
+            self.moto.terminate()
+            self.moto.wait(30)
         with contextlib.suppress(OSError):
             _redis_flush(self.redis_db)
         with contextlib.suppress(Exception):

@@ -90,7 +90,9 @@ def test_each_change_relieves_what_it_claims() -> None:
     reading = model.publish_cost(replace(s, distributed_verify=False), True).seconds(s)
     assert model.publish_cost(s, True).seconds(s) < reading / 100
     one_folder = replace(s, bucket_prefixes=False)
-    assert model.request_rates(s, s.workers)["PUT/s"][0] < model.request_rates(one_folder, s.workers)["PUT/s"][0]
+    assert model.request_rates(s, s.workers)["GET/s"][0] < model.request_rates(one_folder, s.workers)["GET/s"][0]
+    tokenize = model.tokenize_cost(s, True)  # its lease is confirmed before each file it places: a PUT each
+    assert tokenize.lease_puts > tokenize.uploads and tokenize.puts > tokenize.lease_puts
     assert model.sensor_cost(s, True).ram < model.sensor_cost(one_folder, True).ram / 10
     assert model.merge_cost(s, True).lists < model.merge_cost(one_folder, True).lists / 100
     assert model.tokenize_cost(s, True).puts < model.tokenize_cost(replace(s, min_part_mib=8), True).puts

@@ -205,6 +205,7 @@ class TaskCost:
     lists: float = 0.0  # LIST pages it waits for
     background_gets: float = 0.0  # GETs beside the work: tokenize's input, read on its own thread
     puts: float = 0.0  # PUT requests and multipart calls (create, each part, complete)
+    lease_puts: float = 0.0  # of them, those on the stage's _leases/ prefix
     read: float = 0.0
     ram: float = 0.0
     disk: float = 0.0
@@ -237,9 +238,17 @@ def list_pages(keys: float) -> int:
     return max(1, math.ceil(keys / LIST_PAGE_KEYS))
 
 
-def protocol_puts(seconds: float) -> float:
-    """The write protocol's own requests: the lease, created and renewed; the manifest; the completion marker."""
-    return 3 + math.ceil(seconds / HEARTBEAT_SECONDS)
+def lease_puts(seconds: float, placed: float) -> float:
+    """The requests on a stage's ``_leases/``: its lease created, renewed every ``HEARTBEAT_SECONDS``, and confirmed
+    (a renewal too) before each of the ``placed`` files and records it writes."""
+    return 1 + math.ceil(seconds / HEARTBEAT_SECONDS) + placed
+
+
+def with_puts(s: Scenario, cost: TaskCost, data_puts: float) -> TaskCost:
+    """``cost`` with its PUT-class requests: ``data_puts`` for its files, 2 for its manifest and marker, and its
+    lease's."""
+    leases = lease_puts(cost.seconds(s), cost.uploads)
+    return replace(cost, puts=data_puts + 2 + leases, lease_puts=leases)
 
 
 def json_list_bytes(n: float, name: str) -> float:
@@ -282,7 +291,7 @@ def tokenize_cost(s: Scenario, bucketed: bool) -> TaskCost:
         disk=2 * out,  # pass 1's file, then pass 2's files
         xcom=json_list_bytes(files, RANK_BUCKET_FILE if bucketed else RANK_FILE),
     )
-    return replace(cost, puts=files * family_uploads(s, tokens / files, docs / files) + protocol_puts(cost.seconds(s)))
+    return with_puts(s, cost, files * family_uploads(s, tokens / files, docs / files))
 
 
 def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
@@ -345,9 +354,7 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
         disk=data + data / files,
         xcom=json_list_bytes(files, MERGED_BUCKET_FILE if bucketed else MERGED_FILE),
     )
-    return replace(
-        cost, puts=files * (family_uploads(s, tokens / files, docs / files) + 1) + protocol_puts(cost.seconds(s))
-    )
+    return with_puts(s, cost, files * (family_uploads(s, tokens / files, docs / files) + 1))
 
 
 def inputs_at_once(s: Scenario, size: float) -> int:
@@ -400,7 +407,7 @@ def context_cost(s: Scenario, bucketed: bool) -> TaskCost:
         disk=2 * data,
         xcom=json_list_bytes(k, MERGED_BUCKET_FILE if bucketed else MERGED_FILE),
     )
-    return replace(cost, puts=k * family_uploads(s, tokens, docs + windows) + protocol_puts(cost.seconds(s)))
+    return with_puts(s, cost, k * family_uploads(s, tokens, docs + windows))
 
 
 def publish_cost(s: Scenario, bucketed: bool) -> TaskCost:
@@ -485,7 +492,8 @@ def request_rates(s: Scenario, workers: int) -> dict[str, tuple[float, str]]:
     puts, gets = {}, {}
     for name, c in stages(s, True, workers).items():
         wall = stage_seconds(s, c, workers)
-        puts[c.stage] = c.tasks * c.puts / wall / (spread if name == "tokenize" else 1)
+        files = (c.puts - c.lease_puts) / (spread if name == "tokenize" else 1)
+        puts[c.stage] = c.tasks * max(files, c.lease_puts) / wall  # the busier of its files' prefix and _leases/
         requests = c.gets + c.background_gets + c.lists
         gets[c.stage] = c.tasks * requests / wall / (spread if name == "merge" else 1)
     busiest_put, busiest_get = max(puts, key=puts.get), max(gets, key=gets.get)

@@ -312,6 +312,11 @@ BOOKS_COLUMNS = (
 )
 
 
+def section(title: str, columns: tuple[tuple[str, str, str], ...], rows: list[dict], explanation: str) -> list[str]:
+    """A table of the report with its title above and what it measures below."""
+    return ["", title, "", *markdown_table(columns, rows), "", explanation]
+
+
 def markdown_table(columns: tuple[tuple[str, str, str], ...], rows: list[dict]) -> list[str]:
     def cell(row: dict, key: str, fmt: str) -> str:
         return "-" if row.get(key) is None else fmt.format(row[key])
@@ -730,42 +735,42 @@ def report(
         lines += ["", f"Peak RSS as the input grows ({grows}):", ""]
         lines += markdown_table(MEMORY_COLUMNS, memory)
     if nightly:
-        lines += ["", f"Nightly builds with the tokenization cache ({NIGHTLY_FILES} input files, 4 ranks):", ""]
-        lines += markdown_table(NIGHTLY_COLUMNS, nightly)
-        lines += [
-            "",
+        lines += section(
+            f"Nightly builds with the tokenization cache ({NIGHTLY_FILES} input files, 4 ranks):",
+            NIGHTLY_COLUMNS,
+            nightly,
             "A whole build (`tokenization build`, 2 processes at a time: tokenize, merge, context shuffle, verify, "
             "publish), then the next night's under a new build id, after one input file was rewritten in place. The "
             "tokenize stage's time is its ranks' seconds, summed (tokenizer loading included): what the cache saves "
             "of a night's worker time. The stages after it move every byte each night.",
-        ]
+        )
     if publish:
-        lines += ["", "Publish as the dataset grows (a whole build, then its publish alone):", ""]
-        lines += markdown_table(PUBLISH_COLUMNS, publish)
-        lines += [
-            "",
+        lines += section(
+            "Publish as the dataset grows (a whole build, then its publish alone):",
+            PUBLISH_COLUMNS,
+            publish,
             "Each its own time, imports and the build's plan aside. Publish checks the records, one listing's "
             "sizes and the books, and writes the report; the context-shuffle tasks checked their own files before "
             "upload, so it reads no token byte. Reading every byte: verify of the same dataset against the "
             "tokenizer, which is what publish did before.",
-        ]
+        )
     if s3:
         cap = f"{S3_BANDWIDTH / 1e6:.0f} MB/s a connection, {S3_LATENCY * 1e3:.0f} ms a request"
-        lines += ["", f"Tasks on a simulated S3 ({cap}), a file over one connection or several:", ""]
-        lines += markdown_table(S3_COLUMNS, s3)
-        lines += [
-            "",
+        lines += section(
+            f"Tasks on a simulated S3 ({cap}), a file over one connection or several:",
+            S3_COLUMNS,
+            s3,
             "Each a whole process, its input read from and its output written to moto behind a proxy with that cap "
             "and latency (`harness.cluster.s3_in_processes`: moto's server and the proxy each in a process of its "
             "own); MB: the task's tokens, read once and written once. Streams: `TOKENIZATION_S3_STREAMS` (a download "
             "in ranged GETs of 32 MiB, an upload in parts of 64 MiB, 4 at once). x one stream: the same task's "
             "time over one connection, divided by this one.",
-        ]
+        )
     if books:
-        lines += ["", "Adding up every rank's records, at many ranks of many buckets (one run each):", ""]
-        lines += markdown_table(BOOKS_COLUMNS, books)
-        lines += [
-            "",
+        lines += section(
+            "Adding up every rank's records, at many ranks of many buckets (one run each):",
+            BOOKS_COLUMNS,
+            books,
             "The rank folder is one real rank of the bundled sample, tokenized into that many buckets (its documents "
             "fill the buckets written), its manifest and completion marker cloned under every other rank's name, "
             "with input files of its own, and each token file a marker lists made as a sparse file of its recorded "
@@ -774,7 +779,7 @@ def report(
             "manifest, 32 ranks at a time. Publish books: `rank_manifests`, then `conservation` against the plan's "
             "input files and `cache_summary`, as publish calls them. Each its own time in its own process, imports "
             "aside; peak RSS is the process's, imports included.",
-        ]
+        )
     return lines
 
 

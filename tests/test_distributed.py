@@ -79,7 +79,7 @@ def local_reference(folder, corpus, tokenizer) -> dict[str, bytes]:
     return file_bytes(folder / "context")
 
 
-def test_celery_deployment_with_s3_a_cleared_rank_and_one_merge_at_a_time(
+def test_celery_deployment_with_s3_a_cleared_rank_a_killed_merge_worker_and_one_merge_at_a_time(
     tmp_path, monkeypatch, sample_corpus, sample_tokenizer
 ) -> None:
     # Airflow fails a dead worker's task after 30 s without heartbeats here (compose: 90 s), to keep the suite short

@@ -119,9 +119,9 @@ def model_scenario(
 ) -> plan.Scenario:
     """The capacity plan's scenario for this very build: its corpus, settings and deployment, the simulated S3's
     bandwidth a connection, and what this run measured of its environment (``measured``: a small GET's time, the
-    ranks' tokenizer loading). The model's slot is 2 cores; here both workers share one machine of ``cores``, so a
-    mapped task's compute runs at that share of the measured rates (the unmapped ones, publish's verify, run alone
-    and keep them)."""
+    ranks' tokenizer loading, a task's time outside its stage function). The model's slot is 2 cores; here both
+    workers share one machine of ``cores``, so a mapped task's compute runs at that share of the measured rates (the
+    unmapped ones, publish's verify, run alone and keep them)."""
     slots = len(WORKERS) * WORKERS["worker-1"][1]
     share = cores / slots / 2
     default = plan.Scenario()

@@ -25,11 +25,14 @@ import argparse
 import contextlib
 import gzip
 import json
+import math
+import multiprocessing
 import os
 import statistics
 import tempfile
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, astuple, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -42,6 +45,7 @@ from bench.scale_plan import model as plan
 from bench.scale_plan.report import table, write
 from harness.cluster import Cluster, Request, services_missing
 from tokenization.formats import DS
+from tokenization.io.storage import CONCURRENT_READS, map_concurrently, open_fs
 from tokenization.publish.manifest import COMPLETIONS, MANIFESTS
 from tokenization.publish.runs import Layout
 from tokenization.stages.context_shuffle import DEFAULT_WINDOW
@@ -59,6 +63,8 @@ PUT_CLASS = ("PUT", "PART", "CREATE", "COMPLETE")
 INDEX_PARAM = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}  # a mapped task's map index
 SETTINGS = ("ranks", "buckets", "copies", "context_window", "fault_every", "s3_bandwidth", "s3_latency")
 RECORDS = (f"/{MANIFESTS}/", f"/{COMPLETIONS}/")  # small objects: a GET of one is a request's own time
+PROBE = "s3://corpus/probe.json"  # the small object the store's throughput is measured on
+PROBE_GETS = 400  # GETs each probing process makes
 
 
 @dataclass(frozen=True)
@@ -119,9 +125,9 @@ def model_scenario(
 ) -> plan.Scenario:
     """The capacity plan's scenario for this very build: its corpus, settings and deployment, the simulated S3's
     bandwidth a connection, and what this run measured of its environment (``measured``: a small GET's time, the
-    ranks' tokenizer loading, a task's time outside its stage function). The model's slot is 2 cores; here both
-    workers share one machine of ``cores``, so a mapped task's compute runs at that share of the measured rates (the
-    unmapped ones, publish's verify, run alone and keep them)."""
+    requests a second the store answers, the ranks' tokenizer loading, a task's time outside its stage function).
+    The model's slot is 2 cores; here both workers share one machine of ``cores``, so a mapped task's compute runs
+    at that share of the measured rates (the unmapped ones, publish's verify, run alone and keep them)."""
     slots = len(WORKERS) * WORKERS["worker-1"][1]
     share = cores / slots / 2
     default = plan.Scenario()
@@ -143,10 +149,34 @@ def model_scenario(
         request_s=measured["request_s"],
         rank_load_s=measured["rank_load_s"],
         task_overhead_s=measured["task_overhead_s"],
+        store_requests_s=measured["store_requests_s"],
         tokenize_mb_s=default.tokenize_mb_s * share,
         merge_mb_s=default.merge_mb_s * share,
         context_mb_s=default.context_mb_s * share,
     )
+
+
+def store_requests_s(options: dict, processes: int) -> float:
+    """Requests a second the store answers when ``processes`` task processes each keep ``CONCURRENT_READS`` GETs
+    of a small object in flight through the library's own S3 client. On the simulated S3, moto, the proxy and
+    every client share this machine's cores: that, more than one request's time, caps a stage of thousands of
+    requests."""
+    fs, path = open_fs(PROBE, options)
+    fs.pipe_file(path, b"{}" * 200)
+    start = time.time() + 5  # every process ready, its client built and its first request made
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        ends = list(pool.map(probe, [(options, start)] * processes))
+    return processes * PROBE_GETS / (max(ends) - start)
+
+
+def probe(args: tuple[dict, float]) -> float:
+    """One probing process: its GETs from ``start`` on; returns when the last one was answered."""
+    options, start = args
+    fs, path = open_fs(PROBE, options)
+    fs.cat_file(path)
+    time.sleep(max(0.0, start - time.time()))
+    map_concurrently(lambda _: fs.cat_file(path), range(PROBE_GETS), workers=CONCURRENT_READS)
+    return time.time()
 
 
 def record_get_seconds(requests: list[Request]) -> float:
@@ -204,6 +234,9 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
         s3.mkdir("corpus")
         s3.put(str(work / "input") + "/", "corpus/input/", recursive=True)
         s3.put_file(str(args.tokenizer), "corpus/tokenizers/gpt2/tokenizer.json")
+        options = {"s3": {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}}
+        throughput = store_requests_s(options, slots := len(WORKERS) * WORKERS["worker-1"][1])
+        print(f"the store answers {throughput:.0f} requests a second to {slots} processes")
         cluster.api("PATCH", f"/dags/{DAG}?update_mask=is_paused", {"is_paused": False})  # the cluster has no schedule
         conf = {
             "input": "s3://corpus/input",
@@ -237,6 +270,7 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
             "measured": datetime.now().date().isoformat(),
             "cores": os.cpu_count(),
             "corpus": asdict(corpus),
+            "store_requests_s": throughput,
             "run": dag_run,
             "tis": tis,
             "manifests": manifests,
@@ -293,6 +327,7 @@ def report(m: dict) -> str:
         "request_s": record_get_seconds(logged),
         "rank_load_s": statistics.mean(loads),
         "task_overhead_s": statistics.mean(overhead),
+        "store_requests_s": m.get("store_requests_s", math.inf),  # (measurements before it was taken: no ceiling)
     }
     scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores, measured)
     model = plan.stages(scenario, True, scenario.workers)
@@ -329,7 +364,7 @@ def report(m: dict) -> str:
         s3_rows.append(
             [
                 stage,
-                figure(got["GET"], cost and tasks * (cost.gets + cost.background_gets)),
+                figure(got["GET"], cost and tasks * cost.gets),
                 figure(got["HEAD"]),
                 figure(got["LIST"], cost and tasks * cost.lists),
                 figure(sum(got[k] for k in PUT_CLASS), cost and tasks * cost.puts),
@@ -357,7 +392,8 @@ def report(m: dict) -> str:
         f"{args.s3_bandwidth:g} MB/s and delays each request by {args.s3_latency:g} ms. Figures in brackets are "
         f"`bench.scale_plan`'s for this very build (its scenario: this corpus, these settings, 2 workers x 2 "
         f"slots, the simulated S3's bandwidth a connection, and as measured in this run a small GET's time "
-        f"({measured['request_s'] * 1000:.0f} ms, the median), a rank's tokenizer loading "
+        f"({measured['request_s'] * 1000:.0f} ms, the median), the requests a second the store answers to four "
+        f"processes at once ({measured['store_requests_s']:.0f}, a stage's ceiling), a rank's tokenizer loading "
         f"({measured['rank_load_s']:.2f} s) and a task's time outside its stage function "
         f"({measured['task_overhead_s']:.1f} s, both means); its measured rates at {cores / 4:.2g} core a slot "
         "instead of 2, as the four slots share this machine).",

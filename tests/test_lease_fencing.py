@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,7 @@ FREEZES = {  # where the attempt stops (owner, function, which call), and why it
         (attempts, "remove_if", at_path(MARKER)),
         f"{OUT}/{MARKER} {CHANGED}",
     ),
-    "before publishing its first file": ((Attempt, "place", every_call), GONE),
+    "before publishing its files": ((Attempt, "place_families", every_call), GONE),
     "between confirming its lease and writing its manifest": (
         (attempts, "put_if", at_path(MANIFEST)),
         f"{OUT}/{MANIFEST} {CHANGED}",
@@ -124,6 +125,9 @@ def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committe
     stays as committed."""
     config = rank_config(sample_corpus, sample_tokenizer, s3.options)
     monkeypatch.setattr(attempts, "HEARTBEAT_SECONDS", 3600.0)  # no beat during the test: the freeze is total
+    # The test lapses the lease by setting its TTL to 0 during a freeze of seconds, not by waiting a TTL; a
+    # confirmation must not take a renewal of seconds ago for a fresh one.
+    monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)
     tokenize_rank(config)  # an earlier build: the frozen attempt finds its marker and manifest
     where, reason = FREEZES[step]
     freeze = Freeze(monkeypatch, *where)
@@ -219,6 +223,7 @@ def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(
 
 def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) -> None:  # noqa: F811
     """Renewals that fail for a while are warnings; past a TTL a contender may hold the lease: lost."""
+    monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)  # every confirmation renews
     lease = ObjectLease(s3.fs, OUT, "00000")
     lease.acquire(new_holder("first"))
 
@@ -236,9 +241,10 @@ def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) ->
     assert s3.fs.exists(LEASE)  # perhaps another attempt's by now: left alone
 
 
-def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one_fails(s3) -> None:  # noqa: F811
+def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one_fails(s3, monkeypatch) -> None:  # noqa: F811
     """A contender reads a stale-looking lease, the holder renews, then the contender writes with If-Match on what
     it read: the renewal must have changed the ETag, or the contender wins a lease that is alive."""
+    monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)  # every confirmation renews
     lease = ObjectLease(s3.fs, OUT, "00000")
     lease.acquire(new_holder("holder"))
     read_by_contender = lease.etag
@@ -248,6 +254,36 @@ def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one
         put_if(s3.fs, LEASE, b'{"attempt": "contender"}', etag=read_by_contender)
     lease.confirm()  # still the holder's
     lease.release()
+
+
+def test_a_confirmation_renews_only_a_lease_last_renewed_over_a_tenth_of_its_ttl_ago(s3, monkeypatch) -> None:  # noqa: F811
+    monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 10.0)  # a confirmation within 1 s of a renewal is free
+    lease = ObjectLease(s3.fs, OUT, "00000")
+    lease.acquire(new_holder("holder"))
+    taken = lease.etag
+    lease.confirm()
+    assert lease.etag == taken  # no request: the lease was written a moment ago
+    time.sleep(1.1)
+    lease.confirm()
+    assert lease.etag != taken
+    lease.release()
+
+
+def test_a_rank_placing_many_files_writes_its_lease_once_or_twice_not_once_a_file(
+    s3,  # noqa: F811
+    sample_corpus,
+    sample_tokenizer,
+    caplog,
+) -> None:
+    """A rank of 16 buckets places every bucket file, several at once, then its manifest and marker: its lease is
+    written when taken (and renewed at most once more), where each change used to renew it."""
+    config = replace(rank_config(sample_corpus, sample_tokenizer, s3.options), num_buckets=16)
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    result = tokenize_rank(config)
+    requests = changes(caplog.records)
+    placed = [path for method, path, _ in requests if method == "PUT" and "/bucket000" in path]
+    assert len(placed) == sum(len(entry.files) for entry in result.record.outputs) >= 16 * 3
+    assert 1 <= sum(method == "PUT" and path.endswith(LEASE) for method, path, _ in requests) <= 2
 
 
 def test_a_local_attempt_whose_lock_file_was_replaced_changes_nothing(tmp_path) -> None:

@@ -37,7 +37,8 @@ def test_every_stage_that_writes_token_files_writes_the_dataset_once(s, bucketed
     tokens = s.tokens * (s.token_bytes + s.save_loss)
     assert s.dataset_bytes == pytest.approx(tokens + 8 * s.tokens / s.doc_tokens)
     for cost in (model.tokenize_cost(s, bucketed), model.merge_cost(s, bucketed), model.context_cost(s, bucketed)):
-        assert cost.tasks * cost.upload == pytest.approx(s.dataset_bytes), cost.stage  # shards divide the files
+        cached = 2 if cost.stage == "tokenize" and s.cache else 1  # a rank also stores its files' tokens in the cache
+        assert cost.tasks * cost.upload == pytest.approx(cached * s.dataset_bytes), cost.stage
     merge = model.merge_cost(s, bucketed)
     metadata = s.ranks * model.rank_files(s, bucketed) * (s.marker_bytes + s.manifest_bytes)
     assert merge.tasks * merge.read == pytest.approx(s.dataset_bytes + merge.tasks * metadata)
@@ -91,8 +92,10 @@ def test_each_change_relieves_what_it_claims() -> None:
     assert model.publish_cost(s, True).seconds(s) < reading / 100
     one_folder = replace(s, bucket_prefixes=False)
     assert model.request_rates(s, s.workers)["GET/s"][0] < model.request_rates(one_folder, s.workers)["GET/s"][0]
-    tokenize = model.tokenize_cost(s, True)  # its lease is confirmed before each file it places: a PUT each
-    assert tokenize.lease_puts > tokenize.uploads and tokenize.puts > tokenize.lease_puts
+    tokenize = model.tokenize_cost(s, True)  # a confirmation renews the lease at most once a tenth of a TTL
+    assert tokenize.lease_puts <= 3 + tokenize.seconds(s) / 6  # not one a placed file
+    small = SCENARIOS[1]  # 7 MB bucket files: a rank places 32 at once
+    assert model.tokenize_cost(small, True).waits < small.buckets * small.families / 10
     assert model.sensor_cost(s, True).ram < model.sensor_cost(one_folder, True).ram / 10
     assert model.merge_cost(s, True).lists < model.merge_cost(one_folder, True).lists / 100
     assert model.tokenize_cost(s, True).puts < model.tokenize_cost(replace(s, min_part_mib=8), True).puts

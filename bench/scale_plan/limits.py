@@ -138,7 +138,7 @@ def limits(s: Scenario) -> list[Limit]:
             "/s",
             S3_PUTS_PER_S,
             "workers",
-            "confirm a lease once for a batch of files, not before each; larger parts (min_part_mib)",
+            "larger parts (min_part_mib); fewer merge pool slots",
             lambda s, w: request_rates(s, w)["PUT/s"][0],
         ),
         Limit(

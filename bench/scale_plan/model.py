@@ -18,7 +18,7 @@ from tokenization.io.storage import (  # what the transfers really use
     TRANSFER_STREAMS,
     part_size,
 )
-from tokenization.publish.attempts import HEARTBEAT_SECONDS
+from tokenization.publish.attempts import CONFIRM_AFTER, HEARTBEAT_SECONDS, LEASE_TTL_SECONDS
 from tokenization.stages.context_shuffle import DEFAULT_WINDOW
 from tokenization.stages.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig
 from tokenization.stages.tokenize import TokenizeConfig
@@ -42,6 +42,7 @@ CONTEXT_BYTES_PER_DOC = 16  # a merged file's index, read (8) and written again 
 CONTEXT_BYTES_PER_WINDOW = 16  # the window permutation (8) and the window ends in the new index (8)
 INDEX_BYTES_PER_DOC = INDEX_DTYPE.itemsize  # .ds.index: one end offset a document
 METADATA_FILE_BYTES = 100  # a .ds.metadata file
+CACHE_RECORDS = 3  # a cached input's requests besides its token files: its entry, and the rank's use before and after
 LISTED_FILE_DIGEST_BYTES = 8  # the sensor keeps each listed file as an 8-byte digest of name and size
 
 # File names, for XCom sizes, as the stages name them (a build's rank stem is the rank; merged files are
@@ -61,6 +62,7 @@ MERGE_ROW = "bench/RESULTS.md, row merge, ~400-token docs"
 SAMPLE_RANK = "measured: a sample rank, 16 vs 64 buckets"
 GPT2_LOAD = "bench/RESULTS.md, tokenizer load, gpt2"
 S3_GUIDELINES = "AWS, S3 performance guidelines: a request a 85-90 MB/s"
+S3_PREFIXES = "AWS, S3 performance guidelines: request rates scale with the number of prefixes"
 # Measured in bench/RESULTS.md (row s3): a merge over 8 connections of a simulated S3 capped at 10 MB/s a
 # connection took 1/2.50 of its time over one (142.0 s, 56.7 s): 2.50 / 8. A lower bound: the task's compute does
 # not speed up, its uploads go 4 parts at once, and moto's one process serves ~45-80 MB/s on this 2-core machine.
@@ -83,6 +85,7 @@ class Scenario:
     save_loss: bool = arg(False, "also write .ds.loss, 1 byte a token")
     text_bytes_per_token: float = arg(3.33, "bytes of input text a token", "README, Sizing: ~0.3 tokens a byte")
     input_file_gb: float = arg(1.0, "size of an input file, GB", ASSUMED)
+    cache: bool = arg(True, "the tokenization cache is on (a build's default): a rank also stores each file's tokens")
     context_window: int = arg(
         DEFAULT_WINDOW, f"context_window ({DEFAULT_WINDOW}: a {DEFAULT_WINDOW - 1}-token context plus one)"
     )
@@ -140,6 +143,11 @@ class Scenario:
         "bench/RESULTS.md, row s3: merge, 8 streams against 1",
     )
     request_s: float = arg(0.05, "a small S3 GET, one after another, s", ASSUMED)
+    store_requests_s: float = arg(
+        math.inf,
+        "requests a second the store answers in all (inf: S3 scales by prefix; its per-prefix rates are held apart)",
+        S3_PREFIXES,
+    )
     list_page_s: float = arg(0.1, "a LIST page of 1,000 keys, s", ASSUMED)
     task_overhead_s: float = arg(5, "Airflow's cost of a task instance (queue, start, imports), s", ASSUMED)
     scheduler_tis_s: float = arg(10, "task instances one scheduler starts a second", ASSUMED)
@@ -182,6 +190,14 @@ class Scenario:
         measured efficiency."""
         return self.s3_mb_s * MB * (1 if streams == 1 else streams * self.streams_efficiency)
 
+    def files_at_once(self, largest: float) -> int:
+        """Files of at most ``largest`` bytes moved at once (``storage.files_at_once``)."""
+        return min(self.concurrent_reads, max(1, int(self.transfer_buffer_mib * MIB // max(largest, 1))))
+
+    @property
+    def inputs_per_rank(self) -> float:
+        return self.text_bytes / (self.input_file_gb * GB) / self.ranks
+
     def worker_counts(self) -> list[int]:
         return [int(w) for w in self.table_workers.split(",")]
 
@@ -191,19 +207,19 @@ class TaskCost:
     """One task of a stage (a stage's tasks are alike): what it computes, moves and asks S3, and its footprint.
     Counts and bytes are a task's; ``tasks`` times them is the stage's. Its time is computed from them, so that
     every stage follows one rule: compute at the measured rate, bytes at the task's share of the network, and each
-    request it waits for (a GET, a LIST page, a file's upload) one after another."""
+    request it waits for (a GET, a batch of GETs in flight at once, a LIST page, a batch of files uploaded at once)
+    one after another. Its requests are counted apart from its waits: they are what the store must answer."""
 
     stage: str  # its label in the report
     tasks: int
     pool: str  # the slots that run it: "workers", "merge" (the merge pool, on the workers) or "one"
     concurrency: int  # tasks sharing its worker's network
     compute_s: float = 0.0  # at the measured rate
-    download: float = 0.0  # bytes read before the work can go on (one stream)
+    download: float = 0.0  # bytes read before the work can go on
     upload: float = 0.0  # bytes written (multipart, parts in parallel)
-    gets: float = 0.0  # GETs it waits for
-    uploads: float = 0.0  # files it uploads, one after another
+    waits: float = 0.0  # requests (or batches of requests in flight at once) it waits for, one after another
     lists: float = 0.0  # LIST pages it waits for
-    background_gets: float = 0.0  # GETs beside the work: tokenize's input, read on its own thread
+    gets: float = 0.0  # GET requests it makes, waited for or not
     puts: float = 0.0  # PUT requests and multipart calls (create, each part, complete)
     lease_puts: float = 0.0  # of them, those on the stage's _leases/ prefix
     read: float = 0.0
@@ -211,11 +227,16 @@ class TaskCost:
     disk: float = 0.0
     xcom: float = 0.0  # bytes of the task instance's return value
 
+    @property
+    def requests(self) -> float:
+        """Every request it makes: GETs, LIST pages, PUT-class."""
+        return self.gets + self.lists + self.puts
+
     def transfer_s(self, s: Scenario) -> float:
         return self.download / s.download_bytes_s(self.concurrency) + self.upload / s.upload_bytes_s(self.concurrency)
 
     def requests_s(self, s: Scenario) -> float:
-        return self.lists * s.list_page_s + (self.gets + self.uploads) * s.request_s
+        return self.lists * s.list_page_s + self.waits * s.request_s
 
     def seconds(self, s: Scenario) -> float:
         return self.compute_s + self.transfer_s(s) + self.requests_s(s) + s.task_overhead_s
@@ -238,17 +259,22 @@ def list_pages(keys: float) -> int:
     return max(1, math.ceil(keys / LIST_PAGE_KEYS))
 
 
-def lease_puts(seconds: float, placed: float) -> float:
-    """The requests on a stage's ``_leases/``: its lease created, renewed every ``HEARTBEAT_SECONDS``, and confirmed
-    (a renewal too) before each of the ``placed`` files and records it writes."""
-    return 1 + math.ceil(seconds / HEARTBEAT_SECONDS) + placed
+def lease_puts(seconds: float) -> float:
+    """The requests on a stage's ``_leases/``: its lease created, renewed every ``HEARTBEAT_SECONDS``, and renewed by
+    a confirmation before a change at most once every ``CONFIRM_AFTER`` of a TTL."""
+    return 1 + math.ceil(seconds / HEARTBEAT_SECONDS) + math.ceil(seconds / (CONFIRM_AFTER * LEASE_TTL_SECONDS))
 
 
 def with_puts(s: Scenario, cost: TaskCost, data_puts: float) -> TaskCost:
     """``cost`` with its PUT-class requests: ``data_puts`` for its files, 2 for its manifest and marker, and its
     lease's."""
-    leases = lease_puts(cost.seconds(s), cost.uploads)
+    leases = lease_puts(cost.seconds(s))
     return replace(cost, puts=data_puts + 2 + leases, lease_puts=leases)
+
+
+def placing_waits(s: Scenario, files: float, largest: float) -> float:
+    """Batches of ``files`` placed at once (``Attempt.place_families``), the largest ``largest`` bytes."""
+    return math.ceil(files / s.files_at_once(largest))
 
 
 def json_list_bytes(n: float, name: str) -> float:
@@ -272,26 +298,31 @@ def input_pages(s: Scenario) -> int:
 
 
 def tokenize_cost(s: Scenario, bucketed: bool) -> TaskCost:
-    """A rank: list the input; encode its share (read on a thread beside the encoder) to local disk in input order;
-    write the documents again, into a file a bucket (or shuffled); upload them."""
+    """A rank: encode its share (read on a thread beside the encoder) to local disk in input order, storing each
+    file's tokens in the cache one after another as it is done; write the documents again, into a file a bucket
+    (or shuffled); place them several at once. It lists nothing: the plan names its files."""
     text, tokens, docs, out = (x / s.ranks for x in (s.text_bytes, s.tokens, s.docs, s.dataset_bytes))
     files = rank_files(s, bucketed)
+    inputs = s.inputs_per_rank
+    cache_puts = inputs * (family_uploads(s, tokens / inputs, docs / inputs) + CACHE_RECORDS) if s.cache else 0
     cost = TaskCost(
         stage="tokenize",
         tasks=s.ranks,
         pool="workers",
         concurrency=s.concurrency,
         compute_s=s.rank_load_s + text / (s.tokenize_mb_s * MB),
-        upload=out,
-        uploads=files * s.families + 2,  # the token files, the manifest, the marker
-        lists=input_pages(s),
-        background_gets=math.ceil(text / S3_BLOCK),
+        upload=out * (2 if s.cache else 1),
+        # its files a batch at a time, its manifest and marker; each cached file's lookup and stores
+        waits=placing_waits(s, files * s.families, out / files)
+        + 2
+        + s.cache * inputs * (1 + s.families + CACHE_RECORDS),
+        gets=math.ceil(text / S3_BLOCK) + (inputs if s.cache else 0),
         read=text,
         ram=s.tokenize_rss_mb * MB + (TOKENIZE_BYTES_PER_DOC if bucketed else RANK_BYTES_PER_DOC) * docs,
         disk=2 * out,  # pass 1's file, then pass 2's files
         xcom=json_list_bytes(files, RANK_BUCKET_FILE if bucketed else RANK_FILE),
     )
-    return with_puts(s, cost, files * family_uploads(s, tokens / files, docs / files))
+    return with_puts(s, cost, files * family_uploads(s, tokens / files, docs / files) + cache_puts)
 
 
 def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
@@ -310,7 +341,8 @@ def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
         pool="one",
         concurrency=1,
         download=metadata,
-        gets=2 * math.ceil(s.ranks / batch),
+        waits=2 * math.ceil(s.ranks / batch),
+        gets=2 * s.ranks,
         # waited for: the top folder, then the bucket folders a batch at a time (a batch waits for one folder)
         lists=math.ceil(prefixes / s.concurrent_reads) * list_pages(rank_folder_keys(s, bucketed) / prefixes)
         + list_pages(s.ranks),
@@ -323,15 +355,16 @@ def sensor_cost(s: Scenario, bucketed: bool) -> TaskCost:
 
 
 def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
-    """A merge task, of one bucket or of everything: list the rank files; read the ranks' markers and manifests and
-    each input's .metadata and .index, ``concurrent_reads`` requests at a time; copy its inputs to local disk, as
-    many at once as the transfer buffer holds of one (``SourcePool.fetch``; each over ``streams`` connections);
+    """A merge task, of one bucket or of everything: list the rank files; read the ranks' markers and manifests,
+    then each input's .metadata and .index, ``concurrent_reads`` at a time; copy its inputs' tokens to local disk,
+    as many at once as the transfer buffer holds of one (``SourcePool.fetch``; each over ``streams`` connections);
     write them in the new order (one output file in flight on local disk); upload."""
     n = s.buckets if bucketed else 1
     tokens, docs, data = s.tokens / n, s.docs / n, s.dataset_bytes / n
     files = math.ceil(tokens / s.max_tokens_per_file)
     metadata = s.ranks * rank_files(s, bucketed) * (s.marker_bytes + s.manifest_bytes)
     listed = rank_folder_keys(s, bucketed) / (n if s.bucket_prefixes else 1)
+    copied = 1 + s.save_loss  # an input's files copied: .ds (and .ds.loss)
     cost = TaskCost(
         stage="merge (bucketed)" if bucketed else "merge (interleave, one task)",
         tasks=n,
@@ -340,11 +373,15 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
         compute_s=tokens * s.token_bytes / (s.merge_mb_s * MB),
         download=data + metadata,
         upload=data,
-        # a batch of inputs at a time: whether its .metadata exists, its .ds and .metadata (and .loss) copied; at
-        # once: the ranks' markers and manifests, each input's .metadata and .index
-        gets=math.ceil(s.ranks / inputs_at_once(s, data / s.ranks)) * s.families
-        + math.ceil(4 * s.ranks / s.concurrent_reads),
-        uploads=files * (s.families + 1) + 2,  # the families and a manifest a file; the merge's manifest, marker
+        # the ranks' markers and manifests at once, then each input's .metadata and .index (a thread reads one
+        # input's two), then its copies a batch of inputs at a time; the files, each family's at once, with a
+        # manifest a file; the merge's manifest and marker
+        waits=math.ceil(2 * s.ranks / s.concurrent_reads)
+        + 2 * math.ceil(s.ranks / s.concurrent_reads)
+        + math.ceil(s.ranks / inputs_at_once(s, data / s.ranks)) * copied
+        + files * (placing_waits(s, s.families, data / files) + 1)
+        + 2,
+        gets=s.ranks * (2 + 2 + copied),  # (its marker, manifest; an input's .metadata, .index, copies)
         lists=list_pages(listed) + 2 * list_pages(s.ranks),  # the rank files, _completions/, _manifests/
         read=data + metadata,
         ram=s.merge_rss_mb * MB
@@ -359,7 +396,7 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
 
 def inputs_at_once(s: Scenario, size: float) -> int:
     """Input files of ``size`` bytes a merge copies at once (``SourcePool.fetch``)."""
-    return min(s.concurrent_reads, max(1, int(s.transfer_buffer_mib * MIB // max(size, 1))))
+    return s.files_at_once(size)
 
 
 def merged_files(s: Scenario, bucketed: bool) -> int:
@@ -398,9 +435,12 @@ def context_cost(s: Scenario, bucketed: bool) -> TaskCost:
         compute_s=k * tokens * s.token_bytes / (rate * MB),
         download=k * data,
         upload=k * data,
-        # its files, one after another; at once: a manifest a merged file, each merge's manifest and marker
-        gets=k * s.families + math.ceil((m + 2 * merges) / s.concurrent_reads),
-        uploads=k * s.families + 2,
+        # at once: a manifest a merged file, each merge's manifest and marker; then its files one after another,
+        # each read (.metadata, .index, then its copies) and placed (a family at once)
+        waits=math.ceil((m + 2 * merges) / s.concurrent_reads)
+        + k * (2 + 1 + s.save_loss + placing_waits(s, s.families, data))
+        + 2,
+        gets=m + 2 * merges + k * (2 + 1 + s.save_loss),
         lists=list_pages(m * s.families) + 2 * list_pages(m + merges),
         read=k * data,
         ram=s.context_rss_mb * MB + CONTEXT_BYTES_PER_DOC * docs + CONTEXT_BYTES_PER_WINDOW * windows,
@@ -426,8 +466,8 @@ def publish_cost(s: Scenario, bucketed: bool) -> TaskCost:
         concurrency=1,
         compute_s=0 if s.distributed_verify else s.tokens * s.token_bytes / (s.verify_mb_s * MB),
         download=verified + manifests,
-        gets=math.ceil(verified / BLOCK_BYTES) + math.ceil(records / s.concurrent_reads),
-        uploads=3,
+        waits=math.ceil(verified / BLOCK_BYTES) + math.ceil(records / s.concurrent_reads) + 3,
+        gets=math.ceil(verified / BLOCK_BYTES) + records,
         puts=3,  # report.html, report.json, _BUILD.json
         lists=list_pages(m * s.families),
         read=verified + manifests,
@@ -446,7 +486,7 @@ def plan_cost(s: Scenario) -> TaskCost:
         pool="one",
         concurrency=1,
         lists=input_pages(s),
-        uploads=1,
+        waits=1,
         puts=1,  # _RUN.json
         xcom=SPEC_BYTES + len(json.dumps(list(range(s.ranks)))),
     )
@@ -459,8 +499,10 @@ def slots(s: Scenario, pool: str, workers: int) -> int:
 
 
 def stage_seconds(s: Scenario, cost: TaskCost, workers: int) -> float:
-    """A stage's wall time: its alike tasks run in waves of as many as there are slots."""
-    return math.ceil(cost.tasks / slots(s, cost.pool, workers)) * cost.seconds(s)
+    """A stage's wall time: its alike tasks run in waves of as many as there are slots, and no faster than the
+    store answers all their requests."""
+    waves = math.ceil(cost.tasks / slots(s, cost.pool, workers)) * cost.seconds(s)
+    return max(waves, cost.tasks * cost.requests / s.store_requests_s)
 
 
 def stages(s: Scenario, bucketed: bool, workers: int) -> dict[str, TaskCost]:
@@ -494,7 +536,7 @@ def request_rates(s: Scenario, workers: int) -> dict[str, tuple[float, str]]:
         wall = stage_seconds(s, c, workers)
         files = (c.puts - c.lease_puts) / (spread if name == "tokenize" else 1)
         puts[c.stage] = c.tasks * max(files, c.lease_puts) / wall  # the busier of its files' prefix and _leases/
-        requests = c.gets + c.background_gets + c.lists
+        requests = c.gets + c.lists
         gets[c.stage] = c.tasks * requests / wall / (spread if name == "merge" else 1)
     busiest_put, busiest_get = max(puts, key=puts.get), max(gets, key=gets.get)
     return {"PUT/s": (puts[busiest_put], busiest_put), "GET/s": (gets[busiest_get], busiest_get)}

@@ -80,7 +80,7 @@ def render(s: Scenario) -> str:
             [
                 [
                     c.stage,
-                    human(c.tasks * (c.gets + c.background_gets)),
+                    human(c.tasks * c.gets),
                     human(c.tasks * c.puts),
                     human(c.tasks * c.lists),
                     human(c.tasks * c.read, "bytes"),

@@ -61,7 +61,7 @@ if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FRE
         return frozen
 
     attempts.ObjectLease.acquire = freezing("lease", attempts.ObjectLease.acquire, after=True)
-    attempts.Attempt.place = freezing("publish", attempts.Attempt.place, after=False)
+    attempts.Attempt.place_families = freezing("publish", attempts.Attempt.place_families, after=False)
 
 if os.environ.get("FAULT_STALL_MERGE"):
     import time

@@ -25,9 +25,8 @@ import pyarrow as pa
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, token_dtype
 from tokenization.io.progress import Progress
 from tokenization.io.storage import (
-    CONCURRENT_READS,
-    TRANSFER_BUFFER,
     download,
+    files_at_once,
     is_local,
     map_concurrently,
     open_fs,
@@ -127,12 +126,9 @@ class SourcePool:
         return len(self._open)
 
     def fetch(self, sizes: Sequence[int]) -> None:
-        """Copy every remote source to the cache now (``sizes``: their ``.ds`` bytes), as many at once as
-        ``TRANSFER_BUFFER`` holds of the largest, at most ``CONCURRENT_READS``: a small file costs a request's wait
-        more than its bytes, and one after another those waits are most of a bucket merge of many ranks' small
-        files; a large one moves alone, over its own streams."""
-        at_once = min(CONCURRENT_READS, max(1, TRANSFER_BUFFER // max(1, max(sizes, default=1))))
-        map_concurrently(self._local, range(len(self.urls)), workers=at_once)
+        """Copy every remote source to the cache now (``sizes``: their ``.ds`` bytes), several at once
+        (``files_at_once``)."""
+        map_concurrently(self._local, range(len(self.urls)), workers=files_at_once(max(sizes, default=1)))
 
     def _local(self, i: int) -> str:
         fs, path = open_fs(self.urls[i])
@@ -141,13 +137,11 @@ class SourcePool:
         if self.cache_dir is None:
             raise ValueError(f"{self.urls[i]} is remote: a local cache_dir is needed to read it at random")
         local = self.cache_dir / f"{i:06d}" / path.rsplit("/", 1)[-1]
-        if not local.exists():
-            suffixes = ["", ".metadata"] + ([".loss"] if self.with_loss else [])
-            for suffix in suffixes:
-                if suffix != ".metadata" or fs.exists(path + suffix):
-                    with writing(f"{local}{suffix}"):
-                        local.parent.mkdir(parents=True, exist_ok=True)
-                        download(fs, path + suffix, Path(f"{local}{suffix}"))
+        if not local.exists():  # the tokens and loss bytes: the pool is given the token size, not the metadata
+            for suffix in [""] + [".loss"] * self.with_loss:
+                with writing(f"{local}{suffix}"):
+                    local.parent.mkdir(parents=True, exist_ok=True)
+                    download(fs, path + suffix, Path(f"{local}{suffix}"))
         return str(local)
 
     def __enter__(self) -> SourcePool:

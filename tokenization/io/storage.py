@@ -385,6 +385,14 @@ def map_concurrently(fn: Callable[[T], U], items: Sequence[T], workers: int = CO
         return [future.result() for future in futures]
 
 
+def files_at_once(largest: int) -> int:
+    """Files of at most ``largest`` bytes to move at once: as many as ``TRANSFER_BUFFER`` holds, at most
+    ``CONCURRENT_READS``. A small file costs a request's wait more than its bytes, and one after another those waits
+    are most of the time of a stage that moves many small files (a rank's bucket files, a bucket merge's inputs);
+    a large one moves alone, over its own streams."""
+    return min(CONCURRENT_READS, max(1, TRANSFER_BUFFER // max(1, largest)))
+
+
 def in_batches(items: list[T], size: int = CONCURRENT_READS) -> Iterator[list[T]]:
     """``items`` in consecutive lists of at most ``size``."""
     for start in range(0, len(items), size):

@@ -24,7 +24,10 @@ ETag this attempt last wrote; each renewal writes a new renewal number, so the E
 and a takeover in between fails the renewal (412), as a lease deleted by a successor that finished does (404).
 Both mean the lease is lost, never a warning, and so does a lease whose renewals kept failing for longer than a
 TTL. A renewal right before a change means no contender can take the lease over for a whole TTL after it, so a
-change that starts at once is the holder's. Where S3 can also make the change itself conditional, it does: a
+change that starts at once is the holder's. A renewal sent less than ``CONFIRM_AFTER`` of a TTL ago is as good
+(nine tenths of a TTL are left, where a change starts in milliseconds): a confirmation then renews nothing, so
+an attempt that places a thousand files asks S3 for a renewal every few seconds, not one a file. Where S3 can
+also make the change itself conditional, it does: a
 small file is written (and a stale one removed) only if it still has the ETag seen before the confirmation, and
 the marker only if absent, so an attempt frozen between its confirmation and its request finds its successor's
 version and stops instead of undoing it. An upload of a token file cannot be made conditional through s3fs: one
@@ -46,6 +49,7 @@ import fcntl
 import glob
 import hashlib
 import logging
+import math
 import os
 import shutil
 import socket
@@ -53,7 +57,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -65,9 +69,11 @@ from tokenization.formats.ds import WrittenTokenFile
 from tokenization.io.errors import TokenizationError, reaching
 from tokenization.io.storage import (
     current_etag,
+    files_at_once,
     is_local,
     is_s3,
     join,
+    map_concurrently,
     move_into_place,
     open_fs,
     put_if,
@@ -86,6 +92,7 @@ log = logging.getLogger(__name__)
 # the retry finds the dead attempt's lease expired, rather than failing on it until its retries run out.
 LEASE_TTL_SECONDS = 120.0
 HEARTBEAT_SECONDS = 12.0  # ten renewals a TTL: a few lost requests never let a live lease expire
+CONFIRM_AFTER = 0.1  # of a TTL: a confirmation renews only a lease last renewed longer ago than this
 STAGING = ".staging"
 LEASES = "_leases"
 ATTEMPT_MARK = ".attempt-"  # staging folders are {stem}.attempt-{id}
@@ -214,7 +221,7 @@ class ObjectLease(_Lease):
         self.path = join(out_path, LEASES, f"{stem}.json")
         self.etag: str | None = None
         self._renewals = 0  # written into the lease, so that its ETag changes with every renewal
-        self._renewed = 0.0  # time.monotonic() when the last write that succeeded was sent
+        self._renewed = -math.inf  # time.monotonic() when the last write that succeeded was sent (never yet)
         self._lock = threading.Lock()  # the heartbeat and a confirmation renew one at a time
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -267,11 +274,14 @@ class ObjectLease(_Lease):
             self.etag = current[1]
         self._renewed = sent
 
-    def _renew(self) -> None:
+    def _renew(self, unless_fresh: bool = False) -> None:
         """Renew the lease, or find it lost: taken over, deleted (by the attempt that took it over, once done),
-        or not renewed for a TTL, after which a contender may have taken it over. Any other failure is raised."""
+        or not renewed for a TTL, after which a contender may have taken it over. Any other failure is raised.
+        ``unless_fresh``: not if the last renewal was sent less than ``CONFIRM_AFTER`` of a TTL ago (decided under
+        the lock, so that confirmations of files placed at once renew it once)."""
         with self._lock:
-            if self.lost is not None:
+            fresh = time.monotonic() - self._renewed < CONFIRM_AFTER * LEASE_TTL_SECONDS
+            if self.lost is not None or (unless_fresh and fresh):
                 return
             try:
                 if not is_s3(self.fs):  # no If-Match: look first
@@ -299,11 +309,12 @@ class ObjectLease(_Lease):
                 return
 
     def confirm(self) -> None:
-        """Renew now, before a change to the output: no contender can take the lease over for a whole TTL after
-        this, so a change that starts at once is the holder's. A renewal that fails for a reason other than the
-        lease is raised as a write error naming the lease: the change is not made."""
+        """Before a change to the output: renew, unless the last renewal was sent less than ``CONFIRM_AFTER`` of
+        a TTL ago. No contender can take the lease over for a whole TTL after a renewal, so a change that starts
+        now is the holder's. A renewal that fails for a reason other than the lease is raised as a write error
+        naming the lease: the change is not made."""
         with writing(self.path, local=False):
-            self._renew()
+            self._renew(unless_fresh=True)
         self.check()
 
     def release(self) -> None:
@@ -365,11 +376,12 @@ class Attempt:
         self.lease.confirm()
         move_into_place(src, self.fs, join(self.out_path, name), self.landing)
 
-    def place_families(self, written: Iterable[WrittenTokenFile]) -> None:
-        """Move every file of each written token-file family into the output, under its name there."""
-        for family in written:
-            for f in family.files:
-                self.place(family.path.with_name(f.name), family.published(f.name))
+    def place_families(self, written: Sequence[WrittenTokenFile]) -> None:
+        """Move every file of each written token-file family into the output, under its name there, several at
+        once (``files_at_once``: a rank's hundreds of small bucket files would otherwise wait for each other)."""
+        moves = {family.path.with_name(f.name): family.published(f.name) for family in written for f in family.files}
+        largest = max((f.bytes for family in written for f in family.files), default=1)
+        map_concurrently(lambda src: self.place(src, moves[src]), list(moves), workers=files_at_once(largest))
 
     def write(self, name: str, data: bytes) -> None:
         """Write a small file of the output whole, as the lease holder; on S3 only over the version seen before

@@ -5,7 +5,8 @@
 It starts the distributed test's deployment (``harness/cluster.py``: api-server, scheduler, dag-processor, triggerer
 and two Celery workers on PostgreSQL and Redis; S3 served by moto behind a proxy that answers some requests with
 503 SlowDown, every 50th here, caps each connection's bandwidth and delays each request), with both workers on
-both queues and a merge pool of 4 slots, so that bucket merges spread over them. It runs ``tokenize_corpus`` once
+both queues, ``--slots`` task slots each (1: a slot a core, as the model's slot has cores of its own) and a merge
+pool of as many slots as the two have, so that bucket merges spread over them. It runs ``tokenize_corpus`` once
 with ``merge_mode: bucketed`` on the shared corpora, dealt into one gzipped input file a rank, with GPT-2 read from
 S3, and reports:
 
@@ -57,11 +58,10 @@ RUN_ID = "scale"
 BEGIN = "<!-- scale.py: measured from here -->"
 END = "<!-- scale.py: measured up to here -->"
 # Both workers take both queues: tokenize and context tasks on "default", merges on "large_disk".
-WORKERS = {"worker-1": ("default,large_disk", 2), "worker-2": ("default,large_disk", 2)}
-MERGE_SLOTS = 4
+WORKER_NAMES = ("worker-1", "worker-2")
 PUT_CLASS = ("PUT", "PART", "CREATE", "COMPLETE")
 INDEX_PARAM = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}  # a mapped task's map index
-SETTINGS = ("ranks", "buckets", "copies", "context_window", "fault_every", "s3_bandwidth", "s3_latency")
+SETTINGS = ("ranks", "buckets", "copies", "context_window", "fault_every", "s3_bandwidth", "s3_latency", "slots")
 RECORDS = (f"/{MANIFESTS}/", f"/{COMPLETIONS}/")  # small objects: a GET of one is a request's own time
 PROBE = "s3://corpus/probe.json"  # the small object the store's throughput is measured on
 PROBE_GETS = 400  # GETs each probing process makes
@@ -72,6 +72,11 @@ class Corpus:
     files: int
     docs: int
     text_bytes: int
+
+
+def workers(slots: int) -> dict[str, tuple[str, int]]:
+    """The deployment's workers: each on both queues with ``slots`` task slots."""
+    return {name: ("default,large_disk", slots) for name in WORKER_NAMES}
 
 
 def deal_corpus(corpora: Path, out: Path, files: int, copies: int) -> Corpus:
@@ -128,7 +133,7 @@ def model_scenario(
     requests a second the store answers, the ranks' tokenizer loading, a task's time outside its stage function).
     The model's slot is 2 cores; here both workers share one machine of ``cores``, so a mapped task's compute runs
     at that share of the measured rates (the unmapped ones, publish's verify, run alone and keep them)."""
-    slots = len(WORKERS) * WORKERS["worker-1"][1]
+    slots = len(WORKER_NAMES) * args.slots
     share = cores / slots / 2
     default = plan.Scenario()
     return plan.Scenario(
@@ -141,42 +146,55 @@ def model_scenario(
         ranks=args.ranks,
         buckets=args.buckets,
         context_shards=args.buckets,
-        workers=len(WORKERS),
-        table_workers=str(len(WORKERS)),
-        concurrency=WORKERS["worker-1"][1],
-        merge_slots=MERGE_SLOTS,
+        workers=len(WORKER_NAMES),
+        table_workers=str(len(WORKER_NAMES)),
+        concurrency=args.slots,
+        merge_slots=slots,
         s3_mb_s=args.s3_bandwidth,
         request_s=measured["request_s"],
         rank_load_s=measured["rank_load_s"],
         task_overhead_s=measured["task_overhead_s"],
-        store_requests_s=measured["store_requests_s"],
+        store_requests_s=measured["requests_s"],
+        request_cpu_s=measured["client_cpu_s"],
+        slot_cores=cores / slots,
         tokenize_mb_s=default.tokenize_mb_s * share,
         merge_mb_s=default.merge_mb_s * share,
         context_mb_s=default.context_mb_s * share,
     )
 
 
-def store_requests_s(options: dict, processes: int) -> float:
-    """Requests a second the store answers when ``processes`` task processes each keep ``CONCURRENT_READS`` GETs
-    of a small object in flight through the library's own S3 client. On the simulated S3, moto, the proxy and
-    every client share this machine's cores: that, more than one request's time, caps a stage of thousands of
-    requests."""
+@dataclass(frozen=True)
+class StoreProbe:
+    """What the store's probe measured: requests a second answered, and the CPU a request cost the probing
+    processes (the client: signing, parsing)."""
+
+    requests_s: float
+    client_cpu_s: float
+
+
+def probe_store(options: dict, processes: int) -> StoreProbe:
+    """``processes`` task processes each keep ``CONCURRENT_READS`` GETs of a small object in flight through the
+    library's own S3 client. On the simulated S3, moto, the proxy and every client share this machine's cores:
+    that, more than one request's time, caps a stage of thousands of requests."""
     fs, path = open_fs(PROBE, options)
     fs.pipe_file(path, b"{}" * 200)
     start = time.time() + 5  # every process ready, its client built and its first request made
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-        ends = list(pool.map(probe, [(options, start)] * processes))
-    return processes * PROBE_GETS / (max(ends) - start)
+        ends, cpus = zip(*pool.map(probe, [(options, start)] * processes), strict=True)
+    requests = processes * PROBE_GETS
+    return StoreProbe(requests / (max(ends) - start), sum(cpus) / requests)
 
 
-def probe(args: tuple[dict, float]) -> float:
-    """One probing process: its GETs from ``start`` on; returns when the last one was answered."""
+def probe(args: tuple[dict, float]) -> tuple[float, float]:
+    """One probing process: its GETs from ``start`` on; returns when the last one was answered, and the CPU time
+    they cost it."""
     options, start = args
     fs, path = open_fs(PROBE, options)
     fs.cat_file(path)
     time.sleep(max(0.0, start - time.time()))
+    cpu = time.process_time()
     map_concurrently(lambda _: fs.cat_file(path), range(PROBE_GETS), workers=CONCURRENT_READS)
-    return time.time()
+    return time.time(), time.process_time() - cpu
 
 
 def record_get_seconds(requests: list[Request]) -> float:
@@ -215,8 +233,8 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
     cluster = Cluster(
         work / "cluster",
         fail_ranks="",
-        workers=WORKERS,
-        merge_slots=MERGE_SLOTS,
+        workers=workers(args.slots),
+        merge_slots=len(WORKER_NAMES) * args.slots,
         fault_every=args.fault_every,
         s3_bandwidth=args.s3_bandwidth * 1e6,
         s3_latency=args.s3_latency / 1000,
@@ -235,8 +253,8 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
         s3.put(str(work / "input") + "/", "corpus/input/", recursive=True)
         s3.put_file(str(args.tokenizer), "corpus/tokenizers/gpt2/tokenizer.json")
         options = {"s3": {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}}
-        throughput = store_requests_s(options, slots := len(WORKERS) * WORKERS["worker-1"][1])
-        print(f"the store answers {throughput:.0f} requests a second to {slots} processes")
+        store = probe_store(options, slots := len(WORKER_NAMES) * args.slots)
+        print(f"the store answers {store.requests_s:.0f} requests a second to {slots} processes")
         cluster.api("PATCH", f"/dags/{DAG}?update_mask=is_paused", {"is_paused": False})  # the cluster has no schedule
         conf = {
             "input": "s3://corpus/input",
@@ -270,7 +288,7 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
             "measured": datetime.now().date().isoformat(),
             "cores": os.cpu_count(),
             "corpus": asdict(corpus),
-            "store_requests_s": throughput,
+            "store": asdict(store),
             "run": dag_run,
             "tis": tis,
             "manifests": manifests,
@@ -311,7 +329,8 @@ def figure(measured: float, model: float | None = None) -> str:
 
 def report(m: dict) -> str:
     """The measurements as Markdown, each beside the model's figure for the same build where it has one."""
-    args, corpus, build, tis = SimpleNamespace(**m["settings"]), Corpus(**m["corpus"]), m["build"], m["tis"]
+    settings = {"slots": 2} | m["settings"]  # (measurements before --slots ran two a worker)
+    args, corpus, build, tis = SimpleNamespace(**settings), Corpus(**m["corpus"]), m["build"], m["tis"]
     cores = m.get("cores", 2)  # (measurements before it was recorded came from this 2-core machine)
     logged = [Request(*r) for r in m["requests"]]
     by_stage = defaultdict(list)
@@ -327,7 +346,8 @@ def report(m: dict) -> str:
         "request_s": record_get_seconds(logged),
         "rank_load_s": statistics.mean(loads),
         "task_overhead_s": statistics.mean(overhead),
-        "store_requests_s": m.get("store_requests_s", math.inf),  # (measurements before it was taken: no ceiling)
+        # (measurements before the store was probed: no ceiling, and the plan's CPU a request)
+        **m.get("store", {"requests_s": math.inf, "client_cpu_s": plan.REQUEST_CPU_S}),
     }
     scenario = model_scenario(corpus, build["tokens"], m["token_bytes"], args, cores, measured)
     model = plan.stages(scenario, True, scenario.workers)
@@ -381,22 +401,25 @@ def report(m: dict) -> str:
     ]
     lines = [
         f"### {args.ranks} ranks, {args.buckets} buckets, {len(by_stage['context_shuffle'])} context shards on "
-        f"{len(WORKERS)} workers",
+        f"{len(WORKER_NAMES)} workers",
         "",
         f"Measured {m['measured']} on one {cores}-core machine (this project's VM): `python -m bench.scale "
-        f"--ranks {args.ranks} --buckets {args.buckets} --copies {args.copies}`. The corpus: the shared corpora that "
-        f"have a `text` field, {args.copies} times, {corpus.docs:,} documents and {corpus.text_bytes / 1e6:.1f} MB of "
+        f"--ranks {args.ranks} --buckets {args.buckets} --copies {args.copies} --slots {args.slots}`. The corpus: "
+        f"the shared corpora that have a `text` field, {args.copies} times, {corpus.docs:,} documents and "
+        f"{corpus.text_bytes / 1e6:.1f} MB of "
         f"text dealt into {corpus.files} files; GPT-2, read from S3; {build['tokens']:,} tokens. Two Celery workers, "
-        f"each on both queues with concurrency {WORKERS['worker-1'][1]}; merge pool {MERGE_SLOTS} slots; S3 is moto "
+        f"each on both queues with concurrency {args.slots}; merge pool {scenario.merge_slots} slots; S3 is moto "
         f"behind a proxy that answers every {args.fault_every}th request with 503 SlowDown, caps each connection at "
         f"{args.s3_bandwidth:g} MB/s and delays each request by {args.s3_latency:g} ms. Figures in brackets are "
-        f"`bench.scale_plan`'s for this very build (its scenario: this corpus, these settings, 2 workers x 2 "
-        f"slots, the simulated S3's bandwidth a connection, and as measured in this run a small GET's time "
-        f"({measured['request_s'] * 1000:.0f} ms, the median), the requests a second the store answers to four "
-        f"processes at once ({measured['store_requests_s']:.0f}, a stage's ceiling), a rank's tokenizer loading "
+        f"`bench.scale_plan`'s for this very build (its scenario: this corpus, these settings, 2 workers x "
+        f"{args.slots} slots, the simulated S3's bandwidth a connection, and as measured in this run a small GET's "
+        f"time ({measured['request_s'] * 1000:.0f} ms, the median), the requests a second the store answers to "
+        f"{scenario.merge_slots} processes at once ({measured['requests_s']:.0f}, a stage's ceiling) and the CPU a "
+        f"request costs its client "
+        f"({measured['client_cpu_s'] * 1000:.1f} ms), a rank's tokenizer loading "
         f"({measured['rank_load_s']:.2f} s) and a task's time outside its stage function "
-        f"({measured['task_overhead_s']:.1f} s, both means); its measured rates at {cores / 4:.2g} core a slot "
-        "instead of 2, as the four slots share this machine).",
+        f"({measured['task_overhead_s']:.1f} s, both means); its measured rates at {scenario.slot_cores:.2g} core "
+        f"a slot instead of 2, as the {scenario.merge_slots} slots share this machine).",
         "",
         f"**Wall time: {run_wall:.0f} s** for the run (the model: {model_walls['total']:.0f} s); digest "
         f"`{build['digest'][:12]}…`, verify {'passed' if build['verify']['ok'] else 'FAILED'}, "
@@ -448,6 +471,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ranks", type=int, default=64, help="num_ranks, and input files (%(default)s)")
     parser.add_argument("--buckets", type=int, default=16, help="num_buckets and num_context_shards (%(default)s)")
     parser.add_argument("--copies", type=int, default=2, help="times the corpora are repeated (%(default)s)")
+    parser.add_argument(
+        "--slots", type=int, default=1, help="task slots a worker, of two (%(default)s: a slot a core, here)"
+    )
     parser.add_argument("--context-window", type=int, default=DEFAULT_WINDOW, help="context_window (%(default)s)")
     parser.add_argument("--corpora", type=Path, default=SHARED / "corpora", help="folder of .jsonl.gz corpora")
     parser.add_argument("--tokenizer", type=Path, default=SHARED / "tokenizers" / "gpt2" / "tokenizer.json")

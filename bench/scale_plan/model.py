@@ -63,6 +63,10 @@ SAMPLE_RANK = "measured: a sample rank, 16 vs 64 buckets"
 GPT2_LOAD = "bench/RESULTS.md, tokenizer load, gpt2"
 S3_GUIDELINES = "AWS, S3 performance guidelines: a request a 85-90 MB/s"
 S3_PREFIXES = "AWS, S3 performance guidelines: request rates scale with the number of prefixes"
+PROBE = "bench.scale's probe of the store: its processes' CPU time a GET"
+# Measured by bench.scale's probe (1 to 4 processes, 32 GETs in flight each, against the simulated S3): 2.4-3.2 ms
+# of CPU a GET. Over plain HTTP: real S3's TLS adds to it.
+REQUEST_CPU_S = 0.003
 # Measured in bench/RESULTS.md (row s3): a merge over 8 connections of a simulated S3 capped at 10 MB/s a
 # connection took 1/2.50 of its time over one (142.0 s, 56.7 s): 2.50 / 8. A lower bound: the task's compute does
 # not speed up, its uploads go 4 parts at once, and moto's one process serves ~45-80 MB/s on this 2-core machine.
@@ -108,6 +112,7 @@ class Scenario:
     workers: int = arg(128, "Celery workers of the headline figures")
     table_workers: str = arg("8,32,128,512", "worker counts of the wall-time table, comma-separated")
     concurrency: int = arg(8, "task slots a worker (Celery concurrency); a slot is 2 cores, as measured")
+    slot_cores: float = arg(2, "cores a slot has to itself (the measured rates are a slot's)")
     merge_slots: int = arg(512, "slots of the tokenization_merge pool: bucket merges at once")
     worker_ram_gb: float = arg(64, "RAM of a worker, GB", ASSUMED)
     worker_disk_gb: float = arg(1900, "local disk of a worker, GB", ASSUMED)
@@ -143,6 +148,9 @@ class Scenario:
         "bench/RESULTS.md, row s3: merge, 8 streams against 1",
     )
     request_s: float = arg(0.05, "a small S3 GET, one after another, s", ASSUMED)
+    request_cpu_s: float = arg(
+        REQUEST_CPU_S, "CPU a request costs the task's own process (signing, parsing; one core), s", PROBE
+    )
     store_requests_s: float = arg(
         math.inf,
         "requests a second the store answers in all (inf: S3 scales by prefix; its per-prefix rates are held apart)",
@@ -236,7 +244,10 @@ class TaskCost:
         return self.download / s.download_bytes_s(self.concurrency) + self.upload / s.upload_bytes_s(self.concurrency)
 
     def requests_s(self, s: Scenario) -> float:
-        return self.lists * s.list_page_s + self.waits * s.request_s
+        """Its waits for requests, one after another, and the CPU all its requests cost its process (s3fs and
+        botocore run on one core at a time; a slot with less than a core has that share of one)."""
+        cpu = self.requests * s.request_cpu_s / min(1.0, s.slot_cores)
+        return self.lists * s.list_page_s + self.waits * s.request_s + cpu
 
     def seconds(self, s: Scenario) -> float:
         return self.compute_s + self.transfer_s(s) + self.requests_s(s) + s.task_overhead_s

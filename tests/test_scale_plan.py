@@ -107,6 +107,18 @@ def test_each_change_relieves_what_it_claims() -> None:
     assert s.streams * s.s3_mb_s * s.streams_efficiency * model.MB > s.network_share(s.concurrency)  # the plan's
 
 
+def test_a_stage_lasts_at_least_its_requests_over_what_the_store_answers_a_second() -> None:
+    s = replace(SCENARIOS[2], store_requests_s=1.0)  # a store that answers a request a second
+    merge = model.merge_cost(s, True)
+    assert merge.requests == merge.gets + merge.lists + merge.puts > merge.waits  # records read many at once
+    walls = [model.stage_seconds(x, merge, x.workers) for x in (s, replace(s, store_requests_s=math.inf))]
+    assert walls[0] == pytest.approx(merge.tasks * merge.requests) and walls[0] > walls[1]
+    cpu = replace(s, request_cpu_s=2 * s.request_cpu_s)  # a request's CPU, at a slot's share of one core
+    assert merge.requests_s(cpu) - merge.requests_s(s) == pytest.approx(merge.requests * s.request_cpu_s)
+    half = replace(s, slot_cores=0.5)
+    assert merge.requests_s(half) - merge.requests_s(s) == pytest.approx(merge.requests * s.request_cpu_s)
+
+
 def test_every_field_is_a_flag_and_the_report_is_written_between_markers(tmp_path) -> None:
     for f in fields(model.Scenario):
         name, value = f.name.replace("_", "-"), getattr(DEFAULT, f.name)

@@ -199,7 +199,8 @@ class Scenario:
         return self.s3_mb_s * MB * (1 if streams == 1 else streams * self.streams_efficiency)
 
     def files_at_once(self, largest: float) -> int:
-        """Files of at most ``largest`` bytes moved at once (``storage.files_at_once``)."""
+        """Files of at most ``largest`` bytes moved at once (``storage.files_at_once``: a merge's inputs copied,
+        a task's files placed)."""
         return min(self.concurrent_reads, max(1, int(self.transfer_buffer_mib * MIB // max(largest, 1))))
 
     @property
@@ -389,7 +390,7 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
         # manifest a file; the merge's manifest and marker
         waits=math.ceil(2 * s.ranks / s.concurrent_reads)
         + 2 * math.ceil(s.ranks / s.concurrent_reads)
-        + math.ceil(s.ranks / inputs_at_once(s, data / s.ranks)) * copied
+        + math.ceil(s.ranks / s.files_at_once(data / s.ranks)) * copied  # SourcePool.fetch
         + files * (placing_waits(s, s.families, data / files) + 1)
         + 2,
         gets=s.ranks * (2 + 2 + copied),  # (its marker, manifest; an input's .metadata, .index, copies)
@@ -403,11 +404,6 @@ def merge_cost(s: Scenario, bucketed: bool) -> TaskCost:
         xcom=json_list_bytes(files, MERGED_BUCKET_FILE if bucketed else MERGED_FILE),
     )
     return with_puts(s, cost, files * (family_uploads(s, tokens / files, docs / files) + 1))
-
-
-def inputs_at_once(s: Scenario, size: float) -> int:
-    """Input files of ``size`` bytes a merge copies at once (``SourcePool.fetch``)."""
-    return s.files_at_once(size)
 
 
 def merged_files(s: Scenario, bucketed: bool) -> int:

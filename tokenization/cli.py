@@ -248,10 +248,15 @@ def cmd_context_shuffle(args: argparse.Namespace) -> int:
     config = from_arguments(ContextShuffleConfig, args)
     result = context_shuffle(config)
     c = result.counts
+    kept = (
+        f"{c.documents_whole:,} documents whole, {c.documents_split:,} split into {c.split_pieces:,} pieces, "
+        f"{c.padding_tokens:,} padding tokens ({c.padding_tokens / max(1, c.tokens):.2%})"
+        if config.context_mode == "packed"
+        else f"{c.tail_tokens_kept:,} tail tokens kept, {c.tokens_dropped:,} dropped"
+    )
     print(
         f"context shuffle shard {config.shard}/{config.num_shards}: {c.files} files, {c.windows:,} windows of "
-        f"{config.context_window:,}, {c.tokens:,} tokens, {c.tail_tokens_kept:,} tail tokens kept, "
-        f"{c.tokens_dropped:,} dropped; {result.seconds:.1f}s -> {config.output}"
+        f"{config.context_window:,}, {c.tokens:,} tokens, {kept}; {result.seconds:.1f}s -> {config.output}"
     )
     return 0
 

@@ -198,7 +198,15 @@ def stage_counts(folder: str) -> C | None:
             counts.append(record.counts)
     if not counts:
         return None
-    return type(counts[0])(**{f.name: sum(getattr(c, f.name) for c in counts) for f in fields(counts[0])})
+    return type(counts[0])(**{f.name: _total([getattr(c, f.name) for c in counts]) for f in fields(counts[0])})
+
+
+def _total(values: list[int] | list[list[int]]) -> int | list[int]:
+    """Counts summed; histograms (lists of counts) class by class."""
+    if values and isinstance(values[0], list):
+        width = max(map(len, values))
+        return [sum(v[k] for v in values if k < len(v)) for k in range(width)]
+    return sum(values)
 
 
 def token_flow(rank_tokens: int, stages: StageSummary, dataset_tokens: int) -> dict[str, int]:
@@ -207,16 +215,22 @@ def token_flow(rank_tokens: int, stages: StageSummary, dataset_tokens: int) -> d
     in, or a file lost on the way, must never pass for a build."""
     flow = {"tokenize": rank_tokens}
     given = rank_tokens
+    written = given
     for stage, counts in (("merge", stages.merge), ("context_shuffle", stages.context_shuffle)):
         if counts is None:
             continue
-        if counts.tokens + counts.tokens_dropped != given:
+        if counts.real_tokens + counts.tokens_dropped != given:
+            padding = counts.tokens - counts.real_tokens
             raise BuildError(
-                f"{stage} wrote {counts.tokens} tokens and dropped {counts.tokens_dropped}, but was given {given}"
+                f"{stage} wrote {counts.real_tokens} tokens (and {padding} of padding) and dropped "
+                f"{counts.tokens_dropped}, but was given {given}"
+                if padding
+                else f"{stage} wrote {counts.tokens} tokens and dropped {counts.tokens_dropped}, but was given {given}"
             )
-        flow[stage] = given = counts.tokens
-    if dataset_tokens != given:
-        raise BuildError(f"the dataset's files hold {dataset_tokens} tokens, its manifests say {given}")
+        flow[stage] = given = counts.real_tokens
+        written = counts.tokens
+    if dataset_tokens != written:
+        raise BuildError(f"the dataset's files hold {dataset_tokens} tokens, its manifests say {written}")
     return flow
 
 

@@ -63,6 +63,16 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         super().__post_init__()
         if (self.merge_mode == "bucketed") != bool(self.num_buckets):
             raise UsageError("merge_mode bucketed and num_buckets go together: give both or neither")
+        if self.context_mode == "packed":
+            if not self.context_window:
+                raise UsageError("context_mode packed packs documents into windows: give a context_window")
+            if not self.save_loss:
+                raise UsageError(
+                    "context_mode packed pads windows at loss 0: it needs save_loss, so that every "
+                    "real token keeps its own"
+                )
+            if self.shuffle_chunk_size:
+                raise UsageError("context_mode packed packs whole documents: no shuffle_chunk_size")
 
     @property
     def cache_location(self) -> str | None:

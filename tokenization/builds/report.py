@@ -23,7 +23,7 @@ from tokenization.publish.records import BuildInputs, BuildRecord, RankManifest,
 from tokenization.publish.runs import BUILD_MANIFEST, Layout, read_build
 from tokenization.text.encoding import NO_ENGINE
 
-REPORT_FORMAT = "corpus-tokenization/report/2"  # /1 copied the build record's figures; /2 holds the record
+REPORT_FORMAT = "corpus-tokenization/report/3"  # /2 had no packing; /1 copied the build record's figures
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 INPUTS_SHOWN = 20  # the page lists this many input files, then how many more; report.json has them all
@@ -76,6 +76,7 @@ def report_data(run_dir: str, build: BuildRecord | None = None, retention: Reten
             for name, d in sorted(outputs.items())
         ],
         "tokens_dropped": dropped | {"total": sum(dropped.values())},
+        "packing": _packing(build),
         "loss": _loss(ranks),
         "settings": _settings(build),
         "tokenizer": {
@@ -90,6 +91,26 @@ def report_data(run_dir: str, build: BuildRecord | None = None, retention: Reten
         "inputs": _inputs_summary(build, input_files),
         "input_files": input_files,
         "retention": retention and retention.to_json(),
+    }
+
+
+def _packing(build: BuildRecord) -> dict | None:
+    """Packed windows' books (``context_mode`` packed): documents whole and split, padding, and windows by their
+    padding (classes 0, 1, 2-3, 4-7, ... tokens)."""
+    counts = build.stages.context_shuffle
+    if counts is None or not counts.padding_histogram:
+        return None
+    return {
+        "windows": counts.windows,
+        "documents_whole": counts.documents_whole,
+        "documents_split": counts.documents_split,
+        "split_pieces": counts.split_pieces,
+        "padding_tokens": counts.padding_tokens,
+        "padding_share": counts.padding_tokens / max(1, counts.tokens),
+        "histogram": [
+            {"min_tokens": 0 if k == 0 else 1 << (k - 1), "max_tokens": 0 if k == 0 else (1 << k) - 1, "windows": n}
+            for k, n in enumerate(counts.padding_histogram)
+        ],
     }
 
 
@@ -195,6 +216,10 @@ def _build_record(run_dir: str) -> BuildRecord:
 def render_html(data: dict) -> str:
     """The page: the verdict first, then totals, time, inputs, tokenizer, plots, tables, settings, verify notes."""
     plots = {"length": _length_plot(data["length_histogram"]), "files": _files_plot(data["files"])}
+    if data.get("packing"):
+        rows = data["packing"]["histogram"]
+        labels = [f"{r['min_tokens']}-{r['max_tokens']}" if r["max_tokens"] else "0" for r in rows]
+        plots["padding"] = _bar_svg(labels, [r["windows"] for r in rows], "padding tokens in a window", "windows")
     return render("report.html.j2", report=data, plots=plots, inputs_shown=INPUTS_SHOWN)
 
 

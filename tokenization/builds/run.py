@@ -40,6 +40,7 @@ from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig,
 from tokenization.text.documents import Counts, DocumentOptions
 from tokenization.text.encoding import limit_hf_threads
 from tokenization.text.sources import list_input_files
+from tokenization.text.tokenizer_files import TokenizerFile
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ class Build:
     def context_shuffle(
         self, shard: int, num_shards: int, progress: ProgressMode = None, owner: str | None = None
     ) -> StageResult[ContextCounts]:
+        pad_token, pad_id = self.pad() if self.config.context_mode == "packed" else (None, None)
         config = ContextShuffleConfig(
             input=self.layout.merged,
             output=self.layout.context,
@@ -169,9 +171,25 @@ class Build:
             shard=shard,
             num_shards=num_shards,
             local_working_dir=self.config.local_working_dir,
+            pad_id=pad_id,
+            pad_token=pad_token,
             **self.config.shared(ContextOptions),
         )
         return context_shuffle(config, progress, owner, complete.dataset_checks(self.config, self.plan))
+
+    def pad(self) -> tuple[str, int]:
+        """The token packed windows are padded with: the tokenizer's own pad token, else the build's EOS."""
+        with using(self.config.storage_options):
+            own = TokenizerFile.load(self.config.tokenizer, self.plan.tokenizer).pad()
+        facts = self.plan.tokenizer
+        if own is None and (facts is None or facts.eos_id is None):
+            raise BuildError(
+                f"{self.config.tokenizer}: packed windows need a pad token; it has none, and the build "
+                "writes no EOS to pad with"
+            )
+        pad = own or (facts.eos_token, facts.eos_id)
+        log.info("packed windows are padded with %r (id %d), %s", *pad, "its pad token" if own else "its EOS")
+        return pad
 
     def publish(self, keep: int | None = None) -> Published:
         """Verify, account, report and declare the build complete (``complete.publish``)."""

@@ -522,6 +522,10 @@ class MergeCounts(Record):
     tokens_dropped: int
     resumed_files: int
 
+    @property
+    def real_tokens(self) -> int:
+        return self.tokens
+
 
 @dataclass(frozen=True, kw_only=True)
 class MergeTokenizer(Record):
@@ -557,11 +561,32 @@ class MergeManifest(StageManifest):
 
 @dataclass(frozen=True, kw_only=True)
 class ContextCounts(Record):
+    """What a context shuffle wrote. Packed windows (``context_mode`` packed) also count their documents, whole or
+    split into pieces, and their padding, which ``tokens`` includes; cut windows have none of either."""
+
     files: int
     windows: int
     tokens: int
     tail_tokens_kept: int
     tokens_dropped: int
+    documents_whole: int = 0
+    documents_split: int = 0
+    split_pieces: int = 0  # the pieces the split documents were cut into
+    padding_tokens: int = 0
+    padding_histogram: list[int] = field(default_factory=list)  # windows by padding: 0, 1, 2-3, 4-7, ... tokens
+
+    @property
+    def real_tokens(self) -> int:
+        """The documents' tokens, padding aside: what conservation counts."""
+        return self.tokens - self.padding_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class PadToken(Record):
+    """The token that pads packed windows (loss 0): the tokenizer's pad token, else its EOS."""
+
+    id: int
+    token: str | None  # its text, when the task was told it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -569,10 +594,11 @@ class ContextManifest(StageManifest):
     """``context/_manifests/context_{shard}.json``: one context-shuffle task's files."""
 
     KIND: ClassVar[str] = "context-manifest"
-    VERSION: ClassVar[int] = 3  # /2 had no self-check
+    VERSION: ClassVar[int] = 4  # /3 had no packing, /2 no self-check
     inputs: list[str]
     counts: ContextCounts
     outputs: list[ContextOutput]
+    pad: PadToken | None = None  # packed windows: what pads them
 
     @property
     def tokens_written(self) -> int:
@@ -788,7 +814,7 @@ class BuildRecord(Record):
     a person or a scheduler looks at comes from it."""
 
     KIND: ClassVar[str] = "build"
-    VERSION: ClassVar[int] = 3  # /2 had no cache; /1 was the same record, without the checks on reading
+    VERSION: ClassVar[int] = 4  # /3 had no packing counts; /2 no cache; /1 was the same, without checks on reading
     LABEL: ClassVar[str] = "build record"
     run_id: str | None = None
     plan: str | None = None  # the plan's digest; builds before plans were fixed had none

@@ -7,6 +7,12 @@ with their windows, document ends inside a window move with it and every window 
 the tail shorter than a window is kept at the end (and counted), and metadata and a manifest are written.
 The task takes ``files[shard::num_shards]`` of the sorted input, so a folder can be shuffled by many tasks.
 
+``context_mode: packed`` packs whole documents into the windows instead (``formats.packing``: Best-Fit Decreasing,
+a document longer than a window cut into windows first), pads the rest of each window with ``pad_id`` at loss 0,
+and shuffles the windows the same way. Every window then holds exactly ``context_window`` tokens, no document that
+fits one is cut, and the index marks each document's end and each window's, so a reader that restarts positions at
+document ends starts each document at 0.
+
 Its files are a build's dataset, so the task checks each one on local disk before it uploads it (verify's checks,
 ``stages.verify.OwnCheck``): the bytes are read again where they are, by as many tasks as there are shards, and
 publish then reads none of them.
@@ -18,11 +24,21 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
-from tokenization.formats.permute import SourcePool, fixed_units, permute_units
+from tokenization.formats.ds import (
+    LOSS_DTYPE,
+    SplitWriter,
+    TokenFile,
+    TokenFileError,
+    TokenFileWriter,
+    WrittenTokenFile,
+)
+from tokenization.formats.packing import PackedFile, pack
+from tokenization.formats.permute import BLOCK_TOKENS, SourcePool, fixed_units, move_units
 from tokenization.io.errors import UsageError
 from tokenization.io.options import Options, option
 from tokenization.io.progress import Progress, ProgressMode
@@ -30,13 +46,22 @@ from tokenization.io.storage import open_fs, with_storage_options
 from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
 from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import ContextCounts, ContextManifest, ContextOutput
+from tokenization.publish.records import ContextCounts, ContextManifest, ContextOutput, PadToken
 from tokenization.stages.verify import Checks, OwnCheck
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 2049
-TALLIED = ("windows", "tokens", "tail_tokens_kept", "tokens_dropped")  # ContextCounts' fields, summed over files
+TALLIED = (  # ContextCounts' fields, summed over files
+    "windows",
+    "tokens",
+    "tail_tokens_kept",
+    "tokens_dropped",
+    "documents_whole",
+    "documents_split",
+    "split_pieces",
+    "padding_tokens",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +74,13 @@ class ContextOptions(Options):
         title="Context window + 1",
         help="tokens a training window holds, plus one; the files are cut into such windows and shuffled (0 skips "
         "the context shuffle of a build)",
+    )
+    context_mode: Literal["windows", "packed"] = option(
+        "windows",
+        title="Context windows",
+        help="windows: the files cut into windows, documents cut at every window's edge (datatrove's bytes); "
+        "packed: whole documents packed into windows by Best-Fit Decreasing (one longer than a window cut into "
+        "windows first), the rest of a window padding at loss 0 (needs save_loss)",
     )
 
 
@@ -63,11 +95,17 @@ class ContextShuffleConfig(ContextOptions):
     num_shards: int = option(1, minimum=1, help="how many tasks share the folder's files")
     drop_tail: bool = option(False, help="drop each file's tail shorter than a window, as datatrove does (counted)")
     local_working_dir: str | None = option(None, help="local folder for staging (default: beside a local output)")
+    pad_id: int | None = option(None, minimum=0, help="with --context-mode packed: the token id padding a window")
+    pad_token: str | None = option(None, help="with --context-mode packed: that token's text, for the manifest")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.context_window:
             raise UsageError("context_window must be at least 1: a build skips the context shuffle with 0")
+        if self.context_mode == "packed" and self.pad_id is None:
+            raise UsageError("--context-mode packed pads windows: give --pad-id (a build uses its tokenizer's pad)")
+        if self.context_mode == "packed" and self.drop_tail:
+            raise UsageError("--context-mode packed leaves no tail to drop: no --drop-tail")
         if self.shard >= self.num_shards:
             raise UsageError(f"shard {self.shard} is outside 0..{self.num_shards - 1}")
 
@@ -96,6 +134,7 @@ def context_shuffle(
     rng = np.random.default_rng(config.seed)  # one generator for the task, drawn file after file
     described = manifest.output_entries(files[0].rsplit("/", 1)[0]) if files else {}
     tally: Counter = Counter()  # of ContextCounts' fields
+    histogram = np.zeros(padding_classes(config.context_window), dtype=np.int64)
     outputs: list[ContextOutput] = []
     with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
         total = sum(s.num_tokens for s in sources)
@@ -103,21 +142,31 @@ def context_shuffle(
             for url, source in zip(files, sources, strict=True):
                 if source.num_tokens == 0:  # nothing to cut; datatrove's empty files stay behind
                     continue
-                written, full = _shuffle_file(config, url, source, rng, attempt, shown)
-                nested = written.name in described and described[written.name].entry.pseudo_ends is not None
-                grid = manifest.pseudo_ends(0, written.tokens, config.context_window, full * config.context_window)
-                pseudo = "unknown" if nested else grid
+                name = url.rsplit("/", 1)[-1]
+                nested = name in described and described[name].entry.pseudo_ends is not None
+                if nested and config.context_mode == "packed":
+                    raise TokenFileError(f"{url}: its index holds chunk ends, not documents: nothing to pack")
+                written, full, packed = _one_file(config, url, source, rng, attempt, shown)
+                grid = full * config.context_window  # whole windows' ends are not documents' ends
+                if packed is not None:
+                    tally.update(packed_counts(packed))
+                    histogram += np.bincount(padding_class(packed.padding), minlength=len(histogram))
+                else:
+                    tail = source.num_tokens - grid
+                    tally["tokens_dropped" if config.drop_tail else "tail_tokens_kept"] += tail
+                pseudo = "unknown" if nested else manifest.pseudo_ends(0, written.tokens, config.context_window, grid)
                 entry = manifest.output_entry(written, ContextOutput, source=url, pseudo_ends=pseudo)
                 own.family(attempt.work, entry)
                 attempt.place_families([written])
                 outputs.append(entry)
-                tail = source.num_tokens - full * config.context_window
                 tally.update(windows=full, tokens=written.tokens)
-                tally["tokens_dropped" if config.drop_tail else "tail_tokens_kept"] += tail
-                log.info(
-                    "context shuffle %s: %d windows of %d, tail %d", written.name, full, config.context_window, tail
-                )
-        counts = ContextCounts(files=len(files), **{k: tally[k] for k in TALLIED})
+                log.info("context shuffle %s: %d windows of %d", written.name, full, config.context_window)
+        packed_mode = config.context_mode == "packed"
+        counts = ContextCounts(
+            files=len(files),
+            padding_histogram=histogram.tolist() if packed_mode else [],
+            **{k: tally[k] for k in TALLIED},
+        )
         record = ContextManifest(
             stage="context_shuffle",
             **manifest.provenance(config, time.time() - started),
@@ -126,29 +175,38 @@ def context_shuffle(
             counts=counts,
             outputs=outputs,
             checked=own.result(),
+            pad=PadToken(id=config.pad_id, token=config.pad_token) if packed_mode else None,
         )
         record = attempt.commit(record, record.output_files())
     return StageResult(counts, record)
 
 
-def _shuffle_file(
+def _one_file(
     config: ContextShuffleConfig,
     url: str,
     source: TokenFile,
     rng: np.random.Generator,
     attempt: Attempt,
     shown: Progress,
-) -> tuple[WrittenTokenFile, int]:
-    """One file's windows in a permuted order, the tail last (unless dropped); returns the file and its number
-    of whole windows."""
+) -> tuple[WrittenTokenFile, int, PackedFile | None]:
+    """One file's windows in a permuted order: cut from the file (the tail last, unless dropped), or packed with
+    its documents and padded to their end. Returns the file, its number of whole windows, and its packing."""
     ends = np.asarray(source.ends, dtype=np.int64)
     total = int(ends[-1]) if len(ends) else 0
     if source.num_tokens != total:
         raise TokenFileError(f"{url}: {source.num_tokens} tokens, but its index ends at {total}")
-    windows, full = fixed_units(total, config.context_window)
-    order = rng.permutation(full)
-    if total > full * config.context_window and not config.drop_tail:
-        order = np.append(order, full)
+    packed = None
+    if config.context_mode == "packed":
+        packed = _packed(config, url, source, ends, rng)
+        padding = _padding_file(attempt.work / "padding" / "pad.ds", source, config.pad_id, packed.padding_tokens)
+        urls, units, inner, full = [url, padding], (packed.source, packed.starts, packed.ends), None, packed.windows
+    else:
+        windows, full = fixed_units(total, config.context_window)
+        order = rng.permutation(full)
+        if total > full * config.context_window and not config.drop_tail:
+            order = np.append(order, full)
+        starts = np.concatenate([[0], windows[:-1]])
+        urls, units, inner = [url], (np.zeros(len(order), np.int64), starts[order], windows[order]), [ends]
     name = url.rsplit("/", 1)[-1]
     with_loss = source.loss is not None
     writer = SplitWriter(
@@ -158,7 +216,55 @@ def _shuffle_file(
         token_size=source.token_size,
         save_loss=with_loss,
     )
-    with writer, SourcePool([url], source.token_size, with_loss, cache_dir=attempt.work / "inputs") as pool:
-        permute_units(pool, windows, order, writer, inner_ends=ends, progress=shown)
+    with writer, SourcePool(urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs") as pool:
+        move_units(pool, *units, writer, inner, progress=shown)
     (written,) = writer.written
-    return written, full
+    return written, full, packed
+
+
+def _packed(
+    config: ContextShuffleConfig, url: str, source: TokenFile, ends: np.ndarray, rng: np.random.Generator
+) -> PackedFile:
+    """The file's documents packed into windows (``formats.packing.pack``), once its loss bytes and pad are checked."""
+    if source.loss is None:
+        raise TokenFileError(
+            f"{url}.loss is missing: packed windows pad at loss 0, so every token needs its loss "
+            "(tokenize with --save-loss)"
+        )
+    if config.pad_id > np.iinfo(source.dtype).max:
+        raise UsageError(f"--pad-id {config.pad_id} does not fit {url}'s {source.token_size}-byte tokens")
+    return pack(ends, config.context_window, rng)
+
+
+def _padding_file(path: Path, source: TokenFile, pad_id: int, tokens: int) -> str:
+    """A token file of ``tokens`` pad ids at loss 0, which the packed windows' padding is read from."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with TokenFileWriter(path, tokenizer=source.metadata.tokenizer, token_size=source.token_size, save_loss=True) as w:
+        for start in range(0, tokens, BLOCK_TOKENS):
+            n = min(BLOCK_TOKENS, tokens - start)
+            w.write(np.full(n, pad_id, dtype=source.dtype), np.array([n]), np.zeros(n, dtype=LOSS_DTYPE))
+    return str(path)
+
+
+def packed_counts(packed: PackedFile) -> dict[str, int]:
+    """A packed file's documents, whole or split (with their pieces), and its padding."""
+    pieces = np.bincount(packed.pieces.docs)
+    pieces = pieces[pieces > 0]
+    split = pieces > 1
+    return {
+        "documents_whole": int(np.count_nonzero(~split)),
+        "documents_split": int(np.count_nonzero(split)),
+        "split_pieces": int(pieces[split].sum()),
+        "padding_tokens": packed.padding_tokens,
+    }
+
+
+def padding_classes(window: int) -> int:
+    """Classes of the padding histogram: 0, 1, 2-3, 4-7, ..., up to a window."""
+    return int(window).bit_length() + 1
+
+
+def padding_class(padding: np.ndarray) -> np.ndarray:
+    """Each window's class: 0 for no padding, else 1 + floor(log2(padding))."""
+    padding = np.asarray(padding, dtype=np.int64)
+    return np.where(padding > 0, np.floor(np.log2(np.maximum(padding, 1))).astype(np.int64) + 1, 0)

@@ -90,6 +90,12 @@ def _unbounded(tokenizer: Tokenizer) -> Tokenizer:
 def configured_eos(name_or_path: str) -> str | None:
     """The ``eos_token`` named by a ``tokenizer_config.json`` beside the tokenizer (a string or a dict with
     ``content``), or None. A hub name has none: reading its config would need the network."""
+    return configured_token(name_or_path, "eos_token")
+
+
+def configured_token(name_or_path: str, key: str) -> str | None:
+    """The special token ``key`` (``eos_token``, ``pad_token``) that a ``tokenizer_config.json`` beside the
+    tokenizer names, or None."""
     location = tokenizer_location(name_or_path)
     if location is None:
         return None
@@ -101,10 +107,10 @@ def configured_eos(name_or_path: str) -> str | None:
         return None
     except ValueError as exc:
         raise TokenizerError(f"{config_path}: not a JSON file ({exc})") from exc
-    eos = config.get("eos_token") if isinstance(config, dict) else None
-    if isinstance(eos, dict):
-        eos = eos.get("content")
-    return eos if isinstance(eos, str) else None
+    token = config.get(key) if isinstance(config, dict) else None
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,14 @@ class TokenizerFile:
             if with_specials[k : k + len(plain)] == plain:
                 return with_specials[:k], with_specials[k + len(plain) :]
         raise TokenizerError(f"{self.name}: its post-processor changes the text's ids, not only the ends")
+
+    def pad(self) -> tuple[str, int] | None:
+        """The tokenizer's own pad token and its id: the one its ``tokenizer.json`` pads with, else the one the
+        ``tokenizer_config.json`` beside it names, when its vocabulary holds it."""
+        padding = json.loads(self.data).get("padding") or {}
+        token = padding.get("pad_token") or configured_token(self.name, "pad_token")
+        found = None if token is None else self.tokenizer.token_to_id(token)
+        return None if found is None else (token, found)
 
     def choose_eos(self, eos_token: str | None, appended: list[int]) -> tuple[str, str]:
         """The EOS to append and where it came from: the parameter, or else the tokenizer's own. ``appended``: the

@@ -240,3 +240,4 @@ def test_a_packed_build_adds_up_its_real_tokens_apart_from_padding(tmp_path, sam
     assert sum(row["windows"] for row in report["histogram"]) == context.windows
     page = (tmp_path / "packed" / "report.html").read_text()
     assert 'id="padding-histogram"' in page and f"{context.documents_split:,} longer than a window split" in page
+    assert f"{record.tokens:,} ({context.padding_tokens:,} of them padding)" in page

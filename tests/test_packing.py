@@ -17,6 +17,7 @@ from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter
 from tokenization.formats.packing import Pieces, best_fit_decreasing, pack
 from tokenization.io.errors import UsageError
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
+from tokenization.text.tokenizer_files import TokenizerFile
 
 
 def one_by_one(lengths: np.ndarray, capacity: int, seed: int) -> tuple[np.ndarray, int]:
@@ -241,3 +242,25 @@ def test_a_packed_build_adds_up_its_real_tokens_apart_from_padding(tmp_path, sam
     page = (tmp_path / "packed" / "report.html").read_text()
     assert 'id="padding-histogram"' in page and f"{context.documents_split:,} longer than a window split" in page
     assert f"{record.tokens:,} ({context.padding_tokens:,} of them padding)" in page
+
+
+def test_the_pad_is_the_tokenizers_own_pad_token_when_it_names_one(tmp_path, sample_tokenizer) -> None:
+    copy = tmp_path / "tok" / "tokenizer.json"
+    copy.parent.mkdir()
+    copy.write_bytes(sample_tokenizer.read_bytes())
+    assert TokenizerFile.load(str(copy)).pad() is None  # the sample has none: a build pads with its EOS
+    eos_id = TokenizerFile.load(str(copy)).tokenizer.token_to_id(EOS)
+    (copy.parent / "tokenizer_config.json").write_text(json.dumps({"pad_token": {"content": EOS}}))
+    assert TokenizerFile.load(str(copy)).pad() == (EOS, eos_id)
+    (copy.parent / "tokenizer_config.json").unlink()
+    data = json.loads(copy.read_text())
+    data["padding"] = {
+        "strategy": "BatchLongest",
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": eos_id,
+        "pad_type_id": 0,
+        "pad_token": EOS,
+    }
+    copy.write_text(json.dumps(data))
+    assert TokenizerFile.load(str(copy)).pad() == (EOS, eos_id)

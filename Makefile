@@ -13,12 +13,13 @@ AIRFLOW_ENV := PATH="$(CURDIR)/.venv/bin:$$PATH" AIRFLOW_HOME=$(AIRFLOW_LOCAL_HO
 	AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin AIRFLOW__CORE__MAX_MAP_LENGTH=4096 \
 	TOKENIZATION_OUTPUT=$(CURDIR)/$(DEMO_OUT)
 
-MEGATRON_VENV := .venv-megatron
-# megatron-core needs torch; a CPU build is enough to read indexed datasets. Where a local wheel of the CPU build
-# is provided (/opt/wheels on CI), use it; else take it from the PyTorch CPU index.
+TRAINER_VENV := .venv-trainers
+# The trainers' own readers, apart from the project's environment because they need torch: megatron-core's
+# IndexedDataset and datatrove's DatatroveFolderDataset (what nanotron loads). A CPU build of torch is enough. Where a
+# local wheel of it is provided (/opt/wheels on CI), use it; else take it from the PyTorch CPU index.
 TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links /opt/wheels,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
-.PHONY: setup test lint demo airflow airflow-init clean megatron-env browser-env bench
+.PHONY: setup test lint demo airflow airflow-init clean trainer-env browser-env bench
 
 setup:
 	@command -v uv >/dev/null || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv>=0.5"
@@ -28,20 +29,21 @@ lint: setup
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 
-test: lint megatron-env browser-env
+test: lint trainer-env browser-env
 	$(RUN) pytest
 
 # Debian's headless Chromium and ChromeDriver, for the browser test of the "Corpus builds" page (skips without).
 browser-env:
 	@bash scripts/ensure-chromium.sh
 
-# A separate environment holding megatron-core, only for the test that loads our .bin/.idx with its own reader.
-# If it cannot be installed, that test skips and says why.
-megatron-env:
-	@test -x $(MEGATRON_VENV)/bin/python || { \
-	  $(UV) venv -q $(MEGATRON_VENV) --python python3 && \
-	  $(UV) pip install -q --python $(MEGATRON_VENV)/bin/python $(TORCH_SOURCE) "torch==2.13.0+cpu" "megatron-core==0.16.1"; \
-	} || { rm -rf $(MEGATRON_VENV); echo "warning: megatron-core could not be installed; its test will skip"; }
+# A separate environment holding the trainers' readers, only for the tests that load our files with them. `ready` is
+# written last, so an interrupted install is redone. If it cannot be installed, those tests skip and say why.
+trainer-env:
+	@test -f $(TRAINER_VENV)/ready || { \
+	  rm -rf $(TRAINER_VENV) && $(UV) venv -q $(TRAINER_VENV) --python python3 && \
+	  $(UV) pip install -q --python $(TRAINER_VENV)/bin/python $(TORCH_SOURCE) "torch==2.13.0+cpu" \
+	    "megatron-core==0.16.1" "datatrove==0.10.1" && touch $(TRAINER_VENV)/ready; \
+	} || { rm -rf $(TRAINER_VENV); echo "warning: the trainers' readers could not be installed; their tests will skip"; }
 
 airflow-init: setup
 	@mkdir -p $(AIRFLOW_LOCAL_HOME)
@@ -70,4 +72,4 @@ bench: setup
 	$(RUN) python -m bench.run
 
 clean:
-	rm -rf $(DEMO_OUT) $(AIRFLOW_LOCAL_HOME) .pytest_cache $(MEGATRON_VENV)
+	rm -rf $(DEMO_OUT) $(AIRFLOW_LOCAL_HOME) .pytest_cache $(TRAINER_VENV)

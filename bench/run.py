@@ -58,6 +58,7 @@ ROWS = (
     "1gb",
     "merge",
     "context",
+    "packing",
     "verify",
     "memory",
     "nightly",
@@ -66,6 +67,7 @@ ROWS = (
     "books",
 )
 NIGHTLY_FILES = 50  # input files of the nightly rows' corpus; one changed the next night is 2% of them
+PACK_DOCUMENTS = 10_000_000  # the documents Best-Fit Decreasing packs alone: ~10.35 M pieces
 PUBLISH_COPIES = (4, 16)  # the publish rows: builds of the corpus this many times over, 4x apart
 # The simulated S3 of the s3 rows: bytes a second a connection moves, each way, and seconds a request waits before
 # its first byte (S3: 20-50 ms). The cap is low enough that 8 connections stay under what moto serves on this
@@ -126,21 +128,30 @@ def copy_time(src: Path, work: Path) -> float:
     return time.time() - start
 
 
-def synthetic_ranks(folder: Path, files: int, docs: int, low: int, high: int) -> int:
-    """Rank files of random tokens and document lengths (the merge cost depends on lengths, not on text); their
-    token bytes."""
+def synthetic_ranks(folder: Path, files: int, lengths: Lengths, loss: bool = False) -> int:
+    """Rank files of random tokens, each holding documents of the ``lengths`` drawn for it (the merge cost depends
+    on lengths, not on text), with loss bytes if asked; their token bytes."""
     from tokenization.formats.ds import TokenFileWriter
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     total = 0
     for f in range(files):
-        lengths = rng.integers(low, high, docs)
+        doc_lengths = lengths(rng)
         path = folder / rank_file(f, files)
-        writer = TokenFileWriter(path, tokenizer="gpt2", token_size=2, save_loss=False)
-        writer.write(rng.integers(1, 50000, int(lengths.sum())).astype(np.uint16), np.cumsum(lengths))
+        writer = TokenFileWriter(path, tokenizer="gpt2", token_size=2, save_loss=loss)
+        tokens = rng.integers(1, 50000, int(doc_lengths.sum())).astype(np.uint16)
+        writer.write(tokens, np.cumsum(doc_lengths), (tokens % 2).astype(np.uint8) if loss else None)
         total += writer.close().tokens
     return total * 2
+
+
+Lengths = Callable[[np.random.Generator], np.ndarray]
+
+
+def uniform(docs: int, low: int, high: int) -> Lengths:
+    """``docs`` document lengths from ``low`` to ``high`` tokens, evenly."""
+    return lambda rng: rng.integers(low, high, docs)
 
 
 def rank_file(rank: int, ranks: int) -> str:
@@ -297,6 +308,16 @@ MEMORY_COLUMNS = (
     ("seconds", "seconds", "{:.2f}"),
     ("peak RSS (MB)", "rss", "{:.0f}"),
 )
+PACKING_COLUMNS = (
+    ("context windows", "mode", "{}"),
+    ("seconds", "seconds", "{:.2f}"),
+    ("peak RSS (MB)", "rss", "{:.0f}"),
+    ("windows", "windows", "{:,}"),
+    ("documents cut", "cut", "{:,}"),
+    ("share of documents cut", "cut_share", "{:.1%}"),
+    ("padding", "padding", "{:.3%}"),
+    ("bytes a piece", "bytes_a_piece", "{:.0f}"),
+)
 BOOKS_COLUMNS = (
     ("ranks", "ranks", "{:,}"),
     ("buckets", "buckets", "{}"),
@@ -358,14 +379,14 @@ def big_row(bench: Bench, source: Path, base: dict, mb: float, target_mb: float)
 def byte_rows(bench: Bench, docs: int, wanted: set[str]) -> None:
     """Merge and context shuffle of synthetic ranks, against ``cp`` + ``sync`` of the same bytes; and verify."""
     small = bench.work / "small"
-    small_mb = synthetic_ranks(small, 8, docs, 200, 600) / 1e6
+    small_mb = synthetic_ranks(small, 8, uniform(docs, 200, 600)) / 1e6
     small_cp = {"cp + sync": copy_time(small, bench.work)}
     ranks = {"ranks": str(small)}
     if "merge" in wanted:
         merges = (workloads.ours_merge, workloads.datatrove_merge)
         bench.compare("merge, ~400-token docs", *merges, ranks, small_mb, small_cp)
         large = bench.work / "large"
-        large_mb = synthetic_ranks(large, 8, docs // 50, 10_000, 30_000) / 1e6
+        large_mb = synthetic_ranks(large, 8, uniform(docs // 50, 10_000, 30_000)) / 1e6
         large_cp = {"cp + sync": copy_time(large, bench.work)}
         args = {"ranks": str(large)}
         bench.compare("merge, ~20k-token docs", *merges, args, large_mb, large_cp)
@@ -376,6 +397,47 @@ def byte_rows(bench: Bench, docs: int, wanted: set[str]) -> None:
         bench.compare("verify", workloads.ours_verify, None, ranks, small_mb, {})
 
 
+def packing_rows(work: Path, docs: int, pack_documents: int, repeats: int) -> list[dict]:
+    """Packed context windows beside cut ones, on the same rank files of web-length documents with loss bytes;
+    and Best-Fit Decreasing alone on ``pack_documents``."""
+    ranks = work / "web"
+    mb = synthetic_ranks(ranks, 8, lambda rng: workloads.web_lengths(rng, docs), loss=True) / 1e6
+    modes = {"windows": workloads.ours_context_windows, "packed": workloads.ours_context_packed}
+    runs = alternating(dict.fromkeys(modes.values(), repeats), {"ranks": str(ranks)}, work)
+    rows = []
+    for mode, workload in modes.items():
+        best = fastest(runs[workload])
+        counts = best["counts"]
+        rows.append(
+            {
+                "mode": f"{mode}, 8 files of {counts['documents'] // 8:,} documents ({size(mb)} of tokens)",
+                "seconds": best["seconds"],
+                "rss": best["rss_mb"],
+                "windows": counts["windows"],
+                "cut": counts["documents_cut"],
+                "cut_share": counts["documents_cut"] / counts["documents"],
+                "padding": counts["padding_tokens"] / counts["tokens"],
+            }
+        )
+        print(rows[-1], flush=True)
+    shutil.rmtree(ranks, ignore_errors=True)
+    args = {"out": str(work / "pack"), "documents": pack_documents}
+    best = fastest([measure(workloads.ours_pack, args) for _ in range(repeats)])
+    counts = best["counts"]
+    rows.append(
+        {
+            "mode": f"Best-Fit Decreasing alone, {counts['pieces']:,} pieces of {counts['documents']:,} documents",
+            "seconds": best["seconds"],
+            "rss": best["rss_mb"],
+            "windows": counts["windows"],
+            "padding": counts["padding_tokens"] / (counts["windows"] * workloads.WINDOW),
+            "bytes_a_piece": (best["rss_mb"] - best["base_rss_mb"]) * 2**20 / counts["pieces"],
+        }
+    )
+    print(rows[-1], flush=True)
+    return rows
+
+
 def memory_rows(work: Path, source: Path, base: dict, text_mb: float, scale: int, docs: int) -> list[dict]:
     """Peak RSS of each stage on 1x and ``scale``x the input: flat, apart from the index arrays."""
     rows = []
@@ -383,7 +445,7 @@ def memory_rows(work: Path, source: Path, base: dict, text_mb: float, scale: int
         corpus = work / f"corpus-x{copies}"
         link_corpus(source, corpus, copies)
         ranks = work / f"ranks-x{copies}"
-        token_mb = synthetic_ranks(ranks, 8, docs * copies // 4, 200, 600) / 1e6
+        token_mb = synthetic_ranks(ranks, 8, uniform(docs * copies // 4, 200, 600)) / 1e6
         for label, workload, args, mb in (
             ("tokenize + doc shuffle", workloads.ours_tokenize, base | {"corpus": str(corpus)}, text_mb * copies),
             ("merge", workloads.ours_merge, {"ranks": str(ranks)}, token_mb),
@@ -479,7 +541,9 @@ def s3_rows(work: Path, docs: int, repeats: int) -> list[dict]:
     from tokenization.io.storage import TRANSFER_STREAMS
 
     ranks = work / "s3-ranks"
-    mb = synthetic_ranks(ranks, 2, docs * 5 // 2, 200, 600) / 1e6  # 300 MB files: multipart uploads, as at scale
+    mb = (
+        synthetic_ranks(ranks, 2, uniform(docs * 5 // 2, 200, 600)) / 1e6
+    )  # 300 MB files: multipart uploads, as at scale
     credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     rows = []
     with s3_in_processes(S3_BANDWIDTH, S3_LATENCY) as endpoint:
@@ -681,6 +745,8 @@ def main() -> None:
     docs = 2_000 if args.smoke else 150_000
     if wanted & {"merge", "context", "verify"}:
         byte_rows(bench, docs, wanted)
+    pack_documents = 100_000 if args.smoke else PACK_DOCUMENTS
+    packing = packing_rows(work, docs, pack_documents, args.repeats) if "packing" in wanted else []
     if "memory" in wanted:
         memory = memory_rows(work, Path(args.corpora), base, text_mb, args.scale, docs)
     nightly = nightly_rows(work, Path(args.corpora), base, args.repeats) if "nightly" in wanted else []
@@ -688,7 +754,7 @@ def main() -> None:
     copies = (1, 4) if args.smoke else PUBLISH_COPIES
     publish = publish_rows(work, Path(args.corpora), base, args.repeats, copies) if "publish" in wanted else []
     books = books_rows(work, args.books_ranks, args.books_buckets) if "books" in wanted else []
-    text = "\n".join(report(bench, memory, nightly, publish, s3, books, text_mb, args)) + "\n"
+    text = "\n".join(report(bench, packing, memory, nightly, publish, s3, books, text_mb, args)) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
@@ -697,6 +763,7 @@ def main() -> None:
 
 def report(
     bench: Bench,
+    packing: list[dict],
     memory: list[dict],
     nightly: list[dict],
     publish: list[dict],
@@ -705,8 +772,8 @@ def report(
     text_mb: float,
     args: argparse.Namespace,
 ) -> list[str]:
-    """The speed table with its limits, the tokenizers' load times, the memory table, the nightly builds' table,
-    the publish table, the S3 streams table and the books table, in Markdown."""
+    """The speed table with its limits, the tokenizers' load times, the packing table, the memory table, the
+    nightly builds' table, the publish table, the S3 streams table and the books table, in Markdown."""
     machine = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
     big = f" (the GB row: datatrove once, ours best of {min(2, args.repeats)})" if "1gb" in args.only else ""
     lines = [
@@ -730,6 +797,18 @@ def report(
     if bench.loads:
         lines += ["", "Tokenizer load, in its own process (part of each stage's time):", ""]
         lines += markdown_table(LOAD_COLUMNS, bench.loads)
+    if packing:
+        lines += section(
+            f"Packed context windows ({workloads.WINDOW} tokens) beside cut ones:",
+            PACKING_COLUMNS,
+            packing,
+            "The context shuffle (one task, a whole process) of rank files whose document lengths are drawn as web "
+            "text's (log-normal, median 245 tokens, 1.5% longer than a window), with loss bytes. windows: cut at "
+            "every window's edge, the tail kept; documents cut: those a window's edge falls inside. packed: whole "
+            "documents packed by Best-Fit Decreasing, only those longer than a window cut (into window-sized "
+            "pieces), padding at loss 0. Best-Fit Decreasing alone: `formats.packing.pack` on lengths drawn the same "
+            "way, made first and untimed; bytes a piece: its peak RSS above what the process held before it.",
+        )
     if memory:
         grows = "tokenize: the corpus repeated; merge and context shuffle: ~400-token documents"
         lines += ["", f"Peak RSS as the input grows ({grows}):", ""]

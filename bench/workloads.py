@@ -34,6 +34,7 @@ class Inputs:
     num_ranks: int = 0  # the ranks whose records ``ranks`` holds, for the books
     plan: str = ""  # the plan digest those ranks were made under
     planned: str = ""  # a JSON file of the plan's input files (``InputFile`` records), for publish's books
+    documents: int = 0  # the documents Best-Fit Decreasing packs alone
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,18 @@ class OwnTimes:
 
     seconds: float
     load_seconds: float | None = None
+    counts: dict[str, int] | None = None  # what the work made, where its row reports it (packing: its windows)
+    base_rss_mb: float | None = None  # peak RSS before the work, its inputs made in memory: the rest is the work's
+
+
+WINDOW = 2049  # the context window of the packing rows
+
+
+def web_lengths(rng: Any, n: int) -> Any:
+    """``n`` document lengths in tokens as web text has them: log-normal, median 245, mean ~450, 1.5% over 2,049."""
+    import numpy as np
+
+    return np.clip(rng.lognormal(5.5, 1.1, n).astype(np.int64), 1, 100_000)
 
 
 def ours_tokenize(inputs: Inputs) -> None:
@@ -105,6 +118,46 @@ def ours_context(inputs: Inputs) -> None:
     from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 
     context_shuffle(ContextShuffleConfig(input=inputs.ranks, output=inputs.out, seed=1, drop_tail=True), progress=False)
+
+
+def ours_context_windows(inputs: Inputs) -> OwnTimes:
+    """The context shuffle into 2,049-token windows, tail kept; and how many documents a window's edge cuts."""
+    import numpy as np
+
+    from tokenization.formats.ds import TokenFile
+
+    start = time.time()
+    counts = _context(inputs, "windows")
+    seconds = time.time() - start
+    documents = cut = 0
+    for path in Path(inputs.ranks).glob("*.ds"):
+        ends = np.asarray(TokenFile(str(path)).ends, dtype=np.int64)
+        documents += len(ends)
+        cut += int(np.count_nonzero(np.concatenate([[0], ends[:-1]]) // WINDOW != (ends - 1) // WINDOW))
+    return OwnTimes(seconds, counts=counts | {"documents": documents, "documents_cut": cut})
+
+
+def ours_context_packed(inputs: Inputs) -> OwnTimes:
+    """The context shuffle into 2,049-token windows packed by Best-Fit Decreasing (padded with GPT-2's EOS)."""
+    start = time.time()
+    counts = _context(inputs, "packed", pad_id=50256)
+    return OwnTimes(time.time() - start, counts=counts | {"documents_cut": counts["documents_split"]})
+
+
+def ours_pack(inputs: Inputs) -> OwnTimes:
+    """Best-Fit Decreasing alone: ``documents`` of web lengths (made first, untimed) cut into pieces and packed
+    into 2,049-token windows, then the windows shuffled: what a packed context task plans."""
+    import numpy as np
+
+    from tokenization.formats.packing import pack
+
+    ends = np.cumsum(web_lengths(np.random.default_rng(0), inputs.documents))
+    base = peak_rss_mb()
+    start = time.perf_counter()
+    packed = pack(ends, WINDOW, np.random.default_rng(1))
+    seconds = time.perf_counter() - start
+    counts = {"pieces": len(packed.pieces.starts), "windows": packed.windows, "padding_tokens": packed.padding_tokens}
+    return OwnTimes(seconds, counts=counts | {"documents": inputs.documents}, base_rss_mb=base)
 
 
 def datatrove_context(inputs: Inputs) -> None:
@@ -230,6 +283,23 @@ def gigatoken_encode(inputs: Inputs) -> OwnTimes:
     return _encode(inputs, load, lambda tok, texts: np.asarray(ak.flatten(tok.encode_batch(texts))))
 
 
+def _context(inputs: Inputs, mode: str, **options: Any) -> dict[str, int]:
+    """A context shuffle of the rank files into 2,049-token windows; its counts."""
+    from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
+
+    config = ContextShuffleConfig(
+        input=inputs.ranks, output=inputs.out, seed=1, context_window=WINDOW, context_mode=mode, **options
+    )
+    counts = context_shuffle(config, progress=False).counts
+    return {
+        "windows": counts.windows,
+        "tokens": counts.tokens,
+        "padding_tokens": counts.padding_tokens,
+        "documents": counts.documents_whole + counts.documents_split,  # packed windows count their documents
+        "documents_split": counts.documents_split,
+    }
+
+
 def _datatrove(pipeline: list, inputs: Inputs) -> None:
     from datatrove.executor import LocalPipelineExecutor
 
@@ -263,6 +333,9 @@ WORKLOADS: dict[str, Workload] = {
         datatrove_merge,
         ours_context,
         datatrove_context,
+        ours_context_windows,
+        ours_context_packed,
+        ours_pack,
         ours_verify,
         s3_merge,
         s3_context,
@@ -289,8 +362,10 @@ def main(argv: list[str]) -> None:
     start = time.time()
     times = WORKLOADS[name](Inputs(**json.loads(inputs)))
     seconds = times.seconds if times else time.time() - start
-    load_seconds = times.load_seconds if times else None
-    print(json.dumps({"seconds": seconds, "rss_mb": peak_rss_mb(), "load_seconds": load_seconds}))
+    own = (
+        {"load_seconds": times.load_seconds, "counts": times.counts, "base_rss_mb": times.base_rss_mb} if times else {}
+    )
+    print(json.dumps({"seconds": seconds, "rss_mb": peak_rss_mb()} | own))
 
 
 if __name__ == "__main__":

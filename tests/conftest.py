@@ -57,6 +57,16 @@ def shared_path(*parts: str) -> Path:
     return path
 
 
+def in_trainer_env(script: str, *args: str) -> str:
+    """What ``script`` prints, run by the trainers' environment (torch, megatron-core, datatrove's reader), or skip."""
+    python = ROOT / ".venv-trainers" / "bin" / "python"
+    if not (python.parent.parent / "ready").exists():
+        pytest.skip(f"{python.parent.parent} is absent: `make trainer-env` installs the trainers' readers")
+    done = subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def write_jsonl(path: Path, records: list[dict | str]) -> Path:
     """Records as JSON lines (strings are written verbatim), gzip-compressed when the name ends in .gz."""
     data = "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in records).encode()

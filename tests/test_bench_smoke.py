@@ -53,6 +53,17 @@ def test_bench_smoke_writes_the_tables(tmp_path) -> None:
     assert all(RATIO.fullmatch(cell) for cell in column(byte_moving, "ours / cp + sync"))
     assert set(column(rows[:3] + rows[6:], "cp + sync (s)")) == {"-"}
 
+    packing = tables(speed)["context windows"]  # cut and packed windows of the same files, then packing alone
+    assert [row["context windows"].split(",")[0] for row in packing] == [
+        "windows",
+        "packed",
+        "Best-Fit Decreasing alone",
+    ]
+    cut, packed, alone = packing
+    assert cut["padding"] == "0.000%" and float(packed["padding"].rstrip("%")) < 1
+    assert int(packed["documents cut"].replace(",", "")) < int(cut["documents cut"].replace(",", ""))
+    assert "pieces of 100,000 documents" in alone["context windows"] and alone["bytes a piece"].isdigit()
+
     assert [row["tokenizer"] for row in loads] == ["sample"]
     assert all(NUMBER.fullmatch(row[engine]) for row in loads for engine in ("HF load (s)", "gigatoken load (s)"))
 

@@ -6,17 +6,15 @@ megatron-core takes ~20 s to import, so every output of this module is read in o
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
 
-from tests.conftest import EOS, ROOT, write_jsonl
+from tests.conftest import EOS, in_trainer_env, write_jsonl
 from tests.test_encoding import big_vocab_tokenizer
 from tests.test_tokenize import documents, run
 from tokenization.formats.megatron import MegatronFile
 
-MEGATRON_PYTHON = ROOT / ".venv-megatron" / "bin" / "python"
 READ_WITH_MEGATRON = """
 import json, sys, warnings
 warnings.filterwarnings("ignore")
@@ -35,8 +33,6 @@ OPTIONS = {"seed": 5, "max_tokens_per_file": 40_000}
 def outputs(tmp_path_factory, sample_corpus, sample_tokenizer) -> tuple:
     """Megatron and .ds runs of the sample (document and chunk shuffles) and a uint32 vocabulary, all read back
     by megatron-core."""
-    if not MEGATRON_PYTHON.exists():
-        pytest.skip(f"{MEGATRON_PYTHON} is absent: `make megatron-env` installs megatron-core with a CPU torch")
     tmp = tmp_path_factory.mktemp("megatron")
     runs = {}
     for kind, chunk in (("doc", None), ("chunk", 700)):
@@ -55,9 +51,7 @@ def outputs(tmp_path_factory, sample_corpus, sample_tokenizer) -> tuple:
     run([inputs], tmp / "wide", tokenizer, shuffle_documents=False, output_format="megatron", eos_token=EOS)
     runs["wide"] = [tmp / "wide" / "00000_00000_unshuffled"]
     prefixes = [str(p) for paths in runs.values() for p in paths]
-    done = subprocess.run([str(MEGATRON_PYTHON), "-c", READ_WITH_MEGATRON, *prefixes], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return tmp, runs, json.loads(done.stdout)
+    return tmp, runs, json.loads(in_trainer_env(READ_WITH_MEGATRON, *prefixes))
 
 
 @pytest.mark.parametrize("kind", ["doc", "chunk"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import EOS, in_process
+from tests.conftest import EOS, in_process, in_trainer_env
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter
@@ -52,8 +52,10 @@ def test_it_packs_as_the_rule_does_one_piece_after_another(trial: int) -> None:
     assert packing.count == count
     assert fills(packing.windows, lengths, packing.count) == fills(windows, lengths, count)
     assert np.all(packing.fill(lengths) <= capacity) and np.all(packing.fill(lengths) > 0)
-    assert sorted(packing.placed.tolist()) == list(range(len(lengths)))
-    by_window = np.lexsort((packing.placed, packing.windows))  # a window's pieces in placement order: longest first
+    assert sorted(packing.order.tolist()) == list(range(len(lengths)))
+    placed = np.empty_like(packing.order)
+    placed[packing.order] = np.arange(len(lengths))
+    by_window = np.lexsort((placed, packing.windows))  # a window's pieces in placement order: longest first
     same = packing.windows[by_window][1:] == packing.windows[by_window][:-1]
     assert np.all(lengths[by_window][1:][same] <= lengths[by_window][:-1][same])
 
@@ -61,7 +63,7 @@ def test_it_packs_as_the_rule_does_one_piece_after_another(trial: int) -> None:
 def test_the_same_seed_gives_the_same_packing_and_another_seed_another_one() -> None:
     lengths = np.random.default_rng(0).integers(1, 300, 5_000)
     one, again, other = (best_fit_decreasing(lengths, 2049, seed) for seed in (7, 7, 8))
-    assert np.array_equal(one.windows, again.windows) and np.array_equal(one.placed, again.placed)
+    assert np.array_equal(one.windows, again.windows) and np.array_equal(one.order, again.order)
     assert not np.array_equal(one.windows, other.windows)
     assert one.count == other.count  # ties broken otherwise, the same windows filled
 
@@ -75,12 +77,12 @@ def test_realistic_documents_leave_almost_no_padding() -> None:
 def test_pieces_leave_a_document_that_fits_whole_and_cut_a_longer_one_into_windows() -> None:
     lengths = np.array([5, 10, 11, 1, 25, 30])
     pieces = Pieces.of_documents(np.cumsum(lengths), 10)
-    assert pieces.docs.tolist() == [0, 1, 2, 2, 3, 4, 4, 4, 5, 5, 5]
     assert pieces.lengths.tolist() == [5, 10, 10, 1, 1, 10, 10, 5, 10, 10, 10]
     assert pieces.starts.tolist() == [0, 5, 15, 25, 26, 27, 37, 47, 52, 62, 72]
     assert np.array_equal(pieces.ends, pieces.starts + pieces.lengths)
-    per_doc = np.bincount(pieces.docs)
-    assert np.all(per_doc == -(-lengths // 10))  # ceil(n / window) pieces, never more
+    assert (pieces.whole, pieces.split, pieces.split_pieces) == (3, 3, 8)  # ceil(n / window) pieces, never more
+    empty = Pieces.of_documents(np.array([3, 3, 25]), 10)  # an empty entry is no piece
+    assert empty.starts.tolist() == [0, 3, 13, 23] and empty.lengths.tolist() == [3, 10, 10, 2]
 
 
 def test_a_piece_longer_than_a_window_or_empty_is_refused() -> None:
@@ -196,6 +198,32 @@ def test_packed_windows_hold_every_document_whole_or_in_window_sized_pieces(tmp_
     assert any((tmp_path / "other" / n).read_bytes() != (tmp_path / "out" / n).read_bytes() for n in names)
 
 
+READ_WITH_DATATROVE = """
+import json, sys
+from datatrove.utils.dataset import DatatroveFolderDataset
+data = DatatroveFolderDataset(sys.argv[1], seq_len=int(sys.argv[2]) - 1, token_size=4, return_positions=True)
+print(json.dumps([{k: v.tolist() for k, v in data[i].items()} for i in range(len(data))]))
+"""
+
+
+def test_datatroves_reader_returns_one_packed_window_a_sample_each_document_from_position_0(tmp_path) -> None:
+    rng = np.random.default_rng(5)
+    inputs = unique_tokens(tmp_path / "in", [rng.integers(1, 700, 300), rng.integers(1, 300, 200)])
+    result = packed_shuffle(inputs, tmp_path / "out", 257)
+    samples = json.loads(in_trainer_env(READ_WITH_DATATROVE, str(tmp_path / "out"), "257"))
+    windows = np.concatenate([TokenFile(str(p)).tokens for p in sorted((tmp_path / "out").glob("*.ds"))])
+    assert len(samples) == result["counts"]["windows"] == len(windows) // 257
+    assert np.array_equal([s["input_ids"] for s in samples], windows.reshape(-1, 257))
+    for sample in samples:
+        tokens, positions = np.array(sample["input_ids"]), np.array(sample["positions"])
+        pad = tokens == PAD
+        starts = np.flatnonzero((np.diff(tokens, prepend=-1) != 1) & ~(pad & np.roll(pad, 1)) | (np.arange(257) == 0))
+        runs = np.diff(np.append(starts, 257))
+        assert np.array_equal(positions, np.arange(257) - np.repeat(starts, runs))  # from 0 at a piece or padding
+        # and a piece's first position is its place in its document: 0 for every document packed whole
+        assert ((tokens[~pad] % 100_000 - positions[~pad]) % 257 == 0).all()
+
+
 def test_packing_needs_a_pad_and_loss_bytes_and_leaves_no_tail_to_drop(tmp_path) -> None:
     common = {"input": str(tmp_path), "output": str(tmp_path / "out"), "context_mode": "packed"}
     with pytest.raises(UsageError, match="give --pad-id"):
@@ -210,8 +238,11 @@ def test_packing_needs_a_pad_and_loss_bytes_and_leaves_no_tail_to_drop(tmp_path)
         context_shuffle(ContextShuffleConfig(**common | {"input": str(tmp_path / "in")}, pad_id=0))
 
 
-def test_a_packed_build_adds_up_its_real_tokens_apart_from_padding(tmp_path, sample_corpus, sample_tokenizer) -> None:
-    settings = {"eos_token": EOS, "num_ranks": 2, "seed": 5, "context_window": 257, "num_context_shards": 2}
+@pytest.mark.parametrize("merge", [{}, {"merge_mode": "bucketed", "num_buckets": 3}], ids=["one merge", "bucketed"])
+def test_a_packed_build_adds_up_its_real_tokens_apart_from_padding(
+    tmp_path, sample_corpus, sample_tokenizer, merge
+) -> None:
+    settings = {"eos_token": EOS, "num_ranks": 2, "seed": 5, "context_window": 257, "num_context_shards": 2} | merge
     with pytest.raises(UsageError, match="context_mode packed pads windows at loss 0: it needs save_loss"):
         BuildConfig(
             input=str(sample_corpus),

@@ -18,41 +18,51 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokenization.formats.permute import ranges
+
 
 @dataclass(frozen=True)
 class Pieces:
-    """Documents cut to fit a window: piece ``i`` is tokens ``[starts[i], ends[i])`` of the stream, and belongs to
-    document ``docs[i]``."""
+    """Documents cut to fit a window: piece ``i`` is tokens ``[starts[i], starts[i] + lengths[i])`` of the stream,
+    in stream order. 12 bytes a piece."""
 
-    starts: np.ndarray
-    ends: np.ndarray
-    docs: np.ndarray
+    starts: np.ndarray  # int64
+    lengths: np.ndarray  # int32: a piece is at most a window
+    whole: int  # documents that are one piece
+    split: int  # documents longer than a window
+    split_pieces: int  # the pieces those were cut into
 
     @property
-    def lengths(self) -> np.ndarray:
-        return self.ends - self.starts
+    def ends(self) -> np.ndarray:
+        return self.starts + self.lengths
 
     @classmethod
     def of_documents(cls, doc_ends: np.ndarray, capacity: int) -> Pieces:
         """Each document of an index (``doc_ends``, exclusive ends) whole when it fits ``capacity``, else cut into
-        ``ceil(n / capacity)`` pieces: full windows, then the rest."""
+        ``ceil(n / capacity)`` pieces: full windows, then the rest. An empty entry holds no token: no piece."""
         ends = np.asarray(doc_ends, dtype=np.int64)
-        starts = np.concatenate([[0], ends[:-1]])
-        counts = -(-(ends - starts) // capacity)  # an empty entry holds no token: no piece
-        docs = np.repeat(np.arange(len(ends), dtype=np.int64), counts)
-        first = np.cumsum(counts) - counts  # each document's first piece
-        offset = (np.arange(len(docs), dtype=np.int64) - first[docs]) * capacity
-        piece_starts = starts[docs] + offset
-        return cls(piece_starts, np.minimum(piece_starts + capacity, ends[docs]), docs)
+        lengths = np.diff(ends, prepend=0)
+        counts = -(-lengths // capacity)
+        starts = np.repeat(ends - lengths, counts)
+        piece_lengths = np.repeat(lengths.astype(np.int32), counts)
+        long = np.flatnonzero(counts > 1)  # few: their pieces are fixed up apart
+        firsts = (np.cumsum(counts) - counts)[long]
+        cut = counts[long]
+        within = ranges(np.zeros(len(long), np.int64), cut)  # each split document's pieces: 0, 1, ...
+        at = np.repeat(firsts, cut) + within
+        starts[at] += within * capacity
+        piece_lengths[at] = np.minimum(capacity, piece_lengths[at] - within * capacity)
+        split_pieces = int(cut.sum())
+        return cls(starts, piece_lengths, len(starts) - split_pieces, len(long), split_pieces)
 
 
 @dataclass(frozen=True)
 class Packing:
-    """Which window each piece went to (``windows[i]``), and in what order pieces were placed (``placed[i]``: the
-    rank of piece ``i`` in placement order): a window holds its pieces in that order."""
+    """Which window each piece went to (``windows[i]``), and the pieces in the order they were placed (``order``):
+    a window holds its pieces in that order."""
 
     windows: np.ndarray
-    placed: np.ndarray
+    order: np.ndarray
     count: int  # windows
 
     def fill(self, lengths: np.ndarray) -> np.ndarray:
@@ -66,7 +76,7 @@ class PackedFile:
     window's padding its own range of it, so that no two units of one source overlap). In output order: a
     window's pieces in placement order, then its padding; the windows in a seeded random order."""
 
-    source: np.ndarray
+    source: np.ndarray  # int8
     starts: np.ndarray
     ends: np.ndarray
     pieces: Pieces
@@ -80,45 +90,57 @@ class PackedFile:
 
 def pack(doc_ends: np.ndarray, capacity: int, rng: np.random.Generator) -> PackedFile:
     """The documents of an index packed into windows of ``capacity`` (Best-Fit Decreasing, ties drawn from
-    ``rng``), then the windows shuffled with ``rng``."""
+    ``rng``), then the windows shuffled with ``rng``. Peak memory: under 50 bytes a piece, buffers reused."""
     pieces = Pieces.of_documents(doc_ends, capacity)
     packing = best_fit_decreasing(pieces.lengths, capacity, seed=int(rng.integers(2**63)))
-    position = np.empty(packing.count, dtype=np.int64)
-    position[rng.permutation(packing.count)] = np.arange(packing.count)
+    count, n = packing.count, len(pieces.starts)
+    position = np.empty(count, dtype=np.int64)
+    position[rng.permutation(count)] = np.arange(count)
     room = capacity - packing.fill(pieces.lengths)
     padded = np.flatnonzero(room)  # windows with padding
-    order = np.lexsort(
-        (
-            np.concatenate([packing.placed, np.zeros(len(padded), np.int64)]),
-            np.concatenate([2 * position[packing.windows], 2 * position[padded] + 1]),  # a window's padding last
-        )
-    )
-    source = np.concatenate([np.zeros(len(pieces.docs), np.int64), np.ones(len(padded), np.int64)])[order]
-    lengths = np.concatenate([pieces.lengths, room[padded]])[order]
-    starts = np.concatenate([pieces.starts, np.zeros(len(padded), np.int64)])[order]
-    pads = source == 1
-    starts[pads] = np.cumsum(lengths[pads]) - lengths[pads]
-    padding = np.zeros(packing.count, dtype=np.int64)
+    # Units: the pieces in placement order, then each padded window's padding. Sorted stably by their window's
+    # place, a window holds its pieces in placement order and its padding last.
+    key = np.empty(n + len(padded), dtype=np.int64)
+    np.take(packing.windows, packing.order, out=key[:n])
+    np.take(position, key[:n], out=key[:n])
+    key[n:] = position[padded]
+    by_place = np.argsort(key, kind="stable")
+    units = key  # its buffer, reused
+    units[:n], units[n:] = packing.order, n + np.arange(len(padded))
+    del key, packing
+    np.take(units, by_place, out=by_place)
+    units = by_place
+    pads = units >= n
+    starts = np.empty(len(units), dtype=np.int64)
+    lengths = np.empty(len(units), dtype=np.int64)
+    starts[~pads], lengths[~pads] = pieces.starts[units[~pads]], pieces.lengths[units[~pads]]
+    pad_lengths = room[padded[units[pads] - n]]
+    del units
+    starts[pads], lengths[pads] = np.cumsum(pad_lengths) - pad_lengths, pad_lengths
+    lengths += starts
+    padding = np.zeros(count, dtype=np.int64)
     padding[position[padded]] = room[padded]
-    return PackedFile(source, starts, starts + lengths, pieces, packing.count, padding)
+    return PackedFile(pads.view(np.int8), starts, lengths, pieces, count, padding)
 
 
 def best_fit_decreasing(lengths: np.ndarray, capacity: int, seed: int) -> Packing:
     """Pack pieces of ``lengths`` (each 1..``capacity``) into windows of ``capacity``, Best-Fit Decreasing."""
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = np.asarray(lengths)
     if len(lengths) and (lengths.min() < 1 or lengths.max() > capacity):
         raise ValueError(f"piece lengths must be 1..{capacity}, got {lengths.min()}..{lengths.max()}")
     shuffled = np.random.default_rng(seed).permutation(len(lengths))
-    order = shuffled[np.argsort(-lengths[shuffled], kind="stable")]  # longest first, ties in seeded order
+    # longest first, ties in the seeded order: a stable sort of the room a piece leaves, in the smallest dtype
+    # that holds it (a radix sort for windows under 65,536 tokens)
+    leaves = (capacity - lengths[shuffled]).astype(np.min_scalar_type(capacity))
+    order = shuffled[np.argsort(leaves, kind="stable")]
+    del shuffled, leaves
     windows = np.empty(len(lengths), dtype=np.int64)
     rooms = _Rooms(capacity)
     sorted_lengths = lengths[order]
     firsts = np.flatnonzero(np.diff(sorted_lengths, prepend=-1))  # where each length's pieces start
     for a, b in zip(firsts, np.append(firsts[1:], len(order))[: len(firsts)], strict=True):
         windows[order[a:b]] = rooms.place(int(sorted_lengths[a]), int(b - a))
-    placed = np.empty(len(lengths), dtype=np.int64)
-    placed[order] = np.arange(len(lengths), dtype=np.int64)
-    return Packing(windows, placed, rooms.opened)
+    return Packing(windows, order, rooms.opened)
 
 
 class _Rooms:

@@ -229,7 +229,7 @@ def move_units(
     chunks. A unit longer than ``block_tokens`` is copied in slices, so memory is bounded by the block size,
     not by the largest unit.
     """
-    source = np.asarray(source, dtype=np.int64)
+    source = np.asarray(source)  # any integer type: packed windows name their two sources in a byte
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
     out_ends = np.cumsum(ends - starts)

@@ -248,13 +248,11 @@ def _padding_file(path: Path, source: TokenFile, pad_id: int, tokens: int) -> st
 
 def packed_counts(packed: PackedFile) -> dict[str, int]:
     """A packed file's documents, whole or split (with their pieces), and its padding."""
-    pieces = np.bincount(packed.pieces.docs)
-    pieces = pieces[pieces > 0]
-    split = pieces > 1
+    pieces = packed.pieces
     return {
-        "documents_whole": int(np.count_nonzero(~split)),
-        "documents_split": int(np.count_nonzero(split)),
-        "split_pieces": int(pieces[split].sum()),
+        "documents_whole": pieces.whole,
+        "documents_split": pieces.split,
+        "split_pieces": pieces.split_pieces,
         "padding_tokens": packed.padding_tokens,
     }
 

@@ -4,6 +4,8 @@ export UV_PYTHON_DOWNLOADS := never
 UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
 RUN := $(UV) run --frozen
 DEMO_OUT := demo-output
+# Where the demo and `make airflow` build (set it, and TOKENIZATION_INPUT and TOKENIZATION_TOKENIZER, for your data).
+TOKENIZATION_OUTPUT ?= $(CURDIR)/$(DEMO_OUT)
 DEMO_CONF := {"seed": 1234, "num_ranks": 3, "save_loss": true, "merge_max_tokens_per_file": 20000, "context_window": 1025, "num_context_shards": 2}
 # A project-local Airflow: its home inside the repo (git-ignored), SQLite, LocalExecutor, this repo's DAGs and plugins.
 AIRFLOW_LOCAL_HOME := $(CURDIR)/airflow-home
@@ -11,7 +13,7 @@ AIRFLOW_ENV := PATH="$(CURDIR)/.venv/bin:$$PATH" AIRFLOW_HOME=$(AIRFLOW_LOCAL_HO
 	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__EXECUTOR=LocalExecutor \
 	AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin AIRFLOW__CORE__MAX_MAP_LENGTH=4096 \
-	TOKENIZATION_OUTPUT=$(CURDIR)/$(DEMO_OUT)
+	TOKENIZATION_OUTPUT=$(TOKENIZATION_OUTPUT)
 
 TRAINER_VENV := .venv-trainers
 # The trainers' own readers, apart from the project's environment because they need torch: megatron-core's
@@ -55,7 +57,7 @@ demo: airflow-init
 	@echo 'running tokenize_corpus with $(DEMO_CONF) (log: $(AIRFLOW_LOCAL_HOME)/demo.log)'
 	@$(AIRFLOW_ENV) airflow dags test tokenize_corpus -c '$(DEMO_CONF)' > $(AIRFLOW_LOCAL_HOME)/demo.log 2>&1 \
 	  || { tail -40 $(AIRFLOW_LOCAL_HOME)/demo.log; exit 1; }
-	@$(RUN) python -m tokenization.builds $(DEMO_OUT)
+	@$(RUN) python -m tokenization.builds $(TOKENIZATION_OUTPUT)
 
 # Airflow's UI and REST API on http://localhost:8080 with the DAG loaded (Ctrl-C stops it). The admin password is
 # created once in airflow-home/; the airflow_api connection lets the plan task check that the merge pool exists.

@@ -86,7 +86,7 @@ PARAMS = build_params(DEFAULTS) | airflow_params()
 )
 def tokenize_corpus():
     @task(retries=0)
-    @tasks.fails_at_once_on_data_errors
+    @tasks.one_line_failures
     def plan(params: dict | None = None, run_id: str | None = None, dag_run=None, ti=None) -> list[int]:
         """Returns the ranks to map over; the run's plan goes out first, as XCom ``spec``.
 
@@ -99,7 +99,7 @@ def tokenize_corpus():
         return build.plan.ranks
 
     @task(map_index_template="rank-{{ rank_label }}")
-    @tasks.fails_at_once_on_data_errors
+    @tasks.one_line_failures
     def tokenize(spec: dict, rank: int, params: dict | None = None) -> list[str]:
         """Returns the rank's file names."""
         context = get_current_context()
@@ -114,7 +114,7 @@ def tokenize_corpus():
         queue=DEPLOYMENT.merge_queue,
         map_index_template="bucket-{{ bucket_label }}",
     )
-    @tasks.fails_at_once_on_data_errors
+    @tasks.one_line_failures
     def merge(spec: dict, bucket: int | None, params: dict | None = None) -> list[str]:
         """Returns the merged file names: of everything (bucket None), or of one bucket."""
         context = get_current_context()
@@ -122,13 +122,13 @@ def tokenize_corpus():
         return tasks.build_of(params, spec).merge(bucket, params["progress_seconds"], attempt_owner(context)).outputs
 
     @task
-    @tasks.fails_at_once_on_data_errors
+    @tasks.one_line_failures
     def plan_context(spec: dict, params: dict | None = None) -> list[int]:
         """Returns the context-shuffle shards to map over, from the merged files on storage."""
         return tasks.build_of(params, spec).context_shards()
 
     @task(map_index_template="shard-{{ shard_label }}")
-    @tasks.fails_at_once_on_data_errors
+    @tasks.one_line_failures
     def context_shuffle(spec: dict, shard: int, shards: list, params: dict | None = None) -> list[str]:
         """Returns the shard's file names."""
         context = get_current_context()
@@ -137,7 +137,7 @@ def tokenize_corpus():
         return build.context_shuffle(shard, len(shards), params["progress_seconds"], attempt_owner(context)).outputs
 
     @task(trigger_rule=TriggerRule.NONE_FAILED, outlets=[DATASET])
-    @tasks.fails_at_once_on_data_errors
+    @tasks.one_line_failures
     def publish(spec: dict, params=None, run_id=None, outlet_events=None) -> dict:
         """Returns the build's figures, which the builds page lists; the Asset event carries them too."""
         published = tasks.build_of(params, spec).publish(DEPLOYMENT.keep_builds).summary().to_json()

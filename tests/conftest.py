@@ -57,12 +57,12 @@ def shared_path(*parts: str) -> Path:
     return path
 
 
-def in_trainer_env(script: str, *args: str) -> str:
+def in_trainer_env(script: str, *args: str, cwd: Path | None = None) -> str:
     """What ``script`` prints, run by the trainers' environment (torch, megatron-core, datatrove's reader), or skip."""
     python = ROOT / ".venv-trainers" / "bin" / "python"
     if not (python.parent.parent / "ready").exists():
         pytest.skip(f"{python.parent.parent} is absent: `make trainer-env` installs the trainers' readers")
-    done = subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True)
+    done = subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True, cwd=cwd)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

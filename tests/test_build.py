@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from dataclasses import asdict
 
@@ -106,9 +107,10 @@ def test_a_copied_in_family_is_not_read(tmp_path, sample_corpus, sample_tokenize
     assert sorted(marker["files"]) == sorted(p.name for p in (tmp_path / "ranks").glob("00000_*"))
 
 
-def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer) -> None:
-    """``Build.run``: ranks as processes, merge, context shards, publish; the same params give the same digest
-    under any build id, and running a build again keeps its complete ranks."""
+def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer, caplog) -> None:
+    """``Build.run``: ranks as processes, merge, context shards, publish, with their progress summed into one bar
+    (here: log lines); the same params give the same digest under any build id, and running a build again keeps
+    its complete ranks."""
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
 
@@ -123,7 +125,14 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         num_context_shards=2,
         merge_max_tokens_per_file=20_000,
     )
-    first = Build.start(config, "first").run(parallel=2)
+    caplog.set_level(logging.INFO, logger="tokenization.io.progress")
+    first = Build.start(config, "first").run(parallel=2, progress=1e-9)
+    done = [r.getMessage() for r in caplog.records if r.name == "tokenization.io.progress" and "done in" in r.message]
+    assert [line.split(", ")[:3] for line in done] == [  # every rank's documents and tokens, relayed and summed
+        ["tokenize: 3 ranks: 100.0% of 93.2 kB", "308 docs", "64,522 tokens"],
+        ["merge corpus: 100.0% of 64,522 tok", "308 units", "64,522 tokens"],
+        ["context shuffle: 2 shards: 100.0% of 64,522 tok", "65 units", "64,522 tokens"],
+    ]
     summary = first.summary()
     assert (summary.verified, summary.docs, summary.rejects, summary.files, summary.tokens) == (True, 308, 0, 4, 64_522)
     record = orjson.loads((tmp_path / "first" / "_BUILD.json").read_bytes())
@@ -177,3 +186,27 @@ def test_while_a_marker_is_missing_the_check_is_one_listing(tmp_path, sample_cor
     monkeypatch.setattr(manifest, "completion_markers", lambda *_: pytest.fail("markers read while one is missing"))
     assert incomplete_ranks(str(tmp_path / "ranks"), 2) == {1: "no completion marker"}
     assert complete == {}
+
+
+def test_a_build_says_once_which_input_files_it_skips_and_that_ranks_will_idle(
+    tmp_path, sample_corpus, sample_tokenizer, caplog
+) -> None:
+    """Each task that listed the input said it again: five times in a DAG run. A rank with no file said only
+    "0 tokens in 0 files"."""
+    from tests.conftest import in_process
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
+
+    shutil.copytree(sample_corpus, tmp_path / "in")
+    (tmp_path / "in" / "notes.txt").write_text("not a corpus file")
+    config = BuildConfig(
+        input=str(tmp_path / "in"), output=str(tmp_path / "out"), tokenizer=str(sample_tokenizer), num_ranks=6
+    )
+    record = in_process(Build.start(config, "b")).record
+    assert record.inputs.skipped == 1
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [
+        f"skipped 1 input files of unsupported types: {tmp_path / 'in' / 'notes.txt'}",
+        "6 ranks for 4 input files: a rank takes whole files, so 2 ranks will have nothing to tokenize; use at most "
+        "4 ranks, or split the input into more files",  # and nothing more: the ranks with no file say nothing
+    ]

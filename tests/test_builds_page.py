@@ -76,6 +76,11 @@ def test_report_numbers_are_the_manifests_and_the_datas(build) -> None:
     assert {f["name"]: f["tokens"] for f in report["files"]} == recounted
     assert report["build"]["tokens"] == sum(recounted.values()) == manifest["tokens"]
     assert sum(row["docs"] for row in report["length_histogram"]) == c["docs_out"]
+    inputs = report["inputs"]  # the summary and the file table describe one plan
+    assert (inputs["files"], inputs["bytes"]) == (
+        len(report["input_files"]),
+        sum(f["bytes"] for f in report["input_files"]),
+    )
     assert report["tokens_dropped"]["total"] == 0
     engines = sorted({m["tokenizer"]["engine"] for m in ranks} - {"none"}) or ["none"]  # of the ranks that encoded
     assert report["tokenizer"]["engines"] == engines and report["settings"]["seed"] == 1234
@@ -141,7 +146,10 @@ def test_pages_forbid_scripts_and_reports_outside_the_allowed_locations_are_not_
         assert answer.headers["x-content-type-options"] == "nosniff"
     monkeypatch.setenv("TOKENIZATION_ALLOWED_LOCATIONS", "s3://elsewhere")
     refused = client.get(report_url(build[0]), headers=auth)
-    assert refused.status_code == 403 and "outside the allowed locations" in refused.text
+    assert refused.status_code == 403 and "outside the allowed locations" in refused.json()["detail"]
+    shown = client.get(report_url(build[0]), headers=auth | {"Accept": "text/html"})  # the UI's frame: a page
+    assert shown.status_code == 403 and shown.headers["content-security-policy"] == policy
+    assert '<p class="refusal">run ' in shown.text and "outside the allowed locations" in shown.text
 
 
 def test_only_reports_of_known_runs_are_served(client, token) -> None:
@@ -290,3 +298,29 @@ def _answers(url: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_the_page_lists_runs_by_when_they_started_those_waiting_first(airflow_db) -> None:
+    """A scheduled run is due (``run_after``) at the end of its interval, so it may start after a manual run that
+    was due later: the page orders by start, as it says."""
+    from datetime import datetime, timedelta, timezone
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunType
+    from tokenization_airflow.builds_page import list_builds
+
+    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    runs = {  # run id: (run type, due, started)
+        "scheduled__2026-12-01": (DagRunType.SCHEDULED, t0, t0 + timedelta(hours=2)),
+        "manual__2026-12-01T01": (DagRunType.MANUAL, t0 + timedelta(hours=1), t0 + timedelta(hours=1)),
+        "manual__2026-12-01T03": (DagRunType.MANUAL, t0 - timedelta(days=1), None),  # queued, not started yet
+    }
+    with create_session() as session:
+        for run_id, (run_type, due, started) in runs.items():
+            session.add(DagRun(dag_id="ordering", run_id=run_id, run_type=run_type, run_after=due, start_date=started))
+    assert [row["run_id"] for row in list_builds("ordering")] == [
+        "manual__2026-12-01T03",
+        "scheduled__2026-12-01",
+        "manual__2026-12-01T01",
+    ]

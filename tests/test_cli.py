@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from tests.conftest import EOS, write_jsonl
 
@@ -34,6 +39,28 @@ def test_tokenize_then_inspect(tmp_path, sample_corpus, sample_tokenizer) -> Non
     assert lines[2].startswith("total: 2 files, ")
     assert lines[3].startswith(f"--- {out}/demo_00001_00000_doc_shuffled.ds document 0 (")
     assert shown.stdout.rstrip().endswith(EOS)
+
+
+def test_build_names_itself_plainly_prints_a_report_link_that_opens_and_verify_takes_its_folder(
+    tmp_path, sample_corpus, sample_tokenizer
+) -> None:
+    options = ["--output", str(tmp_path), "--tokenizer", str(sample_tokenizer), "--num-ranks", "1"]
+    done = cli("build", str(sample_corpus), *options, "--context-window", "0")
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("cli")]
+    assert re.fullmatch(r"cli-\d{8}T\d{6}Z", run_dir.name)  # the default build id: nothing to percent-encode
+    checked = cli("verify", str(run_dir))  # a run folder: its dataset is checked
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.splitlines()[-1].startswith(f"verify {run_dir}/merged: 1 files, 64,522 tokens: OK")
+
+    done = cli("build", str(sample_corpus), *options, "--build-id", "manual__2026-12-01T17:39:28+00:00")
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    report = tmp_path / "manual__2026-12-01T17%3A39%3A28%2B00%3A00" / "report.html"
+    assert lines["report"] == str(report) and report.exists()
+    url = lines["open"].strip()
+    assert url == f"file://{report}".replace("%", "%25")  # the folder's own "%" encoded
+    assert Path(url2pathname(urlparse(url).path)) == report  # what a browser opens
 
 
 def test_inspect_reads_megatron_output_and_count_speaks_plainly(tmp_path, sample_corpus, sample_tokenizer) -> None:
@@ -103,6 +130,18 @@ def test_errors_are_one_line_with_exit_1(tmp_path, sample_corpus, sample_tokeniz
     assert done.returncode == 1 and "exceed max_rejects=1" in done.stderr
 
 
+def test_a_hub_name_without_the_hub_fails_at_once_in_one_line(tmp_path, sample_corpus) -> None:
+    """Its client retried for ~25 s before failing, in a page of warnings."""
+    environment = os.environ | {"HF_ENDPOINT": "https://hub.invalid", "HF_HOME": str(tmp_path / "hf")}
+    started = time.monotonic()
+    command = [sys.executable, "-m", "tokenization.cli", "count", str(sample_corpus), "--tokenizer", "org/model"]
+    done = subprocess.run(command, capture_output=True, text=True, env=environment)
+    assert done.returncode == 1 and time.monotonic() - started < 15
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: org/model: no such local tokenizer file, and the HuggingFace hub (hub.invalid) ")
+    assert "cannot be reached to fetch it" in line and line.endswith("or an fsspec URL")
+
+
 def test_a_project_error_is_one_line_and_any_other_error_shows_its_traceback(tmp_path, sample_corpus) -> None:
     failing = (
         "import sys, tokenization.cli as cli; from tokenization.text.sources import InputError\n"
@@ -134,11 +173,12 @@ def test_usage_errors_exit_2(tmp_path, sample_corpus, sample_tokenizer) -> None:
     tokenize = ("tokenize", str(sample_corpus), "--output", str(tmp_path), "--tokenizer", str(sample_tokenizer))
     for wrong, message in [
         (("--rank", "3", "--world-size", "2"), "rank 3 is outside 0..1"),
-        (("--max-rejects", "-1"), "max_rejects must be at least 0, got -1"),
-        (("--max-reject-fraction", "1.5"), "max_reject_fraction must be at most 1, got 1.5"),
-        (("--text-key", ""), "text_key must not be empty"),
-        (("--eos-token", EOS, "--no-eos"), "no_eos conflicts with eos_token"),
+        (("--max-rejects", "-1"), "--max-rejects must be at least 0, got -1"),  # flags, not the params' names
+        (("--max-reject-fraction", "1.5"), "--max-reject-fraction must be at most 1, got 1.5"),
+        (("--text-key", ""), "--text-key must not be empty"),
+        (("--eos-token", EOS, "--no-eos"), "--no-eos conflicts with --eos-token"),
         (("--engine", "fast"), "argument --engine: invalid choice: 'fast'"),
+        (("--sav-loss", "--seed=3", "extra"), "unrecognized arguments: --sav-loss (did you mean --save-loss?) extra"),
     ]:
         done = cli(*tokenize, *wrong)
         assert done.returncode == 2 and message in done.stderr, (wrong, done.stderr)

@@ -54,6 +54,7 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
     assert schemas["text_key"]["section"] == "Reading and encoding" and schemas["save_loss"]["section"] == "Rank files"
     assert schemas["template"]["type"] == ["null", "string"] and dag.params.dump()["loss_roles"] == "assistant"
     assert schemas["sensor_timeout"]["section"] == "Airflow" and "section" not in schemas["num_ranks"]
+    assert [name for name in ("input", "output", "tokenizer") if "section" in schemas[name]] == []  # the form's top
     defaults = dag.params.dump()
     assert defaults["merge_max_tokens_per_file"] == DEFAULT_MAX_TOKENS_PER_FILE
     assert defaults["context_window"] == BuildConfig.__dataclass_fields__["context_window"].default

@@ -56,12 +56,12 @@ def test_data_errors_are_told_from_errors_that_a_retry_may_not_meet() -> None:
 
 def test_a_data_error_fails_without_retry_and_other_errors_pass_unchanged(caplog) -> None:
     from airflow.sdk.exceptions import AirflowFailException
-    from tokenization_airflow.tasks import fails_at_once_on_data_errors
+    from tokenization_airflow.tasks import one_line_failures
 
     data, transient = _errors()
     for error in data + transient:
 
-        @fails_at_once_on_data_errors
+        @one_line_failures
         def task(error=error):
             raise error
 
@@ -79,9 +79,9 @@ def test_a_data_error_fails_without_retry_and_other_errors_pass_unchanged(caplog
 
 def test_every_task_and_the_sensors_poke_fail_at_once_on_data_errors(dag) -> None:
     from tokenization_airflow.sensors import ShardSensor
-    from tokenization_airflow.tasks import fails_at_once_on_data_errors
+    from tokenization_airflow.tasks import one_line_failures
 
-    wrapper = fails_at_once_on_data_errors(lambda: None).__code__
+    wrapper = one_line_failures(lambda: None).__code__
     callables = {
         t.task_id: getattr(t, "python_callable", None) or t.partial_kwargs["python_callable"]
         for t in dag.tasks
@@ -106,7 +106,10 @@ def logged_failure(output: str, cause: str) -> tuple[list[str], list[str]]:
 def test_a_corrupt_gz_fails_its_rank_once_with_the_cause_as_the_last_log_line(
     airflow_db, dag, tmp_path, monkeypatch, capfd, caplog
 ) -> None:
-    """Finding 10: a corrupt .gz was retried 3 times, ~4.5 min, its cause buried under a stack trace."""
+    """Finding 10: a corrupt .gz was retried 3 times, ~4.5 min, its cause buried under a stack trace. The builds
+    page names the failed task and its cause."""
+    from tokenization_airflow.builds_page import list_builds
+
     inputs = tmp_path / "in"
     inputs.mkdir()
     (inputs / "a.jsonl.gz").write_bytes(b'{"text": "not compressed at all"}\n')  # a .jsonl named .gz
@@ -114,7 +117,7 @@ def test_a_corrupt_gz_fails_its_rank_once_with_the_cause_as_the_last_log_line(
     allowed = [str(inputs), str(ROOT / "sample"), dag.params.dump()["output"]]
     monkeypatch.setenv("TOKENIZATION_ALLOWED_LOCATIONS", ",".join(allowed))
     capfd.readouterr()
-    _, tis, ok = run_dag(dag, DAG_CONF | {"input": str(inputs), "num_ranks": 2, "sensor_timeout": 1})
+    run, tis, ok = run_dag(dag, DAG_CONF | {"input": str(inputs), "num_ranks": 2, "sensor_timeout": 1})
     assert not ok and (tis[("tokenize", 0)].state, tis[("tokenize", 0)].try_number) == ("failed", 1)
     assert tis[("tokenize", 1)].state == "success"
     cause = (
@@ -126,3 +129,6 @@ def test_a_corrupt_gz_fails_its_rank_once_with_the_cause_as_the_last_log_line(
     assert not [line for line in traceback if "tokenization/text/sources.py" in line]  # the library's frames stay out
     logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR]
     assert ("tokenization_airflow.tasks", "ERROR", f"{cause} (a data error: the task fails without retries)") in logged
+    row = next(r for r in list_builds(dag.dag_id) if r["run_id"] == run.run_id)  # the "Corpus builds" page's
+    assert (row["state"], row["failure"]) == ("failed", {"task": "tokenize[0]", "cause": cause})
+    assert list_builds(dag.dag_id)[0]["run_id"] == run.run_id  # the newest run: the one that started last

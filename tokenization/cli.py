@@ -20,6 +20,7 @@ Exit status: 0 on success, 1 on an error (one line; a bug shows its traceback), 
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 
 import numpy as np
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tokenization.builds import pages
 from tokenization.builds.complete import summary
@@ -41,6 +43,7 @@ from tokenization.io.errors import TokenizationError, UsageError, external_error
 from tokenization.io.options import add_arguments, from_arguments
 from tokenization.io.storage import join, open_fs
 from tokenization.publish.cache import DEFAULT_FOLDER, ENTRIES, Cache
+from tokenization.publish.runs import RUN_CLAIM, BuildError, Layout, read_build
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.merge import MergeConfig, merge
@@ -77,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     bld.add_argument(
         "--build-id",
         help="names the build's folder under --output; running again with the same id finishes that build "
-        "(default: cli__ and the UTC time)",
+        "(default: cli- and the UTC time, as cli-20261201T174805Z)",
     )
     bld.add_argument(
         "--parallel",
@@ -98,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("count", "count tokens exactly as tokenize would, writing no token files", CountConfig)
 
     ver = command("verify", "check an output folder (.ds families or Megatron .bin/.idx); exit 1 on any problem")
-    ver.add_argument("path", help="output folder or fsspec URL")
+    ver.add_argument("path", help="output folder or fsspec URL, or a build's run folder (then its dataset)")
     ver.add_argument("--tokenizer", help="also check every id against this tokenizer's vocabulary")
     ver.add_argument("--eos-token", help="also check that every document ends with this token (needs --tokenizer)")
     ver.add_argument(
@@ -203,7 +206,7 @@ def _when(moment: float | None) -> str:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    build_id = args.build_id or f"cli__{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%S}"
+    build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # nothing to percent-encode
     published = Build.start(from_arguments(BuildConfig, args), build_id).run(args.parallel, keep=args.keep_builds)
     print(summary(published.record))
     print(f"latest: {published.latest}")
@@ -276,12 +279,30 @@ def cmd_count(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     if args.sample is not None and args.sample < 0:
         raise UsageError(f"--sample must be 0 or more, got {args.sample}")
-    report = verify(args.path, args.tokenizer, args.eos_token, vouched=args.sample is not None, sample=args.sample or 0)
+    path = _dataset_of(args.path)
+    report = verify(path, args.tokenizer, args.eos_token, vouched=args.sample is not None, sample=args.sample or 0)
     for line in report.problems + report.notes:
         print(line)
     state = "OK" if report.ok else f"FAILED, {len(report.problems)} problems"
-    print(f"verify {args.path}: {report.files} files, {report.tokens:,} tokens: {state}")
+    print(f"verify {path}: {report.files} files, {report.tokens:,} tokens: {state}")
     return 0 if report.ok else 1
+
+
+def _dataset_of(path: str) -> str:
+    """What to verify: ``path``, or, when it is a build's run folder, the dataset its build record names."""
+    fs, folder = open_fs(path)
+    if not fs.exists(join(folder, RUN_CLAIM)):
+        return path
+    build = read_build(path)
+    if build is None:
+        layout = Layout(path)
+        stages = [stage for stage in (layout.ranks, layout.merged, layout.context) if fs.isdir(open_fs(stage)[1])]
+        raise BuildError(
+            f"{path} is the run folder of a build not published yet: verify one of its stage folders "
+            f"({', '.join(stages) or 'none written yet'})"
+        )
+    print(f"{path} is a build's run folder: verifying its dataset")
+    return build.dataset
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -356,18 +377,41 @@ COMMANDS = {
 }
 
 
+def _meant(arg: str, parser: argparse.ArgumentParser) -> str:
+    """``arg``, with the command's closest flag when it looks like a misspelled one."""
+    flags = [flag for action in parser._actions for flag in action.option_strings]
+    close = difflib.get_close_matches(arg.split("=")[0], flags, 1) if arg.startswith("--") else []
+    return f"{arg} (did you mean {close[0]}?)" if close else arg
+
+
+def as_flags(message: str, parser: argparse.ArgumentParser) -> str:
+    """A config's message in the command line's words: each option's field name (``save_loss``, as the DAG's params
+    say it) as its flag (``--save-loss``). Names of one word read the same either way and are left alone."""
+    flags = {
+        a.dest: a.option_strings[0]
+        for a in parser._actions
+        if a.option_strings and "_" in a.dest and not isinstance(a, argparse._StoreFalseAction)  # --no-shuffle
+    }
+    if not flags:
+        return message
+    return re.sub(rf"\b({'|'.join(map(re.escape, flags))})\b", lambda m: flags[m.group(1)], message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's usage, not the program's, and the flag meant
+        args.parser.error(f"unrecognized arguments: {' '.join(_meant(arg, args.parser) for arg in unknown)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limit_hf_threads(getattr(args, "threads", None))
     try:
-        return COMMANDS[args.command](args)
+        with logging_redirect_tqdm():  # log lines above a progress bar, not through it
+            return COMMANDS[args.command](args)
     except BrokenPipeError:  # its output piped into a reader that stopped early (``| head``): nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes it
         return 1
     except UsageError as exc:
-        args.parser.error(str(exc))  # exits 2, as argparse does for its own usage errors
+        args.parser.error(as_flags(str(exc), args.parser))  # exits 2, as argparse does for its own usage errors
     except TokenizationError as exc:  # any other exception is a bug: its traceback shows where
         print(f"error: {exc}", file=sys.stderr)
         return 1

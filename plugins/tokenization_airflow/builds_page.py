@@ -15,7 +15,8 @@ from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse, Response
 
 from tokenization.builds.config import BuildPlan
 from tokenization.builds.pages import render
@@ -24,6 +25,7 @@ from tokenization.io.storage import join, open_fs
 from tokenization.publish.records import BuildSummary, RecordError
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
+from tokenization_airflow.tasks import FAILURE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -70,32 +72,52 @@ def report_url(dag_id: str, run_id: str) -> str:
 
 
 def list_builds(dag_id: str, limit: int = RUNS_SHOWN) -> list[dict]:
-    """The DAG's runs, newest first, with what ``publish`` recorded of each finished build."""
+    """The DAG's runs, newest first (by when they started; those waiting to start first), with what ``publish``
+    recorded of each finished build, or why a failed one failed."""
     from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     with create_session() as session:
-        runs = session.scalars(
-            select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.run_after.desc()).limit(limit)
-        ).all()
+        newest = (DagRun.start_date.desc().nulls_first(), DagRun.run_after.desc())
+        runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id).order_by(*newest).limit(limit)).all()
+        run_ids = [r.run_id for r in runs]
         published = dict(
             session.execute(
                 select(XComModel.run_id, XComModel.value).where(
                     XComModel.dag_id == dag_id,
                     XComModel.task_id == "publish",
                     XComModel.key == "return_value",
-                    XComModel.run_id.in_([r.run_id for r in runs]),
+                    XComModel.run_id.in_(run_ids),
                 )
             ).all()
         )
-        return [_build_row(run, published.get(run.run_id)) for run in runs]
+        failed = session.execute(
+            select(TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index)
+            .where(TaskInstance.dag_id == dag_id, TaskInstance.state == "failed", TaskInstance.run_id.in_(run_ids))
+            .order_by(TaskInstance.end_date)
+        ).all()
+        causes = {
+            (run_id, task_id, map_index): value
+            for run_id, task_id, map_index, value in session.execute(
+                select(XComModel.run_id, XComModel.task_id, XComModel.map_index, XComModel.value).where(
+                    XComModel.dag_id == dag_id, XComModel.key == FAILURE_KEY, XComModel.run_id.in_(run_ids)
+                )
+            )
+        }
+        first_failures: dict[str, dict] = {}
+        for run_id, task_id, map_index in failed:  # the first task to fail is the cause; the rest follow from it
+            task = task_id if map_index < 0 else f"{task_id}[{map_index}]"
+            cause = causes.get((run_id, task_id, map_index)) or "no cause recorded: see the task's log"
+            first_failures.setdefault(run_id, {"task": task, "cause": cause})
+        return [_build_row(run, published.get(run.run_id), first_failures.get(run.run_id)) for run in runs]
 
 
-def _build_row(run, published: dict | None) -> dict:
-    """A run, and what its ``publish`` returned (``None`` until the build is published; a summary that cannot be
-    read leaves the figures out, with a warning)."""
+def _build_row(run, published: dict | None, failure: dict | None) -> dict:
+    """A run, what its ``publish`` returned (``None`` until the build is published; a summary that cannot be
+    read leaves the figures out, with a warning), and its first failed task with the cause (``None`` without)."""
     build = None
     try:
         if published:
@@ -106,6 +128,7 @@ def _build_row(run, published: dict | None) -> dict:
     return {
         "run_id": run.run_id,
         "state": str(run.state),
+        "failure": failure,
         "date": _iso(run.logical_date or run.run_after),
         "started": _iso(run.start_date),
         "seconds": round(seconds, 1) if seconds is not None else None,
@@ -147,6 +170,15 @@ def recorded_run_dir(dag_id: str, run_id: str) -> tuple[str, str | None]:
             raise HTTPException(404, f"run {run_id!r} of {dag_id} planned no corpus build (state: {run.state})")
         plan = BuildPlan.from_json(spec, f"the spec run {run_id!r} planned (XCom)")
         return plan.run_dir, (run.conf or {}).get("aws_conn_id")
+
+
+@app.exception_handler(HTTPException)
+async def refusal(request: Request, exc: HTTPException) -> Response:
+    """A refusal as a page that a person reads in the UI's frame (its text wraps), or as JSON for API clients."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return await http_exception_handler(request, exc)
+    page = render("refusal.html.j2", status=exc.status_code, detail=exc.detail)
+    return HTMLResponse(page, status_code=exc.status_code, headers=(exc.headers or {}) | SECURITY_HEADERS)
 
 
 @app.get("/api/builds")

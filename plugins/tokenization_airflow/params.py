@@ -23,7 +23,8 @@ def build_params(defaults: dict[str, object]) -> dict[str, Param]:
         if not spec.param:
             continue
         default = defaults.get(f.name, None if f.default is MISSING else f.default)
-        extra = {"section": heading} if (heading := section(BuildConfig, f.name)) else {}
+        heading = None if f.name in FIRST else section(BuildConfig, f.name)  # FIRST opens the form, unsectioned
+        extra = {"section": heading} if heading else {}
         made[f.name] = Param(default, title=spec.title, description=spec.help, **json_schema(f, spec, kind), **extra)
     return {name: made[name] for name in FIRST} | {k: v for k, v in made.items() if k not in FIRST}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
-from tokenization_airflow.tasks import build_of, fails_at_once_on_data_errors
+from tokenization_airflow.tasks import build_of, one_line_failures
 
 NEVER_FINISHING = ("upstream_failed", "removed", "skipped")  # states a rank's task cannot leave by itself
 
@@ -36,7 +36,7 @@ class ShardSensor(BaseSensorOperator):
             missing = ", ".join(f"rank {r} ({why})" for r, why in sorted(self._missing.items()))
             raise AirflowSensorTimeout(f"shards still missing after {self.timeout:.0f}s: {missing}") from exc
 
-    @fails_at_once_on_data_errors
+    @one_line_failures
     def poke(self, context) -> PokeReturnValue:
         build = build_of(context["params"], self.spec)
         self._missing = build.incomplete_ranks()

@@ -13,11 +13,12 @@ import os
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
 from tokenization.builds.config import BuildConfig, BuildPlan
 from tokenization.builds.run import Build
-from tokenization.io.errors import StorageError, TokenizationError
+from tokenization.io.errors import StorageError, TokenizationError, external_error
 from tokenization.io.locations import tokenizer_files
 from tokenization.io.options import fields_of
 from tokenization.io.storage import WriteError
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 MAP_LENGTH_FALLBACK = 1024  # Airflow's default [core] max_map_length
 BUILD_PARAMS = {f.name for f, spec, _ in fields_of(BuildConfig) if spec.param}
 RETRIABLE = (StorageError, WriteError, AttemptConflict, LeaseLost)  # the project errors a later try may not meet
+FAILURE_KEY = "failure"  # the XCom holding a failed try's one-line cause
+FAILURE_CHARS = 2000  # of it: a cause is a line, not a log
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -126,18 +129,36 @@ def is_data_error(exc: BaseException) -> bool:
     return isinstance(exc, TokenizationError) and not isinstance(exc, RETRIABLE)
 
 
-def fails_at_once_on_data_errors(func: Callable[P, R]) -> Callable[P, R]:
-    """A task (or a sensor's poke) that a data error fails without retries, which would only repeat it minutes
-    apart: its one-line cause is logged, and is the last line of the short traceback that Airflow logs next."""
+def one_line_failures(func: Callable[P, R]) -> Callable[P, R]:
+    """A task (or a sensor's poke) whose failure is one line: its cause, recorded as the try's XCom ``failure``
+    for the "Corpus builds" page, and logged. A data error fails it without retries, which would only repeat it
+    minutes apart; its cause is then also the last line of the short traceback that Airflow logs next."""
 
     @functools.wraps(func)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except Exception as exc:
+            cause = one_line(exc)
+            _record_failure(cause)
             if not is_data_error(exc):
                 raise
-            log.error("%s (a data error: the task fails without retries)", exc)
-            raise AirflowFailException(str(exc)) from None
+            log.error("%s (a data error: the task fails without retries)", cause)
+            raise AirflowFailException(cause) from None
 
     return run
+
+
+def one_line(exc: BaseException) -> str:
+    """What a person can act on: a project error's message, a storage library's last line, else the type too."""
+    if isinstance(exc, TokenizationError):
+        return str(exc)
+    return external_error(exc) or f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _record_failure(cause: str) -> None:
+    """The cause as this try's XCom (a later try starts without it); outside a running task there is none."""
+    try:
+        get_current_context()["ti"].xcom_push(FAILURE_KEY, cause[:FAILURE_CHARS])
+    except Exception as exc:  # recording must never hide the failure itself
+        log.warning("the failure's cause could not be recorded: %s", exc)

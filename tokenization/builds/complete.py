@@ -10,15 +10,17 @@ import logging
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
+from pathlib import Path
 
 from tokenization.builds import accounting
 from tokenization.builds.config import BuildConfig, BuildPlan
 from tokenization.builds.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
 from tokenization.builds.plan import Plan
 from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
-from tokenization.formats import token_file_names
+from tokenization.formats import MEGATRON, token_file_names
 from tokenization.io.options import params
-from tokenization.io.storage import join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
+from tokenization.io.storage import is_local, join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
+from tokenization.publish import manifest
 from tokenization.publish.cache import Cache
 from tokenization.publish.records import (
     Arrived,
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 
 PROBLEMS_LOGGED = 50
 ARRIVED_LISTED = 100  # input files that arrived after the plan, named in the build record (then a count)
+MEGATRON_DATA_PATH = "megatron_data_path.txt"  # a Megatron build's --data-path, beside its report
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ def publish(config: BuildConfig, plan: BuildPlan, keep: int | None = None) -> Pu
             raise
         record = replace(record, report=ReportFiles(html=REPORT_HTML, json=REPORT_JSON))
         write_report(run_dir, record)  # before the record that declares the build complete
+        if config.output_format == "megatron":
+            _write_data_path(run_dir, record.dataset)
         fs, path = open_fs(Layout(plan.run_dir).manifest)
         write_bytes_atomic(fs, path, record.dumps())
         newest = point_latest(config.output)
@@ -97,6 +102,18 @@ def publish(config: BuildConfig, plan: BuildPlan, keep: int | None = None) -> Pu
             write_report(run_dir, record, Retention(keep=keep, deleted=deleted, cache=cleaned))
     log.info("published %s: %d tokens; report %s", record.dataset, record.tokens, REPORT_HTML)
     return Published(record, newest, deleted)
+
+
+def _write_data_path(run_dir: str, dataset: str) -> None:
+    """Megatron-LM's ``--data-path`` for a Megatron build, beside its report: every ``.bin/.idx`` prefix of the
+    dataset (Megatron output is never merged: a rank's files), each weighted by its tokens, which Megatron
+    normalizes into its blend."""
+    entries = manifest.output_entries(dataset)
+    fs, folder = open_fs(dataset)
+    where = str(Path(folder).resolve()) if is_local(fs) else dataset  # Megatron may run from any folder
+    weighted = [f"{entries[name].entry.tokens} {join(where, name.removesuffix(MEGATRON))}" for name in sorted(entries)]
+    fs, path = open_fs(join(run_dir, MEGATRON_DATA_PATH))
+    write_bytes_atomic(fs, path, (" ".join(weighted) + "\n").encode())
 
 
 def _clean_cache(config: BuildConfig) -> CacheCleaning | None:
@@ -204,7 +221,7 @@ def dataset_checks(config: BuildConfig, plan: BuildPlan) -> Checks:
 def _arrived_after(config: BuildConfig, recorded: Plan) -> Arrived:
     """The input files that arrived after the plan was made, which this build leaves out: for the report."""
     try:
-        listing = list_input_files([config.input])
+        listing = list_input_files([config.input], quiet=True)  # what it skips, the plan said
     except InputError:  # the input is gone, or empty now: nothing arrived
         return Arrived(files=0, first=[])
     known = {f.url for f in recorded.files}
@@ -252,6 +269,15 @@ def summary(build: BuildRecord) -> str:
         lines.insert(3, f"inputs: the plan's {inputs.files:,} files, each read once{later}")
     if build.cache:
         lines.append(f"cache: {cache_line(build.cache)}")
-    if build.report:  # the run folder holds the dataset's folder and the report
-        lines.append(f"report: {join(build.dataset.rsplit('/', 1)[0], build.report.html)}")
+    run_dir = build.dataset.rsplit("/", 1)[0]  # it holds the dataset's folder, the report and the data path
+    if build.params.get("output_format") == "megatron":
+        lines.append(
+            f"megatron: --data-path $(cat {join(run_dir, MEGATRON_DATA_PATH)})  (each prefix, weighted by tokens)"
+        )
+    if build.report:
+        report = join(run_dir, build.report.html)
+        lines.append(f"report: {report}")
+        fs, path = open_fs(report)
+        if is_local(fs):  # a run id's "%" is part of the folder's name: a browser needs it encoded again
+            lines.append(f"open:   {Path(path).resolve().as_uri()}")
     return "\n".join(lines)

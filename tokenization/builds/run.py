@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from multiprocessing import get_context
+from multiprocessing.queues import Queue
 from typing import Literal
 
 from tokenization.builds import accounting, complete
@@ -22,7 +23,7 @@ from tokenization.builds.config import BuildConfig, BuildPlan
 from tokenization.builds.plan import Plan
 from tokenization.formats import DS, list_token_files
 from tokenization.io.locations import AllowedLocations, check_disjoint
-from tokenization.io.progress import ProgressMode
+from tokenization.io.progress import Gathered, ProgressMode, Relay
 from tokenization.io.storage import using
 from tokenization.publish.cache import OFF
 from tokenization.publish.manifest import StageResult
@@ -39,7 +40,7 @@ from tokenization.stages.merge import MergeConfig, MergeOptions, merge
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
 from tokenization.text.documents import Counts, DocumentOptions
 from tokenization.text.encoding import limit_hf_threads
-from tokenization.text.sources import list_input_files
+from tokenization.text.sources import idle_ranks, list_input_files
 from tokenization.text.tokenizer_files import TokenizerFile
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class Build:
             digest=recorded.digest,
         )
         log.info("plan: %s", plan)
+        idle_ranks(config.num_ranks, len(files))
         return cls(config, plan)
 
     def recorded_plan(self) -> Plan:
@@ -212,25 +214,43 @@ class Build:
         if (done := self.published()) is not None:
             log.info("%s is already published: nothing to do", self.layout.run_dir)
             return done
-        self._in_processes("tokenize", [(rank,) for rank in sorted(self.incomplete_ranks())], parallel)
+        ranks = sorted(self.incomplete_ranks())
+        with using(self.config.storage_options):
+            text = sum(f.size for rank in ranks for f in self.recorded_plan().share(rank, self.plan.num_ranks))
+        self._in_processes("tokenize", [(rank,) for rank in ranks], parallel, progress, text)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")
         if self.plan.num_buckets:
-            self._in_processes("merge", [(bucket,) for bucket in self.plan.merge_buckets], parallel)
+            self._in_processes("merge", [(bucket,) for bucket in self.plan.merge_buckets], parallel, progress)
         elif self.plan.merges:
             self.merge(None, progress)
         shards = self.context_shards()
-        self._in_processes("context_shuffle", [(shard, len(shards)) for shard in shards], parallel)
+        self._in_processes("context_shuffle", [(shard, len(shards)) for shard in shards], parallel, progress)
         return self.publish(keep)
 
     def _in_processes(
-        self, step: Literal["tokenize", "merge", "context_shuffle"], calls: list[tuple], parallel: int
+        self,
+        step: Literal["tokenize", "merge", "context_shuffle"],
+        calls: list[tuple],
+        parallel: int,
+        progress: ProgressMode,
+        total: int | None = None,
     ) -> None:
         """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (spawned: no thread pool
-        is inherited), logging each as it completes; the first failure cancels what has not started."""
+        is inherited), logging each as it completes; the first failure cancels what has not started. Their
+        progress is shown summed, as one bar (``total``: their work, in the step's unit, when known)."""
         if not calls:
             return
-        with ProcessPoolExecutor(min(parallel, len(calls)), mp_context=get_context("spawn")) as pool:
+        context = get_context("spawn")
+        queue = context.Queue()
+        unit = "B" if step == "tokenize" else "tok"
+        desc = f"{step.replace('_', ' ')}: {len(calls)} {STEP_TASKS[step]}{'s' * (len(calls) > 1)}"
+        with (
+            Gathered(desc, unit, progress, queue, total),
+            ProcessPoolExecutor(
+                min(parallel, len(calls)), mp_context=context, initializer=_relay_to, initargs=(queue,)
+            ) as pool,
+        ):
             futures = {pool.submit(_run_step, self, step, args): args for args in calls}
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for future in pending:
@@ -248,7 +268,18 @@ class Build:
                     )
 
 
+STEP_TASKS = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}
+_relayed: Queue | None = None  # in a worker process: where its step's progress goes
+
+
+def _relay_to(queue: Queue) -> None:
+    global _relayed
+    _relayed = queue
+
+
 def _run_step(build: Build, step: str, args: tuple) -> StageResult:
-    """One step in a worker process, without progress bars (several would share one terminal)."""
+    """One step in a worker process, its progress relayed to the parent's bar (several would share one
+    terminal)."""
     limit_hf_threads(build.config.threads)
-    return getattr(build, step)(*args, progress=False)
+    progress = Relay(_relayed, f"{step} {args}") if _relayed is not None else False
+    return getattr(build, step)(*args, progress=progress)

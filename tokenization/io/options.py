@@ -33,6 +33,7 @@ class Spec:
     minimum: float | None = None
     maximum: float | None = None
     flag: str | None = None  # the command line's name when it is not --{name}; "" makes it positional
+    flag_help: str | None = None  # the command line's help for a flag that turns an option off (--no-shuffle)
     cli: bool = True  # offered on the command line
     param: bool = True  # offered as a DAG param
 
@@ -149,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 def _add(
     group: argparse.ArgumentParser | argparse._ArgumentGroup, f: dataclasses.Field, spec: Spec, kind: Kind
 ) -> None:
-    help_text = spec.help + _default_note(f, kind)
+    help_text = (spec.flag_help or spec.help) + _default_note(f, kind)
     if spec.flag == "":
         nargs = "+" if kind.base is list else None
         group.add_argument(f.name, nargs=nargs, metavar=f.name.upper().rstrip("S"), help=help_text)

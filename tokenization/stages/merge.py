@@ -82,7 +82,12 @@ class MergeConfig(MergeOptions):
     save_filename: str = option(help="name of the merged dataset: files are NNN_{name}.ds")
     seed: int = option(0, minimum=0, help="ordering seed: the same seed gives the same bytes")
     bucket: int | None = option(None, minimum=0, help="with --merge-mode bucketed: the bucket this task merges")
-    shuffle: bool = option(True, flag="--no-shuffle", help="reorder (--no-shuffle concatenates in file order)")
+    shuffle: bool = option(
+        True,
+        flag="--no-shuffle",
+        help="reorder (--no-shuffle concatenates in file order)",
+        flag_help="concatenate the files in file order (default: reorder them)",
+    )
     shuffle_chunk_size: int | None = option(
         None, minimum=1, help="move fixed chunks of this many tokens instead of documents (default: documents)"
     )

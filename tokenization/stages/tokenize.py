@@ -38,7 +38,7 @@ from tokenization.stages.first_pass import CacheOwner, FirstPass, Segment, quara
 from tokenization.text.documents import Counts, DocumentOptions, TooManyRejects
 from tokenization.text.encoding import Encoder
 from tokenization.text.rendering import Renderer
-from tokenization.text.sources import check_unchanged, list_input_files, shard
+from tokenization.text.sources import check_unchanged, idle_ranks, list_input_files, shard
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class RankOptions(Options):
         flag="--no-shuffle",
         title="Shuffle documents within each rank",
         help="shuffle the documents of each rank (--no-shuffle keeps them in input order)",
+        flag_help="keep each rank's documents in input order (default: shuffled with --seed)",
     )
     shuffle_chunk_size: int | None = option(
         None,
@@ -193,6 +194,7 @@ def tokenize_rank(
         if location:
             check_disjoint(config.inputs, location, "cache")
         listing = list_input_files(config.inputs)
+        idle_ranks(config.world_size, len(listing.files))
         files, skipped = shard(listing.files, config.rank, config.world_size), listing.skipped
         user, keeps = config.output, join(config.output, manifest.manifest_name(config.stem))
     else:

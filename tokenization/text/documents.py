@@ -139,6 +139,8 @@ class DocumentOptions(Options):
         title="Loss on the end of a turn",
         help="the chat template's text after a content with loss, up to and including its first special token "
         "(<|eot_id|>, <|im_end|>), carries loss, so that a model learns to end its turn; off: only the contents",
+        flag_help="only the message contents carry loss, not the template's text that ends a turn (default: it "
+        "does, so that a model learns to end its turn)",
     )
     render_steps: int = option(
         rendering.Limits.steps,

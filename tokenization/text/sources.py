@@ -120,13 +120,14 @@ class _ZstdFrames(io.RawIOBase):
         return n
 
 
-def list_input_files(inputs: Sequence[str]) -> InputListing:
+def list_input_files(inputs: Sequence[str], quiet: bool = False) -> InputListing:
     """Every input file, sorted by URL: folders are searched recursively, globs expanded, files taken as named.
 
     Below the folder named (or a glob's fixed part), names starting with ``.`` or ``_`` (markers, temp files, a
     build's own ``_manifests/``), and everything inside folders so named, are ignored and counted in ``hidden``.
-    Inside folders, files of other formats are skipped and listed in ``skipped`` (the caller logs and records
-    them); a named or globbed file of another format is an error, and so is a file name that is not UTF-8.
+    Inside folders, files of other formats are skipped and listed in ``skipped`` (logged, unless ``quiet``: a
+    build says so once, when it plans); a named or globbed file of another format is an error, and so is a file
+    name that is not UTF-8.
     """
     found: dict[str, InputFile] = {}
     skipped: list[str] = []
@@ -134,15 +135,30 @@ def list_input_files(inputs: Sequence[str]) -> InputListing:
     for spec in inputs:
         with reaching(spec):
             found.update(_list(spec, skipped, hidden))
-    if skipped:
+    if skipped and not quiet:
         log.warning("skipped %d input files of unsupported types: %s", len(skipped), ", ".join(skipped))
-    if hidden:
+    if hidden and not quiet:
         log.info("ignored %d input files under names starting with . or _", len(hidden))
     if not found:
         unsupported = f" (skipped as unsupported: {', '.join(skipped)})" if skipped else ""
         ignored = f" ({len(hidden)} ignored under names starting with . or _)" if hidden else ""
         raise InputError(f"no input files found in {', '.join(inputs)}{unsupported}{ignored}")
     return InputListing([found[url] for url in sorted(found)], skipped, len(hidden))
+
+
+def idle_ranks(ranks: int, files: int) -> int:
+    """How many ranks get no input file, as a rank takes whole files; warned about, with the numbers."""
+    idle = max(0, ranks - files)
+    if idle:
+        log.warning(
+            "%d ranks for %d input files: a rank takes whole files, so %d ranks will have nothing to tokenize; "
+            "use at most %d ranks, or split the input into more files",
+            ranks,
+            files,
+            idle,
+            files,
+        )
+    return idle
 
 
 def _list(spec: str, skipped: list[str], hidden: set[str]) -> dict[str, InputFile]:

@@ -14,8 +14,11 @@ import json
 import logging
 import os
 import posixpath
+import socket
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
+from urllib.parse import urlparse
 
 import fsspec
 from tokenizers import Tokenizer
@@ -35,6 +38,9 @@ EOS_ORIGINS = {  # how a message names the place where the tokenizer's own EOS w
     "post-processor": "its post-processor",
     "vocabulary": "its vocabulary",
 }
+
+
+HUB_TIMEOUT = 3.0  # seconds to reach the hub's host before a hub name is refused
 
 
 class TokenizerError(TokenizationError, ValueError):
@@ -58,19 +64,34 @@ def load_tokenizer_bytes(name_or_path: str) -> tuple[Tokenizer, bytes]:
     """A tokenizer and its serialized form, from a ``tokenizer.json`` file, a folder holding one, or any fsspec
     URL. Anything else is taken as a HuggingFace hub name, which needs network access."""
     location = tokenizer_location(name_or_path)
-    if location is None:
-        try:
-            tokenizer = Tokenizer.from_pretrained(name_or_path)
-        except Exception as exc:
-            raise TokenizerError(
-                f"{name_or_path}: not a local tokenizer file and could not be loaded from the HuggingFace hub ({exc})"
-            ) from exc
-        return tokenizer, tokenizer.to_str().encode("utf-8")
-    data = _read(name_or_path, *location)
+    data = _from_hub(name_or_path) if location is None else _read(name_or_path, *location)
     try:
         return Tokenizer.from_str(data.decode("utf-8")), data
     except Exception as exc:
         raise TokenizerError(f"{name_or_path}: not a tokenizers JSON file ({exc})") from exc
+
+
+def _from_hub(name: str) -> bytes:
+    """The ``tokenizer.json`` of a HuggingFace hub repository: from the local hub cache when it is there, else
+    downloaded, once the hub's host is known to answer: the hub client would otherwise retry for ~25 s."""
+    from huggingface_hub import constants, hf_hub_download
+
+    try:
+        return Path(hf_hub_download(name, "tokenizer.json", local_files_only=True)).read_bytes()
+    except Exception:  # not in the cache (or not a valid name: the download below says which)
+        pass
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    try:
+        socket.create_connection((host, 443), timeout=HUB_TIMEOUT).close()
+    except OSError as exc:
+        raise TokenizerError(
+            f"{name}: no such local tokenizer file, and the HuggingFace hub ({host}) cannot be reached to fetch it "
+            f"({exc}): give a tokenizer.json file, a folder holding one, or an fsspec URL"
+        ) from None
+    try:
+        return Path(hf_hub_download(name, "tokenizer.json")).read_bytes()
+    except Exception as exc:
+        raise TokenizerError(f"{name}: no such local tokenizer file, nor a HuggingFace hub tokenizer ({exc})") from exc
 
 
 def _read(name_or_path: str, fs: fsspec.AbstractFileSystem, path: str) -> bytes:

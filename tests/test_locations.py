@@ -85,7 +85,11 @@ def test_a_symlinked_file_in_an_allowed_folder_is_checked_where_it_leads(allowed
 def test_a_tokenizer_folder_is_checked_file_by_file(allowed, tmp_path) -> None:
     folder, secret = tmp_path / "builds" / "tok", write(tmp_path / "secret.json", "{}")
     folder.mkdir(parents=True)
-    assert tokenizer_files(str(folder)) == [f"{folder}/tokenizer.json", f"{folder}/tokenizer_config.json"]
+    assert tokenizer_files(str(folder)) == [
+        f"{folder}/tokenizer.json",
+        f"{folder}/tokenizer.model",  # the folder's tokenizer when it holds no tokenizer.json
+        f"{folder}/tokenizer_config.json",
+    ]
     assert tokenizer_files(f"{folder}/tokenizer.json") == [
         f"{folder}/tokenizer.json",
         f"{folder}/tokenizer_config.json",
@@ -94,6 +98,9 @@ def test_a_tokenizer_folder_is_checked_file_by_file(allowed, tmp_path) -> None:
     allowed.check_files("tokenizer", tokenizer_files(str(folder)))  # missing files stay where they would be
     (folder / "tokenizer_config.json").symlink_to(secret)
     with pytest.raises(LocationError, match=rf"^param tokenizer: {folder}/tokenizer_config.json resolves to {secret},"):
+        allowed.check_files("tokenizer", tokenizer_files(str(folder)))
+    (folder / "tokenizer.model").symlink_to(secret)
+    with pytest.raises(LocationError, match=rf"^param tokenizer: {folder}/tokenizer.model resolves to {secret},"):
         allowed.check_files("tokenizer", tokenizer_files(str(folder)))
 
 

@@ -151,11 +151,12 @@ def test_an_older_record_is_read_with_the_fields_it_did_not_have(published: Path
     rank = json.loads((published / "ranks/_manifests/00000.json").read_text())
     for key in ("loss_tokens", "length_histogram", "special_token_literals_total"):
         del rank["counts"][key]
-    del rank["throughput"], rank["plan"], rank["tokenizer"]["engine"], rank["cache"]
+    del rank["throughput"], rank["plan"], rank["tokenizer"]["engine"], rank["tokenizer"]["format"], rank["cache"]
     rank["format"] = "corpus-tokenization/rank-manifest/1"
     old_rank = RankManifest.from_json(rank, "old rank")
     assert old_rank.counts.loss_tokens is None and old_rank.counts.length_histogram == []
     assert old_rank.tokenizer.engine == "hf" and old_rank.throughput is None and old_rank.cache is None
+    assert old_rank.tokenizer.format == "tokenizer.json"  # before other formats were read
     summary = Published(BuildRecord.loads((published / "_BUILD.json").read_bytes(), "new"), "", []).summary()
     xcom = {k: v for k, v in summary.to_json().items() if k not in ("format", "reused")}  # as published before
     assert BuildSummary.from_json(xcom, "an older run's summary") == replace(summary, reused=None)

@@ -26,7 +26,7 @@ SETTING = "TOKENIZATION_ALLOWED_LOCATIONS"  # the deployment's prefixes: commas 
 SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 GLOB_CHARS = "*?["  # a path holding one of these is a glob (fsspec's test)
 TOKENIZER_CONFIG = "tokenizer_config.json"  # read beside a tokenizer file for its EOS (tokenizer_files.configured_eos)
-TOKENIZER_FILES = ("tokenizer.json", TOKENIZER_CONFIG)  # what a build reads of a tokenizer folder
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", TOKENIZER_CONFIG)  # what a build may read of a tokenizer folder
 
 
 class LocationError(TokenizationError, ValueError):
@@ -96,9 +96,9 @@ def _shown(given: str, resolved: str) -> str:
 
 
 def tokenizer_files(location: str) -> list[str]:
-    """The local files a tokenizer param makes a build read: the tokenizer file (``tokenizer.json`` in a folder)
-    and the ``tokenizer_config.json`` beside it, so each is checked after its own symlinks are resolved. A URL
-    is its own file: object stores have no symlinks."""
+    """The local files a tokenizer param makes a build read: the tokenizer file (``tokenizer.json``, else
+    ``tokenizer.model``, in a folder) and the ``tokenizer_config.json`` beside it, so each is checked after its own
+    symlinks are resolved. A URL is its own file: object stores have no symlinks."""
     match = SCHEME.match(location)
     if match is not None and match.group(1) != "file":
         return [location]

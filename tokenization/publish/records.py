@@ -301,9 +301,10 @@ class TokenizerInfo(Record):
     """The tokenizer as a stage used it: what decides the ids, and how it was encoded."""
 
     name: str
-    sha256: str
+    sha256: str  # of its tokenizer.json: for a converted file, of the conversion
     vocab_size: int
     token_size: int
+    format: str = "tokenizer.json"  # of the file given: "sentencepiece" and "tiktoken" are converted to tokenizer.json
     eos_token: str | None
     eos_id: int | None
     eos_source: str | None = None
@@ -482,7 +483,8 @@ class RankManifest(StageManifest):
     """``ranks/_manifests/{rank}.json``: one rank's inputs, plan, tokenizer, counts and files."""
 
     KIND: ClassVar[str] = "rank-manifest"
-    VERSION: ClassVar[int] = 4  # /3 had no self-check; /2 no cache; /1 was /2 without the checks on reading
+    # /4 had no tokenizer format; /3 no self-check; /2 no cache; /1 was /2 without the checks on reading
+    VERSION: ClassVar[int] = 5
     rank: int
     world_size: int
     tokenizer: TokenizerInfo
@@ -620,7 +622,7 @@ class CountStats(StageRecord):
     """The token counter's stats JSON: totals, per input file, and the length histogram."""
 
     KIND: ClassVar[str] = "count"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3  # /2 had no tokenizer format
     tokenizer: TokenizerInfo
     rendering: dict[str, Any] | None
     docs: int

@@ -58,7 +58,9 @@ class DocumentOptions(Options):
     """Reading and encoding: the same for tokenize, count and build, so all three see the same documents."""
 
     tokenizer: str = option(
-        help="tokenizer.json path, a folder holding one, an fsspec URL or a hub name", title="Tokenizer"
+        help="tokenizer.json, SentencePiece tokenizer.model or OpenAI .tiktoken file, a folder holding one, an fsspec "
+        "URL or a hub name",
+        title="Tokenizer",
     )
     text_key: str = option("text", help="field holding the text; dotted for a nested field", title="Text field")
     id_key: str = option("id", help="field holding the document id, named in quarantine records", title="Id field")
@@ -66,7 +68,7 @@ class DocumentOptions(Options):
         None,
         title="EOS token",
         help="token appended to every document (default: the tokenizer's own end-of-text token, from its "
-        "tokenizer_config.json, its post-processor or its vocabulary)",
+        "tokenizer_config.json, its SentencePiece model, its post-processor or its vocabulary)",
     )
     no_eos: bool = option(False, help="append no end-of-text token (conflicts with --eos-token)", title="No EOS")
     special_text: SpecialTextPolicy = option(

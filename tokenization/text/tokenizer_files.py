@@ -1,10 +1,11 @@
 """A tokenizer as a run loads it: its ``tokenizer.json`` from a file, a folder holding one, any fsspec URL or the
-HuggingFace hub, that file's sha256 (which a build's plan pins), its vocabulary and the width of its ids, its special
-tokens, and its own end-of-text token.
+HuggingFace hub (or converted from a SentencePiece model or a tiktoken rank file: ``tokenizer_formats``), that
+tokenizer.json's sha256 (which a build's plan pins), its vocabulary and the width of its ids, its special tokens, and
+its own end-of-text token.
 
 Unless told otherwise, a run ends every document with the tokenizer's own end-of-text token: the one the
-``tokenizer_config.json`` beside it names, else the last special token its post-processor appends, else the first
-of ``EOS_CANDIDATES`` its vocabulary holds.
+``tokenizer_config.json`` beside it names, else the one a converted file names (a SentencePiece model's eos piece),
+else the last special token its post-processor appends, else the first of ``EOS_CANDIDATES`` its vocabulary holds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tokenization.formats.ds import token_size_for_vocab
 from tokenization.io.errors import TokenizationError
 from tokenization.io.storage import is_local, open_fs
 from tokenization.publish.records import TokenizerFacts
+from tokenization.text.tokenizer_formats import TokenizerSource, UnreadableTokenizer, as_tokenizer_json
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +37,16 @@ log = logging.getLogger(__name__)
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<｜end▁of▁sentence｜>", "<|end|>")
 EOS_ORIGINS = {  # how a message names the place where the tokenizer's own EOS was found
     "tokenizer_config.json": "tokenizer_config.json",
+    "sentencepiece": "its SentencePiece model",
+    "tiktoken": "its tiktoken encoding",
     "post-processor": "its post-processor",
     "vocabulary": "its vocabulary",
 }
 
 
 HUB_TIMEOUT = 3.0  # seconds to reach the hub's host before a hub name is refused
+FOLDER_FILES = ("tokenizer.json", "tokenizer.model")  # what a folder's tokenizer is, in order of preference
+FILE_SUFFIXES = (".json", ".model", ".tiktoken")  # a missing file so named is no hub name
 
 
 class TokenizerError(TokenizationError, ValueError):
@@ -48,27 +54,41 @@ class TokenizerError(TokenizationError, ValueError):
 
 
 def tokenizer_location(name_or_path: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
-    """Where the ``tokenizer.json`` of a file, a folder holding one, or any fsspec URL is; None for a HuggingFace
-    hub name."""
+    """Where the tokenizer file of a path, a folder holding one (its ``tokenizer.json``, else its
+    ``tokenizer.model``, as Meta's Llama 2 download has only that), or any fsspec URL is; None for a HuggingFace hub
+    name."""
     fs, path = open_fs(name_or_path)
     if is_local(fs) and not os.path.exists(path):
-        if name_or_path.endswith(".json") or name_or_path.startswith(("/", ".", "~")):
+        if name_or_path.endswith(FILE_SUFFIXES) or name_or_path.startswith(("/", ".", "~")):
             raise TokenizerError(f"{name_or_path}: no such tokenizer file")
         return None
     if fs.isdir(path):
-        path = path.rstrip("/") + "/tokenizer.json"
+        inside = [path.rstrip("/") + "/" + name for name in FOLDER_FILES]
+        path = next((file for file in inside if fs.exists(file)), inside[0])
     return fs, path
 
 
-def load_tokenizer_bytes(name_or_path: str) -> tuple[Tokenizer, bytes]:
-    """A tokenizer and its serialized form, from a ``tokenizer.json`` file, a folder holding one, or any fsspec
-    URL. Anything else is taken as a HuggingFace hub name, which needs network access."""
+def read_tokenizer(name_or_path: str) -> TokenizerSource:
+    """The tokenizer.json of a tokenizer file (a tokenizer.json, a SentencePiece model or a tiktoken rank file, which
+    are converted), a folder holding one, or any fsspec URL. Anything else is taken as a HuggingFace hub name, which
+    needs network access."""
     location = tokenizer_location(name_or_path)
-    data = _from_hub(name_or_path) if location is None else _read(name_or_path, *location)
+    raw = _from_hub(name_or_path) if location is None else _read(name_or_path, *location)
     try:
-        return Tokenizer.from_str(data.decode("utf-8")), data
+        return as_tokenizer_json(raw)
+    except UnreadableTokenizer as exc:
+        raise TokenizerError(f"{name_or_path}: {exc}") from None
+
+
+def parse_tokenizer(name_or_path: str, data: bytes) -> Tokenizer:
+    """HF's tokenizer of the tokenizer.json ``data``, set never to crop a document nor to pad one."""
+    try:
+        tokenizer = Tokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:
         raise TokenizerError(f"{name_or_path}: not a tokenizers JSON file ({exc})") from exc
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def _from_hub(name: str) -> bytes:
@@ -98,14 +118,7 @@ def _read(name_or_path: str, fs: fsspec.AbstractFileSystem, path: str) -> bytes:
     try:
         return fs.cat_file(path)
     except FileNotFoundError as exc:
-        raise TokenizerError(f"{name_or_path}: no tokenizer.json found") from exc
-
-
-def _unbounded(tokenizer: Tokenizer) -> Tokenizer:
-    """The tokenizer, set never to crop a document nor to pad one."""
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return tokenizer
+        raise TokenizerError(f"{name_or_path}: no {' nor '.join(FOLDER_FILES)} found") from exc
 
 
 def configured_eos(name_or_path: str) -> str | None:
@@ -136,9 +149,9 @@ def configured_token(name_or_path: str, key: str) -> str | None:
 
 @dataclass(frozen=True)
 class TokenizerFile:
-    """A tokenizer and what a manifest says of it. ``data`` is its ``tokenizer.json``, which the fast engine loads
-    itself; ``special_tokens`` come longest first, as a regex must try them; ``tokenizer``, HF's, is loaded when
-    first used."""
+    """A tokenizer and what a manifest says of it. ``data`` is its ``tokenizer.json`` (converted from the file's
+    ``format``), which the fast engine loads itself; ``special_tokens`` come longest first, as a regex must try them;
+    ``source_eos``: the end-of-text token a converted file names; ``tokenizer``, HF's, is loaded when first used."""
 
     name: str
     data: bytes
@@ -146,46 +159,53 @@ class TokenizerFile:
     vocab_size: int
     token_size: int
     special_tokens: list[str]
+    format: str = "tokenizer.json"
+    source_eos: str | None = None
 
     @classmethod
     def load(cls, name_or_path: str, known: TokenizerFacts | None = None) -> TokenizerFile:
         """The tokenizer, loaded. With ``known`` (what loading these very bytes told a build's plan), only its file is
-        read: HF's tokenizer is loaded when first used, which a rank that takes every file from the tokenization
-        cache never does (0.2-0.7 s)."""
-        location = tokenizer_location(name_or_path)
-        if known is not None and location is not None:
-            data = _read(name_or_path, *location)
-            if hashlib.sha256(data).hexdigest() == known.sha256:
-                vocab_size = known.vocab_size
-                return cls(
-                    name_or_path, data, known.sha256, vocab_size, token_size_for_vocab(vocab_size), known.special_tokens
-                )
-        tokenizer, data = load_tokenizer_bytes(name_or_path)
-        vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        added = json.loads(data).get("added_tokens") or []
-        specials = {t["content"] for t in added if t.get("special")}
+        read (and converted): HF's tokenizer is loaded when first used, which a rank that takes every file from the
+        tokenization cache never does (0.2-0.7 s)."""
+        source = read_tokenizer(name_or_path)
+        sha256 = hashlib.sha256(source.data).hexdigest()
+        tokenizer = None
+        if known is not None and sha256 == known.sha256:
+            vocab_size, specials = known.vocab_size, known.special_tokens
+        else:
+            tokenizer = parse_tokenizer(name_or_path, source.data)
+            added = json.loads(source.data).get("added_tokens") or []
+            top_added = max((t["id"] for t in added), default=-1)  # tiktoken's leave gaps: cl100k's last is 100276
+            vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), top_added + 1)  # every id lies below
+            specials = sorted({t["content"] for t in added if t.get("special")}, key=lambda t: (-len(t), t))
         file = cls(
             name=name_or_path,
-            data=data,
-            sha256=hashlib.sha256(data).hexdigest(),
+            data=source.data,
+            sha256=sha256,
             vocab_size=vocab_size,
             token_size=token_size_for_vocab(vocab_size),
-            special_tokens=sorted(specials, key=lambda t: (-len(t), t)),
+            special_tokens=specials,
+            format=source.format,
+            source_eos=source.eos,
         )
-        object.__setattr__(file, "tokenizer", _unbounded(tokenizer))  # loaded already: the property's value
+        if tokenizer is not None:
+            object.__setattr__(file, "tokenizer", tokenizer)  # loaded already: the property's value
         return file
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
         """HF's tokenizer, loaded from ``data`` when first used."""
-        try:
-            return _unbounded(Tokenizer.from_str(self.data.decode("utf-8")))
-        except Exception as exc:
-            raise TokenizerError(f"{self.name}: not a tokenizers JSON file ({exc})") from exc
+        return parse_tokenizer(self.name, self.data)
 
     def describe(self) -> dict:
         """The manifest's record of the tokenizer itself."""
-        return {"name": self.name, "sha256": self.sha256, "vocab_size": self.vocab_size, "token_size": self.token_size}
+        return {
+            "name": self.name,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "token_size": self.token_size,
+            "format": self.format,
+        }
 
     def special_ids_around(self) -> tuple[list[int], list[int]]:
         """The ids that the tokenizer's own post-processor puts before a document (its BOS, if any) and after it."""
@@ -223,12 +243,15 @@ class TokenizerFile:
 
     def _own_eos(self, appended: list[int]) -> tuple[str, str] | None:
         """The tokenizer's own end-of-text token and where it was found: the ``tokenizer_config.json`` beside it,
-        else the last special token its post-processor appends, else the first of ``EOS_CANDIDATES`` it holds."""
+        else the file it was converted from (a SentencePiece model names its eos piece), else the last special token
+        its post-processor appends, else the first of ``EOS_CANDIDATES`` it holds."""
         configured = configured_eos(self.name)
         if configured is not None and self.tokenizer.token_to_id(configured) is not None:
             return configured, "tokenizer_config.json"
         if configured is not None:
             log.warning("%s: tokenizer_config.json names EOS %r, which is not in the vocabulary", self.name, configured)
+        if self.source_eos is not None:
+            return self.source_eos, self.format
         if appended:
             return self.tokenizer.id_to_token(appended[-1]), "post-processor"
         known = next((t for t in EOS_CANDIDATES if self.tokenizer.token_to_id(t) is not None), None)

@@ -52,6 +52,12 @@ def test_build_names_itself_plainly_prints_a_report_link_that_opens_and_verify_t
     checked = cli("verify", str(run_dir))  # a run folder: its dataset is checked
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.splitlines()[-1].startswith(f"verify {run_dir}/merged: 1 files, 64,522 tokens: OK")
+    record = json.loads((run_dir / "_BUILD.json").read_text())
+    (run_dir / "_BUILD.json").write_text(json.dumps(record | {"tokens": 64_523}))  # a record its dataset belies
+    checked = cli("verify", str(run_dir))
+    assert checked.returncode == 1 and checked.stdout.splitlines()[-2].startswith(
+        f"{run_dir}/_BUILD.json: records 64,523 tokens and digest {record['digest']}, but its dataset holds 64,522"
+    )
 
     done = cli("build", str(sample_corpus), *options, "--build-id", "manual__2026-12-01T17:39:28+00:00")
     assert done.returncode == 0, done.stderr

@@ -32,6 +32,7 @@ import numpy as np
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tokenization.builds import pages
+from tokenization.builds.accounting import dataset_digest
 from tokenization.builds.complete import summary
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.report import REPORT_HTML, write_report
@@ -43,7 +44,8 @@ from tokenization.io.errors import TokenizationError, UsageError, external_error
 from tokenization.io.options import add_arguments, from_arguments
 from tokenization.io.storage import join, open_fs
 from tokenization.publish.cache import DEFAULT_FOLDER, ENTRIES, Cache
-from tokenization.publish.runs import RUN_CLAIM, BuildError, Layout, read_build
+from tokenization.publish.records import BuildRecord
+from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, BuildError, Layout, read_build
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.merge import MergeConfig, merge
@@ -279,8 +281,14 @@ def cmd_count(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     if args.sample is not None and args.sample < 0:
         raise UsageError(f"--sample must be 0 or more, got {args.sample}")
-    path = _dataset_of(args.path)
+    build = _build_in(args.path)
+    path = build.dataset if build else args.path
     report = verify(path, args.tokenizer, args.eos_token, vouched=args.sample is not None, sample=args.sample or 0)
+    if build and (build.tokens, build.digest) != (report.tokens, digest := dataset_digest(path)):
+        report.problems.append(
+            f"{join(args.path, BUILD_MANIFEST)}: records {build.tokens:,} tokens and digest {build.digest}, but its "
+            f"dataset holds {report.tokens:,} tokens and digest {digest}"
+        )
     for line in report.problems + report.notes:
         print(line)
     state = "OK" if report.ok else f"FAILED, {len(report.problems)} problems"
@@ -288,11 +296,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _dataset_of(path: str) -> str:
-    """What to verify: ``path``, or, when it is a build's run folder, the dataset its build record names."""
+def _build_in(path: str) -> BuildRecord | None:
+    """The build record of a run folder, whose dataset is what to verify (and whose record must match it); None
+    for any other folder."""
     fs, folder = open_fs(path)
     if not fs.exists(join(folder, RUN_CLAIM)):
-        return path
+        return None
     build = read_build(path)
     if build is None:
         layout = Layout(path)
@@ -302,7 +311,7 @@ def _dataset_of(path: str) -> str:
             f"({', '.join(stages) or 'none written yet'})"
         )
     print(f"{path} is a build's run folder: verifying its dataset")
-    return build.dataset
+    return build
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -168,7 +168,7 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
         raise BuildError(f"verify found {found} in {dataset}; the build is not published")
     recorded = Plan.recorded(plan.run_dir, plan.digest)
     ranks = accounting.rank_manifests(layout.ranks, plan.num_ranks)
-    balance = accounting.conservation(ranks, recorded.files)
+    balance = accounting.conservation(ranks, recorded.shared)
     if balance.inputs_problem:
         raise BuildError(f"the ranks did not read exactly the plan's input files: {balance.inputs_problem}")
     if not balance.holds:
@@ -239,13 +239,13 @@ def latest_build(folder: str) -> BuildRecord:
     return latest_complete_build(folder).record
 
 
-def cache_line(cache: CacheSummary) -> str:
+def cache_line(cache: CacheSummary, what: str = "input files") -> str:
     """``47 of 50 input files from the cache (96.1% of the bytes, 12,345,678 tokens), 3 tokenized in 4.2 s; the
-    ranks took 9.8 s``."""
+    ranks took 9.8 s`` (``what``: what the ranks took, when not whole files)."""
     files = cache.files_hit + cache.files_missed
     share = f"{cache.reused:.1%} of the bytes, " if cache.reused is not None else ""
     return (
-        f"{cache.files_hit:,} of {files:,} input files from the cache ({share}{cache.tokens_reused:,} tokens), "
+        f"{cache.files_hit:,} of {files:,} {what} from the cache ({share}{cache.tokens_reused:,} tokens), "
         f"{cache.files_missed:,} tokenized in {cache.encode_seconds:.1f} s; "
         f"the ranks took {cache.tokenize_seconds:.1f} s"
     )
@@ -262,13 +262,14 @@ def summary(build: BuildRecord) -> str:
         f"tokens: {build.tokens:,} in {len(build.files)} files, {c.tokens_dropped:,} dropped",
         f"verify: {'passed' if build.verify.ok else 'FAILED'} ({build.verify.files} files)",
     ]
-    inputs = build.inputs
+    inputs, split_mb = build.inputs, build.params.get("split_input_mb")
     if inputs and inputs.arrived_after_plan:  # builds since plans were fixed
         arrived = inputs.arrived_after_plan.files
         later = f"; {arrived:,} arrived after the plan, left for the next build" if arrived else ""
-        lines.insert(3, f"inputs: the plan's {inputs.files:,} files, each read once{later}")
+        read = f"those above {split_mb} MB in parts that ranks shared, each part" if split_mb else "each"
+        lines.insert(3, f"inputs: the plan's {inputs.files:,} files, {read} read once{later}")
     if build.cache:
-        lines.append(f"cache: {cache_line(build.cache)}")
+        lines.append(f"cache: {cache_line(build.cache, 'input files and parts' if split_mb else 'input files')}")
     run_dir = build.dataset.rsplit("/", 1)[0]  # it holds the dataset's folder, the report and the data path
     if build.params.get("output_format") == "megatron":
         lines.append(

@@ -34,7 +34,8 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         minimum=1,
         maximum=4096,
         title="Ranks",
-        help="tokenize tasks; rank r takes input files r, r + ranks, ... of the sorted list",
+        help="tokenize tasks; rank r takes input files r, r + ranks, ... of the sorted list (or of files and parts, "
+        "with split_input_mb)",
     )
     num_context_shards: int = option(
         4,

@@ -22,7 +22,7 @@ from tokenization.io.options import Options, params
 from tokenization.io.storage import join
 from tokenization.publish.records import InputFile, PlannedInputs, PlannedTokenizer, PlanRecord
 from tokenization.publish.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
-from tokenization.text.sources import InputListing
+from tokenization.text.sources import InputListing, split_files
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,15 @@ class Plan:
     def files(self) -> list[InputFile]:
         return self.record.inputs.files
 
+    @property
+    def shared(self) -> list[InputFile]:
+        """What ranks share: the files, and with ``split_input_mb`` big ones as parts (``sources.split_files``)."""
+        return split_files(self.files, self.record.params.get("split_input_mb"))
+
     def share(self, rank: int, num_ranks: int) -> list[InputFile]:
-        """Rank ``r`` of ``w`` takes files ``r, r + w, ...`` of the sorted list, as datatrove's ``get_shard``."""
-        return self.files[rank::num_ranks]
+        """Rank ``r`` of ``w`` takes files (or parts) ``r, r + w, ...`` of the sorted list, as datatrove's
+        ``get_shard``."""
+        return self.shared[rank::num_ranks]
 
     def refuse_another(self, proposed: Plan, listing: InputListing, where: str) -> list[InputFile]:
         """Resume this plan only if ``proposed`` (what the re-run would plan) is the same plan: same settings, and
@@ -147,15 +153,15 @@ def _named(urls: list[str]) -> str:
 
 
 def unread_or_reread(planned: Iterable[InputFile], read: Iterable[InputFile]) -> str | None:
-    """What is wrong with the files the ranks read (their manifests' ``inputs``) against the plan's, or None when
-    they read exactly the plan's files, each once."""
+    """What is wrong with the files (or parts) the ranks read (their manifests' ``inputs``) against what the plan
+    shares out (``Plan.shared``), or None when they read exactly that, each once."""
     want = Counter(planned)
     got = Counter(read)
     problems = []
-    if twice := sorted(f.url for f, n in got.items() if n > 1):
+    if twice := sorted(f.name for f, n in got.items() if n > 1):
         problems.append(f"read more than once: {_named(twice)}")
-    if never := sorted(f.url for f in want.keys() - got.keys()):
+    if never := sorted(f.name for f in want.keys() - got.keys()):
         problems.append(f"planned but never read: {_named(never)}")
-    if strangers := sorted(f.url for f in got.keys() - want.keys()):
+    if strangers := sorted(f.name for f in got.keys() - want.keys()):
         problems.append(f"read but not planned: {_named(strangers)}")
     return "; ".join(problems) or None

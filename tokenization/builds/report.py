@@ -146,13 +146,16 @@ def _inputs_summary(build: BuildRecord, input_files: list[dict]) -> dict:
 
 
 def _input_files(ranks: list[RankManifest]) -> list[dict]:
-    """Every file the ranks read, with its size, its rank and how the cache served it (``hit``, ``miss``, or None
-    without a cache), by name."""
-    served = {f.url: "hit" if f.hit else "miss" for r in ranks if r.cache for f in r.cache.files}
-    return sorted(
-        ({"url": f.url, "bytes": f.size, "rank": r.rank, "cache": served.get(f.url)} for r in ranks for f in r.inputs),
-        key=lambda f: f["url"],
-    )
+    """Every file (or part of one) the ranks read, with its bytes, its rank and how the cache served it (``hit``,
+    ``miss``, or None without a cache: a rank's cache records its inputs in their order), by name."""
+    rows = []
+    for r in ranks:
+        served = [("hit" if f.hit else "miss") for f in r.cache.files] if r.cache else [None] * len(r.inputs)
+        rows += [
+            {"url": f.name, "bytes": f.span_bytes, "rank": r.rank, "cache": cache}
+            for f, cache in zip(r.inputs, served, strict=True)
+        ]
+    return sorted(rows, key=lambda f: f["url"])
 
 
 def _settings(build: BuildRecord) -> dict:

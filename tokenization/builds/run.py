@@ -99,7 +99,7 @@ class Build:
             digest=recorded.digest,
         )
         log.info("plan: %s", plan)
-        idle_ranks(config.num_ranks, len(files))
+        idle_ranks(config.num_ranks, recorded.shared, config.split_input_mb)
         return cls(config, plan)
 
     def recorded_plan(self) -> Plan:
@@ -216,7 +216,7 @@ class Build:
             return done
         ranks = sorted(self.incomplete_ranks())
         with using(self.config.storage_options):
-            text = sum(f.size for rank in ranks for f in self.recorded_plan().share(rank, self.plan.num_ranks))
+            text = sum(f.span_bytes for rank in ranks for f in self.recorded_plan().share(rank, self.plan.num_ranks))
         self._in_processes("tokenize", [(rank,) for rank in ranks], parallel, progress, text)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")

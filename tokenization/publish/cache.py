@@ -172,7 +172,7 @@ class Cache:
         log.warning(
             "cache entry %s (of %s): %s; it is removed, and the file tokenized again",
             self._url(self._entry_path(entry.key)),
-            entry.source.url,
+            entry.source.name,
             problem,
         )
         self._forget(entry.key, entry.data)
@@ -196,7 +196,7 @@ class Cache:
         except FileExistsError:
             log.info("%s: stored by another writer a moment earlier", self._url(self._entry_path(entry.key)))
         except OSError as exc:  # a write error or an unreachable store (StorageError) alike
-            log.warning("%s: not stored in the cache (%s); the build goes on without it", entry.source.url, exc)
+            log.warning("%s: not stored in the cache (%s); the build goes on without it", entry.source.name, exc)
         with contextlib.suppress(OSError):
             remove_tree(self.fs, folder)
         return None

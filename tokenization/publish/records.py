@@ -11,7 +11,8 @@ record is one ``RecordError`` naming the file and the field, never a ``KeyError`
 
 Nested records (a manifest's output entries, its counts) carry no tag of their own; a record that is also a file
 of its own (a merge output entry is its checkpoint) carries one there. A field whose JSON name differs from its
-Python name says so in its metadata (``json_name``).
+Python name says so in its metadata (``json_name``); a field added where its absence must keep meaning what it
+meant (a plan's digest is of its JSON) is written only when it is not None (``unless_none``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ R = TypeVar("R", bound="Record")
 def json_name(name: str) -> dict:
     """Field metadata: the field is called ``name`` in JSON."""
     return {"json_name": name}
+
+
+def unless_none() -> dict:
+    """Field metadata: the field is left out of the JSON while it is None, and read as None when absent."""
+    return {"unless_none": True}
 
 
 class Record:
@@ -143,6 +149,8 @@ def _decode_record(cls: type, data: dict, reading: _Reading, at: str) -> Any:
         where = f"{at}.{key}" if at else key
         if key in data:
             values[f.name] = _decode(hints[f.name], data[key], reading, where)
+        elif f.metadata.get("unless_none"):
+            values[f.name] = None
         elif reading.strict or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING):
             raise reading.error(where, "is missing")
     if reading.strict and (unknown := sorted(set(data) - known)):
@@ -203,7 +211,11 @@ def _fits(hint: Any, value: object) -> bool:
 
 def _encode(value: object) -> Any:
     if dataclasses.is_dataclass(value):
-        return {_name(f): _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            _name(f): _encode(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not (f.metadata.get("unless_none") and getattr(value, f.name) is None)
+        }
     if isinstance(value, list | tuple):
         return [_encode(v) for v in value]
     if isinstance(value, dict):
@@ -228,14 +240,46 @@ class FileSum(Record):
 
 
 @dataclass(frozen=True)
+class FilePart(Record):
+    """Part ``index`` (from 0) of the ``count`` parts that ranks share a big input file in (``split_input_mb``):
+    nominally bytes ``[size * index // count, size * (index + 1) // count)``. Of a JSON-lines file it is the lines
+    that start in that range; of a parquet file, row groups ``[groups * index // count, groups * (index + 1) //
+    count)``."""
+
+    index: int
+    count: int
+
+
+@dataclass(frozen=True)
 class InputFile(Record):
-    """One input file as a listing saw it. ``identity`` tells a later look whether it is still the same file:
-    ``etag=...`` on an object store (S3's ETag is a digest of the content), ``mtime_ns=...,ctime_ns=...,ino=...``
-    locally (the change time cannot be set back, so a file rewritten with its old size and mtime differs)."""
+    """One input file as a listing saw it, or a ``part`` of one. ``identity`` tells a later look whether it is
+    still the same file: ``etag=...`` on an object store (S3's ETag is a digest of the content),
+    ``mtime_ns=...,ctime_ns=...,ino=...`` locally (the change time cannot be set back, so a file rewritten with its
+    old size and mtime differs)."""
 
     url: str
     size: int = field(metadata=json_name("bytes"))
     identity: str = ""  # rank manifests before plans were fixed held none
+    part: FilePart | None = field(default=None, metadata=unless_none())  # None: the whole file
+
+    @property
+    def name(self) -> str:
+        """How messages and the report name it."""
+        return self.url if self.part is None else f"{self.url} (part {self.part.index + 1} of {self.part.count})"
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """The bytes it covers, nominally: the whole file, or its part's share of them."""
+        if self.part is None:
+            return 0, self.size
+        index, count = self.part.index, self.part.count
+        return self.size * index // count, self.size * (index + 1) // count
+
+    @property
+    def span_bytes(self) -> int:
+        """What reading it costs, nominally: progress and a rank's share are measured in these."""
+        start, end = self.span
+        return end - start
 
 
 @dataclass(frozen=True)
@@ -368,7 +412,7 @@ class CachedInput(Record):
     url: str
     key: str
     hit: bool
-    bytes: int  # the input file's
+    bytes: int  # the input file's (a part's share of them, for a part)
     text_bytes: int  # of its documents' text
     tokens: int  # of its documents, EOS included
     seconds: float  # encoding it (a miss), or fetching and checking it (a hit)

@@ -114,7 +114,7 @@ class FirstPass:
         missed = [f for f, entry in zip(files, entries, strict=True) if entry is None]
         hits = len(files) - len(missed)
         log.info("%s: %d of %d input files in the cache, %d to tokenize", self.where, hits, len(files), len(missed))
-        self.encoder.expect(sum(f.size for f in missed))
+        self.encoder.expect(sum(f.span_bytes for f in missed))
         return list(zip(files, keys, entries, strict=True))
 
     def _pass(self, found: list[Found], threads: Threads, progress: ProgressMode) -> list[Segment]:
@@ -125,7 +125,7 @@ class FirstPass:
             self.where, self.options.source, self.options.max_rejects, self.options.max_reject_fraction
         )
         self.stored = []
-        with Progress(self.where, sum(file.size for file, _, _ in found), "B", progress) as shown:
+        with Progress(self.where, sum(file.span_bytes for file, _, _ in found), "B", progress) as shown:
             segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
         self.tally.check(total(segments))
         return segments
@@ -183,7 +183,7 @@ class FirstPass:
                         tally(item)
         self.tally.add(tally)
         counts = Counts.of(entry.counts)
-        shown.advance(file.size, docs=counts.docs_written, tokens=counts.tokens)
+        shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
         served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started)
         return Segment(file, fetched[SEGMENT], counts, quarantine, served)
 
@@ -296,7 +296,7 @@ def _served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: fl
         url=file.url,
         key=key,
         hit=hit,
-        bytes=file.size,
+        bytes=file.span_bytes,
         text_bytes=counts.text_bytes,
         tokens=counts.tokens,
         seconds=round(seconds, 3),

@@ -38,7 +38,7 @@ from tokenization.stages.first_pass import CacheOwner, FirstPass, Segment, quara
 from tokenization.text.documents import Counts, DocumentOptions, TooManyRejects
 from tokenization.text.encoding import Encoder
 from tokenization.text.rendering import Renderer
-from tokenization.text.sources import check_unchanged, idle_ranks, list_input_files, shard
+from tokenization.text.sources import check_unchanged, idle_ranks, list_input_files, shard, split_files
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,14 @@ class RankOptions(Options):
         title="Buckets of the global shuffle",
         help="scatter each rank's documents into this many bucket files, each document's bucket drawn uniformly, "
         "for a global shuffle that many merge tasks share (merge_mode bucketed); default: one shuffled sequence",
+    )
+    split_input_mb: int | None = option(
+        None,
+        minimum=1,
+        title="Split big input files (MB)",
+        help="let ranks share big input files: an uncompressed JSON-lines file of more than this many MB is cut "
+        "into parts of about that size at line boundaries, a parquet file at row groups, and ranks take parts as "
+        "they take files (default: whole files, as datatrove shards, which gives its bytes)",
     )
     output_format: Literal["ds", "megatron"] = option(
         "ds",
@@ -154,8 +162,9 @@ class TokenizeConfig(DocumentOptions, RankOptions):
 
 @dataclass(frozen=True)
 class RankShare:
-    """A rank's part of a build's plan (``tokenization.builds.plan``): exactly these files, never a new listing, read
-    with the tokenizer and chat template the plan was made with; the plan's digest goes into the rank's manifest."""
+    """A rank's part of a build's plan (``tokenization.builds.plan``): exactly these files (or parts of files),
+    never a new listing, read with the tokenizer and chat template the plan was made with; the plan's digest goes
+    into the rank's manifest."""
 
     files: list[InputFile]
     plan: str
@@ -194,8 +203,9 @@ def tokenize_rank(
         if location:
             check_disjoint(config.inputs, location, "cache")
         listing = list_input_files(config.inputs)
-        idle_ranks(config.world_size, len(listing.files))
-        files, skipped = shard(listing.files, config.rank, config.world_size), listing.skipped
+        shared = split_files(listing.files, config.split_input_mb)
+        idle_ranks(config.world_size, shared, config.split_input_mb)
+        files, skipped = shard(shared, config.rank, config.world_size), listing.skipped
         user, keeps = config.output, join(config.output, manifest.manifest_name(config.stem))
     else:
         share.check(encoder, renderer)
@@ -203,7 +213,11 @@ def tokenize_rank(
         user, keeps = share.run_dir, join(share.run_dir, RUN_CLAIM)
     check_unchanged(files)  # fails before any work on a file that is not what was listed
     log.info(
-        "rank %d/%d: %d input files, %d bytes", config.rank, config.world_size, len(files), sum(f.size for f in files)
+        "rank %d/%d: %d input files, %d bytes",
+        config.rank,
+        config.world_size,
+        len(files),
+        sum(f.span_bytes for f in files),
     )
     with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
         first = FirstPass(
@@ -239,7 +253,7 @@ def tokenize_rank(
             plan=share and share.plan,
             inputs=files,
             skipped_inputs=skipped,
-            input_bytes=sum(f.size for f in files),
+            input_bytes=sum(f.span_bytes for f in files),
             counts=counts.record(),
             outputs=_outputs(config, counts, written),
             throughput=manifest.throughput(seconds, encoder.load_seconds, encoded.text_bytes, encoded.tokens),

@@ -10,7 +10,7 @@ import io
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from gzip import BadGzipFile
 
 import orjson
@@ -20,7 +20,8 @@ from isal import igzip, isal_zlib
 from tokenization.io.errors import StorageError, TokenizationError, reaching
 from tokenization.io.locations import GLOB_CHARS, glob_folder
 from tokenization.io.storage import file_sha256, is_local, open_fs
-from tokenization.publish.records import InputFile, Rejected
+from tokenization.publish.records import FilePart, InputFile, Rejected
+from tokenization.text.parts import Window, line_span, row_groups
 from tokenization.text.rendering import MISSING, Renderer, get_field, no_loss_ranges, text_field
 
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
@@ -31,6 +32,7 @@ READ_BUFFER = 1 << 20
 ZSTD_SLICE = 1 << 10  # compressed bytes inflated at once: <= 32 MiB out (RLE: 4 bytes, 128 KiB); 8% slower than 1 MiB
 DEFAULT_MAX_RECORD_BYTES = 64 << 20  # a line or row: a 50 MB document (1 GB to encode) passes; a few fit any worker
 RAW_HEAD_BYTES = 1 << 10  # of a record too large to keep, the bytes its quarantine entry shows
+MB = 1_000_000  # of split_input_mb
 UTF8_BOM = b"\xef\xbb\xbf"
 
 log = logging.getLogger(__name__)
@@ -146,19 +148,51 @@ def list_input_files(inputs: Sequence[str], quiet: bool = False) -> InputListing
     return InputListing([found[url] for url in sorted(found)], skipped, len(hidden))
 
 
-def idle_ranks(ranks: int, files: int) -> int:
-    """How many ranks get no input file, as a rank takes whole files; warned about, with the numbers."""
-    idle = max(0, ranks - files)
-    if idle:
-        log.warning(
-            "%d ranks for %d input files: a rank takes whole files, so %d ranks will have nothing to tokenize; "
-            "use at most %d ranks, or split the input into more files",
-            ranks,
-            files,
-            idle,
-            files,
+def split_files(files: Sequence[InputFile], split_mb: int | None) -> list[InputFile]:
+    """What ranks share, in order: each file whole, or, with ``split_mb``, each splittable file (uncompressed JSON
+    lines, parquet) of more than that many MB as parts of about that size (``parts``: how they are read)."""
+    if not split_mb:
+        return list(files)
+    shared = []
+    for file in files:
+        count = -(-file.size // (split_mb * MB))
+        if count > 1 and _splittable(file.url):
+            shared += [replace(file, part=FilePart(index, count)) for index in range(count)]
+        else:
+            shared.append(file)
+    return shared
+
+
+def _splittable(url: str) -> bool:
+    """Whether a file can be read in parts: a compressed stream must be read from its start."""
+    return file_format(url)[1] is None
+
+
+def idle_ranks(ranks: int, shared: Sequence[InputFile], split_mb: int | None) -> None:
+    """Warn, with the numbers, when ranks outnumber what they share (``split_files``): the others get nothing."""
+    if ranks <= len(shared):
+        return
+    files = len({f.url for f in shared})
+    if split_mb:
+        what = f"{files} input files in {len(shared)} parts:"
+        advice = "or a smaller --split-input-mb (only uncompressed JSON lines and parquet files are split)"
+    else:
+        what = f"{files} input files: a rank takes whole files, so"
+        part_mb = max(1, -(-sum(f.size for f in shared) // (ranks * MB)))
+        advice = (
+            f"or let ranks share big files: --split-input-mb {part_mb} splits those above {part_mb} MB"
+            if any(_splittable(f.url) for f in shared)
+            else "or split the input into more files (ranks cannot share a compressed file)"
         )
-    return idle
+    idle = ranks - len(shared)
+    log.warning(
+        "%d ranks for %s %d ranks will have nothing to tokenize; use at most %d ranks, %s",
+        ranks,
+        what,
+        idle,
+        len(shared),
+        advice,
+    )
 
 
 def _list(spec: str, skipped: list[str], hidden: set[str]) -> dict[str, InputFile]:
@@ -225,17 +259,19 @@ def identity(fs, path: str, info: dict) -> str:
 
 
 def content_identity(file: InputFile) -> str:
-    """What tells this file's bytes from any other's, for the tokenization cache. On an object store, the ETag its
-    listing gave, with its size: S3's ETag is the MD5 of the bytes (of the parts' MD5s, for a multipart upload), so
-    other bytes give another one, whatever the size and the time; a store's version number changes with every
-    write. Elsewhere (a local file), the sha256 of its bytes: an mtime can be set back and a rewrite in place keeps
-    the size, so nothing cheaper tells."""
+    """What tells this file's bytes (or this part's) from any other's, for the tokenization cache. On an object
+    store, the ETag its listing gave, with its size: S3's ETag is the MD5 of the bytes (of the parts' MD5s, for a
+    multipart upload), so other bytes give another one, whatever the size and the time; a store's version number
+    changes with every write. Elsewhere (a local file), the sha256 of its bytes: an mtime can be set back and a
+    rewrite in place keeps the size, so nothing cheaper tells. A part adds which one it is: the file's bytes decide
+    its edges."""
+    part = f",part={file.part.index + 1}/{file.part.count}" if file.part else ""
     if file.identity.startswith("etag="):
-        return f"{file.identity},bytes={file.size}"
+        return f"{file.identity},bytes={file.size}{part}"
     fs, path = open_fs(file.url)
     try:
         with reaching(file.url):
-            return f"sha256={file_sha256(path, fs)}"
+            return f"sha256={file_sha256(path, fs)}{part}"
     except StorageError:
         raise
     except OSError as exc:
@@ -256,7 +292,7 @@ def check_unchanged(files: Sequence[InputFile]) -> None:
                 f"{file.url}: gone since the build was planned; a build reads exactly its plan's files, "
                 f"so run it under a new build id"
             ) from None
-        now = InputFile(file.url, int(info.get("size") or 0), identity(fs, path, info))
+        now = InputFile(file.url, int(info.get("size") or 0), identity(fs, path, info), file.part)
         if now != file:
             raise InputError(
                 f"{file.url}: changed since the build was planned ({now.size} bytes, {now.identity}; planned "
@@ -296,7 +332,8 @@ def _no_loss_ranges(value: object, text: str) -> list[tuple[int, int]] | str | N
 
 
 class DocumentReader:
-    """Reads documents from a list of files, in order, tracking input bytes consumed for progress."""
+    """Reads documents from a list of files (or parts of files), in order, tracking input bytes consumed for
+    progress."""
 
     def __init__(
         self,
@@ -318,17 +355,19 @@ class DocumentReader:
         self.blank_lines = 0
         self._done_bytes = 0
         self._raw: io.IOBase | None = None
+        self._span = (0, 0)  # of the file being read
 
     @property
     def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.span_bytes for f in self.files)
 
     @property
     def bytes_read(self) -> int:
         current = 0
         if self._raw is not None:
             try:
-                current = self._raw.tell()
+                start, end = self._span
+                current = min(max(self._raw.tell() - start, 0), end - start)
             except (OSError, ValueError):
                 current = 0
         return self._done_bytes + current
@@ -336,8 +375,9 @@ class DocumentReader:
     def __iter__(self) -> Iterator[Record | Rejected]:
         for file in self.files:
             kind, compression = file_format(file.url)
-            yield from self._parquet(file.url) if kind == "parquet" else self._jsonl(file, compression)
-            self._done_bytes += file.size
+            self._span = file.span
+            yield from self._parquet(file) if kind == "parquet" else self._jsonl(file, compression)
+            self._done_bytes += file.span_bytes
             self._raw = None
 
     def _parse(self, obj: object, url: str, line: int, raw: bytes | str) -> Record | Rejected:
@@ -367,8 +407,10 @@ class DocumentReader:
         with fs.open(path, "rb") as raw:
             self._raw = raw
             try:
-                stream = _decompressed(raw, compression)  # (held: freeing it would close ``raw``)
-                for line_no, line in enumerate(_bounded_lines(stream, limit), 1):
+                start, end, before = line_span(raw, file) if file.part else (0, file.size, 0)
+                source = Window(raw, start, end) if file.part else raw
+                stream = _decompressed(source, compression)  # (held: freeing it would close ``raw``)
+                for line_no, line in enumerate(_bounded_lines(stream, limit), before + 1):
                     if isinstance(line, _Oversized):
                         yield _too_large(url, line_no, line.head, line.size, limit)
                         continue
@@ -388,8 +430,8 @@ class DocumentReader:
                         yield Rejected(url, line_no, reason, line.decode("utf-8", "backslashreplace").rstrip("\n"))
                         continue
                     yield self._parse(obj, url, line_no, line)
-                if raw.tell() < file.size:  # a short read must never pass for a short file
-                    raise InputError(f"{url}: read {raw.tell()} of its {file.size} bytes, then the storage said EOF")
+                if raw.tell() < end:  # a short read must never pass for a short file
+                    raise InputError(f"{url}: read {raw.tell()} of its {end} bytes, then the storage said EOF")
                 if compression and not raw.tell():  # gzip and zstd read it as empty, `gzip -t` as truncated
                     raise InputError(
                         f"{url}: 0 bytes: an empty compressed file is truncated (a valid {compression} stream has a "
@@ -403,21 +445,26 @@ class DocumentReader:
             except OSError as exc:  # the storage failed, not the data: another try may read it
                 raise StorageError(f"{url}: read failed after line {line_no}; {type(exc).__name__}: {exc}") from exc
 
-    def _parquet(self, url: str) -> Iterator[Record | Rejected]:
+    def _parquet(self, file: InputFile) -> Iterator[Record | Rejected]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        url = file.url
         fs, path = open_fs(url)
         row = 0
         try:
             with fs.open(path, "rb") as raw:
                 self._raw = raw
                 parquet = pq.ParquetFile(raw)
+                groups, row = row_groups(parquet.metadata, file.part)
+                if groups == []:  # a part of a file with fewer row groups than parts
+                    return
                 wanted = {self.text_key, self.id_key, "no_loss_ranges"}
                 wanted |= {key.split(".")[0] for key in (self.text_key, self.id_key)}
                 every = self.keep_data or self.renderer is not None  # a template may name any field
                 columns = None if every else [n for n in parquet.schema_arrow.names if n in wanted]
-                for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
+                batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=columns)
+                for batch in batches:
                     for obj in batch.to_pylist():
                         row += 1
                         raw_row = orjson.dumps(obj, default=str)

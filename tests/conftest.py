@@ -137,6 +137,18 @@ LocalPipelineExecutor(pipeline=[{steps}], tasks={tasks}, workers=1, logging_dir=
     return output
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "long: a test of minutes (a deployment, the bench's smoke run), started before the others"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long tests first (a stable sort): ``make test``'s two workers take test files in this order, so each starts
+    on a long one and the short ones fill the gaps, and neither waits alone at the end on a deployment."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="session")
 def sample_tokenizer() -> Path:
     return SAMPLE_TOKENIZER

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 NUMBER = re.compile(r"\d+\.\d+")
@@ -31,6 +33,7 @@ def column(rows: list[dict[str, str]], header: str) -> list[str]:
     return [row[header] for row in rows]
 
 
+@pytest.mark.long
 def test_bench_smoke_writes_the_tables(tmp_path) -> None:
     out = tmp_path / "RESULTS.md"
     done = bench("--smoke", "--out", str(out))

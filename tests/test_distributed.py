@@ -32,7 +32,7 @@ from tokenization.publish.records import RankManifest
 from tokenization.stages.verify import verify
 
 reason = services_missing()
-pytestmark = pytest.mark.skipif(reason is not None, reason=f"distributed test: {reason}")
+pytestmark = [pytest.mark.skipif(reason is not None, reason=f"distributed test: {reason}"), pytest.mark.long]
 
 DAG = "tokenize_corpus"
 SEED = 99

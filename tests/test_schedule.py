@@ -21,7 +21,7 @@ from tokenization.publish.records import BuildRecord
 from tokenization.publish.runs import folder_for
 
 reason = services_missing()
-pytestmark = pytest.mark.skipif(reason is not None, reason=f"distributed test: {reason}")
+pytestmark = [pytest.mark.skipif(reason is not None, reason=f"distributed test: {reason}"), pytest.mark.long]
 
 DAG = "tokenize_corpus"
 EVERY_MINUTE = "* * * * *"

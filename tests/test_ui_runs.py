@@ -25,7 +25,10 @@ from tokenization.publish.runs import folder_for
 reason = services_missing() or (
     None if shutil.which("chromium") and shutil.which("chromedriver") else "chromium and chromedriver are absent"
 )
-pytestmark = pytest.mark.skipif(reason is not None, reason=f"browser test on the distributed deployment: {reason}")
+pytestmark = [
+    pytest.mark.skipif(reason is not None, reason=f"browser test on the distributed deployment: {reason}"),
+    pytest.mark.long,
+]
 
 DAG = "tokenize_corpus"
 ARTIFACTS = ROOT / "test-artifacts"

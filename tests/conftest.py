@@ -137,6 +137,11 @@ LocalPipelineExecutor(pipeline=[{steps}], tasks={tasks}, workers=1, logging_dir=
     return output
 
 
+# The tests that start a whole deployment (scheduler, API server, Celery workers, triggerer, browser): on two cores,
+# two at once starve each other's heartbeats, so a parallel run gives them all to one worker, one after another.
+DEPLOYMENT_TESTS = ("tests/test_distributed.py", "tests/test_schedule.py", "tests/test_ui_runs.py")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "long: a test of minutes (a deployment, the bench's smoke run), started before the others"
@@ -144,9 +149,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Long tests first (a stable sort): ``make test``'s two workers take test files in this order, so each starts
-    on a long one and the short ones fill the gaps, and neither waits alone at the end on a deployment."""
+    """Long tests first (a stable sort): ``make test``'s two workers take their work in this order, so one starts
+    on the deployments and the other on the bench while the short tests fill the gaps."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's file-at-a-time scheduling (``--dist loadfile``), with the deployment tests as one unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class DeploymentsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return "deployments" if file in DEPLOYMENT_TESTS else file
+
+    return DeploymentsTogether(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ the tokenizer (``tokenizer_files``), the ids a run puts around each document (``
 long texts into pieces (``cutting``), the engine that encodes the pieces (``engines``) and loss bytes
 (``loss_masks``).
 
-Pieces are encoded in groups of ``GROUP_CHARS``, without special tokens, and the post-processor's head (BOS) and
+Pieces are encoded in groups (``piece_groups``), without special tokens, and the post-processor's head (BOS) and
 tail (EOS) are placed once per document by index arithmetic, for either engine. The special tokens that a chat
 template writes are pieces of their own, one token each, placed the same way.
 """
@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 NO_ENGINE = "none"  # the engine a stage names when it encoded no text
 NO_ENGINE_NOTE = "no text was encoded: it all came from the tokenization cache, or there was none"
 GROUP_CHARS = 1 << 18  # characters of pieces HF encodes at once, two pieces on two threads: 25-115 MB of Encodings
+# Characters the fast engine encodes at once: it spreads a call's texts over the cores, which takes megabytes of
+# them (Mistral-7B on 2 cores: 1.55 s for 42 MB in calls of 256 KiB, as on one core; 1.03 s by 1 MiB; 0.63 s by
+# 4 MiB; 0.58 s in one call). Its ids cost 4 bytes a token: 4 MiB of text, ~4 MB of ids.
+FAST_GROUP_CHARS = 1 << 22
 T = TypeVar("T")
 
 
@@ -283,7 +287,8 @@ class Encoder:
         framed by its BOS and EOS."""
         texts, no_loss, pieces = batch.texts, batch.no_loss, batch.pieces
         text_pieces = [piece for piece in pieces if piece.token is None]
-        parts = [self._encode_group(batch, text_pieces, group) for group in piece_groups(text_pieces)]
+        groups = piece_groups(text_pieces, self._by_hf(batch))
+        parts = [self._encode_group(batch, text_pieces, group) for group in groups]
         top = max((int(part.ids.max()) for part in parts if len(part.ids)), default=-1)
         if top >= self.vocab_size:  # checked before the ids take the file's width, which would wrap them
             raise TokenizerError(f"{self.name}: token id {top} is outside the vocabulary")
@@ -303,6 +308,16 @@ class Encoder:
             loss = framed((~held).view(np.uint8), body_lengths, [1] * len(head), [1] * len(tail))
         lengths = body_lengths + len(head) + len(tail)
         return Encoded(tokens, lengths, loss, batch.literals, checked)
+
+    def _by_hf(self, batch: Prepared) -> Callable[[Piece], bool]:
+        """Whether HF encodes a piece whole (its Encoding held until the group's ids are out): every piece with HF
+        as the engine; with the fast one, those that need offsets, and those that may hold special-token text
+        read as text."""
+        if isinstance(self.engine, HFEngine):
+            return lambda piece: True
+        as_text = self.policy.special_text == "text"
+        no_loss = batch.no_loss
+        return lambda piece: bool(no_loss and no_loss[piece.doc]) or (as_text and piece.doc in batch.literal_docs)
 
     def _encode_group(self, batch: Prepared, pieces: list[Piece], group: range) -> Part:
         """The group's ids, lengths and, with no-loss ranges, which tokens carry none. HF gives the Encodings of
@@ -358,14 +373,17 @@ def with_special_pieces(
     return ids, every, held
 
 
-def piece_groups(pieces: list[Piece]) -> Iterator[range]:
-    """Runs of consecutive pieces of about ``GROUP_CHARS`` characters in all (at least one piece each)."""
-    begin, size = 0, 0
+def piece_groups(pieces: list[Piece], by_hf: Callable[[Piece], bool]) -> Iterator[range]:
+    """Runs of consecutive pieces (at least one each) of about ``GROUP_CHARS`` characters that HF encodes whole
+    (``by_hf``), and ``FAST_GROUP_CHARS`` in all."""
+    begin, size, hf_size = 0, 0, 0
     for k, piece in enumerate(pieces):
-        size += piece.end - piece.start
-        if size >= GROUP_CHARS:
+        chars = piece.end - piece.start
+        size += chars
+        hf_size += chars if by_hf(piece) else 0
+        if hf_size >= GROUP_CHARS or size >= FAST_GROUP_CHARS:
             yield range(begin, k + 1)
-            begin, size = k + 1, 0
+            begin, size, hf_size = k + 1, 0, 0
     if begin < len(pieces):
         yield range(begin, len(pieces))
 

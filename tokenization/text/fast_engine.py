@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 
 import gigatoken
 import numpy as np
@@ -34,11 +35,13 @@ class Unsupported(ValueError):
 
 
 class FastEngine:
-    """Encodes texts to the tokenizer's ids (no BOS or EOS), on every core unless ``threads`` is 1."""
+    """Encodes texts to the tokenizer's ids (no BOS or EOS), on every core unless ``threads`` is 1; from several
+    threads at once too (a call keeps the tokenizer it started with when another reloads it)."""
 
     def __init__(self, data: bytes, threads: int):
         self.threads = threads
         self._data = data
+        self._reloading = threading.Lock()  # over the count of long characters, and the reload it leads to
         self._load()
 
     def _load(self) -> None:
@@ -64,9 +67,10 @@ class FastEngine:
         layout = batch.layout
         offsets = np.asarray(layout.offsets)
         ids = layout.content.data[offsets[0] : offsets[-1]]
-        self._long_chars += sum(len(text) for text in texts if len(text) >= LONG_TEXT_CHARS)
-        if self._long_chars >= RELOAD_CHARS:  # the ids stay valid: numpy holds their buffer
-            self._reload()
+        with self._reloading:
+            self._long_chars += sum(len(text) for text in texts if len(text) >= LONG_TEXT_CHARS)
+            if self._long_chars >= RELOAD_CHARS:  # the ids stay valid: numpy holds their buffer
+                self._reload()
         return ids, np.diff(offsets)
 
     def _parallel(self) -> bool:

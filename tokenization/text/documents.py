@@ -480,11 +480,11 @@ def encoded_batches(
         )
         try:
             for records in _record_batches(ahead, counts, options, reject):
-                batch = prepared(records)  # while the engine encodes the batches before
-                chars = sum(len(text) for text in batch[1].texts)
+                records, ready = prepared(records)  # while the engine encodes the batches before
+                chars = sum(map(len, ready.texts))
                 while pending and sum(c for _, c in pending) + chars > room:
                     yield done(pending.popleft()[0].result())
-                pending.append((encoding.submit(encode, *batch), chars))
+                pending.append((encoding.submit(encode, records, ready), chars))
             while pending:
                 yield done(pending.popleft()[0].result())
         finally:  # stopped early: the batches in the engine end here, not during the next file's

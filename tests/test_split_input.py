@@ -138,7 +138,9 @@ def test_one_big_file_keeps_every_rank_busy_and_the_books_balance(tmp_path, samp
     assert (split_books.docs_out, split_books.empty) == (whole_books.docs_out, whole_books.empty)
     dataset = tmp_path / "out"
     assert sorted(documents(dataset / "split" / "merged")) == sorted(documents(dataset / "whole" / "merged"))
-    rows = report_data(str(dataset / "split"))["input_files"]
+    report = report_data(str(dataset / "split"))
+    rows = report["input_files"]
+    assert report["settings"]["split_input_mb"] == 3
     assert rows[0]["url"].endswith("big.jsonl (part 1 of 7)") and sum(r["bytes"] for r in rows) == sum(sizes.values())
     again = in_process(Build.start(split_config, "again"))
     assert again.record.digest == split.record.digest

@@ -30,6 +30,7 @@ INPUTS_SHOWN = 20  # the page lists this many input files, then how many more; r
 SETTINGS = (
     "seed",
     "num_ranks",
+    "split_input_mb",
     "shuffle_documents",
     "shuffle_chunk_size",
     "max_tokens_per_file",

@@ -152,7 +152,6 @@ def tokenize_corpus():
         spec=spec,
         sensor_timeout="{{ params.sensor_timeout }}",
         retries=0,
-        mode="reschedule",
         poke_interval=10,
         trigger_rule=TriggerRule.ALL_DONE,
     )

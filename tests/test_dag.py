@@ -28,7 +28,7 @@ def test_shape(dag) -> None:
     }
     merge, sensor = dag.get_task("merge"), dag.get_task("wait_for_shards")
     assert merge.pool == MERGE_POOL and merge.pool_slots == 1 and merge.queue == "large_disk"
-    assert sensor.mode == "reschedule" and sensor.trigger_rule == TriggerRule.ALL_DONE
+    assert sensor.trigger_rule == TriggerRule.ALL_DONE and sensor.poke_interval == 10
     assert dag.get_task("publish").trigger_rule == TriggerRule.NONE_FAILED
     assert all(dag.get_task(t).is_mapped for t in ("tokenize", "merge", "context_shuffle"))
     assert dag.get_task("tokenize").retries == 2

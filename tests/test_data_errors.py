@@ -89,7 +89,7 @@ def test_every_task_and_the_sensors_poke_fail_at_once_on_data_errors(dag) -> Non
     }
     assert len(callables) == len(dag.tasks) - 1 == 6
     assert [task for task, function in callables.items() if function.__code__ is not wrapper] == []
-    assert ShardSensor.poke.__code__ is wrapper
+    assert ShardSensor.poke.__code__ is ShardSensor.resume.__code__ is wrapper
 
 
 def logged_failure(output: str, cause: str) -> tuple[list[str], list[str]]:
@@ -118,13 +118,16 @@ def test_a_corrupt_gz_fails_its_rank_once_with_the_cause_as_the_last_log_line(
     monkeypatch.setenv("TOKENIZATION_ALLOWED_LOCATIONS", ",".join(allowed))
     capfd.readouterr()
     run, tis, ok = run_dag(dag, DAG_CONF | {"input": str(inputs), "num_ranks": 2, "sensor_timeout": 1})
+    out = capfd.readouterr().out
     assert not ok and (tis[("tokenize", 0)].state, tis[("tokenize", 0)].try_number) == ("failed", 1)
     assert tis[("tokenize", 1)].state == "success"
+    assert tis[("wait_for_shards", -1)].state == "failed"  # deferred, then out of time (sensor_timeout=1)
+    assert "AirflowSensorTimeout: shards still missing after 1s: rank 0 (" in out
     cause = (
         f"{inputs / 'a.jsonl.gz'}: corrupt or truncated gzip data before its first line; "
         "BadGzipFile: Not a gzipped file (b'{\"')"
     )
-    traceback, after = logged_failure(capfd.readouterr().out, f"airflow.sdk.exceptions.AirflowFailException: {cause}")
+    traceback, after = logged_failure(out, f"airflow.sdk.exceptions.AirflowFailException: {cause}")
     assert len(after) == 2 and "::group::Post Execute" in after[0] and "::endgroup::" in after[1]  # an empty group
     assert not [line for line in traceback if "tokenization/text/sources.py" in line]  # the library's frames stay out
     logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR]

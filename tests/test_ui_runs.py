@@ -64,11 +64,16 @@ def test_trigger_from_the_form_then_clear_the_failed_rank_in_the_grid(tmp_path, 
     # The UI re-renders as the run moves on: an element found a moment ago may be gone, so find it again.
     again = WebDriverWait(browser, 90, ignored_exceptions=(WebDriverException,))
 
-    def click(by: str, selector: str) -> None:
-        again.until(lambda driver: driver.find_element(by, selector).click() or True)
+    def enabled(by: str, selector: str):
+        """The element, once it is enabled: a disabled button ignores a click, and the Clear dialog's Confirm is
+        disabled until its dry run has answered (clicked before, the run waited forever)."""
+        return again.until(lambda driver: (element := driver.find_element(by, selector)).is_enabled() and element)
 
-    def button(text: str, scope: str = "") -> None:
-        click(By.XPATH, f"{scope}//button[normalize-space(.)='{text}']")
+    def click(by: str, selector: str) -> None:
+        again.until(lambda driver: enabled(by, selector).click() or True)
+
+    def button(text: str, scope: str = "") -> tuple[str, str]:
+        return By.XPATH, f"{scope}//button[normalize-space(.)='{text}']"
 
     with Cluster(tmp_path / "cluster", fail_ranks="1") as cluster:
         endpoint = json.loads(cluster.env()["AIRFLOW_CONN_AWS_DEFAULT"])["extra"]["endpoint_url"]
@@ -92,7 +97,7 @@ def test_trigger_from_the_form_then_clear_the_failed_rank_in_the_grid(tmp_path, 
             field.send_keys(Keys.CONTROL, "a")
             field.send_keys(value)
         full_page_screenshot(browser, ARTIFACTS / "ui-trigger-form.png")
-        button("Trigger", "//*[@role='dialog']")
+        click(*button("Trigger", "//*[@role='dialog']"))
 
         def manual_runs() -> list[dict]:
             return cluster.api("GET", f"/dags/{DAG}/dagRuns?run_type=manual")["dag_runs"]
@@ -107,7 +112,7 @@ def test_trigger_from_the_form_then_clear_the_failed_rank_in_the_grid(tmp_path, 
         def waiting_on_the_failed_rank() -> bool:
             ti = states()
             sensor = ti.get(("wait_for_shards", -1), {}).get("state")
-            return ti.get(("tokenize", 1), {}).get("state") == "failed" and sensor in ("up_for_reschedule", "running")
+            return ti.get(("tokenize", 1), {}).get("state") == "failed" and sensor == "deferred"
 
         cluster.wait_for(waiting_on_the_failed_rank, 400, "rank 1 to fail and the sensor to wait")
 
@@ -117,8 +122,10 @@ def test_trigger_from_the_form_then_clear_the_failed_rank_in_the_grid(tmp_path, 
         full_page_screenshot(browser, ARTIFACTS / "ui-grid-failed-rank.png")
         click(By.XPATH, "//a[normalize-space(.)='rank-1']")
         click(By.CSS_SELECTOR, "button[aria-label='Press shift+c to clear']")
+        confirm = button("Confirm", "//*[@role='dialog']")
+        enabled(*confirm)  # the dry run has answered: the dialog lists the task instances it clears
         full_page_screenshot(browser, ARTIFACTS / "ui-clear-dialog.png")
-        button("Confirm", "//*[@role='dialog']")
+        click(*confirm)
 
         def finished() -> bool:
             return cluster.api("GET", f"/dags/{DAG}/dagRuns/{run_id}")["state"] in ("success", "failed")

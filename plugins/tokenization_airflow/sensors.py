@@ -1,23 +1,74 @@
 """The shard sensor: waits until every rank's shard is complete on storage (marker present, manifest intact), for as
-long as every missing rank can still finish."""
+long as every missing rank can still finish. It waits deferred, checking from the triggerer: a sensor in
+reschedule mode is *running* for the few seconds of each poke, and clearing a failed rank (whose downstream
+includes the sensor) is then refused ("AirflowClearRunningTaskException"), or its clear dialog stops at a
+warning, by chance; a deferred sensor is never running while it waits."""
 
 from __future__ import annotations
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
 
-from tokenization_airflow.tasks import build_of, one_line_failures
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowSensorTimeout
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+from asgiref.sync import sync_to_async
+
+from tokenization.builds.run import Build
+from tokenization.io.errors import TokenizationError
+from tokenization_airflow.tasks import build_of, is_data_error, one_line, one_line_failures
 
 NEVER_FINISHING = ("upstream_failed", "removed", "skipped")  # states a rank's task cannot leave by itself
+TRIGGER_GRACE = 300  # s past sensor_timeout before Airflow fails a sensor whose trigger never ran (no triggerer)
+
+
+class ShardsCannotComplete(TokenizationError):
+    """A missing rank can never finish, or the shards fail the build's checks: waiting longer cannot help."""
+
+
+def listed(ranks: dict[int, str]) -> str:
+    return ", ".join(f"rank {rank} ({why})" for rank, why in sorted(ranks.items()))
+
+
+def waiting(missing: dict[int, str], build: Build) -> str:
+    return f"waiting for {len(missing)} of {build.plan.num_ranks} ranks: {listed(missing)}"
+
+
+def missing_shards(build: Build, dag_id: str, run_id: str, ranks_task_id: str) -> tuple[list | None, dict]:
+    """``(the merge's buckets, {})`` when every rank's shard of the run's ``build`` is complete, else ``(None,
+    {rank: why it is missing})``. Raises ``ShardsCannotComplete`` when a missing rank's task was never created or
+    can never run (a failed one can still be cleared)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    missing = build.incomplete_ranks()
+    if not missing:
+        return build.plan.merge_buckets, {}
+    states = RuntimeTaskInstance.get_task_states(dag_id=dag_id, task_ids=[ranks_task_id], run_ids=[run_id])
+    states = states.get(run_id, {})
+    if ranks_task_id in states:  # never expanded: plan failed
+        raise ShardsCannotComplete(
+            f"no rank was created ({ranks_task_id} is {states[ranks_task_id]}): plan failed, see its log"
+        )
+    hopeless = {
+        rank: states.get(key, "never created")
+        for rank, key in ((rank, f"{ranks_task_id}_{rank}") for rank in missing)
+        if key not in states or states[key] in NEVER_FINISHING
+    }  # a cleared rank's state is None for a moment: it can still finish
+    if hopeless:
+        raise ShardsCannotComplete(f"ranks that can never finish, so the build cannot: {listed(hopeless)}")
+    return None, missing
 
 
 class ShardSensor(BaseSensorOperator):
     """Succeeds when all ranks of the run ``spec`` (from ``plan``: ``run_dir``, ``num_ranks``) are complete;
-    meant for ``mode="reschedule"`` and ``trigger_rule="all_done"``, so that it keeps waiting while a failed rank
-    is cleared and re-run. It fails at once when a rank can never finish (``plan`` failed, so no rank was
-    created; or a rank is upstream_failed). ``sensor_timeout`` (seconds, templated) replaces ``timeout``; on
-    timeout the missing ranks are named. Done, it returns what each merge task takes (the build's buckets, or
-    ``[None]`` for one merge of everything), which the merge is mapped over."""
+    meant for ``trigger_rule="all_done"``: it starts once every rank has finished or failed, and while a failed
+    rank is cleared and re-run it waits deferred (``ShardTrigger`` checks every ``poke_interval``). It fails at
+    once when a rank can never finish (``plan`` failed, so no rank was created; or a rank is upstream_failed).
+    ``sensor_timeout`` (seconds, templated) replaces ``timeout``; on timeout the missing ranks are named. Done, it
+    returns what each merge task takes (the build's buckets, or ``[None]`` for one merge of everything), which
+    the merge is mapped over."""
 
     template_fields = ("spec", "sensor_timeout")
 
@@ -26,42 +77,96 @@ class ShardSensor(BaseSensorOperator):
         self.spec = spec
         self.sensor_timeout = sensor_timeout
         self.ranks_task_id = ranks_task_id
-        self._missing: dict[int, str] = {}
 
     def execute(self, context):
-        self.timeout = float(self.sensor_timeout)
-        try:
-            return super().execute(context)
-        except AirflowSensorTimeout as exc:
-            missing = ", ".join(f"rank {r} ({why})" for r, why in sorted(self._missing.items()))
-            raise AirflowSensorTimeout(f"shards still missing after {self.timeout:.0f}s: {missing}") from exc
+        found = self.poke(context)
+        if found.is_done:
+            return found.xcom_value
+        ti, timeout = context["ti"], float(self.sensor_timeout)
+        trigger = ShardTrigger(
+            params=dict(context["params"]),
+            spec=self.spec,
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            ranks_task_id=self.ranks_task_id,
+            poke_interval=float(self.poke_interval),
+            deadline=time.time() + timeout,
+        )
+        self.defer(trigger=trigger, method_name="resume", timeout=timedelta(seconds=timeout + TRIGGER_GRACE))
 
     @one_line_failures
     def poke(self, context) -> PokeReturnValue:
-        build = build_of(context["params"], self.spec)
-        self._missing = build.incomplete_ranks()
-        if self._missing:
-            self._fail_if_hopeless(context, self._missing)
-            self.log.info(
-                "waiting for %d of %d ranks: %s", len(self._missing), build.plan.num_ranks, sorted(self._missing)
-            )
-        return PokeReturnValue(is_done=not self._missing, xcom_value=build.plan.merge_buckets)
+        ti, build = context["ti"], build_of(context["params"], self.spec)
+        buckets, missing = missing_shards(build, ti.dag_id, ti.run_id, self.ranks_task_id)
+        if missing:
+            self.log.info(waiting(missing, build))
+        return PokeReturnValue(is_done=not missing, xcom_value=buckets)
 
-    def _fail_if_hopeless(self, context, missing: dict[int, str]) -> None:
-        """Fail now if a missing rank's task was never created or can never run; a failed one may be cleared."""
-        ti = context["ti"]
-        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[self.ranks_task_id], run_ids=[ti.run_id])
-        states = states.get(ti.run_id, {})
-        if self.ranks_task_id in states:  # never expanded: plan failed
-            raise AirflowFailException(
-                f"no rank was created ({self.ranks_task_id} is {states[self.ranks_task_id]}): plan failed, see its log"
+    @one_line_failures
+    def resume(self, context, event: dict):
+        """Where the task goes on when ``ShardTrigger`` fires: done, hopeless, or out of time."""
+        if "failure" in event:
+            raise ShardsCannotComplete(event["failure"])
+        if "missing" in event:
+            missing = {rank: why for rank, why in event["missing"]}
+            raise AirflowSensorTimeout(
+                f"shards still missing after {float(self.sensor_timeout):.0f}s: {listed(missing)}"
             )
-        keys = {rank: f"{self.ranks_task_id}_{rank}" for rank in missing}
-        hopeless = {
-            rank: states.get(key, "never created")
-            for rank, key in keys.items()
-            if key not in states or states[key] in NEVER_FINISHING
-        }  # a cleared rank's state is None for a moment: it can still finish
-        if hopeless:
-            listed = ", ".join(f"rank {rank} ({state})" for rank, state in sorted(hopeless.items()))
-            raise AirflowFailException(f"ranks that can never finish, so the build cannot: {listed}")
+        return event["buckets"]
+
+
+class ShardTrigger(BaseTrigger):
+    """Checks the shards of a run every ``poke_interval`` seconds in the triggerer until they are complete, a
+    missing rank can never finish, or ``deadline`` (a Unix time) passes; fires once, with ``buckets``,
+    ``failure`` or ``missing``. It logs the missing ranks whenever they change. A storage error is logged and the
+    check made again at the next interval; a data error fires ``failure`` at once."""
+
+    def __init__(
+        self,
+        *,
+        params: dict,
+        spec: dict,
+        dag_id: str,
+        run_id: str,
+        ranks_task_id: str,
+        poke_interval: float,
+        deadline: float,
+    ):
+        super().__init__()
+        self.kwargs = {
+            "params": params,
+            "spec": spec,
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "ranks_task_id": ranks_task_id,
+            "poke_interval": poke_interval,
+            "deadline": deadline,
+        }
+
+    def serialize(self) -> tuple[str, dict]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        k = self.kwargs
+        run = (k["dag_id"], k["run_id"], k["ranks_task_id"])
+        build, last = None, {}  # the run's build once made; the missing ranks last seen
+        while True:
+            try:
+                build = build or await sync_to_async(build_of)(k["params"], k["spec"])
+                buckets, missing = await sync_to_async(missing_shards)(build, *run)
+            except Exception as exc:
+                if is_data_error(exc):
+                    yield TriggerEvent({"failure": one_line(exc)})
+                    return
+                self.log.warning("checking the shards failed, trying again: %s", one_line(exc))
+            else:
+                if not missing:
+                    yield TriggerEvent({"buckets": buckets})
+                    return
+                if missing != last:
+                    self.log.info(waiting(missing, build))
+                last = missing
+            if time.time() >= k["deadline"]:
+                yield TriggerEvent({"missing": sorted(last.items())})
+                return
+            await asyncio.sleep(k["poke_interval"])

@@ -26,8 +26,8 @@ MISSING = {1: "no completion marker"}
 
 
 def checks(monkeypatch, *answers) -> list[tuple]:
-    """``missing_shards`` gives ``answers`` in turn (an exception is raised); returns the arguments it got, the
-    build being what a call of ``build_of`` made (of a 3-rank plan)."""
+    """``missing_shards`` gives ``answers`` in turn, then the last one again and again (an exception is raised);
+    returns the arguments it got, the build being what a call of ``build_of`` made (of a 3-rank plan)."""
     asked, answers = [], list(answers)
 
     def build_of(params, spec):
@@ -38,7 +38,7 @@ def checks(monkeypatch, *answers) -> list[tuple]:
 
     def missing_shards(*args):
         asked.append(args)
-        answer = answers.pop(0)
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -78,7 +78,7 @@ def test_the_trigger_fires_a_data_error_at_once(monkeypatch) -> None:
 
 
 def test_the_trigger_fires_the_missing_ranks_when_time_is_up(monkeypatch) -> None:
-    checks(monkeypatch, (None, MISSING), StorageError("unreachable"))
+    checks(monkeypatch, (None, MISSING), StorageError("unreachable"))  # the ranks last seen missing are named
     assert events(trigger(deadline=time.time() + 0.05)) == [{"missing": [(1, "no completion marker")]}]
 
 
@@ -116,3 +116,34 @@ def test_the_sensor_goes_on_from_the_triggers_event() -> None:
         sensor().resume({}, {"missing": [(1, "no completion marker")]})
     with pytest.raises(AirflowFailException, match=r"^ranks that can never finish"):  # no retries: it would not help
         sensor().resume({}, {"failure": "ranks that can never finish, so the build cannot: rank 2 (removed)"})
+
+
+@pytest.mark.parametrize(
+    ("missing", "states", "expected"),
+    [
+        ({}, {}, ([3, 4], {})),
+        (MISSING, {"tokenize_0": "success", "tokenize_1": "failed"}, (None, MISSING)),  # a failed rank may be cleared
+        (MISSING, {"tokenize_0": "success", "tokenize_1": None}, (None, MISSING)),  # cleared, not yet queued
+        (MISSING, {"tokenize_1": "upstream_failed"}, "ranks that can never finish, so the build cannot: rank 1 "),
+        ({2: "no completion marker"}, {"tokenize_1": "success"}, "the build cannot: rank 2 (never created)"),
+        (MISSING, {"tokenize": "upstream_failed"}, "no rank was created (tokenize is upstream_failed): plan failed"),
+    ],
+)
+def test_the_check_waits_only_for_ranks_that_can_still_finish(monkeypatch, missing, states, expected) -> None:
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    build = SimpleNamespace(incomplete_ranks=lambda: missing, plan=SimpleNamespace(merge_buckets=[3, 4]))
+    asked = []
+
+    def get_task_states(**query):
+        asked.append(query)
+        return {"manual__1": states}
+
+    monkeypatch.setattr(RuntimeTaskInstance, "get_task_states", staticmethod(get_task_states))
+    if isinstance(expected, str):
+        with pytest.raises(ShardsCannotComplete, match=re.escape(expected)):
+            sensors.missing_shards(build, "tokenize_corpus", "manual__1", "tokenize")
+    else:
+        assert sensors.missing_shards(build, "tokenize_corpus", "manual__1", "tokenize") == expected
+    query = {"dag_id": "tokenize_corpus", "task_ids": ["tokenize"], "run_ids": ["manual__1"]}
+    assert asked == ([query] if missing else [])  # Airflow is asked only while ranks are missing

@@ -116,14 +116,24 @@ def test_trigger_from_the_form_then_clear_the_failed_rank_in_the_grid(tmp_path, 
 
         cluster.wait_for(waiting_on_the_failed_rank, 400, "rank 1 to fail and the sensor to wait")
 
-        # Open the run's Grid, select the failed rank-1, Clear, confirm.
-        browser.get(f"{cluster.url}/dags/{DAG}/runs/{run_id}")
-        wait.until(ec.presence_of_element_located((By.XPATH, "//a[normalize-space(.)='rank-1']")))
-        full_page_screenshot(browser, ARTIFACTS / "ui-grid-failed-rank.png")
-        click(By.XPATH, "//a[normalize-space(.)='rank-1']")
-        click(By.CSS_SELECTOR, "button[aria-label='Press shift+c to clear']")
-        confirm = button("Confirm", "//*[@role='dialog']")
-        enabled(*confirm)  # the dry run has answered: the dialog lists the task instances it clears
+        # Open the run's Grid, select the failed rank-1, Clear, confirm. The rank's page loads after the click, and
+        # until it has, the Clear button there is the run's, whose dialog would clear every task: so only the
+        # rank's dialog is confirmed, and when another opened, the steps are taken again, as a person would.
+        confirm = button("Confirm", "//*[@role='dialog'][.//*[starts-with(normalize-space(.), 'Clear Task Instance')]]")
+        soon = WebDriverWait(browser, 30, ignored_exceptions=(WebDriverException,))
+        for attempt in range(3):
+            browser.get(f"{cluster.url}/dags/{DAG}/runs/{run_id}")
+            wait.until(ec.presence_of_element_located((By.XPATH, "//a[normalize-space(.)='rank-1']")))
+            full_page_screenshot(browser, ARTIFACTS / "ui-grid-failed-rank.png")
+            click(By.XPATH, "//a[normalize-space(.)='rank-1']")
+            click(By.CSS_SELECTOR, "button[aria-label='Press shift+c to clear']")
+            try:  # its dry run has answered: the dialog lists the task instances it clears
+                soon.until(lambda driver: driver.find_element(*confirm).is_enabled())
+                break
+            except WebDriverException:
+                full_page_screenshot(browser, ARTIFACTS / f"ui-clear-dialog-not-the-ranks-{attempt}.png")
+        else:
+            raise AssertionError("the rank's Clear dialog never opened: test-artifacts/ui-clear-dialog-not-the-ranks-*")
         full_page_screenshot(browser, ARTIFACTS / "ui-clear-dialog.png")
         click(*confirm)
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,19 @@ def test_attempts_of_outputs_that_share_a_working_directory_stay_apart(tmp_path)
     with attempt_at(str(tmp_path / "a"), "00000", work) as one, attempt_at(str(tmp_path / "b"), "00000", work) as two:
         assert one.work.parent != two.work.parent and one.work.exists() and two.work.exists()
     assert list((tmp_path / "work").rglob("*.attempt-*")) == []
+
+
+def test_attempts_at_many_stems_at_once_share_their_staging_folder(tmp_path) -> None:
+    """Issue 37: an attempt that finished removed the shared .staging while another was making its folder in it
+    (a build of 64 ranks failed 2 times in 11, with FileNotFoundError)."""
+
+    def attempt(stem: str) -> None:
+        with attempt_at(str(tmp_path), stem) as made:
+            assert made.work.is_dir()
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(attempt, [f"{stem:05d}" for stem in range(600)]))
+    assert leftovers(tmp_path) == []
 
 
 def test_the_s3_lease_is_conditional_and_taken_over_only_when_stale(s3, monkeypatch) -> None:  # noqa: F811

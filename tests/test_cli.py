@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from tests.conftest import EOS, write_jsonl
+import pytest
+
+from tests.conftest import EOS, sample_records, write_jsonl
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -55,8 +58,11 @@ def test_build_names_itself_plainly_prints_a_report_link_that_opens_and_verify_t
     record = json.loads((run_dir / "_BUILD.json").read_text())
     (run_dir / "_BUILD.json").write_text(json.dumps(record | {"tokens": 64_523}))  # a record its dataset belies
     checked = cli("verify", str(run_dir))
-    assert checked.returncode == 1 and checked.stdout.splitlines()[-2].startswith(
+    assert checked.returncode == 1 and checked.stdout.splitlines()[-3].startswith(
         f"{run_dir}/_BUILD.json: records 64,523 tokens and digest {record['digest']}, but its dataset holds 64,522"
+    )
+    assert checked.stdout.splitlines()[-2] == (
+        f"{run_dir}/merged: ids checked against the build's tokenizer: vocabulary 4,096, EOS id 0"
     )
 
     done = cli("build", str(sample_corpus), *options, "--build-id", "manual__2026-12-01T17:39:28+00:00")
@@ -192,6 +198,55 @@ def test_usage_errors_exit_2(tmp_path, sample_corpus, sample_tokenizer) -> None:
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
 
 
+@pytest.mark.parametrize(
+    ("wrong", "refusal"),
+    [
+        (
+            ("--build-id", "LATEST"),
+            "build id 'LATEST' is the name (ignoring case, as some filesystems do) of out/LATEST, which points at the "
+            "newest complete build: choose another build id (in Airflow, another run id)",
+        ),
+        (
+            ("--build-id", "x" * 300),
+            f"build id '{'x' * 40}'... names a folder of 300 characters (percent-encoded), more than the 200 a run "
+            "folder's name may have: choose a shorter build id",
+        ),
+        (
+            ("--build-id", "night\udcff"),  # argv bytes that are not UTF-8
+            "build id 'night\\udcff' holds a control character or bytes that are not UTF-8: choose a build id of "
+            "printable characters",
+        ),
+        (("--seed", "1" * 71), f"seed must be at most 9223372036854775807, got {'1' * 71}"),
+        (("--max-reject-fraction", "nan"), "--max-reject-fraction must be a finite number, got nan"),
+        (
+            ("--output", "s3:/b/x"),
+            "output 's3:/b/x' is no URL, a scheme being followed by '://' (fsspec would take it for a local path): "
+            "write s3://b/x, or ./s3:/b/x for a local path",
+        ),
+    ],
+)
+def test_a_build_refuses_values_that_crashed_it_before_any_work(
+    tmp_path, sample_corpus, sample_tokenizer, wrong: tuple[str, ...], refusal: str
+) -> None:
+    """Issue 37: each of these ran some or all of a build, then crashed with a traceback (or, for s3:/b/x, wrote
+    to a local folder named s3:)."""
+    command = [sys.executable, "-m", "tokenization.cli", "build", str(sample_corpus), "--output", "out"]
+    command += ["--tokenizer", str(sample_tokenizer), "--context-window", "0", *wrong]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == f"tokenization build: error: {refusal}"
+    assert list(tmp_path.iterdir()) == []  # nothing written: not the output, nor a folder named s3:
+
+
+def test_every_command_refuses_a_url_missing_a_slash() -> None:
+    """Issue 37: s3:/b/x is a local path to fsspec; the commands that take a location beside options refuse it too."""
+    done = cli("verify", "s3:/b/x")
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        "tokenization verify: error: argument path: 's3:/b/x' is no URL, a scheme being followed by '://' (fsspec "
+        "would take it for a local path): write s3://b/x, or ./s3:/b/x for a local path"
+    )
+
+
 def test_a_text_key_no_record_has_fails_naming_it_and_leaves_no_marker(tmp_path, sample_tokenizer) -> None:
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(233)])
     done = cli("tokenize", str(pairs), "--output", str(tmp_path / "out"), "--tokenizer", str(sample_tokenizer))
@@ -275,3 +330,83 @@ def test_engine_and_threads_reach_the_stats(tmp_path, sample_corpus, sample_toke
     assert engines["auto"]["tokens"] == engines["hf"]["tokens"] == 64522
     assert engines["auto"]["tokenizer"]["self_checked_docs"] == 1  # document 0 of 308: one in CHECK_EVERY
     assert cli("count", str(sample_corpus), "--tokenizer", str(sample_tokenizer), "--threads", "0").returncode == 2
+
+
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+
+
+def interrupted(command: list[str], started, cwd: Path) -> subprocess.CompletedProcess:
+    """``command`` run in a process group of its own, sent Ctrl-C as a terminal sends it (to the whole group) once
+    ``started()``; returns once the group is empty: no worker outlives it."""
+    running = subprocess.Popen(
+        [sys.executable, "-m", "tokenization.cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while not started():
+            assert running.poll() is None and time.monotonic() < deadline, "it finished, or never started"
+            time.sleep(0.01)
+        os.killpg(running.pid, signal.SIGINT)
+        stdout, stderr = running.communicate(timeout=60)
+    finally:
+        if running.poll() is None:  # a test that fails leaves no process behind
+            os.killpg(running.pid, signal.SIGKILL)
+            running.communicate()
+    deadline = time.monotonic() + 10
+    while _group_alive(running.pid):
+        assert time.monotonic() < deadline, "a worker outlived its command"
+        time.sleep(0.05)
+    return subprocess.CompletedProcess(running.args, running.returncode, stdout, stderr)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_stops_a_build_and_its_workers_in_one_line(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """Issue 37: Ctrl-C printed a 20-line traceback ending in KeyboardInterrupt, and one more a worker process."""
+    command = ["build", str(sample_corpus), "--output", "out", "--tokenizer", str(sample_tokenizer), "--seed", "1"]
+    command += ["--num-ranks", "64", "--parallel", "2", "--context-window", "0", "--build-id", "night 1"]
+    ranks = tmp_path / "out" / "night%201" / "ranks" / "_completions"
+    done = interrupted(command, lambda: any(ranks.glob("*.json")), tmp_path)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if not LOG_LINE.match(line)] == [
+        "interrupted: tokenization build stopped; an unfinished attempt's files stay for the next run to resume or "
+        "clear; resume it with --build-id 'night 1'"
+    ]
+    assert len(list(ranks.glob("*.json"))) < 64
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tokenization.cli", *command], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "verify: passed" in resumed.stdout and not list((tmp_path / "out").rglob(".staging"))
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_ctrl_c_stops_any_command_in_one_line(tmp_path, sample_tokenizer, delay: float) -> None:
+    """Interrupted as its attempt begins, and as the tokenizer loads: gigatoken, in the main thread, turned a
+    KeyboardInterrupt into a panic, or lost it (the rank then failed on lists of ids, or finished)."""
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", sample_records() * 40)
+    command = ["tokenize", str(corpus), "--output", "out", "--tokenizer", str(sample_tokenizer)]
+    begun: list[float] = []
+
+    def started() -> bool:
+        if not begun and (tmp_path / "out" / ".staging").exists():
+            begun.append(time.monotonic())
+        return bool(begun) and time.monotonic() >= begun[0] + delay
+
+    done = interrupted(command, started, tmp_path)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if not LOG_LINE.match(line)] == [
+        "interrupted: tokenization tokenize stopped; an unfinished attempt's files stay for the next run to resume "
+        "or clear"
+    ]

@@ -14,8 +14,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 
 from tests.conftest import EOS, shared_path
+from tokenization.text import cutting, fast_engine
 from tokenization.text.cutting import Piece
 from tokenization.text.encoding import Encoder, framed
+from tokenization.text.engines import HF_GROUP_CHARS
 from tokenization.text.loss_masks import no_loss_mask
 from tokenization.text.tokenizer_files import EOS_CANDIDATES, TokenizerError
 
@@ -190,6 +192,106 @@ def test_unloadable_tokenizer_names_the_path(tmp_path) -> None:
     bad.write_text("{}")
     with pytest.raises(TokenizerError, match=f"{bad}: not a tokenizers JSON file"):
         Encoder(str(bad))
+
+
+@pytest.mark.parametrize("place", ["added_tokens", "vocab"])
+def test_an_absurd_token_id_is_refused_at_load(tmp_path, sample_tokenizer, place: str) -> None:
+    """Issue 37, finding 6: an added token at id 4,294,967,295 made the fast engine ask for 64 GiB, which aborted
+    the process (exit 134); so did the same id in the model's vocabulary."""
+    tokenizer = json.loads(sample_tokenizer.read_bytes())
+    if place == "vocab":
+        tokenizer["model"]["vocab"]["<|far|>"] = 2**32 - 1
+    else:
+        tokenizer["added_tokens"].append({**tokenizer["added_tokens"][0], "id": 2**32 - 1, "content": "<|far|>"})
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(tokenizer))
+    with pytest.raises(TokenizerError) as raised:
+        Encoder(str(path), eos_token=EOS).encode(["hello <|far|>"])
+    assert str(raised.value) == (
+        f"{path}: token '<|far|>' has id 4,294,967,295; token ids must be below 16,777,216 (the largest "
+        "vocabularies hold about a million tokens): give the tokenizer ids that follow its vocabulary"
+    )
+
+
+def test_an_id_past_a_gap_in_the_vocabulary_counts_in_its_size(tmp_path, sample_tokenizer) -> None:
+    """Ids may leave gaps (cl100k's do): the vocabulary's size, and so the token width, is past its highest id."""
+    tokenizer = json.loads(sample_tokenizer.read_bytes())
+    tokenizer["model"]["vocab"]["<|far|>"] = 70_000
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(tokenizer))
+    encoder = Encoder(str(path), eos_token=EOS)
+    assert (encoder.vocab_size, encoder.token_size) == (70_001, 4)
+    assert encoder.encode(["hello"]).tokens.tolist() == Encoder(str(sample_tokenizer)).encode(["hello"]).tokens.tolist()
+
+
+@pytest.fixture
+def panicking_tokenizer(tmp_path, sample_tokenizer) -> Path:
+    """The sample tokenizer, split first by a regex that backtracks without end on a run of "a" with no "b": HF's
+    regex engine panics (the fast engine declines such a pattern)."""
+    tokenizer = json.loads(sample_tokenizer.read_bytes())
+    split = {"type": "Split", "pattern": {"Regex": "(a+)+b"}, "behavior": "Isolated", "invert": False}
+    byte_level = tokenizer["pre_tokenizer"] | {"use_regex": False}
+    tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [split, byte_level]}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(tokenizer))
+    return path
+
+
+def hf_panic(panicking_tokenizer: Path) -> BaseException:
+    """The panic HF's engine raises, pyo3's ``PanicException`` (a BaseException)."""
+    try:
+        Tokenizer.from_file(str(panicking_tokenizer)).encode("a" * 100)
+    except BaseException as exc:
+        return exc
+    pytest.fail("the catastrophic regex did not make HF's engine panic")
+
+
+@pytest.mark.parametrize(
+    ("texts", "doing"),
+    [
+        (["hello", "a" * 100], "encoding documents 0-1 of this run"),
+        ([("a" * 60 + " ") * 4], "cutting document 0 of this run"),
+    ],
+)
+def test_an_engine_panic_is_one_line_naming_the_tokenizer(
+    panicking_tokenizer, monkeypatch, texts: list[str], doing: str
+) -> None:
+    """Issue 37, finding 6: a catastrophic ``Split`` regex ended the run with a PanicException traceback, while
+    encoding or while HF confirms where a long text is cut."""
+    monkeypatch.setattr(cutting, "PIECE_CHARS", 100)
+    with pytest.raises(TokenizerError) as raised:
+        Encoder(str(panicking_tokenizer), eos_token=EOS).encode(texts)
+    assert str(raised.value) == (
+        f"{panicking_tokenizer}: its engine failed {doing} (Onig: Regex search error: retry-limit-in-match over): "
+        "this tokenizer cannot encode that text; fix the tokenizer, or give another"
+    )
+
+
+def test_a_fast_engine_panic_is_one_line_or_declines_it(panicking_tokenizer, sample_tokenizer, monkeypatch) -> None:
+    """gigatoken's panics are pyo3's too: one that encodes is an error as HF's are; one that loads declines it."""
+    panic = type(hf_panic(panicking_tokenizer))
+
+    class Panicking:
+        @classmethod
+        def from_json(cls, data: bytes) -> Panicking:
+            raise panic("table index out of bounds")
+
+        def encode_batch(self, texts: list[str], parallel: bool):
+            raise panic("table index out of bounds")
+
+    encoder = Encoder(str(sample_tokenizer), eos_token=EOS)
+    assert encoder.engine.name == "gigatoken"
+    monkeypatch.setattr(encoder.engine.fast, "_tokenizer", Panicking())
+    with pytest.raises(TokenizerError) as raised:
+        encoder.encode(["hello " * HF_GROUP_CHARS])  # a smaller group goes to HF alone
+    assert str(raised.value) == (
+        f"{sample_tokenizer}: its engine failed encoding document 0 of this run (table index out of bounds): this "
+        "tokenizer cannot encode that text; fix the tokenizer, or give another"
+    )
+    monkeypatch.setattr(fast_engine.gigatoken, "Tokenizer", Panicking)
+    declined = Encoder(str(sample_tokenizer), eos_token=EOS)
+    assert declined.encode(["hello"]).tokens.tolist() == encoder.tokenizer.encode("hello").ids
+    assert declined.engine_note == "fast engine declined: gigatoken cannot load it (table index out of bounds)"
 
 
 def test_a_missing_tokenizer_file_is_not_looked_up_on_the_hub(tmp_path) -> None:

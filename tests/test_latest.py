@@ -28,6 +28,7 @@ from tokenization.builds.latest import (
 )
 from tokenization.builds.report import report_data
 from tokenization.builds.run import Build
+from tokenization.io.errors import UsageError
 from tokenization.io.storage import using
 from tokenization.publish.records import (
     BuildRecord,
@@ -132,6 +133,51 @@ def test_three_nightly_builds_keep_two_and_name_the_last(tmp_path, sample_corpus
     assert data["build"]["tokens"] == third.record.tokens
     assert data["retention"] is None  # report_data alone has no retention
     assert str(tmp_path / "night-1") in (tmp_path / "night-3" / "report.html").read_text().replace("<wbr>", "")
+
+
+@pytest.mark.parametrize("build_id", ["LATEST", "latest"])
+def test_latest_is_refused_as_a_build_id_before_any_work(tmp_path, sample_corpus, sample_tokenizer, build_id) -> None:
+    """Issue 37: a build under the id LATEST ran every stage, then failed to publish (IsADirectoryError), and so did
+    every later build on that output; with a LATEST file there, it failed with NotADirectoryError."""
+    config = BuildConfig(input=str(sample_corpus), output=str(tmp_path / "out"), tokenizer=str(sample_tokenizer))
+    with pytest.raises(UsageError) as refused:
+        Build.start(config, build_id)
+    assert str(refused.value) == (
+        f"build id {build_id!r} is the name (ignoring case, as some filesystems do) of {tmp_path}/out/LATEST, which "
+        "points at the newest complete build: choose another build id (in Airflow, another run id)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_latest_folder_an_older_version_made_is_one_line(tmp_path) -> None:
+    """Issue 37: the folder of a build run under the id LATEST, before that was refused, failed every publish."""
+    fake_build(tmp_path, LATEST, DAY1)
+    fake_build(tmp_path, "night-2", DAY2)
+    refusal = (
+        f"{tmp_path}/LATEST is a folder (a build run under the build id LATEST, which is refused now), not the file "
+        "naming the newest complete build: move it out of the output, and the next build to publish writes LATEST"
+    )
+    for read in (read_latest, point_latest):
+        with pytest.raises(LatestError) as refused:
+            read(str(tmp_path))
+        assert str(refused.value) == refusal
+
+
+def test_a_build_id_naming_the_cache_folder_is_refused(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """The cache may be a folder of the output of another name than .cache: no build may share it."""
+    config = BuildConfig(
+        input=str(sample_corpus),
+        output=str(tmp_path),
+        tokenizer=str(sample_tokenizer),
+        cache=str(tmp_path / "tokens"),
+    )
+    with pytest.raises(UsageError) as refused:
+        Build.start(config, "tokens")
+    assert str(refused.value) == (
+        f"build id 'tokens' names {tmp_path}/tokens, which holds the tokenization cache {tmp_path}/tokens: choose "
+        "another build id, or another cache"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_latest_build_needs_a_pointer(tmp_path) -> None:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tokenization.io.locations import AllowedLocations, LocationError, check_disjoint, tokenizer_files
+from tokenization.io.locations import (
+    AllowedLocations,
+    LocationError,
+    check_disjoint,
+    intended_url,
+    tokenizer_files,
+)
 from tokenization.text.sources import InputError, list_input_files
 
 
@@ -40,6 +46,28 @@ def allowed(tmp_path) -> AllowedLocations:
 )
 def test_only_locations_inside_a_prefix_are_allowed(allowed, tmp_path, location, ok) -> None:
     assert allowed.allows(location.format(tmp=tmp_path)) is ok
+
+
+@pytest.mark.parametrize(
+    ("location", "meant"),
+    [
+        ("s3:/b/x", "s3://b/x"),
+        ("s3:b/x", "s3://b/x"),
+        ("S3:/b", "s3://b"),
+        ("gs:/", "gs://"),
+        ("file:/data/x", "file:///data/x"),  # fsspec reads /data/x; resolve() and the allowed prefixes, ./file:/data/x
+        ("s3://b/x", None),
+        ("file:///data/x", None),
+        ("/data/x", None),
+        ("data/x", None),
+        ("qa:col/x", None),  # no storage is named qa: a local folder, qa:col
+        ("c:/x", None),
+        ("data:text/plain,x", None),  # fsspec's data URLs hold no slashes
+    ],
+)
+def test_a_url_missing_a_slash_is_told_from_a_path(location: str, meant: str | None) -> None:
+    """Issue 37: --output s3:/b/x, with one slash, wrote to a local folder named s3:."""
+    assert intended_url(location) == meant
 
 
 def test_a_symlink_out_of_a_prefix_is_not_inside_it(allowed, tmp_path) -> None:

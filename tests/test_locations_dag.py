@@ -4,11 +4,13 @@ symlinks are resolved, and only a connection of the type S3 needs (finding 11 of
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_dag, write_jsonl
+from tests.test_tokenizer_formats import fetched
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
 
@@ -80,3 +82,53 @@ def test_a_connection_of_another_type_is_refused_by_name(airflow_db, dag, deploy
         planned(dag, deployment | {"aws_conn_id": "api_server_http"})
     _, tis, ok = run_dag(dag, deployment | {"aws_conn_id": "api_server_http"})
     assert not ok and tis[("plan", -1)].state == "failed"
+
+
+def test_plan_refuses_a_run_id_latest_and_params_that_crashed_a_build(airflow_db, dag, deployment) -> None:
+    """Issue 37: a run id LATEST (the run id is the build id) and the params that crashed a build, or turned a
+    limit off, fail at plan in one line, as on the command line, and before the run claims its folder."""
+    from tokenization_airflow import tasks
+
+    from tokenization.io.errors import UsageError
+
+    with pytest.raises(UsageError) as refused:
+        tasks.plan(dict(dag.params.dump()) | deployment, "LATEST", {}, set(dag.params), 1024)
+    assert str(refused.value) == (
+        f"build id 'LATEST' is the name (ignoring case, as some filesystems do) of {deployment['output']}/LATEST, "
+        "which points at the newest complete build: choose another build id (in Airflow, another run id)"
+    )
+    for wrong, message in [
+        ({"seed": 10**70}, f"seed must be at most 9223372036854775807, got {10**70}"),
+        ({"max_reject_fraction": float("nan")}, "max_reject_fraction must be a finite number, got nan"),
+        ({"output": "s3:/b/x"}, "output 's3:/b/x' is no URL, a scheme being followed by '://' (fsspec would take"),
+    ]:
+        with pytest.raises(UsageError) as refused:
+            planned(dag, deployment | wrong)
+        assert str(refused.value).startswith(message)
+        assert tasks.is_data_error(refused.value)  # the task fails without retries
+    assert not Path(deployment["output"]).exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "eos"),
+    [
+        ("tokenizer.json", "<|endoftext|>"),
+        ("cl100k_base.tiktoken", "<|endoftext|>"),
+        ("mistral-v1/tokenizer.model", "</s>"),
+    ],
+)
+def test_the_deployments_tokenizer_is_allowed_in_every_format(
+    airflow_db, dag, tmp_path, monkeypatch, sample_tokenizer, name: str, eos: str
+) -> None:
+    """Issue 37, finding 8b: with TOKENIZATION_TOKENIZER a .tiktoken or .model file (and no allowed locations set),
+    plan refused every run: the deployment allowed that file alone, not the tokenizer_config.json beside it."""
+    tokenizer = tmp_path / "tokenizers" / Path(name).name
+    tokenizer.parent.mkdir()
+    shutil.copy(sample_tokenizer if name == "tokenizer.json" else fetched(name), tokenizer)
+    params = {"input": str(tmp_path / "in"), "output": str(tmp_path / "builds"), "tokenizer": str(tokenizer)}
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "public"}])
+    for setting, param in (("INPUT", "input"), ("OUTPUT", "output"), ("TOKENIZER", "tokenizer")):
+        monkeypatch.setenv(f"TOKENIZATION_{setting}", params[param])
+    monkeypatch.delenv("TOKENIZATION_ALLOWED_LOCATIONS", raising=False)
+    plan = planned(dag, params).plan
+    assert (plan.input_files, plan.eos_token) == (1, eos)

@@ -3,17 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 import pytest
 
 from tokenization.builds.config import BuildConfig
 from tokenization.cli import build_parser
 from tokenization.io.errors import UsageError
-from tokenization.io.options import fields_of, json_schema, section
+from tokenization.io.options import LOCATIONS, fields_of, json_schema, section
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig
+from tokenization.stages.count import CountConfig
 from tokenization.stages.merge import MergeConfig, MergeOptions
 from tokenization.stages.tokenize import RankOptions, TokenizeConfig
 from tokenization.text.documents import DocumentOptions
+
+MINIMAL = {  # each config with only what it requires
+    BuildConfig: {"input": "i", "output": "o", "tokenizer": "t"},
+    TokenizeConfig: {"inputs": ["i"], "output": "o", "tokenizer": "t"},
+    MergeConfig: {"input": "i", "output": "o", "save_filename": "m"},
+    ContextShuffleConfig: {"input": "i", "output": "o", "context_window": 8},
+    CountConfig: {"inputs": ["i"], "tokenizer": "t"},
+}
+TEXT_OPTIONS = {"eos_token", "id_key", "loss_fields", "loss_roles", "messages_key", "pad_token", "save_filename"}
+TEXT_OPTIONS |= {"template", "text_key"}
+
+
+def options_of(test) -> list[tuple[type, str]]:
+    """Every ``(config, field name)`` for which ``test(kind)`` holds."""
+    return [(stage, f.name) for stage in MINIMAL for f, _, kind in fields_of(stage) if test(kind)]
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:
@@ -104,7 +121,7 @@ def test_every_build_param_has_a_title_a_description_and_a_schema() -> None:
         assert spec.title and spec.help, f.name
     schemas = {f.name: json_schema(f, spec, kind) for f, spec, kind in offered}
     assert schemas["num_ranks"] == {"type": "integer", "minimum": 1, "maximum": 4096}
-    assert schemas["seed"] == {"type": ["null", "integer"], "minimum": 0}
+    assert schemas["seed"] == {"type": ["null", "integer"], "minimum": 0, "maximum": 2**63 - 1}
     assert schemas["merge_mode"] == {"enum": ["interleave", "shuffle", "bucketed"]}
     assert schemas["input"] == {"type": "string", "minLength": 1}
     assert "storage_options" not in schemas and "local_working_dir" not in schemas
@@ -133,3 +150,48 @@ def test_an_option_a_build_passes_to_a_stage_is_one_definition(stage: type, grou
 def test_a_context_shuffle_needs_a_window() -> None:
     with pytest.raises(UsageError, match="context_window must be at least 1: a build skips the context shuffle"):
         ContextShuffleConfig(input="i", output="o", context_window=0)
+
+
+@pytest.mark.parametrize(("stage", "name"), options_of(lambda kind: kind.base is int))
+def test_every_integer_option_fits_64_bits(stage: type, name: str) -> None:
+    """Issue 37: --seed of 71 digits ran every stage, then the manifest could not hold it (TypeError: Integer exceeds
+    64-bit range). No integer option takes more than a signed 64-bit integer holds."""
+    with pytest.raises(UsageError, match=rf"^{name} must be at most \d+, got {10**70}$"):
+        stage(**MINIMAL[stage] | {name: 10**70})
+
+
+@pytest.mark.parametrize("stage", [BuildConfig, TokenizeConfig, MergeConfig, ContextShuffleConfig])
+def test_every_seed_goes_up_to_the_largest_signed_64_bit_integer(stage: type) -> None:
+    assert stage(**MINIMAL[stage], seed=2**63 - 1).seed == 2**63 - 1
+    with pytest.raises(UsageError, match=rf"^seed must be at most 9223372036854775807, got {2**63}$"):
+        stage(**MINIMAL[stage], seed=2**63)
+
+
+FLOATS = options_of(lambda kind: kind.base is float)
+STRINGS = options_of(lambda kind: kind.base in (str, list) and not kind.choices)
+
+
+@pytest.mark.parametrize(("stage", "name"), FLOATS)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_no_number_option_takes_nan_or_infinity(stage: type, name: str, value: float) -> None:
+    """Issue 37: --max-reject-fraction nan passed every bound and turned the limit off (a file of 50% bad records
+    passed). No number option means anything by infinity: an optional one says "no limit" with none."""
+    with pytest.raises(UsageError, match=rf"^{name} must be a finite number, got {value}$"):
+        stage(**MINIMAL[stage] | {name: value})
+
+
+def test_every_string_option_is_a_location_or_text() -> None:
+    """A new string option is one or the other: a location is checked for a malformed URL (``LOCATIONS``)."""
+    assert {name for _, name in STRINGS} == LOCATIONS | TEXT_OPTIONS
+    assert FLOATS  # and the test of number options above tests something
+
+
+@pytest.mark.parametrize(("stage", "name"), [(stage, name) for stage, name in STRINGS if name in LOCATIONS])
+def test_every_location_refuses_a_url_missing_a_slash(stage: type, name: str) -> None:
+    """Issue 37: --output s3:/b/x wrote to a local folder named s3:."""
+    with pytest.raises(UsageError) as refused:
+        stage(**MINIMAL[stage] | {name: ["s3:/b/x"] if name == "inputs" else "s3:/b/x"})
+    assert str(refused.value) == (
+        f"{name} 's3:/b/x' is no URL, a scheme being followed by '://' (fsspec would take it for a local path): "
+        "write s3://b/x, or ./s3:/b/x for a local path"
+    )

@@ -3,9 +3,12 @@ check that every planned file was read once (issue 22, findings 1 and 2)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import stat
 from dataclasses import replace
+from datetime import datetime, timezone
 
 import orjson
 import pytest
@@ -15,9 +18,11 @@ from tokenization.builds.complete import summary
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import Plan, unread_or_reread
 from tokenization.builds.run import Build
+from tokenization.io.storage import file_sha256
 from tokenization.publish.records import InputFile, RecordError
 from tokenization.publish.runs import BuildError, PlanConflict
-from tokenization.text.sources import InputError
+from tokenization.text import sources
+from tokenization.text.sources import InputError, difference, list_input_files
 
 EOS = "<|endoftext|>"
 
@@ -90,20 +95,102 @@ def test_a_rerun_with_other_settings_or_inputs_is_refused_naming_them(tmp_path, 
     assert record.read_bytes() == published  # nothing of b1 was touched
 
 
+def rewritten(path, data: bytes) -> None:
+    """``path`` holding ``data``, written in place, with its mtime kept (its change time moves on)."""
+    before = path.stat()
+    path.write_bytes(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_ctime_ns != before.st_ctime_ns
+
+
 def test_a_planned_file_that_changes_or_vanishes_fails_its_rank_naming_it(tmp_path, inputs, sample_tokenizer):
-    """Rewritten with its size and mtime kept, a file is still another file; so is one that is gone."""
+    """Rewritten with its size and mtime kept, a file whose bytes differ is another file; so is one that is gone."""
     build = Build.start(config_of(inputs, tmp_path, sample_tokenizer), "b")
     rank_0 = inputs / "part-00000.jsonl.gz"  # rank 0 takes files 0 and 2
-    before = rank_0.stat()
-    data = bytearray(rank_0.read_bytes())
-    rank_0.write_bytes(bytes(data))  # the same bytes, written again
-    os.utime(rank_0, ns=(before.st_atime_ns, before.st_mtime_ns))
-    with pytest.raises(InputError, match=r"part-00000.jsonl.gz: changed since the build was planned \(\d+ bytes, "):
+    data = rank_0.read_bytes()
+    planned, changed = hashlib.sha256(data).hexdigest(), data[:-1] + bytes([data[-1] ^ 1])
+    rewritten(rank_0, changed)
+    with pytest.raises(InputError) as refused:
         build.tokenize(0, progress=False)
+    assert str(refused.value) == (
+        f"{rank_0}: changed since the build was planned: its content changed (sha256 "
+        f"{hashlib.sha256(changed).hexdigest()[:12]}…; planned {planned[:12]}…), its size and mtime kept; a build "
+        "reads exactly its plan's files, so run it under a new build id"
+    )
     (inputs / "part-00003.jsonl.gz").unlink()
     with pytest.raises(InputError, match=r"part-00003.jsonl.gz: gone since the build was planned"):
         build.tokenize(1, progress=False)
     assert incomplete_ranks(build.layout.ranks, 2) == {0: "no completion marker", 1: "no completion marker"}
+
+
+def test_a_chmod_or_a_copy_keeping_the_mtime_is_the_same_file(tmp_path, inputs, sample_tokenizer, monkeypatch):
+    """Issue 37, 8c: after ``chmod o+r`` on unchanged inputs, re-running a published build id was refused ("was
+    planned otherwise: 4 planned input files changed"), and so was a rank of a build resumed after it: the identity
+    held the change time. A file whose bytes did not change is the same file; only files whose inode or change time
+    differ are read again, to tell."""
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    published = Build.start(config, "b").run()
+    resumed = Build.start(config, "r")
+    resumed.tokenize(0, progress=False)  # then the build is killed
+    copied, chmodded = inputs / "part-00001.jsonl.gz", [inputs / f"part-0000{i}.jsonl.gz" for i in (0, 3)]
+    before = {path: path.stat() for path in inputs.iterdir()}
+    shutil.copy2(copied, tmp_path / "copy")  # the same bytes and mtime, another inode
+    os.replace(tmp_path / "copy", copied)
+    for path in chmodded:
+        path.chmod(path.stat().st_mode | stat.S_IROTH)
+    for path in (copied, *chmodded):
+        now = path.stat()
+        assert now.st_mtime_ns == before[path].st_mtime_ns
+        assert (now.st_ino, now.st_ctime_ns) != (before[path].st_ino, before[path].st_ctime_ns)
+    hashed = []
+    monkeypatch.setattr(sources, "file_sha256", lambda path, fs: hashed.append(path) or file_sha256(path, fs))
+    sources._sha256.cache_clear()
+    assert Build.start(config, "b").run().record == published.record
+    assert sorted(hashed) == sorted(map(str, (copied, *chmodded)))  # part-00002, untouched, is not read
+    again = Build.start(config, "r")
+    again.tokenize(1, progress=False)  # its files: 1 (copied) and 3 (chmod)
+    assert again.run().record.digest == published.record.digest
+
+
+def test_a_rerun_names_how_each_planned_file_changed(tmp_path, inputs, sample_tokenizer) -> None:
+    """Issue 37, 8c: the refusal named the files only ("7 planned input files changed"); it says what changed."""
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    Build.start(config, "b")
+    grown, touched, edited = (inputs / f"part-0000{i}.jsonl.gz" for i in range(3))
+    size = grown.stat().st_size
+    grown.write_bytes(grown.read_bytes() + b"\n")
+    mtime = touched.stat().st_mtime_ns
+    os.utime(touched, ns=(mtime, mtime + 10**9 + 1))
+    data = edited.read_bytes()
+    rewritten(edited, data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(PlanConflict) as refused:
+        Build.start(config, "b")
+    was, now = (
+        f"{datetime.fromtimestamp(ns // 10**9, timezone.utc):%Y-%m-%dT%H:%M:%S}.{ns % 10**9:09d}Z"
+        for ns in (mtime, mtime + 10**9 + 1)
+    )
+    assert str(refused.value) == (
+        f"{tmp_path}/out/b was planned otherwise: 3 planned input files changed since ({grown}: its size changed "
+        f"from {size:,} to {size + 1:,} bytes, {touched}: it was modified (mtime {now}; planned {was}), {edited}: its "
+        f"content changed (sha256 {hashlib.sha256(edited.read_bytes()).hexdigest()[:12]}…; planned "
+        f"{hashlib.sha256(data).hexdigest()[:12]}…), its size and mtime kept). A build id resumes only its own "
+        "plan: run these settings or inputs under a new build id"
+    )
+
+
+def test_a_plan_made_before_content_hashes_cannot_tell_a_chmod_from_a_rewrite(tmp_path) -> None:
+    """A plan of the version before records no sha256: a file whose inode or change time differs cannot be told the
+    same, and the message says why."""
+    path = tmp_path / "a.jsonl"
+    path.write_text("{}\n")
+    (now,) = list_input_files([str(path)]).files
+    fields = dict(field.split("=") for field in now.identity.split(","))
+    old = replace(now, identity=f"mtime_ns={fields['mtime_ns']},ctime_ns=1,ino={fields['ino']}")
+    assert difference(old, now) == (
+        "its inode or change time changed (a chmod, or a copy that kept its mtime), and its plan, made by an earlier "
+        "version, records no sha256 of its bytes to tell whether they did"
+    )
+    assert difference(replace(old, identity=now.identity), now) is None
 
 
 def test_the_books_refuse_ranks_that_read_other_files(tmp_path, inputs, sample_tokenizer, monkeypatch) -> None:

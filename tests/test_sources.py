@@ -59,6 +59,30 @@ def test_folders_globs_and_lists_are_sorted_and_skip_markers(tmp_path) -> None:
         list_input_files([str(tmp_path / "missing")])
 
 
+def test_a_folder_nested_1100_deep_is_listed_and_a_glob_over_it_is_one_line(tmp_path) -> None:
+    """Issue 37: fsspec's find walks a Python call a level, and a tree 1,100 deep raised RecursionError."""
+    deepest = tmp_path
+    for _ in range(1100):  # os.makedirs recurses a level too
+        deepest = deepest / "d"
+        deepest.mkdir()
+    write_jsonl(deepest / "deep.jsonl", RECORDS)
+    write_jsonl(tmp_path / "top.jsonl", RECORDS)
+    try:
+        listing = list_input_files([str(tmp_path)])
+        assert [f.url for f in listing.files] == [str(deepest / "deep.jsonl"), str(tmp_path / "top.jsonl")]
+        with pytest.raises(InputError) as refused:
+            list_input_files([f"{tmp_path}/**/*.jsonl"])
+        assert str(refused.value) == (
+            f"{tmp_path}/**/*.jsonl: its folders nest too deep for fsspec to search (a Python call a level, past "
+            "the interpreter's limit): name a folder, which is listed without that limit, or flatten the tree"
+        )
+    finally:  # shutil.rmtree, which pytest cleans up with, recurses a level too
+        (deepest / "deep.jsonl").unlink()
+        while deepest != tmp_path:
+            deepest.rmdir()
+            deepest = deepest.parent
+
+
 def test_files_of_unsupported_types_are_named_in_the_log_and_the_manifest(tmp_path, sample_tokenizer, caplog) -> None:
     from tests.test_tokenize import run
 

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import io
 import json
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import sentencepiece
 import tiktoken
+from sentencepiece import sentencepiece_model_pb2
 from tiktoken.load import load_tiktoken_bpe
 from tiktoken_ext import openai_public
 from tokenizers import Tokenizer
@@ -30,7 +32,7 @@ from tokenization.publish.records import RankManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.text.encoding import Encoder
 from tokenization.text.tokenizer_files import TokenizerError
-from tokenization.text.tokenizer_formats import BYTE_CHARS, as_tokenizer_json
+from tokenization.text.tokenizer_formats import BYTE_CHARS, MAX_PIECE_CHARS, as_tokenizer_json
 
 FILES = ROOT / ".tokenizer-files"
 TEXT_CHARS = 1000  # of each document: 3.1 MB of the corpora's text, which keeps each tokenizer's test short
@@ -200,22 +202,69 @@ def test_an_unknown_tiktoken_file_is_refused_in_one_line(tmp_path) -> None:
     )
 
 
-def test_a_unigram_sentencepiece_model_is_refused_in_one_line(tmp_path) -> None:
+def trained(model_type: str, vocab_size: int, **options) -> bytes:
+    """A small SentencePiece model, trained here."""
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(["hello world", "a unigram model", "of a few pieces", "is not read"] * 20),
+        sentence_iterator=iter(["hello world", "a small model", "of a few pieces", "is read whole"] * 20),
         model_writer=model,
-        model_type="unigram",
-        vocab_size=24,
+        model_type=model_type,
+        vocab_size=vocab_size,
         minloglevel=2,
+        **options,
     )
+    return model.getvalue()
+
+
+def test_a_unigram_sentencepiece_model_is_refused_in_one_line(tmp_path) -> None:
     path = tmp_path / "t5.model"
-    path.write_bytes(model.getvalue())
+    path.write_bytes(trained("unigram", 20))
     with pytest.raises(TokenizerError) as raised:
         Encoder(str(path))
     assert str(raised.value) == (
         f"{path}: not a SentencePiece model this project reads "
         "(only BPE sentencepiece models are supported, got model_type 'unigram')"
+    )
+
+
+@pytest.mark.parametrize("cut", ["in a field", "before the trainer spec"])
+def test_a_truncated_sentencepiece_model_is_reported_as_truncated(tmp_path, cut: str) -> None:
+    """Issue 37, finding 6: a truncated Mistral model was refused as "got model_type 'unigram'": the converter's
+    reader took the cut field for a short one, and the missing trainer spec for the proto's defaults."""
+    raw = fetched("mistral-v1/tokenizer.model").read_bytes()
+    model = sentencepiece_model_pb2.ModelProto.FromString(raw)
+    pieces_only = sentencepiece_model_pb2.ModelProto(pieces=model.pieces).SerializeToString()
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(raw[: len(raw) // 2] if cut == "in a field" else pieces_only)
+    with pytest.raises(TokenizerError) as raised:
+        Encoder(str(path))
+    why = (
+        f"a field of 14 bytes at byte {len(raw) // 2 - 5:,} runs past the end, at {len(raw) // 2:,}"
+        if cut == "in a field"
+        else "it ends after 32,000 pieces, with no trainer spec"
+    )
+    assert str(raised.value) == f"{path}: truncated or not a SentencePiece model: {why}"
+
+
+def test_a_sentencepiece_piece_past_the_limit_is_refused_at_once(tmp_path) -> None:
+    """Issue 37, finding 6: converting a piece takes time that grows with the square of its length (200,000
+    characters: 20 s; 2,000,000: more than 120 s). A piece of the limit's length is converted; a longer one is
+    refused, in well under a second."""
+    model = sentencepiece_model_pb2.ModelProto.FromString(trained("bpe", 300, byte_fallback=True))
+    model.pieces.add(piece="a" * MAX_PIECE_CHARS, score=-1e9)
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(model.SerializeToString())
+    assert Encoder(str(path)).vocab_size == 301
+    model.pieces.add(piece="b" * 2_000_000, score=-1e9)
+    path.write_bytes(model.SerializeToString())
+    started = time.perf_counter()
+    with pytest.raises(TokenizerError) as raised:
+        Encoder(str(path))
+    assert time.perf_counter() - started < 1.5
+    assert str(raised.value) == (
+        f"{path}: piece 301 of the SentencePiece model has 2,000,000 characters, more than the 1,024 a piece may "
+        "have (real models' longest have a few dozen; converting a piece takes time that grows with the square of its "
+        "length)"
     )
 
 

@@ -1,6 +1,7 @@
 """The README's "Load it in your trainer" section, run as printed: its build commands in a folder holding ``data/``
 and ``tokenizer.json``, then each snippet, in the trainers' environment, on what they built; what the snippets
-print is what our own readers find in the same files."""
+print is what our own readers find in the same files. Each runs on a build of the sample tokenizer (2 bytes an id)
+and of Llama 3's (128,256 ids: 4 bytes an id), which a snippet assuming either size misreads."""
 
 from __future__ import annotations
 
@@ -14,21 +15,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, in_trainer_env
+from tests.conftest import ROOT, in_trainer_env, shared_path
 from tokenization.formats.ds import TokenFile
 from tokenization.formats.megatron import MegatronFile
 
 SECTION = ROOT.joinpath("README.md").read_text().split("## Load it in your trainer", 1)[1].split("\n## ", 1)[0]
 SNIPPETS = dict(re.findall(r"<!-- trainer snippet: (\w+) -->\n```python\n(.*?)```", SECTION, flags=re.DOTALL))
 WINDOW = 2049
+MEGATRON_TOKENS = {"sample": 64_522, "llama3": 55_963}  # the sample corpus's, a rank file each
+TOKEN_SIZES = {"sample": 2, "llama3": 4}
+
+
+@pytest.fixture(scope="module", params=sorted(MEGATRON_TOKENS))
+def tokenizer(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
-    """A folder where the section's build commands ran, as printed."""
-    here = tmp_path_factory.mktemp("trainer")
+def builds(tokenizer, tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
+    """A folder where the section's build commands ran, as printed, with the sample tokenizer or Llama 3's."""
+    here = tmp_path_factory.mktemp(tokenizer)
     (here / "data").symlink_to(sample_corpus)
-    (here / "tokenizer.json").symlink_to(sample_tokenizer)
+    path = sample_tokenizer if tokenizer == "sample" else shared_path("tokenizers", tokenizer, "tokenizer.json")
+    (here / "tokenizer.json").symlink_to(path)
     commands = re.search(r"```bash\n(tokenization build .*?)```", SECTION, flags=re.DOTALL).group(1).splitlines()
     assert len(commands) == 2
     for command in commands:
@@ -46,9 +55,10 @@ def printed(builds: Path, name: str) -> list[str]:
     return in_trainer_env(SNIPPETS[name], cwd=builds).strip().splitlines()
 
 
-def test_datatroves_reader_gives_windows_positions_and_the_loss_mask(builds) -> None:
+def test_datatroves_reader_gives_windows_positions_and_the_loss_mask(builds, tokenizer) -> None:
     (line,) = printed(builds, "datatrove")
     files = [TokenFile(str(p)) for p in sorted((builds / "builds/nightly/context").glob("*.ds"))]
+    assert {f.token_size for f in files} == {TOKEN_SIZES[tokenizer]}
     first = np.asarray(files[0].tokens[:WINDOW])
     ends = np.asarray(files[0].ends, dtype=np.int64)
     doc_starts = np.concatenate([[0], ends[ends < 8]])
@@ -70,11 +80,12 @@ def test_numpy_reads_whole_windows_and_their_loss(builds) -> None:
         assert line == f"builds/nightly/context/{path.name} ({full}, {WINDOW}) {loss} {len(ours.ends)}"
 
 
-def test_megatron_core_reads_every_prefix_of_the_data_path(builds) -> None:
+def test_megatron_core_reads_every_prefix_of_the_data_path(builds, tokenizer) -> None:
     lines = printed(builds, "megatron")
     words = (builds / "builds/nightly-megatron/megatron_data_path.txt").read_text().split()
     prefixes = words[1::2]
-    assert len(lines) == len(prefixes) == 4 and sum(map(int, words[::2])) == 64_522  # a prefix a rank
+    assert len(lines) == len(prefixes) == 4  # a prefix a rank
+    assert sum(map(int, words[::2])) == MEGATRON_TOKENS[tokenizer]
     for line, weight, prefix in zip(lines, words[::2], prefixes, strict=True):
         assert Path(prefix).is_absolute()  # Megatron runs from any folder
         ours = MegatronFile(prefix)

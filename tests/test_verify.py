@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -360,6 +361,7 @@ def test_a_truncated_record_is_one_line_naming_it(run_dir, capsys, record, kind)
         1,
         [
             f"{path}: not a valid {kind}: not JSON ({parsing.value})",
+            f"{folder}: ids checked against the build's tokenizer: vocabulary 4,096, EOS id 0",
             f"verify {folder}: 4 files, 64,522 tokens: FAILED, 1 problems",
         ],
     )
@@ -389,7 +391,7 @@ def test_a_flipped_key_is_one_line_naming_the_file_and_field(run_dir, capsys, re
     path.write_text(after(path.read_text(), *damage))
     kind = "manifest" if record.startswith("_manifests") else "completion marker"
     status, lines = verify_cli(capsys, folder)
-    assert status == 1 and len(lines) == 2, lines
+    assert status == 1 and len(lines) == 3 and lines[1].startswith(f"{folder}: ids "), lines  # checked, or why not
     assert lines[0].startswith(f"{path}: not a valid {kind}: {field.format(ds=NAME)}"), lines[0]
     assert main(["merge", str(folder), "--output", str(run_dir / "again"), "--save-filename", "x"]) == 1
     assert capsys.readouterr().err == f"error: {lines[0]}\n"
@@ -403,3 +405,36 @@ def test_the_quarantine_is_checked_against_its_marker(tmp_path, sample_tokenizer
     quarantine.write_bytes(quarantine.read_bytes()[:-1])
     (problem,) = problems(tmp_path / "out")
     assert problem.startswith(f"{quarantine}: differs from what _completions/00000.json records ")
+
+
+def test_a_run_folder_is_verified_against_its_builds_tokenizer(run_dir, capsys) -> None:
+    """Issue 37, 9c: ``verify RUN_FOLDER`` without ``--tokenizer`` checked no id, so an id past the build's
+    vocabulary (the file's size kept, its marker's sha256 rewritten to match) passed. It is checked against the
+    vocabulary and EOS the build recorded, and the output says so."""
+    folder = run_dir / "context"
+    said = f"{folder}: ids checked against the build's tokenizer: vocabulary 4,096, EOS id 0"
+    status, lines = verify_cli(capsys, run_dir)
+    assert status == 0 and said in lines, lines
+    path = sorted(folder.glob("*.ds"))[0]
+    tokens = np.memmap(path, dtype=np.uint16, mode="r+")
+    tokens[1] = 4096
+    tokens.flush()
+    del tokens
+    (marker,) = [p for p in (folder / "_completions").glob("*.json") if path.name in json.loads(p.read_text())["files"]]
+    record = json.loads(marker.read_text())
+    record["files"][path.name]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    marker.write_text(json.dumps(record))
+    status, lines = verify_cli(capsys, run_dir)
+    assert status == 1 and f"{path} @ token 1: id beyond the vocabulary of 4096" in lines and said in lines, lines
+    assert f"{path} @ token 1: id beyond the vocabulary of 4096" in problems(folder)
+
+
+def test_an_eos_token_without_a_tokenizer_is_refused(built, capsys) -> None:
+    """``--eos-token`` without ``--tokenizer`` was ignored without a word: no tokenizer said its id."""
+    with pytest.raises(SystemExit) as exited:
+        main(["verify", str(built), "--eos-token", EOS])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"tokenization verify: error: --eos-token {EOS!r} needs --tokenizer, which gives its id; give neither, and a "
+        "build's folders are checked against the build's own tokenizer"
+    )

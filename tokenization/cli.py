@@ -14,7 +14,8 @@ The .ds family: X.ds holds the token ids (little-endian uint16, or uint32 past 6
 uint64 end offset of each document in tokens, X.ds.loss one byte a token (0 = no loss), and X.ds.metadata
 "tokenizer|token size", the token count and a human count. datatrove's and nanotron's readers load it.
 
-Exit status: 0 on success, 1 on an error (one line; a bug shows its traceback), 2 on a usage error.
+Exit status: 0 on success, 1 on an error (one line; a bug shows its traceback), 2 on a usage error, 130 when
+interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import difflib
 import logging
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -41,9 +43,10 @@ from tokenization.formats import MEGATRON, list_token_files
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.formats.megatron import MegatronFile
 from tokenization.io.errors import TokenizationError, UsageError, external_error
+from tokenization.io.locations import malformed_url
 from tokenization.io.options import add_arguments, from_arguments
 from tokenization.io.storage import join, open_fs
-from tokenization.publish.cache import DEFAULT_FOLDER, ENTRIES, Cache
+from tokenization.publish.cache import DEFAULT_FOLDER, ENTRIES, OWN_FILE, Cache
 from tokenization.publish.records import BuildRecord
 from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, BuildError, Layout, read_build
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
@@ -54,6 +57,7 @@ from tokenization.stages.verify import verify
 from tokenization.text.documents import Counts
 from tokenization.text.encoding import Encoder, limit_hf_threads
 
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (SIGINT), as shells give it
 EXAMPLE = """example: a whole build of a folder of JSON lines on one machine, 4 ranks, 2 at a time
 
   tokenization build data/ --output builds/ --tokenizer tokenizer.json --seed 1234 --num-ranks 4 --parallel 2 \\
@@ -103,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     command("count", "count tokens exactly as tokenize would, writing no token files", CountConfig)
 
     ver = command("verify", "check an output folder (.ds families or Megatron .bin/.idx); exit 1 on any problem")
-    ver.add_argument("path", help="output folder or fsspec URL, or a build's run folder (then its dataset)")
-    ver.add_argument("--tokenizer", help="also check every id against this tokenizer's vocabulary")
+    ver.add_argument(
+        "path", type=_location, help="output folder or fsspec URL, or a build's run folder (then its dataset)"
+    )
+    ver.add_argument("--tokenizer", type=_location, help="also check every id against this tokenizer's vocabulary")
     ver.add_argument("--eos-token", help="also check that every document ends with this token (needs --tokenizer)")
     ver.add_argument(
         "--sample",
@@ -115,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     rep = command("report", "write a build's report.html and report.json again, from its manifests")
-    rep.add_argument("run_dir", metavar="RUN_DIR", help="the build's folder (holding ranks/ and _BUILD.json)")
+    rep.add_argument(
+        "run_dir", metavar="RUN_DIR", type=_location, help="the build's folder (holding ranks/ and _BUILD.json)"
+    )
 
     cache = command("cache", "list or prune a tokenization cache")
     actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION", help="list or prune")
@@ -126,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         action = actions.add_parser(name, help=said, description=said)
         action.set_defaults(parser=action)
-        action.add_argument("location", metavar="CACHE", help=where)
+        action.add_argument("location", metavar="CACHE", type=_location, help=where)
         if name == "prune":
             action.add_argument(
                 "--older-than", type=_duration, metavar="AGE", help="remove entries last used before: 30d, 12h, 90m"
@@ -136,10 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
             )
 
     ins = command("inspect", "describe a token file (.ds or Megatron .bin) or a folder of them")
-    ins.add_argument("path", help="a .ds or .bin file, or a folder, local or fsspec URL")
+    ins.add_argument("path", type=_location, help="a .ds or .bin file, or a folder, local or fsspec URL")
     ins.add_argument("--decode", type=int, default=0, metavar="N", help="print the first N documents as text")
-    ins.add_argument("--tokenizer", help="tokenizer for --decode (default: the one the .ds metadata names)")
+    ins.add_argument(
+        "--tokenizer", type=_location, help="tokenizer for --decode (default: the one the .ds metadata names)"
+    )
     return parser
+
+
+def _location(value: str) -> str:
+    """A path or fsspec URL; one that reads like a URL missing a slash is refused, as options refuse it."""
+    if wrong := malformed_url(value):
+        raise argparse.ArgumentTypeError(wrong)
+    return value
 
 
 def _positive(value: str) -> int:
@@ -181,25 +198,28 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"cache {cache.location}: removed {cleaned.entries:,} entries, {pages.size(cleaned.bytes)}")
         return 0
     listed = cache.entries()
-    print(f"cache {cache.location}: {len(listed):,} entries, {pages.size(sum(i.entry.bytes for i in listed))}")
+    print(f"cache {cache.location}: {len(listed):,} entries, {pages.size(sum(i.bytes for i in listed))}")
     if listed:
         print(f"{'key':12}  {'size':>9}  {'made':20}  {'last used':20}  {'by':24}  input file")
     for item in listed:
-        e = item.entry
         owner = item.last_owner.rstrip("/").rsplit("/", 1)[-1] if item.last_owner else pages.MISSING
         print(
-            f"{e.key[:12]}  {pages.size(e.bytes):>9}  {_when(e.created):20}  {_when(item.last_used):20}  "
-            f"{owner:24}  {e.source.url}"
+            f"{item.key[:12]}  {pages.size(item.bytes):>9}  {_when(item.created):20}  {_when(item.last_used):20}  "
+            f"{owner:24}  {item.source}"
         )
     return 0
 
 
 def _cache_at(location: str) -> Cache:
-    """The cache at ``location``, or the cache of the builds output ``location`` (``{output}/.cache``)."""
+    """The cache at ``location``, or the cache of the builds output ``location`` (``{output}/.cache``); a cache is
+    known by its own file, or, made by an earlier version, by its entries."""
     fs, path = open_fs(location)
-    beside = join(location, DEFAULT_FOLDER)
-    if not fs.exists(join(path, ENTRIES)) and fs.exists(join(path, DEFAULT_FOLDER, ENTRIES)):
-        return Cache(beside)
+
+    def is_cache(folder: str) -> bool:
+        return fs.exists(join(folder, OWN_FILE)) or fs.exists(join(folder, ENTRIES))
+
+    if not is_cache(path) and is_cache(join(path, DEFAULT_FOLDER)):
+        return Cache(join(location, DEFAULT_FOLDER))
     return Cache(location)
 
 
@@ -208,8 +228,8 @@ def _when(moment: float | None) -> str:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # nothing to percent-encode
-    published = Build.start(from_arguments(BuildConfig, args), build_id).run(args.parallel, keep=args.keep_builds)
+    args.build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # nothing to percent-encode
+    published = Build.start(from_arguments(BuildConfig, args), args.build_id).run(args.parallel, keep=args.keep_builds)
     print(summary(published.record))
     print(f"latest: {published.latest}")
     for run_dir in published.deleted:
@@ -281,8 +301,13 @@ def cmd_count(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     if args.sample is not None and args.sample < 0:
         raise UsageError(f"--sample must be 0 or more, got {args.sample}")
+    if args.eos_token and not args.tokenizer:
+        raise UsageError(
+            f"--eos-token {args.eos_token!r} needs --tokenizer, which gives its id; give neither, and a build's "
+            "folders are checked against the build's own tokenizer"
+        )
     build = _build_in(args.path)
-    path = build.dataset if build else args.path
+    path = _dataset_in(args.path, build) if build else args.path
     report = verify(path, args.tokenizer, args.eos_token, vouched=args.sample is not None, sample=args.sample or 0)
     if build and (build.tokens, build.digest) != (report.tokens, digest := dataset_digest(path)):
         report.problems.append(
@@ -294,6 +319,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     state = "OK" if report.ok else f"FAILED, {len(report.problems)} problems"
     print(f"verify {path}: {report.files} files, {report.tokens:,} tokens: {state}")
     return 0 if report.ok else 1
+
+
+def _dataset_in(run_dir: str, build: BuildRecord) -> str:
+    """The build's dataset in ``run_dir``: its record says where the build wrote it, and a run folder copied or
+    moved since would verify the original's (or none)."""
+    return join(run_dir, build.dataset.rstrip("/").rpartition("/")[2])
 
 
 def _build_in(path: str) -> BuildRecord | None:
@@ -406,6 +437,15 @@ def as_flags(message: str, parser: argparse.ArgumentParser) -> str:
     return re.sub(rf"\b({'|'.join(map(re.escape, flags))})\b", lambda m: flags[m.group(1)], message)
 
 
+def interrupted(args: argparse.Namespace) -> str:
+    """The one line a Ctrl-C leaves: what stopped and, for a build, how to resume it."""
+    resume = f"; resume it with --build-id {shlex.quote(args.build_id)}" if getattr(args, "build_id", None) else ""
+    return (
+        f"interrupted: tokenization {args.command} stopped; an unfinished attempt's files stay for the next run "
+        f"to resume or clear{resume}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -416,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm():  # log lines above a progress bar, not through it
             return COMMANDS[args.command](args)
+    except KeyboardInterrupt:  # Ctrl-C: what stopped, not where
+        print(interrupted(args), file=sys.stderr)
+        return INTERRUPTED
     except BrokenPipeError:  # its output piped into a reader that stopped early (``| head``): nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes it
         return 1

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tokenization.io.locations import SETTING as ALLOWED_LOCATIONS_SETTING
 from tokenization.io.locations import AllowedLocations
+from tokenization.text.tokenizer_files import FILE_SUFFIXES
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample"
 MERGE_POOL = "tokenization_merge"
@@ -60,8 +61,6 @@ class Deployment:
         default_input = env.get("TOKENIZATION_INPUT", str(SAMPLE / "corpus"))
         default_output = env.get("TOKENIZATION_OUTPUT", str(Path.cwd() / "tokenization-builds"))
         default_tokenizer = env.get("TOKENIZATION_TOKENIZER", str(SAMPLE / "tokenizer.json"))
-        is_file = default_tokenizer.endswith(".json")
-        tokenizer_folder = default_tokenizer.rsplit("/", 1)[0] if is_file else default_tokenizer
         schedule = env.get("TOKENIZATION_SCHEDULE", "0 2 * * *")
         return cls(
             default_input=default_input,
@@ -73,12 +72,21 @@ class Deployment:
             merge_workdir=env.get("TOKENIZATION_MERGE_WORKDIR"),
             keep_builds=_keep_builds(env.get("TOKENIZATION_KEEP_BUILDS")),
             schedule=None if schedule.lower() == "none" else schedule,
-            allowed_locations=AllowedLocations.from_env([default_input, default_output, tokenizer_folder]),
+            allowed_locations=AllowedLocations.from_env(
+                [default_input, default_output, _tokenizer_folder(default_tokenizer)]
+            ),
             api_conn_id=env.get("TOKENIZATION_AIRFLOW_API_CONN", "airflow_api"),
             task_retries=int(env.get("TOKENIZATION_TASK_RETRIES", "2")),
             retry_delay=timedelta(seconds=float(env.get("TOKENIZATION_RETRY_DELAY_SECONDS", "60"))),
             max_active_runs=int(env.get("TOKENIZATION_MAX_ACTIVE_RUNS", "1")),
         )
+
+
+def _tokenizer_folder(tokenizer: str) -> str:
+    """Where a build reads the tokenizer: a tokenizer file's folder, whatever its format (the tokenizer_config.json
+    beside it names its EOS), or the tokenizer itself, a folder."""
+    is_file = tokenizer.endswith(FILE_SUFFIXES) or os.path.isfile(tokenizer)
+    return tokenizer.rsplit("/", 1)[0] if is_file else tokenizer
 
 
 def _keep_builds(value: str | None) -> int | None:

@@ -109,8 +109,8 @@ def plan(params: dict, run_id: str, conf: dict, declared: set[str], max_map_leng
     """Check everything that can be checked before any work, then start the build (which claims its folder)."""
     check_conf(conf, declared)
     check_map_length(params, max_map_length)
+    config = config_of(params)  # the option layer's checks first: a malformed URL is named as such
     check_locations(params)
-    config = config_of(params)
     check_merge_pool(config.output_format == "ds")
     build = Build.start(config, run_id, deployment().allowed_locations)
     build.unpublish()  # a run cleared whole rewrites its files: it is not complete until it publishes again

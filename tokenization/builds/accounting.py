@@ -22,6 +22,7 @@ from tokenization.publish.records import (
     CacheSummary,
     CompletionMarker,
     Conservation,
+    ContentsSum,
     ContextCounts,
     ContextManifest,
     InputFile,
@@ -30,6 +31,7 @@ from tokenization.publish.records import (
     RankManifest,
     RecordError,
     StageSummary,
+    TokenizeSummary,
     stage_manifest,
 )
 from tokenization.publish.runs import BuildError
@@ -201,12 +203,37 @@ def stage_counts(folder: str) -> C | None:
     return type(counts[0])(**{f.name: _total([getattr(c, f.name) for c in counts]) for f in fields(counts[0])})
 
 
-def _total(values: list[int] | list[list[int]]) -> int | list[int]:
-    """Counts summed; histograms (lists of counts) class by class."""
+def _total(values: list) -> int | list[int] | ContentsSum | None:
+    """Counts summed; histograms (lists of counts) class by class; contents added (None when a task recorded none)."""
     if values and isinstance(values[0], list):
         width = max(map(len, values))
         return [sum(v[k] for v in values if k < len(v)) for k in range(width)]
+    if values and (values[0] is None or isinstance(values[0], ContentsSum)):
+        return ContentsSum.total(values)
     return sum(values)
+
+
+def contents_flow(tokenize: TokenizeSummary, stages: StageSummary, chunked: bool) -> None:
+    """Every piece from stage to stage: the ranks' documents are the pieces they read, written whole (or, with
+    ``chunked``, cut into chunks), the merge read what the ranks wrote and wrote it whole, and the context shuffle
+    read what the merge wrote (each stage checked its own cut before it published). A link that does not hold
+    raises, naming it; one whose records predate contents is not checked."""
+    read = tokenize.contents_in
+    if read is not None and read.pieces != tokenize.docs_out:
+        raise BuildError(f"the ranks wrote {tokenize.docs_out:,} documents, but read {read.value.describe()}")
+    merge, context = stages.merge, stages.context_shuffle
+    links = [
+        ("the ranks read", read, "they wrote", None if chunked else tokenize.contents_out),
+        ("the ranks wrote", tokenize.contents_out, "the merge read", merge and merge.contents_in),
+        ("the merge read", merge and merge.contents_in, "it wrote", merge and merge.contents_out),
+        ("the merge wrote", merge and merge.contents_out, "the context shuffle read", context and context.contents_in),
+    ]
+    for what, given, other, taken in links:
+        if given is not None and taken is not None and given != taken:
+            raise BuildError(
+                f"{other} {taken.value.describe()}, but {what} {given.value.describe()}: a piece was lost, "
+                "duplicated or changed on the way; the build is not published"
+            )
 
 
 def token_flow(rank_tokens: int, stages: StageSummary, dataset_tokens: int) -> dict[str, int]:

@@ -18,6 +18,7 @@ from tokenization.builds.latest import LatestError, expire, latest_complete_buil
 from tokenization.builds.plan import Plan
 from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.formats import MEGATRON, token_file_names
+from tokenization.io.errors import TokenizationError
 from tokenization.io.options import params
 from tokenization.io.storage import is_local, join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
 from tokenization.publish import manifest
@@ -30,6 +31,7 @@ from tokenization.publish.records import (
     BuildTokenizer,
     CacheCleaning,
     CacheSummary,
+    ContentsSum,
     ReportFiles,
     Retention,
     StageSummary,
@@ -118,13 +120,14 @@ def _write_data_path(run_dir: str, dataset: str) -> None:
 
 def _clean_cache(config: BuildConfig) -> CacheCleaning | None:
     """Retention's part in the tokenization cache: the entries that no build still there used (``Cache.collect``).
-    The build is published by then: a cache that cannot be cleaned now is logged, and cleaned by the next publish."""
+    The build is published by then: a cache that cannot be cleaned now (unreachable, or a folder that is no cache)
+    is logged, and cleaned by the next publish that can."""
     location = config.cache_location
     if location is None:
         return None
     try:
         return Cache(location).collect()
-    except OSError as exc:
+    except (OSError, TokenizationError) as exc:
         log.warning("cache %s: not cleaned (%s); the next publish with retention cleans it", location, exc)
         return None
 
@@ -174,11 +177,15 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
     if not balance.holds:
         raise BuildError(f"documents are not conserved: {balance}")
     finished = time.time()
-    stages = StageSummary(
-        tokenize=TokenizeSummary(ranks=plan.num_ranks, input_files=plan.input_files, **asdict(balance)),
-        merge=merged,
-        context_shuffle=context,
+    tokenized = TokenizeSummary(
+        ranks=plan.num_ranks,
+        input_files=plan.input_files,
+        **asdict(balance),
+        contents_in=ContentsSum.total(rank.counts.contents_in for rank in ranks),
+        contents_out=ContentsSum.total(rank.counts.contents_out for rank in ranks),
     )
+    stages = StageSummary(tokenize=tokenized, merge=merged, context_shuffle=context)
+    accounting.contents_flow(tokenized, stages, chunked=bool(config.shuffle_chunk_size))
     return BuildRecord(
         run_id=plan.run_id,
         plan=plan.digest,
@@ -251,6 +258,13 @@ def cache_line(cache: CacheSummary, what: str = "input files") -> str:
     )
 
 
+def _kept(read: ContentsSum | None) -> list[str]:
+    """The summary's line on the shuffles' proof (none for a build made before contents were recorded)."""
+    if read is None:
+        return []
+    return [f"shuffles: every stage kept each of the {read.pieces:,} documents once (contents sum {read.sum})"]
+
+
 def summary(build: BuildRecord) -> str:
     """A few lines for a person: where the dataset is, how much is in it, and whether it verified."""
     c = build.conservation
@@ -260,6 +274,7 @@ def summary(build: BuildRecord) -> str:
         f"documents: {c.docs_in:,} read = {c.docs_out:,} written + {c.empty:,} empty + "
         f"{c.quarantined:,} quarantined ({'holds' if c.holds else 'DOES NOT HOLD'})",
         f"tokens: {build.tokens:,} in {len(build.files)} files, {c.tokens_dropped:,} dropped",
+        *_kept(build.stages.tokenize.contents_in),
         f"verify: {'passed' if build.verify.ok else 'FAILED'} ({build.verify.files} files)",
     ]
     inputs, split_mb = build.inputs, build.params.get("split_input_mb")

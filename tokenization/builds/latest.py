@@ -39,9 +39,8 @@ from tokenization.io.storage import (
     write_bytes_atomic,
 )
 from tokenization.publish.records import BuildRecord, RecordError, RunClaim
-from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, folder_for, read_build
+from tokenization.publish.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, folder_for, read_build
 
-LATEST = "LATEST"
 LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_for encodes a leading dot)
 SWAP_ATTEMPTS = 20  # each a read, a listing and a conditional PUT: only a publish racing others ever retries
 
@@ -112,6 +111,8 @@ def read_latest(output: str) -> str | None:
         text = fs.cat_file(join(path, LATEST))
     except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise _a_folder(join(output, LATEST)) from None
     name = latest_name(output, text)
     return None if name is None else join(output, name)
 
@@ -206,6 +207,17 @@ def _read_latest_versioned(fs: fsspec.AbstractFileSystem, path: str) -> tuple[by
         return read_with_etag(fs, path)
     except FileNotFoundError:
         return None, None
+    except IsADirectoryError:
+        raise _a_folder(path) from None
+
+
+def _a_folder(where: str) -> LatestError:
+    """``LATEST`` is a folder: the run folder of a build that an older version let run under the build id
+    ``LATEST``. Only a person can tell where it goes."""
+    return LatestError(
+        f"{where} is a folder (a build run under the build id LATEST, which is refused now), not the file naming "
+        f"the newest complete build: move it out of the output, and the next build to publish writes LATEST"
+    )
 
 
 def _write_latest(fs: fsspec.AbstractFileSystem, path: str, name: str, etag: str | None) -> None:
@@ -257,7 +269,7 @@ def _owns(output: str, name: str, run_id: object) -> bool:
     """Whether ``run_id`` is a run id whose folder under ``output`` is ``name``."""
     try:
         return isinstance(run_id, str) and folder_for(output, run_id) == join(output, name)
-    except UsageError:  # no folder at all: "", "." or ".."
+    except UsageError:  # a run id that names no folder of its own ("", "..", LATEST)
         return False
 
 

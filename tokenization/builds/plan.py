@@ -2,10 +2,11 @@
 
 A plan is what decides the dataset's bytes: the params (less the few that cannot change a byte), the seed, the
 tokenizer's and the chat template's sha256, and the exact input files, each with the identity a listing gave it
-(``sources.InputFile``). It is recorded in the run's claim (``runs.claim``), so it exists before any work and
-cannot be replaced. Ranks take their share of its file list, never a new listing; a re-run of the same run id
-resumes only when it would make the very same plan (files that arrived since are left out, and named); the books
-check that the ranks read exactly the plan's files, each once.
+(``sources.InputFile``) and, for a local file, the sha256 of its bytes (``sources.with_content``). It is recorded
+in the run's claim (``runs.claim``), so it exists before any work and cannot be replaced. Ranks take their share
+of its file list, never a new listing; a re-run of the same run id resumes only when it would make the very same
+plan (files that arrived since are left out, and named; a file whose bytes did not change is the same file); the
+books check that the ranks read exactly the plan's files, each once.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tokenization.io.options import Options, params
 from tokenization.io.storage import join
 from tokenization.publish.records import InputFile, PlannedInputs, PlannedTokenizer, PlanRecord
 from tokenization.publish.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
-from tokenization.text.sources import InputListing, split_files
+from tokenization.text.sources import InputListing, difference, split_files
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Plan:
         now = {f.url: f for f in listing.files}
         planned = self.files
         gone = [f.url for f in planned if f.url not in now]
-        changed = [f.url for f in planned if f.url in now and now[f.url] != f]
+        changed = [f"{f.url}: {how}" for f in planned if f.url in now and (how := difference(f, now[f.url]))]
         if gone:
             differences.append(f"{len(gone)} planned input files are gone ({_named(gone)})")
         if changed:

@@ -12,7 +12,10 @@ The run folder's layout is in ``tokenization.publish.runs``; the books that publ
 from __future__ import annotations
 
 import logging
+import signal
+from collections.abc import Iterator
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from multiprocessing import get_context
 from multiprocessing.queues import Queue
 from typing import Literal
@@ -22,10 +25,11 @@ from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig, BuildPlan
 from tokenization.builds.plan import Plan
 from tokenization.formats import DS, list_token_files
-from tokenization.io.locations import AllowedLocations, check_disjoint
+from tokenization.io.errors import UsageError
+from tokenization.io.locations import AllowedLocations, check_disjoint, inside
 from tokenization.io.progress import Gathered, ProgressMode, Relay
 from tokenization.io.storage import using
-from tokenization.publish.cache import OFF
+from tokenization.publish.cache import OFF, Cache
 from tokenization.publish.manifest import StageResult
 from tokenization.publish.records import ContextCounts, MergeCounts, RankManifest
 from tokenization.publish.runs import (
@@ -33,6 +37,7 @@ from tokenization.publish.runs import (
     Layout,
     claim,
     folder_for,
+    read_claim,
     resolve_seed,
 )
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
@@ -40,7 +45,7 @@ from tokenization.stages.merge import MergeConfig, MergeOptions, merge
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
 from tokenization.text.documents import Counts, DocumentOptions
 from tokenization.text.encoding import limit_hf_threads
-from tokenization.text.sources import idle_ranks, list_input_files
+from tokenization.text.sources import idle_ranks, list_input_files, with_content
 from tokenization.text.tokenizer_files import TokenizerFile
 
 log = logging.getLogger(__name__)
@@ -64,19 +69,23 @@ class Build:
         ``allowed`` locations when given, the tokenizer and its EOS, a chat template), then make the plan and
         claim the run's folder with it. A retry or a resume of the same run finds its own claim, and goes on only
         if it would plan the very same build (``Plan.refuse_another``)."""
+        run_dir = folder_for(config.output, run_id)
         with using(config.storage_options):
             check_disjoint([config.input], config.output)
             if config.cache_location:
                 check_disjoint([config.input], config.cache_location, "cache")
+                _check_apart(run_id, run_dir, config.cache_location)
             listing = list_input_files([config.input])
             if allowed is not None:
                 allowed.check_files("input", [f.url for f in listing.files])
             encoder = config.encoder()
             renderer = config.renderer(encoder)
-            run_dir = folder_for(config.output, run_id)
             seed = resolve_seed(config.seed, run_id)
             rendering = renderer and renderer.sha256
-            proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, listing)
+            planned = listing if read_claim(run_dir) else with_content(listing)  # a re-run hashes no file again
+            proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned)
+            if config.cache_location:  # before the run's claim: a folder that is no cache is refused first
+                Cache(config.cache_location).claim()
             claimed = claim(run_dir, run_id, proposed.record)
             recorded = Plan(claimed.plan)
             if recorded.digest != proposed.digest:
@@ -238,7 +247,9 @@ class Build:
     ) -> None:
         """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (spawned: no thread pool
         is inherited), logging each as it completes; the first failure cancels what has not started. Their
-        progress is shown summed, as one bar (``total``: their work, in the step's unit, when known)."""
+        progress is shown summed, as one bar (``total``: their work, in the step's unit, when known). The
+        workers never see Ctrl-C (a terminal sends it to every process of the group, and each would print its
+        traceback): interrupted, this process stops them, mid-step."""
         if not calls:
             return
         context = get_context("spawn")
@@ -251,8 +262,13 @@ class Build:
                 min(parallel, len(calls)), mp_context=context, initializer=_relay_to, initargs=(queue,)
             ) as pool,
         ):
-            futures = {pool.submit(_run_step, self, step, args): args for args in calls}
-            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            try:
+                with _interrupts_blocked():  # inherited by the workers, which start as the calls are submitted
+                    futures = {pool.submit(_run_step, self, step, args): args for args in calls}
+                done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            except KeyboardInterrupt:
+                _stop(pool)
+                raise
             for future in pending:
                 future.cancel()
             for future in list(done) + list(pending):
@@ -266,6 +282,35 @@ class Build:
                         len(result.outputs),
                         result.seconds,
                     )
+
+
+def _check_apart(run_id: str, run_dir: str, cache: str) -> None:
+    """Refuse a build id whose folder is the tokenization cache's, or holds it: the run's files and the cache's
+    would mix, and retention would delete the cache with the build."""
+    if inside(cache, run_dir):
+        raise UsageError(
+            f"build id {run_id!r} names {run_dir}, which holds the tokenization cache {cache}: choose another "
+            f"build id, or another cache"
+        )
+
+
+@contextmanager
+def _interrupts_blocked() -> Iterator[None]:
+    """SIGINT held back in this thread meanwhile (and so in the processes it starts, for good): one that comes
+    is raised once the block ends."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Stop the workers at once, in the middle of their steps: their attempts' files stay for the next run of
+    the build, which resumes or clears them (``tokenization.publish.attempts``)."""
+    for process in list(pool._processes.values()):  # Python 3.14's terminate_workers(), before it
+        process.terminate()
+    pool.shutdown(cancel_futures=True)
 
 
 STEP_TASKS = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}

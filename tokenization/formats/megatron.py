@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenization.formats.contents import ContentsHasher
 from tokenization.formats.ds import (
     FinishOrAbandon,
     HashedFile,
@@ -54,6 +55,7 @@ class MegatronWriter(FinishOrAbandon):
         self._bin = HashedFile(self.path)
         self._lengths: list[np.ndarray] = []
         self._last_end = 0
+        self.contents = ContentsHasher()
         self.written: WrittenTokenFile | None = None
 
     @property
@@ -69,6 +71,7 @@ class MegatronWriter(FinishOrAbandon):
         if len(lengths) and lengths.max() > np.iinfo(np.int32).max:
             raise TokenFileError(f"{self.path}: a sequence of {lengths.max()} tokens does not fit Megatron's int32")
         self._lengths.append(lengths.astype(np.int32))
+        self.contents.add(tokens, ends - self.tokens)
         self.tokens += len(tokens)
 
     def close(self) -> WrittenTokenFile:
@@ -92,7 +95,7 @@ class MegatronWriter(FinishOrAbandon):
         with open(idx_path, "wb") as handle:
             handle.write(idx)
         files.append(WrittenFile(idx_path.name, len(idx), hashlib.sha256(idx).hexdigest()))
-        self.written = WrittenTokenFile(self.path, self.tokens, n, tuple(files))
+        self.written = WrittenTokenFile(self.path, self.tokens, n, tuple(files), self.contents.result())
         return self.written
 
     def abandon(self) -> None:

@@ -22,7 +22,8 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, token_dtype
+from tokenization.formats.contents import Contents, stream_contents
+from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile, token_dtype
 from tokenization.io.progress import Progress
 from tokenization.io.storage import (
     download,
@@ -56,7 +57,7 @@ class Units(NamedTuple):
         ends = [np.asarray(TokenFile(path, token_size).ends, dtype=np.int64) for path in paths]
         counts = [len(e) for e in ends]
         source = np.repeat(np.arange(len(paths), dtype=np.int64), counts)
-        starts = [np.concatenate([[0], e[:-1]]).astype(np.int64) for e in ends]
+        starts = [starts_of(e) for e in ends]
         joined = (np.concatenate(parts) if parts else np.empty(0, np.int64) for parts in (starts, ends))
         return cls(source, *joined)
 
@@ -194,6 +195,24 @@ class _Source:
         self.fds = []
 
 
+def contents_of(pool: SourcePool, i: int, *spans: tuple[np.ndarray, int]) -> list[Contents]:
+    """The contents of source ``i`` for each span ``(cuts, tokens)``: its first ``tokens`` tokens cut at ``cuts``
+    (``formats.contents.stream_contents``), read once in large ``pread`` blocks."""
+    return stream_contents(lambda start, stop: pool.read(i, start, stop), spans)
+
+
+def written_contents(written: Sequence[WrittenTokenFile]) -> Contents:
+    """What these files hold together, as their writers hashed it."""
+    return Contents.total(w.contents for w in written)
+
+
+def starts_of(ends: np.ndarray) -> np.ndarray:
+    """The start of each unit of an index (exclusive ends): 0, then each end but the last. An empty index has no
+    unit, so no start."""
+    ends = np.asarray(ends, dtype=np.int64)
+    return np.concatenate([[0], ends])[: len(ends)]
+
+
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised."""
     total = int(lengths.sum())
@@ -201,6 +220,11 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     index = np.arange(total, dtype=np.int64)
     index += np.repeat(np.asarray(starts, dtype=np.int64) - out_starts, lengths)
     return index
+
+
+def prefix_end(ends: np.ndarray, count: int) -> int:
+    """Where the first ``count`` units of an index end (0 for none): the tokens kept when the rest are dropped."""
+    return int(ends[count - 1]) if count else 0
 
 
 def fixed_units(total: int, size: int) -> tuple[np.ndarray, int]:
@@ -285,7 +309,7 @@ def _units(data, starts: np.ndarray, ends: np.ndarray) -> pa.LargeBinaryArray:
     buffer = pa.py_buffer(data)
     if np.array_equal(starts[1:], ends[:-1]):
         return _binary(np.append(starts, ends[-1]), buffer)
-    by_start = np.argsort(starts, kind="stable")
+    by_start = np.lexsort((ends, starts))  # an empty unit before the one that starts where it does
     bounds = np.column_stack([starts[by_start], ends[by_start]]).ravel()  # entry 2k: unit; 2k + 1: gap after it
     if np.any(bounds[1:] < bounds[:-1]):
         raise ValueError("units of one source overlap")
@@ -344,6 +368,6 @@ def permute_units(
 ) -> None:
     """Write the units of source 0, cut by ``ends``, in the order ``order`` (the one-file shuffles)."""
     ends = np.asarray(ends, dtype=np.int64)
-    starts = np.concatenate([[0], ends[:-1]])
+    starts = starts_of(ends)
     inner = None if inner_ends is None else [np.asarray(inner_ends, dtype=np.int64)]
     move_units(pool, np.zeros(len(order), np.int64), starts[order], ends[order], writer, inner, block_tokens, progress)

@@ -19,11 +19,15 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import fsspec
+
 from tokenization.io.errors import TokenizationError
 
 ALLOWED_SCHEMES = ("s3",)  # besides local paths
 SETTING = "TOKENIZATION_ALLOWED_LOCATIONS"  # the deployment's prefixes: commas or new lines between them
 SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+SCHEME_WITHOUT_SLASHES = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+):(?!//)")  # s3:/b/x, s3:b/x, gs:/
+LOCAL_SCHEMES = ("file", "local")  # fsspec's names for local paths
 GLOB_CHARS = "*?["  # a path holding one of these is a glob (fsspec's test)
 TOKENIZER_CONFIG = "tokenizer_config.json"  # read beside a tokenizer file for its EOS (tokenizer_files.configured_eos)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", TOKENIZER_CONFIG)  # what a build may read of a tokenizer folder
@@ -65,6 +69,30 @@ def resolve(url: str) -> str:
     return posixpath.join(f"{scheme}://{bucket}", *parts) if parts else f"{scheme}://{bucket}"
 
 
+def intended_url(location: str) -> str | None:
+    """The URL meant by a location that starts with a storage's name and a colon but not ``://`` (``s3:/b/x``,
+    ``s3:b/x``), which fsspec takes for a local path (``./s3:/b/x``) and a build would write there; None for
+    anything else. ``file:/x``, which fsspec reads as ``/x`` but this project's own path checks do not, means
+    ``file:///x``. fsspec's ``data:`` URLs hold no slashes."""
+    match = SCHEME_WITHOUT_SLASHES.match(location)
+    if match is None or (scheme := match.group(1).lower()) == "data" or scheme not in fsspec.available_protocols():
+        return None
+    rest = location[match.end() :]
+    return f"{scheme}://{rest if scheme in LOCAL_SCHEMES else rest.lstrip('/')}"
+
+
+def malformed_url(location: str) -> str | None:
+    """What is wrong with a location that reads like a URL missing a slash (``intended_url``), saying what to
+    write instead; None for any other."""
+    meant = intended_url(location)
+    if meant is None:
+        return None
+    return (
+        f"{location!r} is no URL, a scheme being followed by '://' (fsspec would take it for a local path): write "
+        f"{meant}, or ./{location} for a local path"
+    )
+
+
 def glob_folder(path: str) -> str:
     """The folder a glob searches, its part before the segment of the first wildcard; a plain path is its own."""
     first = min((i for i in map(path.find, GLOB_CHARS) if i >= 0), default=None)
@@ -74,6 +102,11 @@ def glob_folder(path: str) -> str:
 def _within(location: str, prefix: str) -> bool:
     """Whether a resolved location is ``prefix`` or lies under it, compared by whole path segments."""
     return location == prefix or location.startswith(prefix.rstrip("/") + "/")
+
+
+def inside(location: str, folder: str) -> bool:
+    """Whether ``location`` is ``folder`` or lies under it, each resolved (``resolve``)."""
+    return _within(resolve(location), resolve(folder))
 
 
 def check_disjoint(inputs: Sequence[str], output: str, what: str = "output") -> None:

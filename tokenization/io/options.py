@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -20,8 +21,13 @@ from functools import cache
 from typing import Any, Literal
 
 from tokenization.io.errors import UsageError
+from tokenization.io.locations import malformed_url
 
 NONE_WORDS = ("none", "null", "unlimited")  # what the command line takes for "no value" in an optional number
+INT64 = (-(2**63), 2**63 - 1)  # every integer option's range
+# The options that name a place, as every config names them, whose URLs must be well formed.
+LOCATIONS = {"input", "inputs", "output", "cache", "local_working_dir", "merge_working_dir", "tokenizer"}
+LOCATIONS |= {"chat_template", "stats_out", "annotate"}
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,8 @@ def kind_of(hint: Any) -> Kind:
 
 
 def check(config: Options) -> None:
-    """Raise :class:`UsageError` naming the first field of the wrong type, or out of its bounds or choices."""
+    """Raise :class:`UsageError` naming the first field of the wrong type, out of its bounds or choices, a number
+    that is not finite, or a location that reads like a URL missing a slash."""
     for f, spec, kind in fields_of(type(config)):
         value = getattr(config, f.name)
         if value is None:
@@ -114,10 +121,33 @@ def check(config: Options) -> None:
             raise UsageError(f"{f.name} must be one of {', '.join(map(str, kind.choices))}, got {value!r}")
         if kind.base is str and not value:
             raise UsageError(f"{f.name} must not be empty")
-        if spec.minimum is not None and value < spec.minimum:
-            raise UsageError(f"{f.name} must be at least {spec.minimum:g}, got {value}")
-        if spec.maximum is not None and value > spec.maximum:
-            raise UsageError(f"{f.name} must be at most {spec.maximum:g}, got {value}")
+        if kind.base is float and not math.isfinite(value):  # nan passes every bound: it would turn a limit off
+            raise UsageError(f"{f.name} must be a finite number, got {value}")
+        minimum, maximum = bounds(spec, kind)
+        if minimum is not None and value < minimum:
+            raise UsageError(f"{f.name} must be at least {_number(minimum)}, got {value}")
+        if maximum is not None and value > maximum:
+            raise UsageError(f"{f.name} must be at most {_number(maximum)}, got {value}")
+        if f.name in LOCATIONS:
+            for location in value if isinstance(value, list) else [value]:
+                if wrong := malformed_url(location):
+                    raise UsageError(f"{f.name} {wrong}")
+
+
+def bounds(spec: Spec, kind: Kind) -> tuple[float | None, float | None]:
+    """A field's bounds: its own, within a signed 64-bit integer's range for an integer, which every record
+    (orjson), JSON reader and DAG Param holds."""
+    if kind.base is not int:
+        return spec.minimum, spec.maximum
+    low, high = INT64
+    return (
+        low if spec.minimum is None else max(low, spec.minimum),
+        high if spec.maximum is None else min(high, spec.maximum),
+    )
+
+
+def _number(bound: float) -> str:
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)  # 9223372036854775807, not 9.22337e+18
 
 
 def _article(base: type) -> str:
@@ -132,7 +162,7 @@ def json_schema(f: dataclasses.Field, spec: Spec, kind: Kind) -> dict:
         schema = {"enum": [None, *kind.choices]} if kind.choices else {"type": ["null", names[kind.base]]}
     if kind.base is str and not kind.choices:
         schema["minLength"] = 1
-    schema |= {k: getattr(spec, k) for k in ("minimum", "maximum") if getattr(spec, k) is not None}
+    schema |= {k: v for k, v in zip(("minimum", "maximum"), bounds(spec, kind), strict=True) if v is not None}
     return schema
 
 

@@ -132,8 +132,9 @@ class Gathered:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.queue.put(None)  # after every worker's last message, as the workers have exited
-        self._reader.join()
+        if exc_type is not KeyboardInterrupt:  # else the workers were stopped, maybe mid-message: the reader (a
+            self.queue.put(None)  # daemon) is left; this comes after every worker's last message, as they exited
+            self._reader.join()
         self.progress.__exit__(exc_type, exc, tb)
 
     def _read(self) -> None:

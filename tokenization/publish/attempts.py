@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import hashlib
 import logging
 import math
@@ -96,6 +95,7 @@ CONFIRM_AFTER = 0.1  # of a TTL: a confirmation renews only a lease last renewed
 STAGING = ".staging"
 LEASES = "_leases"
 ATTEMPT_MARK = ".attempt-"  # staging folders are {stem}.attempt-{id}
+STAGING_TRIES = 50  # to make a staging folder in a base that other attempts, finishing, remove when empty
 
 
 class AttemptConflict(TokenizationError):
@@ -463,7 +463,7 @@ def attempt_at(
         attempt.remove(manifest.marker_name(stem))  # from now until the new marker: not complete
         for folder in {work, landing} - {None}:
             with writing(folder):
-                folder.mkdir(parents=True)
+                _make_staging(folder)
         try:
             yield attempt
         finally:
@@ -486,8 +486,29 @@ def _staging_base(fs, output: str, out_path: str, local_working_dir: str | None)
     return root / key
 
 
+def _make_staging(folder: Path) -> None:
+    """Make an attempt's staging folder in the staging base, which attempts at other stems share and the last one
+    out removes (``rmdir``: only while it is empty). A base removed between making it and making the folder in it
+    is made again; once the folder is in it, it stays."""
+    for tries_left in reversed(range(STAGING_TRIES)):
+        with contextlib.suppress(FileExistsError):  # there already, or removed while pathlib looked
+            folder.parent.mkdir(parents=True)
+        try:
+            folder.mkdir()
+            return
+        except FileNotFoundError:  # another stem's attempt removed the base just now
+            if not tries_left:
+                raise
+
+
 def _remove_leftovers(folder: Path, stem: str) -> None:
-    """The staging folders of earlier attempts at this stem (killed ones included): safe, as we hold the lease."""
-    for leftover in folder.glob(f"{glob.escape(stem)}{ATTEMPT_MARK}*"):  # a stem may hold glob characters
-        log.info("removing %s, left by an earlier attempt", leftover)
-        shutil.rmtree(leftover, ignore_errors=True)
+    """The staging folders of earlier attempts at this stem (killed ones included): safe, as we hold the lease.
+    No staging base (none yet, or another stem's attempt just removed it, empty) holds none."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.startswith(f"{stem}{ATTEMPT_MARK}"):
+            log.info("removing %s, left by an earlier attempt", folder / name)
+            shutil.rmtree(folder / name, ignore_errors=True)

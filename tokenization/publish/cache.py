@@ -4,10 +4,18 @@ so that a nightly build tokenizes only the files that changed since the night be
 
 Layout under the cache's location::
 
+    _CACHE.json                the cache's own file (``records.CacheFolder``): this folder is a cache
     entries/{key}.json         the entry's marker, written last and only where none is (``records.CacheEntry``):
                                which data folder holds the entry, each file's size and sha256, the file's counts
     data/{key}/{writer}/       the entry's files, under a folder of the writer's own: two writers never share a file
     uses/{owner}/{stem}.json   the entries a rank uses (``records.CacheUse``), written before it looks any up
+
+**The folder.** Before its first write, a build's plan or a rank makes sure the folder is a cache (``claim``): it
+has ``_CACHE.json``, or it is new or empty, or it holds exactly what a cache holds (a cache made by an earlier
+version, which wrote no ``_CACHE.json``: it is adopted, once), and ``_CACHE.json`` is written then. Any other
+folder is refused (``NotACache``) and nothing is written in it. Listing and cleaning refuse a folder without
+``_CACHE.json``, and remove only what the cache's own names describe: an entry by its marker's key, and a data
+folder named as a writer names it (``data/{key}/{writer}/``, holding plain files); nothing else under the folder.
 
 **Writers.** A rank that misses encodes the file in its working folder, copies the files into a data folder of its
 own (hard links when the cache is on the same local filesystem: no byte is copied), then creates the marker only
@@ -17,19 +25,31 @@ never mixes two writers. A writer that dies leaves a folder that no marker names
 is ``IN_FLIGHT_SECONDS`` old.
 
 **Readers.** A rank that hits copies (or links) the entry's files into its working folder and checks every size
-and sha256 against the marker before it uses any. A missing, partial or corrupt entry is logged and removed, and
-its file is tokenized again (and stored anew): it is never used.
+and sha256 against the marker before it uses any; its first pass then checks the files against the marker's
+counts and against the input file (``stages.hits``). A missing, partial or corrupt entry (a marker of more than
+``MARKER_BYTES``, which is never read whole; a file that is a folder) is logged and removed, and its file is
+tokenized again (and stored anew): it is never used.
+
+**What it trusts.** Anyone who can write the cache's folder can write an entry whose files, sha256s and counts agree
+with one another: the sha256s catch damage, not intent. What such a writer can and cannot do to a build is
+``stages.hits``'s to say: a hit is held against its input file (read again, not encoded) and a sample of its
+documents is encoded again. Reads are bounded (a marker at ``MARKER_BYTES``, a use at ``USE_BYTES``), and
+cleaning touches only what the cache's own names describe, under a folder its own file identifies.
 
 **Cleaning.** An entry stays while a use names it that is in flight (started less than ``IN_FLIGHT_SECONDS`` ago
 and not finished) or whose build is still there (its ``_RUN.json``). Retention (``collect``) removes every other
 entry, with the uses of builds that are gone; ``prune`` removes entries by age or down to a size, but never one a
 use in flight names. An entry goes marker first, then its data, once the uses are read again: a reader that found
-the marker before it went has written its use by then, and keeps the data it is copying.
+the marker before it went has written its use by then, and keeps the data it is copying. A cache may be shared by
+builds of several outputs: a use whose build is on a storage that this one cannot read (no credentials for it, no
+filesystem for its protocol) is kept, with a warning, for a build that can read it to clean; retention never fails
+the build it runs after.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -42,7 +62,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tokenization.io.errors import reaching
+import fsspec
+import orjson
+
+from tokenization.io.errors import TokenizationError, reaching
 from tokenization.io.storage import (
     current_etag,
     download,
@@ -54,6 +77,7 @@ from tokenization.io.storage import (
     list_names,
     open_fs,
     put_if,
+    read_head,
     read_many,
     remove_if,
     remove_if_exists,
@@ -61,17 +85,31 @@ from tokenization.io.storage import (
     upload,
     write_bytes_atomic,
 )
-from tokenization.publish.records import CacheCleaning, CacheEntry, CacheUse, FileSum, RecordError
+from tokenization.publish.records import CacheCleaning, CacheEntry, CacheFolder, CacheUse, FileSum, RecordError
 
 log = logging.getLogger(__name__)
 
 ENTRIES, DATA, USES = "entries", "data", "uses"
+OWN_FILE = "_CACHE.json"  # the cache's own file, at its top (``records.CacheFolder``)
 DEFAULT_FOLDER = ".cache"  # under a build's output: a dot name, which no run's folder has (``runs.folder_for``)
 OFF = "off"  # the cache setting that turns it off
 IN_FLIGHT_SECONDS = 24 * 3600  # a rank's first pass takes less; a use unfinished after this belongs to a dead rank
+MARKER_BYTES = 4 << 20  # a marker holds a few kB; a larger one is damaged, and never read whole
+USE_BYTES = 16 << 20  # a use lists its rank's keys, 72 bytes each: 230,000 input files a rank
 KEY = re.compile(r"[0-9a-f]{64}")  # an entry's key (a sha256): nothing else under entries/ and data/ is an entry
 WRITER = re.compile(r"[0-9a-f]{12}")  # a data folder's name
+OWNER = re.compile(r"[0-9a-f]{16}")  # a use folder's name
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # an entry's file: a plain name, never a path
+CACHE_FILE = re.compile(  # every file a cache writes, by its path under the cache (a use's temporary file too)
+    rf"{ENTRIES}/{KEY.pattern}\.json|{DATA}/{KEY.pattern}/{WRITER.pattern}/{FILE_NAME.pattern}"
+    rf"|{USES}/{OWNER.pattern}/[^/]+"
+)
+NOT_THERE = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # an entry's file missing, or a folder, or under a file
+
+
+class NotACache(TokenizationError):
+    """A folder given as a tokenization cache is not one: writing entries in it, or cleaning it, would mix the
+    cache's files with others, or remove files the cache never wrote."""
 
 
 def chosen_location(setting: str | None, default: str | None) -> str | None:
@@ -82,18 +120,23 @@ def chosen_location(setting: str | None, default: str | None) -> str | None:
     return None if setting.strip().lower() == OFF else setting
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Listed:
-    """An entry as ``tokenization cache list`` shows it: its marker, and the newest use that names it (its time:
-    when that use finished or, in flight, started; its owner: the build's run folder), if any."""
+    """An entry as ``tokenization cache list`` shows it and ``prune`` weighs it: its key, its files' bytes, when it
+    was made, its input file (as it was stored), and the newest use that names it (its time: when that use
+    finished or, in flight, started; its owner: the build's run folder), if any. A small row, whatever its marker
+    holds: a listing of 100,000 entries keeps no marker."""
 
-    entry: CacheEntry
+    key: str
+    bytes: int
+    created: float
+    source: str
     last_used: float | None
     last_owner: str | None
 
     @property
     def recency(self) -> float:
-        return self.entry.created if self.last_used is None else max(self.last_used, self.entry.created)
+        return self.created if self.last_used is None else max(self.last_used, self.created)
 
 
 class Cache:
@@ -104,12 +147,73 @@ class Cache:
         self.location = location.rstrip("/")
         self.fs, self.path = open_fs(self.location)
 
+    # The folder: made a cache before the first write, checked before any listing or cleaning.
+
+    def claim(self) -> None:
+        """Make sure the folder is a cache before anything is written in it: its own file is there, or is written
+        now in a folder that is new, empty, or holds exactly what a cache holds (a cache made by an earlier version,
+        adopted). ``NotACache`` for any other folder."""
+        with reaching(self.location):
+            if self._identified():
+                return
+            files = self._files()
+            if (stray := next((name for name in files if not CACHE_FILE.fullmatch(name)), None)) is not None:
+                raise NotACache(
+                    f"{self.location}: not a tokenization cache: it holds {stray or 'an object of its name'}, which a "
+                    f"cache never writes, and no {OWN_FILE}; give the cache a folder of its own (a new or empty one)"
+                )
+            try:
+                put_if(self.fs, join(self.path, OWN_FILE), CacheFolder(created=time.time()).dumps(), absent=True)
+            except FileExistsError:
+                return  # made by another rank or build a moment earlier
+        if files:
+            log.info(
+                "cache %s: made by an earlier version (%d files); adopted, %s written",
+                self.location,
+                len(files),
+                OWN_FILE,
+            )
+
+    def check(self) -> None:
+        """Refuse (``NotACache``) to list or clean a folder that has no cache's own file."""
+        with reaching(self.location):
+            if self._identified():
+                return
+        raise NotACache(
+            f"{self.location}: not a tokenization cache (it has no {OWN_FILE}), so nothing in it is listed or "
+            f"removed; a cache made by an earlier version gets one from the next build that uses it, when the folder "
+            f"holds only what a cache holds"
+        )
+
+    def _identified(self) -> bool:
+        """Whether the folder has the cache's own file; ``NotACache`` when what is there is not one."""
+        where = join(self.path, OWN_FILE)
+        try:
+            if (data := self._bounded(where, MARKER_BYTES, CacheFolder.LABEL)) is None:
+                return False
+            CacheFolder.loads(data, self._url(where))
+        except RecordError as exc:
+            raise NotACache(f"{exc}; a tokenization cache is a folder with a valid one") from None
+        return True
+
+    def _files(self) -> list[str]:
+        """Every file under the folder, by its path there, sorted (a whole listing: once, when a cache is made); a
+        location that is a file gives ``""``."""
+        self.fs.invalidate_cache(self.path)
+        try:
+            found = self.fs.find(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        root = self.path.rstrip("/")
+        return sorted(path[len(root) + 1 :] for path in found)
+
     # A rank: its use, then a lookup, a fetch or a commit a file.
 
     @contextmanager
     def using(self, owner: str, keeps: str, stem: str, keys: Iterable[str]) -> Iterator[None]:
         """Record that rank ``stem`` of ``owner`` uses these entries: in flight while the block runs (no cleaning
-        removes them), then kept while ``keeps`` exists."""
+        removes them), then kept while ``keeps`` exists. The folder is claimed first (``claim``)."""
+        self.claim()
         path = join(self.path, USES, hashlib.sha256(owner.encode()).hexdigest()[:16], f"{stem}.json")
         use = CacheUse(owner=owner, keeps=keeps, stem=stem, keys=sorted(set(keys)), started=time.time(), finished=None)
         with reaching(self.location):
@@ -124,14 +228,13 @@ class Cache:
                 log.warning("%s: could not mark this use finished (%s)", self._url(path), exc)
 
     def lookup(self, key: str) -> CacheEntry | None:
-        """The entry stored under ``key``, or None; a damaged marker is logged and removed, and counts as none."""
+        """The entry stored under ``key``, or None; a damaged marker (one of more than ``MARKER_BYTES`` too) is
+        logged and removed, and counts as none."""
         where = self._entry_path(key)
-        with reaching(self.location):
-            try:
-                data = self.fs.cat_file(where)
-            except FileNotFoundError:
-                return None
         try:
+            with reaching(self.location):
+                if (data := self._bounded(where, MARKER_BYTES, CacheEntry.LABEL)) is None:
+                    return None
             entry = CacheEntry.loads(data, self._url(where))
             if entry.key != key:
                 raise RecordError(self._url(where), f"it is the entry of key {entry.key}", CacheEntry.LABEL)
@@ -146,7 +249,8 @@ class Cache:
     def fetch(self, entry: CacheEntry, into: Path) -> dict[str, Path] | None:
         """The entry's files in the local folder ``into``, by name: hard links when the cache is on the same local
         filesystem, else copies, each checked against its marker's size and sha256 before any is used. None when
-        one is missing or differs: the entry is logged and removed, and its file must be tokenized again."""
+        one is missing, is no file, or differs: the entry is logged and removed, and its file must be tokenized
+        again."""
         folder = join(self.path, DATA, entry.key, entry.data)
         local = {name: into / name for name in entry.files}
         try:
@@ -159,8 +263,11 @@ class Cache:
                     for name, path in sorted(local.items()):
                         download(self.fs, join(folder, name), path)
             problem = _differences(local, entry.files)
-        except FileNotFoundError as exc:
-            problem = f"{exc.filename or 'a file'} is missing"
+        except OSError as exc:  # a file missing, a folder in its place; a storage that fails (no errno) goes on up
+            if exc.errno not in NOT_THERE:
+                raise
+            missing = exc.errno == errno.ENOENT
+            problem = f"{exc.filename or 'a file'} is {'missing' if missing else 'a folder, or under a file'}"
         if problem is None:
             return local
         self.discard(entry, problem)
@@ -201,65 +308,74 @@ class Cache:
             remove_tree(self.fs, folder)
         return None
 
-    # Looking after it: listing, retention's collection and pruning.
+    # Looking after it: listing, retention's collection and pruning, each only in a folder that is a cache.
 
     def entries(self) -> list[Listed]:
         """Every readable entry, with its last use, the most recently used first; damaged markers are logged and
         left out."""
-        markers = _read_all(self.fs, [join(self.path, ENTRIES, f"{key}.json") for key in self._keys()])
-        entries = []
-        for path, data in markers.items():
-            try:
-                entries.append(CacheEntry.loads(data, self._url(path)))
-            except RecordError as exc:
-                log.warning("%s; left out", exc)
+        self.check()
+        with reaching(self.location):
+            return self._listed()
+
+    def collect(self) -> CacheCleaning:
+        """Retention's part: remove every entry that no use keeps, the uses of builds that are gone, and writers'
+        data folders no marker names that are ``IN_FLIGHT_SECONDS`` old. A use is kept while it is in flight, while
+        its build's ``_RUN.json`` is there, or while that cannot be told from here."""
+        self.check()
+        with reaching(self.location):
+            now = time.time()
+            uses = self._uses()
+            there = _builds_there({use.keeps for _, use in uses})
+            named = set()
+            for path, use in uses:
+                if there[use.keeps] or _in_flight(use, now):
+                    named.update(use.keys)
+                else:
+                    remove_if_exists(self.fs, path)
+                    self._remove_empty(path.rsplit("/", 1)[0])
+            cleaned = self._remove([key for key in self._keys() if key not in named])
+            return _sum(cleaned, self._remove_orphans(now))
+
+    def prune(self, older_than: float | None = None, max_bytes: int | None = None) -> CacheCleaning:
+        """Remove the entries last used more than ``older_than`` seconds ago, then the least recently used ones
+        until the rest hold at most ``max_bytes``; never an entry a use in flight names. Writers' data folders no
+        marker names go too, once ``IN_FLIGHT_SECONDS`` old."""
+        self.check()
+        with reaching(self.location):
+            now = time.time()
+            busy = self._in_flight_keys(now)
+            every = self._listed()  # the most recently used first
+            listed = [item for item in every if item.key not in busy]
+            chosen = {item.key for item in listed if older_than is not None and item.recency < now - older_than}
+            held = sum(item.bytes for item in every if item.key not in chosen)
+            for item in reversed(listed):  # the least recently used first
+                if max_bytes is None or held <= max_bytes:
+                    break
+                if item.key not in chosen:
+                    chosen.add(item.key)
+                    held -= item.bytes
+            return _sum(self._remove(sorted(chosen)), self._remove_orphans(now))
+
+    def _listed(self) -> list[Listed]:
+        """``entries``, its markers read a batch at a time, each kept as a small row."""
         last: dict[str, tuple[float, str]] = {}
         for _, use in self._uses():
             when = use.finished or use.started
             for key in use.keys:
                 if key not in last or when > last[key][0]:
                     last[key] = (when, use.owner)
-        listed = [Listed(e, *last.get(e.key, (None, None))) for e in entries]
+        listed = []
+        for path, data in self._read_all([self._entry_path(key) for key in self._keys()], MARKER_BYTES):
+            key = path.rsplit("/", 1)[-1].removesuffix(".json")
+            try:
+                listed.append(Listed(key, *_shown(data, self._url(path)), *last.get(key, (None, None))))
+            except RecordError as exc:
+                log.warning("%s; left out", exc)
         return sorted(listed, key=lambda item: item.recency, reverse=True)
 
-    def collect(self) -> CacheCleaning:
-        """Retention's part: remove every entry that no use keeps, the uses of builds that are gone, and data
-        folders no marker names that are ``IN_FLIGHT_SECONDS`` old. A use is kept while it is in flight or while
-        its build's ``_RUN.json`` is there."""
-        now = time.time()
-        uses = self._uses()
-        there = {keeps: _exists(keeps) for keeps in {use.keeps for _, use in uses}}
-        named = set()
-        for path, use in uses:
-            if there[use.keeps] or _in_flight(use, now):
-                named.update(use.keys)
-            else:
-                remove_if_exists(self.fs, path)
-                self._remove_empty(path.rsplit("/", 1)[0])
-        cleaned = self._remove([key for key in self._keys() if key not in named])
-        return _sum(cleaned, self._remove_orphans(now))
-
-    def prune(self, older_than: float | None = None, max_bytes: int | None = None) -> CacheCleaning:
-        """Remove the entries last used more than ``older_than`` seconds ago, then the least recently used ones
-        until the rest hold at most ``max_bytes``; never an entry a use in flight names. Data folders no marker
-        names go too, once ``IN_FLIGHT_SECONDS`` old."""
-        now = time.time()
-        busy = self._in_flight_keys(now)
-        every = self.entries()  # the most recently used first
-        listed = [item for item in every if item.entry.key not in busy]
-        chosen = {item.entry.key for item in listed if older_than is not None and item.recency < now - older_than}
-        held = sum(item.entry.bytes for item in every if item.entry.key not in chosen)
-        for item in reversed(listed):  # the least recently used first
-            if max_bytes is None or held <= max_bytes:
-                break
-            if item.entry.key not in chosen:
-                chosen.add(item.entry.key)
-                held -= item.entry.bytes
-        return _sum(self._remove(sorted(chosen)), self._remove_orphans(now))
-
     def _remove(self, keys: list[str]) -> CacheCleaning:
-        """Remove these entries: each marker, then (once the uses in flight are read again) its data folders as
-        they were listed before, so that a writer storing the key anew at this moment keeps its own."""
+        """Remove these entries: each marker, then (once the uses in flight are read again) its writers' data
+        folders as they were listed before, so that a writer storing the key anew at this moment keeps its own."""
         folders = {key: self._data_folders(key) for key in keys}
         for key in keys:
             remove_if_exists(self.fs, self._entry_path(key))
@@ -269,7 +385,7 @@ class Cache:
             if key in busy:
                 log.info("cache entry %s: a rank that found it before it went is copying it; its data stays", key)
                 continue
-            for folder, size in folders[key].items():
+            for folder, (size, _) in folders[key].items():
                 remove_tree(self.fs, folder)
                 freed += size
             self._remove_empty(join(self.path, DATA, key))  # unless another writer is storing the key anew
@@ -278,20 +394,18 @@ class Cache:
         return CacheCleaning(entries=len(keys), bytes=freed)
 
     def _remove_orphans(self, now: float) -> CacheCleaning:
-        """The data folders of keys with no marker whose every file is ``IN_FLIGHT_SECONDS`` old: left by a writer
-        that died before its marker, or by a removal a reader held up."""
+        """The writers' data folders of keys with no marker whose every file is ``IN_FLIGHT_SECONDS`` old: left by
+        a writer that died before its marker, or by a removal a reader held up."""
         marked = set(self._keys())
-        orphans = []
+        freed = 0
         for key in list_names(self.fs, join(self.path, DATA)):
             if key in marked or not KEY.fullmatch(key):
                 continue
-            listed = self.fs.find(join(self.path, DATA, key), detail=True)
-            if all(now - _modified(info) > IN_FLIGHT_SECONDS for info in listed.values()):
-                orphans.append(key)
-        freed = 0
-        for key in orphans:
-            freed += sum(self._data_folders(key).values())
-            remove_tree(self.fs, join(self.path, DATA, key))
+            for folder, (size, newest) in self._data_folders(key).items():
+                if now - newest > IN_FLIGHT_SECONDS:
+                    remove_tree(self.fs, folder)
+                    freed += size
+            self._remove_empty(join(self.path, DATA, key))
         return CacheCleaning(entries=0, bytes=freed)
 
     def _remove_empty(self, folder: str) -> None:
@@ -300,7 +414,7 @@ class Cache:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
 
-    # Where things are.
+    # Where things are, and reading them.
 
     def _entry_path(self, key: str) -> str:
         return join(self.path, ENTRIES, f"{key}.json")
@@ -312,18 +426,26 @@ class Cache:
         names = (name.removesuffix(".json") for name in list_names(self.fs, join(self.path, ENTRIES)))
         return [key for key in names if KEY.fullmatch(key)]
 
-    def _data_folders(self, key: str) -> dict[str, int]:
-        """Each writer's folder of a key, with the bytes it holds."""
+    def _data_folders(self, key: str) -> dict[str, tuple[int, float]]:
+        """The writers' folders of a key, each with the bytes it holds and when its newest file was written: only
+        folders named as a writer names them, holding only plain files (nothing else there is the cache's)."""
         prefix = join(self.path, DATA, key)
         self.fs.invalidate_cache(prefix)
-        folders: dict[str, int] = {}
+        folders: dict[str, tuple[int, float]] = {}
+        foreign = set()
         for path, info in self.fs.find(prefix, detail=True).items():
-            folder = join(prefix, path[len(prefix) + 1 :].split("/", 1)[0])
-            folders[folder] = folders.get(folder, 0) + int(info.get("size") or 0)
-        return folders
+            name, _, rest = path[len(prefix) + 1 :].partition("/")
+            folder = join(prefix, name)
+            if not (WRITER.fullmatch(name) and FILE_NAME.fullmatch(rest)):
+                foreign.add(folder)
+                continue
+            size, newest = folders.get(folder, (0, 0.0))
+            folders[folder] = (size + int(info.get("size") or 0), max(newest, _modified(info)))
+        return {folder: held for folder, held in folders.items() if folder not in foreign}
 
     def _uses(self) -> list[tuple[str, CacheUse]]:
-        """Every readable use, with its path; a damaged one is logged and left out."""
+        """Every readable use, with its path; a damaged one (one of more than ``USE_BYTES`` too) is logged and left
+        out."""
         root = join(self.path, USES)
         self.fs.invalidate_cache(root)
         try:
@@ -331,7 +453,7 @@ class Cache:
         except FileNotFoundError:
             return []
         found = []
-        for path, data in _read_all(self.fs, paths).items():
+        for path, data in self._read_all(paths, USE_BYTES):
             try:
                 found.append((path, CacheUse.loads(data, self._url(path))))
             except RecordError as exc:
@@ -341,15 +463,40 @@ class Cache:
     def _in_flight_keys(self, now: float) -> set[str]:
         return {key for _, use in self._uses() if _in_flight(use, now) for key in use.keys}
 
+    def _read_all(self, paths: list[str], limit: int) -> Iterator[tuple[str, bytes]]:
+        """The bytes of many small files, a batch of requests at a time, as they come: a file removed since it was
+        listed is left out, and so is one of more than ``limit`` bytes (logged, never read whole)."""
+        for batch in in_batches(paths):
+            for path, data in read_many(self.fs, batch, limit).items():
+                if data is not None and len(data) > limit:
+                    log.warning("%s: more than %s bytes, so damaged; left out", self._url(path), f"{limit:,}")
+                elif data is not None:
+                    yield path, data
+
+    def _bounded(self, path: str, limit: int, label: str) -> bytes | None:
+        """A small file's bytes, or None when it is not there; ``RecordError`` when it has more than ``limit`` bytes
+        (never read whole) or is not a file."""
+        try:
+            data = read_head(self.fs, path, limit + 1)
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError:
+            raise RecordError(self._url(path), "it is a folder", label) from None
+        except NotADirectoryError:
+            raise RecordError(self._url(path), "a folder of its path is a file", label) from None
+        if len(data) > limit:
+            raise RecordError(self._url(path), f"it holds more than {limit:,} bytes", label)
+        return data
+
     def _forget(self, key: str, data: str | None) -> None:
         """Remove a damaged entry: its marker, if it still names the data folder ``data`` (None: if it is still
         unreadable), then that folder. A marker a writer has meanwhile stored anew stays."""
         where = self._entry_path(key)
         try:
             etag = current_etag(self.fs, where) if not is_local(self.fs) else None
-            found = self.fs.cat_file(where)
             try:
-                still = CacheEntry.loads(found, where).data == data
+                found = self._bounded(where, MARKER_BYTES, CacheEntry.LABEL)
+                still = found is not None and CacheEntry.loads(found, where).data == data
             except RecordError:
                 still = data is None
             if still:
@@ -373,17 +520,61 @@ def _differences(local: Mapping[str, Path], recorded: Mapping[str, FileSum]) -> 
     return None
 
 
-def _read_all(fs, paths: list[str]) -> dict[str, bytes]:
-    """The bytes of many small files, a batch of requests at a time; a file removed since it was listed is left out."""
-    return {
-        path: data for batch in in_batches(paths) for path, data in read_many(fs, batch).items() if data is not None
-    }
+def _shown(data: bytes, url: str) -> tuple[int, float, str]:
+    """A marker's files' bytes, when it was made and its input file: what a listing shows, read without decoding
+    the whole record, whose counts take most of the 0.5 ms that costs (a minute for 100,000 entries; a lookup
+    decodes and checks it all). ``RecordError`` when they are not there."""
+    family = CacheEntry.format_tag().rsplit("/", 1)[0] + "/"
+    try:
+        found = orjson.loads(data)
+        tag, created, source = found["format"], found["created"], found["source"]["url"]
+        sizes = [f["bytes"] for f in found["files"].values()]
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise RecordError(url, f"{type(exc).__name__}: {exc}", CacheEntry.LABEL) from None
+    if not (isinstance(tag, str) and tag.startswith(family)):
+        raise RecordError(url, f"format {tag!r}, not {family}N", CacheEntry.LABEL)
+    numbers = all(type(n) is int and n >= 0 for n in sizes) and type(created) in (int, float)
+    if not numbers or type(source) is not str:
+        raise RecordError(url, "its sizes, time or input file are not a cache entry's", CacheEntry.LABEL)
+    return sum(sizes), float(created), source
+
+
+def _builds_there(runs: set[str]) -> dict[str, bool]:
+    """Whether each build's ``_RUN.json`` is still there. A storage that cannot be read from here (a build of
+    another output, whose credentials this one has not) is logged once, and its builds count as there: their
+    entries are kept, for a build that can read it to clean."""
+    there, unreadable = {}, set()
+    for url in sorted(runs):
+        storage = _storage_of(url)
+        if storage in unreadable:
+            there[url] = True
+            continue
+        try:
+            there[url] = _exists(url)
+        except Exception as exc:  # no credentials for it, no filesystem for its protocol, a store that is down
+            unreadable.add(storage)
+            log.warning(
+                "cache retention: cannot tell whether the builds on %s are still there (%s: %s); the entries they "
+                "used are kept",
+                storage,
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "no details",
+            )
+            there[url] = True
+    return there
+
+
+def _storage_of(url: str) -> str:
+    """The store a URL is on, as retention names it: ``s3://bucket``, or the path itself on this machine."""
+    protocol, path = fsspec.core.split_protocol(url)
+    return f"{protocol}://{path.split('/', 1)[0]}" if protocol else url
 
 
 def _exists(url: str) -> bool:
     fs, path = open_fs(url)
-    fs.invalidate_cache(path)
-    return fs.exists(path)
+    with reaching(url):
+        fs.invalidate_cache(path)
+        return fs.exists(path)
 
 
 def _in_flight(use: CacheUse, now: float) -> bool:

@@ -27,6 +27,7 @@ from tokenization.io.options import Options, params
 from tokenization.io.storage import in_batches, join, list_names, open_fs, read_many
 from tokenization.publish.records import (
     CompletionMarker,
+    ContentsSum,
     FileSum,
     MergeOutput,
     OutputEntry,
@@ -140,7 +141,15 @@ E = TypeVar("E", bound=OutputEntry)
 def output_entry(written: WrittenTokenFile, kind: type[E] = OutputEntry, **fields: object) -> E:
     """A written file family as a manifest lists it (``kind``: a stage's own entry, with its ``fields``)."""
     files = {written.published(f.name): FileSum(bytes=f.bytes, sha256=f.sha256) for f in written.files}
-    return kind(name=written.name, tokens=written.tokens, index_entries=written.index_entries, files=files, **fields)
+    contents = ContentsSum.of(written.contents)
+    return kind(
+        name=written.name,
+        tokens=written.tokens,
+        index_entries=written.index_entries,
+        files=files,
+        contents=contents,
+        **fields,
+    )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -26,6 +27,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin,
 import fsspec
 import orjson
 
+from tokenization.formats.contents import Contents
 from tokenization.io.errors import TokenizationError
 
 PROJECT = "corpus-tokenization"
@@ -155,7 +157,10 @@ def _decode_record(cls: type, data: dict, reading: _Reading, at: str) -> Any:
             raise reading.error(where, "is missing")
     if reading.strict and (unknown := sorted(set(data) - known)):
         raise reading.error(f"{at}.{unknown[0]}" if at else unknown[0], "is not a field of this format")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:  # the record's own check of its values (``__post_init__``)
+        raise reading.error(at, str(exc)) from None
 
 
 def _decode(hint: Any, value: object, reading: _Reading, at: str) -> Any:
@@ -254,8 +259,9 @@ class FilePart(Record):
 class InputFile(Record):
     """One input file as a listing saw it, or a ``part`` of one. ``identity`` tells a later look whether it is
     still the same file: ``etag=...`` on an object store (S3's ETag is a digest of the content),
-    ``mtime_ns=...,ctime_ns=...,ino=...`` locally (the change time cannot be set back, so a file rewritten with its
-    old size and mtime differs)."""
+    ``mtime_ns=...,ctime_ns=...,ino=...`` locally, to which a plan adds ``,sha256=...`` of the bytes (plans made
+    before have none): a file whose inode or change time differs, its size and mtime kept, is the same file if its
+    bytes are (``sources.difference``)."""
 
     url: str
     size: int = field(metadata=json_name("bytes"))
@@ -302,14 +308,45 @@ class PseudoEnds(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ContentsSum(Record):
+    """What token files hold, whatever their order (``tokenization.formats.contents``): their non-empty pieces (the
+    tokens between two index entries), their tokens, and the sum of the pieces' hashes, in 16 hex digits. Each stage
+    records those of what it read and of what it wrote; equal sums prove a shuffle kept every piece once."""
+
+    pieces: int
+    tokens: int
+    sum: str
+
+    def __post_init__(self) -> None:
+        if len(self.sum) != 16 or self.sum.strip("0123456789abcdef"):
+            raise ValueError(f"sum {self.sum[:40]!r} is not 16 hex digits")
+
+    @classmethod
+    def of(cls, contents: Contents) -> ContentsSum:
+        return cls(pieces=contents.pieces, tokens=contents.tokens, sum=f"{contents.sum:016x}")
+
+    @property
+    def value(self) -> Contents:
+        return Contents(self.pieces, self.tokens, int(self.sum, 16))
+
+    @classmethod
+    def total(cls, parts: Iterable[ContentsSum | None]) -> ContentsSum | None:
+        """What these add up to; None when one of them is None (a record made before contents were)."""
+        parts = list(parts)
+        return None if None in parts else cls.of(Contents.total(part.value for part in parts))
+
+
+@dataclass(frozen=True, kw_only=True)
 class OutputEntry(Record):
-    """One published token file family: its ``.ds`` (or ``.bin``) name, tokens, index entries and files."""
+    """One published token file family: its ``.ds`` (or ``.bin``) name, tokens, index entries, files and contents
+    (None: made before contents were recorded)."""
 
     name: str
     tokens: int
     index_entries: int
     files: dict[str, FileSum]
     pseudo_ends: PseudoEnds | Literal["unknown"] | None = None  # "unknown": its inputs' own indexes held some
+    contents: ContentsSum | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,6 +356,7 @@ class MergeOutput(OutputEntry):
     after (written untagged before version 1)."""
 
     KIND: ClassVar[str] = "merge-output"
+    VERSION: ClassVar[int] = 2  # /1 had no contents
     UNTAGGED: ClassVar[bool] = True
     fingerprint: str
     units_start: int
@@ -402,6 +440,8 @@ class RankCounts(Record):
     special_token_literals: dict[str, int] = field(default_factory=dict)
     special_token_literals_total: int = 0
     length_histogram: list[HistogramRow] = field(default_factory=list)
+    contents_in: ContentsSum | None = None  # of the documents pass 1 encoded or took from the cache (None: before)
+    contents_out: ContentsSum | None = None  # of the rank's files (None in a cache entry's counts, and before)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -433,6 +473,7 @@ class CacheEntry(Record):
     file's counts, and what the entry was made from (``described``: what its key covers)."""
 
     KIND: ClassVar[str] = "cache-entry"
+    VERSION: ClassVar[int] = 2  # /1's counts had no contents
     LABEL: ClassVar[str] = "cache entry"
     key: str
     data: str
@@ -463,6 +504,16 @@ class CacheUse(Record):
     keys: list[str]
     started: float
     finished: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheFolder(Record):
+    """``{cache}/_CACHE.json``: the folder is a tokenization cache. Written when the cache is made (or a cache of an
+    earlier version, which had none, is adopted); cleaning removes nothing under a folder without it."""
+
+    KIND: ClassVar[str] = "cache"
+    LABEL: ClassVar[str] = "cache's own file"
+    created: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -521,14 +572,20 @@ class StageManifest(StageRecord):
         """Every file of the stage's output entries: what its completion marker lists."""
         return {name: info for entry in self.outputs for name, info in entry.files.items()}
 
+    @property
+    def cuts_pieces(self) -> bool:
+        """Whether the stage cut its input's pieces (into chunks or windows): a stage that moves them whole wrote
+        exactly the pieces it read."""
+        return bool(self.params.get("shuffle_chunk_size"))
+
 
 @dataclass(frozen=True, kw_only=True)
 class RankManifest(StageManifest):
     """``ranks/_manifests/{rank}.json``: one rank's inputs, plan, tokenizer, counts and files."""
 
     KIND: ClassVar[str] = "rank-manifest"
-    # /4 had no tokenizer format; /3 no self-check; /2 no cache; /1 was /2 without the checks on reading
-    VERSION: ClassVar[int] = 5
+    # /5 had no contents; /4 no tokenizer format; /3 no self-check; /2 no cache; /1 was /2 without the checks on reading
+    VERSION: ClassVar[int] = 6
     rank: int
     world_size: int
     tokenizer: TokenizerInfo
@@ -567,6 +624,8 @@ class MergeCounts(Record):
     partial_chunk_tokens: int
     tokens_dropped: int
     resumed_files: int
+    contents_in: ContentsSum | None = None  # of its input files, cut at their indexes (None: made before)
+    contents_out: ContentsSum | None = None  # of its files
 
     @property
     def real_tokens(self) -> int:
@@ -591,7 +650,7 @@ class MergeManifest(StageManifest):
     """``merged/_manifests/{name}.json``: the merge (of everything, or of one bucket) and its files."""
 
     KIND: ClassVar[str] = "merge-manifest"
-    VERSION: ClassVar[int] = 3  # /2 had no self-check
+    VERSION: ClassVar[int] = 4  # /3 had no contents, /2 no self-check
     save_filename: str
     bucket: int | None = None
     fingerprint: str
@@ -620,6 +679,8 @@ class ContextCounts(Record):
     split_pieces: int = 0  # the pieces the split documents were cut into
     padding_tokens: int = 0
     padding_histogram: list[int] = field(default_factory=list)  # windows by padding: 0, 1, 2-3, 4-7, ... tokens
+    contents_in: ContentsSum | None = None  # of its input files, cut at their indexes (None: made before)
+    contents_out: ContentsSum | None = None  # of its files: the input's pieces cut at window edges, and padding
 
     @property
     def real_tokens(self) -> int:
@@ -640,7 +701,7 @@ class ContextManifest(StageManifest):
     """``context/_manifests/context_{shard}.json``: one context-shuffle task's files."""
 
     KIND: ClassVar[str] = "context-manifest"
-    VERSION: ClassVar[int] = 4  # /3 had no packing, /2 no self-check
+    VERSION: ClassVar[int] = 5  # /4 had no contents, /3 no packing, /2 no self-check
     inputs: list[str]
     counts: ContextCounts
     outputs: list[ContextOutput]
@@ -649,6 +710,10 @@ class ContextManifest(StageManifest):
     @property
     def tokens_written(self) -> int:
         return self.counts.tokens
+
+    @property
+    def cuts_pieces(self) -> bool:
+        return True  # at the windows' edges
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -784,6 +849,8 @@ class Conservation(Record):
 class TokenizeSummary(Conservation):
     ranks: int
     input_files: int
+    contents_in: ContentsSum | None = None  # the ranks' (None: a build made before contents were recorded)
+    contents_out: ContentsSum | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -860,7 +927,7 @@ class BuildRecord(Record):
     a person or a scheduler looks at comes from it."""
 
     KIND: ClassVar[str] = "build"
-    VERSION: ClassVar[int] = 4  # /3 had no packing counts; /2 no cache; /1 was the same, without checks on reading
+    VERSION: ClassVar[int] = 5  # /4 had no contents; /3 no packing counts; /2 no cache; /1 the same, unchecked
     LABEL: ClassVar[str] = "build record"
     run_id: str | None = None
     plan: str | None = None  # the plan's digest; builds before plans were fixed had none

@@ -1,7 +1,9 @@
 """One build run's folder: one folder per run id, claimed by its run before anything is written, and its layout.
 
 ``{output}/{run id}``, with the run id percent-encoded where it holds a character outside ``A-Za-z0-9_.-~`` (so
-``qa:col`` is ``qa%3Acol``, never ``qa-col``'s folder)::
+``qa:col`` is ``qa%3Acol``, never ``qa-col``'s folder). Beside the run folders, the output holds ``LATEST``
+(``tokenization.builds.latest``) and names starting with a dot (the tokenization cache's ``.cache``, lock files),
+which ``folder_for`` gives no run::
 
     {run}/_RUN.json    the claim: which run owns the folder and its plan (``tokenization.builds.plan``), written first
     {run}/ranks/       the tokenize stage's rank files, manifests, quarantine, markers; when bucketed, each
@@ -25,6 +27,9 @@ from tokenization.publish.records import BuildRecord, PlanRecord, RunClaim
 
 BUILD_MANIFEST = "_BUILD.json"
 RUN_CLAIM = "_RUN.json"
+LATEST = "LATEST"  # beside the run folders: names the newest complete build's
+MAX_FOLDER_NAME = 200  # characters: a file name holds 255 bytes, an S3 key 1,024 with the output and the run's files
+SHOWN_CHARACTERS = 40  # of a build id too long to name a folder
 
 
 class BuildError(TokenizationError):
@@ -37,11 +42,29 @@ class PlanConflict(BuildError):
 
 def folder_for(output: str, run_id: str) -> str:
     """The folder of one run: one folder per run id, and one run id per folder. Characters outside
-    ``A-Za-z0-9_.-~`` (and a leading dot) are percent-encoded, which no other run id can spell."""
+    ``A-Za-z0-9_.-~`` (and a leading dot) are percent-encoded, which no other run id can spell. A run id (the
+    build id) that can name no folder of its own is refused, before any work."""
     if not run_id or run_id in (".", ".."):
-        raise UsageError(f"run id {run_id!r} cannot name a folder")
+        raise UsageError(f"build id {run_id!r} cannot name a folder: choose another build id")
+    if not run_id.isprintable():
+        raise UsageError(
+            f"build id {run_id!r} holds a control character or bytes that are not UTF-8: choose a build id of "
+            f"printable characters"
+        )
     name = quote(run_id, safe="")
-    return join(output, "%2E" + name[1:] if name.startswith(".") else name)
+    name = "%2E" + name[1:] if name.startswith(".") else name
+    if len(name) > MAX_FOLDER_NAME:
+        raise UsageError(
+            f"build id {run_id[:SHOWN_CHARACTERS]!r}{'...' * (len(run_id) > SHOWN_CHARACTERS)} names a folder of "
+            f"{len(name)} characters (percent-encoded), more than the {MAX_FOLDER_NAME} a run folder's name may "
+            f"have: choose a shorter build id"
+        )
+    if name.upper() == LATEST:
+        raise UsageError(
+            f"build id {run_id!r} is the name (ignoring case, as some filesystems do) of {join(output, LATEST)}, "
+            f"which points at the newest complete build: choose another build id (in Airflow, another run id)"
+        )
+    return join(output, name)
 
 
 def claim(folder: str, run_id: str, plan: PlanRecord) -> RunClaim:

@@ -29,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from tokenization.formats.contents import Contents, ContentsHasher, check_kept
 from tokenization.formats.ds import (
     LOSS_DTYPE,
     SplitWriter,
@@ -38,7 +39,15 @@ from tokenization.formats.ds import (
     WrittenTokenFile,
 )
 from tokenization.formats.packing import PackedFile, pack
-from tokenization.formats.permute import BLOCK_TOKENS, SourcePool, fixed_units, move_units
+from tokenization.formats.permute import (
+    BLOCK_TOKENS,
+    SourcePool,
+    contents_of,
+    fixed_units,
+    move_units,
+    prefix_end,
+    starts_of,
+)
 from tokenization.io.errors import UsageError
 from tokenization.io.options import Options, option
 from tokenization.io.progress import Progress, ProgressMode
@@ -46,7 +55,7 @@ from tokenization.io.storage import open_fs, with_storage_options
 from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
 from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import ContextCounts, ContextManifest, ContextOutput, PadToken
+from tokenization.publish.records import ContentsSum, ContextCounts, ContextManifest, ContextOutput, PadToken
 from tokenization.stages.verify import Checks, OwnCheck
 
 log = logging.getLogger(__name__)
@@ -136,6 +145,7 @@ def context_shuffle(
     tally: Counter = Counter()  # of ContextCounts' fields
     histogram = np.zeros(padding_classes(config.context_window), dtype=np.int64)
     outputs: list[ContextOutput] = []
+    contents_in = contents_out = Contents()
     with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
         total = sum(s.num_tokens for s in sources)
         with Progress(f"context shuffle {config.stem}", total, "tok", progress) as shown:
@@ -146,7 +156,13 @@ def context_shuffle(
                 nested = name in described and described[name].entry.pseudo_ends is not None
                 if nested and config.context_mode == "packed":
                     raise TokenFileError(f"{url}: its index holds chunk ends, not documents: nothing to pack")
-                written, full, packed = _one_file(config, url, source, rng, attempt, shown)
+                written, full, packed, read = _one_file(config, url, source, rng, attempt, shown)
+                if name in described and (recorded := described[name].entry.contents) and recorded.value != read:
+                    raise TokenFileError(
+                        f"{url}: holds {read.describe()}, its manifest records {recorded.value.describe()}: it is not "
+                        "the file its stage wrote"
+                    )
+                contents_in, contents_out = contents_in + read, contents_out + written.contents
                 grid = full * config.context_window  # whole windows' ends are not documents' ends
                 if packed is not None:
                     tally.update(packed_counts(packed))
@@ -166,6 +182,8 @@ def context_shuffle(
             files=len(files),
             padding_histogram=histogram.tolist() if packed_mode else [],
             **{k: tally[k] for k in TALLIED},
+            contents_in=ContentsSum.of(contents_in),
+            contents_out=ContentsSum.of(contents_out),
         )
         record = ContextManifest(
             stage="context_shuffle",
@@ -188,9 +206,10 @@ def _one_file(
     rng: np.random.Generator,
     attempt: Attempt,
     shown: Progress,
-) -> tuple[WrittenTokenFile, int, PackedFile | None]:
+) -> tuple[WrittenTokenFile, int, PackedFile | None, Contents]:
     """One file's windows in a permuted order: cut from the file (the tail last, unless dropped), or packed with
-    its documents and padded to their end. Returns the file, its number of whole windows, and its packing."""
+    its documents and padded to their end, then checked: the windows hold the file's pieces, cut at their edges,
+    each once. Returns the file, its number of whole windows, its packing and the contents of the input file."""
     ends = np.asarray(source.ends, dtype=np.int64)
     total = int(ends[-1]) if len(ends) else 0
     if source.num_tokens != total:
@@ -200,13 +219,16 @@ def _one_file(
         packed = _packed(config, url, source, ends, rng)
         padding = _padding_file(attempt.work / "padding" / "pad.ds", source, config.pad_id, packed.padding_tokens)
         urls, units, inner, full = [url, padding], (packed.source, packed.starts, packed.ends), None, packed.windows
+        kept, cuts = total, packed.pieces.ends  # the pieces in stream order
     else:
         windows, full = fixed_units(total, config.context_window)
         order = rng.permutation(full)
         if total > full * config.context_window and not config.drop_tail:
             order = np.append(order, full)
-        starts = np.concatenate([[0], windows[:-1]])
+        starts = starts_of(windows)
         urls, units, inner = [url], (np.zeros(len(order), np.int64), starts[order], windows[order]), [ends]
+        kept = prefix_end(windows, len(order))  # the dropped tail aside
+        cuts = np.union1d(ends[ends <= kept], windows[: len(order)])
     name = url.rsplit("/", 1)[-1]
     with_loss = source.loss is not None
     writer = SplitWriter(
@@ -216,10 +238,26 @@ def _one_file(
         token_size=source.token_size,
         save_loss=with_loss,
     )
-    with writer, SourcePool(urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs") as pool:
-        move_units(pool, *units, writer, inner, progress=shown)
+    with SourcePool(urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs") as pool:
+        with writer:
+            move_units(pool, *units, writer, inner, progress=shown)
+        read, expected = contents_of(pool, 0, (ends, total), (cuts, kept))
     (written,) = writer.written
-    return written, full, packed
+    if packed is not None:
+        expected += _padding_contents(packed.padding, config.pad_id, source.dtype)
+    check_kept(f"context shuffle of {url}", expected, written.contents)
+    return written, full, packed, read
+
+
+def _padding_contents(padding: np.ndarray, pad_id: int, dtype: np.dtype) -> Contents:
+    """What the padding of packed windows holds: a piece of pad ids at loss 0 in each window that has some."""
+    lengths, windows = np.unique(padding[padding > 0], return_counts=True)
+    each = Contents()
+    for n, times in zip(lengths.tolist(), windows.tolist(), strict=True):
+        hasher = ContentsHasher()
+        hasher.add(np.full(n, pad_id, dtype), np.array([n]), np.zeros(n, LOSS_DTYPE))
+        each += hasher.result().times(times)
+    return each
 
 
 def _packed(

@@ -17,17 +17,21 @@ import time
 from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import orjson
 
-from tokenization.formats.ds import TokenFile, TokenFileWriter, WrittenTokenFile
+from tokenization.formats.contents import Contents, stream_contents
+from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
+from tokenization.formats.permute import SourcePool
 from tokenization.io.progress import Progress, ProgressMode
 from tokenization.io.storage import file_sha256, writing
 from tokenization.publish.attempts import Attempt
 from tokenization.publish.cache import Cache
-from tokenization.publish.records import CachedInput, CacheEntry, FileSum, InputFile, Rejected
+from tokenization.publish.records import CachedInput, CacheEntry, FileSum, InputFile, RankCounts, Rejected
+from tokenization.stages.hits import HitCheck
 from tokenization.text.cache_key import CacheKey, cache_key
 from tokenization.text.documents import Counts, DocumentOptions, RejectTally, Threads, encoded_batches
 from tokenization.text.encoding import Encoder
@@ -164,13 +168,14 @@ class FirstPass:
 
     def _from_cache(self, entry: CacheEntry, file: InputFile, folder: Path, shown: Progress) -> Segment | None:
         """A hit, checked, or None. Its rejected records, naming the file as this rank reads it, count as they
-        would if it were read again."""
+        would if it were read again; its contents are hashed from its bytes, as pass 2 will read them."""
         started = time.perf_counter()
         fetched = self.cache.cache.fetch(entry, folder / CACHED)
         if fetched is None:
             return None
-        if problem := self._disagreement(entry, fetched):
-            self.cache.cache.discard(entry, problem)
+        held = self._checked(entry, fetched, file)
+        if isinstance(held, str):
+            self.cache.cache.discard(entry, held)
             return None
         quarantine = folder / QUARANTINE
         tally = self.tally.next_file()
@@ -183,30 +188,61 @@ class FirstPass:
                         tally(item)
         self.tally.add(tally)
         counts = Counts.of(entry.counts)
+        counts.contents = held.contents
         shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
         served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started)
         return Segment(file, fetched[SEGMENT], counts, quarantine, served)
 
-    def _disagreement(self, entry: CacheEntry, fetched: dict[str, Path]) -> str | None:
-        """How an entry's files, each as its marker records them, disagree with its counts (a marker edited by
-        hand), or None: the segment's documents, tokens and loss bytes, and the records it quarantined."""
+    def _checked(self, entry: CacheEntry, fetched: dict[str, Path], file: InputFile) -> Held | str:
+        """What a hit's segment holds (``Held``), or how its files, each as its marker records them, disagree with
+        its counts (a marker edited by hand, ``_against_counts``) or with the input ``file`` (an entry written to
+        deceive: ``stages.hits``)."""
         family = [SEGMENT, f"{SEGMENT}.index", f"{SEGMENT}.metadata"] + ([f"{SEGMENT}.loss"] if self.save_loss else [])
         if missing := [name for name in family if name not in fetched]:
             return f"it holds no {missing[0]}"
-        c = entry.counts
-        segment = TokenFile(str(fetched[SEGMENT]), self.encoder.token_size)
-        ends = segment.ends
+        try:
+            held = Held.read(TokenFile(str(fetched[SEGMENT]), self.encoder.token_size), self.save_loss)
+        except TokenFileError as exc:
+            return str(exc)
+        quarantine = fetched.get(QUARANTINE)
+        problem = self._against_counts(entry.counts, held, quarantine)
+        return problem or self._hits.disagreement(entry, held.segment, quarantine, file) or held
+
+    def _against_counts(self, c: RankCounts, held: Held, quarantine: Path | None) -> str | None:
+        """How a segment and its quarantine disagree with their counts, or None: every id within the vocabulary,
+        every loss byte 0 or 1, every document of a token at least, and the documents, tokens, lengths, contents
+        and quarantined records the counts say."""
+        if held.top >= self.encoder.vocab_size:
+            return f"its documents hold id {held.top:,}, outside the tokenizer's {self.encoder.vocab_size:,}"
+        if held.loss_top > 1:
+            return f"its loss bytes hold {held.loss_top}, where each is 0 or 1"
+        ends = held.ends
+        lengths = np.diff(ends, prepend=0)
+        shape = Counts()
+        shape.add_lengths(lengths)
         found = {
             "documents": (len(ends), c.docs_written),
-            "tokens": (segment.num_tokens, c.tokens),
-            "loss bytes": (segment.size(".loss") if self.save_loss else c.tokens, c.tokens),
+            "tokens": (held.segment.num_tokens, c.tokens),
             "index end": (int(ends[-1]) if len(ends) else 0, c.tokens),
+            "documents of no token (its index goes back)": (int(np.count_nonzero(lengths <= 0)), 0),
+            "tokens in its longest document": (shape.longest, c.longest),
+            "tokens with loss": (held.loss_ones, c.loss_tokens) if self.save_loss else (0, 0),
+            "quarantined records": (_lines(quarantine) if quarantine else 0, c.rejected_total),
         }
-        found["quarantined records"] = (_lines(fetched[QUARANTINE]) if QUARANTINE in fetched else 0, c.rejected_total)
-        for what, (held, counted) in found.items():
-            if held != counted:
-                return f"its files hold {held:,} {what}, its counts say {counted:,}"
+        for what, (value, counted) in found.items():
+            if counted is not None and value != counted:
+                return f"its files hold {value:,} {what}, its counts say {counted:,}"
+        if not np.array_equal(shape.length_buckets, Counts.of(c).length_buckets):
+            return "its documents' lengths are not those its counts' histogram says"
+        if c.contents_in is not None and c.contents_in.value != held.contents:
+            return f"its files hold {held.contents.describe()}, its counts say {c.contents_in.value.describe()}"
         return None
+
+    @cached_property
+    def _hits(self) -> HitCheck:
+        """What hits are held against, made at the first hit: it loads HF's tokenizer, to encode their samples
+        (a rank that takes every file from the cache still builds no fast engine)."""
+        return HitCheck(self.options, self.renderer, self.encoder.on_hf(), self.save_loss, self.cache.owner)
 
     def _encode(
         self, file: InputFile, folder: Path, shown: Progress, threads: Threads
@@ -221,8 +257,12 @@ class FirstPass:
         reader = DocumentReader(
             [file], o.text_key, o.id_key, renderer=self.renderer, max_record_bytes=o.max_record_bytes
         )
-        writer = TokenFileWriter(
-            folder / SEGMENT, tokenizer=o.tokenizer, token_size=self.encoder.token_size, save_loss=self.save_loss
+        writer = TokenFileWriter(  # a working file: pass 2 reads it, the cache checks its sha256 before any use
+            folder / SEGMENT,
+            tokenizer=o.tokenizer,
+            token_size=self.encoder.token_size,
+            save_loss=self.save_loss,
+            durable=False,
         )
         # the writer's threads stop at the block's end on errors too: no buffered byte of a failed try may reach a
         # file that a second try reopens
@@ -246,8 +286,11 @@ class FirstPass:
             with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
                 for batch in batches:
                     self.attempt.lease.check()  # no request: the heartbeat found it
-                    writer.write(batch.encoded.tokens, np.cumsum(batch.encoded.lengths), batch.encoded.loss)
+                    lengths = batch.encoded.lengths
+                    ends = np.cumsum(lengths)[lengths > 0]  # a document of no token is counted empty, not written
+                    writer.write(batch.encoded.tokens, ends, batch.encoded.loss)
         self.tally.add(tally)
+        counts.contents = writer.written.contents
         return Segment(file, folder / SEGMENT, counts, quarantine, None), writer.written
 
     def _store(self, segment: Segment, written: WrittenTokenFile, key: CacheKey, seconds: float) -> None:
@@ -270,6 +313,41 @@ class FirstPass:
         )
         if (stored := self.cache.cache.commit(entry, files)) is not None:
             self.stored.append(stored)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a cache hit's segment holds, read once, in blocks: its index, its highest id, its loss bytes' highest
+    value and how many are 1 (0 without loss), and its contents (``formats.contents``)."""
+
+    segment: TokenFile
+    ends: np.ndarray
+    top: int
+    loss_top: int
+    loss_ones: int
+    contents: Contents
+
+    @classmethod
+    def read(cls, segment: TokenFile, save_loss: bool) -> Held:
+        """The segment's facts; a loss file that does not cover its tokens is a ``TokenFileError``."""
+        if save_loss and segment.size(".loss") != segment.num_tokens:
+            raise TokenFileError(
+                f"its loss file holds {segment.size('.loss'):,} bytes for {segment.num_tokens:,} tokens"
+            )
+        ends = np.asarray(segment.ends, dtype=np.int64)
+        seen = {"top": -1, "loss_top": 0, "loss_ones": 0}
+
+        def read(start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+            tokens, loss = pool.read(0, start, stop)
+            seen["top"] = max(seen["top"], int(tokens.max()))
+            if loss is not None:
+                seen["loss_top"] = max(seen["loss_top"], int(loss.max()))
+                seen["loss_ones"] += int(np.count_nonzero(loss))
+            return tokens, loss
+
+        with SourcePool([segment.path], segment.token_size, save_loss) as pool:
+            (contents,) = stream_contents(read, [(ends, segment.num_tokens)])
+        return cls(segment, ends, contents=contents, **seen)
 
 
 def total(segments: Sequence[Segment]) -> Counts:

@@ -26,8 +26,9 @@ import numpy as np
 import orjson
 
 from tokenization.formats import buckets, names
+from tokenization.formats.contents import Contents, ShuffleCheckFailed, check_kept
 from tokenization.formats.ds import Metadata, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
-from tokenization.formats.permute import MAX_OPEN_FILES, SourcePool, move_units
+from tokenization.formats.permute import MAX_OPEN_FILES, SourcePool, contents_of, move_units
 from tokenization.io.errors import UsageError
 from tokenization.io.options import Options, option
 from tokenization.io.progress import Progress, ProgressMode
@@ -36,6 +37,7 @@ from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
 from tokenization.publish.manifest import Described, StageResult
 from tokenization.publish.records import (
+    ContentsSum,
     FileSum,
     MergeCounts,
     MergeManifest,
@@ -239,6 +241,7 @@ class _Plan:
     total_units: int
     width: int
     fingerprint: str
+    recorded: list[ContentsSum | None]  # per input file: its contents, as its stage recorded them (None: unknown)
 
 
 def _plan(config: MergeConfig) -> _Plan:
@@ -246,8 +249,9 @@ def _plan(config: MergeConfig) -> _Plan:
         urls, described = manifest.token_files(config.input), manifest.output_entries(config.input)
     else:
         urls, described = _bucket_inputs(config)
-    named = (url.removeprefix(config.input.rstrip("/") + "/") for url in urls)
+    named = [url.removeprefix(config.input.rstrip("/") + "/") for url in urls]
     inputs = validate_inputs(urls, config.save_loss, [described[name] for name in named if name in described])
+    recorded = [_recorded(described.get(name), config.save_loss) for name in named]
     chunk = config.shuffle_chunk_size
     tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
     counts = tokens // chunk if chunk else np.diff(inputs.offsets)
@@ -258,9 +262,16 @@ def _plan(config: MergeConfig) -> _Plan:
     most_files = min(-(-total_tokens // config.merge_max_tokens_per_file), total_units)  # every file holds >= 1 unit
     width = max(3, len(str(max(0, most_files - 1))))  # datatrove's 3 digits, wider only past 1,000 files
     units = _Units(inputs, chunk, counts)
-    return _Plan(
-        inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, _fingerprint(config, inputs, width)
-    )
+    fingerprint = _fingerprint(config, inputs, width)
+    return _Plan(inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, fingerprint, recorded)
+
+
+def _recorded(described: Described | None, save_loss: bool) -> ContentsSum | None:
+    """An input's contents as its stage recorded them, when they are what the merge reads: with its loss bytes
+    exactly when the merge moves them (None: the file must be hashed)."""
+    if described is None or (f"{described.entry.name}.loss" in described.entry.files) != save_loss:
+        return None
+    return described.entry.contents
 
 
 def _bucket_inputs(config: MergeConfig) -> tuple[list[str], dict[str, Described]]:
@@ -300,6 +311,11 @@ class _Checkpoints:
     @property
     def tokens(self) -> int:
         return sum(entry.tokens for entry in self.entries)
+
+    @property
+    def contents(self) -> Contents:
+        """Of the files published so far, this attempt's and those it resumed after."""
+        return Contents.total(entry.contents.value for entry in self.entries)
 
     def __call__(self, written: WrittenTokenFile, units_written: int) -> None:
         chunk = self.plan.units.chunk
@@ -344,7 +360,11 @@ def merge(
             len(done),
             checkpoints.units_end,
         )
-        _move(config, plan, attempt, checkpoints, progress)
+        try:
+            read = _move(config, plan, attempt, checkpoints, progress)
+        except ShuffleCheckFailed:  # a resumed merge would keep the files: none of them may be trusted
+            _remove_outputs(attempt, config, keep=set())
+            raise
         tails = int(plan.tails.sum())
         counts = MergeCounts(
             input_files=len(plan.inputs.urls),
@@ -354,6 +374,8 @@ def merge(
             partial_chunk_tokens=tails if plan.keep_tails else 0,
             tokens_dropped=0 if plan.keep_tails else tails,
             resumed_files=len(done),
+            contents_in=ContentsSum.of(read),
+            contents_out=ContentsSum.of(checkpoints.contents),
         )
         inputs = plan.inputs
         record = MergeManifest(
@@ -375,8 +397,11 @@ def merge(
     return StageResult(counts, record)
 
 
-def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Checkpoints, progress: ProgressMode):
-    """Move every unit not yet published, in the planned order, into files that publish themselves as they close."""
+def _move(
+    config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Checkpoints, progress: ProgressMode
+) -> Contents:
+    """Move every unit not yet published, in the planned order, into files that publish themselves as they close;
+    then check that the files hold every unit of the inputs once. Returns the contents of the inputs."""
     inputs, units = plan.inputs, plan.units
     done = len(checkpoints.entries)
     writer = SplitWriter(
@@ -394,18 +419,45 @@ def _move(config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Chec
     resume, ordered = checkpoints.units_end, len(file_ids)
     cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
     pool = SourcePool(inputs.urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
-    with pool, Progress(f"merge {config.stem}", plan.total_tokens, "tok", progress) as shown, writer:
-        pool.fetch(inputs.sizes)
-        shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
-        for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
-            b = min(ordered, a + UNITS_PER_SLICE)
-            files, local = _slice_units(file_ids, perm, units, cursor, a, b)
-            starts, ends = units.bounds(files, local)
-            move_units(pool, files, starts, ends, writer, inner, progress=shown)
-        if plan.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
-            pending = np.flatnonzero(plan.tails)[max(0, resume - ordered) :]
-            chunk_starts = units.counts[pending] * units.chunk
-            move_units(pool, pending, chunk_starts, plan.tokens[pending], writer, inner, progress=shown)
+    with pool, Progress(f"merge {config.stem}", plan.total_tokens, "tok", progress) as shown:
+        with writer:  # its end publishes the last file
+            pool.fetch(inputs.sizes)
+            shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
+            for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
+                b = min(ordered, a + UNITS_PER_SLICE)
+                files, local = _slice_units(file_ids, perm, units, cursor, a, b)
+                starts, ends = units.bounds(files, local)
+                move_units(pool, files, starts, ends, writer, inner, progress=shown)
+            if plan.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
+                pending = np.flatnonzero(plan.tails)[max(0, resume - ordered) :]
+                chunk_starts = units.counts[pending] * units.chunk
+                move_units(pool, pending, chunk_starts, plan.tokens[pending], writer, inner, progress=shown)
+        read, kept = _input_contents(plan, pool)
+    check_kept(f"merge {config.stem}", kept, checkpoints.contents)
+    return read
+
+
+def _input_contents(plan: _Plan, pool: SourcePool) -> tuple[Contents, Contents]:
+    """What the merge read (its inputs cut at their indexes) and what its files must hold (cut into its units, the
+    dropped tails aside): from the inputs' records when all hold them and the units are their documents, else hashed
+    from the input files (datatrove's, or cut into chunks)."""
+    chunk = plan.units.chunk
+    if not chunk and None not in plan.recorded:
+        read = Contents.total(recorded.value for recorded in plan.recorded)
+        return read, read
+    read = kept = Contents()
+    for f in range(len(plan.inputs.urls)):
+        ends, tokens = plan.inputs.file_ends(f), int(plan.tokens[f])
+        if not chunk:
+            (whole,) = contents_of(pool, f, (ends, tokens))
+            read, kept = read + whole, kept + whole
+            continue
+        full = int(plan.units.counts[f]) * chunk
+        limit = tokens if plan.keep_tails else full
+        units = np.union1d(ends[ends <= limit], np.arange(chunk, full + 1, chunk))
+        whole, cut = contents_of(pool, f, (ends, tokens), (units, limit))
+        read, kept = read + whole, kept + cut
+    return read, kept
 
 
 def _commit(attempt: Attempt, config: MergeConfig, inputs: MergeInputs, record: MergeManifest) -> MergeManifest:
@@ -463,8 +515,16 @@ def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerpr
             break
         if not entry or entry.fingerprint != fingerprint or not _files_intact(fs, out_path, entry):
             break
+        if entry.contents is None:  # written before contents were recorded: done again, so they are checked
+            break
         done.append(entry)
-    keep = {n for e in done for n in e.files} | {f"{config.save_filename}.ds.metadata"}
+    _remove_outputs(attempt, config, keep={n for e in done for n in e.files} | {f"{config.save_filename}.ds.metadata"})
+    return done
+
+
+def _remove_outputs(attempt: Attempt, config: MergeConfig, keep: set[str]) -> None:
+    """Remove every file and checkpoint of this merge's outputs (of any attempt) but those in ``keep``."""
+    fs, out_path = attempt.fs, attempt.out_path
     for name in list_names(fs, out_path):
         if config.owns(name) and name not in keep:
             attempt.remove(name)
@@ -472,7 +532,6 @@ def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerpr
         family = name.removesuffix(".json") + ".ds"
         if config.owns(family) and family not in keep:
             attempt.remove(f"_manifests/{name}")
-    return done
 
 
 def _files_intact(fs, out_path: str, entry: MergeOutput) -> bool:

@@ -19,10 +19,20 @@ from typing import Literal
 import numpy as np
 
 from tokenization.formats import DS, MEGATRON, buckets, names
+from tokenization.formats.contents import check_kept
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
 from tokenization.formats.names import RankFileKind
-from tokenization.formats.permute import SourcePool, Units, fixed_units, move_units, permute_units
+from tokenization.formats.permute import (
+    SourcePool,
+    Units,
+    contents_of,
+    fixed_units,
+    move_units,
+    permute_units,
+    prefix_end,
+    written_contents,
+)
 from tokenization.io.errors import UsageError
 from tokenization.io.locations import check_disjoint
 from tokenization.io.options import Options, option
@@ -32,7 +42,15 @@ from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
 from tokenization.publish.cache import Cache, chosen_location
 from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import FileSum, InputFile, OutputEntry, RankCache, RankManifest, TokenizerFacts
+from tokenization.publish.records import (
+    ContentsSum,
+    FileSum,
+    InputFile,
+    OutputEntry,
+    RankCache,
+    RankManifest,
+    TokenizerFacts,
+)
 from tokenization.publish.runs import RUN_CLAIM, PlanConflict
 from tokenization.stages.first_pass import CacheOwner, FirstPass, Segment, quarantined, total
 from tokenization.text.documents import Counts, DocumentOptions, TooManyRejects
@@ -254,7 +272,7 @@ def tokenize_rank(
             inputs=files,
             skipped_inputs=skipped,
             input_bytes=sum(f.span_bytes for f in files),
-            counts=counts.record(),
+            counts=replace(counts.record(), contents_out=ContentsSum.of(written_contents(written))),
             outputs=_outputs(config, counts, written),
             throughput=manifest.throughput(seconds, encoder.load_seconds, encoded.text_bytes, encoded.tokens),
             cache=location and RankCache(location=location, files=[s.cached for s in segments]),
@@ -285,15 +303,20 @@ def _second_pass(
     if not len(documents.ends):
         return []
     rng = np.random.default_rng(config.seed)
+    chunks = config.shuffle_chunk_size
+    kind = RankFileKind.DOC_SHUFFLED if config.shuffle_documents else RankFileKind.UNSHUFFLED
     with SourcePool(paths, encoder.token_size, config.save_loss) as pool:
         if config.num_buckets:
-            return _scatter(config, encoder, pool, documents, work)
-        if config.shuffle_documents:
-            documents = documents.take(rng.permutation(len(documents.ends)))
-        if not config.shuffle_chunk_size:
-            return _write(config, encoder, pool, documents, work, config.output_name, last=True)
-        kind = RankFileKind.DOC_SHUFFLED if config.shuffle_documents else RankFileKind.UNSHUFFLED
-        (whole,) = _write(config, encoder, pool, documents, work, lambda _: names.working_file_name(kind), last=False)
+            written = _scatter(config, encoder, pool, documents, work)
+        else:
+            if config.shuffle_documents:
+                documents = documents.take(rng.permutation(len(documents.ends)))
+            name_for = (lambda _: names.working_file_name(kind)) if chunks else config.output_name
+            written = _write(config, encoder, pool, documents, work, name_for, last=not chunks)
+    check_kept(f"rank {config.rank}: pass 2", counts.contents, written_contents(written))
+    if not chunks:
+        return written
+    (whole,) = written
     return _chunk_shuffle(config, encoder, whole.path, rng, counts, work)
 
 
@@ -345,8 +368,12 @@ def _chunk_shuffle(
         order = np.append(order, full)
         counts.partial_chunk_tokens = tail
     writer = _writer(config, encoder, work, config.output_name, last=True)
-    with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool, writer:
-        permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
+    with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool:
+        with writer:
+            permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
+        kept = prefix_end(chunk_ends, len(order))  # the dropped tail aside
+        (expected,) = contents_of(pool, 0, (np.union1d(doc_ends[doc_ends <= kept], chunk_ends[: len(order)]), kept))
+    check_kept(f"rank {config.rank}: the chunk shuffle", expected, written_contents(writer.written))
     return writer.written
 
 

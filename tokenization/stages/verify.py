@@ -26,6 +26,7 @@ import random
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -33,9 +34,10 @@ import fsspec
 import numpy as np
 
 from tokenization.formats import DS, MEGATRON, token_file_names
+from tokenization.formats.contents import Contents, ContentsHasher, within
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
 from tokenization.formats.megatron import MegatronFile
-from tokenization.formats.names import BUCKET_FOLDER
+from tokenization.formats.names import BUCKET_FOLDER, rank_stem
 from tokenization.io.errors import TokenizationError
 from tokenization.io.storage import in_batches, join, list_names, list_sizes, map_concurrently, open_fs, read_many
 from tokenization.publish import manifest
@@ -43,15 +45,17 @@ from tokenization.publish.attempts import LEASES, STAGING
 from tokenization.publish.manifest import Described
 from tokenization.publish.records import (
     CompletionMarker,
+    ContentsSum,
     MergeManifest,
     MergeOutput,
     OutputEntry,
+    RankManifest,
     RecordError,
     SelfCheck,
     StageManifest,
     stage_manifest,
 )
-from tokenization.publish.runs import RUN_CLAIM
+from tokenization.publish.runs import RUN_CLAIM, Layout
 from tokenization.text.encoding import Encoder
 
 R = TypeVar("R")
@@ -114,13 +118,17 @@ def verify(
     sample: int = 0,
 ) -> Report:
     """Check every token file directly inside ``url`` and every record of the folder; a problem-free report means
-    the folder is usable. ``checks`` (else those of ``tokenizer``): what ids and document ends must be. With
+    the folder is usable. ``checks`` (else those of ``tokenizer``, else, in a build's run, those of the tokenizer
+    the build recorded): what ids and document ends must be. With
     ``vouched``, the families whose stage checked them before upload (its manifest and marker say so, with at
     least ``checks``) are not read: their sizes are checked against the listing, their sha256 taken from the
     marker; except ``sample`` of them, chosen at random, which are read and checked all the same."""
     report = Report()
-    checks = checks or Checks.of(tokenizer, eos_token)
+    if checks is None and tokenizer:
+        checks = Checks.of(tokenizer, eos_token)
     folder = _Folder.open(url)
+    if checks is None:
+        checks = _build_checks(folder, report)
     records = _read_records(folder, report)
     described = manifest.entries_by_name(read.record for read in records.manifests.values()) if records else {}
     ds_files, bin_files = token_file_names(folder.sizes, (DS,)), token_file_names(folder.sizes, (MEGATRON,))
@@ -143,6 +151,30 @@ def verify(
     return report
 
 
+def _build_checks(folder: _Folder, report: Report) -> Checks:
+    """In a stage folder of a build's run, the vocabulary size and EOS id that the build recorded (every rank takes
+    them from the plan, and its manifest records them: rank 0's is read), said in a note; elsewhere, none. Without
+    them, a build's dataset holding ids past its vocabulary would pass."""
+    if not _in_a_run(folder):
+        return Checks()
+    run = Layout(folder.path.rstrip("/").rpartition("/")[0])
+    name = manifest.manifest_name(rank_stem(0))
+    try:
+        rank, why = RankManifest.read(folder.fs, join(run.ranks, name)), "is missing"
+    except RecordError:  # a verify of the ranks' folder says what is wrong with it
+        rank, why = None, "is not a valid manifest"
+    if rank is None:
+        shown = join(run.ranks, name).removeprefix(f"{run.run_dir}/")  # the run's, wherever it is
+        report.notes.append(
+            f"{folder.url}: ids not checked against the build's tokenizer: the run's {shown} {why}; pass --tokenizer"
+        )
+        return Checks()
+    vocab, eos = rank.tokenizer.vocab_size, rank.tokenizer.eos_id
+    ends = "no EOS (the build added none)" if eos is None else f"EOS id {eos}"
+    report.notes.append(f"{folder.url}: ids checked against the build's tokenizer: vocabulary {vocab:,}, {ends}")
+    return Checks(vocab, eos)
+
+
 class SelfCheckFailed(TokenizationError):
     """A stage's own files failed verify's checks before upload: nothing of the attempt is published."""
 
@@ -150,7 +182,8 @@ class SelfCheckFailed(TokenizationError):
 class OwnCheck:
     """A stage's check of the files it wrote (``where`` names it), family by family on local disk before it
     uploads them: verify's checks against ``checks``, and each file's size and sha256 against what its writer
-    recorded. ``result`` goes into the stage's manifest and marker."""
+    recorded (so their contents are those its writer hashed, from the same bytes: not hashed again). ``result``
+    goes into the stage's manifest and marker."""
 
     def __init__(self, checks: Checks, where: str):
         self.checks, self.where = checks, where
@@ -163,7 +196,7 @@ class OwnCheck:
         the problems."""
         local, report = _Folder.open(str(folder)), Report()
         check = _verify_megatron if entry.name.endswith(MEGATRON) else _verify_ds
-        check(local, entry.name, entry, self.checks, report)
+        check(local, entry.name, entry, self.checks, report, rehash=False)
         for name, info in sorted(entry.files.items()):
             size = local.size(name)
             if size is None:
@@ -250,7 +283,7 @@ class _Folder:
         """A file's sha256, streamed in blocks (memory stays bounded) unless it was taken already."""
         if name not in self.digests:
             digest = hashlib.sha256()
-            for _ in _blocks(self.fs, join(self.path, name), np.dtype(np.uint8), digest):
+            for _ in _blocks(self.fs, join(self.path, name), np.dtype(np.uint8), digest, BLOCK_BYTES):
                 pass
             self.digests[name] = digest.hexdigest()
         return self.digests[name]
@@ -375,6 +408,25 @@ def _check_stages(
         said, held = read.record.tokens_written, read.record.output_tokens
         if said != held:
             report.problem(where, f"counts {said} tokens written, its outputs list {held}")
+        _check_contents(read.record, where, report)
+
+
+def _check_contents(record: StageManifest, where: str, report: Report) -> None:
+    """A stage's contents add up: what its counts say it wrote is what its outputs hold, and a stage that moves
+    pieces whole wrote the pieces it read (records made before contents were are not checked)."""
+    counts = record.counts
+    listed = ContentsSum.total(entry.contents for entry in record.outputs)
+    if counts.contents_out is not None and listed is not None and listed != counts.contents_out:
+        report.problem(
+            where, f"counts {counts.contents_out.value.describe()} written, its outputs list {listed.value.describe()}"
+        )
+    given, wrote = counts.contents_in, counts.contents_out
+    if not record.cuts_pieces and given is not None and wrote is not None and given != wrote:
+        report.problem(
+            where,
+            f"read {given.value.describe()} but wrote {wrote.value.describe()}: a shuffle that moves pieces whole "
+            "must write each once",
+        )
 
 
 def _check_markers(
@@ -473,8 +525,10 @@ def _source(described: Described) -> str:
     return f"the {owner.stage} manifest{f' of {stem}' if stem else ''}"
 
 
-def _verify_ds(folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> None:
-    """One ``.ds`` family, its checksums taken as it streams."""
+def _verify_ds(
+    folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report, rehash: bool = True
+) -> None:
+    """One ``.ds`` family, its checksums (and, with ``rehash``, its contents) taken as it streams."""
     report.files += 1
     label, path, sizes = folder.label(name), join(folder.path, name), folder.sizes
     size = sizes[name]
@@ -508,21 +562,36 @@ def _verify_ds(folder: _Folder, name: str, entry: OutputEntry | None, checks: Ch
     _check_index(ends, label, checks, report)
     _check_counts(entry, tokens, len(ends), label, report)
     has_loss = name + ".loss" in sizes
-    if has_loss and sizes[name + ".loss"] != tokens:
+    aligned = not has_loss or sizes[name + ".loss"] == tokens  # its loss bytes, if any, go with its tokens
+    if not aligned:
         report.problem(f"{label}.loss", f"{sizes[name + '.loss']} bytes for {tokens} tokens")
-    digest = hashlib.sha256()
-    for offset, block in _blocks(folder.fs, path, token_dtype(token_size), digest):
+    items = BLOCK_BYTES // token_size  # tokens a block, and loss bytes
+    digest, loss_digest, held = hashlib.sha256(), hashlib.sha256(), ContentsHasher() if rehash else None
+    token_blocks = _blocks(folder.fs, path, token_dtype(token_size), digest, items)
+    if has_loss and aligned:
+        loss_blocks = _blocks(folder.fs, path + ".loss", LOSS_DTYPE, loss_digest, items)
+    else:
+        loss_blocks = repeat((0, None), -(-size // (items * token_size)))
+    for (offset, block), (_, loss) in zip(token_blocks, loss_blocks, strict=True):
         _check_tokens(block, offset, ends, entry, label, checks, report)
+        if loss is not None:
+            _check_loss(loss, offset, label, report)
+        if held is not None:
+            held.add(block, within(ends, offset, offset + len(block)), loss)
     folder.digests[name] = digest.hexdigest()
+    if has_loss and not aligned:  # read on its own, for its checksum and values
+        for offset, loss in _blocks(folder.fs, path + ".loss", LOSS_DTYPE, loss_digest, items):
+            _check_loss(loss, offset, label, report)
     if has_loss:
-        digest = hashlib.sha256()
-        for offset, block in _blocks(folder.fs, path + ".loss", LOSS_DTYPE, digest):
-            report.problems_at(f"{label}.loss", "loss byte is neither 0 nor 1", offset + np.flatnonzero(block > 1))
-        folder.digests[name + ".loss"] = digest.hexdigest()
+        folder.digests[name + ".loss"] = loss_digest.hexdigest()
+    if aligned and held is not None:
+        _check_held(entry, held.result(), label, report)
     report.tokens += tokens
 
 
-def _verify_megatron(folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> None:
+def _verify_megatron(
+    folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report, rehash: bool = True
+) -> None:
     report.files += 1
     label = folder.label(name)
     try:
@@ -544,10 +613,14 @@ def _verify_megatron(folder: _Folder, name: str, entry: OutputEntry | None, chec
         report.problem(mg.url + ".idx", "document indices do not run from 0 to the sequence count")
     report.problems_at(label, "negative sequence length", np.flatnonzero(lengths < 0))
     _check_counts(entry, total, len(lengths), label, report)
-    digest = hashlib.sha256()
-    for offset, block in _blocks(folder.fs, mg.bin_path, mg.dtype, digest):
+    digest, held = hashlib.sha256(), ContentsHasher() if rehash else None
+    for offset, block in _blocks(folder.fs, mg.bin_path, mg.dtype, digest, BLOCK_BYTES // mg.dtype.itemsize):
         _check_tokens(block, offset, ends, entry, label, checks, report)
+        if held is not None:
+            held.add(block, within(ends, offset, offset + len(block)))
     folder.digests[name] = digest.hexdigest()
+    if held is not None:
+        _check_held(entry, held.result(), label, report)
     report.tokens += size // mg.dtype.itemsize
 
 
@@ -559,6 +632,17 @@ def _check_counts(entry: OutputEntry | None, tokens: int, entries: int, label: s
         report.problem(label, f"holds {tokens} tokens, its manifest says {entry.tokens}")
     if entry.index_entries != entries:
         report.problem(label, f"its index holds {entries} entries, its manifest says {entry.index_entries}")
+
+
+def _check_loss(loss: np.ndarray, offset: int, label: str, report: Report) -> None:
+    report.problems_at(f"{label}.loss", "loss byte is neither 0 nor 1", offset + np.flatnonzero(loss > 1))
+
+
+def _check_held(entry: OutputEntry | None, held: Contents, label: str, report: Report) -> None:
+    """The pieces a family holds, hashed from its bytes, against those its writer recorded (when its record has
+    them): a piece changed, lost or duplicated since, even with the sizes and checksums rewritten to match."""
+    if entry is not None and entry.contents is not None and entry.contents.value != held:
+        report.problem(label, f"holds {held.describe()}, its manifest records {entry.contents.value.describe()}")
 
 
 def _check_index(ends: np.ndarray, label: str, checks: Checks, report: Report) -> None:
@@ -595,11 +679,11 @@ def _check_tokens(
     report.problems_at(label, f"document ends without EOS {checks.eos_id}", missing)
 
 
-def _blocks(fs, path: str, dtype: np.dtype, digest) -> Iterator[tuple[int, np.ndarray]]:
-    """The file as consecutive arrays of at most BLOCK_BYTES, hashing the bytes on the way: a block is hashed on a
+def _blocks(fs, path: str, dtype: np.dtype, digest, items: int) -> Iterator[tuple[int, np.ndarray]]:
+    """The file as consecutive arrays of ``items`` items, hashing the bytes on the way: a block is hashed on a
     thread of its own (sha256 releases the GIL) while it is checked and the next one read, so reading and hashing
     (each ~1.5 GB/s here) overlap instead of adding up."""
-    step = BLOCK_BYTES // dtype.itemsize * dtype.itemsize
+    step = items * dtype.itemsize
     offset = 0
     with fs.open(path, "rb", block_size=step) as handle, ThreadPoolExecutor(1, thread_name_prefix="hash") as hasher:
         hashed = None

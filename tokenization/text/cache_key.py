@@ -11,6 +11,7 @@ changes how a file is read or encoded, so that no entry made under other rules i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ def cache_key(
         "tokenizer": {
             "sha256": encoder.sha256,
             "token_size": encoder.token_size,
-            "tokenizers": importlib.metadata.version("tokenizers"),
+            "tokenizers": _tokenizers_version(),
         },
         "policy": {
             "eos_id": policy.eos_id,
@@ -66,3 +67,9 @@ def cache_key(
         "save_loss": save_loss,
     }
     return CacheKey(hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest(), described)
+
+
+@functools.cache
+def _tokenizers_version() -> str:
+    """HF tokenizers' version, looked up once: each look parses its package metadata (~0.2 ms, a file's key)."""
+    return importlib.metadata.version("tokenizers")

@@ -1,7 +1,8 @@
 """From records to encoded batches, shared by ``tokenize`` and ``count`` so both see the same documents.
 
-Every record read is counted as exactly one of: written (encoded), empty (skipped, as datatrove does) or
-rejected (handed to the caller's ``reject``); blank lines are counted apart.
+Every record read is counted as exactly one of: written (encoded), empty (skipped, as datatrove does; so is a text
+that encodes to no token, which only ``no_eos`` allows) or rejected (handed to the caller's ``reject``); blank lines
+are counted apart.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from typing import TypeVar
 import numpy as np
 import orjson
 
+from tokenization.formats.contents import Contents
 from tokenization.io.errors import TokenizationError, UsageError
 from tokenization.io.options import Options, option
 from tokenization.io.progress import Progress, ProgressMode
 from tokenization.io.storage import open_fs
-from tokenization.publish.records import HistogramRow, RankCounts, Rejected, TokenizerFacts
+from tokenization.publish.records import ContentsSum, HistogramRow, RankCounts, Rejected, TokenizerFacts
 from tokenization.text import rendering
 from tokenization.text.cutting import NO_EXACT_CUT, NoExactCut
 from tokenization.text.encoding import Encoded, Encoder, Prepared
@@ -39,6 +41,9 @@ HISTOGRAM_BUCKETS = 48  # powers of two: [1, 2), [2, 4), ... up to 2**47 tokens
 # 8.3 s). A record larger than a batch is a batch that goes alone, so a huge document is never encoded beside another.
 ENCODING_AT_ONCE = 2
 READ_AHEAD_CHARS = 1 << 20  # characters a chunk of records read ahead; a few chunks wait at most
+# An input of fewer bytes is read and encoded on the caller's thread: the hand-offs between threads (a few wake-ups,
+# each up to milliseconds on a busy machine) cost more than they overlap, ~8 ms a file of 100,000 one-line files.
+SMALL_INPUT_BYTES = 1 << 16
 UTF8_SLICE_CHARS = 1 << 20  # characters of a text encoded at a time to count its UTF-8 bytes: <= 4 MB at once
 DEFAULT_MAX_REJECTS = 1000  # records: a rank fails as soon as it has rejected more than this
 DEFAULT_MAX_REJECT_FRACTION = 0.01  # of the records read: checked when the rank has read them all
@@ -251,6 +256,7 @@ class Counts:
     longest: int = 0  # tokens in the longest document
     special_token_literals: Counter = field(default_factory=Counter)
     length_buckets: np.ndarray = field(default_factory=lambda: np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64))
+    contents: Contents = field(default_factory=Contents)  # of the documents written (``formats.contents``)
 
     @classmethod
     def of(cls, record: RankCounts) -> Counts:
@@ -258,10 +264,12 @@ class Counts:
         buckets = np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64)
         for row in record.length_histogram:
             buckets[row.min_tokens.bit_length() - 1] = row.docs
-        kept = {f.name for f in fields(cls)} - {"rejected", "special_token_literals", "length_buckets", "loss_tokens"}
+        own = {"rejected", "special_token_literals", "length_buckets", "loss_tokens", "contents"}
+        kept = {f.name for f in fields(cls)} - own
         return cls(
             **{name: getattr(record, name) for name in kept},
             loss_tokens=record.loss_tokens or 0,
+            contents=record.contents_in.value if record.contents_in else Contents(),
             rejected=Counter(record.rejected),
             special_token_literals=Counter(record.special_token_literals),
             length_buckets=buckets,
@@ -278,6 +286,7 @@ class Counts:
 
     def add_lengths(self, lengths: np.ndarray) -> None:
         """Count documents of these token lengths in power-of-two buckets: [1, 2), [2, 4), ..."""
+        lengths = lengths[lengths > 0]
         if len(lengths):
             self.longest = max(self.longest, int(lengths.max()))
             buckets = np.minimum(np.log2(np.maximum(lengths, 1)).astype(int), HISTOGRAM_BUCKETS - 1)
@@ -286,10 +295,11 @@ class Counts:
     def record(self) -> RankCounts:
         """The counts as a manifest records them."""
         data = asdict(self)
-        del data["length_buckets"]
+        del data["length_buckets"], data["contents"]
         return RankCounts(
             **data
             | {
+                "contents_in": ContentsSum.of(self.contents),
                 "length_histogram": histogram_rows(self.length_buckets),
                 "rejected": dict(sorted(self.rejected.items())),
                 "rejected_total": sum(self.rejected.values()),
@@ -404,7 +414,7 @@ class Batch:
     encoded: Encoded
 
     def token_counts(self) -> np.ndarray:
-        """Tokens per record, 0 for an empty one (the stage writes nothing for it)."""
+        """Tokens per record, 0 for an empty one (the stage writes nothing for it, nor for one of no token)."""
         counts = np.zeros(len(self.records), dtype=np.int64)
         counts[[i for i, r in enumerate(self.records) if r.text]] = self.encoded.lengths
         return counts
@@ -459,7 +469,9 @@ def encoded_batches(
 
     def done(batch: Batch) -> Batch:  # on the caller's thread, which owns ``counts`` and the encoder's counters
         encoder.count_checked(batch.encoded)
-        counts.docs_written += len(batch.encoded.lengths)
+        written = int(np.count_nonzero(batch.encoded.lengths))  # a text of no token (with no EOS) is empty
+        counts.docs_written += written
+        counts.empty += len(batch.encoded.lengths) - written
         counts.tokens += len(batch.encoded.tokens)
         if batch.encoded.loss is not None:
             counts.loss_tokens += int(np.count_nonzero(batch.encoded.loss))
@@ -475,12 +487,16 @@ def encoded_batches(
         encoding = threads.encode
         pending: deque[tuple[Future, int]] = deque()  # batches in the engine, with their characters
         room = ENCODING_AT_ONCE * options.batch_bytes  # characters in the engine at once; a bigger batch goes alone
-        ahead = ReadAhead(
+        small = reader.total_bytes < SMALL_INPUT_BYTES  # read and encoded on this thread: no hand-off to wait for
+        ahead = (ReadInline if small else ReadAhead)(
             reader, _text_length, chunk=READ_AHEAD_CHARS, where=lambda: reader.bytes_read, thread=threads.read
         )
         try:
             for records in _record_batches(ahead, counts, options, reject):
                 records, ready = prepared(records)  # while the engine encodes the batches before
+                if small:
+                    yield done(encode(records, ready))
+                    continue
                 chars = sum(map(len, ready.texts))
                 while pending and sum(c for _, c in pending) + chars > room:
                     yield done(pending.popleft()[0].result())
@@ -571,7 +587,9 @@ class ReadAhead:
         self.mark = 0
 
     def _put(self, item: object) -> bool:
-        while not self.stop.is_set():
+        """Queue ``item`` once there is room; False when the consumer stopped, or is gone with the main thread (a
+        Ctrl-C can leave its iterator unclosed, and the interpreter would wait for this thread forever)."""
+        while not self.stop.is_set() and threading.main_thread().is_alive():
             try:
                 self.queue.put(item, timeout=0.1)
                 return True
@@ -611,3 +629,13 @@ class ReadAhead:
 
 
 _END = object()
+
+
+class ReadInline(ReadAhead):
+    """``items`` as ``ReadAhead`` gives them, read on the caller's thread as they are consumed (``thread`` unused):
+    for an input too small to pay for a thread's hand-offs."""
+
+    def __iter__(self) -> Iterator[T]:
+        for item in self.items:
+            self.mark = self.where()
+            yield item

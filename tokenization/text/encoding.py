@@ -10,6 +10,7 @@ template writes are pieces of their own, one token each, placed the same way.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -28,7 +29,7 @@ from tokenization.text.cutting import Cutter, Piece, Ranges
 from tokenization.text.encoding_policy import SPECIAL_TEXT_POLICIES, EncodingPolicy, SpecialLiterals, SpecialTextPolicy
 from tokenization.text.engines import ENGINES, Engine, EngineChoice, EngineMismatch, Group, HFEngine, chosen_engine
 from tokenization.text.loss_masks import held_out, special_held_out
-from tokenization.text.tokenizer_files import TokenizerError, TokenizerFile
+from tokenization.text.tokenizer_files import TokenizerError, TokenizerFile, engine_panics
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,16 @@ class Encoder:
         log.warning("%s: falling back to HF tokenizers: %s", self.name, reason)
         self._engine, self.engine_note = HFEngine(self.tokenizer), f"fell back: {reason}"
 
+    def on_hf(self) -> Encoder:
+        """A copy of this encoder that encodes with HF alone and counts on its own, sharing the loaded tokenizer:
+        the reference a cache hit's sample is encoded again with (``stages.hits``). This one's engine stays
+        unbuilt, and its counts and run numbers stay this run's."""
+        engine = HFEngine(self.tokenizer)  # loaded here first, so that the copy holds it too
+        reference = copy.copy(self)
+        reference._engine, reference.engine_note = engine, None
+        reference.checked_docs = reference._docs_prepared = reference._pieces_prepared = 0
+        return reference
+
     def describe(self) -> TokenizerInfo:
         """The manifest's record of the tokenizer, the policy applied to it, and how it was encoded."""
         return TokenizerInfo(
@@ -278,9 +289,10 @@ class Encoder:
         """The text's pieces: under the "text" policy, the template's special tokens apart, as HF reads them when
         it recognizes special tokens (``special_split_problem`` checks that this holds for the tokenizer). Under
         "special", the text is encoded whole, which reads them as special tokens already."""
-        if not specials or self.policy.special_text == "special":
-            return self.cutter.pieces(doc, text)
-        return self.cutter.pieces_around(doc, text, specials)
+        with engine_panics(self.name, f"cutting document {self._docs_prepared + doc} of this run"):
+            if not specials or self.policy.special_text == "special":
+                return self.cutter.pieces(doc, text)
+            return self.cutter.pieces_around(doc, text, specials)
 
     def encode_prepared(self, batch: Prepared) -> Encoded:
         """Encode a prepared batch: its pieces by the engine (its special-token pieces apart), then each document
@@ -334,7 +346,8 @@ class Encoder:
         def where(j: int) -> str:
             return piece_name(batch, members[j])
 
-        encoded = self.engine.encode(Group(texts, offsets, hf_ids, batch.first_piece + group.start, where))
+        with engine_panics(self.name, f"encoding {documents_named(batch, members)}"):
+            encoded = self.engine.encode(Group(texts, offsets, hf_ids, batch.first_piece + group.start, where))
         held = None if batch.no_loss is None else held_out(encoded.lengths, encoded.encodings, members, batch.no_loss)
         return Part(encoded.ids, encoded.lengths, held, encoded.checked)
 
@@ -342,6 +355,12 @@ class Encoder:
         """Count the batch's self-checked pieces; only the thread that takes the encoded batches calls this."""
         self.checked_docs += encoded.self_checked
         return encoded
+
+
+def documents_named(batch: Prepared, pieces: list[Piece]) -> str:
+    """The documents of a group of pieces (at least one), as a message names them: by their numbers in the run."""
+    first, last = batch.first_doc + pieces[0].doc, batch.first_doc + pieces[-1].doc
+    return f"document {first} of this run" if first == last else f"documents {first}-{last} of this run"
 
 
 def piece_name(batch: Prepared, piece: Piece) -> str:

@@ -31,6 +31,9 @@ CHECK_EVERY = 1024  # one piece in 1024 is encoded again by HF, on a few cores a
 # from the tokenization cache): building the fast engine takes 0.7-1.3 s (GPT-2, Llama-3), in which HF encodes
 # ~4-5 MB of text on two cores, about what 2 MiB of gzipped JSON lines hold.
 FAST_ENGINE_MIN_BYTES = 2 << 20
+# A group of fewer characters is encoded by HF alone: the fast engine's fixed cost a call (~1-3 ms, building its
+# output in awkward) is what HF takes for a few kB, and ranks of many one-line files make a call a file.
+HF_GROUP_CHARS = 4096
 
 
 class EngineMismatch(RuntimeError):
@@ -96,6 +99,8 @@ class CheckedEngine:
     name: ClassVar[str] = "gigatoken"
 
     def encode(self, group: Group) -> GroupIds:
+        if sum(map(len, group.texts)) < HF_GROUP_CHARS:
+            return self.reference.encode(group)
         sampled = [
             j
             for j in range(len(group.texts))

@@ -4,7 +4,7 @@ BPE with byte fallback) and returns a batch's ids as one flat uint32 array with 
 It always encodes special-token text as the special token, as HF does by default; under the "text" policy
 ``engines.CheckedEngine`` leaves pieces that hold such text to HF. Equivalence is not assumed: it checks a sample of
 every run against HF. A tokenizer it cannot load (Falcon-7B: no single-byte token for some byte) is declined with
-gigatoken's reason.
+gigatoken's reason, also when it panics (``tokenizer_files.is_panic``).
 
 gigatoken keeps every pre-token it has encoded in a cache that only dropping the tokenizer frees: text that never
 repeats a pre-token (base64, hashes) grows it by ~7 bytes a character, 350 MB for one 50 MB document. The engine
@@ -19,15 +19,34 @@ import ctypes
 import logging
 import os
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import gigatoken
 import numpy as np
+
+from tokenization.text.tokenizer_files import is_panic
 
 log = logging.getLogger(__name__)
 
 _pool_pid: int | None = None  # the process that started gigatoken's process-wide thread pool
 RELOAD_CHARS = 1 << 24  # characters of long texts between reloads (0.2-0.5 s each): <= ~110 MB of cache
 LONG_TEXT_CHARS = 1 << 17  # a text this long is a piece of a cut document (``cutting.PIECE_CHARS``)
+T = TypeVar("T")
+
+
+def _off_main_thread(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)``, on a thread of its own when this is the main thread. gigatoken calls back into
+    Python (numpy, awkward), and a KeyboardInterrupt raised there, as one is in the main thread on Ctrl-C, is lost:
+    it becomes a panic, or lists instead of arrays from then on. Waiting, the main thread gets it instead."""
+    if threading.current_thread() is not threading.main_thread():
+        return call(*args, **kwargs)
+    thread = ThreadPoolExecutor(1, thread_name_prefix="gigatoken")  # one a call: a fork leaves none to reuse
+    try:
+        return thread.submit(call, *args, **kwargs).result()
+    finally:
+        thread.shutdown(wait=False)  # interrupted, the call ends on its own
 
 
 class Unsupported(ValueError):
@@ -46,10 +65,12 @@ class FastEngine:
 
     def _load(self) -> None:
         try:
-            self._tokenizer = gigatoken.Tokenizer.from_json(self._data)
-        except Exception as exc:  # gigatoken raises plain exceptions with its reason
+            self._tokenizer = _off_main_thread(gigatoken.Tokenizer.from_json, self._data)
+            _off_main_thread(self._tokenizer.encode_batch, ["warm up"], parallel=False)  # its lazy start is loading
+        except BaseException as exc:  # gigatoken raises plain exceptions with its reason, or panics
+            if not isinstance(exc, Exception) and not is_panic(exc):
+                raise
             raise Unsupported(f"gigatoken cannot load it ({str(exc).splitlines()[0]})") from exc
-        self._tokenizer.encode_batch(["warm up"], parallel=False)  # its lazy start (~1 s) counts as loading
         self._long_chars = 0  # characters of long texts encoded since loading
 
     def _reload(self) -> None:
@@ -63,7 +84,7 @@ class FastEngine:
         """The texts' ids end to end (uint32), and how many each text has."""
         if not texts:
             return np.empty(0, np.uint32), np.empty(0, np.int64)
-        batch = self._tokenizer.encode_batch(texts, parallel=self._parallel())
+        batch = _off_main_thread(self._tokenizer.encode_batch, texts, parallel=self._parallel())
         layout = batch.layout
         offsets = np.asarray(layout.offsets)
         ids = layout.content.data[offsets[0] : offsets[-1]]

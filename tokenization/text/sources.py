@@ -10,8 +10,10 @@ import functools
 import io
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from gzip import BadGzipFile
 
 import orjson
@@ -20,7 +22,7 @@ from isal import igzip, isal_zlib
 
 from tokenization.io.errors import StorageError, TokenizationError, reaching
 from tokenization.io.locations import GLOB_CHARS, glob_folder
-from tokenization.io.storage import file_sha256, is_local, open_fs
+from tokenization.io.storage import file_sha256, is_local, map_concurrently, open_fs
 from tokenization.publish.records import FilePart, InputFile, Rejected
 from tokenization.text.parts import Window, line_span, row_groups
 from tokenization.text.rendering import MISSING, Renderer, get_field, no_loss_ranges, text_field
@@ -34,6 +36,7 @@ ZSTD_SLICE = 1 << 10  # compressed bytes inflated at once: <= 32 MiB out (RLE: 4
 DEFAULT_MAX_RECORD_BYTES = 64 << 20  # a line or row: a 50 MB document (1 GB to encode) passes; a few fit any worker
 RAW_HEAD_BYTES = 1 << 10  # of a record too large to keep, the bytes its quarantine entry shows
 MB = 1_000_000  # of split_input_mb
+MTIME = "mtime_ns"  # a local file's identity starts with it
 UTF8_BOM = b"\xef\xbb\xbf"
 
 log = logging.getLogger(__name__)
@@ -137,7 +140,13 @@ def list_input_files(inputs: Sequence[str], quiet: bool = False) -> InputListing
     hidden: set[str] = set()
     for spec in inputs:
         with reaching(spec):
-            found.update(_list(spec, skipped, hidden))
+            try:
+                found.update(_list(spec, skipped, hidden))
+            except RecursionError:  # fsspec's glob (and walk, on some stores) recurses a Python call a folder level
+                raise InputError(
+                    f"{spec}: its folders nest too deep for fsspec to search (a Python call a level, past the "
+                    f"interpreter's limit): name a folder, which is listed without that limit, or flatten the tree"
+                ) from None
     if skipped and not quiet:
         log.warning("skipped %d input files of unsupported types: %s", len(skipped), ", ".join(skipped))
     if hidden and not quiet:
@@ -206,7 +215,7 @@ def _list(spec: str, skipped: list[str], hidden: set[str]) -> dict[str, InputFil
         matched = {p: i for p, i in fs.glob(path, detail=True).items() if i["type"] != "directory"}
         entries = _visible(matched, glob_folder(path), hidden)
     elif folder:
-        entries = _visible(fs.find(path, detail=True), path, hidden)
+        entries = _visible(_files_under(fs, path), path, hidden)
     elif fs.exists(path):
         entries = {path: fs.info(path)}
     else:
@@ -223,6 +232,31 @@ def _list(spec: str, skipped: list[str], hidden: set[str]) -> dict[str, InputFil
     for url in files:
         file_format(url)  # a named or globbed file of another format is an error
     return files
+
+
+def _files_under(fs, path: str) -> dict[str, dict]:
+    """Every file under the folder ``path``, as ``fs.find(path, detail=True)`` gives them. A local folder is listed
+    a folder at a time from a stack, not by fsspec's ``walk``: that recurses a Python call a level (a tree 1,100
+    deep raised RecursionError), and leaves out, without a word, a folder it cannot list. An object store lists
+    the whole prefix at once, in pages."""
+    if not is_local(fs):
+        return fs.find(path, detail=True)
+    found: dict[str, dict] = {}
+    folders = [path]
+    while folders:
+        folder = folders.pop()
+        try:
+            listing = fs.ls(folder, detail=True)
+        except OSError as exc:
+            raise InputError(
+                f"{folder}: cannot be listed ({exc.strerror or exc}): make it readable, or move it out of the input"
+            ) from None
+        for info in listing:
+            if info["type"] == "directory":
+                folders.append(info["name"])
+            else:
+                found[info["name"]] = info
+    return found
 
 
 def _visible(entries: dict[str, dict], root: str, hidden: set[str]) -> dict[str, dict]:
@@ -248,15 +282,71 @@ def _check_name(path: str) -> None:
 
 
 def identity(fs, path: str, info: dict) -> str:
-    """What tells this file from another one at the same path (see :class:`InputFile`)."""
+    """What tells this file from another one at the same path (see :class:`InputFile`), as a listing sees it: a
+    plan adds the sha256 of a local file's bytes (``with_content``)."""
     if is_local(fs):
         st = os.stat(path)
-        return f"mtime_ns={st.st_mtime_ns},ctime_ns={st.st_ctime_ns},ino={st.st_ino}"
+        return f"{MTIME}={st.st_mtime_ns},ctime_ns={st.st_ctime_ns},ino={st.st_ino}"
     etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
     if etag:
         return f"etag={str(etag).strip(chr(34))}"
     modified = info.get("LastModified") or info.get("mtime") or info.get("updated")
     return f"modified={modified}" if modified else ""
+
+
+def with_content(listing: InputListing) -> InputListing:
+    """The listing with each local file's identity ending in the sha256 of its bytes, as a plan records it: a file
+    whose inode or change time differs later (a ``chmod``, a copy that kept its mtime) is then the same file if its
+    bytes are. A file is read once here, and the tokenization cache takes the sha256 from the plan instead of
+    reading it again. An object store's ETag is a digest of the bytes already."""
+    local = [f for f in listing.files if f.identity.startswith(MTIME)]
+    started = time.perf_counter()
+    digests = map_concurrently(lambda f: _sha256(f.url, f.identity), local, workers=os.cpu_count() or 1)
+    hashed = {f.url: f"{f.identity},sha256={digest}" for f, digest in zip(local, digests, strict=True)}
+    if local:
+        log.info(
+            "plan: hashed %d local input files, %d bytes, in %.1f s",
+            len(local),
+            sum(f.size for f in local),
+            time.perf_counter() - started,
+        )
+    return replace(listing, files=[replace(f, identity=hashed.get(f.url, f.identity)) for f in listing.files])
+
+
+def difference(planned: InputFile, now: InputFile) -> str | None:
+    """How the file ``now`` (a fresh listing's) differs from the one ``planned``, or None when it is the same file:
+    a file whose bytes did not change is. An object store's identity is its ETag, a digest of the bytes. Locally
+    the size and the mtime are the fast check; when they agree but the inode or the change time differ (a
+    ``chmod``, a copy that kept the mtime), the bytes are hashed and compared with the sha256 the plan recorded."""
+    if now.size != planned.size:
+        return f"its size changed from {planned.size:,} to {now.size:,} bytes"
+    if not planned.identity.startswith(MTIME):  # an ETag, or a store's modification time
+        return None if now.identity == planned.identity else f"it changed ({now.identity}; planned {planned.identity})"
+    was, found = _fields(planned.identity), _fields(now.identity)
+    if found[MTIME] != was[MTIME]:
+        return f"it was modified (mtime {_mtime(found)}; planned {_mtime(was)})"
+    if (found["ino"], found["ctime_ns"]) == (was["ino"], was["ctime_ns"]):
+        return None
+    if "sha256" not in was:
+        return (
+            "its inode or change time changed (a chmod, or a copy that kept its mtime), and its plan, made by an "
+            "earlier version, records no sha256 of its bytes to tell whether they did"
+        )
+    digest = _sha256(now.url, now.identity)
+    if digest != was["sha256"]:
+        return f"its content changed (sha256 {digest[:12]}…; planned {was['sha256'][:12]}…), its size and mtime kept"
+    return None
+
+
+def _fields(local: str) -> dict[str, str]:
+    """A local identity's fields (``identity``, and the ``sha256`` a plan adds), by name."""
+    return dict(field.split("=", 1) for field in local.split(","))
+
+
+def _mtime(fields: dict[str, str]) -> str:
+    """A local identity's mtime, in UTC to the nanosecond (a file can be modified within a microsecond)."""
+    seconds, nanoseconds = divmod(int(fields[MTIME]), 10**9)
+    return f"{datetime.fromtimestamp(seconds, timezone.utc):%Y-%m-%dT%H:%M:%S}.{nanoseconds:09d}Z"
 
 
 def content_identity(file: InputFile) -> str:
@@ -269,7 +359,8 @@ def content_identity(file: InputFile) -> str:
     part = f",part={file.part.index + 1}/{file.part.count}" if file.part else ""
     if file.identity.startswith("etag="):
         return f"{file.identity},bytes={file.size}{part}"
-    return f"sha256={_sha256(file.url, file.identity)}{part}"
+    planned = _fields(file.identity).get("sha256") if file.identity.startswith(MTIME) else None
+    return f"sha256={planned or _sha256(file.url, file.identity)}{part}"
 
 
 @functools.lru_cache(maxsize=64)
@@ -288,7 +379,7 @@ def _sha256(url: str, identity: str) -> str:
 
 def check_unchanged(files: Sequence[InputFile]) -> None:
     """Raise :class:`InputError` naming the first of ``files`` that is gone or no longer the file it was when
-    listed (its size or identity differs): a build reads exactly the files it planned."""
+    listed, and how (``difference``): a build reads exactly the files it planned."""
     for file in files:
         fs, path = open_fs(file.url)
         fs.invalidate_cache(path)
@@ -301,11 +392,10 @@ def check_unchanged(files: Sequence[InputFile]) -> None:
                 f"so run it under a new build id"
             ) from None
         now = InputFile(file.url, int(info.get("size") or 0), identity(fs, path, info), file.part)
-        if now != file:
+        if changed := difference(file, now):
             raise InputError(
-                f"{file.url}: changed since the build was planned ({now.size} bytes, {now.identity}; planned "
-                f"{file.size} bytes, {file.identity}); a build reads exactly its plan's files, so run it under a new "
-                f"build id"
+                f"{file.url}: changed since the build was planned: {changed}; a build reads exactly its plan's "
+                f"files, so run it under a new build id"
             )
 
 

@@ -16,6 +16,8 @@ import logging
 import os
 import posixpath
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -47,6 +49,9 @@ EOS_ORIGINS = {  # how a message names the place where the tokenizer's own EOS w
 HUB_TIMEOUT = 3.0  # seconds to reach the hub's host before a hub name is refused
 FOLDER_FILES = ("tokenizer.json", "tokenizer.model")  # what a folder's tokenizer is, in order of preference
 FILE_SUFFIXES = (".json", ".model", ".tiktoken")  # a missing file so named is no hub name
+# Token ids lie below this: the largest vocabularies hold about a million tokens, and the fast engine makes a table
+# of 16 bytes for every id up to the highest (at id 4,294,967,295, 64 GiB: the process aborts).
+MAX_TOKEN_ID = 1 << 24
 
 
 class TokenizerError(TokenizationError, ValueError):
@@ -89,6 +94,44 @@ def parse_tokenizer(name_or_path: str, data: bytes) -> Tokenizer:
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer
+
+
+def top_id(name_or_path: str, tokenizer: dict) -> int:
+    """The highest id of the tokenizer.json ``tokenizer`` (of its model's vocabulary and its added tokens, which
+    may leave gaps: cl100k's last is 100276, past its 100,261 tokens), refused from ``MAX_TOKEN_ID`` on."""
+    vocab = tokenizer["model"].get("vocab")
+    tokens = vocab.items() if isinstance(vocab, dict) else []  # a unigram model's is a list: its ids are its indices
+    added = [(t["content"], t["id"]) for t in tokenizer.get("added_tokens") or []]
+    token, top = max([*tokens, *added], key=lambda item: item[1], default=(None, -1))
+    if top >= MAX_TOKEN_ID:
+        raise TokenizerError(
+            f"{name_or_path}: token {token!r} has id {top:,}; token ids must be below {MAX_TOKEN_ID:,} (the largest "
+            "vocabularies hold about a million tokens): give the tokenizer ids that follow its vocabulary"
+        )
+    return top
+
+
+def is_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is a panic of an engine's Rust code (HF tokenizers', gigatoken's), which pyo3 raises as a
+    ``pyo3_runtime.PanicException``: each extension has its own class of that name, derived from BaseException."""
+    return type(exc).__module__ == "pyo3_runtime" and type(exc).__name__ == "PanicException"
+
+
+@contextmanager
+def engine_panics(name_or_path: str, doing: str) -> Iterator[None]:
+    """Raise an engine's panic inside (a catastrophic ``Split`` regex makes HF's panic) as a ``TokenizerError``
+    naming the tokenizer and what it was ``doing``: as a BaseException it passes every ``except Exception`` and
+    would end the run with a traceback."""
+    try:
+        yield
+    except BaseException as exc:
+        if not is_panic(exc):
+            raise
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "no reason given"
+        raise TokenizerError(
+            f"{name_or_path}: its engine failed {doing} ({reason}): this tokenizer cannot encode that text; fix the "
+            "tokenizer, or give another"
+        ) from None
 
 
 def _from_hub(name: str) -> bytes:
@@ -174,9 +217,10 @@ class TokenizerFile:
             vocab_size, specials = known.vocab_size, known.special_tokens
         else:
             tokenizer = parse_tokenizer(name_or_path, source.data)
-            added = json.loads(source.data).get("added_tokens") or []
-            top_added = max((t["id"] for t in added), default=-1)  # tiktoken's leave gaps: cl100k's last is 100276
-            vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), top_added + 1)  # every id lies below
+            parsed = json.loads(source.data)
+            added = parsed.get("added_tokens") or []
+            top = top_id(name_or_path, parsed)
+            vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), top + 1)  # every id lies below
             specials = sorted({t["content"] for t in added if t.get("special")}, key=lambda t: (-len(t), t))
         file = cls(
             name=name_or_path,

@@ -8,7 +8,10 @@ tokenizer.json that the model's HuggingFace release has, and flows on unchanged:
 * SentencePiece (BPE with byte fallback): gigatoken's converter, the one its own ``from_sentencepiece`` uses (a
   private module: the project pins gigatoken's minor version), with the post-processor and decoder of HF's
   conversion added: the model's BOS before every text, as HF's Llama 2, Mistral and Gemma tokenizers add it. The
-  EOS is the model's eos piece.
+  EOS is the model's eos piece. The model is read whole first: a truncated or corrupt protobuf is refused as such
+  (the converter's reader cuts a field that runs past the end short and reads on), and so is a piece longer than
+  ``MAX_PIECE_CHARS``, as the converter's time grows with the square of a piece's length (it looks up every split
+  of every piece): bounded so, a conversion's time is linear in the file's size.
 * tiktoken: byte-level BPE whose merges are every split of a token into two tokens, ranked as tiktoken ranks the
   token, which whole pre-tokens skip (``ignore_merges``, as tiktoken looks them up first). A rank file carries
   neither its split pattern nor its special tokens, which the encoding's code defines: the three OpenAI encodings are
@@ -24,7 +27,7 @@ import re
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from gigatoken._load.sentencepiece import _fields, sentencepiece_to_tokenizer_json
+from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
 
 
 class UnreadableTokenizer(ValueError):
@@ -92,9 +95,16 @@ TIKTOKEN_ENCODINGS = {  # by the sha256 OpenAI publishes for each rank file
     ),
 }
 RANK_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2} [0-9]+\r?\n")  # a tiktoken file's line: a token in base64, its rank
-# SentencePiece's ModelProto: its pieces (field 1) come first, so a model's first byte is 0x0a; its trainer spec is
-# field 2, whose fields 41 and 42 are the BOS and EOS ids (-1: none).
-SP_TRAINER_SPEC, SP_BOS_ID, SP_EOS_ID = 2, 41, 42
+# SentencePiece's ModelProto: its pieces (field 1, each a message whose field 1 is its text) come first, so a
+# model's first byte is 0x0a; its trainer spec is field 2, whose fields 41 and 42 are the BOS and EOS ids (-1: none),
+# and its normalizer spec field 3.
+SP_PIECES, SP_TRAINER_SPEC, SP_NORMALIZER_SPEC, SP_PIECE_TEXT, SP_BOS_ID, SP_EOS_ID = 1, 2, 3, 1, 41, 42
+SP_MESSAGES = (SP_PIECES, SP_TRAINER_SPEC, SP_NORMALIZER_SPEC)  # the fields of a model that gigatoken's converter reads
+# Characters of a piece, at most: real models' longest have a few dozen (Llama 2's and Mistral's 16). Up to this, a
+# piece costs the converter about what its bytes cost as short pieces (2.5 s for 2 MB of them, 1 s for Mistral's
+# model); a 200,000-character piece alone took 20 s.
+MAX_PIECE_CHARS = 1024
+FIXED_SIZES = {1: 8, 5: 4}  # the bytes of a protobuf field of wire type 1 (64 bits) and 5 (32 bits)
 
 
 @lru_cache(maxsize=2)  # a build's plan and the ranks it runs in the same process load one file
@@ -111,10 +121,10 @@ def as_tokenizer_json(raw: bytes) -> TokenizerSource:
 
 
 def _from_sentencepiece(raw: bytes) -> TokenizerSource:
+    bos_id, eos_id = _special_ids(raw)
     try:
         converted = json.loads(sentencepiece_to_tokenizer_json(raw))
-        bos_id, eos_id = _special_ids(raw)
-    except Exception as exc:  # the converter says why: a unigram model, no byte fallback, not a model at all
+    except Exception as exc:  # the converter says why: a unigram model, no byte fallback
         raise UnreadableTokenizer(f"not a SentencePiece model this project reads ({exc})") from None
     pieces = {i: piece for piece, i in converted["model"]["vocab"].items()}
     bos = pieces.get(bos_id)
@@ -142,13 +152,74 @@ def _from_sentencepiece(raw: bytes) -> TokenizerSource:
 
 
 def _special_ids(raw: bytes) -> tuple[int, int]:
-    """The BOS and EOS ids a SentencePiece model's trainer spec names (proto defaults 1 and 2; -1: none)."""
-    spec: dict = next((dict(_fields(value)) for field, value in _fields(raw) if field == SP_TRAINER_SPEC), {})
+    """The BOS and EOS ids a SentencePiece model's trainer spec names (proto defaults 1 and 2; -1: none), once the
+    model is known to be whole, and its pieces to be text of at most ``MAX_PIECE_CHARS`` characters."""
+    try:
+        model = [(field, _fields(value)) for field, value in _fields(raw) if field in SP_MESSAGES]
+        pieces = [_text(dict(piece).get(SP_PIECE_TEXT, b"")) for field, piece in model if field == SP_PIECES]
+        spec = next((dict(spec) for field, spec in reversed(model) if field == SP_TRAINER_SPEC), None)  # the last
+        if spec is None:
+            raise ValueError(f"it ends after {len(pieces):,} pieces, with no trainer spec")
+        ids = _int32(spec.get(SP_BOS_ID, 1)), _int32(spec.get(SP_EOS_ID, 2))
+    except ValueError as exc:  # a UnicodeDecodeError too
+        raise UnreadableTokenizer(f"truncated or not a SentencePiece model: {exc}") from None
+    for k, piece in enumerate(pieces):
+        if len(piece) > MAX_PIECE_CHARS:
+            raise UnreadableTokenizer(
+                f"piece {k:,} of the SentencePiece model has {len(piece):,} characters, more than the "
+                f"{MAX_PIECE_CHARS:,} a piece may have (real models' longest have a few dozen; converting a piece "
+                "takes time that grows with the square of its length)"
+            )
+    return ids
 
-    def int32(value: int) -> int:  # a negative int32 is a 64-bit two's complement varint
-        return value - (1 << 64) if value >= 1 << 63 else value
 
-    return int32(spec.get(SP_BOS_ID, 1)), int32(spec.get(SP_EOS_ID, 2))
+def _fields(message: int | bytes) -> list[tuple[int, int | bytes]]:
+    """The fields of a protobuf message, as gigatoken's converter reads them (varints as ints, the others as bytes),
+    refusing a field that runs past the end, as a truncated file's last one does, or of a wire type it cannot read."""
+    if not isinstance(message, bytes):
+        raise ValueError(f"a number ({message}) stands where a message belongs")
+    fields: list[tuple[int, int | bytes]] = []
+    i = 0
+    while i < len(message):
+        key, i = _varint(message, i)
+        wire = key & 7
+        if wire == 0:
+            value, i = _varint(message, i)
+        elif wire == 2 or wire in FIXED_SIZES:
+            size, i = _varint(message, i) if wire == 2 else (FIXED_SIZES[wire], i)
+            if i + size > len(message):
+                raise ValueError(f"a field of {size:,} bytes at byte {i:,} runs past the end, at {len(message):,}")
+            value, i = message[i : i + size], i + size
+        else:
+            raise ValueError(f"the field before byte {i:,} has wire type {wire}, which no SentencePiece model uses")
+        fields.append((key >> 3, value))
+    return fields
+
+
+def _varint(message: bytes, i: int) -> tuple[int, int]:
+    """The protobuf varint at ``message[i]`` (at most 10 bytes), and where the next field begins."""
+    if i < len(message) and message[i] < 0x80:  # most are one byte: a model's pieces are read in ~0.1 s
+        return message[i], i + 1
+    value = 0
+    for k, byte in enumerate(message[i : i + 10]):
+        value |= (byte & 0x7F) << 7 * k
+        if byte < 0x80:
+            return value, i + k + 1
+    raise ValueError(f"the number at byte {i:,} does not end")
+
+
+def _text(value: int | bytes) -> str:
+    """A piece's text, which the converter reads as UTF-8."""
+    if not isinstance(value, bytes):
+        raise ValueError(f"a number ({value}) stands where a piece's text belongs")
+    return value.decode()
+
+
+def _int32(value: int | bytes) -> int:
+    """An int32 field's value: a negative one is a 64-bit two's complement varint."""
+    if not isinstance(value, int):
+        raise ValueError(f"{len(value):,} bytes stand where an id belongs")
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _from_tiktoken(raw: bytes) -> TokenizerSource:

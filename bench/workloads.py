@@ -35,6 +35,7 @@ class Inputs:
     plan: str = ""  # the plan digest those ranks were made under
     planned: str = ""  # a JSON file of the plan's input files (``InputFile`` records), for publish's books
     documents: int = 0  # the documents Best-Fit Decreasing packs alone
+    memory_budget_mb: int = 0  # a rank's memory budget (0: the default)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ def ours_tokenize(inputs: Inputs) -> None:
         seed=1234,
         local_working_dir=inputs.out + "_work",
         special_text="special",
+        **({"memory_budget_mb": inputs.memory_budget_mb} if inputs.memory_budget_mb else {}),
     )
     tokenize_rank(config, progress=False)
 

@@ -28,7 +28,8 @@ plan -> tokenize [rank-0 ..] -> wait_for_shards -> merge [all | bucket-0 ..] -> 
 - **context_shuffle** is one task a shard: it cuts the merged files into windows of `context_window` tokens and
   permutes them.
 - **publish** verifies the dataset, checks that documents and tokens add up from stage to stage, writes
-  `report.html` and `_BUILD.json`, and updates the Asset `tokenized_corpus`.
+  `report.html` and `_BUILD.json`, and updates the Asset `tokenized_corpus`; then it removes the token files of
+  `ranks/` and `merged/`, so that the dataset is the one copy (`keep_intermediate` keeps them; their records stay).
 
 ## Running it
 - **Nightly**: at 02:00 UTC (the deployment's `TOKENIZATION_SCHEDULE`) with the defaults below; catchup is off,
@@ -40,7 +41,8 @@ plan -> tokenize [rank-0 ..] -> wait_for_shards -> merge [all | bucket-0 ..] -> 
   a run without the failure.
 
 Each run writes `{output}/{run id}/` (`ranks/`, `merged/`, `context/`, `report.html`, `_BUILD.json`); the build is
-complete when `_BUILD.json` exists. Its *Build report* tab opens the report. The same build runs without Airflow:
+complete when `_BUILD.json` exists. A task of a published run cleared alone does nothing and says so; clearing the
+run's `plan` builds it all again. Its *Build report* tab opens the report. The same build runs without Airflow:
 `tokenization build INPUT --output OUTPUT --tokenizer T ... --build-id ID` gives the same bytes for the same params.
 """
 

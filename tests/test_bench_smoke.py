@@ -38,12 +38,13 @@ def test_bench_smoke_writes_the_tables(tmp_path) -> None:
     out = tmp_path / "RESULTS.md"
     done = bench("--smoke", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
-    speed, memory = out.read_text().split("Peak RSS as the input grows")
+    speed, grown = out.read_text().split("Peak RSS as the input grows")
+    memory, later_text = grown.split("Cost as the work grows")
     rows, loads = tables(speed)["stage"], tables(speed)["tokenizer"]
 
     stages = column(rows, "stage")
     assert stages[:2] == ["tokenize + doc shuffle, sample", "count, sample"]
-    many_copies = r"tokenize \+ doc shuffle, sample, \d+\.\d MB \(\d+ copies\)"
+    many_copies = r"tokenize \+ doc shuffle, sample, \d+\.\d MB \(the real corpus, \d+ times over\)"
     assert re.fullmatch(many_copies, stages[2]) and re.fullmatch(many_copies, stages[3])  # the GB, amortized rows
     assert stages[4:] == ["merge, ~400-token docs", "merge, ~20k-token docs", "context shuffle", "verify"]
     with_datatrove = rows[:3] + rows[4:-1]  # all but the amortized row and verify
@@ -72,9 +73,22 @@ def test_bench_smoke_writes_the_tables(tmp_path) -> None:
     assert [row["tokenizer"] for row in loads] == ["sample"]
     assert all(NUMBER.fullmatch(row[engine]) for row in loads for engine in ("HF load (s)", "gigatoken load (s)"))
 
-    later = tables(memory)
-    grown = column(later["stage"], "stage")
-    assert grown == ["tokenize + doc shuffle", "merge", "context shuffle"] * 2
+    assert column(tables(memory)["stage"], "stage") == ["tokenize + doc shuffle", "merge", "context shuffle"] * 2
+    later = tables(later_text)
+    scale = later["stage"]  # one rank on generated text of each size, then the merge and context of the largest
+    assert [(row["stage"], row["input"]) for row in scale[:4]] == [
+        ("tokenize + doc shuffle, sample", "2.0 MB of text"),
+        ("tokenize + doc shuffle, sample", "4.0 MB of text"),
+        ("tokenize + doc shuffle, sample, no memory budget", "4.0 MB of text"),  # what the budget costs
+        ("tokenize + doc shuffle, sample", "8.0 MB of text"),
+    ]
+    assert column(scale[4:], "stage") == ["merge", "context shuffle"]
+    assert all(re.fullmatch(r"\d+\.\d MB of tokens \(the 8\.0 MB of text\)", row["input"]) for row in scale[4:])
+    assert all(NUMBER.fullmatch(row[h]) for row in scale for h in ("seconds", "MB/s")) and all(
+        row["peak RSS (MB)"].isdigit() for row in scale
+    )
+    assert all(row["engine reloads"].isdigit() and NUMBER.fullmatch(row["reloading (s)"]) for row in scale[:4])
+    assert {row[h] for row in scale[4:] for h in ("engine reloads", "reloading (s)")} == {"-"}
     nights = later["build"]
     assert [(row["input files"], row["files tokenized"]) for row in nights] == [("50", "50"), ("50", "1")]
     published = later["dataset"]

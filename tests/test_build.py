@@ -110,7 +110,7 @@ def test_a_copied_in_family_is_not_read(tmp_path, sample_corpus, sample_tokenize
 def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer, caplog) -> None:
     """``Build.run``: ranks as processes, merge, context shards, publish, with their progress summed into one bar
     (here: log lines); the same params give the same digest under any build id, and running a build again keeps
-    its complete ranks."""
+    its complete ranks (those of a build that keeps its intermediate files: see tests/test_footprint.py)."""
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
 
@@ -124,6 +124,7 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         context_window=1025,
         num_context_shards=2,
         merge_max_tokens_per_file=20_000,
+        keep_intermediate=True,
     )
     caplog.set_level(logging.INFO, logger="tokenization.io.progress")
     first = Build.start(config, "first").run(parallel=2, progress=1e-9)
@@ -149,7 +150,7 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     assert "storage_options" not in record["params"] and record["params"]["num_ranks"] == 3
     assert (tmp_path / "first" / "report.html").exists()
     assert summary.to_json() == {
-        "format": "corpus-tokenization/build-summary/1",
+        "format": "corpus-tokenization/build-summary/2",
         "dataset": first.record.dataset,
         "digest": first.record.digest,
         "tokens": 64_522,
@@ -163,6 +164,7 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         "latest": str(tmp_path / "first"),
         "deleted": [],
         "reused": 0.0,  # the first build: nothing in its cache yet
+        "footprint": first.record.footprint.to_json(),
     }
 
     assert Build.start(config, "second").run(parallel=1).record.digest == first.record.digest

@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import ADMIN_PASSWORD, DAG_CONF, ROOT, build_of, run_dag
 from tests.test_cli import cli
+from tokenization.builds.pages import size
 from tokenization.formats.ds import TokenFile
 from tokenization.io.storage import list_names, open_fs
 
@@ -121,11 +122,15 @@ def test_the_page_lists_the_build_and_serves_its_report(client, token, build) ->
     assert (row["tokenizer"], row["input"], row["seed"]) == (params["tokenizer"], params["input"], 1234)
     reused = manifest["cache"]["bytes_reused"] / manifest["cache"]["bytes_total"]  # earlier runs filled the cache
     assert row["reused"] == reused
+    assert row["footprint"] == manifest["footprint"] and manifest["removed"] == ["ranks", "merged"]
+    ranks = next(folder for folder in row["footprint"]["folders"] if folder["name"] == "ranks")
+    storage = f'<div data-key="ranks">ranks/ {size(ranks["held"])} ({size(ranks["removed"])} removed)</div>'
 
     page = client.get("/corpus-builds/", cookies={"_token": token})  # the UI's cookie, as in the iframe
     assert page.status_code == 200 and run_id in page.text
     assert f'<td class="num" data-key="tokens">{manifest["tokens"]:,}</td>' in page.text
     assert f'<td class="num" data-key="reused">{reused:.1%}</td>' in page.text
+    assert storage in page.text  # what the folders hold once published, and what was removed
     breakable = params["input"].replace("/", "/<wbr>")  # may wrap after each slash
     assert f'<td data-key="input"><code>{breakable}</code></td>' in page.text
 
@@ -201,13 +206,17 @@ def test_in_a_browser_after_login(build) -> None:
             header = [th.text for th in table.find_elements(By.CSS_SELECTOR, "thead th")]
             assert header == [
                 *("run", "state", "started", "duration", "tokenizer", "input"),
-                *("seed", "tokens", "documents", "rejects", "reused"),
+                *("seed", "tokens", "documents", "rejects", "reused", "storage"),
             ]
             row = table.find_element(By.CSS_SELECTOR, f"tr[data-run-id='{run_id}']")
             shown = {cell.get_attribute("data-key"): cell.text for cell in row.find_elements(By.CSS_SELECTOR, "td")}
             assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", shown.pop("started"))
             assert re.fullmatch(r"[\d.]+ s|\d+ min \d+ s", shown.pop("duration"))
-            params = manifest["params"]
+            params, footprint = manifest["params"], manifest["footprint"]
+            storage = [  # a line a folder, and the cache's
+                f"{f['name']}/ {size(f['held'])}" + (f" ({size(f['removed'])} removed)" if f["removed"] else "")
+                for f in footprint["folders"]
+            ] + [f"cache {size(footprint['cache']['bytes'])}"]
             assert shown == {
                 "run": run_id,
                 "state": "success",
@@ -218,6 +227,7 @@ def test_in_a_browser_after_login(build) -> None:
                 "docs": "308",
                 "rejects": "0",
                 "reused": f"{manifest['cache']['bytes_reused'] / manifest['cache']['bytes_total']:.1%}",
+                "storage": "\n".join(storage),
             }
             full_page_screenshot(browser, ARTIFACTS / "corpus-builds.png")
             row.find_element(By.TAG_NAME, "a").click()

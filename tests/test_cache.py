@@ -24,6 +24,7 @@ from tests.test_cli import cli
 from tests.test_s3 import s3  # noqa: F401 - the fixture
 from tests.test_tokenize import file_bytes, run
 from tokenization.builds.config import BuildConfig
+from tokenization.builds.pages import size
 from tokenization.builds.run import Build
 from tokenization.io.errors import TokenizationError
 from tokenization.publish.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
@@ -362,8 +363,18 @@ def test_the_command_line_lists_and_prunes(tmp_path, sample_tokenizer) -> None:
     listed = cli("cache", "list", str(out))  # a builds output names its cache
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0].startswith(f"cache {out}/.cache: 3 entries, ") and lines[1].split()[:2] == ["key", "size"]
-    assert all(line.split()[9] == "by-hand" for line in lines[2:]) and len(lines) == 5  # after size, made, used
+    markers = [json.loads(path.read_text()) for path in sorted((out / ".cache" / ENTRIES).glob("*.json"))]
+    held = sum(f["bytes"] for marker in markers for f in marker["files"].values())
+    tokens = sum(marker["counts"]["tokens"] for marker in markers)
+    assert tokens == json.loads((tmp_path / "by-hand" / "_manifests" / "00000.json").read_text())["counts"]["tokens"]
+    assert lines[0] == (  # what the cache takes against the tokens it holds
+        f"cache {out}/.cache: 3 entries, {size(held)} for {tokens:,} tokens ({held / tokens:.1f} bytes a token)"
+    )
+    assert lines[1].split()[:3] == ["key", "size", "tokens"]
+    assert sorted(int(line.split()[3].replace(",", "")) for line in lines[2:]) == sorted(
+        marker["counts"]["tokens"] for marker in markers
+    )
+    assert all(line.split()[10] == "by-hand" for line in lines[2:]) and len(lines) == 5  # after size, tokens, times
     refused = cli("cache", "prune", str(out / ".cache"))
     assert refused.returncode == 2 and "prune needs --older-than, --max-size or both" in refused.stderr
     wrong = cli("cache", "prune", str(out / ".cache"), "--older-than", "soon")

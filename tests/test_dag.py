@@ -47,7 +47,10 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
 
     params = {name: dag.params.get_param(name) for name in dag.params}
     schemas = {name: param.schema for name, param in params.items()}
-    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 39
+    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 41
+    assert schemas["keep_intermediate"] == {"type": "boolean", "title": "Keep intermediate token files"}
+    keep = params["keep_intermediate"]  # a flag of the build's own, off: a published build is one copy
+    assert keep.value is False and "ranks/ and merged/" in keep.description
     assert schemas["context_mode"]["enum"] == ["windows", "packed"] and dag.params.dump()["context_mode"] == "windows"
     assert schemas["cache"]["type"] == ["null", "string"] and "off" in params["cache"].description
     assert [name for name, param in params.items() if not (param.schema.get("title") and param.description)] == []

@@ -162,7 +162,13 @@ def test_celery_deployment_with_s3_a_cleared_rank_a_killed_merge_worker_and_one_
         with using({"s3": options}):  # the retry kept the dead attempt's file, and its records describe no mix
             merged_folder = f"s3://corpus/builds/{killed}/merged"
             assert stage_counts(merged_folder).resumed_files == 1
-            assert verify(merged_folder, str(sample_tokenizer), EOS).ok
+            records_alone = verify(merged_folder, str(sample_tokenizer), EOS)  # its files went once published
+            assert records_alone.ok and records_alone.files == 0
+        s3.invalidate_cache()
+        for run_id in runs:  # one copy of the dataset on S3: the intermediate token files removed, records kept
+            for stage in ("ranks", "merged"):
+                held = s3.find(f"corpus/builds/{run_id}/{stage}")
+                assert [p for p in held if p.endswith(DATA_FILES)] == [] and any("/_manifests/" in p for p in held)
         built = {}
         for run_id in runs:
             dataset = f"s3://corpus/builds/{run_id}/context"

@@ -12,8 +12,10 @@ import logging
 import random
 import subprocess
 import sys
+import threading
 import unicodedata
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from tokenization.text.cutting import CUT_PROBE, NO_EXACT_CUT, Cutter, NoExactCu
 from tokenization.text.encoding import Encoder
 from tokenization.text.engines import EngineMismatch
 from tokenization.text.fast_engine import FastEngine
+from tokenization.text.tokenizer_files import TokenizerError
 
 PIECE_CHARS = 2048  # ~50 pieces a document below
 DOC_CHARS = 100_000
@@ -400,20 +403,91 @@ def test_the_utf8_bytes_of_a_text_are_counted_in_slices(monkeypatch) -> None:
         assert documents.utf8_length(text) == len(text.encode("utf-8"))
 
 
-def test_the_fast_engine_drops_its_cache_after_long_texts(monkeypatch) -> None:
-    """gigatoken's pre-token cache grew by ~7 bytes a character of base64: the engine loads its tokenizer again
-    after ``RELOAD_CHARS`` characters of long texts (never for short ones), and its ids stay the same."""
-    monkeypatch.setattr(fast_engine, "LONG_TEXT_CHARS", 1000)
-    monkeypatch.setattr(fast_engine, "RELOAD_CHARS", 5000)
+def test_a_reload_waits_for_the_calls_under_way(monkeypatch) -> None:
+    """A call still encoding with the old tokenizer keeps its cache, and grows it: a reload waits for it, and no
+    call starts meanwhile, so the process never holds two caches; the ids are a fresh tokenizer's."""
     data = shared_path("tokenizers", "gpt2", "tokenizer.json").read_bytes()
     engine, fresh = FastEngine(data, 2), FastEngine(data, 2)
-    text = script_text("base64", 3000)
-    loaded = engine._tokenizer
-    engine.encode([text[:999]] * 10)
-    assert engine._tokenizer is loaded
-    for _ in range(3):
-        ids, lengths = engine.encode([text, text[:999]])
-        expected, expected_lengths = fresh.encode([text, text[:999]])
+    loaded, held, go_on, calls = engine._tokenizer, threading.Event(), threading.Event(), []
+
+    class Held:  # the loaded tokenizer, whose first call waits to be let go
+        def encode_batch(self, texts: list[str], parallel: bool) -> object:
+            calls.append(texts)
+            if len(calls) == 1:
+                held.set()
+                go_on.wait(10)
+            return loaded.encode_batch(texts, parallel=parallel)
+
+    engine._tokenizer = Held()
+    monkeypatch.setattr(fast_engine.MemoryBudget, "exceeded", lambda *args: True)
+    texts = [[script_text("base64", 500 + n)] for n in range(3)]
+    results = [None] * 3
+
+    def encode(n: int) -> None:
+        results[n] = engine.encode(texts[n])
+
+    threads = [threading.Thread(target=encode, args=(n,)) for n in range(3)]
+    threads[0].start()
+    assert held.wait(10)
+    threads[1].start()  # encodes, then waits to reload until the first call is done
+    threads[1].join(0.5)
+    threads[2].start()  # waits for the reload before it starts
+    threads[2].join(0.5)
+    assert threads[1].is_alive() and threads[2].is_alive()
+    assert engine.reloads == 0 and len(calls) == 2
+    go_on.set()
+    for thread in threads:
+        thread.join(10)
+    assert engine.reloads >= 1 and len(calls) == 2  # the third call was the new tokenizer's
+    for n, (ids, lengths) in enumerate(results):
+        expected, expected_lengths = fresh.encode(texts[n])
         np.testing.assert_array_equal(ids, expected)
         np.testing.assert_array_equal(lengths, expected_lengths)
-    assert engine._tokenizer is not loaded and engine._long_chars == len(text)  # reloaded once, after two
+
+
+def test_the_fast_engine_drops_its_cache_before_the_budget_is_reached(monkeypatch) -> None:
+    """gigatoken's pre-token cache grows with text that does not repeat its words, by doubling: the engine loads its
+    tokenizer again once the process, plus as much again as the engine grew since its load, plus the room of the
+    next calls, would pass its budget, and only if it grew (else what fills the budget is not its cache); its ids
+    stay the same."""
+    data = shared_path("tokenizers", "gpt2", "tokenizer.json").read_bytes()
+    resident = {"now": 500 << 20}
+    monkeypatch.setattr(fast_engine, "resident_bytes", lambda: resident["now"])
+    budget = fast_engine.MemoryBudget(1024 << 20)
+    engine, fresh = FastEngine(data, 2, budget), FastEngine(data, 2)
+    text = script_text("base64", 3000)
+    loaded = engine._tokenizer
+    doubled = (budget.limit - budget.room + (500 << 20)) // 2  # where its cache, doubled, would fill the budget
+    resident["now"] = doubled - 1
+    engine.encode([text])
+    assert engine._tokenizer is loaded
+    resident["now"] = doubled + 1
+    ids, lengths = engine.encode([text, text[:999]])
+    assert engine._tokenizer is not loaded and engine.reloads == 1
+    expected, expected_lengths = fresh.encode([text, text[:999]])
+    np.testing.assert_array_equal(ids, expected)
+    np.testing.assert_array_equal(lengths, expected_lengths)
+    np.testing.assert_array_equal(engine.encode([text])[0], fresh.encode([text])[0])  # the reloaded one
+    assert engine.reloads == 1  # it loaded at that size: no growth since, no reload (none at every call)
+    monkeypatch.setattr(fast_engine, "resident_bytes", lambda: None)  # where memory cannot be read: by characters
+    monkeypatch.setattr(fast_engine, "CHARS_BETWEEN_LOOKS", 1000)
+    small = FastEngine(data, 2, fast_engine.MemoryBudget(1 << 20))
+    small.encode([text] * (small.budget.chars_between_reloads // len(text)))
+    assert small.reloads == 0
+    small.encode([text])
+    assert small.reloads == 1
+
+    small.release()  # after pass 1: its cache dropped, loaded again by the next call
+    assert small._tokenizer is None
+    np.testing.assert_array_equal(small.encode([text])[0], fresh.encode([text])[0])
+    small.release()
+
+    def out_of_memory(data: bytes) -> None:
+        raise ValueError("memory allocation failed")
+
+    monkeypatch.setattr(fast_engine, "gigatoken", SimpleNamespace(Tokenizer=SimpleNamespace(from_json=out_of_memory)))
+    with pytest.raises(TokenizerError) as failed:  # not Unsupported, which would start the rank over on HF
+        small.encode([text])
+    assert str(failed.value) == (
+        "the fast engine could not load its tokenizer again: gigatoken cannot load it (memory allocation failed)"
+    )

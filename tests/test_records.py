@@ -41,7 +41,7 @@ def published(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
     return out / "records"
 
 
-def _config(out: Path, corpus: Path, tokenizer: Path) -> BuildConfig:
+def _config(out: Path, corpus: Path, tokenizer: Path, **options) -> BuildConfig:
     return BuildConfig(
         input=str(corpus),
         output=str(out),
@@ -51,6 +51,7 @@ def _config(out: Path, corpus: Path, tokenizer: Path) -> BuildConfig:
         context_window=1025,
         num_context_shards=2,
         seed=5,
+        **options,
     )
 
 
@@ -212,8 +213,8 @@ def test_a_resumed_build_tokenizes_again_a_rank_whose_marker_is_damaged(
     published: Path, tmp_path: Path, sample_corpus, sample_tokenizer
 ) -> None:
     """A truncated marker is a rank not complete, with its one line as the reason; the resumed build tokenizes that
-    rank again, to the same bytes."""
-    build = Build.start(_config(tmp_path, sample_corpus, sample_tokenizer), "records")
+    rank again, to the same bytes (a build that keeps its intermediate files: the others' rank files are there)."""
+    build = Build.start(_config(tmp_path, sample_corpus, sample_tokenizer, keep_intermediate=True), "records")
     build.run()
     build.unpublish()
     marker = tmp_path / "records/ranks/_completions/00001.json"

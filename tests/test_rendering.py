@@ -336,6 +336,7 @@ def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_wit
         seed=3,
         num_ranks=2,
         context_window=257,
+        keep_intermediate=True,  # the merged files are read below
     )
     published = Build.start(config, "sft").run(parallel=2)
     run_dir = tmp_path / "out" / "sft"

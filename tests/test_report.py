@@ -94,6 +94,12 @@ def test_the_verdict_comes_first_and_figures_are_written_for_people(small_build)
     assert re.search(r'<td data-key="tokens_per_s">[\d,]+ tokens/s</td>', page)
     assert '<td data-key="vocab_size">4,096 tokens</td>' in page and "None" not in page
 
+    rank = data["ranks"][0]  # its peak memory and the fast engine's reloads to keep within its budget
+    assert rank["peak_rss_mb"] > 50 and rank["engine_reloads"] == 0
+    assert f'<td class="num">{rank["peak_rss_mb"]:,.0f} MiB</td>\n<td class="num">0</td>' in page
+    data["ranks"][0] |= {"engine_reloads": 3, "engine_reload_seconds": 1.5}
+    assert '<td class="num">3 (1.5 s)</td>' in render_html(data)
+
 
 def test_values_from_manifests_are_escaped(small_build) -> None:
     run_dir, build = small_build
@@ -184,8 +190,17 @@ def test_the_builds_page_escapes_and_formats() -> None:
         "rejects": None,
         "reused": 0.981,
         "failure": None,
+        "footprint": {
+            "folders": [
+                {"name": "ranks", "held": 17_966, "removed": 196_174},
+                {"name": "merged", "held": 11_587, "removed": 196_269},
+                {"name": "context", "held": 205_737, "removed": 0},
+            ],
+            "cache": {"location": "/builds/.cache", "entries": 4, "bytes": 1_400_000_000, "tokens": 136_000_000},
+        },
     }
     failed = row | {"run_id": "nightly", "state": "failed", "failure": {"task": "tokenize[2]", "cause": HOSTILE}}
+    failed |= {"footprint": None}  # not published: nothing measured
     builds = [row, failed]
     page = render("builds.html.j2", dag_id="tokenize_corpus", builds=builds, report_url=lambda dag, run: f"/r/{run}")
     assert "<script" not in page and 'data-run-id="&lt;script&gt;alert(1)&lt;/script&gt;"' in page
@@ -195,3 +210,11 @@ def test_the_builds_page_escapes_and_formats() -> None:
     for key, text in (shown | {"docs": "308", "rejects": "–", "reused": "98.1%"}).items():
         assert f'data-key="{key}">{text}</td>' in page, key
     assert "<style>" in page and "border-collapse" in page  # the shared stylesheet, inline
+    storage = [  # each stage folder's bytes once published, those of its token files removed, and the cache's
+        '<div data-key="ranks">ranks/ 18.0 kB (196 kB removed)</div>',
+        '<div data-key="merged">merged/ 11.6 kB (196 kB removed)</div>',
+        '<div data-key="context">context/ 206 kB</div>',
+        '<div data-key="cache">cache 1.4 GB</div>',
+    ]
+    assert all(line in page for line in storage) and page.count('data-key="storage">') == 2
+    assert '<td data-key="storage">–</td>' in page  # the failed run's

@@ -162,3 +162,32 @@ def test_docs_show_what_the_script_computes() -> None:
     assert generated == "\n" + report.render(DEFAULT), (
         "regenerate: .venv/bin/python -m bench.scale_plan --out docs/scaling.md"
     )
+
+
+def results_table(title: str) -> tuple[str, dict[str, dict[str, str]]]:
+    """The bench/RESULTS.md table whose title starts with ``title``: its whole title, and its rows by their first
+    two cells (stage, input)."""
+    text = (ROOT / "bench" / "RESULTS.md").read_text()
+    assert f"\n{title}" in text, f"bench/RESULTS.md has no table '{title}...'"
+    rest, table = text.split(f"\n{title}", 1)[1].split("\n\n", 2)[:2]
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]
+    return title + rest, {f"{row[0]}, {row[1]}": dict(zip(header, row, strict=True)) for row in rows}
+
+
+def test_measured_rates_and_memory_are_the_results_rows_they_name() -> None:
+    """Each stage's rate and peak RSS are the figures of the bench/RESULTS.md row its source names, of the run the
+    plan cites; tokenize's is one rank on 4 GB of generated web text, not a corpus repeated (which warms the
+    encoder's caches)."""
+    columns = {"_mb_s": "MB/s", "_rss_mb": "peak RSS (MB)"}
+    checked = []
+    for f in fields(model.Scenario):
+        source = f.metadata["source"]
+        if source.startswith((model.SCALE_TABLE, model.MEMORY_TABLE)):
+            title_at, label = source.split("'", 2)[1], source.split(", row ", 1)[1]
+            rows = results_table(title_at)[1]
+            column = next(header for suffix, header in columns.items() if f.name.endswith(suffix))
+            assert getattr(DEFAULT, f.name) == float(rows[label][column]), f.name
+            checked.append(f.name)
+    assert checked == [f"{stage}{figure}" for stage in ("tokenize", "merge", "context") for figure in columns]
+    assert f"(one run each, {model.SCALE_RUN})" in results_table("Cost as the work grows")[0]
+    assert model.TOKENIZE_ROW.endswith("row tokenize + doc shuffle, gpt2, 4.00 GB of text")

@@ -160,7 +160,8 @@ def test_verify_asks_storage_no_size_and_no_existence_a_file(rank, sample_tokeni
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
-    """One small build (2 ranks, a merge into 4 files, 2 context shards) for the module; tests damage copies."""
+    """One small build (2 ranks, a merge into 4 files, 2 context shards) for the module, which keeps its
+    intermediate token files (the tests check every stage folder); tests damage copies."""
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
 
@@ -174,6 +175,7 @@ def built(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
         context_window=1025,
         num_context_shards=2,
         merge_max_tokens_per_file=20_000,
+        keep_intermediate=True,
     )
     assert Build.start(config, "b").run(parallel=1).record.verify.ok
     return Path(config.output) / "b"

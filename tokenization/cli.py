@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 import numpy as np
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tokenization.builds import pages
+from tokenization.builds import footprint, pages
 from tokenization.builds.accounting import dataset_digest
 from tokenization.builds.complete import summary
 from tokenization.builds.config import BuildConfig
@@ -47,7 +47,7 @@ from tokenization.io.locations import malformed_url
 from tokenization.io.options import add_arguments, from_arguments
 from tokenization.io.storage import join, open_fs
 from tokenization.publish.cache import DEFAULT_FOLDER, ENTRIES, OWN_FILE, Cache
-from tokenization.publish.records import BuildRecord
+from tokenization.publish.records import BuildRecord, CacheSize
 from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, BuildError, Layout, read_build
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 from tokenization.stages.count import CountConfig, count_tokens
@@ -198,14 +198,20 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"cache {cache.location}: removed {cleaned.entries:,} entries, {pages.size(cleaned.bytes)}")
         return 0
     listed = cache.entries()
-    print(f"cache {cache.location}: {len(listed):,} entries, {pages.size(sum(i.bytes for i in listed))}")
+    total = CacheSize(
+        location=cache.location,
+        entries=len(listed),
+        bytes=sum(item.bytes for item in listed),
+        tokens=sum(item.tokens for item in listed),
+    )
+    print(f"cache {cache.location}: {len(listed):,} entries, {footprint.cache_weight(total)}")
     if listed:
-        print(f"{'key':12}  {'size':>9}  {'made':20}  {'last used':20}  {'by':24}  input file")
+        print(f"{'key':12}  {'size':>9}  {'tokens':>13}  {'made':20}  {'last used':20}  {'by':24}  input file")
     for item in listed:
         owner = item.last_owner.rstrip("/").rsplit("/", 1)[-1] if item.last_owner else pages.MISSING
         print(
-            f"{item.key[:12]}  {pages.size(item.bytes):>9}  {_when(item.created):20}  {_when(item.last_used):20}  "
-            f"{owner:24}  {item.source}"
+            f"{item.key[:12]}  {pages.size(item.bytes):>9}  {item.tokens:>13,}  {_when(item.created):20}  "
+            f"{_when(item.last_used):20}  {owner:24}  {item.source}"
         )
     return 0
 

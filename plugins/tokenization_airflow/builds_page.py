@@ -140,6 +140,7 @@ def _build_row(run, published: dict | None, failure: dict | None) -> dict:
         "input": build and build.input,
         "seed": build and build.seed,
         "reused": build and build.reused,
+        "footprint": build and build.footprint and build.footprint.to_json(),
     }
 
 

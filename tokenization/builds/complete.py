@@ -1,5 +1,6 @@
 """Publishing a build: verify its dataset, check its books from the manifests on storage, write its report, then
-``_BUILD.json``, which declares it complete, and point ``{output}/LATEST`` at it; or take that declaration back.
+``_BUILD.json``, which declares it complete, point ``{output}/LATEST`` at it, and remove the intermediate token files
+(``tokenization.builds.footprint``); or take that declaration back.
 
 Verifying reads no byte of the files whose stage checked them before upload (the context shuffle does): publish
 checks their records, sizes and books, so its time does not grow with the dataset's bytes."""
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tokenization.builds import accounting
+from tokenization.builds import accounting, footprint
 from tokenization.builds.config import BuildConfig, BuildPlan
 from tokenization.builds.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
 from tokenization.builds.plan import Plan
@@ -75,6 +76,7 @@ class Published:
             tokenizer=record.tokenizer.name,
             input=record.input,
             reused=record.cache and record.cache.reused,
+            footprint=record.footprint,
         )
 
 
@@ -83,8 +85,15 @@ def publish(config: BuildConfig, plan: BuildPlan, keep: int | None = None) -> Pu
     exactly the plan's files (from the manifests on storage, never from what tasks said), write the report,
     then ``_BUILD.json``, which declares the build complete; then point ``{output}/LATEST`` at the newest
     complete build and, with ``keep``, delete the complete builds older than the newest ``keep`` (listed in the
-    report). A publish that fails leaves no ``_BUILD.json`` behind, not even an earlier one."""
+    report); last, remove the intermediate token files the record names. A publish that fails leaves no
+    ``_BUILD.json`` behind, not even an earlier one. A build published already is returned as it is, once the
+    removal its record names is done (one cut short is finished then)."""
     run_dir = plan.run_dir
+    if (done := published(config, plan)) is not None:
+        log.info("%s is published already: nothing to publish again", run_dir)
+        with using(config.storage_options):
+            footprint.remove(Layout(run_dir), done.record.removed)
+        return done
     with using(config.storage_options):
         try:
             record = build_record(config, plan)
@@ -102,6 +111,7 @@ def publish(config: BuildConfig, plan: BuildPlan, keep: int | None = None) -> Pu
         cleaned = _clean_cache(config) if keep else None
         if deleted or (cleaned and cleaned.entries):
             write_report(run_dir, record, Retention(keep=keep, deleted=deleted, cache=cleaned))
+        footprint.remove(Layout(run_dir), record.removed)
     log.info("published %s: %d tokens; report %s", record.dataset, record.tokens, REPORT_HTML)
     return Published(record, newest, deleted)
 
@@ -161,6 +171,7 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
     layout = Layout(plan.run_dir)
     merged, context = accounting.stage_counts(layout.merged), accounting.stage_counts(layout.context)
     dataset = layout.context if context else layout.merged if plan.merges else layout.ranks
+    removed = [] if config.keep_intermediate else footprint.intermediate(layout, dataset)
     checked = verify(dataset, checks=dataset_checks(config, plan), vouched=True)
     for line in checked.problems[:PROBLEMS_LOGGED]:
         log.warning("verify: %s", line)
@@ -213,6 +224,8 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
         stages=stages,
         verify=VerifySummary(ok=checked.ok, files=checked.files, tokens=checked.tokens, notes=checked.notes),
         cache=accounting.cache_summary(ranks),
+        removed=removed,
+        footprint=footprint.measure(layout, removed, config.cache_location),
     )
 
 
@@ -285,6 +298,8 @@ def summary(build: BuildRecord) -> str:
         lines.insert(3, f"inputs: the plan's {inputs.files:,} files, {read} read once{later}")
     if build.cache:
         lines.append(f"cache: {cache_line(build.cache, 'input files and parts' if split_mb else 'input files')}")
+    if build.footprint:
+        lines.append(f"storage: {footprint.described(build.footprint)}")
     run_dir = build.dataset.rsplit("/", 1)[0]  # it holds the dataset's folder, the report and the data path
     if build.params.get("output_format") == "megatron":
         lines.append(

@@ -59,6 +59,12 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         help="where each input file's tokens are kept for the next build, which then tokenizes only the files that "
         f"changed (a folder or fsspec URL), or {OFF} (default: {{output}}/{DEFAULT_FOLDER})",
     )
+    keep_intermediate: bool = option(
+        False,
+        title="Keep intermediate token files",
+        help="keep the token files of ranks/ and merged/ once the build is published (default: removed then, their "
+        "records kept, so the dataset is the one copy on storage; a folder that is the dataset always stays)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

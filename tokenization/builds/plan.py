@@ -28,16 +28,19 @@ from tokenization.text.sources import InputListing, difference, split_files
 log = logging.getLogger(__name__)
 
 # Params that choose how the work is done, never what it writes: exact engines give identical ids (the tests prove
-# it), and threads, batches, working folders and the tokenization cache only change how fast the same bytes come.
+# it), and threads, the memory budget, batches, working folders and the tokenization cache only change how fast the
+# same bytes come; keeping the intermediate token files only changes what stays once the build is published.
 # (The seed is planned as resolved, on its own: the param may be None.)
 NOT_PLANNED = (
     "engine",
     "threads",
+    "memory_budget_mb",
     "batch_size",
     "batch_bytes",
     "local_working_dir",
     "merge_working_dir",
     "cache",
+    "keep_intermediate",
     "seed",
 )
 SHOWN = 5  # files named in a message, then a count

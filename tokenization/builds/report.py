@@ -23,7 +23,8 @@ from tokenization.publish.records import BuildInputs, BuildRecord, RankManifest,
 from tokenization.publish.runs import BUILD_MANIFEST, Layout, read_build
 from tokenization.text.encoding import NO_ENGINE
 
-REPORT_FORMAT = "corpus-tokenization/report/3"  # /2 had no packing; /1 copied the build record's figures
+# /3 had no footprint or ranks' memory; /2 no packing; /1 copied the build record's figures
+REPORT_FORMAT = "corpus-tokenization/report/4"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 INPUTS_SHOWN = 20  # the page lists this many input files, then how many more; report.json has them all
@@ -43,6 +44,7 @@ SETTINGS = (
     "eos_token",
     "engine",
     "threads",
+    "memory_budget_mb",
 )
 RENDERING = ("template", "loss_fields", "messages_key", "chat_template", "loss_roles")  # when records are rendered
 
@@ -92,6 +94,22 @@ def report_data(run_dir: str, build: BuildRecord | None = None, retention: Reten
         "inputs": _inputs_summary(build, input_files),
         "input_files": input_files,
         "retention": retention and retention.to_json(),
+        "footprint": _footprint(build),
+    }
+
+
+def _footprint(build: BuildRecord) -> dict | None:
+    """What the build takes on storage: each stage folder's bytes, held and removed, their totals, and the cache's
+    size with its bytes a token (None: a build made before footprints were measured)."""
+    footprint = build.footprint
+    if footprint is None:
+        return None
+    cache = footprint.cache
+    return {
+        "folders": [folder.to_json() for folder in footprint.folders],
+        "held": footprint.held,
+        "removed": footprint.removed,
+        "cache": cache and cache.to_json() | {"bytes_per_token": cache.bytes_per_token},
     }
 
 
@@ -193,6 +211,9 @@ def _rank_row(rank: RankManifest) -> dict:
         "text_mb_per_s": rates.text_mb_per_s,
         "tokens_per_s": rates.tokens_per_s,
         "engine": rank.tokenizer.engine,
+        "peak_rss_mb": rank.peak_rss_mb,
+        "engine_reloads": rank.tokenizer.engine_reloads,
+        "engine_reload_seconds": rank.tokenizer.engine_reload_seconds,
         "files_from_cache": rank.cache and f"{sum(f.hit for f in rank.cache.files)} of {len(rank.cache.files)}",
     }
 

@@ -3,7 +3,12 @@ step, through the glue in ``plugins/``) or ``tokenization build`` runs it on one
 bytes for the same params::
 
     start (check, claim the run folder, fix the seed) -> tokenize (a rank each) -> every shard complete
-        -> merge -> context shuffle (a shard each) -> publish (verify, account, report, _BUILD.json)
+        -> merge -> context shuffle (a shard each) -> publish (verify, account, report, _BUILD.json, then the
+        intermediate token files removed)
+
+Once the build is published, a step run again (a task cleared in Airflow's Grid, ``tokenization build`` with the
+same build id) does nothing and returns what its records say: the files it would read or write may be gone on
+purpose (``tokenization.builds.footprint``), and the published build must not change under its ``_BUILD.json``.
 
 The run folder's layout is in ``tokenization.publish.runs``; the books that publish checks are in
 ``tokenization.builds.accounting``.
@@ -18,21 +23,24 @@ from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from multiprocessing import get_context
 from multiprocessing.queues import Queue
-from typing import Literal
+from typing import Literal, TypeVar
 
 from tokenization.builds import accounting, complete
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig, BuildPlan
 from tokenization.builds.plan import Plan
 from tokenization.formats import DS, list_token_files
+from tokenization.formats.names import rank_stem
 from tokenization.io.errors import UsageError
 from tokenization.io.locations import AllowedLocations, check_disjoint, inside
 from tokenization.io.progress import Gathered, ProgressMode, Relay
-from tokenization.io.storage import using
+from tokenization.io.storage import join, open_fs, using
+from tokenization.publish import manifest
 from tokenization.publish.cache import OFF, Cache
 from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import ContextCounts, MergeCounts, RankManifest
+from tokenization.publish.records import ContextCounts, ContextManifest, MergeCounts, MergeManifest, RankManifest
 from tokenization.publish.runs import (
+    BUILD_MANIFEST,
     BuildError,
     Layout,
     claim,
@@ -53,6 +61,7 @@ log = logging.getLogger(__name__)
 DATASET_NAME = "corpus"  # the merged files are NNN_corpus.ds
 PROBLEMS_LOGGED = 50
 ARRIVED_LISTED = 100  # input files that arrived after the plan, named in the build record (then a count)
+M = TypeVar("M", RankManifest, MergeManifest, ContextManifest)
 
 
 class Build:
@@ -119,6 +128,9 @@ class Build:
         self, rank: int, progress: ProgressMode = None, owner: str | None = None
     ) -> StageResult[Counts, RankManifest]:
         """Rank ``rank``'s share of the plan's files, never a new listing."""
+        if self._published(f"rank {rank}"):
+            record = self._recorded(self.layout.ranks, rank_stem(rank), RankManifest)
+            return StageResult(Counts.of(record.counts), record)
         with using(self.config.storage_options):
             plan = self.recorded_plan()
         share = RankShare(
@@ -142,7 +154,10 @@ class Build:
         return tokenize_rank(config, progress, owner, share)
 
     def incomplete_ranks(self) -> dict[int, str]:
-        """Every rank whose shard is not complete on storage yet, with the reason."""
+        """Every rank whose shard is not complete on storage yet, with the reason (none once the build is published:
+        its rank files may be gone on purpose)."""
+        if self._published("the shard check"):
+            return {}
         with using(self.config.storage_options):
             return accounting.incomplete_ranks(self.layout.ranks, self.plan.num_ranks, self.plan.digest)
 
@@ -160,15 +175,23 @@ class Build:
             local_working_dir=self.config.merge_working_dir or self.config.local_working_dir,
             **self.config.shared(MergeOptions),
         )
+        if self._published(f"merge {config.stem}"):
+            record = self._recorded(self.layout.merged, config.stem, MergeManifest)
+            return StageResult(record.counts, record)
         dataset = not self.config.context_window  # no context shuffle follows: the merge's files are the dataset
         return merge(config, progress, owner, complete.dataset_checks(self.config, self.plan) if dataset else None)
 
     def context_shards(self) -> list[int]:
-        """The context-shuffle tasks to run: at most one a merged file, none when the window is 0."""
+        """The context-shuffle tasks to run: at most one a merged file, none when the window is 0. Once the build is
+        published, those that ran, as its record says (the merged files may be gone)."""
         if not (self.plan.merges and self.config.context_window):
             return []
-        with using(self.config.storage_options):
-            merged_files = len(list_token_files(self.layout.merged, (DS,)))
+        if published := self._published("the context shards"):
+            shuffled = published.record.stages.context_shuffle
+            merged_files = shuffled.files if shuffled else 0
+        else:
+            with using(self.config.storage_options):
+                merged_files = len(list_token_files(self.layout.merged, (DS,)))
         return list(range(min(self.config.num_context_shards, merged_files)))
 
     def context_shuffle(
@@ -186,6 +209,9 @@ class Build:
             pad_token=pad_token,
             **self.config.shared(ContextOptions),
         )
+        if self._published(f"context shard {shard}"):
+            record = self._recorded(self.layout.context, config.stem, ContextManifest)
+            return StageResult(record.counts, record)
         return context_shuffle(config, progress, owner, complete.dataset_checks(self.config, self.plan))
 
     def pad(self) -> tuple[str, int]:
@@ -214,15 +240,42 @@ class Build:
         """Take back ``_BUILD.json`` before the files it describes may change."""
         complete.unpublish(self.config, self.plan)
 
+    def _published(self, step: str) -> Published | None:
+        """This build as published, when it is, said in one line: ``step``, run again, then does nothing."""
+        done = self.published()
+        if done is not None:
+            log.info(
+                "%s: %s is published already, so this step changes nothing and returns what its records say",
+                step,
+                self.layout.run_dir,
+            )
+        return done
+
+    def _recorded(self, folder: str, stem: str, kind: type[M]) -> M:
+        """The manifest a step wrote in ``folder``: what that step, run again once the build is published, returns."""
+        where = join(folder, manifest.manifest_name(stem))
+        with using(self.config.storage_options):
+            fs, path = open_fs(folder)
+            record = kind.read(fs, manifest.manifest_path(path, stem), where)
+        if record is None:
+            raise BuildError(
+                f"{where}: missing, though the build is published: to build it again, clear the whole run in Airflow "
+                f"(or remove its {BUILD_MANIFEST}) and run it again"
+            )
+        return record
+
     def run(self, parallel: int = 1, progress: ProgressMode = None, keep: int | None = None) -> Published:
         """The whole build on this machine: the ranks as up to ``parallel`` processes at once, the merge, the
         context shards (as processes too), then publish (keeping ``keep`` complete builds, when given). A step
         that fails stops the build; running it again with the same build id keeps the complete ranks, resumes the
         merge after its last published file, and redoes the rest, with the same bytes; a build already published
-        is returned as it is."""
-        if (done := self.published()) is not None:
-            log.info("%s is already published: nothing to do", self.layout.run_dir)
-            return done
+        is returned as it is (``publish``)."""
+        if self.published() is None:
+            self._steps(parallel, progress)
+        return self.publish(keep)
+
+    def _steps(self, parallel: int, progress: ProgressMode) -> None:
+        """Every step but publish: the ranks not complete yet, the merge, the context shards."""
         ranks = sorted(self.incomplete_ranks())
         with using(self.config.storage_options):
             text = sum(f.span_bytes for rank in ranks for f in self.recorded_plan().share(rank, self.plan.num_ranks))
@@ -235,7 +288,6 @@ class Build:
             self.merge(None, progress)
         shards = self.context_shards()
         self._in_processes("context_shuffle", [(shard, len(shards)) for shard in shards], parallel, progress)
-        return self.publish(keep)
 
     def _in_processes(
         self,

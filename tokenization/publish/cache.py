@@ -85,7 +85,15 @@ from tokenization.io.storage import (
     upload,
     write_bytes_atomic,
 )
-from tokenization.publish.records import CacheCleaning, CacheEntry, CacheFolder, CacheUse, FileSum, RecordError
+from tokenization.publish.records import (
+    CacheCleaning,
+    CacheEntry,
+    CacheFolder,
+    CacheSize,
+    CacheUse,
+    FileSum,
+    RecordError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +131,15 @@ def chosen_location(setting: str | None, default: str | None) -> str | None:
 @dataclass(frozen=True, slots=True)
 class Listed:
     """An entry as ``tokenization cache list`` shows it and ``prune`` weighs it: its key, its files' bytes, when it
-    was made, its input file (as it was stored), and the newest use that names it (its time: when that use
-    finished or, in flight, started; its owner: the build's run folder), if any. A small row, whatever its marker
-    holds: a listing of 100,000 entries keeps no marker."""
+    was made, its input file (as it was stored), the tokens it holds, and the newest use that names it (its time:
+    when that use finished or, in flight, started; its owner: the build's run folder), if any. A small row, whatever
+    its marker holds: a listing of 100,000 entries keeps no marker."""
 
     key: str
     bytes: int
     created: float
     source: str
+    tokens: int
     last_used: float | None
     last_owner: str | None
 
@@ -308,7 +317,7 @@ class Cache:
             remove_tree(self.fs, folder)
         return None
 
-    # Looking after it: listing, retention's collection and pruning, each only in a folder that is a cache.
+    # Looking after it: listing, measuring, retention's collection and pruning, each only in a folder that is a cache.
 
     def entries(self) -> list[Listed]:
         """Every readable entry, with its last use, the most recently used first; damaged markers are logged and
@@ -316,6 +325,16 @@ class Cache:
         self.check()
         with reaching(self.location):
             return self._listed()
+
+    def size(self) -> CacheSize:
+        """Its entries, their files' bytes and the tokens they hold, summed from the markers as they are read, a
+        batch at a time (no row is kept); damaged markers are logged and left out."""
+        self.check()
+        entries = held = tokens = 0
+        with reaching(self.location):
+            for _, shown in self._markers():
+                entries, held, tokens = entries + 1, held + shown.bytes, tokens + shown.tokens
+        return CacheSize(location=self.location, entries=entries, bytes=held, tokens=tokens)
 
     def collect(self) -> CacheCleaning:
         """Retention's part: remove every entry that no use keeps, the uses of builds that are gone, and writers'
@@ -364,14 +383,22 @@ class Cache:
             for key in use.keys:
                 if key not in last or when > last[key][0]:
                     last[key] = (when, use.owner)
-        listed = []
+        listed = [
+            Listed(key, shown.bytes, shown.created, shown.source, shown.tokens, *last.get(key, (None, None)))
+            for key, shown in self._markers()
+        ]
+        return sorted(listed, key=lambda item: item.recency, reverse=True)
+
+    def _markers(self) -> Iterator[tuple[str, _Shown]]:
+        """Every readable entry's key and what its marker shows, read a batch at a time; a damaged marker is logged
+        and left out."""
         for path, data in self._read_all([self._entry_path(key) for key in self._keys()], MARKER_BYTES):
-            key = path.rsplit("/", 1)[-1].removesuffix(".json")
             try:
-                listed.append(Listed(key, *_shown(data, self._url(path)), *last.get(key, (None, None))))
+                shown = _shown(data, self._url(path))
             except RecordError as exc:
                 log.warning("%s; left out", exc)
-        return sorted(listed, key=lambda item: item.recency, reverse=True)
+                continue
+            yield path.rsplit("/", 1)[-1].removesuffix(".json"), shown
 
     def _remove(self, keys: list[str]) -> CacheCleaning:
         """Remove these entries: each marker, then (once the uses in flight are read again) its writers' data
@@ -520,23 +547,34 @@ def _differences(local: Mapping[str, Path], recorded: Mapping[str, FileSum]) -> 
     return None
 
 
-def _shown(data: bytes, url: str) -> tuple[int, float, str]:
-    """A marker's files' bytes, when it was made and its input file: what a listing shows, read without decoding
-    the whole record, whose counts take most of the 0.5 ms that costs (a minute for 100,000 entries; a lookup
-    decodes and checks it all). ``RecordError`` when they are not there."""
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """What a listing takes of a marker."""
+
+    bytes: int
+    created: float
+    source: str
+    tokens: int
+
+
+def _shown(data: bytes, url: str) -> _Shown:
+    """A marker's files' bytes, when it was made, its input file and its tokens: what a listing shows, read without
+    decoding the whole record, whose counts take most of the 0.5 ms that costs (a minute for 100,000 entries; a
+    lookup decodes and checks it all). ``RecordError`` when they are not there."""
     family = CacheEntry.format_tag().rsplit("/", 1)[0] + "/"
     try:
         found = orjson.loads(data)
         tag, created, source = found["format"], found["created"], found["source"]["url"]
         sizes = [f["bytes"] for f in found["files"].values()]
+        tokens = found["counts"]["tokens"]
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise RecordError(url, f"{type(exc).__name__}: {exc}", CacheEntry.LABEL) from None
     if not (isinstance(tag, str) and tag.startswith(family)):
         raise RecordError(url, f"format {tag!r}, not {family}N", CacheEntry.LABEL)
-    numbers = all(type(n) is int and n >= 0 for n in sizes) and type(created) in (int, float)
+    numbers = all(type(n) is int and n >= 0 for n in [*sizes, tokens]) and type(created) in (int, float)
     if not numbers or type(source) is not str:
-        raise RecordError(url, "its sizes, time or input file are not a cache entry's", CacheEntry.LABEL)
-    return sum(sizes), float(created), source
+        raise RecordError(url, "its sizes, tokens, time or input file are not a cache entry's", CacheEntry.LABEL)
+    return _Shown(sum(sizes), float(created), source, tokens)
 
 
 def _builds_there(runs: set[str]) -> dict[str, bool]:

@@ -396,6 +396,9 @@ class TokenizerInfo(Record):
     engine_note: str | None = None
     self_checked_docs: int = 0
     load_seconds: float | None = None
+    memory_budget_mb: int | None = None  # the resident memory the fast engine kept its process within
+    engine_reloads: int = 0  # times it dropped its cache to stay within it
+    engine_reload_seconds: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -916,6 +919,48 @@ class CacheSummary(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CacheSize(Record):
+    """A tokenization cache's size, from its entries' markers: its entries, their files' bytes and the tokens they
+    hold."""
+
+    location: str
+    entries: int
+    bytes: int
+    tokens: int
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        return self.bytes / self.tokens if self.tokens else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FolderBytes(Record):
+    """One of a build's stage folders (``ranks``, ``merged``, ``context``) once the build is published: the bytes it
+    holds, and those of the token files publish removed from it (its records stay)."""
+
+    name: str
+    held: int
+    removed: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Footprint(Record):
+    """What a published build takes on storage: each stage folder's bytes, in the order the stages write them, and
+    its tokenization cache's size (None: no cache, or one that could not be measured)."""
+
+    folders: list[FolderBytes]
+    cache: CacheSize | None
+
+    @property
+    def held(self) -> int:
+        return sum(folder.held for folder in self.folders)
+
+    @property
+    def removed(self) -> int:
+        return sum(folder.removed for folder in self.folders)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReportFiles(Record):
     html: str
     json: str
@@ -927,7 +972,8 @@ class BuildRecord(Record):
     a person or a scheduler looks at comes from it."""
 
     KIND: ClassVar[str] = "build"
-    VERSION: ClassVar[int] = 5  # /4 had no contents; /3 no packing counts; /2 no cache; /1 the same, unchecked
+    # /5 had no removed or footprint; /4 no contents; /3 no packing counts; /2 no cache; /1 the same, unchecked
+    VERSION: ClassVar[int] = 6
     LABEL: ClassVar[str] = "build record"
     run_id: str | None = None
     plan: str | None = None  # the plan's digest; builds before plans were fixed had none
@@ -949,6 +995,8 @@ class BuildRecord(Record):
     verify: VerifySummary
     report: ReportFiles | None = None  # where publish wrote the report (None: a build made before reports)
     cache: CacheSummary | None = None  # None: built without a tokenization cache
+    removed: list[str] = field(default_factory=list)  # stage folders whose token files publish removes (records stay)
+    footprint: Footprint | None = None  # None: a build made before footprints were measured
 
     def settings(self, names: tuple[str, ...]) -> dict[str, Any]:
         """The values of these params (None for one that the version which made the build did not have)."""
@@ -964,9 +1012,11 @@ class BuildRecord(Record):
 class BuildSummary(Record):
     """A published build in a few figures, from its build record: for XCom, the Asset event and the builds page
     (``latest``: the run folder ``{output}/LATEST`` names; ``deleted``: complete builds retention deleted;
-    ``reused``: the share of the input whose tokens came from the cache). Untagged before version 1."""
+    ``reused``: the share of the input whose tokens came from the cache; ``footprint``: what it takes on storage).
+    Untagged before version 1; version 1 had no footprint."""
 
     KIND: ClassVar[str] = "build-summary"
+    VERSION: ClassVar[int] = 2
     UNTAGGED: ClassVar[bool] = True
     LABEL: ClassVar[str] = "build summary"
     dataset: str
@@ -982,6 +1032,7 @@ class BuildSummary(Record):
     tokenizer: str
     input: str
     reused: float | None = None
+    footprint: Footprint | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

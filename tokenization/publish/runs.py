@@ -12,6 +12,9 @@ which ``folder_for`` gives no run::
     {run}/context/     the context-window shuffle's output (absent when the window is 0)
     {run}/report.html  the build report (and report.json), written by publish
     {run}/_BUILD.json  the dataset manifest, written last: its presence means the build is complete
+
+Once a build is published, the token files of the stage folders before its dataset's (``ranks/``, and ``merged/``
+when a context shuffle follows) are removed unless it keeps them; their records stay (``builds.footprint``).
 """
 
 from __future__ import annotations
@@ -137,6 +140,11 @@ class Layout:
     @property
     def context(self) -> str:
         return join(self.run_dir, "context")
+
+    @property
+    def stages(self) -> dict[str, str]:
+        """The stage folders by name, in the order the stages write them."""
+        return {"ranks": self.ranks, "merged": self.merged, "context": self.context}
 
     @property
     def manifest(self) -> str:

@@ -252,6 +252,7 @@ def tokenize_rank(
         except TooManyRejects:
             attempt.place(quarantined(attempt.work), manifest.quarantine_name(config.stem))
             raise
+        encoder.release()  # pass 2 has the whole memory budget
         counts = total(segments)
         log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
         written = _second_pass(config, encoder, segments, counts, attempt.work)

@@ -44,6 +44,7 @@ from tokenization.publish import manifest
 from tokenization.publish.attempts import LEASES, STAGING
 from tokenization.publish.manifest import Described
 from tokenization.publish.records import (
+    BuildRecord,
     CompletionMarker,
     ContentsSum,
     MergeManifest,
@@ -55,7 +56,7 @@ from tokenization.publish.records import (
     StageManifest,
     stage_manifest,
 )
-from tokenization.publish.runs import RUN_CLAIM, Layout
+from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, Layout
 from tokenization.text.encoding import Encoder
 
 R = TypeVar("R")
@@ -127,6 +128,8 @@ def verify(
     if checks is None and tokenizer:
         checks = Checks.of(tokenizer, eos_token)
     folder = _Folder.open(url)
+    if _removed_on_purpose(folder):
+        return _verify_records_alone(folder, report)
     if checks is None:
         checks = _build_checks(folder, report)
     records = _read_records(folder, report)
@@ -148,6 +151,38 @@ def verify(
     _verify_dataset_metadata(folder, report)
     if records:  # after the token files: their checksums were taken while they were streamed
         _check_records(folder, records, {*ds_files, *bin_files}, described, report)
+    return report
+
+
+def _removed_on_purpose(folder: _Folder) -> bool:
+    """Whether the folder is a stage folder of a published build whose record says publish removed its token files
+    (``tokenization.builds.footprint``)."""
+    if not _in_a_run(folder):
+        return False
+    parent, _, name = folder.path.rstrip("/").rpartition("/")
+    where = join(folder.url.rpartition("/")[0], BUILD_MANIFEST)
+    build = BuildRecord.read(folder.fs, join(parent, BUILD_MANIFEST), where)
+    return build is not None and name in build.removed
+
+
+def _verify_records_alone(folder: _Folder, report: Report) -> Report:
+    """A stage folder whose token files were removed on purpose: its records are checked against each other (each
+    stage manifest has its completion marker, with its checksum, and adds up), not against files that are gone; a
+    note says why, and names token files still there (a removal cut short, which publishing again finishes)."""
+    records = _read_records(folder, report)
+    if records is not None:
+        _check_stages(folder, records.stages, records.markers, report)
+    stages = len(records.stages) if records else 0
+    report.notes.append(
+        f"{folder.url}: its token files were removed once the build was published, as its {BUILD_MANIFEST} says "
+        f"(a build with keep_intermediate keeps them): only its records are checked ({stages} stage "
+        f"manifest{'s' * (stages != 1)})"
+    )
+    if left := [name for name in folder.sizes if _family(name).endswith((DS, MEGATRON))]:
+        report.notes.append(
+            f"{folder.url}: {len(left)} token files not removed yet (a removal cut short): publishing the build "
+            "again removes them"
+        )
     return report
 
 

@@ -32,6 +32,7 @@ from tokenization.text.cutting import NO_EXACT_CUT, NoExactCut
 from tokenization.text.encoding import Encoded, Encoder, Prepared
 from tokenization.text.encoding_policy import SpecialTextPolicy
 from tokenization.text.engines import EngineChoice
+from tokenization.text.fast_engine import DEFAULT_MEMORY_BUDGET_MB
 from tokenization.text.sources import DEFAULT_MAX_RECORD_BYTES, DocumentReader, Record
 
 BATCH_BYTES = 1 << 22  # UTF-8 bytes a batch: a fast engine's group (``encoding.FAST_GROUP_CHARS``) at most
@@ -112,6 +113,14 @@ class DocumentOptions(Options):
         title="Encoding engine",
         help="auto: the fast exact engine where it can represent the tokenizer, self-checked against HF; "
         "hf: HF tokenizers only",
+    )
+    memory_budget_mb: int = option(
+        DEFAULT_MEMORY_BUDGET_MB,
+        minimum=256,
+        title="Memory budget of a rank (MB)",
+        help="resident memory a rank's process stays within: the fast engine drops its cache of words seen (which "
+        "grows with text that does not repeat its words) before it would pass this, and reloads; the ids never "
+        "change",
     )
     threads: int | None = option(
         None,
@@ -235,6 +244,7 @@ class DocumentOptions(Options):
             threads=self.threads,
             no_eos=self.no_eos,
             known=known,
+            memory_budget_mb=self.memory_budget_mb,
         )
 
 

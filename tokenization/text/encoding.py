@@ -27,7 +27,17 @@ from tokenization.formats.ds import token_dtype
 from tokenization.publish.records import TokenizerFacts, TokenizerInfo
 from tokenization.text.cutting import Cutter, Piece, Ranges
 from tokenization.text.encoding_policy import SPECIAL_TEXT_POLICIES, EncodingPolicy, SpecialLiterals, SpecialTextPolicy
-from tokenization.text.engines import ENGINES, Engine, EngineChoice, EngineMismatch, Group, HFEngine, chosen_engine
+from tokenization.text.engines import (
+    ENGINES,
+    CheckedEngine,
+    Engine,
+    EngineChoice,
+    EngineMismatch,
+    Group,
+    HFEngine,
+    chosen_engine,
+)
+from tokenization.text.fast_engine import DEFAULT_MEMORY_BUDGET_MB, FastEngine, MemoryBudget
 from tokenization.text.loss_masks import held_out, special_held_out
 from tokenization.text.tokenizer_files import TokenizerError, TokenizerFile, engine_panics
 
@@ -106,9 +116,11 @@ class Encoder:
         threads: int | None = None,
         no_eos: bool = False,
         known: TokenizerFacts | None = None,
+        memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB,
     ):
         """``known``: what loading this tokenizer with these settings told a build's plan (``facts``). When the
-        file has those very bytes, HF's tokenizer is loaded only when a text is first encoded or cut."""
+        file has those very bytes, HF's tokenizer is loaded only when a text is first encoded or cut.
+        ``memory_budget_mb``: the resident memory the fast engine keeps its process within (``MemoryBudget``)."""
         if special_text not in SPECIAL_TEXT_POLICIES:
             raise TokenizerError(f"special-token policy must be one of {SPECIAL_TEXT_POLICIES}, got {special_text!r}")
         if engine not in ENGINES:
@@ -127,6 +139,7 @@ class Encoder:
             )
         self.literals = SpecialLiterals.of(self.file.special_tokens)
         self._choice, self._threads = engine, threads or available_threads()
+        self.budget = MemoryBudget(memory_budget_mb << 20)
         self._expected: int | None = None  # input bytes to encode, when the caller knows (``expect``)
         self._engine: Engine | None = None
         self.engine_note: str | None = None
@@ -146,9 +159,17 @@ class Encoder:
         if self._engine is None:
             hf = HFEngine(self.tokenizer)
             started = time.perf_counter()
-            self._engine, self.engine_note = chosen_engine(self._choice, hf, self.file, self._threads, self._expected)
+            self._engine, self.engine_note = chosen_engine(
+                self._choice, hf, self.file, self._threads, self.budget, self._expected
+            )
             self._loaded(started)
         return self._engine
+
+    def release(self) -> None:
+        """Drop the fast engine's tokenizer and cache, their memory back to the system: a rank's pass 2 then has
+        the whole budget (a batch encoded after this loads it again)."""
+        if (fast := self._fast) is not None:
+            fast.release()
 
     def expect(self, input_bytes: int) -> None:
         """Say how many bytes of input this encoder will encode, before it encodes any: under "auto", too few to be
@@ -252,7 +273,15 @@ class Encoder:
             engine_note=self.engine_note if self._engine else NO_ENGINE_NOTE,
             self_checked_docs=self.checked_docs,
             load_seconds=self.load_seconds,
+            memory_budget_mb=self.budget.limit >> 20,
+            engine_reloads=fast.reloads if (fast := self._fast) else 0,
+            engine_reload_seconds=round(fast.reload_seconds, 3) if fast else 0.0,
         )
+
+    @property
+    def _fast(self) -> FastEngine | None:
+        """The fast engine, when it is the one encoding."""
+        return self._engine.fast if isinstance(self._engine, CheckedEngine) else None
 
     def special_split_problem(self) -> str | None:
         """Why a chat template's special tokens cannot be encoded apart from the text around them, or None."""

@@ -19,7 +19,7 @@ from typing import ClassVar, Literal, NamedTuple, Protocol
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from tokenization.text.fast_engine import FastEngine, Unsupported
+from tokenization.text.fast_engine import FastEngine, MemoryBudget, Unsupported
 from tokenization.text.tokenizer_files import TokenizerFile
 
 log = logging.getLogger(__name__)
@@ -118,16 +118,22 @@ class CheckedEngine:
 
 
 def chosen_engine(
-    choice: EngineChoice, hf: HFEngine, file: TokenizerFile, threads: int, expected: int | None = None
+    choice: EngineChoice,
+    hf: HFEngine,
+    file: TokenizerFile,
+    threads: int,
+    budget: MemoryBudget,
+    expected: int | None = None,
 ) -> tuple[Engine, str | None]:
-    """The engine to encode ``file`` with (``hf``: HF's, which checks the fast one), and why it is not the fast one
-    (None when it is). ``expected``: the input bytes to encode, when known."""
+    """The engine to encode ``file`` with (``hf``: HF's, which checks the fast one, and whose own cache is bounded:
+    10,000 words), and why it is not the fast one (None when it is), keeping its process within ``budget``.
+    ``expected``: the input bytes to encode, when known."""
     if choice == "hf":
         return hf, "asked for HF"
     if expected is not None and expected < FAST_ENGINE_MIN_BYTES:
         return hf, f"{expected:,} bytes of input to encode, which HF encodes sooner than the fast engine is built"
     try:
-        return CheckedEngine(FastEngine(file.data, threads), hf), None
+        return CheckedEngine(FastEngine(file.data, threads, budget), hf), None
     except Unsupported as exc:
         note = f"fast engine declined: {exc}"
         log.info("%s: encoding with HF tokenizers (%s)", file.name, note)

@@ -156,9 +156,10 @@ def test_a_hub_name_without_the_hub_fails_at_once_in_one_line(tmp_path, sample_c
 
 def test_a_project_error_is_one_line_and_any_other_error_shows_its_traceback(tmp_path, sample_corpus) -> None:
     failing = (
-        "import sys, tokenization.cli as cli; from tokenization.text.sources import InputError\n"
+        "import sys, tokenization.cli as cli, tokenization.stages.count as counting\n"
+        "from tokenization.text.sources import InputError\n"
         "def count(config): raise {}\n"
-        "cli.count_tokens = count\n"
+        "counting.count_tokens = count\n"
         "sys.exit(cli.main(['count', sys.argv[1], '--tokenizer', 'unused.json']))"
     )
     for error, last in [
@@ -410,3 +411,33 @@ def test_ctrl_c_stops_any_command_in_one_line(tmp_path, sample_tokenizer, delay:
         "interrupted: tokenization tokenize stopped; an unfinished attempt's files stay for the next run to resume "
         "or clear"
     ]
+
+
+HEAVY = ("tokenizers", "gigatoken", "awkward", "jinja2", "airflow", "transformers", "tiktoken")
+
+
+@pytest.mark.parametrize("command", ["merge", "context-shuffle"])
+def test_a_byte_moving_command_imports_no_tokenizer_templates_or_airflow(tmp_path, command) -> None:
+    """A merge or a context shuffle moves bytes: its process loads no tokenizer library, template engine or
+    Airflow, whose imports took longer than its work on a small shard."""
+    import numpy as np
+
+    from tokenization.formats.ds import TokenFileWriter
+
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "00000_00000_doc_shuffled.ds"
+    writer = TokenFileWriter(path, tokenizer="t", token_size=2, save_loss=False)
+    writer.write(np.arange(1, 3001, dtype=np.uint16), np.arange(300, 3001, 300))
+    writer.close()
+    run = (
+        "import sys; from tokenization.cli import main; code = main(sys.argv[1:]); "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})); sys.exit(code)"
+    )
+    named = ["--save-filename", "m"] if command == "merge" else []
+    done = subprocess.run(
+        [sys.executable, "-c", run, command, str(tmp_path / "in"), "--output", str(tmp_path / "out"), *named],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -1,22 +1,25 @@
-"""Verify where the bytes are: each context-shuffle task checks its own files on local disk before it uploads them,
-its manifest and marker say so, and publish then reads no byte of them; ``tokenization verify`` still reads all,
-or trusts those checks and re-reads a random sample."""
+"""Verify where the bytes are: each context-shuffle task checks its own files before it uploads them, on the blocks
+as it writes them (it reads none back), its manifest and marker say so, and publish then reads no byte of them;
+``tokenization verify`` still reads all, or trusts those checks and re-reads a random sample."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import EOS, in_process, until_publish
 from tests.test_cli import cli
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.publish.records import CompletionMarker, ContextManifest, MergeManifest, stage_manifest
+from tokenization.formats.ds import TokenFileWriter
+from tokenization.publish import manifest
+from tokenization.publish.records import CompletionMarker, ContextManifest, MergeManifest, PseudoEnds, stage_manifest
 from tokenization.stages import verify as verifying
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
-from tokenization.stages.verify import Checks, SelfCheckFailed, verify
+from tokenization.stages.verify import Checks, OwnCheck, SelfCheckFailed, verify
 
 SETTINGS = {"num_ranks": 2, "num_context_shards": 2, "context_window": 257, "merge_max_tokens_per_file": 20000}
 
@@ -39,10 +42,11 @@ def reading_no_token_file(monkeypatch) -> None:
     monkeypatch.setattr(verifying, "_blocks", guarded)
 
 
-def test_each_context_task_records_its_check_and_publish_reads_no_token_byte(
+def test_each_context_task_checks_its_files_as_it_writes_them_and_publish_reads_no_token_byte(
     tmp_path, sample_corpus, sample_tokenizer, monkeypatch
 ) -> None:
     build = started(tmp_path, sample_corpus, sample_tokenizer)
+    reading_no_token_file(monkeypatch)
     until_publish(build)
     context = Path(build.layout.context)
     facts = build.plan.tokenizer
@@ -57,7 +61,6 @@ def test_each_context_task_records_its_check_and_publish_reads_no_token_byte(
         assert checked.families == [o.name for o in record.outputs] and checked.tokens == record.counts.tokens
         files, tokens = files + len(checked.families), tokens + checked.tokens
 
-    reading_no_token_file(monkeypatch)
     published = build.publish()
     assert published.record.verify.ok and published.record.verify.files == files and published.record.tokens == tokens
     assert any(
@@ -140,6 +143,7 @@ def test_without_a_context_shuffle_the_merge_checks_its_own_files(
         **SETTINGS | {"context_window": 0, "num_buckets": buckets, "merge_mode": "bucketed" if buckets else "shuffle"},
     )
     build = Build.start(config, "night")
+    reading_no_token_file(monkeypatch)  # the merge checks its files as it writes them
     until_publish(build)
     merged = Path(build.layout.merged)
     families = set()
@@ -149,5 +153,37 @@ def test_without_a_context_shuffle_the_merge_checks_its_own_files(
             assert record.checked is not None and record.checked.families == [o.name for o in record.outputs]
             families |= set(record.checked.families)
     assert families == {p.name for p in merged.glob("*.ds")} and len(families) >= 2
-    reading_no_token_file(monkeypatch)
     assert build.publish().record.verify.files == len(families)
+
+
+def test_the_check_made_while_writing_finds_what_reading_the_file_finds(tmp_path, monkeypatch) -> None:
+    """Blocks cut anywhere, an index entry at a block's edge given to the block before or the one after: the
+    problems the writer's blocks show are those verify finds reading the family back (ids beyond the vocabulary,
+    loss bytes past 1, documents ending without EOS, window ends aside), and the check names them."""
+    monkeypatch.setattr(verifying, "MAX_REPORTED", 10**6)  # every problem listed, by position
+    rng = np.random.default_rng(7)
+    size, eos, pseudo = 6000, 7, PseudoEnds(every=50, until=4000)
+    tokens = rng.integers(0, 103, size).astype(np.uint16)  # ids of 100 and more are beyond a vocabulary of 100
+    loss = (rng.random(size) < 0.001).astype(np.uint8) * 2 + (rng.random(size) < 0.5)
+    ends = np.union1d(rng.choice(np.arange(1, size), 300, replace=False), np.arange(50, size + 1, 50))
+    tokens[ends[rng.random(len(ends)) < 0.9] - 1] = eos  # most documents end in EOS
+    checks = Checks(vocab_size=100, eos_id=eos)
+    own, path = OwnCheck(checks, "a test"), tmp_path / "x.ds"
+    writer = TokenFileWriter(path, tokenizer="t", token_size=2, save_loss=True, observe=own.watch(path, pseudo))
+    cuts = np.union1d(rng.choice(ends[:-1], 20, replace=False), rng.integers(1, size, 20))
+    given = 0  # entries written so far: ends[:given]
+    for start, stop in zip([0, *cuts], [*cuts, size], strict=True):
+        taken = int(np.searchsorted(ends, stop, side="right"))
+        if stop < size and ends[taken - 1] == stop and rng.random() < 0.5:
+            taken -= 1  # the entry at the edge goes to the next block, at its 0
+        writer.write(tokens[start:stop], ends[given:taken] - start, loss[start:stop])
+        given = taken
+    entry = manifest.output_entry(writer.close(), pseudo_ends=pseudo)
+    read = verifying.Report()
+    verifying._verify_ds(verifying._Folder.open(str(tmp_path)), path.name, entry, checks, read)
+    seen = own._watched[path.name].report
+    kinds = ("beyond the vocabulary", "neither 0 nor 1", "without EOS")
+    assert all(any(kind in p for p in read.problems) for kind in kinds)
+    assert sorted(seen.problems) == sorted(read.problems)
+    with pytest.raises(SelfCheckFailed, match=r"a test: x\.ds fails verify before upload, so nothing is published"):
+        own.family(tmp_path, entry)

@@ -442,13 +442,12 @@ def context_cost(s: Scenario, bucketed: bool) -> TaskCost:
     tokens, docs, data = s.tokens / m, s.docs / m, s.dataset_bytes / m
     windows = tokens / s.context_window
     merges = s.buckets if bucketed else 1
-    rate = 1 / (1 / s.context_mb_s + (1 / s.verify_mb_s if s.distributed_verify else 0))  # shuffle, then verify
     cost = TaskCost(
         stage="context_shuffle",
         tasks=shards,
         pool="workers",
         concurrency=s.concurrency,
-        compute_s=k * tokens * s.token_bytes / (rate * MB),
+        compute_s=k * tokens * s.token_bytes / (s.context_mb_s * MB),  # its own check, made as it writes, included
         download=k * data,
         upload=k * data,
         # at once: a manifest a merged file, each merge's manifest and marker; then its files one after another,

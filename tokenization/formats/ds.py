@@ -40,6 +40,8 @@ UINT16_VOCAB_LIMIT = 65536
 WRITE_PIECE = 256 << 10
 INLINE_BYTES = 1 << 20  # a smaller block is written and hashed on the caller's thread (``InOrder``)
 MAP_BYTES = 1 << 20  # a local file as large is memory-mapped (``map_array``), a smaller one read
+# What sees each block a writer writes: its tokens, its index entries (relative to it) and its loss bytes, or None.
+Observer = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], None]
 
 
 class TokenFileError(TokenizationError, ValueError):
@@ -251,8 +253,20 @@ class TokenFileWriter(FinishOrAbandon):
     block: ``write`` takes the arrays over.
     """
 
-    def __init__(self, path: Path, *, tokenizer: str, token_size: int, save_loss: bool, durable: bool = True):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        tokenizer: str,
+        token_size: int,
+        save_loss: bool,
+        durable: bool = True,
+        observe: Observer | None = None,
+    ):
+        """``observe(tokens, ends, loss)``: called with every block written, in order, on the contents' thread (a
+        stage's own check, ``stages.verify.OwnCheck``, checks the blocks there instead of reading the file back)."""
         self.path = Path(path)
+        self.observe = observe
         self.dtype = token_dtype(token_size)
         self.metadata_name = tokenizer
         self.token_size = token_size
@@ -276,9 +290,14 @@ class TokenFileWriter(FinishOrAbandon):
             self._loss.write(loss)
         ends = np.asarray(ends, dtype=np.int64)
         self._index.write((ends + self.tokens).astype(INDEX_DTYPE))
-        self._hashing.run(tokens.nbytes, self.contents.add, tokens, ends, loss)
+        self._hashing.run(tokens.nbytes, self._hash, tokens, ends, loss)
         self.tokens += len(tokens)
         self.index_entries += len(ends)
+
+    def _hash(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None) -> None:
+        self.contents.add(tokens, ends, loss)
+        if self.observe is not None:
+            self.observe(tokens, ends, loss)
 
     def close(self) -> WrittenTokenFile:
         try:
@@ -421,6 +440,7 @@ class SplitWriter(FinishOrAbandon):
         close_at_limit: bool = False,
         on_close: Callable[[WrittenTokenFile, int], None] | None = None,
         writer_class: type = TokenFileWriter,
+        observe: Callable[[Path], Observer] | None = None,
     ):
         self.directory = Path(directory)
         self.name_for = name_for
@@ -429,6 +449,7 @@ class SplitWriter(FinishOrAbandon):
         self.side = "left" if close_at_limit else "right"
         self.on_close = on_close
         self.writer_class = writer_class
+        self.observe = observe  # the observer of each file, by its path (``TokenFileWriter``)
         self.written: list[WrittenTokenFile] = []
         self.units = 0
         self._current: FinishOrAbandon | None = None  # a writer_class: TokenFileWriter or one with its interface
@@ -440,7 +461,8 @@ class SplitWriter(FinishOrAbandon):
         while pos < len(tokens):
             if self._current is None:
                 path = self.directory / self.name_for(len(self.written))
-                self._current = self.writer_class(path, **self.options)
+                watched = {} if self.observe is None else {"observe": self.observe(path)}
+                self._current = self.writer_class(path, **self.options, **watched)
             cut, full = len(tokens), False
             if self.max_tokens:
                 room = self.max_tokens - self._current.tokens

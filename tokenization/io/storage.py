@@ -23,7 +23,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -414,6 +414,14 @@ def map_concurrently(fn: Callable[[T], U], items: Sequence[T], workers: int = CO
     with ThreadPoolExecutor(workers, thread_name_prefix="storage") as pool:
         futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
         return [future.result() for future in futures]
+
+
+@contextmanager
+def meanwhile(fn: Callable[..., U], *args: object) -> Iterator[Future[U]]:
+    """``fn(*args)`` on a thread of its own, with the caller's storage options, while the body runs (a stage hashes
+    its inputs again as it moves their bytes); leaving waits for it."""
+    with ThreadPoolExecutor(1, thread_name_prefix="meanwhile") as thread:
+        yield thread.submit(contextvars.copy_context().run, fn, *args)
 
 
 def files_at_once(largest: int) -> int:

@@ -13,9 +13,9 @@ and shuffles the windows the same way. Every window then holds exactly ``context
 fits one is cut, and the index marks each document's end and each window's, so a reader that restarts positions at
 document ends starts each document at 0.
 
-Its files are a build's dataset, so the task checks each one on local disk before it uploads it (verify's checks,
-``stages.verify.OwnCheck``): the bytes are read again where they are, by as many tasks as there are shards, and
-publish then reads none of them.
+Its files are a build's dataset, so the task checks each one before it uploads it (verify's checks,
+``stages.verify.OwnCheck``), on the blocks as it writes them, never reading them back: as many tasks as there are
+shards check the dataset, and publish then reads none of it.
 """
 
 from __future__ import annotations
@@ -46,16 +46,24 @@ from tokenization.formats.permute import (
     fixed_units,
     move_units,
     prefix_end,
+    sorted_union,
     starts_of,
 )
 from tokenization.io.errors import UsageError
 from tokenization.io.options import Options, option
 from tokenization.io.progress import Progress, ProgressMode
-from tokenization.io.storage import open_fs, with_storage_options
+from tokenization.io.storage import meanwhile, open_fs, with_storage_options
 from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
 from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import ContentsSum, ContextCounts, ContextManifest, ContextOutput, PadToken
+from tokenization.publish.records import (
+    ContentsSum,
+    ContextCounts,
+    ContextManifest,
+    ContextOutput,
+    PadToken,
+    PseudoEnds,
+)
 from tokenization.stages.verify import Checks, OwnCheck
 
 log = logging.getLogger(__name__)
@@ -156,7 +164,8 @@ def context_shuffle(
                 nested = name in described and described[name].entry.pseudo_ends is not None
                 if nested and config.context_mode == "packed":
                     raise TokenFileError(f"{url}: its index holds chunk ends, not documents: nothing to pack")
-                written, full, packed, read = _one_file(config, url, source, rng, attempt, shown)
+                shuffled = _one_file(config, url, source, rng, attempt, shown, own, nested)
+                written, full, packed, read = shuffled.written, shuffled.full, shuffled.packed, shuffled.read
                 if name in described and (recorded := described[name].entry.contents) and recorded.value != read:
                     raise TokenFileError(
                         f"{url}: holds {read.describe()}, its manifest records {recorded.value.describe()}: it is not "
@@ -170,8 +179,7 @@ def context_shuffle(
                 else:
                     tail = source.num_tokens - grid
                     tally["tokens_dropped" if config.drop_tail else "tail_tokens_kept"] += tail
-                pseudo = "unknown" if nested else manifest.pseudo_ends(0, written.tokens, config.context_window, grid)
-                entry = manifest.output_entry(written, ContextOutput, source=url, pseudo_ends=pseudo)
+                entry = manifest.output_entry(written, ContextOutput, source=url, pseudo_ends=shuffled.pseudo)
                 own.family(attempt.work, entry)
                 attempt.place_families([written])
                 outputs.append(entry)
@@ -199,6 +207,19 @@ def context_shuffle(
     return StageResult(counts, record)
 
 
+@dataclass(frozen=True)
+class _Shuffled:
+    """One file's windows written: the family, its whole windows, its packing (None: cut windows), the contents
+    of the input file, and the index entries that are window ends, not document ends ("unknown": the input's
+    index held chunk ends already)."""
+
+    written: WrittenTokenFile
+    full: int
+    packed: PackedFile | None
+    read: Contents
+    pseudo: PseudoEnds | str | None
+
+
 def _one_file(
     config: ContextShuffleConfig,
     url: str,
@@ -206,10 +227,12 @@ def _one_file(
     rng: np.random.Generator,
     attempt: Attempt,
     shown: Progress,
-) -> tuple[WrittenTokenFile, int, PackedFile | None, Contents]:
+    own: OwnCheck,
+    nested: bool,
+) -> _Shuffled:
     """One file's windows in a permuted order: cut from the file (the tail last, unless dropped), or packed with
-    its documents and padded to their end, then checked: the windows hold the file's pieces, cut at their edges,
-    each once. Returns the file, its number of whole windows, its packing and the contents of the input file."""
+    its documents and padded to their end, checked by ``own`` as they are written, then checked again: the
+    windows hold the file's pieces, cut at their edges, each once."""
     ends = np.asarray(source.ends, dtype=np.int64)
     total = int(ends[-1]) if len(ends) else 0
     if source.num_tokens != total:
@@ -228,25 +251,29 @@ def _one_file(
         starts = starts_of(windows)
         urls, units, inner = [url], (np.zeros(len(order), np.int64), starts[order], windows[order]), [ends]
         kept = prefix_end(windows, len(order))  # the dropped tail aside
-        cuts = np.union1d(ends[ends <= kept], windows[: len(order)])
+        cuts = sorted_union(ends[ends <= kept], windows[: len(order)])
     name = url.rsplit("/", 1)[-1]
     with_loss = source.loss is not None
+    grid = full * config.context_window  # whole windows' ends are not documents' ends; the output holds them all
+    pseudo = "unknown" if nested else manifest.pseudo_ends(0, grid, config.context_window, grid)
     writer = SplitWriter(
         attempt.work,
         lambda _: name,
         tokenizer=source.metadata.tokenizer,
         token_size=source.token_size,
         save_loss=with_loss,
+        observe=lambda path: own.watch(path, pseudo),
     )
-    with SourcePool(urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs") as pool:
+    pool = SourcePool(urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs")
+    with pool, meanwhile(contents_of, pool, 0, (ends, total), (cuts, kept)) as contents:  # the input read again
         with writer:
             move_units(pool, *units, writer, inner, progress=shown)
-        read, expected = contents_of(pool, 0, (ends, total), (cuts, kept))
+        read, expected = contents.result()
     (written,) = writer.written
     if packed is not None:
         expected += _padding_contents(packed.padding, config.pad_id, source.dtype)
     check_kept(f"context shuffle of {url}", expected, written.contents)
-    return written, full, packed, read
+    return _Shuffled(written, full, packed, read, pseudo)
 
 
 def _padding_contents(padding: np.ndarray, pad_id: int, dtype: np.dtype) -> Contents:

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -27,12 +28,20 @@ import orjson
 
 from tokenization.formats import buckets, names
 from tokenization.formats.contents import Contents, ShuffleCheckFailed, check_kept
-from tokenization.formats.ds import Metadata, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
-from tokenization.formats.permute import MAX_OPEN_FILES, SourcePool, contents_of, move_units
+from tokenization.formats.ds import Metadata, Observer, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
+from tokenization.formats.permute import MAX_OPEN_FILES, SourcePool, contents_of, move_units, sorted_union
 from tokenization.io.errors import UsageError
 from tokenization.io.options import Options, option
 from tokenization.io.progress import Progress, ProgressMode
-from tokenization.io.storage import join, list_names, list_sizes, map_concurrently, open_fs, with_storage_options
+from tokenization.io.storage import (
+    join,
+    list_names,
+    list_sizes,
+    map_concurrently,
+    meanwhile,
+    open_fs,
+    with_storage_options,
+)
 from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
 from tokenization.publish.manifest import Described, StageResult
@@ -43,6 +52,7 @@ from tokenization.publish.records import (
     MergeManifest,
     MergeOutput,
     MergeTokenizer,
+    PseudoEnds,
     RankManifest,
     RecordError,
     SizedInput,
@@ -317,18 +327,27 @@ class _Checkpoints:
         """Of the files published so far, this attempt's and those it resumed after."""
         return Contents.total(entry.contents.value for entry in self.entries)
 
-    def __call__(self, written: WrittenTokenFile, units_written: int) -> None:
+    def _pseudo_ends(self, tokens: int) -> PseudoEnds | str | None:
+        """The chunk ends in the index of the next file, of ``tokens`` tokens ("unknown": some input's index held
+        chunk or window ends already)."""
+        if self.plan.inputs.pseudo_ends:
+            return "unknown"
         chunk = self.plan.units.chunk
-        grid = manifest.pseudo_ends(
-            self.tokens, written.tokens, chunk, int(self.plan.units.counts.sum()) * (chunk or 0)
-        )
+        return manifest.pseudo_ends(self.tokens, tokens, chunk, int(self.plan.units.counts.sum()) * (chunk or 0))
+
+    def watch(self, path: Path) -> Observer:
+        """The own check's observer of the next file as it is written: its length is not known yet, but any length
+        past its end gives its chunk ends, and the whole stream's is one."""
+        return self.own.watch(path, self._pseudo_ends(self.plan.total_tokens))
+
+    def __call__(self, written: WrittenTokenFile, units_written: int) -> None:
         entry = manifest.output_entry(
             written,
             MergeOutput,
             fingerprint=self.plan.fingerprint,
             units_start=self.units_end,
             units_end=self.resumed_units + units_written,
-            pseudo_ends="unknown" if self.plan.inputs.pseudo_ends else grid,
+            pseudo_ends=self._pseudo_ends(written.tokens),
         )
         if self.own is not None:
             self.own.family(written.path.parent, entry)
@@ -342,8 +361,8 @@ def merge(
     config: MergeConfig, progress: ProgressMode = None, owner: str | None = None, checks: Checks | None = None
 ) -> StageResult[MergeCounts, MergeManifest]:
     """Run the merge, resuming when an earlier run of the same merge was interrupted. With ``checks`` (its files
-    are the dataset: no context shuffle follows), each file is checked on local disk before upload, as a context
-    shuffle checks its own; the files an earlier attempt published are left to publish's reading."""
+    are the dataset: no context shuffle follows), each file is checked as it is written, before upload, as a
+    context shuffle checks its own; the files an earlier attempt published are left to publish's reading."""
     started = time.time()
     plan = _plan(config)
     stem = config.stem
@@ -413,6 +432,7 @@ def _move(
         max_tokens=config.merge_max_tokens_per_file,
         close_at_limit=True,
         on_close=checkpoints,
+        observe=checkpoints.watch if checkpoints.own else None,
     )
     inner = [inputs.file_ends(f) for f in range(len(inputs.urls))] if units.chunk else None
     file_ids, perm = plan_ordering(config, units)
@@ -420,19 +440,20 @@ def _move(
     cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
     pool = SourcePool(inputs.urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
     with pool, Progress(f"merge {config.stem}", plan.total_tokens, "tok", progress) as shown:
-        with writer:  # its end publishes the last file
-            pool.fetch(inputs.sizes)
-            shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
-            for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
-                b = min(ordered, a + UNITS_PER_SLICE)
-                files, local = _slice_units(file_ids, perm, units, cursor, a, b)
-                starts, ends = units.bounds(files, local)
-                move_units(pool, files, starts, ends, writer, inner, progress=shown)
-            if plan.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
-                pending = np.flatnonzero(plan.tails)[max(0, resume - ordered) :]
-                chunk_starts = units.counts[pending] * units.chunk
-                move_units(pool, pending, chunk_starts, plan.tokens[pending], writer, inner, progress=shown)
-        read, kept = _input_contents(plan, pool)
+        pool.fetch(inputs.sizes)
+        with meanwhile(_input_contents, plan, pool) as contents:  # the inputs read again while their units move
+            with writer:  # its end publishes the last file
+                shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
+                for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
+                    b = min(ordered, a + UNITS_PER_SLICE)
+                    files, local = _slice_units(file_ids, perm, units, cursor, a, b)
+                    starts, ends = units.bounds(files, local)
+                    move_units(pool, files, starts, ends, writer, inner, progress=shown)
+                if plan.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
+                    pending = np.flatnonzero(plan.tails)[max(0, resume - ordered) :]
+                    chunk_starts = units.counts[pending] * units.chunk
+                    move_units(pool, pending, chunk_starts, plan.tokens[pending], writer, inner, progress=shown)
+            read, kept = contents.result()
     check_kept(f"merge {config.stem}", kept, checkpoints.contents)
     return read
 
@@ -454,7 +475,7 @@ def _input_contents(plan: _Plan, pool: SourcePool) -> tuple[Contents, Contents]:
             continue
         full = int(plan.units.counts[f]) * chunk
         limit = tokens if plan.keep_tails else full
-        units = np.union1d(ends[ends <= limit], np.arange(chunk, full + 1, chunk))
+        units = sorted_union(ends[ends <= limit], np.arange(chunk, full + 1, chunk))
         whole, cut = contents_of(pool, f, (ends, tokens), (units, limit))
         read, kept = read + whole, kept + cut
     return read, kept

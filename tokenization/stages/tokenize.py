@@ -31,13 +31,14 @@ from tokenization.formats.permute import (
     move_units,
     permute_units,
     prefix_end,
+    sorted_union,
     written_contents,
 )
 from tokenization.io.errors import UsageError
 from tokenization.io.locations import check_disjoint
 from tokenization.io.options import Options, option
 from tokenization.io.progress import ProgressMode
-from tokenization.io.storage import file_sha256, join, list_names, with_storage_options
+from tokenization.io.storage import file_sha256, join, list_names, meanwhile, with_storage_options
 from tokenization.publish import manifest
 from tokenization.publish.attempts import Attempt, attempt_at
 from tokenization.publish.cache import Cache, chosen_location
@@ -369,11 +370,13 @@ def _chunk_shuffle(
         order = np.append(order, full)
         counts.partial_chunk_tokens = tail
     writer = _writer(config, encoder, work, config.output_name, last=True)
-    with SourcePool([str(source)], encoder.token_size, config.save_loss) as pool:
+    kept = prefix_end(chunk_ends, len(order))  # the dropped tail aside
+    cuts = sorted_union(doc_ends[doc_ends <= kept], chunk_ends[: len(order)])
+    pool = SourcePool([str(source)], encoder.token_size, config.save_loss)
+    with pool, meanwhile(contents_of, pool, 0, (cuts, kept)) as contents:  # the rank file read again, meanwhile
         with writer:
             permute_units(pool, chunk_ends, order, writer, inner_ends=doc_ends)
-        kept = prefix_end(chunk_ends, len(order))  # the dropped tail aside
-        (expected,) = contents_of(pool, 0, (np.union1d(doc_ends[doc_ends <= kept], chunk_ends[: len(order)]), kept))
+        (expected,) = contents.result()
     check_kept(f"rank {config.rank}: the chunk shuffle", expected, written_contents(writer.written))
     return writer.written
 

@@ -13,10 +13,11 @@ record lists (a lone ``.ds.index``, a leftover) is a problem, and so are the mer
 each equals the entry its stage manifest holds for it. A malformed record is one problem naming its file and field.
 
 A stage checks its own files the same way before it uploads them (``OwnCheck``), and its manifest and marker say
-so. ``publish`` then reads no byte of them again (``vouched``): it checks the records, one listing's sizes, and the
-books. The files' bytes are read where they are written, by the task that wrote them, so publishing costs the same
-whatever the dataset's size. ``tokenization verify`` reads everything, unless asked to trust those checks and
-re-read a random sample (``sample``).
+so: each block as its writer writes it, then the family's index, metadata and sizes, so that no byte is read back.
+``publish`` then reads no byte of them again (``vouched``): it checks the records, one listing's sizes, and the
+books. The files are checked by the task that wrote them, so publishing costs the same whatever the dataset's
+size. ``tokenization verify`` reads everything, unless asked to trust those checks and re-read a random sample
+(``sample``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,15 @@ import numpy as np
 
 from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.contents import Contents, ContentsHasher, within
-from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFileError, map_array, token_dtype
+from tokenization.formats.ds import (
+    INDEX_DTYPE,
+    LOSS_DTYPE,
+    Metadata,
+    Observer,
+    TokenFileError,
+    map_array,
+    token_dtype,
+)
 from tokenization.formats.megatron import MegatronFile
 from tokenization.formats.names import BUCKET_FOLDER, rank_stem
 from tokenization.io.errors import TokenizationError
@@ -50,6 +59,7 @@ from tokenization.publish.records import (
     MergeManifest,
     MergeOutput,
     OutputEntry,
+    PseudoEnds,
     RankManifest,
     RecordError,
     SelfCheck,
@@ -57,7 +67,6 @@ from tokenization.publish.records import (
     stage_manifest,
 )
 from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, Layout
-from tokenization.text.encoding import Encoder
 
 R = TypeVar("R")
 BLOCK_BYTES = 64 << 20
@@ -98,6 +107,8 @@ class Checks:
     def of(cls, tokenizer: str | None, eos_token: str | None) -> Checks:
         if not tokenizer:
             return cls()
+        from tokenization.text.encoding import Encoder  # the tokenizer libraries: only where a tokenizer is named
+
         encoder = Encoder(tokenizer, eos_token=eos_token, no_eos=eos_token is None)
         return cls(encoder.vocab_size, encoder.eos_id)
 
@@ -215,29 +226,39 @@ class SelfCheckFailed(TokenizationError):
 
 
 class OwnCheck:
-    """A stage's check of the files it wrote (``where`` names it), family by family on local disk before it
-    uploads them: verify's checks against ``checks``, and each file's size and sha256 against what its writer
-    recorded (so their contents are those its writer hashed, from the same bytes: not hashed again). ``result``
-    goes into the stage's manifest and marker."""
+    """A stage's check of the files it writes (``where`` names it), family by family before it uploads them, with
+    verify's checks against ``checks``, and no byte read back: the writer shows it each block as it writes it
+    (``watch``: ids, loss bytes, EOS before every document end), then ``family`` reads the family's index and
+    metadata and checks each file's size against what its writer recorded, whose sha256 the writer took of the very
+    bytes it wrote. ``result`` goes into the stage's manifest and marker."""
 
     def __init__(self, checks: Checks, where: str):
         self.checks, self.where = checks, where
         self.families: list[str] = []
         self.tokens = 0
         self.notes: list[str] = []
+        self._watched: dict[str, _Watched] = {}
+
+    def watch(self, path: Path, pseudo: PseudoEnds | str | None) -> Observer:
+        """The observer for the writer of the family at ``path`` (``TokenFileWriter``'s ``observe``); ``pseudo``:
+        its entries that are chunk or window boundaries, as its manifest entry will say."""
+        watched = self._watched[path.name] = _Watched(self.checks, str(path), pseudo)
+        return watched
 
     def family(self, folder: Path, entry: OutputEntry) -> None:
-        """Check one written family (its files in ``folder``, under their output names); SelfCheckFailed names
-        the problems."""
-        local, report = _Folder.open(str(folder)), Report()
-        check = _verify_megatron if entry.name.endswith(MEGATRON) else _verify_ds
-        check(local, entry.name, entry, self.checks, report, rehash=False)
+        """Check one written family (its files in ``folder``, under their output names, written while watched);
+        SelfCheckFailed names the problems."""
+        watched = self._watched.pop(entry.name)
+        local, report = _Folder.open(str(folder)), watched.report
+        frame = _ds_frame(local, entry.name, entry, self.checks, report)
+        if frame is not None and frame.tokens != watched.tokens:
+            report.problem(local.label(entry.name), f"holds {frame.tokens} tokens, its writer wrote {watched.tokens}")
         for name, info in sorted(entry.files.items()):
             size = local.size(name)
             if size is None:
                 report.problem(local.label(name), "missing")
-            elif size != info.bytes or local.sha256(name) != info.sha256:
-                report.problem(local.label(name), "differs from the size and sha256 its writer recorded")
+            elif size != info.bytes:
+                report.problem(local.label(name), f"{size} bytes, its writer recorded {info.bytes}")
         if report.problems:
             shown = "; ".join(report.problems[:MAX_REPORTED])
             more = f" (and {len(report.problems) - MAX_REPORTED} more)" if len(report.problems) > MAX_REPORTED else ""
@@ -245,7 +266,7 @@ class OwnCheck:
                 f"{self.where}: {entry.name} fails verify before upload, so nothing is published: {shown}{more}"
             )
         self.families.append(entry.name)
-        self.tokens += report.tokens
+        self.tokens += watched.tokens
         self.notes += [note.replace(local.label(entry.name), entry.name) for note in report.notes]
 
     def result(self) -> SelfCheck:
@@ -253,6 +274,32 @@ class OwnCheck:
         return SelfCheck(
             families=self.families, tokens=self.tokens, vocab_size=c.vocab_size, eos_id=c.eos_id, notes=self.notes
         )
+
+
+class _Watched:
+    """One family's blocks checked as its writer writes them, on the writer's hashing thread, as verify checks the
+    blocks it reads; an index entry at a block's start ends the block before, whose last token is kept."""
+
+    def __init__(self, checks: Checks, label: str, pseudo: PseudoEnds | str | None):
+        self.checks, self.label, self.pseudo = checks, label, pseudo
+        self.report = Report()
+        self.tokens = 0
+        self._last = np.zeros(1, np.int64)
+
+    def __call__(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None) -> None:
+        offset, checks, report = self.tokens, self.checks, self.report
+        _check_ids(tokens, offset, self.label, checks, report)
+        if loss is not None:
+            _check_loss(loss, offset, self.label, report)
+        if checks.eos_id is not None:
+            if offset == 0:
+                ends = ends[ends > 0]  # an entry at 0 ends no document (the index check reports it)
+            before = tokens[np.maximum(ends - 1, 0)] if len(tokens) else np.zeros(len(ends), np.int64)
+            before = np.where(ends > 0, before, self._last[0])
+            _check_eos(offset + ends, before, self.pseudo, offset == 0, self.label, checks, report)
+        if len(tokens):
+            self._last = tokens[-1:].astype(np.int64)
+        self.tokens += len(tokens)
 
 
 def _trusted(records: _Records, checks: Checks, sample: int, report: Report) -> set[str]:
@@ -560,11 +607,21 @@ def _source(described: Described) -> str:
     return f"the {owner.stage} manifest{f' of {stem}' if stem else ''}"
 
 
-def _verify_ds(
-    folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report, rehash: bool = True
-) -> None:
-    """One ``.ds`` family, its checksums (and, with ``rehash``, its contents) taken as it streams."""
-    report.files += 1
+@dataclass(frozen=True)
+class _Frame:
+    """What a ``.ds`` family's small files say: its index, token size and tokens, and whether its loss bytes, if
+    it has any, go with its tokens."""
+
+    ends: np.ndarray
+    token_size: int
+    tokens: int
+    has_loss: bool
+    aligned: bool
+
+
+def _ds_frame(folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> _Frame | None:
+    """One ``.ds`` family's metadata and index, checked against its sizes and its manifest entry; None when the
+    token size or the index cannot be known (a problem says why)."""
     label, path, sizes = folder.label(name), join(folder.path, name), folder.sizes
     size = sizes[name]
     meta = None
@@ -577,18 +634,18 @@ def _verify_ds(
         report.problem(f"{label}.metadata", "missing: the token size is unknown")
     if name + ".index" not in sizes:
         report.problem(f"{label}.index", "missing")
-        return
+        return None
     try:
         index = map_array(folder.fs, path + ".index", INDEX_DTYPE, f"{label}.index", sizes[name + ".index"])
         ends = np.asarray(index, dtype=np.int64)
     except TokenFileError as exc:
         report.problem(f"{label}.index", str(exc))
-        return
+        return None
     last = int(ends[-1]) if len(ends) else 0
     token_size = meta.token_size if meta else (size // last if last and size // last in (2, 4) else None)
     if token_size not in (2, 4):
         report.problem(label, f"token size {token_size} is neither 2 nor 4")
-        return
+        return None
     tokens = size // token_size
     if size % token_size or tokens != last:
         report.problem(label, f"{size} bytes of {token_size}-byte tokens, but the index ends at token {last}")
@@ -600,33 +657,41 @@ def _verify_ds(
     aligned = not has_loss or sizes[name + ".loss"] == tokens  # its loss bytes, if any, go with its tokens
     if not aligned:
         report.problem(f"{label}.loss", f"{sizes[name + '.loss']} bytes for {tokens} tokens")
-    items = BLOCK_BYTES // token_size  # tokens a block, and loss bytes
-    digest, loss_digest, held = hashlib.sha256(), hashlib.sha256(), ContentsHasher() if rehash else None
-    token_blocks = _blocks(folder.fs, path, token_dtype(token_size), digest, items)
-    if has_loss and aligned:
+    return _Frame(ends, token_size, tokens, has_loss, aligned)
+
+
+def _verify_ds(folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> None:
+    """One ``.ds`` family, its checksums and contents taken as it streams."""
+    report.files += 1
+    frame = _ds_frame(folder, name, entry, checks, report)
+    if frame is None:
+        return
+    label, path, ends, aligned = folder.label(name), join(folder.path, name), frame.ends, frame.aligned
+    pseudo = entry and entry.pseudo_ends
+    items = BLOCK_BYTES // frame.token_size  # tokens a block, and loss bytes
+    digest, loss_digest, held = hashlib.sha256(), hashlib.sha256(), ContentsHasher()
+    token_blocks = _blocks(folder.fs, path, token_dtype(frame.token_size), digest, items)
+    if frame.has_loss and aligned:
         loss_blocks = _blocks(folder.fs, path + ".loss", LOSS_DTYPE, loss_digest, items)
     else:
-        loss_blocks = repeat((0, None), -(-size // (items * token_size)))
+        loss_blocks = repeat((0, None), -(-folder.sizes[name] // (items * frame.token_size)))
     for (offset, block), (_, loss) in zip(token_blocks, loss_blocks, strict=True):
-        _check_tokens(block, offset, ends, entry, label, checks, report)
+        _check_tokens(block, offset, ends, pseudo, label, checks, report)
         if loss is not None:
             _check_loss(loss, offset, label, report)
-        if held is not None:
-            held.add(block, within(ends, offset, offset + len(block)), loss)
+        held.add(block, within(ends, offset, offset + len(block)), loss)
     folder.digests[name] = digest.hexdigest()
-    if has_loss and not aligned:  # read on its own, for its checksum and values
+    if frame.has_loss and not aligned:  # read on its own, for its checksum and values
         for offset, loss in _blocks(folder.fs, path + ".loss", LOSS_DTYPE, loss_digest, items):
             _check_loss(loss, offset, label, report)
-    if has_loss:
+    if frame.has_loss:
         folder.digests[name + ".loss"] = loss_digest.hexdigest()
-    if aligned and held is not None:
+    if aligned:
         _check_held(entry, held.result(), label, report)
-    report.tokens += tokens
+    report.tokens += frame.tokens
 
 
-def _verify_megatron(
-    folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report, rehash: bool = True
-) -> None:
+def _verify_megatron(folder: _Folder, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> None:
     report.files += 1
     label = folder.label(name)
     try:
@@ -648,14 +713,12 @@ def _verify_megatron(
         report.problem(mg.url + ".idx", "document indices do not run from 0 to the sequence count")
     report.problems_at(label, "negative sequence length", np.flatnonzero(lengths < 0))
     _check_counts(entry, total, len(lengths), label, report)
-    digest, held = hashlib.sha256(), ContentsHasher() if rehash else None
+    digest, held = hashlib.sha256(), ContentsHasher()
     for offset, block in _blocks(folder.fs, mg.bin_path, mg.dtype, digest, BLOCK_BYTES // mg.dtype.itemsize):
-        _check_tokens(block, offset, ends, entry, label, checks, report)
-        if held is not None:
-            held.add(block, within(ends, offset, offset + len(block)))
+        _check_tokens(block, offset, ends, entry and entry.pseudo_ends, label, checks, report)
+        held.add(block, within(ends, offset, offset + len(block)))
     folder.digests[name] = digest.hexdigest()
-    if held is not None:
-        _check_held(entry, held.result(), label, report)
+    _check_held(entry, held.result(), label, report)
     report.tokens += size // mg.dtype.itemsize
 
 
@@ -690,28 +753,55 @@ def _check_index(ends: np.ndarray, label: str, checks: Checks, report: Report) -
 
 
 def _check_tokens(
-    block, offset: int, ends, entry: OutputEntry | None, label: str, checks: Checks, report: Report
+    block: np.ndarray,
+    offset: int,
+    ends: np.ndarray,
+    pseudo: PseudoEnds | str | None,
+    label: str,
+    checks: Checks,
+    report: Report,
 ) -> None:
-    """Ids below the vocabulary size, and the EOS before every real document end inside this block."""
+    """A block of a family read from its file, at token ``offset``: its ids, and the EOS before each document end
+    of the family's index (``ends``) inside it."""
+    _check_ids(block, offset, label, checks, report)
+    if len(block):
+        lo, hi = np.searchsorted(ends, [offset, offset + len(block)], side="right")
+        doc_ends = ends[lo:hi]  # the entries whose last token is in this block
+        _check_eos(doc_ends, block[doc_ends - 1 - offset], pseudo, offset == 0, label, checks, report)
+
+
+def _check_ids(block: np.ndarray, offset: int, label: str, checks: Checks, report: Report) -> None:
+    """Ids below the vocabulary size, in a block of tokens that starts at token ``offset``."""
     if checks.vocab_size is not None and len(block):
         report.problems_at(
             label,
             f"id beyond the vocabulary of {checks.vocab_size}",
             offset + np.flatnonzero(block >= checks.vocab_size),
         )
-    if checks.eos_id is None or not len(block):
+
+
+def _check_eos(
+    entries: np.ndarray,
+    last_tokens: np.ndarray,
+    pseudo: PseudoEnds | str | None,
+    first: bool,
+    label: str,
+    checks: Checks,
+    report: Report,
+) -> None:
+    """EOS before every index entry that ends a document (``last_tokens``: the token before each of ``entries``);
+    ``pseudo``: the entries that are chunk or window boundaries, or "unknown"; ``first``: of a family's first
+    block, which notes an unchecked family once."""
+    if checks.eos_id is None:
         return
-    pseudo = entry and entry.pseudo_ends
     if pseudo == "unknown":
-        if offset == 0:
+        if first:
             report.notes.append(f"{label}: EOS not checked (its index mixes document ends with moved chunk ends)")
         return
-    lo, hi = np.searchsorted(ends, [offset, offset + len(block)], side="right")
-    doc_ends = ends[lo:hi]  # the entries whose last token is in this block
     if pseudo:  # chunk or window boundaries are not document ends
-        doc_ends = doc_ends[(doc_ends % pseudo.every != 0) | (doc_ends > pseudo.until)]
-    missing = doc_ends[block[doc_ends - 1 - offset] != checks.eos_id]
-    report.problems_at(label, f"document ends without EOS {checks.eos_id}", missing)
+        real = (entries % pseudo.every != 0) | (entries > pseudo.until)
+        entries, last_tokens = entries[real], last_tokens[real]
+    report.problems_at(label, f"document ends without EOS {checks.eos_id}", entries[last_tokens != checks.eos_id])
 
 
 def _blocks(fs, path: str, dtype: np.dtype, digest, items: int) -> Iterator[tuple[int, np.ndarray]]:

@@ -180,6 +180,15 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     }
     assert redone["00001.json"] != kept["00001.json"]  # a new attempt wrote it
 
+    # Rank 2 did not finish and rank 0's manifest was damaged since: the damage shows only once rank 2 has its
+    # marker, and the same run tokenizes rank 0 again then, rather than failing and asking for another resume.
+    (markers / "00002.json").unlink()
+    (tmp_path / "first" / "_BUILD.json").unlink()
+    damaged = tmp_path / "first" / "ranks" / "_manifests" / "00000.json"
+    damaged.write_bytes(damaged.read_bytes().replace(b'"counts"', b'"counts" ', 1))
+    assert Build.start(config, "first").run(parallel=1).record.digest == first.record.digest
+    assert (markers / "00000.json").read_bytes() != redone["00000.json"]
+
 
 def test_while_a_marker_is_missing_the_check_is_one_listing(tmp_path, sample_corpus, sample_tokenizer, monkeypatch):
     """The sensor pokes every few seconds for thousands of ranks: no marker is read until all are listed."""

@@ -124,7 +124,10 @@ def test_the_page_lists_the_build_and_serves_its_report(client, token, build) ->
     assert row["reused"] == reused
     assert row["footprint"] == manifest["footprint"] and manifest["removed"] == ["ranks", "merged"]
     ranks = next(folder for folder in row["footprint"]["folders"] if folder["name"] == "ranks")
-    storage = f'<div data-key="ranks">ranks/ {size(ranks["held"])} ({size(ranks["removed"])} removed)</div>'
+    storage = (
+        f'<div data-key="ranks"><span class="nowrap">ranks/ {size(ranks["held"])}</span> '
+        f'<span class="nowrap">({size(ranks["removed"])} removed)</span></div>'
+    )
 
     page = client.get("/corpus-builds/", cookies={"_token": token})  # the UI's cookie, as in the iframe
     assert page.status_code == 200 and run_id in page.text

@@ -275,11 +275,16 @@ class Build:
         return self.publish(keep)
 
     def _steps(self, parallel: int, progress: ProgressMode) -> None:
-        """Every step but publish: the ranks not complete yet, the merge, the context shards."""
-        ranks = sorted(self.incomplete_ranks())
-        with using(self.config.storage_options):
-            text = sum(f.span_bytes for rank in ranks for f in self.recorded_plan().share(rank, self.plan.num_ranks))
-        self._in_processes("tokenize", [(rank,) for rank in ranks], parallel, progress, text)
+        """Every step but publish: the ranks not complete yet, the merge, the context shards. A rank whose shard is
+        damaged shows only once every rank has its marker (``incomplete_ranks`` reads the shards then), so the ranks
+        found then are tokenized too; a rank is tokenized once at most."""
+        tokenized: set[int] = set()
+        while ranks := sorted(set(self.incomplete_ranks()) - tokenized):
+            with using(self.config.storage_options):
+                shares = [self.recorded_plan().share(rank, self.plan.num_ranks) for rank in ranks]
+            text = sum(f.span_bytes for share in shares for f in share)
+            self._in_processes("tokenize", [(rank,) for rank in ranks], parallel, progress, text)
+            tokenized |= set(ranks)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")
         if self.plan.num_buckets:

@@ -241,8 +241,8 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The sorted entries of two sorted index arrays, each once: ``np.union1d``'s result, whose hashing took 0.35 s
-    for a million document ends (numpy 2.4), where sorting the two sorted runs takes ~5 ms."""
+    """The sorted entries of two sorted index arrays, each once: ``np.union1d``'s result, whose hashing took 1.4 s
+    for 1.1 million document ends and 0.2 million window ends (numpy 2.4), where sorting the two runs takes 6 ms."""
     both = np.concatenate([np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)])
     both.sort(kind="stable")  # a merge of the two runs
     return both[np.concatenate([[True], both[1:] != both[:-1]])] if len(both) else both

@@ -211,10 +211,10 @@ def test_the_builds_page_escapes_and_formats() -> None:
         assert f'data-key="{key}">{text}</td>' in page, key
     assert "<style>" in page and "border-collapse" in page  # the shared stylesheet, inline
     storage = [  # each stage folder's bytes once published, those of its token files removed, and the cache's
-        '<div data-key="ranks">ranks/ 18.0 kB (196 kB removed)</div>',
-        '<div data-key="merged">merged/ 11.6 kB (196 kB removed)</div>',
-        '<div data-key="context">context/ 206 kB</div>',
-        '<div data-key="cache">cache 1.4 GB</div>',
+        '<div data-key="ranks"><span class="nowrap">ranks/ 18.0 kB</span> <span class="nowrap">(196 kB removed)</span>',
+        '<div data-key="merged"><span class="nowrap">merged/ 11.6 kB</span> <span class="nowrap">(196 kB removed)',
+        '<div data-key="context"><span class="nowrap">context/ 206 kB</span></div>',
+        '<div class="nowrap" data-key="cache">cache 1.4 GB</div>',
     ]
     assert all(line in page for line in storage) and page.count('data-key="storage">') == 2
     assert '<td data-key="storage">–</td>' in page  # the failed run's

@@ -164,6 +164,23 @@ def synthetic_ranks(folder: Path, files: int, lengths: Lengths, loss: bool = Fal
 Lengths = Callable[[np.random.Generator], np.ndarray]
 
 
+def recorded_ranks(folder: Path, files: int, lengths: Lengths) -> int:
+    """``synthetic_ranks`` as a build's stages leave their files: merged by our merge into ``files`` files, whose
+    records hold their contents, so that the stage after it proves its shuffle from the records, as in a build,
+    not by reading its input again (datatrove's files have no records: ours then read them twice); their token
+    bytes."""
+    from tokenization.stages.merge import MergeConfig, merge
+
+    raw = folder.with_name(folder.name + "-raw")
+    tokens = synthetic_ranks(raw, files, lengths) // 2
+    config = MergeConfig(
+        input=str(raw), output=str(folder), save_filename="rank", merge_max_tokens_per_file=-(-tokens // files)
+    )
+    merge(config, progress=False)
+    shutil.rmtree(raw)
+    return tokens * 2
+
+
 def uniform(docs: int, low: int, high: int) -> Lengths:
     """``docs`` document lengths from ``low`` to ``high`` tokens, evenly."""
     return lambda rng: rng.integers(low, high, docs)
@@ -422,14 +439,14 @@ def amortized_row(bench: Bench, source: Path, base: dict, mb: float, copies: int
 def byte_rows(bench: Bench, docs: int, wanted: set[str]) -> None:
     """Merge and context shuffle of synthetic ranks, against ``cp`` + ``sync`` of the same bytes; and verify."""
     small = bench.work / "small"
-    small_mb = synthetic_ranks(small, 8, uniform(docs, 200, 600)) / 1e6
+    small_mb = recorded_ranks(small, 8, uniform(docs, 200, 600)) / 1e6
     small_cp = {"cp + sync": copy_time(small, bench.work)}
     ranks = {"ranks": str(small)}
     if "merge" in wanted:
         merges = (workloads.ours_merge, workloads.datatrove_merge)
         bench.compare("merge, ~400-token docs", *merges, ranks, small_mb, small_cp)
         large = bench.work / "large"
-        large_mb = synthetic_ranks(large, 8, uniform(docs // 50, 10_000, 30_000)) / 1e6
+        large_mb = recorded_ranks(large, 8, uniform(docs // 50, 10_000, 30_000)) / 1e6
         large_cp = {"cp + sync": copy_time(large, bench.work)}
         args = {"ranks": str(large)}
         bench.compare("merge, ~20k-token docs", *merges, args, large_mb, large_cp)

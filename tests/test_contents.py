@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -18,6 +19,7 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.formats import permute
 from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheckFailed, stream_contents
+from tokenization.formats.ds import TokenFileError
 from tokenization.publish.records import BuildRecord, ContentsSum
 from tokenization.publish.runs import BuildError
 from tokenization.stages import context_shuffle, merge, tokenize
@@ -114,17 +116,20 @@ def test_a_merge_that_loses_a_document_publishes_nothing(tmp_path, monkeypatch, 
     assert not list((tmp_path / "merged").glob("*.ds*")) and not list((tmp_path / "merged").glob("_manifests/*"))
 
 
-@pytest.mark.parametrize("mode", ["windows", "packed"])
+@pytest.mark.parametrize("mode", ["windows", "windows, input without records", "packed"])
 def test_a_context_shuffle_that_loses_a_window_publishes_nothing(
     tmp_path, monkeypatch, sample_corpus, sample_tokenizer, mode
 ):
+    """Proved by joining the windows again into the input's recorded documents, or by reading the input again."""
     run([sample_corpus], tmp_path / "ranks", sample_tokenizer, seed=1, save_loss=True)
+    if mode.endswith("without records"):  # as datatrove's files come
+        shutil.rmtree(tmp_path / "ranks" / "_manifests")
     monkeypatch.setattr(context_shuffle, "move_units", duplicating(context_shuffle.move_units))
     config = ContextShuffleConfig(
         input=str(tmp_path / "ranks"),
         output=str(tmp_path / "context"),
         context_window=257,
-        context_mode=mode,
+        context_mode=mode.split(",")[0],
         pad_id=0,
     )
     with pytest.raises(ShuffleCheckFailed, match=r"^context shuffle of .*00000_00000_doc_shuffled.ds wrote other"):
@@ -188,3 +193,55 @@ def test_a_rank_smaller_than_a_chunk_with_its_tail_dropped_writes_nothing(tmp_pa
     counts = done["counts"]
     assert done["outputs"] == [] and counts["tokens_dropped"] == counts["tokens"] > 0
     assert counts["contents_out"] == {"pieces": 0, "tokens": 0, "sum": "0" * 16}
+
+
+def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents() -> None:
+    """What a context shuffle proves without reading its input again: the pieces it wrote, cut at window edges,
+    put back in the input's order and joined at the input's index, hash as the input's documents did."""
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 50_000, 100_000).astype(np.uint16)
+    loss = rng.integers(0, 2, len(tokens)).astype(np.uint8)
+    index = np.append(np.sort(rng.integers(1, len(tokens), 300)), len(tokens))  # empty documents among them
+    documents = contents(tokens, index, loss)
+    window = 997
+    edges = np.arange(window, len(tokens) + 1, window)
+    cuts = np.union1d(index, edges)
+    order = rng.permutation(len(edges))
+    starts, ends = edges[order] - window, edges[order]
+    written = ContentsHasher(keep=True)
+    for a, b in zip(starts, ends, strict=True):  # the windows in order, each cut at the cuts inside it
+        written.add(tokens[a:b], cuts[(cuts > a) & (cuts <= b)] - a, loss[a:b])
+    kept = int(edges[-1])  # the tail after the last window, dropped: hashed alone
+    assert written.result() == contents(tokens[:kept], cuts[cuts <= kept], loss[:kept])
+    tail = ContentsHasher(keep=True)
+    tail.add(tokens[kept:], cuts[cuts > kept] - kept, loss[kept:])
+    tail.result()
+    joined = permute.rejoined_contents(written.kept_pieces(), cuts, starts, ends, tail.kept_pieces(), index)
+    assert joined == documents
+    swapped = ContentsHasher(keep=True)  # two windows' bytes exchanged, their index kept: other documents
+    for a, b in zip(starts, ends, strict=True):
+        a2, b2 = (a, b) if a not in (0, window) else (window - a, 2 * window - b)
+        swapped.add(tokens[a2:b2], cuts[(cuts > a) & (cuts <= b)] - a, loss[a2:b2])
+    swapped.result()
+    assert permute.rejoined_contents(swapped.kept_pieces(), cuts, starts, ends, tail.kept_pieces(), index) != documents
+    twice = np.append(order[:-1], order[0])  # a window planned twice, another never: not these pieces
+    assert (
+        permute.rejoined_contents(
+            written.kept_pieces(), cuts, edges[twice] - window, edges[twice], tail.kept_pieces(), index
+        )
+        is None
+    )
+
+
+def test_a_context_shuffle_refuses_an_input_that_is_not_the_file_its_stage_wrote(
+    tmp_path, sample_corpus, sample_tokenizer
+):
+    run([sample_corpus], tmp_path / "ranks", sample_tokenizer, seed=1, save_loss=True)
+    (ds,) = (tmp_path / "ranks").glob("*.ds")
+    tokens = np.fromfile(ds, "<u2")
+    tokens[[10, 20]] = tokens[[20, 10]]  # two tokens of a document swapped: sizes, ids and EOS all as before
+    tokens.tofile(ds)
+    config = ContextShuffleConfig(input=str(tmp_path / "ranks"), output=str(tmp_path / "context"), context_window=257)
+    with pytest.raises(TokenFileError, match=rf"^{ds}: holds .* its manifest records .*: it is not the file its stage"):
+        context_shuffle.context_shuffle(config)
+    assert not list((tmp_path / "context").glob("*.ds*"))

@@ -9,6 +9,8 @@ import numpy as np
 from tests.conftest import run_datatrove_context_shuffler
 from tests.test_merge import merged, synthetic_ranks
 from tokenization.formats.ds import TokenFile
+from tokenization.formats.permute import contents_of
+from tokenization.stages import context_shuffle as stage
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 
 
@@ -67,3 +69,43 @@ def test_shards_split_the_files_and_keep_their_names(tmp_path) -> None:
     first = json.loads((tmp_path / "ctx" / "_manifests" / "context_00001.json").read_text())
     assert [o["name"] for o in first["outputs"]] == names[1::2]
     assert (tmp_path / "ctx" / "_completions" / "context_00001.json").exists()
+
+
+def test_a_proof_from_records_gives_the_bytes_and_books_of_one_read_again(tmp_path, monkeypatch) -> None:
+    """Files with records are proved from them, reading no byte again; the same files without records are read
+    again: the same bytes and the same books either way, the tail kept or dropped."""
+    reread = []
+    monkeypatch.setattr(stage, "contents_of", lambda *args: reread.append(args[0].urls) or contents_of(*args))
+    merged(synthetic_ranks(tmp_path / "in", 3, 200), tmp_path / "recorded", seed=3, merge_max_tokens_per_file=30_000)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for path in (tmp_path / "recorded").glob("*.ds*"):
+        (bare / path.name).write_bytes(path.read_bytes())
+    for drop_tail in (False, True):
+        results = {
+            inputs.name: shuffled(
+                inputs, tmp_path / f"{inputs.name}-{drop_tail}", seed=5, context_window=999, drop_tail=drop_tail
+            )
+            for inputs in (tmp_path / "recorded", bare)
+        }
+        assert [urls[0].split("/")[-2] for urls in reread] == ["bare"] * len(
+            list(bare.glob("*.ds"))
+        )  # each read again, once
+        reread.clear()
+        assert results["recorded"]["counts"] == results["bare"]["counts"]
+        assert results["recorded"]["counts"]["contents_in"]["pieces"] == 600
+        for path in (tmp_path / f"recorded-{drop_tail}").glob("*.ds*"):
+            assert path.read_bytes() == (tmp_path / f"bare-{drop_tail}" / path.name).read_bytes()
+
+
+def test_a_file_shorter_than_a_window_with_its_tail_dropped_is_counted_not_written(tmp_path) -> None:
+    inputs = synthetic_ranks(tmp_path / "in", 2, 3)
+    short = min(inputs.glob("*.ds"), key=lambda p: TokenFile(str(p)).num_tokens)
+    window = TokenFile(str(short)).num_tokens + 1
+    result = shuffled(inputs, tmp_path / "ours", seed=1, context_window=window, drop_tail=True)
+    written = {o["name"] for o in result["outputs"]}
+    assert short.name not in written and not (tmp_path / "ours" / short.name).exists()
+    sizes = [TokenFile(str(p)).num_tokens for p in inputs.glob("*.ds")]
+    counts = result["counts"]
+    assert counts["tokens_dropped"] == sum(n % window for n in sizes) and counts["contents_in"]["pieces"] == 6
+    assert counts["contents_in"]["tokens"] == sum(sizes) == counts["tokens"] + counts["tokens_dropped"]

@@ -93,15 +93,66 @@ def _weights(tokens: np.ndarray, loss: np.ndarray | None, y: np.ndarray, yj: np.
     np.multiply(y, _POSITIONS[: len(y)], out=yj)
 
 
-class ContentsHasher:
-    """Hashes a stream given in consecutive parts, each with its index entries; a piece may span parts. (Its sums
-    are one-element arrays: numpy warns when a scalar wraps around, never when an array does.)"""
+def _piece_hashes(sums: np.ndarray, weighted: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each piece's 64-bit hash, from its two sums and its length."""
+    h = _mix(lengths ^ _SEEDS[3])
+    h ^= sums
+    h = _mix(h + _SEEDS[0])
+    h ^= weighted
+    return _mix(h + _SEEDS[0])
 
-    def __init__(self) -> None:
+
+@dataclass(frozen=True)
+class Pieces:
+    """A stream's non-empty pieces one by one, in order: each one's two sums and its length, which its hash is made
+    of. A stage that cuts its input's pieces smaller (at window edges, say) keeps them as it writes, so that they
+    can be put back in the input's order and joined into the input's pieces, whose contents the input's records
+    hold: its proof then reads no input byte again. (24 bytes a piece.)"""
+
+    sums: np.ndarray
+    weighted: np.ndarray
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[Pieces]) -> Pieces:
+        return cls(*(np.concatenate([getattr(p, f) for p in parts] or [np.zeros(0, _U64)]) for f in _PIECE_FIELDS))
+
+    def take(self, order: np.ndarray) -> Pieces:
+        """The pieces in ``order``."""
+        return Pieces(self.sums[order], self.weighted[order], self.lengths[order])
+
+    def joined(self, firsts: np.ndarray) -> Pieces:
+        """Consecutive pieces joined end to end: piece k of the result is pieces ``firsts[k]`` up to ``firsts[k +
+        1]`` (the last, up to the end); ``firsts`` starts at 0 and increases."""
+        if not len(self):
+            return self
+        before = np.cumsum(self.lengths) - self.lengths  # where each piece starts in the stream
+        offsets = before - np.repeat(before[firsts], np.diff(np.append(firsts, len(self))))
+        weighted = self.weighted + offsets * self.sums  # positions counted from the joined piece's start
+        return Pieces(*(np.add.reduceat(a, firsts) for a in (self.sums, weighted, self.lengths)))
+
+    def contents(self) -> Contents:
+        hashes = _piece_hashes(self.sums, self.weighted, self.lengths)
+        return Contents(len(self), int(self.lengths.sum()), int(hashes.sum(dtype=_U64)))
+
+
+_PIECE_FIELDS = ("sums", "weighted", "lengths")
+
+
+class ContentsHasher:
+    """Hashes a stream given in consecutive parts, each with its index entries; a piece may span parts, and with
+    ``keep`` it keeps every piece (``pieces``). (Its sums are one-element arrays: numpy warns when a scalar wraps
+    around, never when an array does.)"""
+
+    def __init__(self, keep: bool = False) -> None:
         self.pieces = 0
         self.tokens = 0
         self._sum = np.zeros(1, _U64)
         self._open = (np.zeros(1, _U64), np.zeros(1, _U64), np.zeros(1, _U64))  # the piece not closed: sums, length
+        self._kept: list[Pieces] | None = [] if keep else None
 
     def add(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None = None) -> None:
         """The next tokens of the stream (and their loss bytes), with the index entries among them (relative to
@@ -137,13 +188,20 @@ class ContentsHasher:
         kept = n > 0
         if not kept.all():
             sa, sb, n = sa[kept], sb[kept], n[kept]
-        h = _mix(n ^ _SEEDS[3])
-        h ^= sa
-        h = _mix(h + _SEEDS[0])
-        h ^= sb
-        h = _mix(h + _SEEDS[0])
+        if self._kept is not None:
+            self._kept.append(Pieces(sa, sb, n))
         self.pieces += len(n)
-        self._sum += h.sum(dtype=_U64, keepdims=True)
+        self._sum += _piece_hashes(sa, sb, n).sum(dtype=_U64, keepdims=True)
+
+    @property
+    def keeps(self) -> bool:
+        return self._kept is not None
+
+    def kept_pieces(self) -> Pieces:
+        """Every piece closed so far, in order (a hasher made with ``keep``)."""
+        if self._kept is None:
+            raise ValueError("this hasher keeps no pieces: make it with keep=True")
+        return Pieces.concatenate(self._kept)
 
 
 def within(cuts: np.ndarray, start: int, stop: int) -> np.ndarray:

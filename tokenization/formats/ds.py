@@ -16,14 +16,14 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tokenization.formats.contents import Contents, ContentsHasher
+from tokenization.formats.contents import Contents, ContentsHasher, Pieces
 from tokenization.io.errors import TokenizationError
 from tokenization.io.storage import is_local, open_fs, start_writeback, writing
 
@@ -114,6 +114,7 @@ class WrittenTokenFile:
     files: tuple[WrittenFile, ...]
     contents: Contents
     folder: str = ""  # where in its output it is published: a bucket's folder for a rank's bucket files, else ""
+    pieces: Pieces | None = field(default=None, compare=False, repr=False)  # each piece, from a writer that keeps them
 
     @property
     def name(self) -> str:
@@ -262,9 +263,11 @@ class TokenFileWriter(FinishOrAbandon):
         save_loss: bool,
         durable: bool = True,
         observe: Observer | None = None,
+        keep_pieces: bool = False,
     ):
         """``observe(tokens, ends, loss)``: called with every block written, in order, on the contents' thread (a
-        stage's own check, ``stages.verify.OwnCheck``, checks the blocks there instead of reading the file back)."""
+        stage's own check, ``stages.verify.OwnCheck``, checks the blocks there instead of reading the file back).
+        ``keep_pieces``: what is written keeps each piece's sums too (``formats.contents.Pieces``)."""
         self.path = Path(path)
         self.observe = observe
         self.dtype = token_dtype(token_size)
@@ -275,7 +278,7 @@ class TokenFileWriter(FinishOrAbandon):
         self._ds = HashedFile(self.path, durable)
         self._index = HashedFile(self.path.with_name(self.path.name + ".index"), durable)
         self._loss = HashedFile(self.path.with_name(self.path.name + ".loss"), durable) if save_loss else None
-        self.contents = ContentsHasher()
+        self.contents = ContentsHasher(keep=keep_pieces)
         self._hashing = InOrder("contents")
         self.written: WrittenTokenFile | None = None
 
@@ -312,8 +315,10 @@ class TokenFileWriter(FinishOrAbandon):
         with writing(meta_path):
             meta_path.write_bytes(meta)
         files.append(WrittenFile(meta_path.name, len(meta), hashlib.sha256(meta).hexdigest()))
+        contents = self.contents.result()
+        pieces = self.contents.kept_pieces() if self.contents.keeps else None
         self.written = WrittenTokenFile(
-            self.path, self.tokens, self.index_entries, tuple(files), self.contents.result()
+            self.path, self.tokens, self.index_entries, tuple(files), contents, pieces=pieces
         )
         return self.written
 
@@ -441,10 +446,13 @@ class SplitWriter(FinishOrAbandon):
         on_close: Callable[[WrittenTokenFile, int], None] | None = None,
         writer_class: type = TokenFileWriter,
         observe: Callable[[Path], Observer] | None = None,
+        keep_pieces: bool = False,
     ):
         self.directory = Path(directory)
         self.name_for = name_for
         self.options = {"tokenizer": tokenizer, "token_size": token_size, "save_loss": save_loss}
+        if keep_pieces:  # a TokenFileWriter's option (``formats.contents.Pieces``)
+            self.options["keep_pieces"] = True
         self.max_tokens = max_tokens
         self.side = "left" if close_at_limit else "right"
         self.on_close = on_close

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from tokenization.formats.contents import Contents, stream_contents
+from tokenization.formats.contents import Contents, Pieces, stream_contents
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile, token_dtype
 from tokenization.io.progress import Progress
 from tokenization.io.storage import (
@@ -217,6 +217,28 @@ def contents_of(pool: SourcePool, i: int, *spans: tuple[np.ndarray, int]) -> lis
 
     with closing(pool.private(i)) as source:
         return stream_contents(read, spans)
+
+
+def rejoined_contents(
+    written: Pieces, cuts: np.ndarray, starts: np.ndarray, ends: np.ndarray, tail: Pieces, index: np.ndarray
+) -> Contents | None:
+    """What a source held, cut at its ``index``, from what a one-file shuffle wrote: ``written``, the pieces of its
+    units ``[starts[i], ends[i])`` in this order, each cut at ``cuts`` (sorted, unique, every unit edge and index
+    entry among them), then ``tail``, the pieces after the last unit (a dropped tail). The written pieces go back to
+    the source's order and are joined at its index, so the proof reads no byte of the source again (~40 ns a piece).
+    None when ``written`` cannot be those units' pieces: they were not written as the plan says."""
+    lo, hi = (np.searchsorted(cuts, edges, side="right") for edges in (starts, ends))
+    placed = ranges(lo, hi - lo)  # written piece j is the source's piece placed[j]
+    if len(placed) != len(written) or len(placed) + len(tail) != len(cuts):
+        return None
+    if (np.bincount(placed, minlength=len(placed)) != 1).any():
+        return None
+    back = np.empty_like(placed)
+    back[placed] = np.arange(len(placed))
+    pieces = Pieces.concatenate([written.take(back), tail])
+    index = np.asarray(index, dtype=np.int64)  # sorted: an empty document's entry repeats the one before it
+    document = np.searchsorted(index[index > 0], cuts, side="left")  # each piece's document
+    return pieces.joined(np.flatnonzero(np.diff(document, prepend=-1))).contents()
 
 
 def written_contents(written: Sequence[WrittenTokenFile]) -> Contents:

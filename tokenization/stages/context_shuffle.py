@@ -15,7 +15,9 @@ document ends starts each document at 0.
 
 Its files are a build's dataset, so the task checks each one before it uploads it (verify's checks,
 ``stages.verify.OwnCheck``), on the blocks as it writes them, never reading them back: as many tasks as there are
-shards check the dataset, and publish then reads none of it.
+shards check the dataset, and publish then reads none of it. It proves its windows hold the file's pieces, each
+once, from the file's record where it has one (a build's files), reading none of its bytes again; else by hashing
+the file again as it moves its windows.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-from tokenization.formats.contents import Contents, ContentsHasher, check_kept
+from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept, within
 from tokenization.formats.ds import (
     LOSS_DTYPE,
     SplitWriter,
@@ -46,6 +48,7 @@ from tokenization.formats.permute import (
     fixed_units,
     move_units,
     prefix_end,
+    rejoined_contents,
     sorted_union,
     starts_of,
 )
@@ -164,14 +167,16 @@ def context_shuffle(
                 nested = name in described and described[name].entry.pseudo_ends is not None
                 if nested and config.context_mode == "packed":
                     raise TokenFileError(f"{url}: its index holds chunk ends, not documents: nothing to pack")
-                shuffled = _one_file(config, url, source, rng, attempt, shown, own, nested)
+                recorded = described[name].entry.contents if name in described else None
+                recorded = recorded.value if recorded is not None else None
+                shuffled = _one_file(config, url, source, rng, attempt, shown, own, nested, recorded)
                 written, full, packed, read = shuffled.written, shuffled.full, shuffled.packed, shuffled.read
-                if name in described and (recorded := described[name].entry.contents) and recorded.value != read:
+                if recorded is not None and recorded != read:
                     raise TokenFileError(
-                        f"{url}: holds {read.describe()}, its manifest records {recorded.value.describe()}: it is not "
+                        f"{url}: holds {read.describe()}, its manifest records {recorded.describe()}: it is not "
                         "the file its stage wrote"
                     )
-                contents_in, contents_out = contents_in + read, contents_out + written.contents
+                contents_in += read
                 grid = full * config.context_window  # whole windows' ends are not documents' ends
                 if packed is not None:
                     tally.update(packed_counts(packed))
@@ -179,6 +184,9 @@ def context_shuffle(
                 else:
                     tail = source.num_tokens - grid
                     tally["tokens_dropped" if config.drop_tail else "tail_tokens_kept"] += tail
+                if written is None:  # shorter than a window, its tail dropped: no file, the tokens counted
+                    continue
+                contents_out += written.contents
                 entry = manifest.output_entry(written, ContextOutput, source=url, pseudo_ends=shuffled.pseudo)
                 own.family(attempt.work, entry)
                 attempt.place_families([written])
@@ -209,11 +217,11 @@ def context_shuffle(
 
 @dataclass(frozen=True)
 class _Shuffled:
-    """One file's windows written: the family, its whole windows, its packing (None: cut windows), the contents
-    of the input file, and the index entries that are window ends, not document ends ("unknown": the input's
-    index held chunk ends already)."""
+    """One file's windows written: the family (None: no window, the file's tokens all in a dropped tail), its whole
+    windows, its packing (None: cut windows), the contents of the input file, and the index entries that are window
+    ends, not document ends ("unknown": the input's index held chunk ends already)."""
 
-    written: WrittenTokenFile
+    written: WrittenTokenFile | None
     full: int
     packed: PackedFile | None
     read: Contents
@@ -229,10 +237,12 @@ def _one_file(
     shown: Progress,
     own: OwnCheck,
     nested: bool,
+    recorded: Contents | None,
 ) -> _Shuffled:
     """One file's windows in a permuted order: cut from the file (the tail last, unless dropped), or packed with
     its documents and padded to their end, checked by ``own`` as they are written, then checked again: the
-    windows hold the file's pieces, cut at their edges, each once."""
+    windows hold the file's pieces, cut at their edges, each once. Cut windows of a file whose contents are
+    ``recorded`` are joined again into its documents (``_rejoined``); others are proved by reading the file again."""
     ends = np.asarray(source.ends, dtype=np.int64)
     total = int(ends[-1]) if len(ends) else 0
     if source.num_tokens != total:
@@ -242,7 +252,7 @@ def _one_file(
         packed = _packed(config, url, source, ends, rng)
         padding = _padding_file(attempt.work / "padding" / "pad.ds", source, config.pad_id, packed.padding_tokens)
         urls, units, inner, full = [url, padding], (packed.source, packed.starts, packed.ends), None, packed.windows
-        kept, cuts = total, packed.pieces.ends  # the pieces in stream order
+        kept, cuts = total, np.asarray(packed.pieces.ends, dtype=np.int64)  # the pieces in stream order
     else:
         windows, full = fixed_units(total, config.context_window)
         order = rng.permutation(full)
@@ -251,11 +261,13 @@ def _one_file(
         starts = starts_of(windows)
         urls, units, inner = [url], (np.zeros(len(order), np.int64), starts[order], windows[order]), [ends]
         kept = prefix_end(windows, len(order))  # the dropped tail aside
-        cuts = sorted_union(ends[ends <= kept], windows[: len(order)])
+        cuts = sorted_union(ends, windows[: len(order)])  # every piece's end: its document's or its window's
+        cuts = cuts[cuts > 0]
     name = url.rsplit("/", 1)[-1]
     with_loss = source.loss is not None
     grid = full * config.context_window  # whole windows' ends are not documents' ends; the output holds them all
     pseudo = "unknown" if nested else manifest.pseudo_ends(0, grid, config.context_window, grid)
+    rejoin = recorded is not None and packed is None
     writer = SplitWriter(
         attempt.work,
         lambda _: name,
@@ -263,17 +275,58 @@ def _one_file(
         token_size=source.token_size,
         save_loss=with_loss,
         observe=lambda path: own.watch(path, pseudo),
+        keep_pieces=rejoin,
     )
     pool = SourcePool(urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs")
-    with pool, meanwhile(contents_of, pool, 0, (ends, total), (cuts, kept)) as contents:  # the input read again
-        with writer:
-            move_units(pool, *units, writer, inner, progress=shown)
-        read, expected = contents.result()
-    (written,) = writer.written
+    with pool:
+        if rejoin:
+            with writer:
+                move_units(pool, *units, writer, inner, progress=shown)
+            written = writer.written[0] if writer.written else None
+            pieces = written.pieces if written else Pieces.concatenate([])
+            read = _rejoined(url, pool, pieces, cuts, units, kept, ends, recorded)
+            return _Shuffled(written, full, packed, read, pseudo)
+        with meanwhile(contents_of, pool, 0, (ends, total), (cuts[cuts <= kept], kept)) as contents:  # read again
+            with writer:
+                move_units(pool, *units, writer, inner, progress=shown)
+            read, expected = contents.result()
+    written = writer.written[0] if writer.written else None
     if packed is not None:
         expected += _padding_contents(packed.padding, config.pad_id, source.dtype)
-    check_kept(f"context shuffle of {url}", expected, written.contents)
+    check_kept(f"context shuffle of {url}", expected, written.contents if written else Contents())
     return _Shuffled(written, full, packed, read, pseudo)
+
+
+def _rejoined(
+    url: str,
+    pool: SourcePool,
+    written: Pieces,
+    cuts: np.ndarray,
+    units: tuple[np.ndarray, np.ndarray, np.ndarray],
+    kept: int,
+    ends: np.ndarray,
+    recorded: Contents,
+) -> Contents:
+    """The file's contents, from the pieces of its windows as written and its dropped tail, read alone
+    (``formats.permute.rejoined_contents``). When they are not its record, the file is read to tell a bug of the
+    shuffle (refused here) from a file that is not the one its stage wrote (its contents returned, which the caller
+    refuses)."""
+    total = int(ends[-1])
+    hasher = ContentsHasher(keep=True)
+    tokens, loss = pool.read(0, kept, total)
+    hasher.add(tokens, within(cuts, kept, total) if kept < total else np.zeros(0, np.int64), loss)
+    hasher.result()
+    read = rejoined_contents(written, cuts, units[1], units[2], hasher.kept_pieces(), ends)
+    if read == recorded:
+        return read
+    (held,) = contents_of(pool, 0, (ends, total))
+    if held == recorded:
+        raise ShuffleCheckFailed(
+            f"context shuffle of {url} wrote other pieces than it read: its windows do not join again into the "
+            f"file's documents ({recorded.describe()}): a bug, so nothing of it is published; please report it with "
+            "this line"
+        )
+    return held
 
 
 def _padding_contents(padding: np.ndarray, pad_id: int, dtype: np.dtype) -> Contents:

@@ -16,7 +16,7 @@ from tests.test_merge import merged
 from tests.test_tokenize import run
 from tokenization.builds.accounting import conservation, rank_manifests, stage_counts
 from tokenization.builds.pages import date, duration, integer, number, render, size
-from tokenization.builds.report import INPUTS_SHOWN, render_html, report_data, write_report
+from tokenization.builds.report import INPUTS_SHOWN, _bar_svg, render_html, report_data, write_report
 from tokenization.publish.records import (
     Arrived,
     BuildInputs,
@@ -218,3 +218,13 @@ def test_the_builds_page_escapes_and_formats() -> None:
     ]
     assert all(line in page for line in storage) and page.count('data-key="storage">') == 2
     assert '<td data-key="storage">–</td>' in page  # the failed run's
+
+
+def test_a_chart_is_svg_with_a_bar_and_a_tooltip_for_each_value() -> None:
+    svg = str(_bar_svg(["<1", "1-2", "2-3"], [7, 0, 12_345], "tokens", "documents"))
+    assert svg.startswith("<svg") and svg.endswith("</svg>") and svg.count("<rect") == 3
+    assert "<title>&lt;1: 7</title>" in svg and "<title>2-3: 12,345</title>" in svg  # escaped, with its count
+    assert ">15,000</text>" in svg and ">documents</text>" in svg  # a round top tick above the largest bar
+    many = str(_bar_svg([f"f{k}" for k in range(100)], list(range(100)), "file", "tokens"))
+    labels = re.findall(r">(f\d+)</text>", many)
+    assert many.count("<rect") == 100 and labels == [f"f{k}" for k in range(0, 100, 3)]  # they do not overlap

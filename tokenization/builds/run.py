@@ -17,11 +17,13 @@ The run folder's layout is in ``tokenization.publish.runs``; the books that publ
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from collections.abc import Iterator
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from multiprocessing import get_context
+from multiprocessing.context import BaseContext
 from multiprocessing.queues import Queue
 from typing import Literal, TypeVar
 
@@ -302,25 +304,25 @@ class Build:
         progress: ProgressMode,
         total: int | None = None,
     ) -> None:
-        """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (spawned: no thread pool
-        is inherited), logging each as it completes; the first failure cancels what has not started. Their
-        progress is shown summed, as one bar (``total``: their work, in the step's unit, when known). The
-        workers never see Ctrl-C (a terminal sends it to every process of the group, and each would print its
-        traceback): interrupted, this process stops them, mid-step."""
+        """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (``_workers``), logging each
+        as it completes; the first failure cancels what has not started. Their progress is shown summed, as one
+        bar (``total``: their work, in the step's unit, when known). The workers never see Ctrl-C (a terminal sends
+        it to every process of the group, and each would print its traceback): interrupted, this process stops
+        them, mid-step."""
         if not calls:
             return
-        context = get_context("spawn")
+        context = _workers()
         queue = context.Queue()
         unit = "B" if step == "tokenize" else "tok"
         desc = f"{step.replace('_', ' ')}: {len(calls)} {STEP_TASKS[step]}{'s' * (len(calls) > 1)}"
         with (
             Gathered(desc, unit, progress, queue, total),
             ProcessPoolExecutor(
-                min(parallel, len(calls)), mp_context=context, initializer=_relay_to, initargs=(queue,)
+                min(parallel, len(calls)), mp_context=context, initializer=_started, initargs=(queue, dict(os.environ))
             ) as pool,
         ):
             try:
-                with _interrupts_blocked():  # inherited by the workers, which start as the calls are submitted
+                with _interrupts_blocked():  # the workers start as the calls are submitted
                     futures = {pool.submit(_run_step, self, step, args): args for args in calls}
                 done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             except KeyboardInterrupt:
@@ -353,8 +355,8 @@ def _check_apart(run_id: str, run_dir: str, cache: str) -> None:
 
 @contextmanager
 def _interrupts_blocked() -> Iterator[None]:
-    """SIGINT held back in this thread meanwhile (and so in the processes it starts, for good): one that comes
-    is raised once the block ends."""
+    """SIGINT held back in this thread meanwhile, while the workers start (each blocks it for good, ``_started``):
+    one that comes is raised once the block ends."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
@@ -371,11 +373,27 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 STEP_TASKS = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}
+PRELOADED = (__name__, "awkward", "pyarrow.compute")  # what a worker imports: the stages, and what they load lazily
 _relayed: Queue | None = None  # in a worker process: where its step's progress goes
 
 
-def _relay_to(queue: Queue) -> None:
+def _workers() -> BaseContext:
+    """Processes forked from a server that imported the stages once, when the first was asked for: a worker starts
+    in milliseconds, where a spawned one imported them again (0.5-1 s a process; a build starts two for its ranks
+    and two for its context shards). The server is a process of its own, started fresh, so no thread pool of this
+    one is inherited; it imports, and holds no tokenizer (a pool of HF's inherited by a fork would deadlock)."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOADED))
+    return context
+
+
+def _started(queue: Queue, environ: dict[str, str]) -> None:
+    """A worker's start: SIGINT blocked for good, the parent's environment as it is now (the server's is that of
+    when it started), and where its progress goes."""
     global _relayed
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    os.environ.clear()
+    os.environ.update(environ)
     _relayed = queue
 
 

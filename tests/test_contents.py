@@ -196,41 +196,44 @@ def test_a_rank_smaller_than_a_chunk_with_its_tail_dropped_writes_nothing(tmp_pa
 
 
 def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents() -> None:
-    """What a context shuffle proves without reading its input again: the pieces it wrote, cut at window edges,
-    put back in the input's order and joined at the input's index, hash as the input's documents did."""
+    """What a context shuffle proves without reading its input again: the pieces it wrote that window edges cut (two
+    a window at most), put back in the input's order and joined at the input's index with the dropped tail, stand
+    for the input's documents they were cut from, and the whole is the input's documents' contents."""
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 50_000, 100_000).astype(np.uint16)
     loss = rng.integers(0, 2, len(tokens)).astype(np.uint8)
-    index = np.append(np.sort(rng.integers(1, len(tokens), 300)), len(tokens))  # empty documents among them
+    index = np.append(np.sort(rng.integers(1, len(tokens), 300)), len(tokens))
+    index = np.union1d(index[(index < 1994) | (index > 6000)], [1994, 6000])  # a document ending on a window's
+    index = np.sort(np.append(index, index[:3]))  # edge, one across four windows, and empty documents
     documents = contents(tokens, index, loss)
     window = 997
     edges = np.arange(window, len(tokens) + 1, window)
     cuts = np.union1d(index, edges)
-    order = rng.permutation(len(edges))
-    starts, ends = edges[order] - window, edges[order]
-    written = ContentsHasher(keep=True)
-    for a, b in zip(starts, ends, strict=True):  # the windows in order, each cut at the cuts inside it
-        written.add(tokens[a:b], cuts[(cuts > a) & (cuts <= b)] - a, loss[a:b])
     kept = int(edges[-1])  # the tail after the last window, dropped: hashed alone
-    assert written.result() == contents(tokens[:kept], cuts[cuts <= kept], loss[:kept])
-    tail = ContentsHasher(keep=True)
+
+    def shuffled(order: np.ndarray, swap: bool = False):
+        starts, ends = edges[order] - window, edges[order]
+        parts = permute.cut_pieces(cuts, starts, ends, index)
+        assert len(parts) <= 2 * len(order)
+        hasher = ContentsHasher(keep=parts)
+        for a, b in zip(starts, ends, strict=True):  # the windows in order, each cut at the cuts inside it
+            a2, b2 = (window - a, 2 * window - b) if swap and a in (0, window) else (a, b)  # bytes exchanged
+            hasher.add(tokens[a2:b2], cuts[(cuts > a) & (cuts <= b)] - a, loss[a2:b2])
+        return hasher.result(), hasher.kept_pieces(), starts, ends
+
+    tail = ContentsHasher(keep=np.arange(np.count_nonzero(cuts > kept)))
     tail.add(tokens[kept:], cuts[cuts > kept] - kept, loss[kept:])
     tail.result()
-    joined = permute.rejoined_contents(written.kept_pieces(), cuts, starts, ends, tail.kept_pieces(), index)
-    assert joined == documents
-    swapped = ContentsHasher(keep=True)  # two windows' bytes exchanged, their index kept: other documents
-    for a, b in zip(starts, ends, strict=True):
-        a2, b2 = (a, b) if a not in (0, window) else (window - a, 2 * window - b)
-        swapped.add(tokens[a2:b2], cuts[(cuts > a) & (cuts <= b)] - a, loss[a2:b2])
-    swapped.result()
-    assert permute.rejoined_contents(swapped.kept_pieces(), cuts, starts, ends, tail.kept_pieces(), index) != documents
-    twice = np.append(order[:-1], order[0])  # a window planned twice, another never: not these pieces
-    assert (
-        permute.rejoined_contents(
-            written.kept_pieces(), cuts, edges[twice] - window, edges[twice], tail.kept_pieces(), index
-        )
-        is None
-    )
+
+    def rejoined(written: Contents, parts, starts: np.ndarray, ends: np.ndarray) -> Contents | None:
+        return permute.rejoined_contents(written, parts, cuts, starts, ends, tail.kept_pieces(), index)
+
+    order = rng.permutation(len(edges))
+    written, parts, starts, ends = shuffled(order)
+    assert written == contents(tokens[:kept], cuts[cuts <= kept], loss[:kept])
+    assert rejoined(written, parts, starts, ends) == documents
+    assert rejoined(*shuffled(order, swap=True)) != documents  # two windows' bytes exchanged, their index kept
+    assert rejoined(*shuffled(np.append(order[:-1], order[0]))) != documents  # a window twice, another never
 
 
 def test_a_context_shuffle_refuses_an_input_that_is_not_the_file_its_stage_wrote(

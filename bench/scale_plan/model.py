@@ -39,7 +39,10 @@ RANK_BYTES_PER_DOC = 16  # a doc-shuffled rank: index ends and the permutation
 INTERLEAVE_BYTES_PER_DOC = 16  # the index, and its concatenated copy while the merge plans (8 + 8)
 BUCKET_BYTES_PER_DOC = 18  # the index (8), the bucket's permutation (8), the file id of each entry (2)
 CONTEXT_BYTES_PER_DOC = 16  # a merged file's index, read (8) and written again (8)
-CONTEXT_BYTES_PER_WINDOW = 16  # the window permutation (8) and the window ends in the new index (8)
+# the window permutation (8), the window ends in the new index (8), and the proof's parts: the two pieces a window's
+# edges cut, kept as they are written (48), and the arrays that join them again at the end (measured: 143 MB more
+# at its peak for the 800 k windows of 3.27 GB of tokens, 180 a window)
+CONTEXT_BYTES_PER_WINDOW = 200
 INDEX_BYTES_PER_DOC = INDEX_DTYPE.itemsize  # .ds.index: one end offset a document
 METADATA_FILE_BYTES = 100  # a .ds.metadata file
 CACHE_RECORDS = 3  # a cached input's requests besides its token files: its entry, and the rank's use before and after
@@ -132,14 +135,14 @@ class Scenario:
     max_map_length: int = arg(4096, "Airflow's [core] max_map_length (compose and make airflow set 4096)")
     poke_s: float = arg(10, "wait_for_shards poke interval, s (dags/tokenize_corpus.py)")
     # Measured on the 2-core benchmark VM
-    tokenize_mb_s: float = arg(35.4, "tokenize: MB of text a second", TOKENIZE_ROW)
-    tokenize_rss_mb: float = arg(837, "tokenize: peak RSS, MB (within its memory budget, 1,024 MB)", TOKENIZE_ROW)
+    tokenize_mb_s: float = arg(52.8, "tokenize: MB of text a second", TOKENIZE_ROW)
+    tokenize_rss_mb: float = arg(847, "tokenize: peak RSS, MB (within its memory budget, 1,024 MB)", TOKENIZE_ROW)
     rank_load_s: float = arg(0.16, "tokenize: loading the tokenizer (HF and gigatoken), s", GPT2_LOAD)
-    merge_mb_s: float = arg(174.7, "merge: MB of tokens a second", MERGE_ROW)
-    merge_rss_mb: float = arg(279, "merge: peak RSS besides its arrays, MB", MERGE_ROW)
-    context_mb_s: float = arg(174.6, "context shuffle: MB of tokens a second", CONTEXT_ROW)
-    context_rss_mb: float = arg(185, "context shuffle: peak RSS, MB", CONTEXT_ROW)
-    verify_mb_s: float = arg(552.6, "verify (in publish): MB of tokens a second", VERIFY_ROW)
+    merge_mb_s: float = arg(428.8, "merge: MB of tokens a second", MERGE_ROW)
+    merge_rss_mb: float = arg(287, "merge: peak RSS besides its arrays, MB", MERGE_ROW)
+    context_mb_s: float = arg(320.7, "context shuffle: MB of tokens a second", CONTEXT_ROW)
+    context_rss_mb: float = arg(328, "context shuffle: peak RSS, MB", CONTEXT_ROW)
+    verify_mb_s: float = arg(693.7, "verify (in publish): MB of tokens a second", VERIFY_ROW)
     verify_rss_mb: float = arg(165, "verify: peak RSS, MB", VERIFY_ROW)
     marker_bytes: float = arg(391, "a rank's completion marker, bytes a bucket", SAMPLE_RANK)
     manifest_bytes: float = arg(682, "a rank's manifest, bytes a bucket", SAMPLE_RANK)

@@ -104,10 +104,10 @@ def _piece_hashes(sums: np.ndarray, weighted: np.ndarray, lengths: np.ndarray) -
 
 @dataclass(frozen=True)
 class Pieces:
-    """A stream's non-empty pieces one by one, in order: each one's two sums and its length, which its hash is made
-    of. A stage that cuts its input's pieces smaller (at window edges, say) keeps them as it writes, so that they
-    can be put back in the input's order and joined into the input's pieces, whose contents the input's records
-    hold: its proof then reads no input byte again. (24 bytes a piece.)"""
+    """Some of a stream's non-empty pieces, one by one: each one's two sums and its length, which its hash is made
+    of. A stage that cuts its input's pieces smaller (at window edges, say) keeps those it cut as it writes them, so
+    that they can be put back in the input's order and joined into the input's pieces, whose contents the input's
+    records hold: its proof then reads no input byte again. (24 bytes a piece.)"""
 
     sums: np.ndarray
     weighted: np.ndarray
@@ -138,21 +138,31 @@ class Pieces:
         hashes = _piece_hashes(self.sums, self.weighted, self.lengths)
         return Contents(len(self), int(self.lengths.sum()), int(hashes.sum(dtype=_U64)))
 
+    def replacing(self, whole: Contents, parts: Pieces) -> Contents:
+        """``whole``'s contents with its pieces ``parts`` replaced by these: the parts out, these in."""
+        out, into = parts.contents(), self.contents()
+        return Contents(
+            whole.pieces - out.pieces + into.pieces,
+            whole.tokens - out.tokens + into.tokens,
+            (whole.sum - out.sum + into.sum) & MASK,
+        )
+
 
 _PIECE_FIELDS = ("sums", "weighted", "lengths")
 
 
 class ContentsHasher:
-    """Hashes a stream given in consecutive parts, each with its index entries; a piece may span parts, and with
-    ``keep`` it keeps every piece (``pieces``). (Its sums are one-element arrays: numpy warns when a scalar wraps
-    around, never when an array does.)"""
+    """Hashes a stream given in consecutive parts, each with its index entries; a piece may span parts. With
+    ``keep`` (the numbers of pieces in the stream, sorted; None: none) it keeps those pieces (``kept_pieces``). (Its
+    sums are one-element arrays: numpy warns when a scalar wraps around, never when an array does.)"""
 
-    def __init__(self, keep: bool = False) -> None:
+    def __init__(self, keep: np.ndarray | None = None) -> None:
         self.pieces = 0
         self.tokens = 0
         self._sum = np.zeros(1, _U64)
         self._open = (np.zeros(1, _U64), np.zeros(1, _U64), np.zeros(1, _U64))  # the piece not closed: sums, length
-        self._kept: list[Pieces] | None = [] if keep else None
+        self._keep = None if keep is None else np.asarray(keep, dtype=np.int64)
+        self._kept: list[Pieces] = []
 
     def add(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None = None) -> None:
         """The next tokens of the stream (and their loss bytes), with the index entries among them (relative to
@@ -188,19 +198,19 @@ class ContentsHasher:
         kept = n > 0
         if not kept.all():
             sa, sb, n = sa[kept], sb[kept], n[kept]
-        if self._kept is not None:
-            self._kept.append(Pieces(sa, sb, n))
+        if self._keep is not None:
+            lo, hi = np.searchsorted(self._keep, [self.pieces, self.pieces + len(n)])
+            chosen = self._keep[lo:hi] - self.pieces
+            self._kept.append(Pieces(sa[chosen], sb[chosen], n[chosen]))
         self.pieces += len(n)
         self._sum += _piece_hashes(sa, sb, n).sum(dtype=_U64, keepdims=True)
 
     @property
     def keeps(self) -> bool:
-        return self._kept is not None
+        return self._keep is not None
 
     def kept_pieces(self) -> Pieces:
-        """Every piece closed so far, in order (a hasher made with ``keep``)."""
-        if self._kept is None:
-            raise ValueError("this hasher keeps no pieces: make it with keep=True")
+        """The pieces it was asked to keep and has closed, in order."""
         return Pieces.concatenate(self._kept)
 
 

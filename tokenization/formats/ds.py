@@ -114,7 +114,7 @@ class WrittenTokenFile:
     files: tuple[WrittenFile, ...]
     contents: Contents
     folder: str = ""  # where in its output it is published: a bucket's folder for a rank's bucket files, else ""
-    pieces: Pieces | None = field(default=None, compare=False, repr=False)  # each piece, from a writer that keeps them
+    pieces: Pieces | None = field(default=None, compare=False, repr=False)  # those its writer was asked to keep
 
     @property
     def name(self) -> str:
@@ -263,11 +263,11 @@ class TokenFileWriter(FinishOrAbandon):
         save_loss: bool,
         durable: bool = True,
         observe: Observer | None = None,
-        keep_pieces: bool = False,
+        keep_pieces: np.ndarray | None = None,
     ):
         """``observe(tokens, ends, loss)``: called with every block written, in order, on the contents' thread (a
         stage's own check, ``stages.verify.OwnCheck``, checks the blocks there instead of reading the file back).
-        ``keep_pieces``: what is written keeps each piece's sums too (``formats.contents.Pieces``)."""
+        ``keep_pieces``: the numbers of the pieces whose sums what is written keeps too (``formats.contents``)."""
         self.path = Path(path)
         self.observe = observe
         self.dtype = token_dtype(token_size)
@@ -446,13 +446,13 @@ class SplitWriter(FinishOrAbandon):
         on_close: Callable[[WrittenTokenFile, int], None] | None = None,
         writer_class: type = TokenFileWriter,
         observe: Callable[[Path], Observer] | None = None,
-        keep_pieces: bool = False,
+        keep_pieces: np.ndarray | None = None,
     ):
         self.directory = Path(directory)
         self.name_for = name_for
         self.options = {"tokenizer": tokenizer, "token_size": token_size, "save_loss": save_loss}
-        if keep_pieces:  # a TokenFileWriter's option (``formats.contents.Pieces``)
-            self.options["keep_pieces"] = True
+        if keep_pieces is not None:  # a TokenFileWriter's option, for a stream written into one file
+            self.options["keep_pieces"] = keep_pieces
         self.max_tokens = max_tokens
         self.side = "left" if close_at_limit else "right"
         self.on_close = on_close

@@ -219,26 +219,57 @@ def contents_of(pool: SourcePool, i: int, *spans: tuple[np.ndarray, int]) -> lis
         return stream_contents(read, spans)
 
 
-def rejoined_contents(
-    written: Pieces, cuts: np.ndarray, starts: np.ndarray, ends: np.ndarray, tail: Pieces, index: np.ndarray
-) -> Contents | None:
-    """What a source held, cut at its ``index``, from what a one-file shuffle wrote: ``written``, the pieces of its
-    units ``[starts[i], ends[i])`` in this order, each cut at ``cuts`` (sorted, unique, every unit edge and index
-    entry among them), then ``tail``, the pieces after the last unit (a dropped tail). The written pieces go back to
-    the source's order and are joined at its index, so the proof reads no byte of the source again (~40 ns a piece).
-    None when ``written`` cannot be those units' pieces: they were not written as the plan says."""
+def cut_pieces(cuts: np.ndarray, starts: np.ndarray, ends: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """The numbers, in the stream they are written to, of the pieces of units ``[starts[i], ends[i])`` (in this
+    order, each cut at ``cuts``) that are parts of a document a unit's edge cuts: a unit's first piece when it
+    starts inside a document, its last when it ends inside one (at most two a unit). The other pieces are whole
+    documents of the source cut at ``index``."""
     lo, hi = (np.searchsorted(cuts, edges, side="right") for edges in (starts, ends))
-    placed = ranges(lo, hi - lo)  # written piece j is the source's piece placed[j]
-    if len(placed) != len(written) or len(placed) + len(tail) != len(cuts):
+    first = np.cumsum(hi - lo) - (hi - lo)
+    inside = [(e > 0) & ~_entries(index, e) for e in (starts, ends)]  # 0 and the index entries start documents
+    return np.unique(np.concatenate([first[inside[0]], (first + hi - lo - 1)[inside[1]]]))
+
+
+def _entries(index: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Whether each position is an entry of the sorted ``index`` (read where it lies: a memory map, not copied)."""
+    if not len(index):
+        return np.zeros(len(positions), bool)
+    return np.asarray(index[np.minimum(np.searchsorted(index, positions), len(index) - 1)]) == positions
+
+
+def rejoined_contents(
+    written: Contents,
+    parts: Pieces,
+    cuts: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    tail: Pieces,
+    index: np.ndarray,
+) -> Contents | None:
+    """What a source held, cut at its ``index``, from what a one-file shuffle wrote: ``written``, the contents of
+    its units ``[starts[i], ends[i])`` in this order, each cut at ``cuts`` (sorted, unique, positive, every unit edge
+    and index entry among them, to the source's end); ``parts``, the written pieces ``cut_pieces`` names; ``tail``,
+    the source's pieces after its last unit (a dropped tail). The parts and the tail go back to the source's order
+    and are joined into its documents, which take the parts' place: the proof reads no byte of the source again,
+    and holds two pieces a unit, not one a document. None when what was written cannot be these units' pieces."""
+    lo, hi = (np.searchsorted(cuts, edges, side="right") for edges in (starts, ends))
+    ahead = np.cumsum(hi - lo)  # the written pieces up to each unit's end
+    chosen = cut_pieces(cuts, starts, ends, index)
+    kept = int(ends.max()) if len(ends) else 0
+    if written.pieces != (int(ahead[-1]) if len(ahead) else 0) or len(parts) != len(chosen):
         return None
-    if (np.bincount(placed, minlength=len(placed)) != 1).any():
+    if len(tail) != len(cuts) - np.searchsorted(cuts, kept, side="right"):
         return None
-    back = np.empty_like(placed)
-    back[placed] = np.arange(len(placed))
-    pieces = Pieces.concatenate([written.take(back), tail])
-    index = np.asarray(index, dtype=np.int64)  # sorted: an empty document's entry repeats the one before it
-    document = np.searchsorted(index[index > 0], cuts, side="left")  # each piece's document
-    return pieces.joined(np.flatnonzero(np.diff(document, prepend=-1))).contents()
+    unit = np.searchsorted(ahead, chosen, side="right")
+    numbers = np.concatenate(
+        [lo[unit] + chosen - (ahead[unit] - (hi - lo)[unit]), len(cuts) - np.arange(len(tail), 0, -1)]
+    )
+    by_number = np.argsort(numbers, kind="stable")
+    numbers, pieces = numbers[by_number], Pieces.concatenate([parts, tail]).take(by_number)
+    if np.any(numbers[1:] == numbers[:-1]):
+        return None
+    document = np.searchsorted(index, cuts[numbers], side="left")  # each part's document (its id, up to a shift)
+    return pieces.joined(np.flatnonzero(np.diff(document, prepend=-1))).replacing(written, parts)
 
 
 def written_contents(written: Sequence[WrittenTokenFile]) -> Contents:

@@ -45,6 +45,7 @@ from tokenization.formats.permute import (
     BLOCK_TOKENS,
     SourcePool,
     contents_of,
+    cut_pieces,
     fixed_units,
     move_units,
     prefix_end,
@@ -164,11 +165,11 @@ def context_shuffle(
                 if source.num_tokens == 0:  # nothing to cut; datatrove's empty files stay behind
                     continue
                 name = url.rsplit("/", 1)[-1]
-                nested = name in described and described[name].entry.pseudo_ends is not None
+                found = described[name].entry if name in described else None  # the file's record, if any
+                nested = found is not None and found.pseudo_ends is not None
                 if nested and config.context_mode == "packed":
                     raise TokenFileError(f"{url}: its index holds chunk ends, not documents: nothing to pack")
-                recorded = described[name].entry.contents if name in described else None
-                recorded = recorded.value if recorded is not None else None
+                recorded = found.contents.value if found is not None and found.contents is not None else None
                 shuffled = _one_file(config, url, source, rng, attempt, shown, own, nested, recorded)
                 written, full, packed, read = shuffled.written, shuffled.full, shuffled.packed, shuffled.read
                 if recorded is not None and recorded != read:
@@ -268,6 +269,7 @@ def _one_file(
     grid = full * config.context_window  # whole windows' ends are not documents' ends; the output holds them all
     pseudo = "unknown" if nested else manifest.pseudo_ends(0, grid, config.context_window, grid)
     rejoin = recorded is not None and packed is None
+    parts = cut_pieces(cuts, units[1], units[2], ends) if rejoin else None  # the pieces the proof keeps
     writer = SplitWriter(
         attempt.work,
         lambda _: name,
@@ -275,7 +277,7 @@ def _one_file(
         token_size=source.token_size,
         save_loss=with_loss,
         observe=lambda path: own.watch(path, pseudo),
-        keep_pieces=rejoin,
+        keep_pieces=parts,
     )
     pool = SourcePool(urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs")
     with pool:
@@ -283,8 +285,7 @@ def _one_file(
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
             written = writer.written[0] if writer.written else None
-            pieces = written.pieces if written else Pieces.concatenate([])
-            read = _rejoined(url, pool, pieces, cuts, units, kept, ends, recorded)
+            read = _rejoined(url, pool, written, cuts, units, kept, ends, recorded)
             return _Shuffled(written, full, packed, read, pseudo)
         with meanwhile(contents_of, pool, 0, (ends, total), (cuts[cuts <= kept], kept)) as contents:  # read again
             with writer:
@@ -300,23 +301,25 @@ def _one_file(
 def _rejoined(
     url: str,
     pool: SourcePool,
-    written: Pieces,
+    written: WrittenTokenFile | None,
     cuts: np.ndarray,
     units: tuple[np.ndarray, np.ndarray, np.ndarray],
     kept: int,
     ends: np.ndarray,
     recorded: Contents,
 ) -> Contents:
-    """The file's contents, from the pieces of its windows as written and its dropped tail, read alone
+    """The file's contents, from its windows as written (None: no window) and its dropped tail, read alone
     (``formats.permute.rejoined_contents``). When they are not its record, the file is read to tell a bug of the
     shuffle (refused here) from a file that is not the one its stage wrote (its contents returned, which the caller
     refuses)."""
     total = int(ends[-1])
-    hasher = ContentsHasher(keep=True)
+    tail = ContentsHasher(keep=np.arange(np.count_nonzero(cuts > kept)))  # every piece of it
     tokens, loss = pool.read(0, kept, total)
-    hasher.add(tokens, within(cuts, kept, total) if kept < total else np.zeros(0, np.int64), loss)
-    hasher.result()
-    read = rejoined_contents(written, cuts, units[1], units[2], hasher.kept_pieces(), ends)
+    tail.add(tokens, within(cuts, kept, total), loss)
+    tail.result()
+    parts = written.pieces if written is not None else Pieces.concatenate([])
+    done = written.contents if written is not None else Contents()
+    read = rejoined_contents(done, parts, cuts, units[1], units[2], tail.kept_pieces(), ends)
     if read == recorded:
         return read
     (held,) = contents_of(pool, 0, (ends, total))

@@ -172,13 +172,11 @@ def recorded_ranks(folder: Path, files: int, lengths: Lengths) -> int:
     from tokenization.stages.merge import MergeConfig, merge
 
     raw = folder.with_name(folder.name + "-raw")
-    tokens = synthetic_ranks(raw, files, lengths) // 2
-    config = MergeConfig(
-        input=str(raw), output=str(folder), save_filename="rank", merge_max_tokens_per_file=-(-tokens // files)
-    )
-    merge(config, progress=False)
+    size = synthetic_ranks(raw, files, lengths)
+    each = -(-size // 2 // files)  # tokens a file (2 bytes a token)
+    merge(MergeConfig(input=str(raw), output=str(folder), save_filename="rank", merge_max_tokens_per_file=each), False)
     shutil.rmtree(raw)
-    return tokens * 2
+    return size
 
 
 def uniform(docs: int, low: int, high: int) -> Lengths:

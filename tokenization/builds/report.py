@@ -296,7 +296,8 @@ def _bar_svg(labels: list[str], values: list[int], xlabel: str, ylabel: str) -> 
     base = CHART_TOP + plot_h
     parts.append(
         f'<line x1="{CHART_LEFT}" x2="{CHART_W - CHART_RIGHT}" y1="{base}" y2="{base}" stroke="#333"/>'
-        f'<text x="{CHART_LEFT + plot_w / 2:.1f}" y="{CHART_H - 6}" text-anchor="middle" font-size="12">'
+        f'<text x="{CHART_LEFT + plot_w / 2:.1f}" y="{CHART_H - 6 if slanted else base + 36}" text-anchor="middle" '
+        f'font-size="12">'
         f"{escape(xlabel)}</text>"
         f'<text x="14" y="{CHART_TOP + plot_h / 2:.1f}" transform="rotate(-90 14 {CHART_TOP + plot_h / 2:.1f})" '
         f'text-anchor="middle" font-size="12">{escape(ylabel)}</text></svg>'

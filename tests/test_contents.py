@@ -219,19 +219,19 @@ def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents() -> None
         for a, b in zip(starts, ends, strict=True):  # the windows in order, each cut at the cuts inside it
             a2, b2 = (window - a, 2 * window - b) if swap and a in (0, window) else (a, b)  # bytes exchanged
             hasher.add(tokens[a2:b2], cuts[(cuts > a) & (cuts <= b)] - a, loss[a2:b2])
-        return hasher.result(), hasher.kept_pieces(), starts, ends
+        return hasher.result(), hasher.kept_pieces(), parts, starts, ends
 
     tail = ContentsHasher(keep=np.arange(np.count_nonzero(cuts > kept)))
     tail.add(tokens[kept:], cuts[cuts > kept] - kept, loss[kept:])
     tail.result()
 
-    def rejoined(written: Contents, parts, starts: np.ndarray, ends: np.ndarray) -> Contents | None:
-        return permute.rejoined_contents(written, parts, cuts, starts, ends, tail.kept_pieces(), index)
+    def rejoined(written: Contents, parts, chosen, starts: np.ndarray, ends: np.ndarray) -> Contents | None:
+        return permute.rejoined_contents(written, parts, chosen, cuts, starts, ends, tail.kept_pieces(), index)
 
     order = rng.permutation(len(edges))
-    written, parts, starts, ends = shuffled(order)
+    written, parts, chosen, starts, ends = shuffled(order)
     assert written == contents(tokens[:kept], cuts[cuts <= kept], loss[:kept])
-    assert rejoined(written, parts, starts, ends) == documents
+    assert rejoined(written, parts, chosen, starts, ends) == documents
     assert rejoined(*shuffled(order, swap=True)) != documents  # two windows' bytes exchanged, their index kept
     assert rejoined(*shuffled(np.append(order[:-1], order[0]))) != documents  # a window twice, another never
 

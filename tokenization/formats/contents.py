@@ -210,8 +210,9 @@ class ContentsHasher:
         return self._keep is not None
 
     def kept_pieces(self) -> Pieces:
-        """The pieces it was asked to keep and has closed, in order."""
-        return Pieces.concatenate(self._kept)
+        """The pieces it was asked to keep and has closed, in order (joined into one, which it keeps instead)."""
+        self._kept = [Pieces.concatenate(self._kept)]
+        return self._kept[0]
 
 
 def within(cuts: np.ndarray, start: int, stop: int) -> np.ndarray:

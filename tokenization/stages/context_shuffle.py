@@ -285,7 +285,7 @@ def _one_file(
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
             written = writer.written[0] if writer.written else None
-            read = _rejoined(url, pool, written, cuts, units, kept, ends, recorded)
+            read = _rejoined(url, pool, written, parts, cuts, units, kept, ends, recorded)
             return _Shuffled(written, full, packed, read, pseudo)
         with meanwhile(contents_of, pool, 0, (ends, total), (cuts[cuts <= kept], kept)) as contents:  # read again
             with writer:
@@ -302,16 +302,17 @@ def _rejoined(
     url: str,
     pool: SourcePool,
     written: WrittenTokenFile | None,
+    chosen: np.ndarray,
     cuts: np.ndarray,
     units: tuple[np.ndarray, np.ndarray, np.ndarray],
     kept: int,
     ends: np.ndarray,
     recorded: Contents,
 ) -> Contents:
-    """The file's contents, from its windows as written (None: no window) and its dropped tail, read alone
-    (``formats.permute.rejoined_contents``). When they are not its record, the file is read to tell a bug of the
-    shuffle (refused here) from a file that is not the one its stage wrote (its contents returned, which the caller
-    refuses)."""
+    """The file's contents, from its windows as written (None: no window), the pieces ``chosen`` of them that
+    window edges cut, and its dropped tail, read alone (``formats.permute.rejoined_contents``). When they are not its
+    record, the file is read to tell a bug of the shuffle (refused here) from a file that is not the one its stage
+    wrote (its contents returned, which the caller refuses)."""
     total = int(ends[-1])
     tail = ContentsHasher(keep=np.arange(np.count_nonzero(cuts > kept)))  # every piece of it
     tokens, loss = pool.read(0, kept, total)
@@ -319,7 +320,7 @@ def _rejoined(
     tail.result()
     parts = written.pieces if written is not None else Pieces.concatenate([])
     done = written.contents if written is not None else Contents()
-    read = rejoined_contents(done, parts, cuts, units[1], units[2], tail.kept_pieces(), ends)
+    read = rejoined_contents(done, parts, chosen, cuts, units[1], units[2], tail.kept_pieces(), ends)
     if read == recorded:
         return read
     (held,) = contents_of(pool, 0, (ends, total))

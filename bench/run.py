@@ -48,10 +48,10 @@ from bench.text import generate
 from bench.workloads import Workload
 from tokenization.formats import DS
 from tokenization.formats.names import rank_stem
-from tokenization.publish import manifest
-from tokenization.publish.records import CompletionMarker, FileSum, InputFile, RankManifest
+from tokenization.output import manifest
+from tokenization.records import CompletionMarker, FileSum, InputFile, RankManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
-from tokenization.text.fast_engine import DEFAULT_MEMORY_BUDGET_MB
+from tokenization.tokenizer.fast_engine import DEFAULT_MEMORY_BUDGET_MB
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -203,7 +203,7 @@ def link_corpus(source: Path, corpus: Path, copies: int) -> None:
 
 def text_bytes(corpus: Path, text_key: str) -> int:
     """UTF-8 bytes of text in the corpus, the unit of the tokenize and count throughputs."""
-    from tokenization.text.sources import DocumentReader, Record, list_input_files
+    from tokenization.inputs.sources import DocumentReader, Record, list_input_files
 
     reader = DocumentReader(list_input_files([str(corpus)]).files, text_key)
     return sum(len(r.text.encode()) for r in reader if isinstance(r, Record))
@@ -652,7 +652,7 @@ def s3_rows(work: Path, docs: int, repeats: int) -> list[dict]:
     import s3fs
 
     from harness.cluster import s3_in_processes
-    from tokenization.io.storage import TRANSFER_STREAMS
+    from tokenization.storage.files import TRANSFER_STREAMS
 
     ranks = work / "s3-ranks"
     mb = (

@@ -46,10 +46,10 @@ from bench.scale_plan import model as plan
 from bench.scale_plan.report import table, write
 from harness.cluster import Cluster, Request, services_missing
 from tokenization.formats import DS
-from tokenization.io.storage import CONCURRENT_READS, map_concurrently, open_fs
-from tokenization.publish.manifest import COMPLETIONS, MANIFESTS
-from tokenization.publish.runs import Layout
+from tokenization.output.manifest import COMPLETIONS, MANIFESTS
+from tokenization.output.runs import Layout
 from tokenization.stages.context_shuffle import DEFAULT_WINDOW
+from tokenization.storage.files import CONCURRENT_READS, map_concurrently, open_fs
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

@@ -252,7 +252,7 @@ def ours_publish_books(inputs: Inputs) -> OwnTimes:
     """Publish's books alone, as ``complete.build_record`` keeps them: every rank manifest, documents conserved
     against the plan's input files (read first, untimed, as publish holds its plan), and the cache's summary."""
     from tokenization.builds.accounting import cache_summary, conservation, rank_manifests
-    from tokenization.publish.records import InputFile
+    from tokenization.records import InputFile
 
     planned = [InputFile.from_json(f, inputs.planned) for f in json.loads(Path(inputs.planned).read_bytes())]
     start = time.perf_counter()
@@ -311,7 +311,7 @@ def _datatrove(pipeline: list, inputs: Inputs) -> None:
 def _encode(inputs: Inputs, load: Callable[[], Any], encode: Callable[[Any, list[str]], Any]) -> OwnTimes:
     """The texts in memory first (read as the stages read them), then loading and encoding timed apart: a stage
     pays the load once per process, so it is reported on its own rather than hidden in the limit."""
-    from tokenization.text.sources import DocumentReader, Record, list_input_files
+    from tokenization.inputs.sources import DocumentReader, Record, list_input_files
 
     reader = DocumentReader(list_input_files([inputs.corpus]).files, inputs.text_key)
     texts = [r.text for r in reader if isinstance(r, Record) and r.text]

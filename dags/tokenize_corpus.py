@@ -58,7 +58,7 @@ from tokenization_airflow.deployment import deployment
 from tokenization_airflow.params import airflow_params, build_params
 from tokenization_airflow.sensors import ShardSensor
 
-from tokenization.text.encoding import limit_hf_threads
+from tokenization.tokenizer.encoding import limit_hf_threads
 
 DATASET = Asset(name="tokenized_corpus", uri="file:///tokenization/tokenize_corpus/dataset")
 DEPLOYMENT = deployment()

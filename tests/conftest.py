@@ -215,7 +215,7 @@ def run_dag(dag, conf: dict):
 
 def build_of(run) -> tuple[Path, dict]:
     """A run's folder and its build manifest."""
-    from tokenization.publish.runs import folder_for
+    from tokenization.output.runs import folder_for
 
     folder = Path(folder_for(os.environ["TOKENIZATION_OUTPUT"], run.run_id))
     return folder, json.loads((folder / "_BUILD.json").read_text())

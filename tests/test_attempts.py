@@ -16,8 +16,8 @@ import pytest
 from tests.conftest import EOS, sample_records, write_jsonl
 from tests.test_s3 import s3  # noqa: F401 - the fixture
 from tests.test_tokenize import file_bytes
-from tokenization.publish import attempts
-from tokenization.publish.attempts import AttemptConflict, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
+from tokenization.output import attempts
+from tokenization.output.attempts import AttemptConflict, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
 from tokenization.stages.verify import verify
 
 RANK_ARGS = ("--seed", "7", "--save-loss", "--max-tokens-per-file", "30000", "--eos-token", EOS)

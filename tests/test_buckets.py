@@ -11,9 +11,9 @@ import pytest
 from tests.test_merge import merged
 from tests.test_tokenize import documents, file_bytes, run
 from tokenization.builds.accounting import incomplete_ranks
+from tokenization.errors import UsageError
 from tokenization.formats import buckets
 from tokenization.formats.ds import TokenFileError
-from tokenization.io.errors import UsageError
 from tokenization.stages.merge import MergeConfig
 from tokenization.stages.verify import verify
 

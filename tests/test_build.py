@@ -12,11 +12,11 @@ import pytest
 from tests.test_merge import merged
 from tests.test_tokenize import run
 from tokenization.builds.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
+from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFileError
-from tokenization.io.errors import UsageError
-from tokenization.publish import manifest
-from tokenization.publish.records import PlannedInputs, PlannedTokenizer, PlanRecord, StageSummary, TokenizeSummary
-from tokenization.publish.runs import BuildError, Layout, claim, folder_for
+from tokenization.output import manifest
+from tokenization.output.runs import BuildError, Layout, claim, folder_for
+from tokenization.records import PlannedInputs, PlannedTokenizer, PlanRecord, StageSummary, TokenizeSummary
 
 
 def test_run_ids_map_to_folders_one_to_one() -> None:
@@ -126,9 +126,9 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         merge_max_tokens_per_file=20_000,
         keep_intermediate=True,
     )
-    caplog.set_level(logging.INFO, logger="tokenization.io.progress")
+    caplog.set_level(logging.INFO, logger="tokenization.progress")
     first = Build.start(config, "first").run(parallel=2, progress=1e-9)
-    done = [r.getMessage() for r in caplog.records if r.name == "tokenization.io.progress" and "done in" in r.message]
+    done = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress" and "done in" in r.message]
     assert [line.split(", ")[:3] for line in done] == [  # every rank's documents and tokens, relayed and summed
         ["tokenize: 3 ranks: 100.0% of 93.2 kB", "308 docs", "64,522 tokens"],
         ["merge corpus: 100.0% of 64,522 tok", "308 units", "64,522 tokens"],

@@ -23,7 +23,7 @@ from tests.conftest import ADMIN_PASSWORD, DAG_CONF, ROOT, build_of, run_dag
 from tests.test_cli import cli
 from tokenization.builds.pages import size
 from tokenization.formats.ds import TokenFile
-from tokenization.io.storage import list_names, open_fs
+from tokenization.storage.files import list_names, open_fs
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
 

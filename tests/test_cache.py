@@ -26,11 +26,11 @@ from tests.test_tokenize import file_bytes, run
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.pages import size
 from tokenization.builds.run import Build
-from tokenization.io.errors import TokenizationError
-from tokenization.publish.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
-from tokenization.publish.records import RankManifest
+from tokenization.errors import TokenizationError
+from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
+from tokenization.records import RankManifest
 from tokenization.stages.hits import SAMPLE_BYTES, SAMPLE_DOCS
-from tokenization.text.documents import TooManyRejects
+from tokenization.tokenizer.documents import TooManyRejects
 
 FILES = 24  # the sample's records dealt into this many input files
 
@@ -232,7 +232,7 @@ def test_a_corrupt_entry_is_never_used(tmp_path, sample_tokenizer, caplog, damag
         edited = json.loads(marker.read_text())
         edited["counts"]["docs_written"] += 1
         marker.write_text(json.dumps(edited))
-    caplog.set_level(logging.WARNING, logger="tokenization.publish.cache")
+    caplog.set_level(logging.WARNING, logger="tokenization.output.cache")
     again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
     assert [f["hit"] for f in again["cache"]["files"]] == [True, False, True]
     assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
@@ -437,14 +437,14 @@ def test_a_rank_that_takes_every_file_from_the_cache_builds_no_engine_and_loads_
     """The plan loaded it and tells its ranks what loading said: building the fast engine (~1 s) is a rank's fixed
     cost, which only a rank that encodes pays. HF's tokenizer (0.2-0.7 s) is loaded once, to encode the hits'
     samples again (``stages.hits``)."""
-    from tokenization.text import tokenizer_files
+    from tokenization.tokenizer import loading
 
     source = corpus(tmp_path / "corpus", files=4)
     where = {"input": str(source), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
     config = BuildConfig(**where, num_ranks=1, seed=5)
     Build.start(config, "night-1").tokenize(0, progress=False)
     nightly = Build.start(config, "night-2")
-    loaded, real = [], tokenizer_files.Tokenizer
+    loaded, real = [], loading.Tokenizer
 
     class Counted:
         @staticmethod
@@ -452,7 +452,7 @@ def test_a_rank_that_takes_every_file_from_the_cache_builds_no_engine_and_loads_
             loaded.append(len(text))
             return real.from_str(text)
 
-    monkeypatch.setattr(tokenizer_files, "Tokenizer", Counted)
+    monkeypatch.setattr(loading, "Tokenizer", Counted)
     result = nightly.tokenize(0, progress=False)
     assert len(loaded) == 1 and result.record.tokenizer.engine == "none"
     assert [f.hit for f in result.record.cache.files] == [True] * 4
@@ -465,7 +465,7 @@ def test_when_the_fast_engine_disagrees_the_rank_is_redone_on_hf_and_its_entries
 ) -> None:
     """As a rank without a cache: every file of the rank again on HF. The entries it stored with the fast engine
     before the disagreement are removed, and stored again by HF."""
-    from tokenization.text import engines
+    from tokenization.tokenizer import engines
 
     monkeypatch.setattr(engines, "FAST_ENGINE_MIN_BYTES", 0)  # the fast engine even for the sample's few bytes
     real, calls = engines.CheckedEngine.encode, []

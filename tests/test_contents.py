@@ -17,11 +17,11 @@ from tests.test_tokenize import run
 from tokenization.builds.accounting import contents_flow
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.formats import permute
+from tokenization.formats import moves
 from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheckFailed, stream_contents
 from tokenization.formats.ds import TokenFileError
-from tokenization.publish.records import BuildRecord, ContentsSum
-from tokenization.publish.runs import BuildError
+from tokenization.output.runs import BuildError
+from tokenization.records import BuildRecord, ContentsSum
 from tokenization.stages import context_shuffle, merge, tokenize
 from tokenization.stages.context_shuffle import ContextShuffleConfig
 from tokenization.stages.verify import verify
@@ -100,7 +100,7 @@ def duplicating(move):
 
 @pytest.mark.parametrize("chunks", [None, 512])
 def test_pass_2_that_loses_a_document_publishes_nothing(tmp_path, monkeypatch, sample_corpus, sample_tokenizer, chunks):
-    module = permute if chunks else tokenize
+    module = moves if chunks else tokenize
     monkeypatch.setattr(module, "move_units", duplicating(module.move_units))
     with pytest.raises(ShuffleCheckFailed, match=r"^rank 0: (pass 2|the chunk shuffle) wrote other pieces than it"):
         run([sample_corpus], tmp_path, sample_tokenizer, seed=1, shuffle_chunk_size=chunks)
@@ -213,7 +213,7 @@ def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents() -> None
 
     def shuffled(order: np.ndarray, swap: bool = False):
         starts, ends = edges[order] - window, edges[order]
-        parts = permute.cut_pieces(cuts, starts, ends, index)
+        parts = moves.cut_pieces(cuts, starts, ends, index)
         assert len(parts) <= 2 * len(order)
         hasher = ContentsHasher(keep=parts)
         for a, b in zip(starts, ends, strict=True):  # the windows in order, each cut at the cuts inside it
@@ -226,7 +226,7 @@ def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents() -> None
     tail.result()
 
     def rejoined(written: Contents, parts, chosen, starts: np.ndarray, ends: np.ndarray) -> Contents | None:
-        return permute.rejoined_contents(written, parts, chosen, cuts, starts, ends, tail.kept_pieces(), index)
+        return moves.rejoined_contents(written, parts, chosen, cuts, starts, ends, tail.kept_pieces(), index)
 
     order = rng.permutation(len(edges))
     written, parts, chosen, starts, ends = shuffled(order)

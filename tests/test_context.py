@@ -9,7 +9,7 @@ import numpy as np
 from tests.conftest import run_datatrove_context_shuffler
 from tests.test_merge import merged, synthetic_ranks
 from tokenization.formats.ds import TokenFile
-from tokenization.formats.permute import contents_of
+from tokenization.formats.moves import contents_of
 from tokenization.stages import context_shuffle as stage
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 

@@ -203,7 +203,7 @@ def test_a_misspelled_param_is_refused_naming_it(airflow_db, dag) -> None:
 def test_locations_outside_the_allowed_ones_are_refused(airflow_db, dag, param, value, message) -> None:
     from tokenization_airflow import tasks
 
-    from tokenization.io.locations import LocationError
+    from tokenization.storage.locations import LocationError
 
     with pytest.raises(LocationError, match=f"param {param}: .*{re.escape(message)}"):
         tasks.check_locations(dict(dag.params.dump()) | {param: value})

@@ -16,14 +16,14 @@ def _errors() -> tuple[list[BaseException], list[BaseException]]:
     """Errors that running again repeats, and errors that another try may not meet."""
     from tokenization_airflow.tasks import PlanError
 
+    from tokenization.errors import StorageError, UsageError
     from tokenization.formats.ds import TokenFileError
-    from tokenization.io.errors import StorageError, UsageError
-    from tokenization.io.locations import LocationError
-    from tokenization.publish.attempts import AttemptConflict, LeaseLost
-    from tokenization.publish.records import RecordError
-    from tokenization.publish.runs import BuildError
-    from tokenization.text.documents import TooManyRejects
-    from tokenization.text.sources import InputError
+    from tokenization.inputs.sources import InputError
+    from tokenization.output.attempts import AttemptConflict, LeaseLost
+    from tokenization.output.runs import BuildError
+    from tokenization.records import RecordError
+    from tokenization.storage.locations import LocationError
+    from tokenization.tokenizer.documents import TooManyRejects
 
     data = [
         InputError("a.jsonl.gz: corrupt"),
@@ -129,7 +129,7 @@ def test_a_corrupt_gz_fails_its_rank_once_with_the_cause_as_the_last_log_line(
     )
     traceback, after = logged_failure(out, f"airflow.sdk.exceptions.AirflowFailException: {cause}")
     assert len(after) == 2 and "::group::Post Execute" in after[0] and "::endgroup::" in after[1]  # an empty group
-    assert not [line for line in traceback if "tokenization/text/sources.py" in line]  # the library's frames stay out
+    assert not [line for line in traceback if "tokenization/inputs/sources.py" in line]  # the library's frames stay out
     logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR]
     assert ("tokenization_airflow.tasks", "ERROR", f"{cause} (a data error: the task fails without retries)") in logged
     row = next(r for r in list_builds(dag.dag_id) if r["run_id"] == run.run_id)  # the "Corpus builds" page's

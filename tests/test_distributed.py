@@ -27,9 +27,9 @@ from tests.test_tokenize import file_bytes, run
 from tokenization.builds.accounting import stage_counts
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.io.storage import using
-from tokenization.publish.records import RankManifest
+from tokenization.records import RankManifest
 from tokenization.stages.verify import verify
+from tokenization.storage.files import using
 
 reason = services_missing()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=f"distributed test: {reason}"), pytest.mark.long]

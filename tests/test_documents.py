@@ -13,8 +13,8 @@ from tests.conftest import EOS, write_jsonl
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.merge import MergeConfig, merge
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
-from tokenization.text import documents
-from tokenization.text.documents import ReadAhead, TooManyRejects
+from tokenization.tokenizer import documents
+from tokenization.tokenizer.documents import ReadAhead, TooManyRejects
 
 
 def test_prefetched_keeps_order_and_raises_the_producers_error() -> None:
@@ -47,7 +47,7 @@ def test_stopping_early_stops_the_reader() -> None:
 def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer, caplog, monkeypatch) -> None:
     """Where a bar would collapse into one line, each stage logs percent, counts, tokens/s and ETA."""
     monkeypatch.setattr(documents, "READ_AHEAD_CHARS", 10_000)  # the sample is smaller than one real chunk
-    caplog.set_level(logging.INFO, logger="tokenization.io.progress")
+    caplog.set_level(logging.INFO, logger="tokenization.progress")
     config = TokenizeConfig(
         inputs=[str(sample_corpus)],
         output=str(tmp_path / "ranks"),
@@ -56,7 +56,7 @@ def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer,
         batch_bytes=20_000,
     )
     tokenize_rank(config, progress=1e-9)
-    lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.io.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress"]
     pattern = LINE.format(unit="B|kB|MB", counts="docs, [\\d,]+ tokens")
     assert len(lines) > 5 and all(re.fullmatch(pattern, line) for line in lines), lines
     assert lines[-1].startswith("rank 0: 100.0% of ") and " 308 docs, 64,522 tokens, " in lines[-1]
@@ -65,7 +65,7 @@ def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer,
 
     caplog.clear()
     merge(MergeConfig(input=str(tmp_path / "ranks"), output=str(tmp_path / "merged"), save_filename="m"), 1e-9)
-    lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.io.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress"]
     pattern = LINE.format(unit="tok", counts="units, [\\d,]+ tokens")
     assert lines and all(re.fullmatch(pattern, line) for line in lines), lines
     assert lines[-1].startswith("merge m: 100.0% of 64,522 tok, 308 units, 64,522 tokens, ")

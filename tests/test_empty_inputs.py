@@ -19,7 +19,7 @@ from tests.conftest import write_jsonl
 from tests.test_plan import config_of
 from tests.test_tokenize import run
 from tokenization.builds.run import Build
-from tokenization.text import sources
+from tokenization.inputs import sources
 
 EMPTY = {
     "zero bytes": "",

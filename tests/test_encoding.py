@@ -14,12 +14,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 
 from tests.conftest import EOS, shared_path
-from tokenization.text import cutting, fast_engine
-from tokenization.text.cutting import Piece
-from tokenization.text.encoding import Encoder, framed
-from tokenization.text.engines import HF_GROUP_CHARS
-from tokenization.text.loss_masks import no_loss_mask
-from tokenization.text.tokenizer_files import EOS_CANDIDATES, TokenizerError
+from tokenization.tokenizer import cutting, fast_engine
+from tokenization.tokenizer.cutting import Piece
+from tokenization.tokenizer.encoding import Encoder, framed
+from tokenization.tokenizer.engines import HF_GROUP_CHARS
+from tokenization.tokenizer.loading import EOS_CANDIDATES, TokenizerError
+from tokenization.tokenizer.loss_masks import no_loss_mask
 
 # Each shared tokenizer's own end-of-text token and id, found with no EOS given.
 OWN_EOS = {
@@ -398,8 +398,8 @@ def test_a_lone_document_is_framed_in_place_and_like_any_other() -> None:
 
 
 def test_a_record_larger_than_a_batch_is_a_batch_of_its_own() -> None:
-    from tokenization.text.documents import Counts, DocumentOptions, _record_batches
-    from tokenization.text.sources import Record
+    from tokenization.inputs.sources import Record
+    from tokenization.tokenizer.documents import Counts, DocumentOptions, _record_batches
 
     def record(text: str) -> Record:
         return Record(text, "id", None, "f", 1)

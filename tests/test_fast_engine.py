@@ -19,9 +19,9 @@ from tokenizers.processors import TemplateProcessing
 from tests.conftest import EOS, SHARED, sample_records, shared_path
 from tokenization.formats.ds import TokenFile
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
-from tokenization.text import engines
-from tokenization.text.encoding import Encoder
-from tokenization.text.fast_engine import FastEngine, Unsupported
+from tokenization.tokenizer import engines
+from tokenization.tokenizer.encoding import Encoder
+from tokenization.tokenizer.fast_engine import FastEngine, Unsupported
 
 CLAIMED = {"gpt2", "llama3", "mistral-7b", "deepseek-v4"}
 DECLINED = {"falcon-7b": "Byte remapping failed: no single-byte vocab entry for byte 0x03"}
@@ -146,7 +146,7 @@ def test_a_difference_from_hf_restarts_the_rank_on_hf(
 FORKED = """
 import os, sys
 import numpy as np
-from tokenization.text.fast_engine import FastEngine
+from tokenization.tokenizer.fast_engine import FastEngine
 engine = FastEngine(open(sys.argv[1], "rb").read(), 2)
 texts = [f"hello world {i}, " * 20000 for i in range(64)]  # 20 MB: large enough to be spread over the pool
 expected = engine.encode(texts)[0]  # starts gigatoken's thread pool in this process

@@ -19,11 +19,11 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.pages import size
 from tokenization.builds.run import Build
 from tokenization.cli import build_parser
-from tokenization.io.options import from_arguments
-from tokenization.io.storage import using
-from tokenization.publish.records import ContextManifest, MergeManifest, RankManifest
-from tokenization.publish.runs import Layout
+from tokenization.options import from_arguments
+from tokenization.output.runs import Layout
+from tokenization.records import ContextManifest, MergeManifest, RankManifest
 from tokenization.stages.verify import verify
+from tokenization.storage.files import using
 
 STAGES = ("ranks", "merged", "context")
 RECORDS = ("_manifests", "_completions", "_quarantine")

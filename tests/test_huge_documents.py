@@ -24,12 +24,12 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from tests.conftest import shared_path
 from tokenization.cli import main
 from tokenization.formats.ds import TokenFile
-from tokenization.text import cutting, documents, engines, fast_engine
-from tokenization.text.cutting import CUT_PROBE, NO_EXACT_CUT, Cutter, NoExactCut, Piece
-from tokenization.text.encoding import Encoder
-from tokenization.text.engines import EngineMismatch
-from tokenization.text.fast_engine import FastEngine
-from tokenization.text.tokenizer_files import TokenizerError
+from tokenization.tokenizer import cutting, documents, engines, fast_engine
+from tokenization.tokenizer.cutting import CUT_PROBE, NO_EXACT_CUT, Cutter, NoExactCut, Piece
+from tokenization.tokenizer.encoding import Encoder
+from tokenization.tokenizer.engines import EngineMismatch
+from tokenization.tokenizer.fast_engine import FastEngine
+from tokenization.tokenizer.loading import TokenizerError
 
 PIECE_CHARS = 2048  # ~50 pieces a document below
 DOC_CHARS = 100_000
@@ -175,7 +175,7 @@ def test_a_tokenizer_that_cannot_be_cut_encodes_long_documents_whole(tmp_path, m
     monkeypatch.setattr(cutting, "PIECE_CHARS", 100)
     encoder = Encoder(str(tmp_path / "tokenizer.json"))
     texts = [CUT_PROBE * 20, "lazy dog " * 50]
-    with caplog.at_level(logging.WARNING, logger="tokenization.text.cutting"):
+    with caplog.at_level(logging.WARNING, logger="tokenization.tokenizer.cutting"):
         got = document_ids(encoder.encode(texts))
     assert got == [[*tokenizer.encode(t).ids, encoder.eos_id] for t in texts]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
@@ -323,7 +323,7 @@ def test_a_document_with_no_exact_cut_is_quarantined(tmp_path, small_pieces, cap
     (tmp_path / "in" / "docs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     gpt2 = str(shared_path("tokenizers", "gpt2", "tokenizer.json"))
     args = ["tokenize", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer", gpt2]
-    with caplog.at_level(logging.WARNING, logger="tokenization.text.documents"):
+    with caplog.at_level(logging.WARNING, logger="tokenization.tokenizer.documents"):
         assert main([*args, "--no-shuffle", "--max-reject-fraction", "0.5"]) == 0
     [quarantined] = [json.loads(line) for line in (tmp_path / "out" / "_quarantine").glob("*.jsonl").__next__().open()]
     source = str(tmp_path / "in" / "docs.jsonl")

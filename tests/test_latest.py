@@ -28,9 +28,8 @@ from tokenization.builds.latest import (
 )
 from tokenization.builds.report import report_data
 from tokenization.builds.run import Build
-from tokenization.io.errors import UsageError
-from tokenization.io.storage import using
-from tokenization.publish.records import (
+from tokenization.errors import UsageError
+from tokenization.records import (
     BuildRecord,
     BuildTokenizer,
     Conservation,
@@ -38,6 +37,7 @@ from tokenization.publish.records import (
     TokenizeSummary,
     VerifySummary,
 )
+from tokenization.storage.files import using
 
 DAY1, DAY2, DAY3 = (f"2026-11-{day}T02:00:00+00:00" for day in (28, 29, 30))
 WIDENED_SECONDS = 1.0  # how long the first publish waits, inside its window, for the second one to finish

@@ -21,12 +21,12 @@ import pytest
 from tests.conftest import EOS, ROOT
 from tests.test_attempts import wait_for
 from tests.test_s3 import s3  # noqa: F401 - the fixture
-from tokenization.io.storage import WriteError, put_if, using
-from tokenization.publish import attempts
-from tokenization.publish.attempts import Attempt, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
-from tokenization.publish.records import StageManifest
+from tokenization.output import attempts
+from tokenization.output.attempts import Attempt, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
+from tokenization.records import StageManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.stages.verify import verify
+from tokenization.storage.files import WriteError, put_if, using
 
 OUT = "corpus/out"
 LEASE = f"{OUT}/_leases/00000.json"

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tokenization.io.locations import (
+from tokenization.inputs.sources import InputError, list_input_files
+from tokenization.storage.locations import (
     AllowedLocations,
     LocationError,
     check_disjoint,
     intended_url,
     tokenizer_files,
 )
-from tokenization.text.sources import InputError, list_input_files
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def planned(dag, params: dict):
 
 def test_a_symlinked_input_file_leading_outside_is_refused_by_plan(airflow_db, dag, deployment, tmp_path) -> None:
     """Finding 11: the input folder was allowed, so a symlink in it put 50 secret documents in the dataset."""
-    from tokenization.io.locations import LocationError
+    from tokenization.storage.locations import LocationError
 
     secret = write_jsonl(tmp_path / "secret" / "leak.jsonl", [{"text": "secret"}] * 50)
     link = Path(deployment["input"]) / "leak.jsonl"
@@ -47,7 +47,7 @@ def test_a_symlinked_input_file_leading_outside_is_refused_by_plan(airflow_db, d
 def test_a_tokenizer_folder_whose_files_lead_outside_is_refused(airflow_db, dag, deployment, tmp_path) -> None:
     from tokenization_airflow import tasks
 
-    from tokenization.io.locations import LocationError
+    from tokenization.storage.locations import LocationError
 
     folder = Path(deployment["input"]).parent / "tokenizer"
     folder.mkdir()
@@ -89,7 +89,7 @@ def test_plan_refuses_a_run_id_latest_and_params_that_crashed_a_build(airflow_db
     limit off, fail at plan in one line, as on the command line, and before the run claims its folder."""
     from tokenization_airflow import tasks
 
-    from tokenization.io.errors import UsageError
+    from tokenization.errors import UsageError
 
     with pytest.raises(UsageError) as refused:
         tasks.plan(dict(dag.params.dump()) | deployment, "LATEST", {}, set(dag.params), 1024)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import run_datatrove_merger
 from tests.test_tokenize import documents, file_bytes, run
-from tokenization.formats import permute
+from tokenization.formats import moves
 from tokenization.formats.ds import TokenFileError, TokenFileWriter
 from tokenization.stages.merge import MergeConfig, merge
 
@@ -120,7 +120,7 @@ def test_open_files_stay_bounded(tmp_path, monkeypatch) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 6, 40)
     merged(inputs, tmp_path / "wide", seed=5, save_loss=True)
     peak = 0
-    real_source = permute.SourcePool._source
+    real_source = moves.SourcePool._source
 
     def counting_source(self, i):
         nonlocal peak
@@ -128,7 +128,7 @@ def test_open_files_stay_bounded(tmp_path, monkeypatch) -> None:
         peak = max(peak, self.open_count)
         return source
 
-    monkeypatch.setattr(permute.SourcePool, "_source", counting_source)
+    monkeypatch.setattr(moves.SourcePool, "_source", counting_source)
     merged(inputs, tmp_path / "narrow", seed=5, save_loss=True, max_open_files=2)
     assert peak == 2
     assert file_bytes(tmp_path / "narrow") == file_bytes(tmp_path / "wide")
@@ -145,7 +145,7 @@ def test_a_crashed_merge_resumes_to_the_same_bytes(tmp_path, monkeypatch) -> Non
     inputs = synthetic_ranks(tmp_path / "in", 4, 300)
     options = {"seed": 11, "merge_max_tokens_per_file": 30_000, "save_loss": True, "merge_mode": "interleave"}
     clean = merged(inputs, tmp_path / "clean", **options)
-    real_publish = permute.SplitWriter._finish
+    real_publish = moves.SplitWriter._finish
     calls = 0
 
     def crash_after_three(self):
@@ -155,7 +155,7 @@ def test_a_crashed_merge_resumes_to_the_same_bytes(tmp_path, monkeypatch) -> Non
             raise RuntimeError("simulated crash")
         real_publish(self)
 
-    monkeypatch.setattr(permute.SplitWriter, "_finish", crash_after_three)
+    monkeypatch.setattr(moves.SplitWriter, "_finish", crash_after_three)
     with pytest.raises(RuntimeError, match="simulated crash"):
         merged(inputs, tmp_path / "crashed", **options)
     monkeypatch.undo()
@@ -214,7 +214,7 @@ def test_credentials_never_reach_a_manifest_nor_stop_a_resume(tmp_path, ranks) -
 def test_checking_the_inputs_asks_storage_no_size_and_no_existence(ranks, storage_questions) -> None:
     """On S3 each size or existence question is a HEAD request: a bucket merge of a thousand rank files would wait
     for ten thousand of them. The inputs' sizes come from one listing of their folder instead."""
-    from tokenization.publish.manifest import output_entries, token_files
+    from tokenization.output.manifest import output_entries, token_files
     from tokenization.stages.merge import validate_inputs
 
     urls = token_files(str(ranks))

@@ -9,13 +9,13 @@ import pytest
 
 from tokenization.builds.config import BuildConfig
 from tokenization.cli import build_parser
-from tokenization.io.errors import UsageError
-from tokenization.io.options import LOCATIONS, fields_of, json_schema, section
+from tokenization.errors import UsageError
+from tokenization.options import LOCATIONS, fields_of, json_schema, section
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig
 from tokenization.stages.count import CountConfig
 from tokenization.stages.merge import MergeConfig, MergeOptions
 from tokenization.stages.tokenize import RankOptions, TokenizeConfig
-from tokenization.text.documents import DocumentOptions
+from tokenization.tokenizer.documents import DocumentOptions
 
 MINIMAL = {  # each config with only what it requires
     BuildConfig: {"input": "i", "output": "o", "tokenizer": "t"},
@@ -76,7 +76,7 @@ def test_the_command_line_makes_the_same_config_as_the_library() -> None:
             "special",
         ]
     )
-    from tokenization.io.options import from_arguments
+    from tokenization.options import from_arguments
 
     config = from_arguments(TokenizeConfig, args)
     assert config == TokenizeConfig(

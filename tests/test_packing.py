@@ -13,11 +13,11 @@ import pytest
 from tests.conftest import EOS, in_process, in_trainer_env
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
+from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter
 from tokenization.formats.packing import Pieces, best_fit_decreasing, pack
-from tokenization.io.errors import UsageError
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
-from tokenization.text.tokenizer_files import TokenizerFile
+from tokenization.tokenizer.loading import TokenizerFile
 
 
 def one_by_one(lengths: np.ndarray, capacity: int, seed: int) -> tuple[np.ndarray, int]:

@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenization.formats import permute
+from tokenization.formats import moves
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter
-from tokenization.formats.permute import SourcePool, fixed_units, permute_units
+from tokenization.formats.moves import SourcePool, fixed_units, permute_units
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=60)
 
@@ -39,7 +39,7 @@ def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max
         tmp_path, lambda s: f"out{s:03d}.ds", tokenizer="t", token_size=2, save_loss=True, max_tokens=max_tokens
     )
     pool = SourcePool([str(source.written.path)], 2, with_loss=True)
-    with pool, writer, patch.multiple(permute, **READ_PATHS[path]):
+    with pool, writer, patch.multiple(moves, **READ_PATHS[path]):
         permute_units(pool, ends, order, writer, inner_ends=inner, block_tokens=block)
     files = [TokenFile(str(w.path)) for w in writer.written]
     out_tokens = np.concatenate([np.asarray(f.tokens) for f in files])

@@ -18,11 +18,11 @@ from tokenization.builds.complete import summary
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import Plan, unread_or_reread
 from tokenization.builds.run import Build
-from tokenization.io.storage import file_sha256
-from tokenization.publish.records import InputFile, RecordError
-from tokenization.publish.runs import BuildError, PlanConflict
-from tokenization.text import sources
-from tokenization.text.sources import InputError, difference, list_input_files
+from tokenization.inputs import sources
+from tokenization.inputs.sources import InputError, difference, list_input_files
+from tokenization.output.runs import BuildError, PlanConflict
+from tokenization.records import InputFile, RecordError
+from tokenization.storage.files import file_sha256
 
 EOS = "<|endoftext|>"
 

@@ -14,7 +14,8 @@ import pytest
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.publish.records import (
+from tokenization.output.runs import read_build
+from tokenization.records import (
     BuildRecord,
     BuildSummary,
     CacheEntry,
@@ -28,7 +29,6 @@ from tokenization.publish.records import (
     RunClaim,
     stage_manifest,
 )
-from tokenization.publish.runs import read_build
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,12 +15,12 @@ from tokenizers import Tokenizer
 
 from tests.conftest import EOS, shared_path, write_jsonl
 from tests.test_tokenize import run
+from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile
-from tokenization.io.errors import UsageError
+from tokenization.rendering.renderer import chat_template, field_template, no_loss_ranges
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.tokenize import TokenizeConfig
-from tokenization.text.documents import TooManyRejects
-from tokenization.text.rendering import chat_template, field_template, no_loss_ranges
+from tokenization.tokenizer.documents import TooManyRejects
 
 GPT2_EOS = "<|endoftext|>"
 INSTRUCTION = "{prompt}\n\n{response}"
@@ -657,8 +657,8 @@ HOSTILE = {  # template -> the reason its record is quarantined with
 HOSTILE_RUN = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-from tokenization.text.rendering import chat_template
-from tokenization.text.sandbox import Limits
+from tokenization.rendering.renderer import chat_template
+from tokenization.rendering.sandbox import Limits
 record = {"messages": [{"role": "user\\ue0009\\ue001", "content": "a few words " * 50}]}
 limits = Limits(steps=400_000)
 renderers = [chat_template(t, "t", "messages", ["assistant"], limits=limits) for t in json.load(sys.stdin)]

@@ -17,7 +17,7 @@ from tests.test_tokenize import run
 from tokenization.builds.accounting import conservation, rank_manifests, stage_counts
 from tokenization.builds.pages import date, duration, integer, number, render, size
 from tokenization.builds.report import INPUTS_SHOWN, _bar_svg, render_html, report_data, write_report
-from tokenization.publish.records import (
+from tokenization.records import (
     Arrived,
     BuildInputs,
     BuildRecord,

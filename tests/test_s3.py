@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import EOS
 from tests.test_tokenize import file_bytes, run
-from tokenization.io.storage import MAX_PARTS, MIB, MIN_PART_SIZE, part_size, using
 from tokenization.stages.verify import verify
+from tokenization.storage.files import MAX_PARTS, MIB, MIN_PART_SIZE, part_size, using
 
 
 class S3(NamedTuple):
@@ -111,7 +111,7 @@ def test_a_record_is_read_with_one_request(s3) -> None:
     """Markers and manifests are read by the thousand (every rank's, by each bucket task): a HEAD before each GET
     doubled the requests and the waiting."""
     from harness.cluster import FaultProxy
-    from tokenization.io.storage import open_fs, read_many
+    from tokenization.storage.files import open_fs, read_many
 
     moto_port = int(s3.options["s3"]["endpoint_url"].rsplit(":", 1)[1])
     proxy = FaultProxy(moto_port, None)

@@ -11,7 +11,7 @@ import pytest
 
 from bench.scale_plan import model, report
 from tests.conftest import ROOT
-from tokenization.io.storage import part_size
+from tokenization.storage.files import part_size
 
 DEFAULT = model.Scenario()
 SCENARIOS = [

@@ -17,8 +17,8 @@ import fsspec
 import pytest
 
 from harness.cluster import ROOT, Cluster, services_missing
-from tokenization.publish.records import BuildRecord
-from tokenization.publish.runs import folder_for
+from tokenization.output.runs import folder_for
+from tokenization.records import BuildRecord
 
 reason = services_missing()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=f"distributed test: {reason}"), pytest.mark.long]

@@ -15,8 +15,8 @@ from tests.test_cli import cli
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.formats.ds import TokenFileWriter
-from tokenization.publish import manifest
-from tokenization.publish.records import CompletionMarker, ContextManifest, MergeManifest, PseudoEnds, stage_manifest
+from tokenization.output import manifest
+from tokenization.records import CompletionMarker, ContextManifest, MergeManifest, PseudoEnds, stage_manifest
 from tokenization.stages import verify as verifying
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 from tokenization.stages.verify import Checks, OwnCheck, SelfCheckFailed, verify

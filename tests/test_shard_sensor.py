@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, T
 from tokenization_airflow import sensors
 from tokenization_airflow.sensors import ShardsCannotComplete, ShardSensor, ShardTrigger
 
-from tokenization.io.errors import StorageError
+from tokenization.errors import StorageError
 
 RUN = {"dag_id": "tokenize_corpus", "run_id": "manual__1", "ranks_task_id": "tokenize"}
 MISSING = {1: "no completion marker"}

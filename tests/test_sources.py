@@ -15,10 +15,10 @@ import pytest
 import zstandard
 
 from tests.conftest import SAMPLE_TOKENIZER, write_jsonl
-from tokenization.io.errors import StorageError
-from tokenization.publish.records import Rejected
-from tokenization.text import sources
-from tokenization.text.sources import DocumentReader, InputError, Record, list_input_files, shard
+from tokenization.errors import StorageError
+from tokenization.inputs import sources
+from tokenization.inputs.sources import DocumentReader, InputError, Record, list_input_files, shard
+from tokenization.records import Rejected
 
 RECORDS = [{"id": f"d{i}", "text": f"document number {i}"} for i in range(5)]
 

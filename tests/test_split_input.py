@@ -19,9 +19,9 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import unread_or_reread
 from tokenization.builds.report import report_data
 from tokenization.builds.run import Build
-from tokenization.publish.records import FilePart, InputFile
-from tokenization.text import sources
-from tokenization.text.sources import DocumentReader, list_input_files, split_files
+from tokenization.inputs import sources
+from tokenization.inputs.sources import DocumentReader, list_input_files, split_files
+from tokenization.records import FilePart, InputFile
 
 KB = 1000
 

@@ -14,9 +14,9 @@ from tokenizers import Tokenizer
 from tests.conftest import EOS, sample_records, write_jsonl
 from tests.test_encoding import big_vocab_tokenizer
 from tokenization.formats.ds import TokenFile
-from tokenization.publish.records import CompletionMarker
+from tokenization.records import CompletionMarker
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
-from tokenization.text.documents import TooManyRejects
+from tokenization.tokenizer.documents import TooManyRejects
 
 
 def run(inputs, output, tokenizer, **options) -> dict:

@@ -28,11 +28,11 @@ from tokenizers import Tokenizer
 from tests.conftest import ROOT, shared_path
 from tests.test_fast_engine import corpus_texts
 from tokenization.formats.ds import TokenFile
-from tokenization.publish.records import RankManifest
+from tokenization.records import RankManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
-from tokenization.text.encoding import Encoder
-from tokenization.text.tokenizer_files import TokenizerError
-from tokenization.text.tokenizer_formats import BYTE_CHARS, MAX_PIECE_CHARS, as_tokenizer_json
+from tokenization.tokenizer.conversion import BYTE_CHARS, MAX_PIECE_CHARS, as_tokenizer_json
+from tokenization.tokenizer.encoding import Encoder
+from tokenization.tokenizer.loading import TokenizerError
 
 FILES = ROOT / ".tokenizer-files"
 TEXT_CHARS = 1000  # of each document: 3.1 MB of the corpora's text, which keeps each tokenizer's test short

@@ -19,8 +19,8 @@ from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.test_builds_page import full_page_screenshot
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.publish.records import BuildRecord
-from tokenization.publish.runs import folder_for
+from tokenization.output.runs import folder_for
+from tokenization.records import BuildRecord
 
 reason = services_missing() or (
     None if shutil.which("chromium") and shutil.which("chromedriver") else "chromium and chromedriver are absent"

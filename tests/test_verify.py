@@ -16,7 +16,7 @@ from tests.test_context import shuffled
 from tests.test_merge import merged
 from tests.test_tokenize import run
 from tokenization.cli import main
-from tokenization.formats import permute
+from tokenization.formats import moves
 from tokenization.stages.verify import verify
 
 NAME = "00000_00000_doc_shuffled.ds"
@@ -261,7 +261,7 @@ def test_a_resumed_merge_passes(run_dir, monkeypatch) -> None:
     is not a dataset."""
     out = run_dir / "again"
     options = {"save_filename": "corpus", "seed": 7, "merge_max_tokens_per_file": 20_000, "save_loss": True}
-    real_finish, calls = permute.SplitWriter._finish, []
+    real_finish, calls = moves.SplitWriter._finish, []
 
     def crash_on_the_third_file(self) -> None:
         calls.append(1)
@@ -269,7 +269,7 @@ def test_a_resumed_merge_passes(run_dir, monkeypatch) -> None:
             raise RuntimeError("simulated crash")
         real_finish(self)
 
-    monkeypatch.setattr(permute.SplitWriter, "_finish", crash_on_the_third_file)
+    monkeypatch.setattr(moves.SplitWriter, "_finish", crash_on_the_third_file)
     with pytest.raises(RuntimeError, match="simulated crash"):
         merged(run_dir / "ranks", out, **options)
     monkeypatch.undo()

@@ -1,9 +1,10 @@
 """corpus-tokenization: cleaned text into datatrove's token files, shuffled at scale.
 
 The public API, as ``tokenization.NAME``: a whole build (``Build``, ``BuildConfig``), each stage as a function and
-its config, ``verify``, and ``TokenFile`` to read what they write. The layers below are ``io`` (storage, errors,
-options), ``formats``, ``publish`` (records, attempts), ``text`` (reading and encoding), ``stages`` and ``builds``;
-each name is loaded on first use, so that importing one layer does not load them all.
+its config, ``verify``, and ``TokenFile`` to read what they write. The layers, from the bottom: ``errors``,
+``progress``, ``options``, ``storage``, ``records``, ``formats``, ``inputs``, ``rendering``, ``tokenizer``, ``output``
+(the output protocol), ``stages`` and ``builds``; each name is loaded on first use, so that importing one layer
+does not load them all.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ PUBLIC = {  # name -> the module that defines it
     "count_tokens": "tokenization.stages.count",
     "verify": "tokenization.stages.verify",
     "TokenFile": "tokenization.formats.ds",
-    "TokenizationError": "tokenization.io.errors",
+    "TokenizationError": "tokenization.errors",
 }
 __all__ = sorted(PUBLIC)
 

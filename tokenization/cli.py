@@ -36,18 +36,18 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from tokenization.io.errors import TokenizationError, UsageError, external_error
-from tokenization.io.locations import malformed_url
-from tokenization.io.options import add_arguments, from_arguments
+from tokenization.errors import TokenizationError, UsageError, external_error
+from tokenization.options import add_arguments, from_arguments
+from tokenization.storage.locations import malformed_url
 
 if TYPE_CHECKING:
     import numpy as np
 
     from tokenization.formats.ds import TokenFile
     from tokenization.formats.megatron import MegatronFile
-    from tokenization.publish.cache import Cache
-    from tokenization.publish.records import BuildRecord
-    from tokenization.text.documents import Counts
+    from tokenization.output.cache import Cache
+    from tokenization.records import BuildRecord
+    from tokenization.tokenizer.documents import Counts
 
 INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (SIGINT), as shells give it
 EXAMPLE = """example: a whole build of a folder of JSON lines on one machine, 4 ranks, 2 at a time
@@ -123,7 +123,7 @@ def _report_arguments(rep: argparse.ArgumentParser) -> None:
 
 
 def _cache_arguments(cache: argparse.ArgumentParser) -> None:
-    from tokenization.publish.cache import DEFAULT_FOLDER
+    from tokenization.output.cache import DEFAULT_FOLDER
 
     actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION", help="list or prune")
     where = "the cache's folder or fsspec URL, or a builds output, whose cache is {output}/" + DEFAULT_FOLDER
@@ -190,7 +190,7 @@ def _size(value: str) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from tokenization.builds import footprint, pages
-    from tokenization.publish.records import CacheSize
+    from tokenization.records import CacheSize
 
     cache = _cache_at(args.location)
     if args.action == "prune":
@@ -221,8 +221,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def _cache_at(location: str) -> Cache:
     """The cache at ``location``, or the cache of the builds output ``location`` (``{output}/.cache``); a cache is
     known by its own file, or, made by an earlier version, by its entries."""
-    from tokenization.io.storage import join, open_fs
-    from tokenization.publish.cache import DEFAULT_FOLDER, ENTRIES, OWN_FILE, Cache
+    from tokenization.output.cache import DEFAULT_FOLDER, ENTRIES, OWN_FILE, Cache
+    from tokenization.storage.files import join, open_fs
 
     fs, path = open_fs(location)
 
@@ -244,7 +244,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from tokenization.builds.complete import summary
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
-    from tokenization.text.encoding import limit_hf_threads
+    from tokenization.tokenizer.encoding import limit_hf_threads
 
     limit_hf_threads(args.threads)
     args.build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # nothing to percent-encode
@@ -258,7 +258,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
-    from tokenization.text.encoding import limit_hf_threads
+    from tokenization.tokenizer.encoding import limit_hf_threads
 
     limit_hf_threads(args.threads)
     config = from_arguments(TokenizeConfig, args)
@@ -315,7 +315,7 @@ def cmd_context_shuffle(args: argparse.Namespace) -> int:
 
 def cmd_count(args: argparse.Namespace) -> int:
     from tokenization.stages.count import CountConfig, count_tokens
-    from tokenization.text.encoding import limit_hf_threads
+    from tokenization.tokenizer.encoding import limit_hf_threads
 
     limit_hf_threads(args.threads)
     result = count_tokens(from_arguments(CountConfig, args))
@@ -331,9 +331,9 @@ def cmd_count(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from tokenization.builds.accounting import dataset_digest
-    from tokenization.io.storage import join
-    from tokenization.publish.runs import BUILD_MANIFEST
+    from tokenization.output.runs import BUILD_MANIFEST
     from tokenization.stages.verify import verify
+    from tokenization.storage.files import join
 
     if args.sample is not None and args.sample < 0:
         raise UsageError(f"--sample must be 0 or more, got {args.sample}")
@@ -360,7 +360,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _dataset_in(run_dir: str, build: BuildRecord) -> str:
     """The build's dataset in ``run_dir``: its record says where the build wrote it, and a run folder copied or
     moved since would verify the original's (or none)."""
-    from tokenization.io.storage import join
+    from tokenization.storage.files import join
 
     return join(run_dir, build.dataset.rstrip("/").rpartition("/")[2])
 
@@ -368,8 +368,8 @@ def _dataset_in(run_dir: str, build: BuildRecord) -> str:
 def _build_in(path: str) -> BuildRecord | None:
     """The build record of a run folder, whose dataset is what to verify (and whose record must match it); None
     for any other folder."""
-    from tokenization.io.storage import join, open_fs
-    from tokenization.publish.runs import RUN_CLAIM, BuildError, Layout, read_build
+    from tokenization.output.runs import RUN_CLAIM, BuildError, Layout, read_build
+    from tokenization.storage.files import join, open_fs
 
     fs, folder = open_fs(path)
     if not fs.exists(join(folder, RUN_CLAIM)):
@@ -388,7 +388,7 @@ def _build_in(path: str) -> BuildRecord | None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tokenization.builds.report import REPORT_HTML, write_report
-    from tokenization.io.storage import join
+    from tokenization.storage.files import join
 
     build = write_report(args.run_dir)
     c = build.conservation
@@ -404,7 +404,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from tokenization.formats import MEGATRON, list_token_files
     from tokenization.formats.ds import TokenFile, TokenFileError
     from tokenization.formats.megatron import MegatronFile
-    from tokenization.io.storage import open_fs
+    from tokenization.storage.files import open_fs
 
     fs, path = open_fs(args.path)
     urls = list_token_files(args.path) if fs.isdir(path) else [args.path]
@@ -445,7 +445,7 @@ def _decode(urls: list[str], files: list[TokenFile | MegatronFile], count: int, 
     import numpy as np
 
     from tokenization.formats.ds import TokenFile, TokenFileError
-    from tokenization.text.encoding import Encoder
+    from tokenization.tokenizer.encoding import Encoder
 
     named = next((f.metadata.tokenizer for f in files if isinstance(f, TokenFile) and f.metadata), None)
     if not (tokenizer or named):

@@ -19,7 +19,7 @@ from bench.scale_plan.model import (
     tokenize_cost,
     wall_seconds,
 )
-from tokenization.io.storage import MIB
+from tokenization.storage.files import MIB
 
 S3_PUTS_PER_S = 3_500  # PUT/COPY/POST/DELETE a second per partitioned prefix (S3 performance guidelines)
 S3_GETS_PER_S = 5_500  # GET/HEAD a second per partitioned prefix

@@ -10,7 +10,12 @@ from dataclasses import dataclass, field, replace
 
 from tokenization.builds.run import DATASET_NAME
 from tokenization.formats.ds import INDEX_DTYPE
-from tokenization.io.storage import (  # what the transfers really use
+from tokenization.output.attempts import CONFIRM_AFTER, HEARTBEAT_SECONDS, LEASE_TTL_SECONDS
+from tokenization.stages.context_shuffle import DEFAULT_WINDOW
+from tokenization.stages.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig
+from tokenization.stages.tokenize import TokenizeConfig
+from tokenization.stages.verify import BLOCK_BYTES
+from tokenization.storage.files import (  # what the transfers really use
     CONCURRENT_READS,
     MIB,
     MIN_PART_SIZE,
@@ -18,11 +23,6 @@ from tokenization.io.storage import (  # what the transfers really use
     TRANSFER_STREAMS,
     part_size,
 )
-from tokenization.publish.attempts import CONFIRM_AFTER, HEARTBEAT_SECONDS, LEASE_TTL_SECONDS
-from tokenization.stages.context_shuffle import DEFAULT_WINDOW
-from tokenization.stages.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig
-from tokenization.stages.tokenize import TokenizeConfig
-from tokenization.stages.verify import BLOCK_BYTES
 
 MB, GB, TB = 1e6, 1e9, 1e12
 

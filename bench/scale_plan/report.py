@@ -21,7 +21,7 @@ from bench.scale_plan.model import (
     stages,
     wall_seconds,
 )
-from tokenization.io.storage import MIB, MIN_PART_SIZE, TRANSFER_STREAMS
+from tokenization.storage.files import MIB, MIN_PART_SIZE, TRANSFER_STREAMS
 
 BEGIN = "<!-- scale_plan.py: generated from here -->"
 END = "<!-- scale_plan.py: generated up to here -->"

@@ -21,8 +21,8 @@ from fastapi.responses import HTMLResponse, Response
 from tokenization.builds.config import BuildPlan
 from tokenization.builds.pages import render
 from tokenization.builds.report import REPORT_HTML
-from tokenization.io.storage import join, open_fs
-from tokenization.publish.records import BuildSummary, RecordError
+from tokenization.records import BuildSummary, RecordError
+from tokenization.storage.files import join, open_fs
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
 from tokenization_airflow.tasks import FAILURE_KEY

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from tokenization.io.errors import TokenizationError
+from tokenization.errors import TokenizationError
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from tokenization.io.locations import SETTING as ALLOWED_LOCATIONS_SETTING
-from tokenization.io.locations import AllowedLocations
-from tokenization.text.tokenizer_files import FILE_SUFFIXES
+from tokenization.storage.locations import SETTING as ALLOWED_LOCATIONS_SETTING
+from tokenization.storage.locations import AllowedLocations
+from tokenization.tokenizer.loading import FILE_SUFFIXES
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample"
 MERGE_POOL = "tokenization_merge"

@@ -9,7 +9,7 @@ from dataclasses import MISSING
 from airflow.sdk import Param
 
 from tokenization.builds.config import BuildConfig
-from tokenization.io.options import fields_of, json_schema, section
+from tokenization.options import fields_of, json_schema, section
 
 FIRST = ("input", "output", "tokenizer")  # the trigger form opens with what every build sets
 AIRFLOW = "Airflow"  # the section of the params that only the DAG has

@@ -17,7 +17,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from asgiref.sync import sync_to_async
 
 from tokenization.builds.run import Build
-from tokenization.io.errors import TokenizationError
+from tokenization.errors import TokenizationError
 from tokenization_airflow.tasks import build_of, is_data_error, one_line, one_line_failures
 
 NEVER_FINISHING = ("upstream_failed", "removed", "skipped")  # states a rank's task cannot leave by itself

@@ -18,12 +18,12 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tokenization.builds.config import BuildConfig, BuildPlan
 from tokenization.builds.run import Build
-from tokenization.io.errors import StorageError, TokenizationError, external_error
-from tokenization.io.locations import tokenizer_files
-from tokenization.io.options import fields_of
-from tokenization.io.storage import WriteError
-from tokenization.publish.attempts import AttemptConflict, LeaseLost
-from tokenization.publish.cache import chosen_location
+from tokenization.errors import StorageError, TokenizationError, external_error
+from tokenization.options import fields_of
+from tokenization.output.attempts import AttemptConflict, LeaseLost
+from tokenization.output.cache import chosen_location
+from tokenization.storage.files import WriteError
+from tokenization.storage.locations import tokenizer_files
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
 from tokenization_airflow.pools import pool_exists

@@ -36,7 +36,7 @@ if RANKS:
     Build.tokenize = tokenize
 
 if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FREEZE_AT:
-    from tokenization.publish import attempts
+    from tokenization.output import attempts
 
     attempts.LEASE_TTL_SECONDS = float(os.environ.get("FAULT_LEASE_TTL", attempts.LEASE_TTL_SECONDS))
     attempts.HEARTBEAT_SECONDS = float(os.environ.get("FAULT_HEARTBEAT", attempts.HEARTBEAT_SECONDS))

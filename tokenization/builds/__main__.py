@@ -4,7 +4,7 @@ names; a folder, ``LATEST`` or record that cannot be used is one line naming the
 import sys
 
 from tokenization.builds.complete import latest_build, summary
-from tokenization.io.errors import TokenizationError
+from tokenization.errors import TokenizationError
 
 if len(sys.argv) != 2:
     sys.exit("usage: python -m tokenization.builds BUILDS_FOLDER")

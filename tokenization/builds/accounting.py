@@ -16,9 +16,9 @@ import orjson
 
 from tokenization.builds.plan import unread_or_reread
 from tokenization.formats.names import BUCKET_FOLDER, rank_stem
-from tokenization.io.storage import in_batches, join, list_names, list_sizes, map_concurrently, open_fs, read_many
-from tokenization.publish import manifest
-from tokenization.publish.records import (
+from tokenization.output import manifest
+from tokenization.output.runs import BuildError
+from tokenization.records import (
     CacheSummary,
     CompletionMarker,
     Conservation,
@@ -34,7 +34,7 @@ from tokenization.publish.records import (
     TokenizeSummary,
     stage_manifest,
 )
-from tokenization.publish.runs import BuildError
+from tokenization.storage.files import in_batches, join, list_names, list_sizes, map_concurrently, open_fs, read_many
 
 C = TypeVar("C", MergeCounts, ContextCounts)
 

@@ -18,13 +18,14 @@ from tokenization.builds.config import BuildConfig, BuildPlan
 from tokenization.builds.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
 from tokenization.builds.plan import Plan
 from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
+from tokenization.errors import TokenizationError
 from tokenization.formats import MEGATRON, token_file_names
-from tokenization.io.errors import TokenizationError
-from tokenization.io.options import params
-from tokenization.io.storage import is_local, join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
-from tokenization.publish import manifest
-from tokenization.publish.cache import Cache
-from tokenization.publish.records import (
+from tokenization.inputs.sources import InputError, list_input_files
+from tokenization.options import params
+from tokenization.output import manifest
+from tokenization.output.cache import Cache
+from tokenization.output.runs import BuildError, Layout, read_build
+from tokenization.records import (
     Arrived,
     BuildInputs,
     BuildRecord,
@@ -39,9 +40,8 @@ from tokenization.publish.records import (
     TokenizeSummary,
     VerifySummary,
 )
-from tokenization.publish.runs import BuildError, Layout, read_build
 from tokenization.stages.verify import Checks, verify
-from tokenization.text.sources import InputError, list_input_files
+from tokenization.storage.files import is_local, join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from tokenization.io.errors import UsageError
-from tokenization.io.options import option
-from tokenization.io.storage import join
-from tokenization.publish.cache import DEFAULT_FOLDER, OFF, chosen_location
-from tokenization.publish.records import Record, TokenizerFacts
+from tokenization.errors import UsageError
+from tokenization.options import option
+from tokenization.output.cache import DEFAULT_FOLDER, OFF, chosen_location
+from tokenization.records import Record, TokenizerFacts
 from tokenization.stages.context_shuffle import ContextOptions
 from tokenization.stages.merge import MergeOptions
 from tokenization.stages.tokenize import RankOptions
-from tokenization.text.documents import DocumentOptions
+from tokenization.storage.files import join
+from tokenization.tokenizer.documents import DocumentOptions
 
 
 @dataclass(frozen=True, kw_only=True)

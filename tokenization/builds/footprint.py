@@ -27,11 +27,11 @@ from collections.abc import Iterator
 import fsspec
 
 from tokenization.builds.pages import size
-from tokenization.io.errors import TokenizationError
-from tokenization.io.storage import is_local, join, open_fs, remove_files
-from tokenization.publish.cache import Cache
-from tokenization.publish.records import CacheSize, FolderBytes, Footprint
-from tokenization.publish.runs import Layout
+from tokenization.errors import TokenizationError
+from tokenization.output.cache import Cache
+from tokenization.output.runs import Layout
+from tokenization.records import CacheSize, FolderBytes, Footprint
+from tokenization.storage.files import is_local, join, open_fs, remove_files
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ it holds a ``_BUILD.json``. Retention keeps the newest ``keep`` candidates and d
 being published nor the one ``LATEST`` names.
 
 No path given by a user is ever used as a glob: the output is listed, never globbed, and folders are removed with
-:func:`tokenization.io.storage.remove_tree`.
+:func:`tokenization.storage.files.remove_tree`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from datetime import datetime
 
 import fsspec
 
-from tokenization.io.errors import MissingError, TokenizationError, UsageError
-from tokenization.io.storage import (
+from tokenization.errors import MissingError, TokenizationError, UsageError
+from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, folder_for, read_build
+from tokenization.records import BuildRecord, RecordError, RunClaim
+from tokenization.storage.files import (
     is_local,
     is_s3,
     join,
@@ -38,8 +40,6 @@ from tokenization.io.storage import (
     remove_tree,
     write_bytes_atomic,
 )
-from tokenization.publish.records import BuildRecord, RecordError, RunClaim
-from tokenization.publish.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, folder_for, read_build
 
 LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_for encodes a leading dot)
 SWAP_ATTEMPTS = 20  # each a read, a listing and a conditional PUT: only a publish racing others ever retries

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import orjson
 
-from tokenization.io.options import Options, params
-from tokenization.io.storage import join
-from tokenization.publish.records import InputFile, PlannedInputs, PlannedTokenizer, PlanRecord
-from tokenization.publish.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
-from tokenization.text.sources import InputListing, difference, split_files
+from tokenization.inputs.sources import InputListing, difference, split_files
+from tokenization.options import Options, params
+from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
+from tokenization.records import InputFile, PlannedInputs, PlannedTokenizer, PlanRecord
+from tokenization.storage.files import join
 
 log = logging.getLogger(__name__)
 

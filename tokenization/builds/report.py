@@ -15,12 +15,12 @@ from markupsafe import Markup, escape
 
 from tokenization.builds.accounting import rank_manifests
 from tokenization.builds.pages import render
-from tokenization.io.errors import MissingError
-from tokenization.io.storage import join, open_fs, write_bytes_atomic
-from tokenization.publish import manifest
-from tokenization.publish.records import BuildInputs, BuildRecord, RankManifest, Retention, Throughput
-from tokenization.publish.runs import BUILD_MANIFEST, Layout, read_build
-from tokenization.text.encoding import NO_ENGINE
+from tokenization.errors import MissingError
+from tokenization.output import manifest
+from tokenization.output.runs import BUILD_MANIFEST, Layout, read_build
+from tokenization.records import BuildInputs, BuildRecord, RankManifest, Retention, Throughput
+from tokenization.storage.files import join, open_fs, write_bytes_atomic
+from tokenization.tokenizer.encoding import NO_ENGINE
 
 # /3 had no footprint or ranks' memory; /2 no packing; /1 copied the build record's figures
 REPORT_FORMAT = "corpus-tokenization/report/4"

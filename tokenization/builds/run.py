@@ -10,7 +10,7 @@ Once the build is published, a step run again (a task cleared in Airflow's Grid,
 same build id) does nothing and returns what its records say: the files it would read or write may be gone on
 purpose (``tokenization.builds.footprint``), and the published build must not change under its ``_BUILD.json``.
 
-The run folder's layout is in ``tokenization.publish.runs``; the books that publish checks are in
+The run folder's layout is in ``tokenization.output.runs``; the books that publish checks are in
 ``tokenization.builds.accounting``.
 """
 
@@ -31,17 +31,14 @@ from tokenization.builds import accounting, complete
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig, BuildPlan
 from tokenization.builds.plan import Plan
+from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
-from tokenization.io.errors import UsageError
-from tokenization.io.locations import AllowedLocations, check_disjoint, inside
-from tokenization.io.progress import Gathered, ProgressMode, Relay
-from tokenization.io.storage import join, open_fs, using
-from tokenization.publish import manifest
-from tokenization.publish.cache import OFF, Cache
-from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import ContextCounts, ContextManifest, MergeCounts, MergeManifest, RankManifest
-from tokenization.publish.runs import (
+from tokenization.inputs.sources import idle_ranks, list_input_files, with_content
+from tokenization.output import manifest
+from tokenization.output.cache import OFF, Cache
+from tokenization.output.manifest import StageResult
+from tokenization.output.runs import (
     BUILD_MANIFEST,
     BuildError,
     Layout,
@@ -50,13 +47,16 @@ from tokenization.publish.runs import (
     read_claim,
     resolve_seed,
 )
+from tokenization.progress import Gathered, ProgressMode, Relay
+from tokenization.records import ContextCounts, ContextManifest, MergeCounts, MergeManifest, RankManifest
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
 from tokenization.stages.merge import MergeConfig, MergeOptions, merge
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
-from tokenization.text.documents import Counts, DocumentOptions
-from tokenization.text.encoding import limit_hf_threads
-from tokenization.text.sources import idle_ranks, list_input_files, with_content
-from tokenization.text.tokenizer_files import TokenizerFile
+from tokenization.storage.files import join, open_fs, using
+from tokenization.storage.locations import AllowedLocations, check_disjoint, inside
+from tokenization.tokenizer.documents import Counts, DocumentOptions
+from tokenization.tokenizer.encoding import limit_hf_threads
+from tokenization.tokenizer.loading import TokenizerFile
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ def _interrupts_blocked() -> Iterator[None]:
 
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Stop the workers at once, in the middle of their steps: their attempts' files stay for the next run of
-    the build, which resumes or clears them (``tokenization.publish.attempts``)."""
+    the build, which resumes or clears them (``tokenization.output.attempts``)."""
     for process in list(pool._processes.values()):  # Python 3.14's terminate_workers(), before it
         process.terminate()
     pool.shutdown(cancel_futures=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenization.io.storage import join, list_names, open_fs
+from tokenization.storage.files import join, list_names, open_fs
 
 DS = ".ds"
 MEGATRON = ".bin"

@@ -15,48 +15,21 @@ sub-blocks of ``SUB_BLOCK`` tokens whose two buffers are reused (~2.5-3 ns a tok
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tokenization.io.errors import TokenizationError
+from tokenization.errors import TokenizationError
+from tokenization.records.contents import MASK, Contents
 
 # Tokens hashed at once: a sub-block costs ~35 numpy calls of a few us each besides its arithmetic, which 256 Ki
 # tokens make ~0.4 ns a token (at 64 Ki it was 1.5 ns; at 4 Mi the two 32 MiB buffers fell out of the caches).
 SUB_BLOCK = 1 << 18
 READ_BLOCK = 1 << 22  # tokens read at once when a file is hashed
-MASK = (1 << 64) - 1
 _U64 = np.uint64
 _POSITIONS = np.arange(SUB_BLOCK, dtype=_U64)
 _SEEDS = tuple(_U64(k) for k in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93))
-
-
-@dataclass(frozen=True)
-class Contents:
-    """A stream's pieces (non-empty ones), tokens and the sum of its pieces' hashes mod 2^64. Adding two gives the
-    contents of both streams, in any order."""
-
-    pieces: int = 0
-    tokens: int = 0
-    sum: int = 0
-
-    def __add__(self, other: Contents) -> Contents:
-        return Contents(self.pieces + other.pieces, self.tokens + other.tokens, (self.sum + other.sum) & MASK)
-
-    def times(self, n: int) -> Contents:
-        """These contents ``n`` times over."""
-        return Contents(self.pieces * n, self.tokens * n, (self.sum * n) & MASK)
-
-    @classmethod
-    def total(cls, parts: Iterable[Contents]) -> Contents:
-        whole = cls()
-        for part in parts:
-            whole = whole + part
-        return whole
-
-    def describe(self) -> str:
-        return f"{self.pieces:,} pieces, {self.tokens:,} tokens, sum {self.sum:016x}"
 
 
 class ShuffleCheckFailed(TokenizationError):

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tokenization.errors import TokenizationError
 from tokenization.formats.contents import Contents, ContentsHasher, Pieces
-from tokenization.io.errors import TokenizationError
-from tokenization.io.storage import is_local, open_fs, start_writeback, writing
+from tokenization.storage.files import is_local, open_fs, start_writeback, writing
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated

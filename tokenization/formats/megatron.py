@@ -24,7 +24,7 @@ from tokenization.formats.ds import (
     WrittenTokenFile,
     map_array,
 )
-from tokenization.io.storage import open_fs
+from tokenization.storage.files import open_fs
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenization.formats.permute import ranges
+from tokenization.formats.moves import ranges
 
 
 @dataclass(frozen=True)

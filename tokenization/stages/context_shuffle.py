@@ -31,6 +31,7 @@ from typing import Literal
 
 import numpy as np
 
+from tokenization.errors import UsageError
 from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept, within
 from tokenization.formats.ds import (
     LOSS_DTYPE,
@@ -40,8 +41,7 @@ from tokenization.formats.ds import (
     TokenFileWriter,
     WrittenTokenFile,
 )
-from tokenization.formats.packing import PackedFile, pack
-from tokenization.formats.permute import (
+from tokenization.formats.moves import (
     BLOCK_TOKENS,
     SourcePool,
     contents_of,
@@ -53,14 +53,13 @@ from tokenization.formats.permute import (
     sorted_union,
     starts_of,
 )
-from tokenization.io.errors import UsageError
-from tokenization.io.options import Options, option
-from tokenization.io.progress import Progress, ProgressMode
-from tokenization.io.storage import meanwhile, open_fs, with_storage_options
-from tokenization.publish import manifest
-from tokenization.publish.attempts import Attempt, attempt_at
-from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import (
+from tokenization.formats.packing import PackedFile, pack
+from tokenization.options import Options, option
+from tokenization.output import manifest
+from tokenization.output.attempts import Attempt, attempt_at
+from tokenization.output.manifest import StageResult
+from tokenization.progress import Progress, ProgressMode
+from tokenization.records import (
     ContentsSum,
     ContextCounts,
     ContextManifest,
@@ -69,6 +68,7 @@ from tokenization.publish.records import (
     PseudoEnds,
 )
 from tokenization.stages.verify import Checks, OwnCheck
+from tokenization.storage.files import meanwhile, open_fs, with_storage_options
 
 log = logging.getLogger(__name__)
 

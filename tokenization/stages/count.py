@@ -18,15 +18,15 @@ from pathlib import Path
 import orjson
 import zstandard
 
-from tokenization.io.options import option
-from tokenization.io.progress import ProgressMode
-from tokenization.io.storage import move_into_place, open_fs, with_storage_options, write_bytes_atomic
-from tokenization.publish import manifest
-from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import CountedFile, CountStats, Rejected
-from tokenization.text.documents import Counts, DocumentOptions, RejectTally, encoded_batches
-from tokenization.text.encoding import Encoder
-from tokenization.text.sources import DocumentReader, list_input_files
+from tokenization.inputs.sources import DocumentReader, list_input_files
+from tokenization.options import option
+from tokenization.output import manifest
+from tokenization.output.manifest import StageResult
+from tokenization.progress import ProgressMode
+from tokenization.records import CountedFile, CountStats, Rejected
+from tokenization.storage.files import move_into_place, open_fs, with_storage_options, write_bytes_atomic
+from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, encoded_batches
+from tokenization.tokenizer.encoding import Encoder
 
 
 @dataclass(frozen=True, kw_only=True)

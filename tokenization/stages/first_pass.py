@@ -1,6 +1,6 @@
 """Pass 1 of a rank, a file at a time: each input file's documents, in input order, become a segment in the
 attempt's working folder (a ``.ds`` family, the file's counts and its quarantined records), taken from the
-tokenization cache (``tokenization.publish.cache``) when it holds the file, else encoded there and then stored.
+tokenization cache (``tokenization.output.cache``) when it holds the file, else encoded there and then stored.
 
 A segment is the same whether it was encoded or taken from the cache, and a rank's documents are its segments'
 end to end, so pass 2 writes the same bytes with a full cache, an empty one or none. A cached file's rejected
@@ -25,18 +25,18 @@ import orjson
 
 from tokenization.formats.contents import Contents, stream_contents
 from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
-from tokenization.formats.permute import SourcePool
-from tokenization.io.progress import Progress, ProgressMode
-from tokenization.io.storage import file_sha256, writing
-from tokenization.publish.attempts import Attempt
-from tokenization.publish.cache import Cache
-from tokenization.publish.records import CachedInput, CacheEntry, FileSum, InputFile, RankCounts, Rejected
+from tokenization.formats.moves import SourcePool
+from tokenization.inputs.sources import DocumentReader, content_identity
+from tokenization.output.attempts import Attempt
+from tokenization.output.cache import Cache
+from tokenization.progress import Progress, ProgressMode
+from tokenization.records import CachedInput, CacheEntry, FileSum, InputFile, RankCounts, Rejected
+from tokenization.rendering.renderer import Renderer
 from tokenization.stages.hits import HitCheck
-from tokenization.text.cache_key import CacheKey, cache_key
-from tokenization.text.documents import Counts, DocumentOptions, RejectTally, Threads, encoded_batches
-from tokenization.text.encoding import Encoder
-from tokenization.text.rendering import Renderer
-from tokenization.text.sources import DocumentReader, content_identity
+from tokenization.storage.files import file_sha256, writing
+from tokenization.tokenizer.cache_key import CacheKey, cache_key
+from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, Threads, encoded_batches
+from tokenization.tokenizer.encoding import Encoder
 
 log = logging.getLogger(__name__)
 

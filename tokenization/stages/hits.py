@@ -39,12 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from tokenization.formats.ds import TokenFile
-from tokenization.publish.records import CacheEntry, InputFile, RecordError, Rejected
-from tokenization.text.cutting import NO_EXACT_CUT
-from tokenization.text.documents import DocumentOptions, utf8_length
-from tokenization.text.encoding import Encoder
-from tokenization.text.rendering import Renderer
-from tokenization.text.sources import DocumentReader, Record
+from tokenization.inputs.sources import DocumentReader, Record
+from tokenization.records import CacheEntry, InputFile, RecordError, Rejected
+from tokenization.rendering.renderer import Renderer
+from tokenization.tokenizer.cutting import NO_EXACT_CUT
+from tokenization.tokenizer.documents import DocumentOptions, utf8_length
+from tokenization.tokenizer.encoding import Encoder
 
 SAMPLE_DOCS = 8  # documents a hit's sample holds at most: every document of a smaller file
 SAMPLE_BYTES = 16 << 10  # of text: ~10 ms of HF (1-2 MB/s) a file at most, and no document cut into pieces

@@ -26,26 +26,17 @@ from typing import Literal
 import numpy as np
 import orjson
 
+from tokenization.errors import UsageError
 from tokenization.formats import buckets, names
 from tokenization.formats.contents import Contents, ShuffleCheckFailed, check_kept
 from tokenization.formats.ds import Metadata, Observer, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
-from tokenization.formats.permute import MAX_OPEN_FILES, SourcePool, contents_of, move_units, sorted_union
-from tokenization.io.errors import UsageError
-from tokenization.io.options import Options, option
-from tokenization.io.progress import Progress, ProgressMode
-from tokenization.io.storage import (
-    join,
-    list_names,
-    list_sizes,
-    map_concurrently,
-    meanwhile,
-    open_fs,
-    with_storage_options,
-)
-from tokenization.publish import manifest
-from tokenization.publish.attempts import Attempt, attempt_at
-from tokenization.publish.manifest import Described, StageResult
-from tokenization.publish.records import (
+from tokenization.formats.moves import MAX_OPEN_FILES, SourcePool, contents_of, move_units, sorted_union
+from tokenization.options import Options, option
+from tokenization.output import manifest
+from tokenization.output.attempts import Attempt, attempt_at
+from tokenization.output.manifest import Described, StageResult
+from tokenization.progress import Progress, ProgressMode
+from tokenization.records import (
     ContentsSum,
     FileSum,
     MergeCounts,
@@ -58,6 +49,15 @@ from tokenization.publish.records import (
     SizedInput,
 )
 from tokenization.stages.verify import Checks, OwnCheck
+from tokenization.storage.files import (
+    join,
+    list_names,
+    list_sizes,
+    map_concurrently,
+    meanwhile,
+    open_fs,
+    with_storage_options,
+)
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from typing import Literal
 
 import numpy as np
 
+from tokenization.errors import UsageError
 from tokenization.formats import DS, MEGATRON, buckets, names
 from tokenization.formats.contents import check_kept
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
-from tokenization.formats.names import RankFileKind
-from tokenization.formats.permute import (
+from tokenization.formats.moves import (
     SourcePool,
     Units,
     contents_of,
@@ -34,16 +34,16 @@ from tokenization.formats.permute import (
     sorted_union,
     written_contents,
 )
-from tokenization.io.errors import UsageError
-from tokenization.io.locations import check_disjoint
-from tokenization.io.options import Options, option
-from tokenization.io.progress import ProgressMode
-from tokenization.io.storage import file_sha256, join, list_names, meanwhile, with_storage_options
-from tokenization.publish import manifest
-from tokenization.publish.attempts import Attempt, attempt_at
-from tokenization.publish.cache import Cache, chosen_location
-from tokenization.publish.manifest import StageResult
-from tokenization.publish.records import (
+from tokenization.formats.names import RankFileKind
+from tokenization.inputs.sources import check_unchanged, idle_ranks, list_input_files, shard, split_files
+from tokenization.options import Options, option
+from tokenization.output import manifest
+from tokenization.output.attempts import Attempt, attempt_at
+from tokenization.output.cache import Cache, chosen_location
+from tokenization.output.manifest import StageResult
+from tokenization.output.runs import RUN_CLAIM, PlanConflict
+from tokenization.progress import ProgressMode
+from tokenization.records import (
     ContentsSum,
     FileSum,
     InputFile,
@@ -52,12 +52,12 @@ from tokenization.publish.records import (
     RankManifest,
     TokenizerFacts,
 )
-from tokenization.publish.runs import RUN_CLAIM, PlanConflict
+from tokenization.rendering.renderer import Renderer
 from tokenization.stages.first_pass import CacheOwner, FirstPass, Segment, quarantined, total
-from tokenization.text.documents import Counts, DocumentOptions, TooManyRejects
-from tokenization.text.encoding import Encoder
-from tokenization.text.rendering import Renderer
-from tokenization.text.sources import check_unchanged, idle_ranks, list_input_files, shard, split_files
+from tokenization.storage.files import file_sha256, join, list_names, meanwhile, with_storage_options
+from tokenization.storage.locations import check_disjoint
+from tokenization.tokenizer.documents import Counts, DocumentOptions, TooManyRejects
+from tokenization.tokenizer.encoding import Encoder
 
 log = logging.getLogger(__name__)
 

@@ -34,6 +34,7 @@ from typing import Generic, TypeVar
 import fsspec
 import numpy as np
 
+from tokenization.errors import TokenizationError
 from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.contents import Contents, ContentsHasher, within
 from tokenization.formats.ds import (
@@ -47,12 +48,11 @@ from tokenization.formats.ds import (
 )
 from tokenization.formats.megatron import MegatronFile
 from tokenization.formats.names import BUCKET_FOLDER, rank_stem
-from tokenization.io.errors import TokenizationError
-from tokenization.io.storage import in_batches, join, list_names, list_sizes, map_concurrently, open_fs, read_many
-from tokenization.publish import manifest
-from tokenization.publish.attempts import LEASES, STAGING
-from tokenization.publish.manifest import Described
-from tokenization.publish.records import (
+from tokenization.output import manifest
+from tokenization.output.attempts import LEASES, STAGING
+from tokenization.output.manifest import Described
+from tokenization.output.runs import BUILD_MANIFEST, RUN_CLAIM, Layout
+from tokenization.records import (
     BuildRecord,
     CompletionMarker,
     ContentsSum,
@@ -66,7 +66,7 @@ from tokenization.publish.records import (
     StageManifest,
     stage_manifest,
 )
-from tokenization.publish.runs import BUILD_MANIFEST, RUN_CLAIM, Layout
+from tokenization.storage.files import in_batches, join, list_names, list_sizes, map_concurrently, open_fs, read_many
 
 R = TypeVar("R")
 BLOCK_BYTES = 64 << 20
@@ -107,7 +107,7 @@ class Checks:
     def of(cls, tokenizer: str | None, eos_token: str | None) -> Checks:
         if not tokenizer:
             return cls()
-        from tokenization.text.encoding import Encoder  # the tokenizer libraries: only where a tokenizer is named
+        from tokenization.tokenizer.encoding import Encoder  # the tokenizer libraries: only where a tokenizer is named
 
         encoder = Encoder(tokenizer, eos_token=eos_token, no_eos=eos_token is None)
         return cls(encoder.vocab_size, encoder.eos_id)

@@ -1,0 +1,3 @@
+"""Input files as records: JSON lines and parquet, whole or a part that ranks share (``sources``, ``parts``), each
+record naming its file and line. Imports ``storage``, ``records`` and ``errors`` only.
+"""

@@ -1,0 +1,625 @@
+"""Input documents: file discovery, datatrove-style sharding, record parsing and quarantine reasons.
+
+Every line or row read ends up as exactly one of: a :class:`Record` (which may have empty text), a
+:class:`Rejected` with a reason, or a counted blank line. Nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from gzip import BadGzipFile
+
+import orjson
+import zstandard
+from isal import igzip, isal_zlib
+
+from tokenization.errors import StorageError, TokenizationError, reaching
+from tokenization.inputs.parts import Window, line_span, row_groups
+from tokenization.records import FilePart, InputFile, Rejected
+from tokenization.rendering.renderer import MISSING, Renderer, get_field, no_loss_ranges, text_field
+from tokenization.storage.files import file_sha256, is_local, map_concurrently, open_fs
+from tokenization.storage.locations import GLOB_CHARS, glob_folder
+
+JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+PARQUET_EXTENSION = ".parquet"
+PARQUET_BATCH_ROWS = 1024
+READ_BUFFER = 1 << 20
+ZSTD_SLICE = 1 << 10  # compressed bytes inflated at once: <= 32 MiB out (RLE: 4 bytes, 128 KiB); 8% slower than 1 MiB
+DEFAULT_MAX_RECORD_BYTES = 64 << 20  # a line or row: a 50 MB document (1 GB to encode) passes; a few fit any worker
+RAW_HEAD_BYTES = 1 << 10  # of a record too large to keep, the bytes its quarantine entry shows
+MB = 1_000_000  # of split_input_mb
+MTIME = "mtime_ns"  # a local file's identity starts with it
+UTF8_BOM = b"\xef\xbb\xbf"
+
+log = logging.getLogger(__name__)
+
+
+class InputError(TokenizationError, ValueError):
+    """Input cannot be read: no files, an unknown format, or corrupt compressed data (the message names it)."""
+
+
+@dataclass(frozen=True)
+class InputListing:
+    """The input files, sorted by URL, the files of unsupported types that folders held (named, not read), and how
+    many files folders and globs held under names starting with ``.`` or ``_`` (counted, not read)."""
+
+    files: list[InputFile]
+    skipped: list[str]
+    hidden: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    text: str
+    id: str
+    no_loss_ranges: list[tuple[int, int]] | None
+    file: str
+    line: int
+    data: dict | None = None  # the whole record, kept only when the reader is asked to (count --annotate)
+    special_spans: list[tuple[int, int]] | None = None  # special tokens its chat template wrote (rendering.Rendered)
+
+
+def file_format(url: str) -> tuple[str, str | None]:
+    """``("jsonl"|"parquet", compression)`` from the name, or raise :class:`InputError`."""
+    name = url.rsplit("/", 1)[-1].lower()
+    compression = next((c for ext, c in COMPRESSIONS.items() if name.endswith(ext)), None)
+    if compression:
+        name = name.rsplit(".", 1)[0]
+    if name.endswith(PARQUET_EXTENSION) and compression is None:
+        return "parquet", None
+    if name.endswith(JSONL_EXTENSIONS):
+        return "jsonl", compression
+    raise InputError(f"{url}: unsupported input format (expected .jsonl[.gz|.zst] or .parquet)")
+
+
+def _is_supported(url: str) -> bool:
+    try:
+        file_format(url)
+    except InputError:
+        return False
+    return True
+
+
+class _ZstdFrames(io.RawIOBase):
+    """Decompresses concatenated zstd frames, raising on a truncated last frame (zstandard's stream reader
+    silently ends there, which would lose the tail of the file without a word). Compressed data goes in by
+    ``ZSTD_SLICE`` bytes, as zstd returns all it inflates from its input at once: a small file that inflates to
+    gigabytes is never held whole."""
+
+    def __init__(self, raw: io.IOBase):
+        self.raw = raw
+        self.frame = zstandard.ZstdDecompressor().decompressobj()
+        self.in_frame = False
+        self.compressed = b""  # read from ``raw``; fed up to ``offset``
+        self.offset = 0
+        self.pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.pending:
+            if self.frame.eof:  # the next frame starts in what the last slice left over
+                self.offset -= len(self.frame.unused_data)
+                self.frame, self.in_frame = zstandard.ZstdDecompressor().decompressobj(), False
+            if self.offset == len(self.compressed):
+                self.compressed, self.offset = self.raw.read(READ_BUFFER), 0
+            piece = memoryview(self.compressed)[self.offset : self.offset + ZSTD_SLICE]
+            if not piece:
+                if self.in_frame:
+                    raise EOFError("zstd stream ended in the middle of a frame")
+                return 0
+            self.offset += len(piece)
+            self.in_frame = True
+            self.pending = memoryview(self.frame.decompress(piece))
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+
+def list_input_files(inputs: Sequence[str], quiet: bool = False) -> InputListing:
+    """Every input file, sorted by URL: folders are searched recursively, globs expanded, files taken as named.
+
+    Below the folder named (or a glob's fixed part), names starting with ``.`` or ``_`` (markers, temp files, a
+    build's own ``_manifests/``), and everything inside folders so named, are ignored and counted in ``hidden``.
+    Inside folders, files of other formats are skipped and listed in ``skipped`` (logged, unless ``quiet``: a
+    build says so once, when it plans); a named or globbed file of another format is an error, and so is a file
+    name that is not UTF-8.
+    """
+    found: dict[str, InputFile] = {}
+    skipped: list[str] = []
+    hidden: set[str] = set()
+    for spec in inputs:
+        with reaching(spec):
+            try:
+                found.update(_list(spec, skipped, hidden))
+            except RecursionError:  # fsspec's glob (and walk, on some stores) recurses a Python call a folder level
+                raise InputError(
+                    f"{spec}: its folders nest too deep for fsspec to search (a Python call a level, past the "
+                    f"interpreter's limit): name a folder, which is listed without that limit, or flatten the tree"
+                ) from None
+    if skipped and not quiet:
+        log.warning("skipped %d input files of unsupported types: %s", len(skipped), ", ".join(skipped))
+    if hidden and not quiet:
+        log.info("ignored %d input files under names starting with . or _", len(hidden))
+    if not found:
+        unsupported = f" (skipped as unsupported: {', '.join(skipped)})" if skipped else ""
+        ignored = f" ({len(hidden)} ignored under names starting with . or _)" if hidden else ""
+        raise InputError(f"no input files found in {', '.join(inputs)}{unsupported}{ignored}")
+    return InputListing([found[url] for url in sorted(found)], skipped, len(hidden))
+
+
+def split_files(files: Sequence[InputFile], split_mb: int | None) -> list[InputFile]:
+    """What ranks share, in order: each file whole, or, with ``split_mb``, each splittable file (uncompressed JSON
+    lines, parquet) of more than that many MB as parts of about that size (``parts``: how they are read)."""
+    if not split_mb:
+        return list(files)
+    shared = []
+    for file in files:
+        count = -(-file.size // (split_mb * MB))
+        if count > 1 and _splittable(file.url):
+            shared += [replace(file, part=FilePart(index, count)) for index in range(count)]
+        else:
+            shared.append(file)
+    return shared
+
+
+def _splittable(url: str) -> bool:
+    """Whether a file can be read in parts: a compressed stream must be read from its start."""
+    return file_format(url)[1] is None
+
+
+def idle_ranks(ranks: int, shared: Sequence[InputFile], split_mb: int | None) -> None:
+    """Warn, with the numbers, when ranks outnumber what they share (``split_files``): the others get nothing."""
+    if ranks <= len(shared):
+        return
+    files = len({f.url for f in shared})
+    if split_mb:
+        what = f"{files} input files in {len(shared)} parts:"
+        advice = "or a smaller --split-input-mb (only uncompressed JSON lines and parquet files are split)"
+    else:
+        what = f"{files} input files: a rank takes whole files, so"
+        part_mb = max(1, -(-sum(f.size for f in shared) // (ranks * MB)))
+        advice = (
+            f"or let ranks share big files: --split-input-mb {part_mb} splits those above {part_mb} MB"
+            if any(_splittable(f.url) for f in shared)
+            else "or split the input into more files (ranks cannot share a compressed file)"
+        )
+    idle = ranks - len(shared)
+    log.warning(
+        "%d ranks for %s %d ranks will have nothing to tokenize; use at most %d ranks, %s",
+        ranks,
+        what,
+        idle,
+        len(shared),
+        advice,
+    )
+
+
+def _list(spec: str, skipped: list[str], hidden: set[str]) -> dict[str, InputFile]:
+    """One input spec's files with their sizes and identities, by URL; unsupported files of folders go to
+    ``skipped``, hidden ones to ``hidden``."""
+    fs, path = open_fs(spec)
+    globbed = any(ch in path for ch in GLOB_CHARS) and not fs.exists(path)  # `data [v2]/` may be a real folder
+    folder = not globbed and fs.isdir(path)
+    if globbed:
+        matched = {p: i for p, i in fs.glob(path, detail=True).items() if i["type"] != "directory"}
+        entries = _visible(matched, glob_folder(path), hidden)
+    elif folder:
+        entries = _visible(_files_under(fs, path), path, hidden)
+    elif fs.exists(path):
+        entries = {path: fs.info(path)}
+    else:
+        raise InputError(f"{spec}: no such file or folder")
+    for p in entries:
+        _check_name(p)
+    if folder:
+        skipped += sorted(_url(fs, p) for p in entries if not _is_supported(p))
+        entries = {p: i for p, i in entries.items() if _is_supported(p)}
+    files = {
+        _url(fs, p): InputFile(_url(fs, p), int(info.get("size") or 0), identity(fs, p, info))
+        for p, info in entries.items()
+    }
+    for url in files:
+        file_format(url)  # a named or globbed file of another format is an error
+    return files
+
+
+def _files_under(fs, path: str) -> dict[str, dict]:
+    """Every file under the folder ``path``, as ``fs.find(path, detail=True)`` gives them. A local folder is listed
+    a folder at a time from a stack, not by fsspec's ``walk``: that recurses a Python call a level (a tree 1,100
+    deep raised RecursionError), and leaves out, without a word, a folder it cannot list. An object store lists
+    the whole prefix at once, in pages."""
+    if not is_local(fs):
+        return fs.find(path, detail=True)
+    found: dict[str, dict] = {}
+    folders = [path]
+    while folders:
+        folder = folders.pop()
+        try:
+            listing = fs.ls(folder, detail=True)
+        except OSError as exc:
+            raise InputError(
+                f"{folder}: cannot be listed ({exc.strerror or exc}): make it readable, or move it out of the input"
+            ) from None
+        for info in listing:
+            if info["type"] == "directory":
+                folders.append(info["name"])
+            else:
+                found[info["name"]] = info
+    return found
+
+
+def _visible(entries: dict[str, dict], root: str, hidden: set[str]) -> dict[str, dict]:
+    """The entries with no name below ``root`` starting with ``.`` or ``_``; the others go to ``hidden``. Only
+    names below ``root``: a folder the user named may itself be ``_private``."""
+    shown = {}
+    for p, info in entries.items():
+        if any(name.startswith((".", "_")) for name in p[len(root) :].split("/")):
+            hidden.add(p)
+        else:
+            shown[p] = info
+    return shown
+
+
+def _check_name(path: str) -> None:
+    """Refuse a name that is not UTF-8 (a local listing gives its bytes as surrogate escapes), shown with
+    backslash escapes: manifests and reports are UTF-8 JSON, and would fail to record it after all the work."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise InputError(f"{shown}: the file name is not valid UTF-8; rename it") from None
+
+
+def identity(fs, path: str, info: dict) -> str:
+    """What tells this file from another one at the same path (see :class:`InputFile`), as a listing sees it: a
+    plan adds the sha256 of a local file's bytes (``with_content``)."""
+    if is_local(fs):
+        st = os.stat(path)
+        return f"{MTIME}={st.st_mtime_ns},ctime_ns={st.st_ctime_ns},ino={st.st_ino}"
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
+    if etag:
+        return f"etag={str(etag).strip(chr(34))}"
+    modified = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    return f"modified={modified}" if modified else ""
+
+
+def with_content(listing: InputListing) -> InputListing:
+    """The listing with each local file's identity ending in the sha256 of its bytes, as a plan records it: a file
+    whose inode or change time differs later (a ``chmod``, a copy that kept its mtime) is then the same file if its
+    bytes are. A file is read once here, and the tokenization cache takes the sha256 from the plan instead of
+    reading it again. An object store's ETag is a digest of the bytes already."""
+    local = [f for f in listing.files if f.identity.startswith(MTIME)]
+    started = time.perf_counter()
+    digests = map_concurrently(lambda f: _sha256(f.url, f.identity), local, workers=os.cpu_count() or 1)
+    hashed = {f.url: f"{f.identity},sha256={digest}" for f, digest in zip(local, digests, strict=True)}
+    if local:
+        log.info(
+            "plan: hashed %d local input files, %d bytes, in %.1f s",
+            len(local),
+            sum(f.size for f in local),
+            time.perf_counter() - started,
+        )
+    return replace(listing, files=[replace(f, identity=hashed.get(f.url, f.identity)) for f in listing.files])
+
+
+def difference(planned: InputFile, now: InputFile) -> str | None:
+    """How the file ``now`` (a fresh listing's) differs from the one ``planned``, or None when it is the same file:
+    a file whose bytes did not change is. An object store's identity is its ETag, a digest of the bytes. Locally
+    the size and the mtime are the fast check; when they agree but the inode or the change time differ (a
+    ``chmod``, a copy that kept the mtime), the bytes are hashed and compared with the sha256 the plan recorded."""
+    if now.size != planned.size:
+        return f"its size changed from {planned.size:,} to {now.size:,} bytes"
+    if not planned.identity.startswith(MTIME):  # an ETag, or a store's modification time
+        return None if now.identity == planned.identity else f"it changed ({now.identity}; planned {planned.identity})"
+    was, found = _fields(planned.identity), _fields(now.identity)
+    if found[MTIME] != was[MTIME]:
+        return f"it was modified (mtime {_mtime(found)}; planned {_mtime(was)})"
+    if (found["ino"], found["ctime_ns"]) == (was["ino"], was["ctime_ns"]):
+        return None
+    if "sha256" not in was:
+        return (
+            "its inode or change time changed (a chmod, or a copy that kept its mtime), and its plan, made by an "
+            "earlier version, records no sha256 of its bytes to tell whether they did"
+        )
+    digest = _sha256(now.url, now.identity)
+    if digest != was["sha256"]:
+        return f"its content changed (sha256 {digest[:12]}…; planned {was['sha256'][:12]}…), its size and mtime kept"
+    return None
+
+
+def _fields(local: str) -> dict[str, str]:
+    """A local identity's fields (``identity``, and the ``sha256`` a plan adds), by name."""
+    return dict(field.split("=", 1) for field in local.split(","))
+
+
+def _mtime(fields: dict[str, str]) -> str:
+    """A local identity's mtime, in UTC to the nanosecond (a file can be modified within a microsecond)."""
+    seconds, nanoseconds = divmod(int(fields[MTIME]), 10**9)
+    return f"{datetime.fromtimestamp(seconds, timezone.utc):%Y-%m-%dT%H:%M:%S}.{nanoseconds:09d}Z"
+
+
+def content_identity(file: InputFile) -> str:
+    """What tells this file's bytes (or this part's) from any other's, for the tokenization cache. On an object
+    store, the ETag its listing gave, with its size: S3's ETag is the MD5 of the bytes (of the parts' MD5s, for a
+    multipart upload), so other bytes give another one, whatever the size and the time; a store's version number
+    changes with every write. Elsewhere (a local file), the sha256 of its bytes: an mtime can be set back and a
+    rewrite in place keeps the size, so nothing cheaper tells. A part adds which one it is: the file's bytes decide
+    its edges."""
+    part = f",part={file.part.index + 1}/{file.part.count}" if file.part else ""
+    if file.identity.startswith("etag="):
+        return f"{file.identity},bytes={file.size}{part}"
+    planned = _fields(file.identity).get("sha256") if file.identity.startswith(MTIME) else None
+    return f"sha256={planned or _sha256(file.url, file.identity)}{part}"
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(url: str, identity: str) -> str:
+    """A file's sha256, once a process however many of its parts a rank holds (``identity``: a changed file's is
+    another)."""
+    fs, path = open_fs(url)
+    try:
+        with reaching(url):
+            return file_sha256(path, fs)
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"{url}: could not be read to identify its content; {exc}") from exc
+
+
+def check_unchanged(files: Sequence[InputFile]) -> None:
+    """Raise :class:`InputError` naming the first of ``files`` that is gone or no longer the file it was when
+    listed, and how (``difference``): a build reads exactly the files it planned."""
+    for file in files:
+        fs, path = open_fs(file.url)
+        fs.invalidate_cache(path)
+        try:
+            with reaching(file.url):
+                info = fs.info(path)
+        except FileNotFoundError:
+            raise InputError(
+                f"{file.url}: gone since the build was planned; a build reads exactly its plan's files, "
+                f"so run it under a new build id"
+            ) from None
+        now = InputFile(file.url, int(info.get("size") or 0), identity(fs, path, info), file.part)
+        if changed := difference(file, now):
+            raise InputError(
+                f"{file.url}: changed since the build was planned: {changed}; a build reads exactly its plan's "
+                f"files, so run it under a new build id"
+            )
+
+
+def _url(fs, path: str) -> str:
+    return path if is_local(fs) else fs.unstrip_protocol(path)
+
+
+def shard(files: Sequence[InputFile], rank: int, world_size: int) -> list[InputFile]:
+    """Rank ``r`` of ``w`` takes ``files[r::w]`` of the sorted list, as datatrove's ``get_shard`` does."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+    return list(files[rank::world_size])
+
+
+def _no_loss_ranges(value: object, text: str) -> list[tuple[int, int]] | str | None:
+    """Validated ranges, ``None`` when absent, or the reject reason."""
+    if value is MISSING or value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        return "bad_no_loss_ranges"
+    ranges = []
+    for item in value:
+        if (
+            not isinstance(item, (list, tuple))
+            or len(item) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in item)
+            or not 0 <= item[0] <= item[1] <= len(text)
+        ):
+            return "bad_no_loss_ranges"
+        ranges.append((item[0], item[1]))
+    return ranges
+
+
+class DocumentReader:
+    """Reads documents from a list of files (or parts of files), in order, tracking input bytes consumed for
+    progress."""
+
+    def __init__(
+        self,
+        files: Sequence[InputFile],
+        text_key: str = "text",
+        id_key: str = "id",
+        keep_data: bool = False,
+        renderer: Renderer | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ):
+        """``renderer`` makes a record's text (and its loss spans) from its fields instead of ``text_key``. A line
+        or row of more than ``max_record_bytes`` is rejected as ``record_too_large``; a line is never held whole."""
+        self.files = list(files)
+        self.renderer = renderer
+        self.max_record_bytes = max_record_bytes
+        self.text_key = text_key
+        self.id_key = id_key
+        self.keep_data = keep_data
+        self.blank_lines = 0
+        self._done_bytes = 0
+        self._raw: io.IOBase | None = None
+        self._span = (0, 0)  # of the file being read
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.span_bytes for f in self.files)
+
+    @property
+    def bytes_read(self) -> int:
+        current = 0
+        if self._raw is not None:
+            try:
+                start, end = self._span
+                current = min(max(self._raw.tell() - start, 0), end - start)
+            except (OSError, ValueError):
+                current = 0
+        return self._done_bytes + current
+
+    def __iter__(self) -> Iterator[Record | Rejected]:
+        for file in self.files:
+            kind, compression = file_format(file.url)
+            self._span = file.span
+            yield from self._parquet(file) if kind == "parquet" else self._jsonl(file, compression)
+            self._done_bytes += file.span_bytes
+            self._raw = None
+
+    def _parse(self, obj: object, url: str, line: int, raw: bytes | str) -> Record | Rejected:
+        def reject(reason: str) -> Rejected:
+            text = raw if isinstance(raw, str) else raw.decode("utf-8", "backslashreplace")
+            return Rejected(url, line, reason, text.rstrip("\n"))
+
+        if not isinstance(obj, dict):
+            return reject("not_an_object")
+        rendered = self.renderer.render(obj) if self.renderer else text_field(obj, self.text_key)
+        if isinstance(rendered, str):
+            return reject(rendered)
+        text = rendered.text
+        ranges = _no_loss_ranges(obj.get("no_loss_ranges", MISSING), text)
+        if isinstance(ranges, str):
+            return reject(ranges)
+        ranges = no_loss_ranges(rendered.loss_spans, len(text), ranges)
+        doc_id = get_field(obj, self.id_key)
+        doc_id = f"{url}/{line - 1}" if doc_id is MISSING or doc_id is None else str(doc_id)
+        return Record(text, doc_id, ranges, url, line, obj if self.keep_data else None, rendered.special_spans)
+
+    def _jsonl(self, file: InputFile, compression: str | None) -> Iterator[Record | Rejected]:
+        url = file.url
+        fs, path = open_fs(url)
+        line_no = 0
+        limit = self.max_record_bytes
+        with fs.open(path, "rb") as raw:
+            self._raw = raw
+            try:
+                start, end, before = line_span(raw, file) if file.part else (0, file.size, 0)
+                source = Window(raw, start, end) if file.part else raw
+                stream = _decompressed(source, compression)  # (held: freeing it would close ``raw``)
+                for line_no, line in enumerate(_bounded_lines(stream, limit), before + 1):
+                    if isinstance(line, _Oversized):
+                        yield _too_large(url, line_no, line.head, line.size, limit)
+                        continue
+                    if line_no == 1 and line.startswith(UTF8_BOM):  # editors on Windows write one
+                        line = line[len(UTF8_BOM) :]
+                    if not line.strip():
+                        self.blank_lines += 1
+                        continue
+                    try:
+                        obj = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        try:
+                            line.decode("utf-8")
+                            reason = "malformed_json"
+                        except UnicodeDecodeError:
+                            reason = "invalid_utf8"
+                        yield Rejected(url, line_no, reason, line.decode("utf-8", "backslashreplace").rstrip("\n"))
+                        continue
+                    yield self._parse(obj, url, line_no, line)
+                if raw.tell() < end:  # a short read must never pass for a short file
+                    raise InputError(f"{url}: read {raw.tell()} of its {end} bytes, then the storage said EOF")
+                if compression and not raw.tell():  # gzip and zstd read it as empty, `gzip -t` as truncated
+                    raise InputError(
+                        f"{url}: 0 bytes: an empty compressed file is truncated (a valid {compression} stream has a "
+                        "header); an empty input should be an empty .jsonl"
+                    )
+            except (EOFError, BadGzipFile, isal_zlib.error, zstandard.ZstdError) as exc:
+                where = f"after line {line_no} (the last good line)" if line_no else "before its first line"
+                raise InputError(
+                    f"{url}: corrupt or truncated {compression or 'file'} data {where}; {type(exc).__name__}: {exc}"
+                ) from exc
+            except OSError as exc:  # the storage failed, not the data: another try may read it
+                raise StorageError(f"{url}: read failed after line {line_no}; {type(exc).__name__}: {exc}") from exc
+
+    def _parquet(self, file: InputFile) -> Iterator[Record | Rejected]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        url = file.url
+        fs, path = open_fs(url)
+        row = 0
+        try:
+            with fs.open(path, "rb") as raw:
+                self._raw = raw
+                parquet = pq.ParquetFile(raw)
+                groups, row = row_groups(parquet.metadata, file.part)
+                if groups == []:  # a part of a file with fewer row groups than parts
+                    return
+                wanted = {self.text_key, self.id_key, "no_loss_ranges"}
+                wanted |= {key.split(".")[0] for key in (self.text_key, self.id_key)}
+                every = self.keep_data or self.renderer is not None  # a template may name any field
+                columns = None if every else [n for n in parquet.schema_arrow.names if n in wanted]
+                batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=columns)
+                for batch in batches:
+                    for obj in batch.to_pylist():
+                        row += 1
+                        raw_row = orjson.dumps(obj, default=str)
+                        if len(raw_row) > self.max_record_bytes:
+                            yield _too_large(url, row, raw_row, len(raw_row), self.max_record_bytes)
+                        else:
+                            yield self._parse(obj, url, row, raw_row.decode())
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{url}: unreadable parquet after row {row}; {type(exc).__name__}: {exc}") from exc
+
+
+def _decompressed(raw: io.IOBase, compression: str | None) -> io.BufferedIOBase:
+    """The file's bytes, decompressed, from a reader whose ``readline`` takes a limit (a remote fsspec file's
+    does not)."""
+    if compression == "gzip":  # ISA-L inflates ~3x faster than zlib: the reader keeps up with the encoder
+        return igzip.GzipFile(fileobj=raw, mode="rb")
+    return io.BufferedReader(_ZstdFrames(raw) if compression == "zstd" else raw, READ_BUFFER)
+
+
+@dataclass(frozen=True, slots=True)
+class _Oversized:
+    """A line above the limit, as far as it is kept."""
+
+    head: bytes  # its first RAW_HEAD_BYTES
+    size: int  # its bytes, newline excluded
+
+
+def _bounded_lines(stream: io.BufferedIOBase, limit: int) -> Iterator[bytes | bytearray | _Oversized]:
+    """The stream's lines, newline included; a line above ``limit`` bytes as an :class:`_Oversized`. Lines are
+    read by ``READ_BUFFER`` bytes at most, so that no more than ``limit`` (and a buffer) of a line is ever held:
+    one line of a small compressed file may inflate to gigabytes."""
+    chunk = min(READ_BUFFER, limit + 1)
+    while line := stream.readline(chunk):
+        yield _long_line(stream, line, limit) if len(line) == chunk and not line.endswith(b"\n") else line
+
+
+def _long_line(stream: io.BufferedIOBase, start: bytes, limit: int) -> bytearray | _Oversized:
+    """The line that ``start`` begins, read on while it is within ``limit``; past it, its start and size."""
+    line = bytearray(start)
+    while len(line) - line.endswith(b"\n") <= limit:
+        if line.endswith(b"\n") or not (piece := stream.readline(READ_BUFFER)):
+            return line
+        line += piece
+    return _oversized(stream, line)
+
+
+def _oversized(stream: io.BufferedIOBase, line: bytearray) -> _Oversized:
+    """Reads the rest of a line that ``line`` begins by ``READ_BUFFER`` bytes, keeping its first
+    ``RAW_HEAD_BYTES`` only."""
+    size, head = len(line), line[:RAW_HEAD_BYTES]
+    while not line.endswith(b"\n") and (line := stream.readline(READ_BUFFER)):
+        size += len(line)
+        head += line[: RAW_HEAD_BYTES - len(head)]
+    return _Oversized(bytes(head).rstrip(b"\n"), size - line.endswith(b"\n"))
+
+
+def _too_large(url: str, line: int, head: bytes, size: int, limit: int) -> Rejected:
+    """A record above the limit, quarantined with its start and its size: enough to find and judge it."""
+    start = head[:RAW_HEAD_BYTES].decode("utf-8", "backslashreplace")
+    return Rejected(url, line, "record_too_large", f"{start}... [{size} bytes, above max_record_bytes={limit}]")

@@ -1,0 +1,151 @@
+"""One build run's folder: one folder per run id, claimed by its run before anything is written, and its layout.
+
+``{output}/{run id}``, with the run id percent-encoded where it holds a character outside ``A-Za-z0-9_.-~`` (so
+``qa:col`` is ``qa%3Acol``, never ``qa-col``'s folder). Beside the run folders, the output holds ``LATEST``
+(``tokenization.builds.latest``) and names starting with a dot (the tokenization cache's ``.cache``, lock files),
+which ``folder_for`` gives no run::
+
+    {run}/_RUN.json    the claim: which run owns the folder and its plan (``tokenization.builds.plan``), written first
+    {run}/ranks/       the tokenize stage's rank files, manifests, quarantine, markers; when bucketed, each
+                       bucket's rank files in a folder of their own (``ranks/bucket00007/``)
+    {run}/merged/      the merge's output
+    {run}/context/     the context-window shuffle's output (absent when the window is 0)
+    {run}/report.html  the build report (and report.json), written by publish
+    {run}/_BUILD.json  the dataset manifest, written last: its presence means the build is complete
+
+Once a build is published, the token files of the stage folders before its dataset's (``ranks/``, and ``merged/``
+when a context shuffle follows) are removed unless it keeps them; their records stay (``builds.footprint``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from tokenization.errors import TokenizationError, UsageError
+from tokenization.records import BuildRecord, PlanRecord, RunClaim
+from tokenization.storage.files import join, list_names, open_fs, put_if
+
+BUILD_MANIFEST = "_BUILD.json"
+RUN_CLAIM = "_RUN.json"
+LATEST = "LATEST"  # beside the run folders: names the newest complete build's
+MAX_FOLDER_NAME = 200  # characters: a file name holds 255 bytes, an S3 key 1,024 with the output and the run's files
+SHOWN_CHARACTERS = 40  # of a build id too long to name a folder
+
+
+class BuildError(TokenizationError):
+    """A build cannot go on: its folder belongs to another run, or its stages disagree about what they hold."""
+
+
+class PlanConflict(BuildError):
+    """A run id is asked to resume with another plan, or its plan's files are no longer what it planned."""
+
+
+def folder_for(output: str, run_id: str) -> str:
+    """The folder of one run: one folder per run id, and one run id per folder. Characters outside
+    ``A-Za-z0-9_.-~`` (and a leading dot) are percent-encoded, which no other run id can spell. A run id (the
+    build id) that can name no folder of its own is refused, before any work."""
+    if not run_id or run_id in (".", ".."):
+        raise UsageError(f"build id {run_id!r} cannot name a folder: choose another build id")
+    if not run_id.isprintable():
+        raise UsageError(
+            f"build id {run_id!r} holds a control character or bytes that are not UTF-8: choose a build id of "
+            f"printable characters"
+        )
+    name = quote(run_id, safe="")
+    name = "%2E" + name[1:] if name.startswith(".") else name
+    if len(name) > MAX_FOLDER_NAME:
+        raise UsageError(
+            f"build id {run_id[:SHOWN_CHARACTERS]!r}{'...' * (len(run_id) > SHOWN_CHARACTERS)} names a folder of "
+            f"{len(name)} characters (percent-encoded), more than the {MAX_FOLDER_NAME} a run folder's name may "
+            f"have: choose a shorter build id"
+        )
+    if name.upper() == LATEST:
+        raise UsageError(
+            f"build id {run_id!r} is the name (ignoring case, as some filesystems do) of {join(output, LATEST)}, "
+            f"which points at the newest complete build: choose another build id (in Airflow, another run id)"
+        )
+    return join(output, name)
+
+
+def claim(folder: str, run_id: str, plan: PlanRecord) -> RunClaim:
+    """Make the folder this run's before anything is written, recording its ``plan``, or refuse: a folder claimed
+    by another run, or holding files that no run claims, is never written into. Returns the claim as stored; a
+    retry or a resume of this run finds its own claim, with the plan it made first (the caller compares the two),
+    and when it was claimed, the start of the build's wall time."""
+    fs, path = open_fs(folder)
+    claim_path = join(path, RUN_CLAIM)
+    owner = read_claim(folder)
+    if owner is None:
+        if found := sorted(list_names(fs, path)):
+            raise BuildError(
+                f"{folder} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
+                f"claims: choose another output, or remove that folder"
+            )
+        made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan)
+        try:
+            put_if(fs, claim_path, made.dumps(), absent=True)
+            return made
+        except FileExistsError:  # another task claimed it a moment ago: see whose claim it is
+            owner = read_claim(folder)
+    if owner.run_id != run_id:
+        raise BuildError(
+            f"{folder} holds the output of run {owner.run_id!r}, not of {run_id!r}: two runs never share a "
+            f"folder; trigger this run under another run id or output"
+        )
+    return owner
+
+
+def read_claim(folder: str) -> RunClaim | None:
+    """The run folder's claim, or None when it has none; a damaged one, or one that records no plan (an older
+    version's), is one line naming the file, since no plan can be resumed without it."""
+    fs, path = open_fs(folder)
+    where = join(folder, RUN_CLAIM)
+    owner = RunClaim.read(fs, join(path, RUN_CLAIM), where)
+    if owner is not None and owner.plan is None:
+        raise BuildError(
+            f"{where}: claimed by run {owner.run_id!r} in an older format, which records no plan to resume: run it "
+            f"under a new build id"
+        )
+    return owner
+
+
+def read_build(run_dir: str) -> BuildRecord | None:
+    """The run's build record, checked, or None while the build is not complete."""
+    fs, path = open_fs(run_dir)
+    return BuildRecord.read(fs, join(path, BUILD_MANIFEST), join(run_dir, BUILD_MANIFEST))
+
+
+def resolve_seed(seed: int | None, run_id: str) -> int:
+    """The given seed, or one derived from the run id: one seed per run, whatever is retried."""
+    if seed is not None:
+        return int(seed)
+    return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "little")
+
+
+@dataclass(frozen=True)
+class Layout:
+    run_dir: str
+
+    @property
+    def ranks(self) -> str:
+        return join(self.run_dir, "ranks")
+
+    @property
+    def merged(self) -> str:
+        return join(self.run_dir, "merged")
+
+    @property
+    def context(self) -> str:
+        return join(self.run_dir, "context")
+
+    @property
+    def stages(self) -> dict[str, str]:
+        """The stage folders by name, in the order the stages write them."""
+        return {"ranks": self.ranks, "merged": self.merged, "context": self.context}
+
+    @property
+    def manifest(self) -> str:
+        return join(self.run_dir, BUILD_MANIFEST)

@@ -1,0 +1,125 @@
+"""Records of the tokenization cache: an entry and its marker, how a rank used the cache, and the summaries a
+build and its cleaning report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tokenization.records.codec import Record
+from tokenization.records.inputs import FileSum, InputFile, RankCounts
+
+
+@dataclass(frozen=True, kw_only=True)
+class CachedInput(Record):
+    """One input file of a rank as the tokenization cache served it: a hit (its first pass taken from the cache)
+    or a miss (tokenized, then stored), under the key of everything that decides it."""
+
+    url: str
+    key: str
+    hit: bool
+    bytes: int  # the input file's (a part's share of them, for a part)
+    text_bytes: int  # of its documents' text
+    tokens: int  # of its documents, EOS included
+    seconds: float  # encoding it (a miss), or fetching and checking it (a hit)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankCache(Record):
+    """Where a rank's tokenization cache is, and how it served each of the rank's input files, in input order."""
+
+    location: str
+    files: list[CachedInput]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheEntry(Record):
+    """``{cache}/entries/{key}.json``, an entry's marker, written last and only where none is: the data folder that
+    holds the entry's files, each file's size and sha256 (a reader checks them all before it uses any), the input
+    file's counts, and what the entry was made from (``described``: what its key covers)."""
+
+    KIND: ClassVar[str] = "cache-entry"
+    VERSION: ClassVar[int] = 2  # /1's counts had no contents
+    LABEL: ClassVar[str] = "cache entry"
+    key: str
+    data: str
+    files: dict[str, FileSum]
+    counts: RankCounts
+    source: InputFile
+    content: str
+    described: dict[str, Any]
+    created: float
+    encode_seconds: float
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheUse(Record):
+    """``{cache}/uses/{owner}/{stem}.json``: the entries a rank uses, written before it looks any up. Until it is
+    ``finished`` it is in flight, and no cleaning removes them; after, they are kept while ``keeps`` (its build's
+    ``_RUN.json``) exists."""
+
+    KIND: ClassVar[str] = "cache-use"
+    LABEL: ClassVar[str] = "cache use"
+    owner: str
+    keeps: str
+    stem: str
+    keys: list[str]
+    started: float
+    finished: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheFolder(Record):
+    """``{cache}/_CACHE.json``: the folder is a tokenization cache. Written when the cache is made (or a cache of an
+    earlier version, which had none, is adopted); cleaning removes nothing under a folder without it."""
+
+    KIND: ClassVar[str] = "cache"
+    LABEL: ClassVar[str] = "cache's own file"
+    created: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheSummary(Record):
+    """What the tokenization cache did for a build: the input files it served (hits) and those tokenized (misses),
+    the input bytes and tokens it reused, and the ranks' time, summed, of which encoding the misses."""
+
+    location: str
+    files_hit: int
+    files_missed: int
+    bytes_reused: int
+    bytes_total: int
+    tokens_reused: int
+    tokenize_seconds: float
+    encode_seconds: float
+
+    @property
+    def reused(self) -> float | None:
+        """The share of the input's bytes whose tokens came from the cache."""
+        return self.bytes_reused / self.bytes_total if self.bytes_total else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheSize(Record):
+    """A tokenization cache's size, from its entries' markers: its entries, their files' bytes and the tokens they
+    hold."""
+
+    location: str
+    entries: int
+    bytes: int
+    tokens: int
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        return self.bytes / self.tokens if self.tokens else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheCleaning(Record):
+    """Cache entries removed (because no build still there used them, or by a prune) and the bytes freed."""
+
+    entries: int
+    bytes: int

@@ -1,0 +1,231 @@
+"""The records' codec: a record kind is a frozen dataclass with a ``format`` tag
+(``corpus-tokenization/{kind}/{version}``); ``to_json`` writes it, ``from_json`` reads it back and checks the tag and
+the type of every field, so that a damaged or foreign record is one ``RecordError`` naming the file and the field,
+never a ``KeyError`` deep inside a stage:
+
+- a record of this version's format must hold every field, and nothing else (a flipped bit in a key is caught);
+- a record of an older format this project wrote is read with the defaults of the fields it did not have yet;
+- a newer or a foreign format is refused: read it with the version that wrote it.
+
+Nested records (a manifest's output entries, its counts) carry no tag of their own; a record that is also a file
+of its own (a merge output entry is its checkpoint) carries one there. A field whose JSON name differs from its
+Python name says so in its metadata (``json_name``); a field added where its absence must keep meaning what it
+meant (a plan's digest is of its JSON) is written only when it is not None (``unless_none``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import fsspec
+import orjson
+
+from tokenization.errors import TokenizationError
+
+PROJECT = "corpus-tokenization"
+
+
+JSON_TYPES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object"}
+
+
+class RecordError(TokenizationError, ValueError):
+    """A record (a manifest, a completion marker, a build record) that cannot be read as one: truncated, not a JSON
+    object, of another format, or a field missing, unknown or of the wrong type. One line names the file and the
+    field, never a traceback."""
+
+    def __init__(self, path: str, what: str, kind: str = "manifest"):
+        super().__init__(f"{path}: not a valid {kind}: {what}")
+
+
+R = TypeVar("R", bound="Record")
+
+
+def json_name(name: str) -> dict:
+    """Field metadata: the field is called ``name`` in JSON."""
+    return {"json_name": name}
+
+
+def unless_none() -> dict:
+    """Field metadata: the field is left out of the JSON while it is None, and read as None when absent."""
+    return {"unless_none": True}
+
+
+class Record:
+    """A record kind (mixed into a frozen dataclass). ``KIND`` and ``VERSION`` make its format tag (every older
+    version is read); ``UNTAGGED`` says whether files written before the kind had a tag are read (as version 0);
+    ``LABEL`` is what a message calls it."""
+
+    KIND: ClassVar[str | None] = None  # None: a part of other records, with no tag and no file of its own
+    VERSION: ClassVar[int] = 1
+    UNTAGGED: ClassVar[bool] = False
+    LABEL: ClassVar[str] = "manifest"
+
+    @classmethod
+    def format_tag(cls) -> str:
+        return f"{PROJECT}/{cls.KIND}/{cls.VERSION}"
+
+    def to_json(self) -> dict:
+        data = _encode(self)
+        return {"format": self.format_tag(), **data} if self.KIND else data
+
+    def dumps(self) -> bytes:
+        """The record's bytes: indented, keys sorted, so equal records are equal files."""
+        return orjson.dumps(self.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_json(cls: type[R], data: object, path: str) -> R:
+        """The record in ``data`` (read from ``path``, which messages name), checked."""
+        if not isinstance(data, dict):
+            raise RecordError(path, f"the file is {shown(data)}, not an object", cls.LABEL)
+        strict = cls.KIND is None or _version(cls, data, path) == cls.VERSION
+        fields_of = {k: v for k, v in data.items() if k != "format"} if cls.KIND else data
+        return _decode_record(cls, fields_of, _Reading(path, cls.LABEL, strict), "")
+
+    @classmethod
+    def loads(cls: type[R], data: bytes, path: str) -> R:
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise RecordError(path, f"not JSON ({exc})", cls.LABEL) from None
+        return cls.from_json(parsed, path)
+
+    @classmethod
+    def read(cls: type[R], fs: fsspec.AbstractFileSystem, path: str, label: str | None = None) -> R | None:
+        """The record at ``path`` (``label``: the location messages name), or None when there is no such file."""
+        try:
+            data = fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        return cls.loads(data, label or path)
+
+
+@dataclass(frozen=True)
+class _Reading:
+    path: str
+    label: str
+    strict: bool  # this version's format: every field present, no other
+
+    def error(self, at: str, what: str) -> RecordError:
+        return RecordError(self.path, f"{at or 'the file'} {what}", self.label)
+
+
+def _version(cls: type[Record], data: dict, path: str) -> int:
+    tag = data.get("format")
+    family = f"{PROJECT}/{cls.KIND}"
+    if tag is None and cls.UNTAGGED:
+        return 0
+    if not isinstance(tag, str) or not tag.startswith(family + "/") or not tag[len(family) + 1 :].isdigit():
+        raise RecordError(path, f"format {shown(tag)}, not {family}/N", cls.LABEL)
+    version = int(tag[len(family) + 1 :])
+    if version > cls.VERSION:
+        raise RecordError(
+            path,
+            f"format {tag} is newer than this version of {PROJECT} reads ({cls.format_tag()}): upgrade to read it",
+            cls.LABEL,
+        )
+    return version
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _name(f: dataclasses.Field) -> str:
+    return f.metadata.get("json_name", f.name)
+
+
+def _decode_record(cls: type, data: dict, reading: _Reading, at: str) -> Any:
+    hints = _hints(cls)
+    values = {}
+    known = set()
+    for f in dataclasses.fields(cls):
+        key = _name(f)
+        known.add(key)
+        where = f"{at}.{key}" if at else key
+        if key in data:
+            values[f.name] = _decode(hints[f.name], data[key], reading, where)
+        elif f.metadata.get("unless_none"):
+            values[f.name] = None
+        elif reading.strict or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING):
+            raise reading.error(where, "is missing")
+    if reading.strict and (unknown := sorted(set(data) - known)):
+        raise reading.error(f"{at}.{unknown[0]}" if at else unknown[0], "is not a field of this format")
+    try:
+        return cls(**values)
+    except ValueError as exc:  # the record's own check of its values (``__post_init__``)
+        raise reading.error(at, str(exc)) from None
+
+
+def _decode(hint: Any, value: object, reading: _Reading, at: str) -> Any:
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = [arg for arg in get_args(hint) if arg is not type(None)]
+        if value is None and len(options) < len(get_args(hint)):
+            return None
+        # the option of the value's JSON kind (an object, a string...), so that its own error is the one told
+        fitting = [option for option in options if _fits(option, value)] or options[-1:]
+        return _decode(fitting[0], value, reading, at)
+    if hint is Any:
+        return value
+    if origin is Literal:
+        if value not in get_args(hint):
+            raise reading.error(at, f"is {shown(value)}, not one of {', '.join(map(shown, get_args(hint)))}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise reading.error(at, f"is {shown(value)}, not an object")
+        return _decode_record(hint, value, reading, at)
+    if origin is list:
+        if not isinstance(value, list):
+            raise reading.error(at, f"is {shown(value)}, not an array")
+        (item,) = get_args(hint)
+        return [_decode(item, v, reading, f"{at}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise reading.error(at, f"is {shown(value)}, not an object")
+        _, item = get_args(hint)
+        return {k: _decode(item, v, reading, f"{at}[{orjson.dumps(k).decode()}]") for k, v in value.items()}
+    expected = (int, float) if hint is float else hint
+    if not isinstance(value, expected) or (isinstance(value, bool) and hint is not bool):
+        raise reading.error(at, f"is {shown(value)}, not {JSON_TYPES[hint]}")
+    return value
+
+
+def _fits(hint: Any, value: object) -> bool:
+    """Whether ``value`` is of the JSON kind that ``hint`` reads (its fields unchecked)."""
+    origin = get_origin(hint)
+    if hint is Any:
+        return True
+    if origin is Literal:
+        return value in get_args(hint)
+    if dataclasses.is_dataclass(hint) or origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if origin is list:
+        return isinstance(value, list)
+    return isinstance(value, (int, float) if hint is float else hint) and not (
+        isinstance(value, bool) and hint is not bool
+    )
+
+
+def _encode(value: object) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {
+            _name(f): _encode(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not (f.metadata.get("unless_none") and getattr(value, f.name) is None)
+        }
+    if isinstance(value, list | tuple):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    return value
+
+
+def shown(value: object) -> str:
+    text = orjson.dumps(value).decode()
+    return text if len(text) <= 40 else text[:40] + "…"

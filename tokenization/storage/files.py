@@ -1,0 +1,480 @@
+"""Storage on any fsspec URL: atomic publication of finished files, S3-safe uploads, and write errors that say
+where.
+
+A reader must never see half a file. Locally a file is written under a temporary name and renamed; on an object
+store an object only appears once its upload completes, so it is uploaded to its final key. A write that fails
+removes its temporary file and raises :class:`WriteError`, which names the file and, locally, the filesystem and
+its free space (a bare ``[Errno 28] No space left on device`` names neither).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import errno
+import functools
+import glob
+import hashlib
+import math
+import os
+import shutil
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from tokenization.errors import StorageError, TokenizationError
+from tokenization.storage.locations import LOCAL_SCHEMES
+
+MIB = 1 << 20
+# S3 serves ~3,500 PUT-class requests a second a prefix: with 8 MiB parts, 1,024 ranks uploading at once made
+# ~5,400 (docs/scaling.md); 64 MiB parts make 8x fewer, and a file under two parts is one PUT.
+MIN_PART_SIZE = 64 * MIB
+# A file moves to or from S3 over several connections at once (s3fs's ranged GETs and multipart parts): one stream
+# reaches a fraction of a worker's network. Bounded: at most TRANSFER_STREAMS requests, and TRANSFER_BUFFER bytes
+# held, a file. A deployment sets the streams with TOKENIZATION_S3_STREAMS (1: one connection a file).
+TRANSFER_STREAMS = max(1, int(os.environ.get("TOKENIZATION_S3_STREAMS") or 8))
+TRANSFER_BUFFER = 256 * MIB
+MAX_PARTS = 10_000
+PART_HEADROOM = 0.9  # stay well inside the 10,000-part limit of S3 multipart uploads
+TEMPORARY_MARK = ".tmp-"  # in the name of every temporary file this package writes beside a final one
+SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing dirty pages out, do not wait
+S3_PROTOCOLS = ("s3", "s3a")
+HASH_READ = 8 * MIB  # bytes read at a time to hash a file: sha256 runs at ~1 GB/s, one read costs ~10 us
+NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP)  # a hard link refused: copy instead
+T = TypeVar("T")
+U = TypeVar("U")
+_LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # the C library the interpreter runs on
+
+
+StorageOptions = Mapping[str, Mapping]  # protocol -> the filesystem's keyword arguments: {"s3": {"key": ...}}
+_STAGE_OPTIONS: contextvars.ContextVar[StorageOptions | None] = contextvars.ContextVar("storage_options", default=None)
+
+
+class WriteError(TokenizationError, OSError):
+    """A file could not be written; the message names it and, locally, its filesystem."""
+
+
+def open_fs(url: str, options: StorageOptions | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and the path within it for a local path or an fsspec URL, opened with ``options`` for its
+    protocol (credentials, endpoint), or else with those of the stage running in this context (see ``using``)."""
+    chosen = (_STAGE_OPTIONS.get() if options is None else options) or {}
+    protocol = fsspec.core.split_protocol(str(url))[0] or "file"
+    given = dict(chosen.get(protocol, {}))
+    if protocol in LOCAL_SCHEMES and not given and "::" not in str(url):  # 5 us, not url_to_fs's 35-90
+        return _LOCAL, _LOCAL._strip_protocol(str(url))
+    if protocol not in S3_PROTOCOLS:
+        return fsspec.core.url_to_fs(str(url), **given)
+    # s3fs reads a whole object over its max_concurrency connections, 10 by default, and so first asks for its
+    # size: a HEAD before each GET of every record. The transfers that want several connections ask for them.
+    given.setdefault("max_concurrency", 1)
+    fs = _shared_s3(protocol, given)
+    return fs, fs._strip_protocol(str(url))
+
+
+_LOCAL = LocalFileSystem()  # what fsspec gives for a local path with no options (it keeps no state of its own)
+_S3_INSTANCES: dict[str, fsspec.AbstractFileSystem] = {}
+_S3_LOCK = threading.Lock()
+
+
+def _shared_s3(protocol: str, options: dict) -> fsspec.AbstractFileSystem:
+    """One S3 filesystem a process and set of options, whichever thread asks. fsspec caches an instance a thread,
+    so each of ``map_concurrently``'s threads built its own client (~0.3 s of CPU under the interpreter lock): the
+    reads meant to overlap ran one after another. s3fs runs every request on its own event loop, which any thread
+    may call."""
+    key = fsspec.utils.tokenize(os.getpid(), protocol, options)
+    with _S3_LOCK:
+        if key not in _S3_INSTANCES:
+            _S3_INSTANCES[key] = fsspec.filesystem(protocol, **options)
+        return _S3_INSTANCES[key]
+
+
+@contextmanager
+def using(options: StorageOptions | None) -> Iterator[None]:
+    """Open every URL of a stage with the storage options its config carries. The options live in this context
+    only (a thread the stage starts takes them along with ``contextvars.copy_context``), never in fsspec's
+    process-wide configuration, so two stages or two web requests in one process never see each other's."""
+    token = _STAGE_OPTIONS.set(options or {})
+    try:
+        yield
+    finally:
+        _STAGE_OPTIONS.reset(token)
+
+
+def with_storage_options(run: Callable[..., T]) -> Callable[..., T]:
+    """A stage ``run(config, ...)`` that opens every URL with the storage options its config carries."""
+
+    @functools.wraps(run)
+    def scoped(config, *args, **kwargs) -> T:
+        with using(config.storage_options):
+            return run(config, *args, **kwargs)
+
+    return scoped
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    return "s3" in _protocols(fs)
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([str(base).rstrip("/"), *parts])
+
+
+def part_size(file_size: int, smallest: int = MIN_PART_SIZE) -> int:
+    """Multipart part size for a file, so that no upload ever needs more than ~9,000 parts."""
+    needed = math.ceil(file_size / (MAX_PARTS * PART_HEADROOM))
+    return max(smallest, math.ceil(needed / MIB) * MIB)
+
+
+def filesystem_of(path: str | Path) -> str:
+    """Where a local path lives: its mount point and the space left there, for error messages."""
+    mount = Path(os.path.abspath(path))
+    while not mount.exists() or not os.path.ismount(mount):
+        if mount.parent == mount:
+            break
+        mount = mount.parent
+    try:
+        stat = os.statvfs(mount)
+    except OSError:
+        return f"filesystem {mount}"
+    free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    return f"filesystem {mount}: {free / MIB:,.1f} MiB free of {total / MIB:,.1f} MiB"
+
+
+def write_error(exc: OSError, path: str | Path, local: bool = True) -> WriteError:
+    """``exc`` raised while writing ``path``, as an error that says which file and which filesystem."""
+    if isinstance(exc, WriteError):
+        return exc
+    reason = exc.strerror or str(exc)
+    where = f" ({filesystem_of(path)})" if local else ""
+    error = WriteError(f"{path}: {reason}{where}")  # one argument: printed as it is, without "[Errno n]"
+    error.errno = exc.errno or errno.EIO
+    return error
+
+
+@contextmanager
+def writing(path: str | Path, local: bool = True) -> Iterator[None]:
+    """Turn an ``OSError`` raised inside into a :class:`WriteError` naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        raise write_error(exc, path, local) from exc
+
+
+def temporary_name(dest: str, tmp_dir: Path | None = None) -> str:
+    """A name no other writer uses, on the same filesystem as ``dest`` (so that a rename publishes it)."""
+    name = f".{os.path.basename(dest)}{TEMPORARY_MARK}{uuid.uuid4().hex[:12]}"
+    return str((tmp_dir or Path(os.path.dirname(dest))) / name)
+
+
+def move_into_place(src: Path, fs: fsspec.AbstractFileSystem, dest: str, tmp_dir: Path | None = None) -> None:
+    """Move a finished local file to its final place, atomically for readers. ``tmp_dir`` (on the destination's
+    filesystem) holds the copy when a rename cannot cross filesystems."""
+    if is_local(fs):
+        with writing(dest):
+            fs.makedirs(os.path.dirname(dest), exist_ok=True)
+            try:
+                os.replace(src, dest)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                tmp = temporary_name(dest, tmp_dir)
+                try:
+                    shutil.copyfile(src, tmp)
+                    os.replace(tmp, dest)
+                finally:
+                    _unlink(tmp)
+                src.unlink()
+        return
+    upload(src, fs, dest)
+    src.unlink()
+
+
+def upload(src: Path, fs: fsspec.AbstractFileSystem, dest: str) -> None:
+    """Copy a finished local file to an object store; the object appears only once its upload completes. On S3,
+    parts of ``part_size`` go up as many at once as ``TRANSFER_BUFFER`` holds, at most ``TRANSFER_STREAMS``."""
+    with writing(dest, local=False):
+        if is_s3(fs):
+            part = part_size(src.stat().st_size)
+            streams = max(1, min(TRANSFER_STREAMS, TRANSFER_BUFFER // part))
+            fs.put_file(str(src), dest, chunksize=part, max_concurrency=streams)
+        else:
+            fs.put_file(str(src), dest)
+
+
+def download(fs: fsspec.AbstractFileSystem, src: str, dest: Path) -> None:
+    """Copy a remote file to local disk; on S3 over ``TRANSFER_STREAMS`` ranged GETs at once, each of an equal
+    share of ``TRANSFER_BUFFER``."""
+    if is_s3(fs):
+        fs.get_file(src, str(dest), chunksize=TRANSFER_BUFFER // TRANSFER_STREAMS, max_concurrency=TRANSFER_STREAMS)
+    else:
+        fs.get_file(src, str(dest))
+
+
+def link_or_copy(src: Path, dest: Path) -> None:
+    """``dest`` as a second name of the finished file ``src`` (a hard link: no byte is copied, and removing either
+    name leaves the other whole), or, across filesystems or where links are refused, as a copy flushed to disk. A
+    missing ``src`` raises ``FileNotFoundError`` as it is; the files must never be written again through either
+    name."""
+    with writing(dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+        return
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno not in NO_LINK:
+            raise write_error(exc, dest) from exc
+    with open(src, "rb") as source, writing(dest), open(dest, "wb") as target:
+        shutil.copyfileobj(source, target, HASH_READ)
+        target.flush()
+        os.fsync(target.fileno())
+
+
+def file_sha256(path: str | Path, fs: fsspec.AbstractFileSystem | None = None) -> str:
+    """The sha256 of a file's bytes (a local file, or a file of ``fs``), read in ``HASH_READ`` pieces: memory stays
+    bounded."""
+    digest = hashlib.sha256()
+    with open(path, "rb") if fs is None else fs.open(path, "rb") as handle:
+        while piece := handle.read(HASH_READ):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing a range of a file to disk now, without waiting (Linux ``sync_file_range``; elsewhere the final
+    fsync does it all), so the disk works while the caller computes: the fsync closing a 960 MB file then waits
+    ~0 s instead of ~0.45 s. The pages stay cached; fsync is still what makes the file durable."""
+    if _LIBC is not None:
+        _LIBC.sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), SYNC_FILE_RANGE_WRITE)
+
+
+def write_bytes_atomic(fs: fsspec.AbstractFileSystem, dest: str, data: bytes, tmp_dir: Path | None = None) -> None:
+    """Write a small file so that it appears whole or not at all; a failed write leaves nothing behind."""
+    if not is_local(fs):
+        with writing(dest, local=False):
+            fs.pipe_file(dest, data)
+        return
+    with writing(dest):
+        fs.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = temporary_name(dest, tmp_dir)
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, dest)
+        finally:
+            _unlink(tmp)
+
+
+def put_if(
+    fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, absent: bool = False, etag: str | None = None
+) -> str | None:
+    """Write a small object only if it does not exist yet (``absent``) or still has ``etag``; return its new ETag
+    (None where the store has none). A failed condition raises ``FileExistsError``, and ``etag`` on an object that
+    is gone ``FileNotFoundError``. S3 enforces the condition itself (``If-None-Match`` / ``If-Match``); a local
+    file is created with ``O_EXCL``; other stores are checked first, which leaves a race that callers must say
+    they cannot exclude."""
+    if is_s3(fs):
+        bucket, key, _ = fs.split_path(path)
+        condition = {"IfNoneMatch": "*"} if absent else {"IfMatch": etag} if etag else {}
+        try:
+            return fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
+        except OSError as exc:
+            if condition and _condition_failed(exc):
+                raise FileExistsError(errno.EEXIST, f"{path}: changed by another writer") from exc
+            raise
+        finally:
+            fs.invalidate_cache(path)
+    if absent and is_local(fs):
+        with writing(path):
+            fs.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # FileExistsError when it exists
+        with writing(path), os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return None
+    if absent and fs.exists(path):
+        raise FileExistsError(errno.EEXIST, f"{path}: exists")
+    write_bytes_atomic(fs, path, data)
+    return None
+
+
+def current_etag(fs: fsspec.AbstractFileSystem, path: str) -> str | None:
+    """An S3 object's ETag as the store has it now (not as cached), None when there is no such object: the
+    condition for a later ``put_if`` or ``remove_if`` that must not touch a version written since."""
+    fs.invalidate_cache(path)
+    try:
+        return fs.info(path).get("ETag")
+    except FileNotFoundError:
+        return None
+
+
+def remove_if(fs: fsspec.AbstractFileSystem, path: str, etag: str | None) -> None:
+    """Delete an S3 object only if it still has ``etag`` (a conditional ``DeleteObject``): a changed object stays
+    and ``FileExistsError`` is raised; an object already gone is no error. Without an ``etag``, and on stores
+    that cannot delete under a condition, the file is removed if it is there."""
+    if not is_s3(fs) or etag is None:
+        remove_if_exists(fs, path)
+        return
+    bucket, key, _ = fs.split_path(path)
+    try:
+        fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if _condition_failed(exc):
+            raise FileExistsError(errno.EEXIST, f"{path}: changed by another writer") from exc
+        raise
+    finally:
+        fs.invalidate_cache(path)
+
+
+def _condition_failed(exc: OSError) -> bool:
+    """Whether S3 refused a request for its condition: 412, or 409 when a concurrent conditional write won. s3fs
+    turns these into a FileExistsError or an EINVAL or EIO OSError (as it does other errors), keeping the response
+    on the cause."""
+    error = getattr(exc.__cause__, "response", None) or {}
+    return error.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def list_names(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    """Names directly inside a folder, freshly listed (no detail: locally, no stat of each); empty when the folder
+    does not exist yet."""
+    fs.invalidate_cache(path)
+    try:
+        return [name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        return []
+
+
+CONCURRENT_READS = 32  # small records read at once: on S3 that many requests in flight (~50 ms each), a few kB each
+
+
+def read_many(fs: fsspec.AbstractFileSystem, paths: list[str], limit: int | None = None) -> dict[str, bytes | None]:
+    """The bytes of these small files, by path, read concurrently where the store can (all in flight at once on
+    S3): None for a file that is not there. Callers bound what is held by passing at most ``CONCURRENT_READS``
+    paths at a time (``in_batches``), and, with ``limit``, by reading no more than ``limit + 1`` bytes of a file:
+    one that gives more is larger than the caller accepts, and was never read whole."""
+    if not paths:
+        return {}
+    if limit is not None and is_local(fs):  # one at a time, as fsspec reads local files anyway
+        found = [_attempt(read_head, fs, path, limit + 1) for path in paths]
+    else:
+        start, end = (None, None) if limit is None else (0, limit + 1)
+        found = fs.cat_ranges(list(paths), start, end, on_error="return")  # never a glob, unlike ``cat``
+    read: dict[str, bytes | None] = {}
+    for path, data in zip(paths, found, strict=True):
+        if isinstance(data, Exception) and not isinstance(data, FileNotFoundError):
+            raise StorageError(f"{path}: {data}") from data
+        read[path] = data if isinstance(data, bytes) else None
+    return read
+
+
+def read_head(fs: fsspec.AbstractFileSystem, path: str, size: int) -> bytes:
+    """The first ``size`` bytes of a file, or all of it when it is smaller, in one request. Locally only what the
+    file holds is set aside: a read of ``size`` bytes takes that much memory first, whatever it finds."""
+    if not is_local(fs):
+        return fs.cat_file(path, start=0, end=size)
+    with open(path, "rb") as handle:
+        return handle.read(min(size, os.fstat(handle.fileno()).st_size + 1))
+
+
+def _attempt(read: Callable[..., T], *args: object) -> T | Exception:
+    """What ``read`` returns, or the error it raised, as ``cat_ranges(on_error="return")`` gives it."""
+    try:
+        return read(*args)
+    except Exception as exc:
+        return exc
+
+
+def map_concurrently(fn: Callable[[T], U], items: Sequence[T], workers: int = CONCURRENT_READS) -> list[U]:
+    """``fn`` of each item, in order, on up to ``workers`` threads (for requests that wait, not for computing),
+    each call with the caller's storage options: a thread does not inherit them, so each gets a copy."""
+    with ThreadPoolExecutor(workers, thread_name_prefix="storage") as pool:
+        futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
+        return [future.result() for future in futures]
+
+
+@contextmanager
+def meanwhile(fn: Callable[..., U], *args: object) -> Iterator[Future[U]]:
+    """``fn(*args)`` on a thread of its own, with the caller's storage options, while the body runs (a stage hashes
+    its inputs again as it moves their bytes); leaving waits for it."""
+    with ThreadPoolExecutor(1, thread_name_prefix="meanwhile") as thread:
+        yield thread.submit(contextvars.copy_context().run, fn, *args)
+
+
+def files_at_once(largest: int) -> int:
+    """Files of at most ``largest`` bytes to move at once: as many as ``TRANSFER_BUFFER`` holds, at most
+    ``CONCURRENT_READS``. A small file costs a request's wait more than its bytes, and one after another those waits
+    are most of the time of a stage that moves many small files (a rank's bucket files, a bucket merge's inputs);
+    a large one moves alone, over its own streams."""
+    return min(CONCURRENT_READS, max(1, TRANSFER_BUFFER // max(1, largest)))
+
+
+def in_batches(items: list[T], size: int = CONCURRENT_READS) -> Iterator[list[T]]:
+    """``items`` in consecutive lists of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def list_sizes(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, int]:
+    """Files directly inside a folder with their sizes, from one fresh listing (one request on an object store)."""
+    fs.invalidate_cache(path)
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries}
+
+
+def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(path)
+
+
+def remove_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Delete a folder and everything in it, taking its path literally: fsspec's recursive ``rm`` expands ``*?[``
+    in a path as a glob on object stores (an output ``out?`` would take ``outA``'s files with it), so the path is
+    escaped there; locally ``rm`` is a plain ``rmtree``."""
+    fs.rm(path if is_local(fs) else glob.escape(path), recursive=True)
+
+
+def remove_files(fs: fsspec.AbstractFileSystem, paths: list[str]) -> None:
+    """Delete these files with one ``rm`` (on S3, a bulk request of up to 1,000 keys each), taking each path
+    literally: one holding ``*?[`` is escaped, which fsspec would otherwise expand as a glob (``remove_tree``)."""
+    if paths:
+        fs.rm(paths if is_local(fs) else [glob.escape(path) for path in paths])
+
+
+def read_with_etag(fs: fsspec.AbstractFileSystem, path: str) -> tuple[bytes, str | None]:
+    """A small object's bytes and the ETag to ``put_if`` a change of it with (None where the store has none). The
+    ETag is read first, so the bytes are at least as new: a ``put_if`` with it fails if they changed since."""
+    etag = current_etag(fs, path) if is_s3(fs) else None
+    fs.invalidate_cache(path)
+    return fs.cat_file(path), etag
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)

@@ -1,0 +1,75 @@
+"""What decides an input file's first pass, as the key of its entry in the tokenization cache.
+
+A file's first pass (its documents' ids, ends and loss bytes, its counts and its quarantined records, in input
+order) is a function of its bytes and of what this key describes, and of nothing else: not of its name (its
+quarantined records name it when a rank reads them), its rank, the seed or the shuffles, which act on it later.
+The engine is not part of it either: the fast engine is exact (HF checks a sample of every run, and the tests
+compare both on the shared corpora), so both give the same ids. ``ENCODING_RULES`` is raised whenever this project
+changes how a file is read or encoded, so that no entry made under other rules is ever used; the version of HF
+``tokenizers``, whose rules decide the ids, is part of the key for the same reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+from dataclasses import dataclass
+
+import orjson
+
+from tokenization.inputs.sources import file_format
+from tokenization.rendering.renderer import Renderer
+from tokenization.tokenizer.documents import DocumentOptions
+from tokenization.tokenizer.encoding import Encoder
+
+ENCODING_RULES = 1
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """The key (``digest``) and what it covers, as the entry's marker records it for a person."""
+
+    digest: str
+    described: dict
+
+
+def cache_key(
+    content: str,
+    url: str,
+    *,
+    encoder: Encoder,
+    renderer: Renderer | None,
+    options: DocumentOptions,
+    save_loss: bool,
+) -> CacheKey:
+    """The key of the file at ``url`` whose bytes ``content`` identifies (``sources.content_identity``), read and
+    encoded with these options, encoder and renderer; with loss bytes when ``save_loss``."""
+    policy = encoder.policy
+    described = {
+        "rules": ENCODING_RULES,
+        "content": content,
+        "format": list(file_format(url)),  # the name's extension decides how the bytes are read
+        "tokenizer": {
+            "sha256": encoder.sha256,
+            "token_size": encoder.token_size,
+            "tokenizers": _tokenizers_version(),
+        },
+        "policy": {
+            "eos_id": policy.eos_id,
+            "bos_ids": policy.bos_ids,
+            "tail_ids": policy.tail_ids,
+            "special_text": policy.special_text,
+        },
+        "rendering": renderer and {k: v for k, v in renderer.describe().items() if k != "text"},  # its sha256 stays
+        "fields": {"text": options.text_key, "id": options.id_key, "messages": options.messages_key},
+        "max_record_bytes": options.max_record_bytes,
+        "save_loss": save_loss,
+    }
+    return CacheKey(hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest(), described)
+
+
+@functools.cache
+def _tokenizers_version() -> str:
+    """HF tokenizers' version, looked up once: each look parses its package metadata (~0.2 ms, a file's key)."""
+    return importlib.metadata.version("tokenizers")

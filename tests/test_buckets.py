@@ -10,9 +10,9 @@ import pytest
 
 from tests.test_merge import merged
 from tests.test_tokenize import documents, file_bytes, run
+from tokenization import orderings
 from tokenization.builds.accounting import incomplete_ranks
 from tokenization.errors import UsageError
-from tokenization.formats import buckets
 from tokenization.formats.ds import TokenFileError
 from tokenization.stages.merge import MergeConfig
 from tokenization.stages.verify import verify
@@ -67,9 +67,9 @@ def test_every_document_once_in_every_bucket_and_the_same_bytes_again(tmp_path, 
         gathered = []
         for rank in range(RANKS):
             docs = documents(tmp_path / "plain" / str(rank))
-            drawn = buckets.assign(SEED, rank, len(docs), BUCKETS)
+            drawn = orderings.bucket_of(SEED, rank, len(docs), BUCKETS)
             gathered += [d for d, b in zip(docs, drawn, strict=True) if b == bucket]
-        expected += [gathered[i] for i in buckets.order(SEED, bucket, len(gathered))]
+        expected += [gathered[i] for i in orderings.bucket_order(SEED, bucket, len(gathered))]
     assert got == expected
 
     assert bucketed_build(tmp_path, sample_corpus, sample_tokenizer, "second") == got
@@ -137,10 +137,10 @@ def test_bucketed_is_uniform_and_datatroves_interleave_is_not() -> None:
             gathered = [
                 d
                 for r, docs in enumerate(rank_docs)
-                for d, b in zip(docs, buckets.assign(seed, r, len(docs), 3), strict=True)
+                for d, b in zip(docs, orderings.bucket_of(seed, r, len(docs), 3), strict=True)
                 if b == bucket
             ]
-            final += [gathered[i] for i in buckets.order(seed, bucket, len(gathered))]
+            final += [gathered[i] for i in orderings.bucket_order(seed, bucket, len(gathered))]
         return final
 
     def interleave(seed: int) -> list[int]:  # datatrove: each rank default_rng(seed), then the merge's file draw

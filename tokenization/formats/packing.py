@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokenization import orderings
 from tokenization.formats.moves import ranges
 
 
@@ -92,10 +93,10 @@ def pack(doc_ends: np.ndarray, capacity: int, rng: np.random.Generator) -> Packe
     """The documents of an index packed into windows of ``capacity`` (Best-Fit Decreasing, ties drawn from
     ``rng``), then the windows shuffled with ``rng``. Peak memory: under 50 bytes a piece, buffers reused."""
     pieces = Pieces.of_documents(doc_ends, capacity)
-    packing = best_fit_decreasing(pieces.lengths, capacity, seed=int(rng.integers(2**63)))
+    packing = best_fit_decreasing(pieces.lengths, capacity, seed=orderings.packing_draws(rng))
     count, n = packing.count, len(pieces.starts)
     position = np.empty(count, dtype=np.int64)
-    position[rng.permutation(count)] = np.arange(count)
+    position[orderings.shuffled(rng, count)] = np.arange(count)
     room = capacity - packing.fill(pieces.lengths)
     padded = np.flatnonzero(room)  # windows with padding
     # Units: the pieces in placement order, then each padded window's padding. Sorted stably by their window's
@@ -128,7 +129,7 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int, seed: int) -> Packin
     lengths = np.asarray(lengths)
     if len(lengths) and (lengths.min() < 1 or lengths.max() > capacity):
         raise ValueError(f"piece lengths must be 1..{capacity}, got {lengths.min()}..{lengths.max()}")
-    shuffled = np.random.default_rng(seed).permutation(len(lengths))
+    shuffled = orderings.tie_order(seed, len(lengths))
     # longest first, ties in the seeded order: a stable sort of the room a piece leaves, in the smallest dtype
     # that holds it (a radix sort for windows under 65,536 tokens)
     leaves = (capacity - lengths[shuffled]).astype(np.min_scalar_type(capacity))

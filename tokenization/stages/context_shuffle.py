@@ -1,10 +1,10 @@
 """Context-window shuffle: each token file is cut into windows of ``context_window`` tokens (a training context
 plus one) and the windows are permuted, so consecutive training samples come from different places.
 
-The permutation is datatrove's DocumentTokenizerContextShuffler's: one ``default_rng(seed)`` per task, one
-``permutation(n_windows)`` per file, drawn file after file. Unlike datatrove, nothing is lost: loss bytes move
-with their windows, document ends inside a window move with it and every window end becomes an index entry,
-the tail shorter than a window is kept at the end (and counted), and metadata and a manifest are written.
+The permutation is datatrove's DocumentTokenizerContextShuffler's (``tokenization.orderings``): one generator
+per task, one permutation of the windows per file, drawn file after file. Unlike datatrove, nothing is lost: loss
+bytes move with their windows, document ends inside a window move with it and every window end becomes an index
+entry, the tail shorter than a window is kept at the end (and counted), and metadata and a manifest are written.
 The task takes ``files[shard::num_shards]`` of the sorted input, so a folder can be shuffled by many tasks.
 
 ``context_mode: packed`` packs whole documents into the windows instead (``formats.packing``: Best-Fit Decreasing,
@@ -31,6 +31,7 @@ from typing import Literal
 
 import numpy as np
 
+from tokenization import orderings
 from tokenization.errors import UsageError
 from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept, within
 from tokenization.formats.ds import (
@@ -152,7 +153,7 @@ def context_shuffle(
     own = OwnCheck(checks or Checks(), f"context shuffle {config.stem}")
     files = shard_files(config)
     sources = [TokenFile(url) for url in files]
-    rng = np.random.default_rng(config.seed)  # one generator for the task, drawn file after file
+    rng = orderings.generator(config.seed)  # one generator for the task, drawn file after file
     described = manifest.output_entries(files[0].rsplit("/", 1)[0]) if files else {}
     tally: Counter = Counter()  # of ContextCounts' fields
     histogram = np.zeros(padding_classes(config.context_window), dtype=np.int64)
@@ -256,9 +257,8 @@ def _one_file(
         kept, cuts = total, np.asarray(packed.pieces.ends, dtype=np.int64)  # the pieces in stream order
     else:
         windows, full = fixed_units(total, config.context_window)
-        order = rng.permutation(full)
-        if total > full * config.context_window and not config.drop_tail:
-            order = np.append(order, full)
+        keep_tail = total > full * config.context_window and not config.drop_tail
+        order = orderings.with_tail(orderings.shuffled(rng, full), full, keep_tail)
         starts = starts_of(windows)
         urls, units, inner = [url], (np.zeros(len(order), np.int64), starts[order], windows[order]), [ends]
         kept = prefix_end(windows, len(order))  # the dropped tail aside

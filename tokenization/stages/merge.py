@@ -1,8 +1,8 @@
 """The merge: every rank file of a folder becomes one sequence of output files, globally reordered. One task.
 
-* ``interleave`` (default) is datatrove's DocumentTokenizerMerger: ``default_rng(seed).permutation`` of the
-  list ``[f] * units_f`` over the sorted input files; each entry ``f`` takes the *next* unit of file ``f``, so
-  the order inside a file is kept. Same inputs and seed, same bytes.
+* ``interleave`` (default) is datatrove's DocumentTokenizerMerger (``tokenization.orderings``): a seeded
+  permutation of the list ``[f] * units_f`` over the sorted input files; each entry ``f`` takes the *next* unit of
+  file ``f``, so the order inside a file is kept. Same inputs and seed, same bytes.
 * ``shuffle`` is a true uniform permutation of every unit of every file. It holds the permutation of all units
   in memory: 8 bytes a unit, on top of the 8 bytes a unit of the loaded indexes.
 
@@ -26,8 +26,9 @@ from typing import Literal
 import numpy as np
 import orjson
 
+from tokenization import orderings
 from tokenization.errors import UsageError
-from tokenization.formats import buckets, names
+from tokenization.formats import names
 from tokenization.formats.contents import Contents, ShuffleCheckFailed, check_kept
 from tokenization.formats.ds import Metadata, Observer, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
 from tokenization.formats.moves import MAX_OPEN_FILES, SourcePool, contents_of, move_units, sorted_union
@@ -226,14 +227,13 @@ def plan_ordering(config: MergeConfig, units: _Units) -> tuple[np.ndarray, np.nd
     n_files = len(units.counts)
     dtype = np.uint16 if n_files <= np.iinfo(np.uint16).max + 1 else np.uint32
     file_ids = np.repeat(np.arange(n_files, dtype=dtype), units.counts)
-    rng = np.random.default_rng(config.seed)
     if not config.shuffle:
         return file_ids, None
     if config.merge_mode == "shuffle":
-        return file_ids, rng.permutation(len(file_ids))
+        return file_ids, orderings.merge_order(config.seed, len(file_ids))
     if config.bucket is not None:
-        return file_ids, buckets.order(config.seed, config.bucket, len(file_ids))
-    rng.shuffle(file_ids)  # in place; the same draw as datatrove's rng.permutation(file_ids)
+        return file_ids, orderings.bucket_order(config.seed, config.bucket, len(file_ids))
+    orderings.interleave(config.seed, file_ids)
     return file_ids, None
 
 

@@ -2,8 +2,8 @@
 
 Pass 1 (``first_pass``) gives each input file's documents, in input order, as a segment in the local working
 folder, encoded or taken from the tokenization cache. Pass 2 permutes the rank's documents, its segments' end to
-end (then, optionally, fixed-size chunks), by moving bytes, never re-tokenizing. The permutations are datatrove's:
-``numpy.random.default_rng(seed)``, one generator per rank, the document permutation drawn first and the chunk
+end (then, optionally, fixed-size chunks), by moving bytes, never re-tokenizing. The permutations are datatrove's
+(``tokenization.orderings``): one generator per rank, the document permutation drawn first and the chunk
 permutation second, so the same seed gives the same bytes, whatever the cache held.
 """
 
@@ -18,8 +18,9 @@ from typing import Literal
 
 import numpy as np
 
+from tokenization import orderings
 from tokenization.errors import UsageError
-from tokenization.formats import DS, MEGATRON, buckets, names
+from tokenization.formats import DS, MEGATRON, names
 from tokenization.formats.contents import check_kept
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
@@ -304,7 +305,7 @@ def _second_pass(
     documents = Units.documents(paths, encoder.token_size)
     if not len(documents.ends):
         return []
-    rng = np.random.default_rng(config.seed)
+    rng = orderings.generator(config.seed)
     chunks = config.shuffle_chunk_size
     kind = RankFileKind.DOC_SHUFFLED if config.shuffle_documents else RankFileKind.UNSHUFFLED
     with SourcePool(paths, encoder.token_size, config.save_loss) as pool:
@@ -312,7 +313,7 @@ def _second_pass(
             written = _scatter(config, encoder, pool, documents, work)
         else:
             if config.shuffle_documents:
-                documents = documents.take(rng.permutation(len(documents.ends)))
+                documents = documents.take(orderings.shuffled(rng, len(documents.ends)))
             name_for = (lambda _: names.working_file_name(kind)) if chunks else config.output_name
             written = _write(config, encoder, pool, documents, work, name_for, last=not chunks)
     check_kept(f"rank {config.rank}: pass 2", counts.contents, written_contents(written))
@@ -362,12 +363,13 @@ def _chunk_shuffle(
     doc_ends = np.asarray(TokenFile(str(source), encoder.token_size).ends, dtype=np.int64)
     total_tokens = int(doc_ends[-1])
     chunk_ends, full = fixed_units(total_tokens, config.shuffle_chunk_size)
-    order = rng.permutation(full)
     tail = total_tokens - full * config.shuffle_chunk_size
+    order = orderings.with_tail(
+        orderings.shuffled(rng, full), full, keep_tail=bool(tail) and not config.drop_last_chunk
+    )
     if tail and config.drop_last_chunk:
         counts.tokens_dropped += tail
     elif tail:
-        order = np.append(order, full)
         counts.partial_chunk_tokens = tail
     writer = _writer(config, encoder, work, config.output_name, last=True)
     kept = prefix_end(chunk_ends, len(order))  # the dropped tail aside
@@ -386,8 +388,8 @@ def _scatter(
 ) -> list[WrittenTokenFile]:
     """Pass 2 of a bucketed shuffle: each document to the bucket drawn for it, in input order within a bucket (the
     bucket's merge orders them), published in that bucket's folder; buckets that drew no document get no file."""
-    drawn = buckets.assign(config.seed, config.rank, len(documents.ends), config.num_buckets)
-    order, bounds = buckets.by_bucket(drawn, config.num_buckets)
+    drawn = orderings.bucket_of(config.seed, config.rank, len(documents.ends), config.num_buckets)
+    order, bounds = orderings.by_bucket(drawn, config.num_buckets)
     written = []
     for bucket in np.flatnonzero(np.diff(bounds)).tolist():
         ours = documents.take(order[bounds[bucket] : bounds[bucket + 1]])

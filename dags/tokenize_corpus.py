@@ -97,8 +97,8 @@ def tokenize_corpus():
         counts the mapped tasks, and checks ``[core] max_map_length``, on the return value alone."""
         max_map_length = airflow_conf.getint("core", "max_map_length", fallback=tasks.MAP_LENGTH_FALLBACK)
         build = tasks.plan(params, run_id, dag_run.conf or {}, set(PARAMS), max_map_length)
-        ti.xcom_push(key="spec", value=build.plan.to_json())
-        return build.plan.ranks
+        ti.xcom_push(key="spec", value=build.claimed.spec.to_json())
+        return build.ranks
 
     @task(map_index_template="rank-{{ rank_label }}")
     @tasks.one_line_failures
@@ -147,7 +147,7 @@ def tokenize_corpus():
         return published
 
     ranks = plan()
-    spec = ranks["spec"]  # the XCom plan pushed besides its return value
+    spec = ranks["spec"]  # the run's spec, pushed besides its return value
     rank_files = tokenize.partial(spec=spec).expand(rank=ranks)
     wait = ShardSensor(
         task_id="wait_for_shards",

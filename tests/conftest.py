@@ -94,9 +94,9 @@ def in_process(build, keep: int | None = None):
 
 def until_publish(build) -> None:
     """Every step of ``Build.run`` but publish, in this process."""
-    for rank in build.plan.ranks:
+    for rank in build.ranks:
         build.tokenize(rank, progress=False)
-    for bucket in build.plan.merge_buckets:
+    for bucket in build.merge_buckets:
         build.merge(bucket, progress=False)
     shards = build.context_shards()
     for shard in shards:

@@ -246,4 +246,5 @@ def test_the_sensor_fails_at_once_when_plan_failed_after_recording_the_run(airfl
     monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "2")
     monkeypatch.setattr(tasks, "check_map_length", lambda params, limit: None)
     tis = failed_fast(dag, {"num_ranks": 3})
-    assert tis[("plan", -1)].xcom_pull(task_ids="plan", key="spec")["num_ranks"] == 3
+    spec = tis[("plan", -1)].xcom_pull(task_ids="plan", key="spec")
+    assert set(spec) == {"format", "run_dir", "digest"} and len(spec["digest"]) == 64

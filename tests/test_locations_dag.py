@@ -131,4 +131,4 @@ def test_the_deployments_tokenizer_is_allowed_in_every_format(
         monkeypatch.setenv(f"TOKENIZATION_{setting}", params[param])
     monkeypatch.delenv("TOKENIZATION_ALLOWED_LOCATIONS", raising=False)
     plan = planned(dag, params).plan
-    assert (plan.input_files, plan.eos_token) == (1, eos)
+    assert (len(plan.files), plan.record.tokenizer.eos_token) == (1, eos)

@@ -198,7 +198,7 @@ def test_the_books_refuse_ranks_that_read_other_files(tmp_path, inputs, sample_t
     and leaves no _BUILD.json."""
     build = Build.start(config_of(inputs, tmp_path, sample_tokenizer), "b")
     build.tokenize(0, progress=False)
-    relisted = [InputFile(late_file(inputs), 0), *build.recorded_plan().files]
+    relisted = [InputFile(late_file(inputs), 0), *build.plan.files]
     monkeypatch.setattr(Plan, "share", lambda self, rank, ranks: relisted[rank::ranks])
     build.tokenize(1, progress=False)  # takes files 0 and 2 again
     build.merge(progress=False)

@@ -49,7 +49,7 @@ def test_each_context_task_checks_its_files_as_it_writes_them_and_publish_reads_
     reading_no_token_file(monkeypatch)
     until_publish(build)
     context = Path(build.layout.context)
-    facts = build.plan.tokenizer
+    facts = build.claimed.claim.tokenizer
     files = tokens = 0
     for shard in range(2):
         stem = f"context_{shard:05d}"
@@ -72,7 +72,7 @@ def test_a_task_whose_own_files_fail_publishes_nothing(tmp_path, sample_corpus, 
     """Ids beyond the vocabulary (a check against too small a vocabulary stands in for a corrupt write): the task
     fails naming the file and the first token, and leaves no manifest, marker or token file in the output."""
     build = started(tmp_path, sample_corpus, sample_tokenizer)
-    for rank in build.plan.ranks:
+    for rank in build.ranks:
         build.tokenize(rank, progress=False)
     build.merge(None, progress=False)
     output = tmp_path / "shuffled"
@@ -96,7 +96,7 @@ def test_a_marker_without_the_check_gets_its_files_read(tmp_path, sample_corpus,
     flipped = bytearray(data.read_bytes())
     flipped[10] ^= 0xFF
     data.write_bytes(bytes(flipped))
-    facts = build.plan.tokenizer
+    facts = build.claimed.claim.tokenizer
     checks = Checks(facts.vocab_size, facts.eos_id)
     assert verify(str(context), checks=checks, vouched=True).ok  # trusted: not read
     assert not verify(str(context), checks=checks).ok  # read

@@ -32,7 +32,7 @@ def checks(monkeypatch, *answers) -> list[tuple]:
 
     def build_of(params, spec):
         asked.append("build_of")
-        return SimpleNamespace(made_of=(params, spec), plan=SimpleNamespace(num_ranks=3))
+        return SimpleNamespace(made_of=(params, spec), config=SimpleNamespace(num_ranks=3))
 
     monkeypatch.setattr(sensors, "build_of", build_of)
 
@@ -132,7 +132,7 @@ def test_the_sensor_goes_on_from_the_triggers_event() -> None:
 def test_the_check_waits_only_for_ranks_that_can_still_finish(monkeypatch, missing, states, expected) -> None:
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-    build = SimpleNamespace(incomplete_ranks=lambda: missing, plan=SimpleNamespace(merge_buckets=[3, 4]))
+    build = SimpleNamespace(incomplete_ranks=lambda: missing, merge_buckets=[3, 4])
     asked = []
 
     def get_task_states(**query):

@@ -56,7 +56,7 @@ RANK_FILE = _RANK.output_name(0)
 RANK_BUCKET_FILE = _RANK.bucket_name(0, 0)
 MERGED_FILE = MergeConfig(**_MERGE).file_name(0, 3)
 MERGED_BUCKET_FILE = MergeConfig(**_MERGE, merge_mode="bucketed", bucket=0).file_name(0, 3)
-SPEC_BYTES = 430  # the plan's XCom spec (a BuildPlan as JSON, with an S3 run folder)
+SPEC_BYTES = 212  # the run's XCom spec (a BuildSpec as JSON: an S3 run folder and the plan's digest)
 SUMMARY_BYTES = 500  # publish's return value
 
 ASSUMED = "assumption"

@@ -18,10 +18,9 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, Response
 
-from tokenization.builds.config import BuildPlan
 from tokenization.builds.pages import render
 from tokenization.builds.report import REPORT_HTML
-from tokenization.records import BuildSummary, RecordError
+from tokenization.records import BuildSpec, BuildSummary, RecordError
 from tokenization.storage.files import join, open_fs
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
@@ -169,8 +168,8 @@ def recorded_run_dir(dag_id: str, run_id: str) -> tuple[str, str | None]:
         )
         if not spec:
             raise HTTPException(404, f"run {run_id!r} of {dag_id} planned no corpus build (state: {run.state})")
-        plan = BuildPlan.from_json(spec, f"the spec run {run_id!r} planned (XCom)")
-        return plan.run_dir, (run.conf or {}).get("aws_conn_id")
+        run_dir = BuildSpec.from_json(spec, f"the spec run {run_id!r} planned (XCom)").run_dir
+        return run_dir, (run.conf or {}).get("aws_conn_id")
 
 
 @app.exception_handler(HTTPException)

@@ -33,7 +33,7 @@ def listed(ranks: dict[int, str]) -> str:
 
 
 def waiting(missing: dict[int, str], build: Build) -> str:
-    return f"waiting for {len(missing)} of {build.plan.num_ranks} ranks: {listed(missing)}"
+    return f"waiting for {len(missing)} of {build.config.num_ranks} ranks: {listed(missing)}"
 
 
 def missing_shards(build: Build, dag_id: str, run_id: str, ranks_task_id: str) -> tuple[list | None, dict]:
@@ -44,7 +44,7 @@ def missing_shards(build: Build, dag_id: str, run_id: str, ranks_task_id: str) -
 
     missing = build.incomplete_ranks()
     if not missing:
-        return build.plan.merge_buckets, {}
+        return build.merge_buckets, {}
     states = RuntimeTaskInstance.get_task_states(dag_id=dag_id, task_ids=[ranks_task_id], run_ids=[run_id])
     states = states.get(run_id, {})
     if ranks_task_id in states:  # never expanded: plan failed

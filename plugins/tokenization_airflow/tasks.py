@@ -16,7 +16,7 @@ from typing import ParamSpec, TypeVar
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
-from tokenization.builds.config import BuildConfig, BuildPlan
+from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.errors import StorageError, TokenizationError, external_error
 from tokenization.options import fields_of
@@ -118,8 +118,8 @@ def plan(params: dict, run_id: str, conf: dict, declared: set[str], max_map_leng
 
 
 def build_of(params: dict, spec: dict) -> Build:
-    """The run's build in a later task: its params, and the plan that ``plan`` recorded as XCom ``spec``."""
-    return Build(config_of(params), BuildPlan.from_json(spec, "the plan task's spec (XCom)"))
+    """The run's build in a later task: its params, and the run that ``plan`` named in XCom ``spec``."""
+    return Build.of(config_of(params), spec, "the plan task's spec (XCom)")
 
 
 def is_data_error(exc: BaseException) -> bool:

@@ -27,7 +27,7 @@ if RANKS:
     _tokenize = Build.tokenize
 
     def tokenize(self, rank, *args, **kwargs):
-        marker = Path(os.environ["FAULT_DIR"]) / f"{self.plan.run_id}-rank-{rank}".replace("/", "_")
+        marker = Path(os.environ["FAULT_DIR"]) / f"{self.claimed.claim.run_id}-rank-{rank}".replace("/", "_")
         if rank in RANKS and not marker.exists():
             marker.touch()
             raise RuntimeError(f"rank {rank}: failing its first attempt on purpose (tests/faults)")

@@ -14,9 +14,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tokenization.builds import accounting, footprint
-from tokenization.builds.config import BuildConfig, BuildPlan
+from tokenization.builds.config import BuildConfig
 from tokenization.builds.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
-from tokenization.builds.plan import Plan
+from tokenization.builds.plan import Plan, Run
 from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.errors import TokenizationError
 from tokenization.formats import MEGATRON, token_file_names
@@ -80,7 +80,7 @@ class Published:
         )
 
 
-def publish(config: BuildConfig, plan: BuildPlan, keep: int | None = None) -> Published:
+def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published:
     """Verify the dataset, check that every document and every token is accounted for and that the ranks read
     exactly the plan's files (from the manifests on storage, never from what tasks said), write the report,
     then ``_BUILD.json``, which declares the build complete; then point ``{output}/LATEST`` at the newest
@@ -88,23 +88,23 @@ def publish(config: BuildConfig, plan: BuildPlan, keep: int | None = None) -> Pu
     report); last, remove the intermediate token files the record names. A publish that fails leaves no
     ``_BUILD.json`` behind, not even an earlier one. A build published already is returned as it is, once the
     removal its record names is done (one cut short is finished then)."""
-    run_dir = plan.run_dir
-    if (done := published(config, plan)) is not None:
+    run_dir = run.run_dir
+    if (done := published(config, run)) is not None:
         log.info("%s is published already: nothing to publish again", run_dir)
         with using(config.storage_options):
             footprint.remove(Layout(run_dir), done.record.removed)
         return done
     with using(config.storage_options):
         try:
-            record = build_record(config, plan)
+            record = build_record(config, run)
         except Exception:
-            unpublish(config, plan)
+            unpublish(config, run)
             raise
         record = replace(record, report=ReportFiles(html=REPORT_HTML, json=REPORT_JSON))
         write_report(run_dir, record)  # before the record that declares the build complete
         if config.output_format == "megatron":
             _write_data_path(run_dir, record.dataset)
-        fs, path = open_fs(Layout(plan.run_dir).manifest)
+        fs, path = open_fs(Layout(run.run_dir).manifest)
         write_bytes_atomic(fs, path, record.dumps())
         newest = point_latest(config.output)
         deleted = expire(config.output, keep, {newest, run_dir}) if keep else []
@@ -142,11 +142,11 @@ def _clean_cache(config: BuildConfig) -> CacheCleaning | None:
         return None
 
 
-def published(config: BuildConfig, plan: BuildPlan) -> Published | None:
+def published(config: BuildConfig, run: Run) -> Published | None:
     """This build as published, when it already is (its ``_BUILD.json`` records this very plan)."""
     with using(config.storage_options):
-        record = read_build(plan.run_dir)
-        if record is None or record.plan != plan.digest:
+        record = read_build(run.run_dir)
+        if record is None or record.plan != run.plan.digest:
             return None
         try:
             latest = read_latest(config.output) or ""
@@ -155,10 +155,10 @@ def published(config: BuildConfig, plan: BuildPlan) -> Published | None:
         return Published(record, latest, [])
 
 
-def unpublish(config: BuildConfig, plan: BuildPlan) -> None:
+def unpublish(config: BuildConfig, run: Run) -> None:
     """Take back ``_BUILD.json`` before files it describes may change, or when a publish fails: no build is
     ever declared complete over files that are not the ones it describes."""
-    where = Layout(plan.run_dir).manifest
+    where = Layout(run.run_dir).manifest
     with using(config.storage_options):
         fs, path = open_fs(where)
         if fs.exists(path):
@@ -166,13 +166,13 @@ def unpublish(config: BuildConfig, plan: BuildPlan) -> None:
             log.warning("%s removed: the build is incomplete until it is published again", where)
 
 
-def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
+def build_record(config: BuildConfig, run: Run) -> BuildRecord:
     """The record of a build whose dataset verifies and whose books hold; a BuildError says what does not."""
-    layout = Layout(plan.run_dir)
+    layout = Layout(run.run_dir)
     merged, context = accounting.stage_counts(layout.merged), accounting.stage_counts(layout.context)
-    dataset = layout.context if context else layout.merged if plan.merges else layout.ranks
+    dataset = layout.context if context else layout.merged if config.output_format == "ds" else layout.ranks
     removed = [] if config.keep_intermediate else footprint.intermediate(layout, dataset)
-    checked = verify(dataset, checks=dataset_checks(config, plan), vouched=True)
+    checked = verify(dataset, checks=dataset_checks(config, run), vouched=True)
     for line in checked.problems[:PROBLEMS_LOGGED]:
         log.warning("verify: %s", line)
     for line in checked.notes:
@@ -180,8 +180,8 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
     if not checked.ok:
         found = f"{len(checked.problems)} problem{'s' * (len(checked.problems) != 1)}"
         raise BuildError(f"verify found {found} in {dataset}; the build is not published")
-    recorded = Plan.recorded(plan.run_dir, plan.digest)
-    ranks = accounting.rank_manifests(layout.ranks, plan.num_ranks)
+    recorded = Run.of(run.spec).plan  # read again: a run folder replaced since is refused
+    ranks = accounting.rank_manifests(layout.ranks, config.num_ranks)
     balance = accounting.conservation(ranks, recorded.shared)
     if balance.inputs_problem:
         raise BuildError(f"the ranks did not read exactly the plan's input files: {balance.inputs_problem}")
@@ -189,8 +189,8 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
         raise BuildError(f"documents are not conserved: {balance}")
     finished = time.time()
     tokenized = TokenizeSummary(
-        ranks=plan.num_ranks,
-        input_files=plan.input_files,
+        ranks=config.num_ranks,
+        input_files=len(recorded.files),
         **asdict(balance),
         contents_in=ContentsSum.total(rank.counts.contents_in for rank in ranks),
         contents_out=ContentsSum.total(rank.counts.contents_out for rank in ranks),
@@ -198,24 +198,26 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
     stages = StageSummary(tokenize=tokenized, merge=merged, context_shuffle=context)
     accounting.contents_flow(tokenized, stages, chunked=bool(config.shuffle_chunk_size))
     return BuildRecord(
-        run_id=plan.run_id,
-        plan=plan.digest,
+        run_id=run.claim.run_id,
+        plan=recorded.digest,
         dataset=dataset,
         input=config.input,
-        seed=plan.seed,
-        tokenizer=BuildTokenizer(name=config.tokenizer, sha256=plan.tokenizer_sha256, eos=plan.eos_token),
+        seed=recorded.seed,
+        tokenizer=BuildTokenizer(
+            name=config.tokenizer, sha256=recorded.record.tokenizer.sha256, eos=recorded.record.tokenizer.eos_token
+        ),
         params=params(config),
         inputs=BuildInputs(
             spec=config.input,
-            files=plan.input_files,
-            bytes=plan.input_bytes,
-            skipped=plan.skipped_inputs,
+            files=len(recorded.files),
+            bytes=sum(f.size for f in recorded.files),
+            skipped=len(recorded.record.inputs.skipped),
             hidden=recorded.record.inputs.hidden,
             arrived_after_plan=_arrived_after(config, recorded),
         ),
-        started=_iso(plan.started),
+        started=_iso(run.claim.claimed),
         finished=_iso(finished),
-        wall_seconds=round(finished - plan.started, 3),
+        wall_seconds=round(finished - run.claim.claimed, 3),
         conservation=balance,
         token_flow=accounting.token_flow(balance.tokens, stages, checked.tokens),
         tokens=checked.tokens,
@@ -229,12 +231,12 @@ def build_record(config: BuildConfig, plan: BuildPlan) -> BuildRecord:
     )
 
 
-def dataset_checks(config: BuildConfig, plan: BuildPlan) -> Checks:
-    """What the dataset's ids and document ends must be: from the plan's tokenizer facts (a plan made before plans
-    recorded them: from its tokenizer, loaded)."""
-    facts = plan.tokenizer
+def dataset_checks(config: BuildConfig, run: Run) -> Checks:
+    """What the dataset's ids and document ends must be: from the tokenizer facts the run's claim records (a claim
+    made before claims recorded them: from its tokenizer, loaded)."""
+    facts = run.claim.tokenizer
     if facts is None:
-        return Checks.of(config.tokenizer, plan.eos_token)
+        return Checks.of(config.tokenizer, run.plan.record.tokenizer.eos_token)
     return Checks(facts.vocab_size, facts.eos_id)
 
 

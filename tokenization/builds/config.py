@@ -1,15 +1,13 @@
-"""A build's params and the plan ``Build.start`` makes of them once: the two things every step of a build is given
-(in Airflow, the DAG's Params and the ``plan`` task's XCom ``spec``)."""
+"""A build's params: with the run's spec (``plan.Run``), what every step of a build is given (in Airflow, the DAG's
+Params and the ``plan`` task's XCom ``spec``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar
 
 from tokenization.errors import UsageError
 from tokenization.options import option
 from tokenization.output.cache import DEFAULT_FOLDER, OFF, chosen_location
-from tokenization.records import Record, TokenizerFacts
 from tokenization.stages.context_shuffle import ContextOptions
 from tokenization.stages.merge import MergeOptions
 from tokenization.stages.tokenize import RankOptions
@@ -89,40 +87,3 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
     def shared(self, *groups: type) -> dict:
         """This config's values of the option groups a stage config shares with it."""
         return {f.name: getattr(self, f.name) for group in groups for f in fields(group)}
-
-
-@dataclass(frozen=True, kw_only=True)
-class BuildPlan(Record):
-    """What ``start`` decided once for the whole run; every later step reads it (in Airflow, the XCom ``spec``,
-    untagged before version 1)."""
-
-    KIND: ClassVar[str] = "build-spec"
-    UNTAGGED: ClassVar[bool] = True
-    LABEL: ClassVar[str] = "build spec"
-
-    run_id: str
-    run_dir: str
-    seed: int
-    num_ranks: int
-    input_files: int
-    input_bytes: int
-    skipped_inputs: int
-    tokenizer_sha256: str
-    eos_token: str | None
-    # what loading the tokenizer told the plan: a rank loads it only to encode (None: a spec made before)
-    tokenizer: TokenizerFacts | None = None
-    merges: bool  # the ds format is merged and context-shuffled; Megatron's rank files are the dataset
-    num_buckets: int | None  # a merge task a bucket, or one merge of everything
-    started: float  # when the run claimed its folder
-    digest: str  # of the plan its claim records (``tokenization.builds.plan``): every rank manifest names it
-
-    @property
-    def ranks(self) -> list[int]:
-        return list(range(self.num_ranks))
-
-    @property
-    def merge_buckets(self) -> list[int | None]:
-        """What each merge task takes: a bucket each, or everything (None) in one task; nothing without a merge."""
-        if not self.merges:
-            return []
-        return list(range(self.num_buckets)) if self.num_buckets else [None]

@@ -16,13 +16,14 @@ import logging
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import orjson
 
 from tokenization.inputs.sources import InputListing, difference, split_files
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
-from tokenization.records import InputFile, PlannedInputs, PlannedTokenizer, PlanRecord
+from tokenization.records import BuildSpec, InputFile, PlannedInputs, PlannedTokenizer, PlanRecord, RunClaim
 from tokenization.storage.files import join
 
 log = logging.getLogger(__name__)
@@ -73,22 +74,13 @@ class Plan:
             )
         )
 
-    @classmethod
-    def recorded(cls, run_dir: str, digest: str) -> Plan:
-        """The plan the run's claim records, when it is the one with this ``digest`` (the run was started with it),
-        or an error saying otherwise."""
-        claimed = read_claim(run_dir)
-        found = claimed and cls(claimed.plan)
-        if found is None or found.digest != digest:
-            raise BuildError(
-                f"{join(run_dir, RUN_CLAIM)}: {'missing' if found is None else f'records plan {found.digest}'}, not "
-                f"this run's plan {digest}: the run folder was replaced after the run started"
-            )
-        return found
-
     @property
     def digest(self) -> str:
         return hashlib.sha256(orjson.dumps(self.record.to_json(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+    @property
+    def seed(self) -> int:
+        return self.record.seed
 
     @property
     def files(self) -> list[InputFile]:
@@ -132,6 +124,38 @@ class Plan:
                 _named([f.url for f in arrived]),
             )
         return arrived
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run that claimed its folder: the folder and its claim, which records the plan, when the run started, and
+    what loading the tokenizer told it. ``Build.start`` makes it; every later step is handed its ``spec`` (the folder
+    and the plan's digest) and reads the rest from the claim (``of``)."""
+
+    run_dir: str
+    claim: RunClaim
+
+    @cached_property
+    def plan(self) -> Plan:
+        assert self.claim.plan is not None  # read_claim refuses a claim without one
+        return Plan(self.claim.plan)
+
+    @property
+    def spec(self) -> BuildSpec:
+        return BuildSpec(run_dir=self.run_dir, digest=self.plan.digest)
+
+    @classmethod
+    def of(cls, spec: BuildSpec) -> Run:
+        """The run ``spec`` names, read from its claim, when the claim records the plan with the spec's digest (the
+        plan the run was started with); else an error saying the run folder was replaced since."""
+        claimed = read_claim(spec.run_dir)
+        run = claimed and cls(spec.run_dir, claimed)
+        if run is None or run.plan.digest != spec.digest:
+            raise BuildError(
+                f"{join(spec.run_dir, RUN_CLAIM)}: {'missing' if run is None else f'records plan {run.plan.digest}'}, "
+                f"not this run's plan {spec.digest}: the run folder was replaced after the run started"
+            )
+        return run
 
 
 def _setting_differences(recorded: PlanRecord, proposed: PlanRecord) -> list[str]:

@@ -29,8 +29,8 @@ from typing import Literal, TypeVar
 
 from tokenization.builds import accounting, complete
 from tokenization.builds.complete import Published
-from tokenization.builds.config import BuildConfig, BuildPlan
-from tokenization.builds.plan import Plan
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.plan import Plan, Run
 from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
@@ -48,7 +48,7 @@ from tokenization.output.runs import (
     resolve_seed,
 )
 from tokenization.progress import Gathered, ProgressMode, Relay
-from tokenization.records import ContextCounts, ContextManifest, MergeCounts, MergeManifest, RankManifest
+from tokenization.records import BuildSpec, ContextCounts, ContextManifest, MergeCounts, MergeManifest, RankManifest
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
 from tokenization.stages.merge import MergeConfig, MergeOptions, merge
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
@@ -67,12 +67,13 @@ M = TypeVar("M", RankManifest, MergeManifest, ContextManifest)
 
 
 class Build:
-    """One build run: its config and the plan made once for it. Each step is a method that Airflow's tasks and the
-    command line call alike; every step opens storage with the config's storage options."""
+    """One build run: its config and the run that claimed its folder with the plan made once for it. Each step is
+    a method that Airflow's tasks and the command line call alike; every step opens storage with the config's
+    storage options."""
 
-    def __init__(self, config: BuildConfig, plan: BuildPlan):
-        self.config, self.plan = config, plan
-        self.layout = Layout(plan.run_dir)
+    def __init__(self, config: BuildConfig, run: Run):
+        self.config, self.claimed, self.plan = config, run, run.plan
+        self.layout = Layout(run.run_dir)
 
     @classmethod
     def start(cls, config: BuildConfig, run_id: str, allowed: AllowedLocations | None = None) -> Build:
@@ -97,34 +98,45 @@ class Build:
             proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned)
             if config.cache_location:  # before the run's claim: a folder that is no cache is refused first
                 Cache(config.cache_location).claim()
-            claimed = claim(run_dir, run_id, proposed.record)
-            recorded = Plan(claimed.plan)
-            if recorded.digest != proposed.digest:
-                recorded.refuse_another(proposed, listing, run_dir)
-        files = recorded.files
-        plan = BuildPlan(
-            run_id=run_id,
-            run_dir=run_dir,
-            seed=seed,
-            num_ranks=config.num_ranks,
-            input_files=len(files),
-            input_bytes=sum(f.size for f in files),
-            skipped_inputs=len(recorded.record.inputs.skipped),
-            tokenizer_sha256=encoder.sha256,
-            eos_token=encoder.eos_token,
-            tokenizer=encoder.facts(),
-            merges=config.output_format == "ds",
-            num_buckets=config.num_buckets,
-            started=float(claimed.claimed),
-            digest=recorded.digest,
+            run = Run(run_dir, claim(run_dir, run_id, proposed.record, encoder.facts()))
+            if run.plan.digest != proposed.digest:
+                run.plan.refuse_another(proposed, listing, run_dir)
+        files = run.plan.files
+        log.info(
+            "plan %s: %d input files (%d bytes), %d ranks, seed %d; in %s",
+            run.plan.digest[:12],
+            len(files),
+            sum(f.size for f in files),
+            config.num_ranks,
+            run.plan.seed,
+            run_dir,
         )
-        log.info("plan: %s", plan)
-        idle_ranks(config.num_ranks, recorded.shared, config.split_input_mb)
-        return cls(config, plan)
+        log.debug("plan: %s", run.plan.record)
+        idle_ranks(config.num_ranks, run.plan.shared, config.split_input_mb)
+        return cls(config, run)
 
-    def recorded_plan(self) -> Plan:
-        """The plan the run's claim records: the one this build was started with, or an error saying otherwise."""
-        return Plan.recorded(self.layout.run_dir, self.plan.digest)
+    @classmethod
+    def of(cls, config: BuildConfig, spec: object, where: str) -> Build:
+        """The build a later step is handed: its config, and the spec that ``start`` made (``run.spec``), read from
+        its JSON (``where`` it was found, for messages) and held against the run's claim."""
+        with using(config.storage_options):
+            return cls(config, Run.of(BuildSpec.from_json(spec, where)))
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(range(self.config.num_ranks))
+
+    @property
+    def merges(self) -> bool:
+        """Whether the rank files are merged (and context-shuffled): the ds format's are; Megatron's are the dataset."""
+        return self.config.output_format == "ds"
+
+    @property
+    def merge_buckets(self) -> list[int | None]:
+        """What each merge task takes: a bucket each, or everything (None) in one task; nothing without a merge."""
+        if not self.merges:
+            return []
+        return list(range(self.config.num_buckets)) if self.config.num_buckets else [None]
 
     def tokenize(
         self, rank: int, progress: ProgressMode = None, owner: str | None = None
@@ -134,21 +146,21 @@ class Build:
             record = self._recorded(self.layout.ranks, rank_stem(rank), RankManifest)
             return StageResult(Counts.of(record.counts), record)
         with using(self.config.storage_options):
-            plan = self.recorded_plan()
+            run = Run.of(self.claimed.spec)  # read again: a run folder replaced since this build was made is refused
         share = RankShare(
-            files=plan.share(rank, self.plan.num_ranks),
-            plan=plan.digest,
-            tokenizer_sha256=plan.record.tokenizer.sha256,
-            rendering_sha256=plan.record.rendering_sha256,
+            files=run.plan.share(rank, self.config.num_ranks),
+            plan=run.plan.digest,
+            tokenizer_sha256=run.plan.record.tokenizer.sha256,
+            rendering_sha256=run.plan.record.rendering_sha256,
             run_dir=self.layout.run_dir,
-            tokenizer=self.plan.tokenizer,
+            tokenizer=run.claim.tokenizer,
         )
         config = TokenizeConfig(
             inputs=[self.config.input],
             output=self.layout.ranks,
             seed=self.plan.seed,
             rank=rank,
-            world_size=self.plan.num_ranks,
+            world_size=self.config.num_ranks,
             local_working_dir=self.config.local_working_dir,
             cache=self.config.cache_location or OFF,
             **self.config.shared(DocumentOptions, RankOptions),
@@ -161,7 +173,7 @@ class Build:
         if self._published("the shard check"):
             return {}
         with using(self.config.storage_options):
-            return accounting.incomplete_ranks(self.layout.ranks, self.plan.num_ranks, self.plan.digest)
+            return accounting.incomplete_ranks(self.layout.ranks, self.config.num_ranks, self.plan.digest)
 
     def merge(
         self, bucket: int | None = None, progress: ProgressMode = None, owner: str | None = None
@@ -181,12 +193,12 @@ class Build:
             record = self._recorded(self.layout.merged, config.stem, MergeManifest)
             return StageResult(record.counts, record)
         dataset = not self.config.context_window  # no context shuffle follows: the merge's files are the dataset
-        return merge(config, progress, owner, complete.dataset_checks(self.config, self.plan) if dataset else None)
+        return merge(config, progress, owner, complete.dataset_checks(self.config, self.claimed) if dataset else None)
 
     def context_shards(self) -> list[int]:
         """The context-shuffle tasks to run: at most one a merged file, none when the window is 0. Once the build is
         published, those that ran, as its record says (the merged files may be gone)."""
-        if not (self.plan.merges and self.config.context_window):
+        if not (self.merges and self.config.context_window):
             return []
         if published := self._published("the context shards"):
             shuffled = published.record.stages.context_shuffle
@@ -214,13 +226,13 @@ class Build:
         if self._published(f"context shard {shard}"):
             record = self._recorded(self.layout.context, config.stem, ContextManifest)
             return StageResult(record.counts, record)
-        return context_shuffle(config, progress, owner, complete.dataset_checks(self.config, self.plan))
+        return context_shuffle(config, progress, owner, complete.dataset_checks(self.config, self.claimed))
 
     def pad(self) -> tuple[str, int]:
         """The token packed windows are padded with: the tokenizer's own pad token, else the build's EOS."""
         with using(self.config.storage_options):
-            own = TokenizerFile.load(self.config.tokenizer, self.plan.tokenizer).pad()
-        facts = self.plan.tokenizer
+            own = TokenizerFile.load(self.config.tokenizer, self.claimed.claim.tokenizer).pad()
+        facts = self.claimed.claim.tokenizer
         if own is None and (facts is None or facts.eos_id is None):
             raise BuildError(
                 f"{self.config.tokenizer}: packed windows need a pad token; it has none, and the build "
@@ -232,15 +244,15 @@ class Build:
 
     def publish(self, keep: int | None = None) -> Published:
         """Verify, account, report and declare the build complete (``complete.publish``)."""
-        return complete.publish(self.config, self.plan, keep)
+        return complete.publish(self.config, self.claimed, keep)
 
     def published(self) -> Published | None:
         """This build as published, when it already is (its ``_BUILD.json`` records this very plan)."""
-        return complete.published(self.config, self.plan)
+        return complete.published(self.config, self.claimed)
 
     def unpublish(self) -> None:
         """Take back ``_BUILD.json`` before the files it describes may change."""
-        complete.unpublish(self.config, self.plan)
+        complete.unpublish(self.config, self.claimed)
 
     def _published(self, step: str) -> Published | None:
         """This build as published, when it is, said in one line: ``step``, run again, then does nothing."""
@@ -282,16 +294,15 @@ class Build:
         found then are tokenized too; a rank is tokenized once at most."""
         tokenized: set[int] = set()
         while ranks := sorted(set(self.incomplete_ranks()) - tokenized):
-            with using(self.config.storage_options):
-                shares = [self.recorded_plan().share(rank, self.plan.num_ranks) for rank in ranks]
+            shares = [self.plan.share(rank, self.config.num_ranks) for rank in ranks]
             text = sum(f.span_bytes for share in shares for f in share)
             self._in_processes("tokenize", [(rank,) for rank in ranks], parallel, progress, text)
             tokenized |= set(ranks)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")
-        if self.plan.num_buckets:
-            self._in_processes("merge", [(bucket,) for bucket in self.plan.merge_buckets], parallel, progress)
-        elif self.plan.merges:
+        if self.config.num_buckets:
+            self._in_processes("merge", [(bucket,) for bucket in self.merge_buckets], parallel, progress)
+        elif self.merges:
             self.merge(None, progress)
         shards = self.context_shards()
         self._in_processes("context_shuffle", [(shard, len(shards)) for shard in shards], parallel, progress)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from tokenization.errors import TokenizationError, UsageError
-from tokenization.records import BuildRecord, PlanRecord, RunClaim
+from tokenization.records import BuildRecord, PlanRecord, RunClaim, TokenizerFacts
 from tokenization.storage.files import join, list_names, open_fs, put_if
 
 BUILD_MANIFEST = "_BUILD.json"
@@ -70,11 +70,11 @@ def folder_for(output: str, run_id: str) -> str:
     return join(output, name)
 
 
-def claim(folder: str, run_id: str, plan: PlanRecord) -> RunClaim:
-    """Make the folder this run's before anything is written, recording its ``plan``, or refuse: a folder claimed
-    by another run, or holding files that no run claims, is never written into. Returns the claim as stored; a
-    retry or a resume of this run finds its own claim, with the plan it made first (the caller compares the two),
-    and when it was claimed, the start of the build's wall time."""
+def claim(folder: str, run_id: str, plan: PlanRecord, tokenizer: TokenizerFacts | None = None) -> RunClaim:
+    """Make the folder this run's before anything is written, recording its ``plan`` (and what loading the
+    ``tokenizer`` told it), or refuse: a folder claimed by another run, or holding files that no run claims, is never
+    written into. Returns the claim as stored; a retry or a resume of this run finds its own claim, with the plan it
+    made first (the caller compares the two), and when it was claimed, the start of the build's wall time."""
     fs, path = open_fs(folder)
     claim_path = join(path, RUN_CLAIM)
     owner = read_claim(folder)
@@ -84,7 +84,7 @@ def claim(folder: str, run_id: str, plan: PlanRecord) -> RunClaim:
                 f"{folder} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
                 f"claims: choose another output, or remove that folder"
             )
-        made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan)
+        made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan, tokenizer=tokenizer)
         try:
             put_if(fs, claim_path, made.dumps(), absent=True)
             return made

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tokenization.records.cache import CacheCleaning, CacheSize, CacheSummary
-from tokenization.records.codec import Record
+from tokenization.records.codec import Record, unless_none
 from tokenization.records.contents import ContentsSum
 from tokenization.records.inputs import InputFile
 from tokenization.records.stages import ContextCounts, MergeCounts
-from tokenization.records.tokenizer import BuildTokenizer, PlannedTokenizer
+from tokenization.records.tokenizer import BuildTokenizer, PlannedTokenizer, TokenizerFacts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,16 +34,33 @@ class PlanRecord(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class RunClaim(Record):
-    """``{run}/_RUN.json``, written before anything else: which run owns the folder, since when, and its plan
-    (version 1 held no plan, so no build of it can be resumed, though it still owns its folder)."""
+    """``{run}/_RUN.json``, written before anything else: which run owns the folder, since when, its plan, and
+    what loading the tokenizer told the plan, so that no later step loads it but to encode (version 1 held no plan,
+    so no build of it can be resumed, though it still owns its folder; version 2 no tokenizer facts)."""
 
     KIND: ClassVar[str] = "run"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     UNTAGGED: ClassVar[bool] = True  # version 1's claims were written without a tag
     LABEL: ClassVar[str] = "run claim"
     run_id: str
     claimed: float
     plan: PlanRecord | None = None
+    tokenizer: TokenizerFacts | None = field(default=None, metadata=unless_none())
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildSpec(Record):
+    """What the step that starts a build hands the later ones (in Airflow, the XCom ``spec``): the run folder and
+    its plan's digest. Each step reads the plan from the run's claim, and goes on only if it has this digest, so
+    that a run folder replaced since is refused (version 1 also copied 12 of the plan's fields; they are ignored)."""
+
+    KIND: ClassVar[str] = "build-spec"
+    VERSION: ClassVar[int] = 2
+    UNTAGGED: ClassVar[bool] = True
+    LABEL: ClassVar[str] = "build spec"
+
+    run_dir: str
+    digest: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EOS, sample_records, write_jsonl
-from tests.test_s3 import s3  # noqa: F401 - the fixture
-from tests.test_tokenize import file_bytes
+from tests.support.corpus import sample_records, write_jsonl
+from tests.support.processes import wait_for
+from tests.support.stages import file_bytes
+from tests.support.tokenizers import EOS
 from tokenization.output import attempts
 from tokenization.output.attempts import AttemptConflict, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
 from tokenization.stages.verify import verify
@@ -56,13 +57,6 @@ def leftovers(output: Path) -> list[str]:
         for p in output.rglob("*")
         if ".tmp-" in p.name or p.name in (".staging",) or p.name.endswith(".lock")
     )
-
-
-def wait_for(path_test, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not path_test():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +162,7 @@ def test_attempts_at_many_stems_at_once_share_their_staging_folder(tmp_path) -> 
     assert leftovers(tmp_path) == []
 
 
-def test_the_s3_lease_is_conditional_and_taken_over_only_when_stale(s3, monkeypatch) -> None:  # noqa: F811
+def test_the_s3_lease_is_conditional_and_taken_over_only_when_stale(s3, monkeypatch) -> None:
     first, second = ObjectLease(s3.fs, "corpus/out", "00000"), ObjectLease(s3.fs, "corpus/out", "00000")
     first.acquire(new_holder("first"))
     with pytest.raises(AttemptConflict, match=r"_leases/00000.json: attempt .* \(first, .*renewed \d+ s ago"):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 NUMBER = re.compile(r"\d+\.\d+")
 RATIO = re.compile(r"\d+\.\d+x")

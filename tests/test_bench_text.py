@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bench import text
-from tests.conftest import shared_path
+from tests.support.paths import shared_path
 
 MB = 4e6
 

@@ -8,8 +8,7 @@ from itertools import permutations
 import numpy as np
 import pytest
 
-from tests.test_merge import merged
-from tests.test_tokenize import documents, file_bytes, run
+from tests.support.stages import documents, file_bytes, merged, run
 from tokenization.builds.accounting import incomplete_ranks
 from tokenization.errors import UsageError
 from tokenization.formats import buckets

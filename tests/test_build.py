@@ -9,8 +9,7 @@ from dataclasses import asdict
 import orjson
 import pytest
 
-from tests.test_merge import merged
-from tests.test_tokenize import run
+from tests.support.stages import merged, run
 from tokenization.builds.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFileError
@@ -204,7 +203,7 @@ def test_a_build_says_once_which_input_files_it_skips_and_that_ranks_will_idle(
 ) -> None:
     """Each task that listed the input said it again: five times in a DAG run. A rank with no file said only
     "0 tokens in 0 files"."""
-    from tests.conftest import in_process
+    from tests.support.builds import in_process
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
 

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ADMIN_PASSWORD, DAG_CONF, ROOT, build_of, run_dag
-from tests.test_cli import cli
+from tests.support.browser import full_page_screenshot
+from tests.support.dag_runs import ADMIN_PASSWORD, DAG_CONF, build_of, run_dag
+from tests.support.paths import ROOT
+from tests.support.processes import cli
 from tokenization.builds.pages import size
 from tokenization.formats.ds import TokenFile
 from tokenization.storage.files import list_names, open_fs
@@ -260,20 +262,6 @@ def test_in_a_browser_after_login(build) -> None:
             browser.save_screenshot(str(ARTIFACTS / "airflow-ui-corpus-builds.png"))
         finally:
             browser.quit()
-
-
-def full_page_screenshot(browser, path: Path) -> None:
-    """The whole page, not only what the window shows: the viewport is made as tall as the page for the shot."""
-    path.parent.mkdir(exist_ok=True)
-    size = browser.execute_script(
-        "return [document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
-    )
-    metrics = {"width": size[0], "height": size[1], "deviceScaleFactor": 1, "mobile": False}
-    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
-    try:
-        browser.save_screenshot(str(path))
-    finally:
-        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
 @contextlib.contextmanager

@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import EOS, in_process, sample_records, shared_path, write_jsonl
-from tests.test_cli import cli
-from tests.test_s3 import s3  # noqa: F401 - the fixture
-from tests.test_tokenize import file_bytes, run
+from tests.support.builds import in_process
+from tests.support.corpus import sample_records, write_jsonl
+from tests.support.paths import shared_path
+from tests.support.processes import cli
+from tests.support.stages import file_bytes, run
+from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.pages import size
 from tokenization.builds.run import Build
@@ -390,7 +392,7 @@ def test_the_command_line_lists_and_prunes(tmp_path, sample_tokenizer) -> None:
     assert pruned.returncode == 0 and pruned.stdout.startswith(f"cache {out}/.cache: removed 3 entries, ")
 
 
-def test_on_s3_a_changed_object_misses_and_a_corrupt_entry_is_tokenized_again(tmp_path, s3, sample_tokenizer):  # noqa: F811
+def test_on_s3_a_changed_object_misses_and_a_corrupt_entry_is_tokenized_again(tmp_path, s3, sample_tokenizer):
     """On S3 a file's content is known by its ETag and size: an object rewritten with other bytes of the same size
     misses; a cache entry's object corrupted in place is found by its sha256, and the file tokenized again."""
     source = corpus(tmp_path / "corpus", files=6)
@@ -426,7 +428,7 @@ def test_on_s3_a_changed_object_misses_and_a_corrupt_entry_is_tokenized_again(tm
     assert off.cache is None and second.digest == third.digest == off.digest
 
 
-def _rank_manifests_on_s3(s3, run_id: str) -> list[RankManifest]:  # noqa: F811 - the fixture's name
+def _rank_manifests_on_s3(s3, run_id: str) -> list[RankManifest]:
     folder = f"corpus/builds/{run_id}/ranks/_manifests"
     return [RankManifest.loads(s3.fs.cat_file(p), p) for p in s3.fs.find(folder)]
 

@@ -15,11 +15,9 @@ from urllib.request import url2pathname
 
 import pytest
 
-from tests.conftest import EOS, sample_records, write_jsonl
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tokenization.cli", *args], capture_output=True, text=True)
+from tests.support.corpus import sample_records, write_jsonl
+from tests.support.processes import cli
+from tests.support.tokenizers import EOS
 
 
 def test_tokenize_then_inspect(tmp_path, sample_corpus, sample_tokenizer) -> None:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from harness.cluster import COMPONENTS, HEARTBEAT_TIMEOUT, MERGE_POOL, WORKERS
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 yaml = pytest.importorskip("yaml", reason="PyYAML comes with the 'airflow' dependency group")
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())

@@ -11,9 +11,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tests.conftest import EOS
-from tests.test_merge import merged
-from tests.test_tokenize import run
+from tests.support.stages import merged, run
+from tests.support.tokenizers import EOS
 from tokenization.builds.accounting import contents_flow
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build

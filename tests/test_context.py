@@ -6,16 +6,11 @@ import json
 
 import numpy as np
 
-from tests.conftest import run_datatrove_context_shuffler
-from tests.test_merge import merged, synthetic_ranks
+from tests.support.references import run_datatrove_context_shuffler
+from tests.support.stages import merged, shuffled, synthetic_ranks
 from tokenization.formats.ds import TokenFile
 from tokenization.formats.moves import contents_of
 from tokenization.stages import context_shuffle as stage
-from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
-
-
-def shuffled(inputs, output, **options) -> dict:
-    return context_shuffle(ContextShuffleConfig(input=str(inputs), output=str(output), **options)).to_json()
 
 
 def test_windows_follow_datatrove_and_nothing_is_lost(tmp_path) -> None:

@@ -7,8 +7,9 @@ import json
 
 import numpy as np
 
-from tests.conftest import EOS, sample_records, write_jsonl
-from tests.test_tokenize import documents, run
+from tests.support.corpus import sample_records, write_jsonl
+from tests.support.stages import documents, run
+from tests.support.tokenizers import EOS
 from tokenization.stages.count import CountConfig, count_tokens
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tests.conftest import DAG_CONF, MERGE_POOL, build_of, run_dag
-from tests.test_tokenize import file_bytes
+from tests.support.dag_runs import DAG_CONF, MERGE_POOL, build_of, run_dag
+from tests.support.stages import file_bytes
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
 
@@ -77,7 +77,7 @@ def test_bad_params_are_refused_naming_the_param(airflow_db, dag, conf, param) -
 
 def test_a_run_equals_tokenization_build(airflow_db, dag, tmp_path, sample_corpus, sample_tokenizer) -> None:
     """The DAG and ``tokenization build`` are one build: the same params give the same digest and the same bytes."""
-    from tests.test_cli import cli
+    from tests.support.processes import cli
 
     run_, tis, ok = run_dag(dag, DAG_CONF)
     assert ok, {k: ti.state for k, ti in tis.items()}

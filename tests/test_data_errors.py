@@ -7,7 +7,9 @@ import logging
 
 import pytest
 
-from tests.conftest import DAG_CONF, ROOT, run_dag, write_jsonl
+from tests.support.corpus import write_jsonl
+from tests.support.dag_runs import DAG_CONF, run_dag
+from tests.support.paths import ROOT
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EOS, run_datatrove, shared_path
-from tests.test_tokenize import file_bytes, run
+from tests.support.paths import shared_path
+from tests.support.references import run_datatrove
+from tests.support.stages import file_bytes, run
+from tests.support.tokenizers import EOS
 
 RSS_LIMIT_MB = 500
 

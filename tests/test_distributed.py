@@ -20,10 +20,10 @@ import fsspec
 import pytest
 
 from harness.cluster import Cluster, services_missing
-from tests.conftest import EOS, in_process, write_jsonl
-from tests.test_context import shuffled
-from tests.test_merge import merged
-from tests.test_tokenize import file_bytes, run
+from tests.support.builds import in_process
+from tests.support.corpus import write_jsonl
+from tests.support.stages import file_bytes, merged, run, shuffled
+from tests.support.tokenizers import EOS
 from tokenization.builds.accounting import stage_counts
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build

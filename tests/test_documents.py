@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from tests.conftest import EOS, write_jsonl
+from tests.support.corpus import write_jsonl
+from tests.support.tokenizers import EOS
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.merge import MergeConfig, merge
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank

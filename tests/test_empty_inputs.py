@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import write_jsonl
-from tests.test_plan import config_of
-from tests.test_tokenize import run
+from tests.support.builds import config_of
+from tests.support.corpus import write_jsonl
+from tests.support.stages import run
 from tokenization.builds.run import Build
 from tokenization.inputs import sources
 

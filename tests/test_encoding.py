@@ -13,7 +13,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 
-from tests.conftest import EOS, shared_path
+from tests.support.paths import shared_path
+from tests.support.tokenizers import EOS, big_vocab_tokenizer
 from tokenization.tokenizer import cutting, fast_engine
 from tokenization.tokenizer.cutting import Piece
 from tokenization.tokenizer.encoding import Encoder, framed
@@ -39,16 +40,6 @@ def bos_tokenizer(tmp_path_factory, sample_tokenizer) -> str:
     bos = tokenizer.token_to_id("<s>")
     tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
     path = tmp_path_factory.mktemp("bos") / "tokenizer.json"
-    tokenizer.save(str(path))
-    return str(path)
-
-
-def big_vocab_tokenizer(path) -> str:
-    """A word-level tokenizer of 70,000 ids: past uint16, so its files must be uint32."""
-    vocab = {EOS: 0, "[UNK]": 1} | {f"w{i}": i + 2 for i in range(69_998)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.add_special_tokens([EOS])
     tokenizer.save(str(path))
     return str(path)
 

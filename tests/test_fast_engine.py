@@ -4,8 +4,6 @@ and says so."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import subprocess
 import sys
 from itertools import cycle
@@ -16,7 +14,9 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
-from tests.conftest import EOS, SHARED, sample_records, shared_path
+from tests.support.corpus import corpus_texts, sample_records
+from tests.support.paths import SHARED, shared_path
+from tests.support.tokenizers import EOS
 from tokenization.formats.ds import TokenFile
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.tokenizer import engines
@@ -35,17 +35,6 @@ LITERALS = [
     "<s>[INST] </s>",
     "<｜User｜>hi<｜Assistant｜><｜end▁of▁sentence｜>",
 ]
-
-
-def corpus_texts() -> list[str]:
-    """Every document of every shared corpus (the instruct file as prompt + response)."""
-    texts = []
-    for path in sorted(shared_path("corpora").glob("*.jsonl.gz")):
-        with gzip.open(path, "rt", encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                texts.append(record.get("text") or record.get("prompt", "") + record.get("response", ""))
-    return texts
 
 
 def tokenizer_bytes(name: str) -> bytes:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER, in_process, until_publish
-from tests.test_cli import cli
-from tests.test_s3 import s3  # noqa: F401 - the fixture
+from tests.support.builds import in_process, until_publish
+from tests.support.paths import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+from tests.support.processes import cli
 from tokenization.builds import footprint
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.pages import size
@@ -242,7 +242,7 @@ def test_a_removal_cut_short_is_finished_by_the_next_run(tmp_path, monkeypatch) 
     assert (run_dir / "_BUILD.json").read_bytes() == record
 
 
-def test_removal_on_s3_takes_each_path_literally(tmp_path, s3) -> None:  # noqa: F811
+def test_removal_on_s3_takes_each_path_literally(tmp_path, s3) -> None:
     """On S3 the token files go in bulk requests, a batch at a time; an output named ``out?`` never reaches
     ``outA``'s files, which fsspec would take a ``?`` in a path to match."""
     build = Build.start(config_for(tmp_path, keep_intermediate=True), "night")

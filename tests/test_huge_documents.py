@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from tests.conftest import shared_path
+from tests.support.paths import shared_path
+from tests.support.processes import HUGE_RUN, run_peak_kb
 from tokenization.cli import main
 from tokenization.formats.ds import TokenFile
 from tokenization.tokenizer import cutting, documents, engines, fast_engine
@@ -186,17 +187,6 @@ def test_a_tokenizer_that_cannot_be_cut_encodes_long_documents_whole(tmp_path, m
         encoder.encode(texts)
 
 
-HUGE_RUN = """
-import re
-import sys
-from tokenization.cli import main
-code = main(sys.argv[1:])
-status = open("/proc/self/status").read()
-print(re.search(r"VmHWM:\\s+(\\d+) kB", status).group(1), file=sys.stderr)
-sys.exit(code)
-"""
-
-
 def test_a_50_mb_document_needs_under_1_gb(tmp_path) -> None:
     """The command line on one 50 MB document of shared-corpus text, on HF: peak memory under 1 GB, and the ids of
     the whole document, taken from the fast engine encoding it in one piece (it needs no Encodings: ~0.3 GB)."""
@@ -334,12 +324,6 @@ def test_a_document_with_no_exact_cut_is_quarantined(tmp_path, small_pieces, cap
     reference = Tokenizer.from_file(gpt2)
     written = TokenFile(str(next((tmp_path / "out").glob("*.ds")))).tokens.tolist()
     assert written == [*reference.encode(texts[0]).ids, 50256, *reference.encode(texts[2]).ids, 50256]
-
-
-def run_peak_kb(args: list[str]) -> tuple[subprocess.CompletedProcess, int]:
-    """The command line in a process of its own, and its peak resident memory."""
-    done = subprocess.run([sys.executable, "-c", HUGE_RUN, *args], capture_output=True, text=True, check=False)
-    return done, int(done.stderr.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize(

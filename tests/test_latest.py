@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_s3 import s3  # noqa: F401 - the fixture
 from tokenization.builds import latest
 from tokenization.builds.complete import latest_build
 from tokenization.builds.config import BuildConfig
@@ -298,7 +297,7 @@ def s3_build(fs, output: str, name: str, started: str | None, run_id: str | None
 
 
 @pytest.mark.parametrize("existing", [False, True])
-def test_latest_on_s3_is_a_compare_and_swap(s3, monkeypatch, existing) -> None:  # noqa: F811 - the fixture
+def test_latest_on_s3_is_a_compare_and_swap(s3, monkeypatch, existing) -> None:
     """Finding 4 on S3: no lock there, so the older publish's write, made after the newer one's, must fail its
     condition (If-None-Match with no LATEST yet, If-Match over an existing one) and decide again."""
     if existing:
@@ -399,7 +398,7 @@ def test_publish_into_outputs_with_glob_characters(tmp_path, sample_corpus, samp
     assert files_of(tmp_path / "outA") == kept
 
 
-def test_retention_on_s3_takes_the_output_literally(s3) -> None:  # noqa: F811 - the fixture
+def test_retention_on_s3_takes_the_output_literally(s3) -> None:
     """Finding 5 on S3, where fsspec globs in ``rm(recursive=True)`` too: retention in ``out?`` lists and deletes
     only its own builds, never ``outA``'s of the same names."""
     for output in ("corpus/out?", "corpus/outA"):

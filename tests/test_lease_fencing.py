@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EOS, ROOT
-from tests.test_attempts import wait_for
-from tests.test_s3 import s3  # noqa: F401 - the fixture
+from tests.support.paths import ROOT
+from tests.support.processes import wait_for
+from tests.support.tokenizers import EOS
 from tokenization.output import attempts
 from tokenization.output.attempts import Attempt, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
 from tokenization.records import StageManifest
@@ -113,7 +113,7 @@ FREEZES = {  # where the attempt stops (owner, function, which call), and why it
 
 @pytest.mark.parametrize("step", list(FREEZES))
 def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committed(
-    s3,  # noqa: F811
+    s3,
     sample_corpus,
     sample_tokenizer,
     monkeypatch,
@@ -166,7 +166,7 @@ def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committe
 
 @pytest.mark.parametrize("step", ["lease", "publish"])
 def test_a_stopped_command_woken_after_its_successor_committed_fails_and_changes_nothing(
-    s3,  # noqa: F811
+    s3,
     sample_corpus,
     sample_tokenizer,
     caplog,
@@ -202,7 +202,7 @@ def test_a_stopped_command_woken_after_its_successor_committed_fails_and_changes
         assert verify(f"s3://{OUT}", str(sample_tokenizer), EOS).ok
 
 
-def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(s3, tmp_path, monkeypatch) -> None:  # noqa: F811
+def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(s3, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(attempts, "HEARTBEAT_SECONDS", 0.05)
     with using(s3.options), attempt_at(f"s3://{OUT}", "00000") as attempt:
         s3.fs.rm_file(LEASE)  # as the attempt that took it over does when it is done
@@ -221,7 +221,7 @@ def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(
     assert (tmp_path / "a.ds").exists()  # not moved anywhere
 
 
-def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) -> None:  # noqa: F811
+def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) -> None:
     """Renewals that fail for a while are warnings; past a TTL a contender may hold the lease: lost."""
     monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)  # every confirmation renews
     lease = ObjectLease(s3.fs, OUT, "00000")
@@ -241,7 +241,7 @@ def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) ->
     assert s3.fs.exists(LEASE)  # perhaps another attempt's by now: left alone
 
 
-def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one_fails(s3, monkeypatch) -> None:  # noqa: F811
+def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one_fails(s3, monkeypatch) -> None:
     """A contender reads a stale-looking lease, the holder renews, then the contender writes with If-Match on what
     it read: the renewal must have changed the ETag, or the contender wins a lease that is alive."""
     monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)  # every confirmation renews
@@ -256,7 +256,7 @@ def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one
     lease.release()
 
 
-def test_a_confirmation_renews_only_a_lease_last_renewed_over_a_tenth_of_its_ttl_ago(s3, monkeypatch) -> None:  # noqa: F811
+def test_a_confirmation_renews_only_a_lease_last_renewed_over_a_tenth_of_its_ttl_ago(s3, monkeypatch) -> None:
     monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 10.0)  # a confirmation within 1 s of a renewal is free
     lease = ObjectLease(s3.fs, OUT, "00000")
     lease.acquire(new_holder("holder"))
@@ -270,7 +270,7 @@ def test_a_confirmation_renews_only_a_lease_last_renewed_over_a_tenth_of_its_ttl
 
 
 def test_a_rank_placing_many_files_writes_its_lease_once_or_twice_not_once_a_file(
-    s3,  # noqa: F811
+    s3,
     sample_corpus,
     sample_tokenizer,
     caplog,

@@ -223,7 +223,7 @@ def test_a_file_name_that_is_not_utf8_is_refused_at_listing(tmp_path) -> None:
 
 def test_tokenization_build_refuses_an_output_inside_its_input(tmp_path, sample_tokenizer) -> None:
     """The next build on that input would read this one's _manifests/*.json as documents and fail on rejects."""
-    from tests.test_cli import cli
+    from tests.support.processes import cli
 
     write(tmp_path / "in" / "a.jsonl")
     done = cli(

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_dag, write_jsonl
-from tests.test_tokenizer_formats import fetched
+from tests.support.corpus import write_jsonl
+from tests.support.dag_runs import run_dag
+from tests.support.tokenizers import fetched
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
 

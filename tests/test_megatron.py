@@ -10,9 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import EOS, in_trainer_env, write_jsonl
-from tests.test_encoding import big_vocab_tokenizer
-from tests.test_tokenize import documents, run
+from tests.support.corpus import write_jsonl
+from tests.support.references import in_trainer_env
+from tests.support.stages import documents, run
+from tests.support.tokenizers import EOS, big_vocab_tokenizer
 from tokenization.formats.megatron import MegatronFile
 
 READ_WITH_MEGATRON = """

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import shared_path
-from tests.test_huge_documents import run_peak_kb
+from tests.support.paths import shared_path
+from tests.support.processes import run_peak_kb
 
 LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
 

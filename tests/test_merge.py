@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_datatrove_merger
-from tests.test_tokenize import documents, file_bytes, run
+from tests.support.references import run_datatrove_merger
+from tests.support.stages import documents, file_bytes, merged, run, synthetic_ranks
 from tokenization.formats import moves
-from tokenization.formats.ds import TokenFileError, TokenFileWriter
-from tokenization.stages.merge import MergeConfig, merge
+from tokenization.formats.ds import TokenFileError
 
 
 @pytest.fixture(scope="module")
@@ -27,26 +26,6 @@ def ranks(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
     for rank in range(3):
         run([sample_corpus], out, sample_tokenizer, rank=rank, world_size=3, seed=1, save_loss=True)
     return out
-
-
-def merged(inputs: Path, output: Path, **options) -> dict:
-    options.setdefault("save_filename", "merged")
-    return merge(MergeConfig(input=str(inputs), output=str(output), **options)).to_json()
-
-
-def synthetic_ranks(folder: Path, n_files: int, docs: int, seed: int = 0, token_size: int = 2) -> Path:
-    """Rank-like token files with random document lengths; token values name their file and document."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in range(n_files):
-        lengths = rng.integers(1, 800, size=docs)
-        tokens = np.repeat(np.arange(docs) % 1000 + 1000 * f, lengths)
-        writer = TokenFileWriter(
-            folder / f"{f:05d}_00000_doc_shuffled.ds", tokenizer="tok", token_size=token_size, save_loss=True
-        )
-        writer.write(tokens, np.cumsum(lengths), (tokens % 3 > 0).astype(np.uint8))
-        writer.close()
-    return folder
 
 
 @pytest.mark.parametrize("max_tokens", [None, 20_000])

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import EOS, in_process, in_trainer_env
+from tests.support.builds import in_process
+from tests.support.references import in_trainer_env
+from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError

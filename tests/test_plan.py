@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 import orjson
 import pytest
 
+from tests.support.builds import config_of
 from tokenization.builds.accounting import incomplete_ranks
 from tokenization.builds.complete import summary
-from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import Plan, unread_or_reread
 from tokenization.builds.run import Build
 from tokenization.inputs import sources
@@ -24,8 +24,6 @@ from tokenization.output.runs import BuildError, PlanConflict
 from tokenization.records import InputFile, RecordError
 from tokenization.storage.files import file_sha256
 
-EOS = "<|endoftext|>"
-
 
 @pytest.fixture
 def inputs(tmp_path, sample_corpus):
@@ -33,11 +31,6 @@ def inputs(tmp_path, sample_corpus):
     folder = tmp_path / "in"
     shutil.copytree(sample_corpus, folder)
     return folder
-
-
-def config_of(inputs, tmp_path, tokenizer, **options) -> BuildConfig:
-    settings = {"seed": 3, "num_ranks": 2, "context_window": 0, "eos_token": EOS} | options
-    return BuildConfig(input=str(inputs), output=str(tmp_path / "out"), tokenizer=str(tokenizer), **settings)
 
 
 def late_file(inputs) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import ROOT
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
@@ -29,8 +30,6 @@ from tokenization.records import (
     RunClaim,
     stage_manifest,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

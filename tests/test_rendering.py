@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tests.conftest import EOS, shared_path, write_jsonl
-from tests.test_tokenize import run
+from tests.support.corpus import write_jsonl
+from tests.support.paths import shared_path
+from tests.support.stages import run
+from tests.support.tokenizers import EOS
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile
 from tokenization.rendering.renderer import chat_template, field_template, no_loss_ranges
@@ -673,7 +675,7 @@ def test_hostile_templates_quarantine_their_records_within_a_memory_and_a_time_l
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     done = subprocess.run(
         [sys.executable, "-c", HOSTILE_RUN],

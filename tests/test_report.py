@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
-from tests.test_merge import merged
-from tests.test_tokenize import run
+from tests.support.paths import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+from tests.support.stages import merged, run
 from tokenization.builds.accounting import conservation, rank_manifests, stage_counts
 from tokenization.builds.pages import date, duration, integer, number, render, size
 from tokenization.builds.report import INPUTS_SHOWN, _bar_svg, render_html, report_data, write_report

@@ -2,47 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-import urllib.request
-from typing import NamedTuple
-
-import fsspec
 import pytest
 
-from tests.conftest import EOS
-from tests.test_tokenize import file_bytes, run
+from tests.support.stages import file_bytes, run
+from tests.support.tokenizers import EOS
 from tokenization.stages.verify import verify
 from tokenization.storage.files import MAX_PARTS, MIB, MIN_PART_SIZE, part_size, using
-
-
-class S3(NamedTuple):
-    fs: fsspec.AbstractFileSystem
-    options: dict
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    """A fresh moto S3 server with one bucket, and the storage options that point s3fs at it: the stages get them
-    through their configs, as a build gets them from its Airflow connection; fsspec's global config stays empty."""
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))  # moto keeps state
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delitem(fsspec.config.conf, "s3", raising=False)
-    fs = fsspec.filesystem("s3", endpoint_url=endpoint, skip_instance_cache=True)
-    fs.mkdir("corpus")
-    yield S3(fs, {"s3": {"endpoint_url": endpoint}})
-    assert "s3" not in fsspec.config.conf  # nothing was configured for the whole process
-    fs.clear_instance_cache()
-    server.stop()
 
 
 def test_s3_input_and_output_equal_a_local_run(tmp_path, s3, sample_corpus, sample_tokenizer) -> None:
@@ -71,8 +36,7 @@ def test_part_size_keeps_every_upload_under_the_part_limit(size: int) -> None:
 
 
 def test_merge_and_context_shuffle_from_and_to_s3(tmp_path, s3, sample_corpus, sample_tokenizer) -> None:
-    from tests.test_context import shuffled
-    from tests.test_merge import merged
+    from tests.support.stages import merged, shuffled
 
     for rank in range(2):
         run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=8, save_loss=True)

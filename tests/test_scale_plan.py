@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 
 from bench.scale_plan import model, report
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tokenization.storage.files import part_size
 
 DEFAULT = model.Scenario()

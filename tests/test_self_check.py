@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import EOS, in_process, until_publish
-from tests.test_cli import cli
+from tests.support.builds import in_process, until_publish
+from tests.support.processes import cli
+from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.formats.ds import TokenFileWriter

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tests.conftest import SAMPLE_TOKENIZER, write_jsonl
+from tests.support.corpus import write_jsonl
+from tests.support.paths import SAMPLE_TOKENIZER
 from tokenization.errors import StorageError
 from tokenization.inputs import sources
 from tokenization.inputs.sources import DocumentReader, InputError, Record, list_input_files, shard
@@ -84,7 +85,7 @@ def test_a_folder_nested_1100_deep_is_listed_and_a_glob_over_it_is_one_line(tmp_
 
 
 def test_files_of_unsupported_types_are_named_in_the_log_and_the_manifest(tmp_path, sample_tokenizer, caplog) -> None:
-    from tests.test_tokenize import run
+    from tests.support.stages import run
 
     write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "kept"}])
     for name in ["b.jsonl.bz2", "c.jsonl.gzip"]:
@@ -270,7 +271,7 @@ def test_a_small_file_inflating_to_a_1_gb_line_is_quarantined_in_bounded_memory(
     """A ~1 MB file of concatenated gzip members (zstd frames), whose middle line has 1 GiB without a space:
     the rank completes, the line is quarantined as record_too_large, the 200 others are written, and peak memory
     stays far below the line's size."""
-    from tests.test_huge_documents import HUGE_RUN
+    from tests.support.processes import HUGE_RUN
 
     if not Path("/proc/self/status").exists():
         pytest.skip("peak memory is read from /proc (Linux)")

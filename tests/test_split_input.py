@@ -12,8 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import in_process, sample_records, write_jsonl
-from tests.test_tokenize import documents
+from tests.support.builds import in_process
+from tests.support.corpus import sample_records, write_jsonl
+from tests.support.stages import documents
 from tokenization.builds.accounting import rank_manifests
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import unread_or_reread

@@ -5,38 +5,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tests.conftest import EOS, sample_records, write_jsonl
-from tests.test_encoding import big_vocab_tokenizer
+from tests.support.corpus import sample_records, write_jsonl
+from tests.support.stages import documents, file_bytes, run
+from tests.support.tokenizers import EOS, big_vocab_tokenizer
 from tokenization.formats.ds import TokenFile
 from tokenization.records import CompletionMarker
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.tokenizer.documents import TooManyRejects
-
-
-def run(inputs, output, tokenizer, **options) -> dict:
-    if not options.get("no_eos"):
-        options.setdefault("eos_token", EOS)
-    config = TokenizeConfig(inputs=[str(i) for i in inputs], output=str(output), tokenizer=str(tokenizer), **options)
-    return tokenize_rank(config).to_json()
-
-
-def documents(output: Path, pattern: str = "*.ds") -> list[list[int]]:
-    docs = []
-    for path in sorted(output.glob(pattern)):
-        f = TokenFile(str(path))
-        tokens, ends = np.asarray(f.tokens), np.asarray(f.ends, dtype=np.int64)
-        docs.extend(np.split(tokens, ends[:-1]) if len(ends) else [])
-    return [d.tolist() for d in docs]
-
-
-def file_bytes(output: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(output.glob("*.ds*"))}
 
 
 def test_every_document_is_written_once_and_decodes_to_its_text(tmp_path, sample_corpus, sample_tokenizer) -> None:
@@ -263,7 +243,7 @@ def test_remote_output_is_uploaded_with_marker_last(tmp_path, sample_corpus, sam
 
 def test_without_an_eos_llama3_documents_end_with_its_own(tmp_path, sample_corpus) -> None:
     """Finding 6: without --eos-token, Llama-3 output had no separator between documents."""
-    from tests.conftest import shared_path
+    from tests.support.paths import shared_path
 
     llama3 = shared_path("tokenizers", "llama3", "tokenizer.json")
     config = TokenizeConfig(inputs=[str(sample_corpus)], output=str(tmp_path), tokenizer=str(llama3))

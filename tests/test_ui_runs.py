@@ -15,8 +15,8 @@ import fsspec
 import pytest
 
 from harness.cluster import ROOT, Cluster, services_missing
-from tests.conftest import SAMPLE_CORPUS, SAMPLE_TOKENIZER
-from tests.test_builds_page import full_page_screenshot
+from tests.support.browser import full_page_screenshot
+from tests.support.paths import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.output.runs import folder_for

@@ -11,10 +11,9 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.conftest import EOS, write_jsonl
-from tests.test_context import shuffled
-from tests.test_merge import merged
-from tests.test_tokenize import run
+from tests.support.corpus import write_jsonl
+from tests.support.stages import merged, run, shuffled
+from tests.support.tokenizers import EOS
 from tokenization.cli import main
 from tokenization.formats import moves
 from tokenization.stages.verify import verify

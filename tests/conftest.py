@@ -36,7 +36,11 @@ Path(AIRFLOW_HOME, "simple_auth_manager_passwords.json.generated").write_text(js
 
 # The tests that start a whole deployment (scheduler, API server, Celery workers, triggerer, browser): on two cores,
 # two at once starve each other's heartbeats, so a parallel run gives them all to one worker, one after another.
-DEPLOYMENT_TESTS = ("tests/test_distributed.py", "tests/test_schedule.py", "tests/test_ui_runs.py")
+DEPLOYMENT_TESTS = (
+    "tests/deployment/test_distributed.py",
+    "tests/airflow/test_schedule.py",
+    "tests/airflow/test_ui_runs.py",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

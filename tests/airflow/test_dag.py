@@ -224,7 +224,7 @@ def test_more_ranks_than_airflow_maps_are_refused_naming_the_setting(airflow_db,
 
 def test_unpausing_starts_the_most_recent_nightly_slot(dag, monkeypatch) -> None:
     """What the scheduler plans for a DAG deployed at 14:00 UTC, catchup being off: the latest 02:00 UTC slot, the
-    run that unpausing starts (tests/test_schedule.py sees it happen)."""
+    run that unpausing starts (tests/airflow/test_schedule.py sees it happen)."""
     import pendulum
     from airflow.serialization.serialized_objects import DagSerialization
     from airflow.timetables import trigger

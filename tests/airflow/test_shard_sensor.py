@@ -1,7 +1,7 @@
 """The shard sensor waits deferred: its trigger checks the shards until they are complete, a rank can never finish,
-or time is up, and the sensor goes on from the trigger's event. (Whole runs: ``tests/test_dag.py``,
-``tests/test_data_errors.py``; clearing a rank while it waits, from the Grid and the REST API:
-``tests/test_ui_runs.py``, ``tests/test_distributed.py``.)"""
+or time is up, and the sensor goes on from the trigger's event. (Whole runs: ``tests/airflow/test_dag.py``,
+``tests/airflow/test_data_errors.py``; clearing a rank while it waits, from the Grid and the REST API:
+``tests/airflow/test_ui_runs.py``, ``tests/deployment/test_distributed.py``.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Two of the three ways people run the DAG, done in a browser as a person would, against the real deployment
 (``harness/cluster.py``: api-server, scheduler, Celery workers, PostgreSQL, Redis, S3 behind the 503 proxy): trigger
 a build with params from Airflow's form, then retry its failed rank from the run's Grid. Headless Chromium;
-screenshots of each step go to ``test-artifacts/``. (The third way, the schedule, is ``tests/test_schedule.py``.)
+screenshots of each step go to ``test-artifacts/``. (The third way, the schedule, is
+``tests/airflow/test_schedule.py``.)
 
 The failure is injected by a test fixture (``tests/faults``: rank 1 fails its first attempt on the default
 worker), never by a switch in production code."""

@@ -1,5 +1,5 @@
 """docker-compose.yaml (Docker does not run here): its services, queues, pool and settings against the native
-topology that tests/test_distributed.py runs for real."""
+topology that tests/deployment/test_distributed.py runs for real."""
 
 from __future__ import annotations
 

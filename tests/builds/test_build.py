@@ -1,0 +1,222 @@
+"""A build's folder belongs to one run, reads only what that run's ranks wrote, and adds up token for token."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import asdict
+
+import orjson
+import pytest
+
+from tests.support.stages import merged, run
+from tokenization.builds.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
+from tokenization.errors import UsageError
+from tokenization.formats.ds import TokenFileError
+from tokenization.output import manifest
+from tokenization.output.runs import BuildError, Layout, claim, folder_for
+from tokenization.records import PlannedInputs, PlannedTokenizer, PlanRecord, StageSummary, TokenizeSummary
+
+
+def test_run_ids_map_to_folders_one_to_one() -> None:
+    """Finding 2: ':' and '+' both became '-', so 'qa:col' and 'qa-col' shared a folder."""
+    ids = ["qa-col", "qa:col", "qa+col", "qa%3Acol", "scheduled__2026-11-30T02:00:00+00:00", ".hidden", "a~b"]
+    folders = [folder_for("/builds", run_id) for run_id in ids]
+    assert len(set(folders)) == len(ids)
+    assert folders[:2] == ["/builds/qa-col", "/builds/qa%3Acol"]
+    assert folders[4] == "/builds/scheduled__2026-11-30T02%3A00%3A00%2B00%3A00"
+    assert folders[5] == "/builds/%2Ehidden" and folders[6] == "/builds/a~b"
+    for bad in ["", ".", ".."]:
+        with pytest.raises(UsageError, match="cannot name a folder"):
+            folder_for("/builds", bad)
+
+
+def plan_of(seed: int) -> PlanRecord:
+    """A plan of no input files, told apart by its seed."""
+    return PlanRecord(
+        params={},
+        seed=seed,
+        tokenizer=PlannedTokenizer(sha256="x", eos_token=None),
+        rendering_sha256=None,
+        inputs=PlannedInputs(files=[], skipped=[], hidden=0),
+    )
+
+
+def test_a_folder_of_another_run_is_refused(tmp_path) -> None:
+    folder = str(tmp_path / "run")
+    made = claim(folder, "nightly", plan_of(1))
+    assert claim(folder, "nightly", plan_of(2)) == made  # a retry of the same run finds the plan it made first
+    with pytest.raises(BuildError, match=r"holds the output of run 'nightly', not of 'manual': two runs never share"):
+        claim(folder, "manual", plan_of(1))
+    (tmp_path / "unclaimed").mkdir()
+    (tmp_path / "unclaimed" / "ranks").mkdir()
+    with pytest.raises(BuildError, match=r"unclaimed already holds ranks, which no run claims"):
+        claim(str(tmp_path / "unclaimed"), "manual", plan_of(1))
+
+
+@pytest.fixture
+def three_then_two(tmp_path, sample_corpus, sample_tokenizer):
+    """Finding 2's worst case: a 3-rank run, then a 2-rank run into the same folder."""
+    ranks = tmp_path / "ranks"
+    for rank in range(3):
+        run([sample_corpus], ranks, sample_tokenizer, rank=rank, world_size=3, seed=5)
+    for rank in range(2):
+        run([sample_corpus], ranks, sample_tokenizer, rank=rank, world_size=2, seed=5)
+    return ranks
+
+
+def test_a_leftover_rank_is_never_merged(tmp_path, three_then_two) -> None:
+    with pytest.raises(BuildError, match=r"not ranks of this 2-rank run: \['00002'\]"):
+        incomplete_ranks(str(three_then_two), 2)
+    (three_then_two / "_completions" / "00002.json").unlink()  # an unfinished attempt leaves files, no marker
+    with pytest.raises(TokenFileError, match=r"00002_00000_doc_shuffled.ds: no completion marker lists it"):
+        merged(three_then_two, tmp_path / "merged", seed=5)
+    assert incomplete_ranks(str(three_then_two), 2) == {}
+
+
+def test_tokens_must_add_up_from_stage_to_stage(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """Finding 2's symptom: 16,729 tokens published while the ranks' own tally counted 3."""
+    for rank in range(2):
+        run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=5)
+    merged(tmp_path / "ranks", tmp_path / "merged", seed=5)
+    layout = Layout(str(tmp_path))
+    manifests = rank_manifests(layout.ranks, 2)
+    ranks_total = sum(m.counts.tokens_written for m in manifests)
+    stages = StageSummary(
+        tokenize=TokenizeSummary(ranks=2, input_files=4, **asdict(conservation(manifests))),
+        merge=stage_counts(layout.merged),
+        context_shuffle=stage_counts(layout.context),
+    )
+    assert stages.context_shuffle is None
+    assert token_flow(ranks_total, stages, ranks_total) == {"tokenize": ranks_total, "merge": ranks_total}
+    with pytest.raises(BuildError, match=f"merge wrote {ranks_total} tokens and dropped 0, but was given 3"):
+        token_flow(3, stages, ranks_total)
+    with pytest.raises(BuildError, match=f"the dataset's files hold 16729 tokens, its manifests say {ranks_total}"):
+        token_flow(ranks_total, stages, 16_729)
+
+
+def test_a_copied_in_family_is_not_read(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    run([sample_corpus], tmp_path / "ranks", sample_tokenizer, seed=5)
+    run([sample_corpus], tmp_path / "other", sample_tokenizer, seed=6, save_filename="x")
+    for path in (tmp_path / "other").glob("x_*.ds*"):
+        shutil.copy(path, tmp_path / "ranks" / path.name)
+    with pytest.raises(TokenFileError, match=r"ranks/x_00000_00000_doc_shuffled.ds: no completion marker lists it"):
+        manifest.token_files(str(tmp_path / "ranks"))
+    marker = orjson.loads((tmp_path / "ranks" / "_completions" / "00000.json").read_bytes())
+    assert sorted(marker["files"]) == sorted(p.name for p in (tmp_path / "ranks").glob("00000_*"))
+
+
+def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer, caplog) -> None:
+    """``Build.run``: ranks as processes, merge, context shards, publish, with their progress summed into one bar
+    (here: log lines); the same params give the same digest under any build id, and running a build again keeps
+    its complete ranks (those of a build that keeps its intermediate files: see tests/builds/test_footprint.py)."""
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
+
+    config = BuildConfig(
+        input=str(sample_corpus),
+        output=str(tmp_path),
+        tokenizer=str(sample_tokenizer),
+        seed=7,
+        num_ranks=3,
+        save_loss=True,
+        context_window=1025,
+        num_context_shards=2,
+        merge_max_tokens_per_file=20_000,
+        keep_intermediate=True,
+    )
+    caplog.set_level(logging.INFO, logger="tokenization.progress")
+    first = Build.start(config, "first").run(parallel=2, progress=1e-9)
+    done = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress" and "done in" in r.message]
+    assert [line.split(", ")[:3] for line in done] == [  # every rank's documents and tokens, relayed and summed
+        ["tokenize: 3 ranks: 100.0% of 93.2 kB", "308 docs", "64,522 tokens"],
+        ["merge corpus: 100.0% of 64,522 tok", "308 units", "64,522 tokens"],
+        ["context shuffle: 2 shards: 100.0% of 64,522 tok", "65 units", "64,522 tokens"],
+    ]
+    summary = first.summary()
+    assert (summary.verified, summary.docs, summary.rejects, summary.files, summary.tokens) == (True, 308, 0, 4, 64_522)
+    record = orjson.loads((tmp_path / "first" / "_BUILD.json").read_bytes())
+    assert record == first.record.to_json() and record["dataset"] == str(tmp_path / "first" / "context")
+    assert record["inputs"] == {
+        "spec": str(sample_corpus),
+        "files": 4,
+        "bytes": 93_196,
+        "skipped": 0,
+        "hidden": 0,
+        "arrived_after_plan": {"files": 0, "first": []},
+    }
+    assert record["wall_seconds"] > 0 and record["started"] <= record["finished"]
+    assert "storage_options" not in record["params"] and record["params"]["num_ranks"] == 3
+    assert (tmp_path / "first" / "report.html").exists()
+    assert summary.to_json() == {
+        "format": "corpus-tokenization/build-summary/2",
+        "dataset": first.record.dataset,
+        "digest": first.record.digest,
+        "tokens": 64_522,
+        "docs": 308,
+        "rejects": 0,
+        "files": 4,
+        "verified": True,
+        "seed": 7,
+        "tokenizer": str(sample_tokenizer),
+        "input": str(sample_corpus),
+        "latest": str(tmp_path / "first"),
+        "deleted": [],
+        "reused": 0.0,  # the first build: nothing in its cache yet
+        "footprint": first.record.footprint.to_json(),
+    }
+
+    assert Build.start(config, "second").run(parallel=1).record.digest == first.record.digest
+    markers = tmp_path / "first" / "ranks" / "_completions"
+    kept = {p.name: p.read_bytes() for p in markers.iterdir()}
+    (markers / "00001.json").unlink()  # rank 1 did not finish, so the build was not published
+    (tmp_path / "first" / "_BUILD.json").unlink()
+    again = Build.start(config, "first").run(parallel=2)
+    assert again.record.digest == first.record.digest
+    redone = {p.name: p.read_bytes() for p in markers.iterdir()}
+    assert {k: v for k, v in redone.items() if k != "00001.json"} == {
+        k: v for k, v in kept.items() if k != "00001.json"
+    }
+    assert redone["00001.json"] != kept["00001.json"]  # a new attempt wrote it
+
+    # Rank 2 did not finish and rank 0's manifest was damaged since: the damage shows only once rank 2 has its
+    # marker, and the same run tokenizes rank 0 again then, rather than failing and asking for another resume.
+    (markers / "00002.json").unlink()
+    (tmp_path / "first" / "_BUILD.json").unlink()
+    damaged = tmp_path / "first" / "ranks" / "_manifests" / "00000.json"
+    damaged.write_bytes(damaged.read_bytes().replace(b'"counts"', b'"counts" ', 1))
+    assert Build.start(config, "first").run(parallel=1).record.digest == first.record.digest
+    assert (markers / "00000.json").read_bytes() != redone["00000.json"]
+
+
+def test_while_a_marker_is_missing_the_check_is_one_listing(tmp_path, sample_corpus, sample_tokenizer, monkeypatch):
+    """The sensor pokes every few seconds for thousands of ranks: no marker is read until all are listed."""
+    run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=0, world_size=2, seed=5)
+    complete = incomplete_ranks(str(tmp_path / "ranks"), 1)
+    monkeypatch.setattr(manifest, "completion_markers", lambda *_: pytest.fail("markers read while one is missing"))
+    assert incomplete_ranks(str(tmp_path / "ranks"), 2) == {1: "no completion marker"}
+    assert complete == {}
+
+
+def test_a_build_says_once_which_input_files_it_skips_and_that_ranks_will_idle(
+    tmp_path, sample_corpus, sample_tokenizer, caplog
+) -> None:
+    """Each task that listed the input said it again: five times in a DAG run. A rank with no file said only
+    "0 tokens in 0 files"."""
+    from tests.support.builds import in_process
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
+
+    shutil.copytree(sample_corpus, tmp_path / "in")
+    (tmp_path / "in" / "notes.txt").write_text("not a corpus file")
+    config = BuildConfig(
+        input=str(tmp_path / "in"), output=str(tmp_path / "out"), tokenizer=str(sample_tokenizer), num_ranks=6
+    )
+    record = in_process(Build.start(config, "b")).record
+    assert record.inputs.skipped == 1
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [
+        f"skipped 1 input files of unsupported types: {tmp_path / 'in' / 'notes.txt'}",
+        "6 ranks for 4 input files: a rank takes whole files, so 2 ranks will have nothing to tokenize; use at most "
+        "4 ranks, or split the input into more files (ranks cannot share a compressed file)",  # and nothing more
+    ]

@@ -1,0 +1,441 @@
+"""The command line contract: names, exit codes, one-line errors, summaries and inspect."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+import pytest
+
+from tests.support.corpus import sample_records, write_jsonl
+from tests.support.processes import cli
+from tests.support.tokenizers import EOS
+
+
+def test_tokenize_then_inspect(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    out = tmp_path / "out"
+    options = ["--seed", "3", "--rank", "1", "--world-size", "2", "--save-filename", "demo", "--save-loss"]
+    options += ["--max-tokens-per-file", "20000", "--eos-token", EOS]
+    done = cli("tokenize", str(sample_corpus), "--output", str(out), "--tokenizer", str(sample_tokenizer), *options)
+    assert done.returncode == 0, done.stderr
+    summary = done.stdout.strip().splitlines()[-1]
+    assert summary.startswith("rank 1/2: ") and " 0 rejected, " in summary and " 0 dropped, " in summary
+    assert sorted(p.name for p in out.glob("*.ds")) == [
+        "demo_00001_00000_doc_shuffled.ds",
+        "demo_00001_00001_doc_shuffled.ds",
+    ]
+
+    shown = cli("inspect", str(out), "--decode", "1")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"{out}/demo_00001_00000_doc_shuffled.ds: ") and "uint16, loss" in lines[0]
+    assert lines[2].startswith("total: 2 files, ")
+    assert lines[3].startswith(f"--- {out}/demo_00001_00000_doc_shuffled.ds document 0 (")
+    assert shown.stdout.rstrip().endswith(EOS)
+
+
+def test_build_names_itself_plainly_prints_a_report_link_that_opens_and_verify_takes_its_folder(
+    tmp_path, sample_corpus, sample_tokenizer
+) -> None:
+    options = ["--output", str(tmp_path), "--tokenizer", str(sample_tokenizer), "--num-ranks", "1"]
+    done = cli("build", str(sample_corpus), *options, "--context-window", "0")
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("cli")]
+    assert re.fullmatch(r"cli-\d{8}T\d{6}Z", run_dir.name)  # the default build id: nothing to percent-encode
+    checked = cli("verify", str(run_dir))  # a run folder: its dataset is checked
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.splitlines()[-1].startswith(f"verify {run_dir}/merged: 1 files, 64,522 tokens: OK")
+    record = json.loads((run_dir / "_BUILD.json").read_text())
+    (run_dir / "_BUILD.json").write_text(json.dumps(record | {"tokens": 64_523}))  # a record its dataset belies
+    checked = cli("verify", str(run_dir))
+    assert checked.returncode == 1 and checked.stdout.splitlines()[-3].startswith(
+        f"{run_dir}/_BUILD.json: records 64,523 tokens and digest {record['digest']}, but its dataset holds 64,522"
+    )
+    assert checked.stdout.splitlines()[-2] == (
+        f"{run_dir}/merged: ids checked against the build's tokenizer: vocabulary 4,096, EOS id 0"
+    )
+
+    done = cli("build", str(sample_corpus), *options, "--build-id", "manual__2026-12-01T17:39:28+00:00")
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    report = tmp_path / "manual__2026-12-01T17%3A39%3A28%2B00%3A00" / "report.html"
+    assert lines["report"] == str(report) and report.exists()
+    url = lines["open"].strip()
+    assert url == f"file://{report}".replace("%", "%25")  # the folder's own "%" encoded
+    assert Path(url2pathname(urlparse(url).path)) == report  # what a browser opens
+
+
+def test_inspect_reads_megatron_output_and_count_speaks_plainly(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    out = tmp_path / "megatron"
+    made = cli(
+        "tokenize",
+        str(sample_corpus),
+        "--output",
+        str(out),
+        "--tokenizer",
+        str(sample_tokenizer),
+        "--format",
+        "megatron",
+        "--no-shuffle",
+    )
+    assert made.returncode == 0, made.stderr
+    shown = cli("inspect", str(out), "--decode", "1", "--tokenizer", str(sample_tokenizer))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"{out}/00000_00000_unshuffled.bin: 64,522 tokens, 308 sequences, Megatron uint16"
+    assert lines[1] == "total: 1 files, 308 index entries, 64,522 tokens"
+    assert lines[2].startswith(f"--- {out}/00000_00000_unshuffled.bin document 0 (")
+    counted = cli("count", str(sample_corpus), "--tokenizer", str(sample_tokenizer))
+    assert counted.returncode == 0, counted.stderr
+    assert counted.stdout.strip() == (
+        "count: 308 docs, 64,522 tokens (209.5 tokens a document on average, the longest 1,474), 1 empty, "
+        "0 rejected, in 4 files"
+    )
+
+
+def test_errors_are_one_line_with_exit_1(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    done = cli(
+        "tokenize",
+        str(sample_corpus),
+        "--output",
+        str(tmp_path),
+        "--tokenizer",
+        str(sample_tokenizer),
+        "--eos-token",
+        "</s>",
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"error: EOS token '</s>' is not in the vocabulary of {sample_tokenizer}; its own end-of-text token is "
+        f"'{EOS}' (from its vocabulary): leave the EOS unset to use it"
+    ]
+    truncated = tmp_path / "cut.jsonl.gz"
+    truncated.write_bytes((sample_corpus / "part-00000.jsonl.gz").read_bytes()[:5000])
+    done = cli("tokenize", str(truncated), "--output", str(tmp_path / "o"), "--tokenizer", str(sample_tokenizer))
+    assert done.returncode == 1
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: {truncated}: corrupt or truncated gzip data after line ")
+    )
+    bad = write_jsonl(tmp_path / "bad.jsonl", ["{nope"] * 3)
+    done = cli(
+        "tokenize",
+        str(bad),
+        "--output",
+        str(tmp_path / "b"),
+        "--tokenizer",
+        str(sample_tokenizer),
+        "--max-rejects",
+        "1",
+    )
+    assert done.returncode == 1 and "exceed max_rejects=1" in done.stderr
+
+
+def test_a_hub_name_without_the_hub_fails_at_once_in_one_line(tmp_path, sample_corpus) -> None:
+    """Its client retried for ~25 s before failing, in a page of warnings."""
+    environment = os.environ | {"HF_ENDPOINT": "https://hub.invalid", "HF_HOME": str(tmp_path / "hf")}
+    started = time.monotonic()
+    command = [sys.executable, "-m", "tokenization.cli", "count", str(sample_corpus), "--tokenizer", "org/model"]
+    done = subprocess.run(command, capture_output=True, text=True, env=environment)
+    assert done.returncode == 1 and time.monotonic() - started < 15
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: org/model: no such local tokenizer file, and the HuggingFace hub (hub.invalid) ")
+    assert "cannot be reached to fetch it" in line and line.endswith("or an fsspec URL")
+
+
+def test_a_project_error_is_one_line_and_any_other_error_shows_its_traceback(tmp_path, sample_corpus) -> None:
+    failing = (
+        "import sys, tokenization.cli as cli, tokenization.stages.count as counting\n"
+        "from tokenization.inputs.sources import InputError\n"
+        "def count(config): raise {}\n"
+        "counting.count_tokens = count\n"
+        "sys.exit(cli.main(['count', sys.argv[1], '--tokenizer', 'unused.json']))"
+    )
+    for error, last in [
+        ("InputError('a.jsonl line 3: not JSON')", "error: a.jsonl line 3: not JSON"),
+        ("ZeroDivisionError('a bug')", "ZeroDivisionError: a bug"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-c", failing.format(error), str(sample_corpus)], capture_output=True, text=True
+        )
+        lines = done.stderr.strip().splitlines()
+        assert (done.returncode, lines[-1]) == (1, last), done.stderr
+        assert ("Traceback" in done.stderr) == (error.startswith("ZeroDivisionError")), done.stderr
+    not_a_run = cli("report", str(tmp_path))
+    assert (not_a_run.returncode, not_a_run.stderr.strip().splitlines()) == (
+        1,
+        [f"error: {tmp_path}: no _BUILD.json; the build is not complete or this is not a run"],
+    )
+
+
+def test_usage_errors_exit_2(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    assert cli("tokenize", "x", "--tokenizer", str(sample_tokenizer)).returncode == 2  # no --output
+    assert cli("tokenize", "x", "--output", "o", "--tokenizer", "t", "--max-tokens-per-file", "0").returncode == 2
+    assert cli("frobnicate").returncode == 2
+    tokenize = ("tokenize", str(sample_corpus), "--output", str(tmp_path), "--tokenizer", str(sample_tokenizer))
+    for wrong, message in [
+        (("--rank", "3", "--world-size", "2"), "rank 3 is outside 0..1"),
+        (("--max-rejects", "-1"), "--max-rejects must be at least 0, got -1"),  # flags, not the params' names
+        (("--max-reject-fraction", "1.5"), "--max-reject-fraction must be at most 1, got 1.5"),
+        (("--text-key", ""), "--text-key must not be empty"),
+        (("--eos-token", EOS, "--no-eos"), "--no-eos conflicts with --eos-token"),
+        (("--engine", "fast"), "argument --engine: invalid choice: 'fast'"),
+        (("--sav-loss", "--seed=3", "extra"), "unrecognized arguments: --sav-loss (did you mean --save-loss?) extra"),
+    ]:
+        done = cli(*tokenize, *wrong)
+        assert done.returncode == 2 and message in done.stderr, (wrong, done.stderr)
+        assert done.stderr.startswith("usage: tokenization tokenize"), done.stderr
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ("wrong", "refusal"),
+    [
+        (
+            ("--build-id", "LATEST"),
+            "build id 'LATEST' is the name (ignoring case, as some filesystems do) of out/LATEST, which points at the "
+            "newest complete build: choose another build id (in Airflow, another run id)",
+        ),
+        (
+            ("--build-id", "x" * 300),
+            f"build id '{'x' * 40}'... names a folder of 300 characters (percent-encoded), more than the 200 a run "
+            "folder's name may have: choose a shorter build id",
+        ),
+        (
+            ("--build-id", "night\udcff"),  # argv bytes that are not UTF-8
+            "build id 'night\\udcff' holds a control character or bytes that are not UTF-8: choose a build id of "
+            "printable characters",
+        ),
+        (("--seed", "1" * 71), f"seed must be at most 9223372036854775807, got {'1' * 71}"),
+        (("--max-reject-fraction", "nan"), "--max-reject-fraction must be a finite number, got nan"),
+        (
+            ("--output", "s3:/b/x"),
+            "output 's3:/b/x' is no URL, a scheme being followed by '://' (fsspec would take it for a local path): "
+            "write s3://b/x, or ./s3:/b/x for a local path",
+        ),
+    ],
+)
+def test_a_build_refuses_values_that_crashed_it_before_any_work(
+    tmp_path, sample_corpus, sample_tokenizer, wrong: tuple[str, ...], refusal: str
+) -> None:
+    """Issue 37: each of these ran some or all of a build, then crashed with a traceback (or, for s3:/b/x, wrote
+    to a local folder named s3:)."""
+    command = [sys.executable, "-m", "tokenization.cli", "build", str(sample_corpus), "--output", "out"]
+    command += ["--tokenizer", str(sample_tokenizer), "--context-window", "0", *wrong]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == f"tokenization build: error: {refusal}"
+    assert list(tmp_path.iterdir()) == []  # nothing written: not the output, nor a folder named s3:
+
+
+def test_every_command_refuses_a_url_missing_a_slash() -> None:
+    """Issue 37: s3:/b/x is a local path to fsspec; the commands that take a location beside options refuse it too."""
+    done = cli("verify", "s3:/b/x")
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        "tokenization verify: error: argument path: 's3:/b/x' is no URL, a scheme being followed by '://' (fsspec "
+        "would take it for a local path): write s3://b/x, or ./s3:/b/x for a local path"
+    )
+
+
+def test_a_text_key_no_record_has_fails_naming_it_and_leaves_no_marker(tmp_path, sample_tokenizer) -> None:
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(233)])
+    done = cli("tokenize", str(pairs), "--output", str(tmp_path / "out"), "--tokenizer", str(sample_tokenizer))
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: rank 0: read 233 records but wrote none: 233 rejected (missing_text 233; first: {pairs} line 1); "
+        "text key 'text'; its records have the fields prompt, response"
+    )
+    assert not (tmp_path / "out" / "_completions").exists()
+    assert len((tmp_path / "out" / "_quarantine" / "00000.jsonl").read_text().splitlines()) == 233
+    counted = cli("count", str(pairs), "--tokenizer", str(sample_tokenizer), "--text-key", "body")
+    assert counted.returncode == 1 and "text key 'body'" in counted.stderr
+
+
+def test_a_mostly_rejected_rank_fails_on_the_fraction(tmp_path, sample_tokenizer) -> None:
+    records = [{"text": f"record {i}"} for i in range(50)] + ["{broken"] * 2
+    inputs = write_jsonl(tmp_path / "in.jsonl", records)
+    args = ("tokenize", str(inputs), "--tokenizer", str(sample_tokenizer))
+    done = cli(*args, "--output", str(tmp_path / "strict"))
+    assert done.returncode == 1 and "2 of 52 records rejected (3.85%), above max_reject_fraction=0.01" in done.stderr
+    assert cli(*args, "--output", str(tmp_path / "lenient"), "--max-reject-fraction", "0.05").returncode == 0
+
+
+def test_storage_and_network_failures_are_one_line(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    no_credentials = {
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | no_credentials
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tokenization.cli",
+            "tokenize",
+            str(sample_corpus),
+            "--output",
+            "s3://corpus/out",
+            "--tokenizer",
+            str(sample_tokenizer),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: s3://corpus/out: NoCredentialsError: Unable to locate credentials (set credentials in the "
+        "environment, an AWS profile or the Airflow connection)"
+    )
+    unreachable = cli(
+        "tokenize", "http://127.0.0.1:9/corpus.jsonl", "--output", str(tmp_path), "--tokenizer", str(sample_tokenizer)
+    )
+    last = unreachable.stderr.strip().splitlines()[-1]
+    assert unreachable.returncode == 1 and last.startswith("error: http://127.0.0.1:9/corpus.jsonl: "), last
+    assert "Traceback" not in unreachable.stderr
+
+
+def test_engine_and_threads_reach_the_stats(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    engines = {}
+    for engine in ("auto", "hf"):
+        stats = tmp_path / f"{engine}.json"
+        done = cli(
+            "count",
+            str(sample_corpus),
+            "--tokenizer",
+            str(sample_tokenizer),
+            "--eos-token",
+            EOS,
+            "--engine",
+            engine,
+            "--threads",
+            "1",
+            "--stats-out",
+            str(stats),
+        )
+        assert done.returncode == 0, done.stderr
+        engines[engine] = json.loads(stats.read_text())
+    assert [engines[e]["tokenizer"]["engine"] for e in ("auto", "hf")] == ["gigatoken", "hf"]
+    assert engines["auto"]["tokens"] == engines["hf"]["tokens"] == 64522
+    assert engines["auto"]["tokenizer"]["self_checked_docs"] == 1  # document 0 of 308: one in CHECK_EVERY
+    assert cli("count", str(sample_corpus), "--tokenizer", str(sample_tokenizer), "--threads", "0").returncode == 2
+
+
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+
+
+def interrupted(command: list[str], started, cwd: Path) -> subprocess.CompletedProcess:
+    """``command`` run in a process group of its own, sent Ctrl-C as a terminal sends it (to the whole group) once
+    ``started()``; returns once the group is empty: no worker outlives it."""
+    running = subprocess.Popen(
+        [sys.executable, "-m", "tokenization.cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while not started():
+            assert running.poll() is None and time.monotonic() < deadline, "it finished, or never started"
+            time.sleep(0.01)
+        os.killpg(running.pid, signal.SIGINT)
+        stdout, stderr = running.communicate(timeout=60)
+    finally:
+        if running.poll() is None:  # a test that fails leaves no process behind
+            os.killpg(running.pid, signal.SIGKILL)
+            running.communicate()
+    deadline = time.monotonic() + 10
+    while _group_alive(running.pid):
+        assert time.monotonic() < deadline, "a worker outlived its command"
+        time.sleep(0.05)
+    return subprocess.CompletedProcess(running.args, running.returncode, stdout, stderr)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_stops_a_build_and_its_workers_in_one_line(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """Issue 37: Ctrl-C printed a 20-line traceback ending in KeyboardInterrupt, and one more a worker process."""
+    command = ["build", str(sample_corpus), "--output", "out", "--tokenizer", str(sample_tokenizer), "--seed", "1"]
+    command += ["--num-ranks", "64", "--parallel", "2", "--context-window", "0", "--build-id", "night 1"]
+    ranks = tmp_path / "out" / "night%201" / "ranks" / "_completions"
+    done = interrupted(command, lambda: any(ranks.glob("*.json")), tmp_path)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if not LOG_LINE.match(line)] == [
+        "interrupted: tokenization build stopped; an unfinished attempt's files stay for the next run to resume or "
+        "clear; resume it with --build-id 'night 1'"
+    ]
+    assert len(list(ranks.glob("*.json"))) < 64
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tokenization.cli", *command], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "verify: passed" in resumed.stdout and not list((tmp_path / "out").rglob(".staging"))
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_ctrl_c_stops_any_command_in_one_line(tmp_path, sample_tokenizer, delay: float) -> None:
+    """Interrupted as its attempt begins, and as the tokenizer loads: gigatoken, in the main thread, turned a
+    KeyboardInterrupt into a panic, or lost it (the rank then failed on lists of ids, or finished)."""
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", sample_records() * 40)
+    command = ["tokenize", str(corpus), "--output", "out", "--tokenizer", str(sample_tokenizer)]
+    begun: list[float] = []
+
+    def started() -> bool:
+        if not begun and (tmp_path / "out" / ".staging").exists():
+            begun.append(time.monotonic())
+        return bool(begun) and time.monotonic() >= begun[0] + delay
+
+    done = interrupted(command, started, tmp_path)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if not LOG_LINE.match(line)] == [
+        "interrupted: tokenization tokenize stopped; an unfinished attempt's files stay for the next run to resume "
+        "or clear"
+    ]
+
+
+HEAVY = ("tokenizers", "gigatoken", "awkward", "jinja2", "airflow", "transformers", "tiktoken")
+
+
+@pytest.mark.parametrize("command", ["merge", "context-shuffle"])
+def test_a_byte_moving_command_imports_no_tokenizer_templates_or_airflow(tmp_path, command) -> None:
+    """A merge or a context shuffle moves bytes: its process loads no tokenizer library, template engine or
+    Airflow, whose imports took longer than its work on a small shard."""
+    import numpy as np
+
+    from tokenization.formats.ds import TokenFileWriter
+
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "00000_00000_doc_shuffled.ds"
+    writer = TokenFileWriter(path, tokenizer="t", token_size=2, save_loss=False)
+    writer.write(np.arange(1, 3001, dtype=np.uint16), np.arange(300, 3001, 300))
+    writer.close()
+    run = (
+        "import sys; from tokenization.cli import main; code = main(sys.argv[1:]); "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})); sys.exit(code)"
+    )
+    named = ["--save-filename", "m"] if command == "merge" else []
+    done = subprocess.run(
+        [sys.executable, "-c", run, command, str(tmp_path / "in"), "--output", str(tmp_path / "out"), *named],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,94 @@
+"""The README's "Load it in your trainer" section, run as printed: its build commands in a folder holding ``data/``
+and ``tokenizer.json``, then each snippet, in the trainers' environment, on what they built; what the snippets
+print is what our own readers find in the same files. Each runs on a build of the sample tokenizer (2 bytes an id)
+and of Llama 3's (128,256 ids: 4 bytes an id), which a snippet assuming either size misreads."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.paths import ROOT, shared_path
+from tests.support.references import in_trainer_env
+from tokenization.formats.ds import TokenFile
+from tokenization.formats.megatron import MegatronFile
+
+SECTION = ROOT.joinpath("README.md").read_text().split("## Load it in your trainer", 1)[1].split("\n## ", 1)[0]
+SNIPPETS = dict(re.findall(r"<!-- trainer snippet: (\w+) -->\n```python\n(.*?)```", SECTION, flags=re.DOTALL))
+WINDOW = 2049
+MEGATRON_TOKENS = {"sample": 64_522, "llama3": 55_963}  # the sample corpus's, a rank file each
+TOKEN_SIZES = {"sample": 2, "llama3": 4}
+
+
+@pytest.fixture(scope="module", params=sorted(MEGATRON_TOKENS))
+def tokenizer(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def builds(tokenizer, tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
+    """A folder where the section's build commands ran, as printed, with the sample tokenizer or Llama 3's."""
+    here = tmp_path_factory.mktemp(tokenizer)
+    (here / "data").symlink_to(sample_corpus)
+    path = sample_tokenizer if tokenizer == "sample" else shared_path("tokenizers", tokenizer, "tokenizer.json")
+    (here / "tokenizer.json").symlink_to(path)
+    commands = re.search(r"```bash\n(tokenization build .*?)```", SECTION, flags=re.DOTALL).group(1).splitlines()
+    assert len(commands) == 2
+    for command in commands:
+        words = shlex.split(command)
+        done = subprocess.run([sys.executable, "-m", "tokenization.cli", *words[1:]], cwd=here, capture_output=True)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return here
+
+
+def test_the_section_has_its_three_snippets() -> None:
+    assert sorted(SNIPPETS) == ["datatrove", "megatron", "numpy"]
+
+
+def printed(builds: Path, name: str) -> list[str]:
+    return in_trainer_env(SNIPPETS[name], cwd=builds).strip().splitlines()
+
+
+def test_datatroves_reader_gives_windows_positions_and_the_loss_mask(builds, tokenizer) -> None:
+    (line,) = printed(builds, "datatrove")
+    files = [TokenFile(str(p)) for p in sorted((builds / "builds/nightly/context").glob("*.ds"))]
+    assert {f.token_size for f in files} == {TOKEN_SIZES[tokenizer]}
+    first = np.asarray(files[0].tokens[:WINDOW])
+    ends = np.asarray(files[0].ends, dtype=np.int64)
+    doc_starts = np.concatenate([[0], ends[ends < 8]])
+    positions = [i - int(doc_starts[doc_starts <= i].max()) for i in range(8)]
+    count, ids, where, loss = re.fullmatch(r"(\d+) (\[.*?\]) (\[.*?\]) (\d+)", line).groups()
+    assert int(count) == sum(f.num_tokens // WINDOW for f in files) > 0
+    assert (json.loads(ids), json.loads(where)) == (first[:8].tolist(), positions)
+    assert int(loss) == int(np.asarray(files[0].loss[:WINDOW]).sum()) > 0
+
+
+def test_numpy_reads_whole_windows_and_their_loss(builds) -> None:
+    lines = printed(builds, "numpy")
+    paths = sorted((builds / "builds/nightly/context").glob("*.ds"))
+    assert len(lines) == len(paths) > 0
+    for line, path in zip(lines, paths, strict=True):
+        ours = TokenFile(str(path))
+        full = ours.num_tokens // WINDOW
+        loss = int(np.asarray(ours.loss[: full * WINDOW]).sum())
+        assert line == f"builds/nightly/context/{path.name} ({full}, {WINDOW}) {loss} {len(ours.ends)}"
+
+
+def test_megatron_core_reads_every_prefix_of_the_data_path(builds, tokenizer) -> None:
+    lines = printed(builds, "megatron")
+    words = (builds / "builds/nightly-megatron/megatron_data_path.txt").read_text().split()
+    prefixes = words[1::2]
+    assert len(lines) == len(prefixes) == 4  # a prefix a rank
+    assert sum(map(int, words[::2])) == MEGATRON_TOKENS[tokenizer]
+    for line, weight, prefix in zip(lines, words[::2], prefixes, strict=True):
+        assert Path(prefix).is_absolute()  # Megatron runs from any folder
+        ours = MegatronFile(prefix)
+        first = np.asarray(ours.tokens[: int(ours.lengths[0])])[:8].tolist()
+        assert line == f"{prefix} {weight} {len(ours.lengths)} {first}" and int(weight) == ours.num_tokens

@@ -1,0 +1,224 @@
+"""The records as code: every record a build leaves is read back as what it was written as, and a damaged,
+foreign or newer one is one line naming the file and the field, whoever reads it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import ROOT
+from tokenization.builds.complete import Published
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
+from tokenization.output.runs import read_build
+from tokenization.records import (
+    BuildRecord,
+    BuildSummary,
+    CacheEntry,
+    CacheUse,
+    CompletionMarker,
+    ContextManifest,
+    MergeManifest,
+    MergeOutput,
+    RankManifest,
+    RecordError,
+    RunClaim,
+    stage_manifest,
+)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
+    """A whole build: ranks, merge (with its checkpoints), context shards, the build record."""
+    out = tmp_path_factory.mktemp("records")
+    Build.start(_config(out, sample_corpus, sample_tokenizer), "records").run()
+    return out / "records"
+
+
+def _config(out: Path, corpus: Path, tokenizer: Path, **options) -> BuildConfig:
+    return BuildConfig(
+        input=str(corpus),
+        output=str(out),
+        tokenizer=str(tokenizer),
+        num_ranks=2,
+        merge_max_tokens_per_file=20_000,
+        context_window=1025,
+        num_context_shards=2,
+        seed=5,
+        **options,
+    )
+
+
+def _records(run: Path) -> dict[Path, type]:
+    kinds = {run / "_RUN.json": RunClaim, run / "_BUILD.json": BuildRecord}
+    cache = run.parent / ".cache"
+    kinds |= dict.fromkeys(sorted(cache.glob("entries/*.json")), CacheEntry)
+    kinds |= dict.fromkeys(sorted(cache.glob("uses/*/*.json")), CacheUse)
+    for path in sorted(run.glob("*/_completions/*.json")):
+        kinds[path] = CompletionMarker
+    stages = {"ranks": RankManifest, "merged": MergeManifest, "context": ContextManifest}
+    for path in sorted(run.glob("*/_manifests/*.json")):
+        stage = stages[path.parent.parent.name]
+        kinds[path] = MergeOutput if stage is MergeManifest and path.stem != "corpus" else stage
+    return kinds
+
+
+def test_every_record_reads_back_as_it_was_written(published: Path) -> None:
+    kinds = _records(published)
+    assert {kind for kind in kinds.values()} == {
+        RunClaim,
+        BuildRecord,
+        CompletionMarker,
+        RankManifest,
+        MergeManifest,
+        MergeOutput,
+        ContextManifest,
+        CacheEntry,
+        CacheUse,
+    }
+    for path, kind in kinds.items():
+        data = path.read_bytes()
+        record = kind.loads(data, str(path))
+        assert record.to_json() == json.loads(data), path  # every field typed, none lost, none added
+        if path.parent.name == "_manifests":
+            assert stage_manifest(data, str(path)) == record  # found by its format tag alone
+
+
+def _damaged(path: Path, edit) -> None:
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "edit", "message"),
+    [
+        (
+            "ranks/_manifests/00001.json",
+            RankManifest,
+            lambda r: r["outputs"][0]["files"][next(iter(r["outputs"][0]["files"]))].update(bztes=1),
+            r'outputs\[0\]\.files\["[^"]+"\]\.bztes is not a field of this format',
+        ),
+        (
+            "ranks/_manifests/00001.json",
+            RankManifest,
+            lambda r: r["counts"].__setitem__("docs_writen", r["counts"].pop("docs_written")),
+            r"counts\.docs_written is missing",
+        ),
+        (
+            "merged/_manifests/corpus.json",
+            MergeManifest,
+            lambda r: r.__setitem__("format", "corpus-tokenization/merge-manifest/5"),
+            r"format corpus-tokenization/merge-manifest/5 is newer than this version of corpus-tokenization reads "
+            r"\(corpus-tokenization/merge-manifest/4\): upgrade to read it",
+        ),
+        (
+            "_BUILD.json",
+            BuildRecord,
+            lambda r: r.__setitem__("format", "datatrove/build/1"),
+            r"format \"datatrove/build/1\", not corpus-tokenization/build/N",
+        ),
+        (
+            "_BUILD.json",
+            BuildRecord,
+            lambda r: r["conservation"].__setitem__("holds", "yes"),
+            r'conservation\.holds is "yes", not true or false',
+        ),
+    ],
+)
+def test_a_damaged_record_is_one_line_naming_the_file_and_the_field(
+    published: Path, tmp_path: Path, name: str, kind: type, edit, message: str
+) -> None:
+    path = tmp_path / "record.json"
+    path.write_bytes((published / name).read_bytes())
+    _damaged(path, edit)
+    with pytest.raises(RecordError, match=rf"^{path}: not a valid [a-z ]+: {message}$"):
+        kind.loads(path.read_bytes(), str(path))
+
+
+def test_an_older_record_is_read_with_the_fields_it_did_not_have(published: Path, tmp_path: Path) -> None:
+    """build/1 and rank-manifest/1 were written before every field was kept; markers and checkpoints had no tag."""
+    build = json.loads((published / "_BUILD.json").read_text())
+    old = {k: v for k, v in build.items() if k not in ("plan", "inputs", "report", "token_flow")}
+    record = BuildRecord.from_json(old | {"format": "corpus-tokenization/build/1", "legacy": 1}, "old")
+    assert (record.plan, record.inputs, record.report, record.token_flow) == (None, None, None, {})
+    assert record.conservation == BuildRecord.loads((published / "_BUILD.json").read_bytes(), "new").conservation
+    rank = json.loads((published / "ranks/_manifests/00000.json").read_text())
+    for key in ("loss_tokens", "length_histogram", "special_token_literals_total"):
+        del rank["counts"][key]
+    del rank["throughput"], rank["plan"], rank["tokenizer"]["engine"], rank["tokenizer"]["format"], rank["cache"]
+    rank["format"] = "corpus-tokenization/rank-manifest/1"
+    old_rank = RankManifest.from_json(rank, "old rank")
+    assert old_rank.counts.loss_tokens is None and old_rank.counts.length_histogram == []
+    assert old_rank.tokenizer.engine == "hf" and old_rank.throughput is None and old_rank.cache is None
+    assert old_rank.tokenizer.format == "tokenizer.json"  # before other formats were read
+    summary = Published(BuildRecord.loads((published / "_BUILD.json").read_bytes(), "new"), "", []).summary()
+    xcom = {k: v for k, v in summary.to_json().items() if k not in ("format", "reused")}  # as published before
+    assert BuildSummary.from_json(xcom, "an older run's summary") == replace(summary, reused=None)
+    marker = json.loads((published / "ranks/_completions/00000.json").read_text())
+    del marker["format"]
+    assert CompletionMarker.from_json(marker, "untagged").to_json() == marker | {
+        "format": CompletionMarker.format_tag()
+    }
+
+
+def test_verify_names_a_damaged_record_in_one_line(published: Path, tmp_path: Path) -> None:
+    """The command line's verify: a flipped key, a newer format tag and a truncated marker each give one line."""
+    cases = {
+        "ranks/_manifests/00000.json": lambda p: _damaged(p, lambda r: r.__setitem__("ouputs", r.pop("outputs"))),
+        "merged/_manifests/corpus.json": lambda p: _damaged(
+            p, lambda r: r.__setitem__("format", "corpus-tokenization/merge-manifest/9")
+        ),
+        "context/_completions/context_00000.json": lambda p: p.write_bytes(p.read_bytes()[:40]),
+    }
+    expected = {
+        "ranks/_manifests/00000.json": "not a valid manifest: outputs is missing",
+        "merged/_manifests/corpus.json": "is newer than this version of corpus-tokenization reads",
+        "context/_completions/context_00000.json": "not a valid completion marker: not JSON",
+    }
+    for name, damage in cases.items():
+        copy = tmp_path / name.split("/")[0]
+        subprocess.run(["cp", "-r", str(published / name.split("/")[0]), str(copy)], check=True)
+        (tmp_path / "_RUN.json").write_bytes((published / "_RUN.json").read_bytes())
+        damage(tmp_path / name)
+        run = subprocess.run(
+            [sys.executable, "-m", "tokenization.cli", "verify", str(copy)], capture_output=True, text=True, cwd=ROOT
+        )
+        assert run.returncode == 1, run.stderr
+        lines = [line for line in run.stdout.splitlines() if str(tmp_path / name) in line]
+        assert len(lines) == 1 and expected[name] in lines[0], run.stdout
+        assert "Traceback" not in run.stderr
+
+
+def test_the_summary_command_names_a_damaged_build_record(published: Path, tmp_path: Path) -> None:
+    out = tmp_path / "builds"
+    subprocess.run(["cp", "-r", str(published.parent), str(out)], check=True)
+    record = out / "records" / "_BUILD.json"
+    record.write_bytes(record.read_bytes()[:-30])
+    run = subprocess.run(
+        [sys.executable, "-m", "tokenization.builds", str(out)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert run.returncode == 1
+    assert run.stderr.startswith(f"error: {record}: not a valid build record: not JSON") and run.stderr.count("\n") == 1
+    assert read_build(str(published)).tokens > 0  # the original is untouched
+
+
+def test_a_resumed_build_tokenizes_again_a_rank_whose_marker_is_damaged(
+    published: Path, tmp_path: Path, sample_corpus, sample_tokenizer
+) -> None:
+    """A truncated marker is a rank not complete, with its one line as the reason; the resumed build tokenizes that
+    rank again, to the same bytes (a build that keeps its intermediate files: the others' rank files are there)."""
+    build = Build.start(_config(tmp_path, sample_corpus, sample_tokenizer, keep_intermediate=True), "records")
+    build.run()
+    build.unpublish()
+    marker = tmp_path / "records/ranks/_completions/00001.json"
+    marker.write_bytes(marker.read_bytes()[:25])
+    why = f"{marker}: not a valid completion marker: not JSON (unexpected end of data: line 1 column 26 (char 25))"
+    assert build.incomplete_ranks() == {1: why}
+    assert build.run().record.digest == read_build(str(published)).digest
+    assert build.incomplete_ranks() == {}

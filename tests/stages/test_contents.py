@@ -1,0 +1,249 @@
+"""Every stage proves that its shuffle is a permutation (issue 37): the contents of what it read (an order-free
+hash of its pieces) are those of what it wrote, the books link the stages, and verify hashes the files again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.support.stages import merged, run
+from tests.support.tokenizers import EOS
+from tokenization.builds.accounting import contents_flow
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
+from tokenization.formats import moves
+from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheckFailed, stream_contents
+from tokenization.formats.ds import TokenFileError
+from tokenization.output.runs import BuildError
+from tokenization.records import BuildRecord, ContentsSum
+from tokenization.stages import context_shuffle, merge, tokenize
+from tokenization.stages.context_shuffle import ContextShuffleConfig
+from tokenization.stages.verify import verify
+
+
+def contents(tokens: np.ndarray, ends: list[int], loss: np.ndarray | None = None) -> Contents:
+    hasher = ContentsHasher()
+    hasher.add(np.asarray(tokens), np.asarray(ends, dtype=np.int64), loss)
+    return hasher.result()
+
+
+def pieces(lengths: list[int], seed: int = 0, vocab: int = 50_000) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, n).astype(np.uint32) for n in lengths]
+
+
+def stream(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    return np.concatenate(parts), np.cumsum([len(p) for p in parts]).tolist()
+
+
+def test_the_contents_are_those_of_the_pieces_in_any_order() -> None:
+    parts = pieces([5, 1, 300, 7_000, 2, 2])
+    whole = contents(*stream(parts))
+    assert (whole.pieces, whole.tokens) == (6, sum(map(len, parts)))
+    assert contents(*stream(parts[::-1])) == whole
+    assert Contents.total(contents(p, [len(p)]) for p in parts) == whole
+    tokens, ends = stream(parts)
+    assert contents(tokens, [0, *ends[:2], ends[1], *ends[2:]]) == whole  # empty pieces hold nothing
+    for block in (3, 4096):  # read in blocks, a piece spanning many
+        assert stream_contents(lambda a, b: (tokens[a:b], None), [(np.asarray(ends), len(tokens))], block) == [whole]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "a piece twice, another never",
+        "a boundary moved",
+        "two pieces joined",
+        "two tokens swapped in a piece",
+        "a token changed",
+        "a loss byte flipped",
+    ],
+)
+def test_any_change_to_the_pieces_changes_the_contents(fault: str) -> None:
+    tokens, ends = stream(pieces([40, 40, 40, 40, 2000]))
+    loss = np.ones(len(tokens), np.uint8)
+    whole = contents(tokens, ends, loss)
+    if fault == "a piece twice, another never":
+        tokens[40:80] = tokens[0:40]
+    elif fault == "a boundary moved":
+        ends[1] += 1
+    elif fault == "two pieces joined":
+        del ends[0]
+    elif fault == "two tokens swapped in a piece":
+        tokens[[200, 1100]] = tokens[[1100, 200]]
+    elif fault == "a token changed":
+        tokens[1500] += 1
+    else:
+        loss[7] = 0
+    assert contents(tokens, ends, loss) != whole
+
+
+def duplicating(move):
+    """``move_units`` that writes the first unit again in place of the last: one piece twice and one never, the
+    shape of the empty-index bug (in a block of its own, which the engine's overlap check cannot see)."""
+
+    def faulty(pool, source, starts, ends, writer, *args, **kwargs):
+        source, starts, ends = (np.asarray(a) for a in (source, starts, ends))
+        if len(starts) < 2:
+            return move(pool, source, starts, ends, writer, *args, **kwargs)
+        move(pool, source[:-1], starts[:-1], ends[:-1], writer, *args, **kwargs)
+        return move(pool, source[:1], starts[:1], ends[:1], writer, *args, **kwargs)
+
+    return faulty
+
+
+@pytest.mark.parametrize("chunks", [None, 512])
+def test_pass_2_that_loses_a_document_publishes_nothing(tmp_path, monkeypatch, sample_corpus, sample_tokenizer, chunks):
+    module = moves if chunks else tokenize
+    monkeypatch.setattr(module, "move_units", duplicating(module.move_units))
+    with pytest.raises(ShuffleCheckFailed, match=r"^rank 0: (pass 2|the chunk shuffle) wrote other pieces than it"):
+        run([sample_corpus], tmp_path, sample_tokenizer, seed=1, shuffle_chunk_size=chunks)
+    assert not list(tmp_path.glob("*.ds")) and not list(tmp_path.glob("_completions/*"))
+
+
+def test_a_merge_that_loses_a_document_publishes_nothing(tmp_path, monkeypatch, sample_corpus, sample_tokenizer):
+    for rank in range(2):
+        run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=1, save_loss=True)
+    monkeypatch.setattr(merge, "move_units", duplicating(merge.move_units))
+    with pytest.raises(ShuffleCheckFailed, match=r"^merge merged wrote other pieces than it read"):
+        merged(tmp_path / "ranks", tmp_path / "merged", seed=2, save_loss=True, merge_max_tokens_per_file=5_000)
+    assert not list((tmp_path / "merged").glob("*.ds*")) and not list((tmp_path / "merged").glob("_manifests/*"))
+
+
+@pytest.mark.parametrize("mode", ["windows", "windows, input without records", "packed"])
+def test_a_context_shuffle_that_loses_a_window_publishes_nothing(
+    tmp_path, monkeypatch, sample_corpus, sample_tokenizer, mode
+):
+    """Proved by joining the windows again into the input's recorded documents, or by reading the input again."""
+    run([sample_corpus], tmp_path / "ranks", sample_tokenizer, seed=1, save_loss=True)
+    if mode.endswith("without records"):  # as datatrove's files come
+        shutil.rmtree(tmp_path / "ranks" / "_manifests")
+    monkeypatch.setattr(context_shuffle, "move_units", duplicating(context_shuffle.move_units))
+    config = ContextShuffleConfig(
+        input=str(tmp_path / "ranks"),
+        output=str(tmp_path / "context"),
+        context_window=257,
+        context_mode=mode.split(",")[0],
+        pad_id=0,
+    )
+    with pytest.raises(ShuffleCheckFailed, match=r"^context shuffle of .*00000_00000_doc_shuffled.ds wrote other"):
+        context_shuffle.context_shuffle(config)
+    assert not list((tmp_path / "context").glob("*.ds*"))
+
+
+def test_verify_hashes_the_pieces_again(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """An index entry moved by one token, every size kept and every checksum rewritten to match: only the
+    contents can tell, and verify (without a tokenizer, so no EOS check) does."""
+    run([sample_corpus], tmp_path, sample_tokenizer, seed=1)
+    assert verify(str(tmp_path)).ok
+    (index,) = tmp_path.glob("*.ds.index")
+    ends = np.fromfile(index, "<u8")
+    ends[3] += 1
+    ends.tofile(index)
+    manifest_path, marker_path = tmp_path / "_manifests" / "00000.json", tmp_path / "_completions" / "00000.json"
+    manifest, marker = json.loads(manifest_path.read_text()), json.loads(marker_path.read_text())
+    digest = hashlib.sha256(index.read_bytes()).hexdigest()
+    manifest["outputs"][0]["files"][index.name]["sha256"] = marker["files"][index.name]["sha256"] = digest
+    manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    marker["sha256"] = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+    marker_path.write_text(json.dumps(marker, sort_keys=True))
+    recorded = ContentsSum(**manifest["outputs"][0]["contents"]).value
+    (ds,) = tmp_path.glob("*.ds")
+    held = contents(np.fromfile(ds, "<u2"), ends.astype(np.int64))
+    assert held != recorded
+    problems = verify(str(tmp_path)).problems
+    assert problems == [f"{ds}: holds {held.describe()}, its manifest records {recorded.describe()}"]
+
+
+def test_the_books_link_the_stages(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    config = BuildConfig(
+        input=str(sample_corpus),
+        output=str(tmp_path),
+        tokenizer=str(sample_tokenizer),
+        eos_token=EOS,
+        seed=3,
+        num_ranks=2,
+        context_window=1025,
+        num_context_shards=2,
+        merge_max_tokens_per_file=20_000,
+    )
+    record: BuildRecord = Build.start(config, "books").run().record
+    stages = record.stages
+    read = stages.tokenize.contents_in
+    assert read.pieces == record.conservation.docs_out and read.tokens == record.stages.tokenize.tokens
+    assert stages.tokenize.contents_out == read == stages.merge.contents_in == stages.merge.contents_out
+    assert stages.context_shuffle.contents_in == read and stages.context_shuffle.contents_out.tokens == read.tokens
+    contents_flow(stages.tokenize, stages, chunked=False)
+    other = ContentsSum.of(replace(read.value, sum=read.value.sum ^ 1))
+    with pytest.raises(BuildError, match=r"^the merge read .* but the ranks wrote .*: a piece was lost, duplicated"):
+        contents_flow(stages.tokenize, replace(stages, merge=replace(stages.merge, contents_in=other)), chunked=False)
+    with pytest.raises(BuildError, match=r"^the context shuffle read .* but the merge wrote"):
+        broken = replace(stages.context_shuffle, contents_in=other)
+        contents_flow(stages.tokenize, replace(stages, context_shuffle=broken), chunked=False)
+
+
+def test_a_rank_smaller_than_a_chunk_with_its_tail_dropped_writes_nothing(tmp_path, sample_corpus, sample_tokenizer):
+    done = run([sample_corpus], tmp_path, sample_tokenizer, shuffle_chunk_size=10**9, drop_last_chunk=True)
+    counts = done["counts"]
+    assert done["outputs"] == [] and counts["tokens_dropped"] == counts["tokens"] > 0
+    assert counts["contents_out"] == {"pieces": 0, "tokens": 0, "sum": "0" * 16}
+
+
+def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents() -> None:
+    """What a context shuffle proves without reading its input again: the pieces it wrote that window edges cut (two
+    a window at most), put back in the input's order and joined at the input's index with the dropped tail, stand
+    for the input's documents they were cut from, and the whole is the input's documents' contents."""
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 50_000, 100_000).astype(np.uint16)
+    loss = rng.integers(0, 2, len(tokens)).astype(np.uint8)
+    index = np.append(np.sort(rng.integers(1, len(tokens), 300)), len(tokens))
+    index = np.union1d(index[(index < 1994) | (index > 6000)], [1994, 6000])  # a document ending on a window's
+    index = np.sort(np.append(index, index[:3]))  # edge, one across four windows, and empty documents
+    documents = contents(tokens, index, loss)
+    window = 997
+    edges = np.arange(window, len(tokens) + 1, window)
+    cuts = np.union1d(index, edges)
+    kept = int(edges[-1])  # the tail after the last window, dropped: hashed alone
+
+    def shuffled(order: np.ndarray, swap: bool = False):
+        starts, ends = edges[order] - window, edges[order]
+        parts = moves.cut_pieces(cuts, starts, ends, index)
+        assert len(parts) <= 2 * len(order)
+        hasher = ContentsHasher(keep=parts)
+        for a, b in zip(starts, ends, strict=True):  # the windows in order, each cut at the cuts inside it
+            a2, b2 = (window - a, 2 * window - b) if swap and a in (0, window) else (a, b)  # bytes exchanged
+            hasher.add(tokens[a2:b2], cuts[(cuts > a) & (cuts <= b)] - a, loss[a2:b2])
+        return hasher.result(), hasher.kept_pieces(), parts, starts, ends
+
+    tail = ContentsHasher(keep=np.arange(np.count_nonzero(cuts > kept)))
+    tail.add(tokens[kept:], cuts[cuts > kept] - kept, loss[kept:])
+    tail.result()
+
+    def rejoined(written: Contents, parts, chosen, starts: np.ndarray, ends: np.ndarray) -> Contents | None:
+        return moves.rejoined_contents(written, parts, chosen, cuts, starts, ends, tail.kept_pieces(), index)
+
+    order = rng.permutation(len(edges))
+    written, parts, chosen, starts, ends = shuffled(order)
+    assert written == contents(tokens[:kept], cuts[cuts <= kept], loss[:kept])
+    assert rejoined(written, parts, chosen, starts, ends) == documents
+    assert rejoined(*shuffled(order, swap=True)) != documents  # two windows' bytes exchanged, their index kept
+    assert rejoined(*shuffled(np.append(order[:-1], order[0]))) != documents  # a window twice, another never
+
+
+def test_a_context_shuffle_refuses_an_input_that_is_not_the_file_its_stage_wrote(
+    tmp_path, sample_corpus, sample_tokenizer
+):
+    run([sample_corpus], tmp_path / "ranks", sample_tokenizer, seed=1, save_loss=True)
+    (ds,) = (tmp_path / "ranks").glob("*.ds")
+    tokens = np.fromfile(ds, "<u2")
+    tokens[[10, 20]] = tokens[[20, 10]]  # two tokens of a document swapped: sizes, ids and EOS all as before
+    tokens.tofile(ds)
+    config = ContextShuffleConfig(input=str(tmp_path / "ranks"), output=str(tmp_path / "context"), context_window=257)
+    with pytest.raises(TokenFileError, match=rf"^{ds}: holds .* its manifest records .*: it is not the file its stage"):
+        context_shuffle.context_shuffle(config)
+    assert not list((tmp_path / "context").glob("*.ds*"))

@@ -1,0 +1,102 @@
+"""Reading ahead on a thread keeps the order, raises the reader's errors where they are consumed, and stops;
+progress lines for task logs."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+
+import pytest
+
+from tests.support.corpus import write_jsonl
+from tests.support.tokenizers import EOS
+from tokenization.stages.count import CountConfig, count_tokens
+from tokenization.stages.merge import MergeConfig, merge
+from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
+from tokenization.tokenizer import documents
+from tokenization.tokenizer.documents import ReadAhead, TooManyRejects
+
+
+def test_prefetched_keeps_order_and_raises_the_producers_error() -> None:
+    def items():
+        yield from range(1000)
+        raise ValueError("input.jsonl line 1001: not JSON")
+
+    seen = []
+    with pytest.raises(ValueError, match="line 1001"):
+        for item in ReadAhead(items(), chunk=7, depth=2):
+            seen.append(item)
+    assert seen == list(range(1000))
+
+
+def test_stopping_early_stops_the_reader() -> None:
+    produced = []
+
+    def items():
+        for i in range(10**9):
+            produced.append(i)
+            yield i
+
+    for item in ReadAhead(items(), chunk=4, depth=2):
+        if item == 10:
+            break
+    assert not [t for t in threading.enumerate() if t.name == "read"]
+    assert len(produced) < 100
+
+
+def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer, caplog, monkeypatch) -> None:
+    """Where a bar would collapse into one line, each stage logs percent, counts, tokens/s and ETA."""
+    monkeypatch.setattr(documents, "READ_AHEAD_CHARS", 10_000)  # the sample is smaller than one real chunk
+    caplog.set_level(logging.INFO, logger="tokenization.progress")
+    config = TokenizeConfig(
+        inputs=[str(sample_corpus)],
+        output=str(tmp_path / "ranks"),
+        tokenizer=str(sample_tokenizer),
+        eos_token=EOS,
+        batch_bytes=20_000,
+    )
+    tokenize_rank(config, progress=1e-9)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress"]
+    pattern = LINE.format(unit="B|kB|MB", counts="docs, [\\d,]+ tokens")
+    assert len(lines) > 5 and all(re.fullmatch(pattern, line) for line in lines), lines
+    assert lines[-1].startswith("rank 0: 100.0% of ") and " 308 docs, 64,522 tokens, " in lines[-1]
+    percents = [float(line.split(": ")[1].split("%")[0]) for line in lines]
+    assert percents == sorted(percents) and percents[0] < 50  # it follows the encoding, not the read-ahead
+
+    caplog.clear()
+    merge(MergeConfig(input=str(tmp_path / "ranks"), output=str(tmp_path / "merged"), save_filename="m"), 1e-9)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress"]
+    pattern = LINE.format(unit="tok", counts="units, [\\d,]+ tokens")
+    assert lines and all(re.fullmatch(pattern, line) for line in lines), lines
+    assert lines[-1].startswith("merge m: 100.0% of 64,522 tok, 308 units, 64,522 tokens, ")
+
+
+LINE = (
+    r"[\w ]+: \d+\.\d% of [\d,.]+ (?:{unit}), [\d,]+ {counts}, \d+\.\d\d Mtok/s, "
+    r"ETA (?:\d+:\d\d:\d\d|unknown)( \(done in [\d.]+s\))?"
+)
+
+
+def test_too_many_rejects_still_names_the_text_key_and_the_fields_the_records_have(tmp_path, sample_tokenizer):
+    """A wrong text key passes max_rejects long before the pass ends: that error, too, says what the records hold."""
+    path = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"question {i}", "response": "answer"} for i in range(5)])
+    with pytest.raises(TooManyRejects) as info:
+        count_tokens(CountConfig(inputs=[str(path)], tokenizer=str(sample_tokenizer), max_rejects=2))
+    assert str(info.value) == (
+        f"count: 3 rejected records exceed max_rejects=2; latest: {path} line 3: missing_text; by reason: "
+        f"missing_text 3; first: {path} line 1; text key 'text'; its records have the fields prompt, response"
+    )
+
+
+@pytest.mark.parametrize("stage", ["tokenize", "count"])
+def test_max_record_bytes_reaches_the_reader(tmp_path, sample_tokenizer, stage: str) -> None:
+    path = write_jsonl(tmp_path / "in.jsonl", [{"text": "short"}] * 200 + [{"text": "too long " * 10}])
+    options = {"inputs": [str(path)], "tokenizer": str(sample_tokenizer), "max_record_bytes": 50}
+    if stage == "tokenize":
+        counts = tokenize_rank(TokenizeConfig(output=str(tmp_path / "out"), eos_token=EOS, **options)).to_json()
+        rejected, written = counts["counts"]["rejected"], counts["counts"]["docs_written"]
+    else:
+        record = count_tokens(CountConfig(**options)).record
+        rejected, written = record.rejected, record.docs
+    assert rejected == {"record_too_large": 1} and written == 200

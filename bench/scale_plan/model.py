@@ -99,7 +99,9 @@ class Scenario:
     doc_tokens: float = arg(400, "mean tokens a document")
     token_bytes: int = arg(2, "bytes a token id (uint16 up to 65,536 ids)")
     save_loss: bool = arg(False, "also write .ds.loss, 1 byte a token")
-    text_bytes_per_token: float = arg(3.33, "bytes of input text a token", "README, Sizing: ~0.3 tokens a byte")
+    text_bytes_per_token: float = arg(
+        3.33, "bytes of input text a token", "docs/deployment.md, Sizing: ~0.3 tokens a byte"
+    )
     input_file_gb: float = arg(1.0, "size of an input file, GB", ASSUMED)
     cache: bool = arg(True, "the tokenization cache is on (a build's default): a rank also stores each file's tokens")
     context_window: int = arg(

@@ -2,7 +2,7 @@
 scheduler start a run by itself, and that run builds with the deployment's defaults (the default input and output)
 on the real topology (Celery, PostgreSQL, Redis, S3 behind the 503 proxy).
 
-What unpausing does (the README says it, this test asserts it): the scheduler at once creates the run of the
+What unpausing does (docs/airflow.md says it, this test asserts it): the scheduler at once creates the run of the
 slot the DAG's page shows as its next run, the latest slot at or before the moment the scheduler last planned it
 (when the DAG was deployed, or after its last run); its data interval is that instant (a cron trigger
 timetable's runs have no length). After that run, catchup being off, the next is the latest slot at the time:

@@ -310,7 +310,7 @@ def _rejoined(
     recorded: Contents,
 ) -> Contents:
     """The file's contents, from its windows as written (None: no window), the pieces ``chosen`` of them that
-    window edges cut, and its dropped tail, read alone (``formats.permute.rejoined_contents``). When they are not its
+    window edges cut, and its dropped tail, read alone (``formats.moves.rejoined_contents``). When they are not its
     record, the file is read to tell a bug of the shuffle (refused here) from a file that is not the one its stage
     wrote (its contents returned, which the caller refuses)."""
     total = int(ends[-1])

@@ -2,9 +2,9 @@
 
 The public API, as ``tokenization.NAME``: a whole build (``Build``, ``BuildConfig``), each stage as a function and
 its config, ``verify``, and ``TokenFile`` to read what they write. The layers, from the bottom: ``errors``,
-``progress``, ``options``, ``storage``, ``records``, ``formats``, ``inputs``, ``rendering``, ``tokenizer``, ``output``
-(the output protocol), ``stages`` and ``builds``; each name is loaded on first use, so that importing one layer
-does not load them all.
+``progress``, ``storage``, ``options``, ``records``, ``orderings``, ``formats``, ``rendering``, ``inputs``,
+``tokenizer``, ``output`` (the output protocol), ``stages`` and ``builds``; each name is loaded on first use, so that
+importing one layer does not load them all.
 """
 
 from __future__ import annotations

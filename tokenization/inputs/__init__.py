@@ -1,3 +1,4 @@
 """Input files as records: JSON lines and parquet, whole or a part that ranks share (``sources``, ``parts``), each
-record naming its file and line. Imports ``storage``, ``records`` and ``errors`` only.
+record naming its file and line, its text rendered (``rendering``). Imports ``rendering``, ``storage``, ``records``
+and ``errors`` only.
 """

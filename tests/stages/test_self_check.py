@@ -15,12 +15,14 @@ from tests.support.processes import cli
 from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
+from tokenization.formats import checks as checking
+from tokenization.formats.checks import Checks, OwnCheck, SelfCheckFailed
 from tokenization.formats.ds import TokenFileWriter
 from tokenization.output import manifest
 from tokenization.records import CompletionMarker, ContextManifest, MergeManifest, PseudoEnds, stage_manifest
-from tokenization.stages import verify as verifying
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
-from tokenization.stages.verify import Checks, OwnCheck, SelfCheckFailed, verify
+from tokenization.stages.verify import verify
+from tokenization.storage.folder import Folder
 
 SETTINGS = {"num_ranks": 2, "num_context_shards": 2, "context_window": 257, "merge_max_tokens_per_file": 20000}
 
@@ -34,13 +36,13 @@ def started(tmp_path, corpus, tokenizer) -> Build:
 
 def reading_no_token_file(monkeypatch) -> None:
     """From here on, reading a token file's bytes fails the test (a dataset's ``.ds.metadata`` text may be read)."""
-    blocks = verifying._blocks
+    blocks = checking._blocks
 
-    def guarded(fs, path: str, *args):
-        assert path.endswith(".metadata"), f"read {path}"
-        return blocks(fs, path, *args)
+    def guarded(folder, name: str, *args):
+        assert name.endswith(".metadata"), f"read {folder.url_of(name)}"
+        return blocks(folder, name, *args)
 
-    monkeypatch.setattr(verifying, "_blocks", guarded)
+    monkeypatch.setattr(checking, "_blocks", guarded)
 
 
 def test_each_context_task_checks_its_files_as_it_writes_them_and_publish_reads_no_token_byte(
@@ -161,7 +163,7 @@ def test_the_check_made_while_writing_finds_what_reading_the_file_finds(tmp_path
     """Blocks cut anywhere, an index entry at a block's edge given to the block before or the one after: the
     problems the writer's blocks show are those verify finds reading the family back (ids beyond the vocabulary,
     loss bytes past 1, documents ending without EOS, window ends aside), and the check names them."""
-    monkeypatch.setattr(verifying, "MAX_REPORTED", 10**6)  # every problem listed, by position
+    monkeypatch.setattr(checking, "MAX_REPORTED", 10**6)  # every problem listed, by position
     rng = np.random.default_rng(7)
     size, eos, pseudo = 6000, 7, PseudoEnds(every=50, until=4000)
     tokens = rng.integers(0, 103, size).astype(np.uint16)  # ids of 100 and more are beyond a vocabulary of 100
@@ -180,8 +182,8 @@ def test_the_check_made_while_writing_finds_what_reading_the_file_finds(tmp_path
         writer.write(tokens[start:stop], ends[given:taken] - start, loss[start:stop])
         given = taken
     entry = manifest.output_entry(writer.close(), pseudo_ends=pseudo)
-    read = verifying.Report()
-    verifying._verify_ds(verifying._Folder.open(str(tmp_path)), path.name, entry, checks, read)
+    read = checking.Report()
+    checking.verify_ds(checking.Listing.of(Folder(str(tmp_path))), path.name, entry, checks, read)
     seen = own._watched[path.name].report
     kinds = ("beyond the vocabulary", "neither 0 nor 1", "without EOS")
     assert all(any(kind in p for p in read.problems) for kind in kinds)

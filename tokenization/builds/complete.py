@@ -20,6 +20,7 @@ from tokenization.builds.plan import Plan, Run
 from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.errors import TokenizationError
 from tokenization.formats import MEGATRON, token_file_names
+from tokenization.formats.checks import Checks
 from tokenization.inputs.sources import InputError, list_input_files
 from tokenization.options import params
 from tokenization.output import manifest
@@ -40,7 +41,7 @@ from tokenization.records import (
     TokenizeSummary,
     VerifySummary,
 )
-from tokenization.stages.verify import Checks, verify
+from tokenization.stages.verify import tokenizer_checks, verify
 from tokenization.storage.files import is_local, join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ def dataset_checks(config: BuildConfig, run: Run) -> Checks:
     made before claims recorded them: from its tokenizer, loaded)."""
     facts = run.claim.tokenizer
     if facts is None:
-        return Checks.of(config.tokenizer, run.plan.record.tokenizer.eos_token)
+        return tokenizer_checks(config.tokenizer, run.plan.record.tokenizer.eos_token)
     return Checks(facts.vocab_size, facts.eos_id)
 
 

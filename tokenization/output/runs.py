@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import quote
 
 from tokenization.errors import TokenizationError, UsageError
@@ -127,19 +128,24 @@ def resolve_seed(seed: int | None, run_id: str) -> int:
 
 @dataclass(frozen=True)
 class Layout:
+    """A run folder's stage folders and build record."""
+
+    RANKS: ClassVar[str] = "ranks"
+    MERGED: ClassVar[str] = "merged"
+    CONTEXT: ClassVar[str] = "context"
     run_dir: str
 
     @property
     def ranks(self) -> str:
-        return join(self.run_dir, "ranks")
+        return join(self.run_dir, self.RANKS)
 
     @property
     def merged(self) -> str:
-        return join(self.run_dir, "merged")
+        return join(self.run_dir, self.MERGED)
 
     @property
     def context(self) -> str:
-        return join(self.run_dir, "context")
+        return join(self.run_dir, self.CONTEXT)
 
     @property
     def stages(self) -> dict[str, str]:

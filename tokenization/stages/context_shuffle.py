@@ -33,6 +33,7 @@ import numpy as np
 
 from tokenization import orderings
 from tokenization.errors import UsageError
+from tokenization.formats.checks import Checks, OwnCheck
 from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept, within
 from tokenization.formats.ds import (
     LOSS_DTYPE,
@@ -68,7 +69,6 @@ from tokenization.records import (
     PadToken,
     PseudoEnds,
 )
-from tokenization.stages.verify import Checks, OwnCheck
 from tokenization.storage.files import meanwhile, open_fs, with_storage_options
 
 log = logging.getLogger(__name__)

@@ -29,6 +29,7 @@ import orjson
 from tokenization import orderings
 from tokenization.errors import UsageError
 from tokenization.formats import names
+from tokenization.formats.checks import Checks, OwnCheck
 from tokenization.formats.contents import Contents, ShuffleCheckFailed, check_kept
 from tokenization.formats.ds import Metadata, Observer, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
 from tokenization.formats.moves import MAX_OPEN_FILES, SourcePool, contents_of, move_units, sorted_union
@@ -49,7 +50,6 @@ from tokenization.records import (
     RecordError,
     SizedInput,
 )
-from tokenization.stages.verify import Checks, OwnCheck
 from tokenization.storage.files import (
     join,
     list_names,

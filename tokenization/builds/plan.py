@@ -78,7 +78,7 @@ class Plan:
         """The plan the run's claim records, when it is the one with this ``digest`` (the run was started with it),
         or an error saying otherwise."""
         claimed = read_claim(run_dir)
-        found = claimed and cls(claimed.plan)
+        found = None if claimed is None or claimed.plan is None else cls(claimed.plan)  # read_claim: plan is set
         if found is None or found.digest != digest:
             raise BuildError(
                 f"{join(run_dir, RUN_CLAIM)}: {'missing' if found is None else f'records plan {found.digest}'}, not "

@@ -96,6 +96,7 @@ def tokenize_corpus():
         refuses ``plan()["ranks"]`` when it parses the DAG: "cannot map over XCom with custom key"), and Airflow
         counts the mapped tasks, and checks ``[core] max_map_length``, on the return value alone."""
         max_map_length = airflow_conf.getint("core", "max_map_length", fallback=tasks.MAP_LENGTH_FALLBACK)
+        params, run_id = tasks.passed(params, "params"), tasks.passed(run_id, "run_id")
         build = tasks.plan(params, run_id, dag_run.conf or {}, set(PARAMS), max_map_length)
         ti.xcom_push(key="spec", value=build.claimed.spec.to_json())
         return build.ranks
@@ -104,8 +105,10 @@ def tokenize_corpus():
     @tasks.one_line_failures
     def tokenize(spec: dict, rank: int, params: dict | None = None) -> list[str]:
         """Returns the rank's file names."""
+        params = tasks.passed(params, "params")
         context = get_current_context()
-        context["rank_label"] = rank
+        # map_index_template reads the label from the context, whose TypedDict in Airflow has no key of one's own
+        context["rank_label"] = rank  # type: ignore[typeddict-unknown-key]
         limit_hf_threads(params["threads"])  # the task's process is its own
         result = tasks.build_of(params, spec).tokenize(rank, params["progress_seconds"], attempt_owner(context))
         return result.outputs
@@ -119,22 +122,25 @@ def tokenize_corpus():
     @tasks.one_line_failures
     def merge(spec: dict, bucket: int | None, params: dict | None = None) -> list[str]:
         """Returns the merged file names: of everything (bucket None), or of one bucket."""
+        params = tasks.passed(params, "params")
         context = get_current_context()
-        context["bucket_label"] = "all" if bucket is None else bucket
+        # (the same TypedDict gap as rank_label's)
+        context["bucket_label"] = "all" if bucket is None else bucket  # type: ignore[typeddict-unknown-key]
         return tasks.build_of(params, spec).merge(bucket, params["progress_seconds"], attempt_owner(context)).outputs
 
     @task
     @tasks.one_line_failures
     def plan_context(spec: dict, params: dict | None = None) -> list[int]:
         """Returns the context-shuffle shards to map over, from the merged files on storage."""
-        return tasks.build_of(params, spec).context_shards()
+        return tasks.build_of(tasks.passed(params, "params"), spec).context_shards()
 
     @task(map_index_template="shard-{{ shard_label }}")
     @tasks.one_line_failures
     def context_shuffle(spec: dict, shard: int, shards: list, params: dict | None = None) -> list[str]:
         """Returns the shard's file names."""
+        params = tasks.passed(params, "params")
         context = get_current_context()
-        context["shard_label"] = shard
+        context["shard_label"] = shard  # type: ignore[typeddict-unknown-key]  # (the TypedDict gap as above)
         build = tasks.build_of(params, spec)
         return build.context_shuffle(shard, len(shards), params["progress_seconds"], attempt_owner(context)).outputs
 
@@ -147,7 +153,9 @@ def tokenize_corpus():
         return published
 
     ranks = plan()
-    spec = ranks["spec"]  # the run's spec, pushed besides its return value
+    # the run's spec, pushed besides its return value; a task's call gives a PlainXComArg, which Airflow types as the
+    # XComArg it derives from, which has no __getitem__
+    spec = ranks["spec"]  # type: ignore[index]
     rank_files = tokenize.partial(spec=spec).expand(rank=ranks)
     wait = ShardSensor(
         task_id="wait_for_shards",

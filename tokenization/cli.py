@@ -264,7 +264,8 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     config = from_arguments(TokenizeConfig, args)
     result = tokenize_rank(config)
     c = result.counts
-    rate = result.record.throughput.text_mb_per_s
+    throughput = result.record.throughput  # (None only in a record made before ranks measured it)
+    rate = None if throughput is None else throughput.text_mb_per_s
     print(
         f"rank {config.rank}/{config.world_size}: {c.docs_read:,} docs read, {c.docs_written:,} written, "
         f"{c.empty:,} empty, {sum(c.rejected.values()):,} rejected, {c.tokens_written:,} tokens in "
@@ -448,9 +449,10 @@ def _decode(urls: list[str], files: list[TokenFile | MegatronFile], count: int, 
     from tokenization.tokenizer.encoding import Encoder
 
     named = next((f.metadata.tokenizer for f in files if isinstance(f, TokenFile) and f.metadata), None)
-    if not (tokenizer or named):
+    name = tokenizer or named
+    if not name:
         raise TokenFileError("--decode needs --tokenizer: no metadata names one")
-    decoder = Encoder(tokenizer or named, no_eos=True).tokenizer
+    decoder = Encoder(name, no_eos=True).tokenizer
     shown = 0
     for url, f in zip(urls, files, strict=True):
         ends = _ends(f)
@@ -560,7 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes it
         return 1
     except UsageError as exc:
-        args.parser.error(as_flags(str(exc), args.parser))  # exits 2, as argparse does for its own usage errors
+        command_parser: argparse.ArgumentParser = args.parser
+        command_parser.error(as_flags(str(exc), command_parser))  # exits 2, as argparse does for its own usage errors
     except TokenizationError as exc:  # any other exception is a bug: its traceback shows where
         print(f"error: {exc}", file=sys.stderr)
         return 1

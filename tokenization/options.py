@@ -108,14 +108,14 @@ def kind_of(hint: Any) -> Kind:
 def check(config: Options) -> None:
     """Raise :class:`UsageError` naming the first field of the wrong type, out of its bounds or choices, a number
     that is not finite, or a location that reads like a URL missing a slash."""
-    for f, spec, kind in fields_of(type(config)):
+    cls: type = type(config)  # as a type, which mypy knows to be hashable (a dataclass's type[...] it doubts)
+    for f, spec, kind in fields_of(cls):
         value = getattr(config, f.name)
         if value is None:
             if not kind.optional:
                 raise UsageError(f"{f.name} is required")
             continue
-        accepted = (int, float) if kind.base is float else kind.base
-        if not isinstance(value, accepted) or (isinstance(value, bool) and kind.base is not bool):
+        if not _of_kind(value, kind):  # a function: value stays Any to the checks below, which its kind decides
             raise UsageError(f"{f.name} must be {_article(kind.base)}, got {value!r}")
         if kind.choices and value not in kind.choices:
             raise UsageError(f"{f.name} must be one of {', '.join(map(str, kind.choices))}, got {value!r}")
@@ -132,6 +132,12 @@ def check(config: Options) -> None:
             for location in value if isinstance(value, list) else [value]:
                 if wrong := malformed_url(location):
                     raise UsageError(f"{f.name} {wrong}")
+
+
+def _of_kind(value: object, kind: Kind) -> bool:
+    """Whether a field's value has its type: a float field takes an int too, and only a bool field takes a bool."""
+    accepted = (int, float) if kind.base is float else kind.base
+    return isinstance(value, accepted) and not (isinstance(value, bool) and kind.base is not bool)
 
 
 def bounds(spec: Spec, kind: Kind) -> tuple[float | None, float | None]:

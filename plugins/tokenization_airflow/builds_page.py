@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -83,7 +83,7 @@ def list_builds(dag_id: str, limit: int = RUNS_SHOWN) -> list[dict]:
         newest = (DagRun.start_date.desc().nulls_first(), DagRun.run_after.desc())
         runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id).order_by(*newest).limit(limit)).all()
         run_ids = [r.run_id for r in runs]
-        published = dict(
+        published: dict[str, Any] = dict(  # run id: what its publish task returned
             session.execute(
                 select(XComModel.run_id, XComModel.value).where(
                     XComModel.dag_id == dag_id,
@@ -178,7 +178,7 @@ async def refusal(request: Request, exc: HTTPException) -> Response:
     if "text/html" not in request.headers.get("accept", ""):
         return await http_exception_handler(request, exc)
     page = render("refusal.html.j2", status=exc.status_code, detail=exc.detail)
-    return HTMLResponse(page, status_code=exc.status_code, headers=(exc.headers or {}) | SECURITY_HEADERS)
+    return HTMLResponse(page, status_code=exc.status_code, headers={**(exc.headers or {}), **SECURITY_HEADERS})
 
 
 @app.get("/api/builds")

@@ -12,7 +12,8 @@ process-wide configuration.
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from tokenization.errors import TokenizationError
 
@@ -31,14 +32,15 @@ def storage_options(conn_id: str | None, lookup: Literal["task", "secrets"] = "t
     backends and the metadata database in the api-server (where the builds page reads reports)."""
     from airflow.sdk.exceptions import AirflowNotFoundException
 
+    get: Callable[[str], Any]  # a connection of the Task SDK's, or of the metadata database's (their attributes alike)
     if lookup == "task":
         from airflow.sdk import Connection
 
         get = Connection.get
     else:
-        from airflow.models.connection import Connection
+        from airflow.models.connection import Connection as StoredConnection
 
-        get = Connection.get_connection_from_secrets
+        get = StoredConnection.get_connection_from_secrets
     options: dict = {"config_kwargs": {"retries": RETRIES}}
     conn = None
     if conn_id:

@@ -4,7 +4,9 @@ needs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import MISSING
+from typing import Any
 
 from airflow.sdk import Param
 
@@ -15,7 +17,7 @@ FIRST = ("input", "output", "tokenizer")  # the trigger form opens with what eve
 AIRFLOW = "Airflow"  # the section of the params that only the DAG has
 
 
-def build_params(defaults: dict[str, object]) -> dict[str, Param]:
+def build_params(defaults: Mapping[str, object]) -> dict[str, Param]:
     """A Param for every field of ``BuildConfig`` offered as one; ``defaults`` (the deployment's input, output and
     tokenizer) replace the library's."""
     made = {}
@@ -24,7 +26,7 @@ def build_params(defaults: dict[str, object]) -> dict[str, Param]:
             continue
         default = defaults.get(f.name, None if f.default is MISSING else f.default)
         heading = None if f.name in FIRST else section(BuildConfig, f.name)  # FIRST opens the form, unsectioned
-        extra = {"section": heading} if heading else {}
+        extra: dict[str, Any] = {"section": heading} if heading else {}  # (Param's keyword arguments are Any)
         made[f.name] = Param(default, title=spec.title, description=spec.help, **json_schema(f, spec, kind), **extra)
     return {name: made[name] for name in FIRST} | {k: v for k, v in made.items() if k not in FIRST}
 

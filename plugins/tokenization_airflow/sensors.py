@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout
@@ -133,7 +134,7 @@ class ShardTrigger(BaseTrigger):
         deadline: float,
     ):
         super().__init__()
-        self.kwargs = {
+        self.kwargs: dict[str, Any] = {
             "params": params,
             "spec": spec,
             "dag_id": dag_id,
@@ -149,7 +150,8 @@ class ShardTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         k = self.kwargs
         run = (k["dag_id"], k["run_id"], k["ranks_task_id"])
-        build, last = None, {}  # the run's build once made; the missing ranks last seen
+        build: Build | None = None  # the run's build once made
+        last: dict[int, str] = {}  # the missing ranks last seen
         while True:
             try:
                 build = build or await sync_to_async(build_of)(k["params"], k["spec"])

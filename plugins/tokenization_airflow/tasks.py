@@ -37,6 +37,7 @@ FAILURE_KEY = "failure"  # the XCom holding a failed try's one-line cause
 FAILURE_CHARS = 2000  # of it: a cause is a line, not a log
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class PlanError(TokenizationError):
@@ -115,6 +116,13 @@ def plan(params: dict, run_id: str, conf: dict, declared: set[str], max_map_leng
     build = Build.start(config, run_id, deployment().allowed_locations)
     build.unpublish()  # a run cleared whole rewrites its files: it is not complete until it publishes again
     return build
+
+
+def passed(value: T | None, name: str) -> T:
+    """What Airflow passes a task by its parameter's ``name`` (``params``, ``run_id``): None only outside a run."""
+    if value is None:
+        raise RuntimeError(f"the task was passed no {name}: Airflow passes it to every task of a run")
+    return value
 
 
 def build_of(params: dict, spec: dict) -> Build:

@@ -15,7 +15,15 @@ from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFileError
 from tokenization.output import manifest
 from tokenization.output.runs import BuildError, Layout, claim, folder_for
-from tokenization.records import PlannedInputs, PlannedTokenizer, PlanRecord, StageSummary, TokenizeSummary
+from tokenization.records import (
+    ContextCounts,
+    MergeCounts,
+    PlannedInputs,
+    PlannedTokenizer,
+    PlanRecord,
+    StageSummary,
+    TokenizeSummary,
+)
 
 
 def test_run_ids_map_to_folders_one_to_one() -> None:
@@ -84,8 +92,8 @@ def test_tokens_must_add_up_from_stage_to_stage(tmp_path, sample_corpus, sample_
     ranks_total = sum(m.counts.tokens_written for m in manifests)
     stages = StageSummary(
         tokenize=TokenizeSummary(ranks=2, input_files=4, **asdict(conservation(manifests))),
-        merge=stage_counts(layout.merged),
-        context_shuffle=stage_counts(layout.context),
+        merge=stage_counts(layout.merged, MergeCounts),
+        context_shuffle=stage_counts(layout.context, ContextCounts),
     )
     assert stages.context_shuffle is None
     assert token_flow(ranks_total, stages, ranks_total) == {"tokenize": ranks_total, "merge": ranks_total}

@@ -21,6 +21,7 @@ from tokenization.records import (
     BuildInputs,
     BuildRecord,
     BuildTokenizer,
+    MergeCounts,
     StageSummary,
     TokenizeSummary,
     VerifySummary,
@@ -67,7 +68,7 @@ def small_build(tmp_path_factory) -> tuple[str, BuildRecord]:
         files=[entry["name"] for entry in merge["outputs"]],
         stages=StageSummary(
             tokenize=TokenizeSummary(ranks=2, input_files=4, **asdict(balance)),
-            merge=stage_counts(str(run_dir / "merged")),
+            merge=stage_counts(str(run_dir / "merged"), MergeCounts),
         ),
         verify=VerifySummary(ok=True, files=len(merge["outputs"]), tokens=tokens, notes=[f"a note {HOSTILE}"]),
     )

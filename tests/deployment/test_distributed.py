@@ -27,7 +27,7 @@ from tests.support.tokenizers import EOS
 from tokenization.builds.accounting import stage_counts
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.records import RankManifest
+from tokenization.records import MergeCounts, RankManifest
 from tokenization.stages.verify import verify
 from tokenization.storage.files import using
 
@@ -161,7 +161,7 @@ def test_celery_deployment_with_s3_a_cleared_rank_a_killed_merge_worker_and_one_
         assert len(served) == 4
         with using({"s3": options}):  # the retry kept the dead attempt's file, and its records describe no mix
             merged_folder = f"s3://corpus/builds/{killed}/merged"
-            assert stage_counts(merged_folder).resumed_files == 1
+            assert stage_counts(merged_folder, MergeCounts).resumed_files == 1
             records_alone = verify(merged_folder, str(sample_tokenizer), EOS)  # its files went once published
             assert records_alone.ok and records_alone.files == 0
         s3.invalidate_cache()

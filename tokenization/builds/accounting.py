@@ -9,7 +9,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -184,12 +184,12 @@ def cache_summary(rank_manifests: list[RankManifest]) -> CacheSummary | None:
     )
 
 
-def stage_counts(folder: str) -> C | None:
-    """The counts of every completed stage manifest of a folder (the merge's one, or all context shards'),
-    summed; None when the folder holds none."""
+def stage_counts(folder: str, kind: type[C]) -> C | None:
+    """The counts (of this ``kind``) of every completed stage manifest of a folder (the merge's one, or all context
+    shards'), summed; None when the folder holds none."""
     fs, path = open_fs(folder)
     markers = manifest.completion_markers(fs, path)
-    counts = []
+    counts: list[C] = []
     for batch in in_batches([join(path, marker.manifest) for marker in markers.values()]):
         for where, data in read_many(fs, batch).items():  # a batch's manifests at once: one per task of a stage
             if data is None:
@@ -197,10 +197,14 @@ def stage_counts(folder: str) -> C | None:
             record = stage_manifest(data, where)
             if not isinstance(record, MergeManifest | ContextManifest):
                 raise RecordError(where, f"a {type(record).__name__}, not a merge or context-shuffle manifest")
+            if not isinstance(record.counts, kind):
+                raise RecordError(where, f"a {type(record).__name__}, in a folder of {kind.__name__} manifests")
             counts.append(record.counts)
     if not counts:
         return None
-    return type(counts[0])(**{f.name: _total([getattr(c, f.name) for c in counts]) for f in fields(counts[0])})
+    # each field's total has the field's type (``_total``)
+    totals: dict[str, Any] = {f.name: _total([getattr(c, f.name) for c in counts]) for f in fields(counts[0])}
+    return kind(**totals)
 
 
 def _total(values: list) -> int | list[int] | ContentsSum | None:
@@ -222,11 +226,13 @@ def contents_flow(tokenize: TokenizeSummary, stages: StageSummary, chunked: bool
     if read is not None and read.pieces != tokenize.docs_out:
         raise BuildError(f"the ranks wrote {tokenize.docs_out:,} documents, but read {read.value.describe()}")
     merge, context = stages.merge, stages.context_shuffle
+    merge_in, merge_out = (None, None) if merge is None else (merge.contents_in, merge.contents_out)
+    context_in = None if context is None else context.contents_in
     links = [
         ("the ranks read", read, "they wrote", None if chunked else tokenize.contents_out),
-        ("the ranks wrote", tokenize.contents_out, "the merge read", merge and merge.contents_in),
-        ("the merge read", merge and merge.contents_in, "it wrote", merge and merge.contents_out),
-        ("the merge wrote", merge and merge.contents_out, "the context shuffle read", context and context.contents_in),
+        ("the ranks wrote", tokenize.contents_out, "the merge read", merge_in),
+        ("the merge read", merge_in, "it wrote", merge_out),
+        ("the merge wrote", merge_out, "the context shuffle read", context_in),
     ]
     for what, given, other, taken in links:
         if given is not None and taken is not None and given != taken:

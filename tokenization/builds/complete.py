@@ -35,6 +35,8 @@ from tokenization.records import (
     CacheCleaning,
     CacheSummary,
     ContentsSum,
+    ContextCounts,
+    MergeCounts,
     ReportFiles,
     Retention,
     StageSummary,
@@ -76,7 +78,7 @@ class Published:
             seed=record.seed,
             tokenizer=record.tokenizer.name,
             input=record.input,
-            reused=record.cache and record.cache.reused,
+            reused=None if record.cache is None else record.cache.reused,
             footprint=record.footprint,
         )
 
@@ -110,7 +112,7 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
         newest = point_latest(config.output)
         deleted = expire(config.output, keep, {newest, run_dir}) if keep else []
         cleaned = _clean_cache(config) if keep else None
-        if deleted or (cleaned and cleaned.entries):
+        if keep and (deleted or (cleaned and cleaned.entries)):  # (neither without keep)
             write_report(run_dir, record, Retention(keep=keep, deleted=deleted, cache=cleaned))
         footprint.remove(Layout(run_dir), record.removed)
     log.info("published %s: %d tokens; report %s", record.dataset, record.tokens, REPORT_HTML)
@@ -170,7 +172,8 @@ def unpublish(config: BuildConfig, run: Run) -> None:
 def build_record(config: BuildConfig, run: Run) -> BuildRecord:
     """The record of a build whose dataset verifies and whose books hold; a BuildError says what does not."""
     layout = Layout(run.run_dir)
-    merged, context = accounting.stage_counts(layout.merged), accounting.stage_counts(layout.context)
+    merged = accounting.stage_counts(layout.merged, MergeCounts)
+    context = accounting.stage_counts(layout.context, ContextCounts)
     dataset = layout.context if context else layout.merged if config.output_format == "ds" else layout.ranks
     removed = [] if config.keep_intermediate else footprint.intermediate(layout, dataset)
     checked = verify(dataset, checks=dataset_checks(config, run), vouched=True)

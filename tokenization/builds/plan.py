@@ -137,7 +137,8 @@ class Run:
 
     @cached_property
     def plan(self) -> Plan:
-        assert self.claim.plan is not None  # read_claim refuses a claim without one
+        if self.claim.plan is None:  # read_claim refuses such a claim (an older version's) before it gets here
+            raise BuildError(f"{join(self.run_dir, RUN_CLAIM)}: records no plan")
         return Plan(self.claim.plan)
 
     @property
@@ -149,7 +150,7 @@ class Run:
         """The run ``spec`` names, read from its claim, when the claim records the plan with the spec's digest (the
         plan the run was started with); else an error saying the run folder was replaced since."""
         claimed = read_claim(spec.run_dir)
-        run = claimed and cls(spec.run_dir, claimed)
+        run = None if claimed is None else cls(spec.run_dir, claimed)
         if run is None or run.plan.digest != spec.digest:
             raise BuildError(
                 f"{join(spec.run_dir, RUN_CLAIM)}: {'missing' if run is None else f'records plan {run.plan.digest}'}, "

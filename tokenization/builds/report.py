@@ -188,9 +188,10 @@ def _settings(build: BuildRecord) -> dict:
 def _loss(ranks: list[RankManifest]) -> dict:
     """Tokens that carry loss, and their share of the tokens encoded; None without loss masks (or from a build
     made before ranks counted them)."""
-    if not all(r.saves_loss and r.counts.loss_tokens is not None for r in ranks):
+    counted = [r.counts.loss_tokens for r in ranks if r.saves_loss and r.counts.loss_tokens is not None]
+    if len(counted) < len(ranks):
         return {"tokens": None, "share": None}
-    tokens = sum(r.counts.loss_tokens for r in ranks)
+    tokens = sum(counted)
     encoded = sum(r.counts.tokens for r in ranks)
     return {"tokens": tokens, "share": tokens / encoded if encoded else None}
 

@@ -93,7 +93,7 @@ class Build:
             encoder = config.encoder()
             renderer = config.renderer(encoder)
             seed = resolve_seed(config.seed, run_id)
-            rendering = renderer and renderer.sha256
+            rendering = None if renderer is None else renderer.sha256
             planned = listing if read_claim(run_dir) else with_content(listing)  # a re-run hashes no file again
             proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned)
             if config.cache_location:  # before the run's claim: a folder that is no cache is refused first
@@ -177,7 +177,7 @@ class Build:
 
     def merge(
         self, bucket: int | None = None, progress: ProgressMode = None, owner: str | None = None
-    ) -> StageResult[MergeCounts]:
+    ) -> StageResult[MergeCounts, MergeManifest]:
         """The global merge of every rank file, or of one bucket of them."""
         config = MergeConfig(
             input=self.layout.ranks,
@@ -210,7 +210,7 @@ class Build:
 
     def context_shuffle(
         self, shard: int, num_shards: int, progress: ProgressMode = None, owner: str | None = None
-    ) -> StageResult[ContextCounts]:
+    ) -> StageResult[ContextCounts, ContextManifest]:
         pad_token, pad_id = self.pad() if self.config.context_mode == "packed" else (None, None)
         config = ContextShuffleConfig(
             input=self.layout.merged,
@@ -233,12 +233,15 @@ class Build:
         with using(self.config.storage_options):
             own = TokenizerFile.load(self.config.tokenizer, self.claimed.claim.tokenizer).pad()
         facts = self.claimed.claim.tokenizer
-        if own is None and (facts is None or facts.eos_id is None):
+        if own is not None:
+            pad = own
+        elif facts is not None and facts.eos_token is not None and facts.eos_id is not None:  # (set together)
+            pad = (facts.eos_token, facts.eos_id)
+        else:
             raise BuildError(
                 f"{self.config.tokenizer}: packed windows need a pad token; it has none, and the build "
                 "writes no EOS to pad with"
             )
-        pad = own or (facts.eos_token, facts.eos_id)
         log.info("packed windows are padded with %r (id %d), %s", *pad, "its pad token" if own else "its EOS")
         return pad
 

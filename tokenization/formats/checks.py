@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -102,7 +103,7 @@ class OwnCheck:
         self.notes: list[str] = []
         self._watched: dict[str, _Watched] = {}
 
-    def watch(self, path: Path, pseudo: PseudoEnds | str | None) -> Observer:
+    def watch(self, path: Path, pseudo: PseudoEnds | Literal["unknown"] | None) -> Observer:
         """The observer for the writer of the family at ``path`` (``TokenFileWriter``'s ``observe``); ``pseudo``:
         its entries that are chunk or window boundaries, as its manifest entry will say."""
         watched = self._watched[path.name] = _Watched(self.checks, str(path), pseudo)
@@ -143,7 +144,7 @@ class _Watched:
     """One family's blocks checked as its writer writes them, on the writer's hashing thread, as verify checks the
     blocks it reads; an index entry at a block's start ends the block before, whose last token is kept."""
 
-    def __init__(self, checks: Checks, label: str, pseudo: PseudoEnds | str | None):
+    def __init__(self, checks: Checks, label: str, pseudo: PseudoEnds | Literal["unknown"] | None):
         self.checks, self.label, self.pseudo = checks, label, pseudo
         self.report = Report()
         self.tokens = 0
@@ -276,10 +277,11 @@ def verify_ds(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
     if frame is None:
         return
     label, ends, aligned = listed.label(name), frame.ends, frame.aligned
-    pseudo = entry and entry.pseudo_ends
+    pseudo = None if entry is None else entry.pseudo_ends
     items = BLOCK_BYTES // frame.token_size  # tokens a block, and loss bytes
     digest, loss_digest, held = hashlib.sha256(), hashlib.sha256(), ContentsHasher()
     token_blocks = _blocks(listed.folder, name, token_dtype(frame.token_size), digest, items)
+    loss_blocks: Iterator[tuple[int, np.ndarray | None]]
     if frame.has_loss and aligned:
         loss_blocks = _blocks(listed.folder, name + ".loss", LOSS_DTYPE, loss_digest, items)
     else:
@@ -324,7 +326,7 @@ def verify_megatron(listed: Listing, name: str, entry: OutputEntry | None, check
     _check_counts(entry, total, len(lengths), label, report)
     digest, held = hashlib.sha256(), ContentsHasher()
     for offset, block in _blocks(listed.folder, name, mg.dtype, digest, BLOCK_BYTES // mg.dtype.itemsize):
-        _check_tokens(block, offset, ends, entry and entry.pseudo_ends, label, checks, report)
+        _check_tokens(block, offset, ends, None if entry is None else entry.pseudo_ends, label, checks, report)
         held.add(block, within(ends, offset, offset + len(block)))
     listed.digests[name] = digest.hexdigest()
     _check_held(entry, held.result(), label, report)
@@ -365,7 +367,7 @@ def _check_tokens(
     block: np.ndarray,
     offset: int,
     ends: np.ndarray,
-    pseudo: PseudoEnds | str | None,
+    pseudo: PseudoEnds | Literal["unknown"] | None,
     label: str,
     checks: Checks,
     report: Report,
@@ -392,7 +394,7 @@ def _check_ids(block: np.ndarray, offset: int, label: str, checks: Checks, repor
 def _check_eos(
     entries: np.ndarray,
     last_tokens: np.ndarray,
-    pseudo: PseudoEnds | str | None,
+    pseudo: PseudoEnds | Literal["unknown"] | None,
     first: bool,
     label: str,
     checks: Checks,

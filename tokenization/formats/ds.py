@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
@@ -155,6 +155,19 @@ class FinishOrAbandon(ABC):
         """Release the handles without finishing; safe to call after a ``close`` that failed half way."""
 
 
+class TokenWriter(Protocol):
+    """What a :class:`SplitWriter` writes each file with: a :class:`TokenFileWriter`, or a writer of another
+    format with its interface (``formats.megatron.MegatronWriter``)."""
+
+    tokens: int
+
+    def write(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None = None) -> None: ...
+
+    def close(self) -> WrittenTokenFile: ...
+
+    def abandon(self) -> None: ...
+
+
 class InOrder:
     """Calls run one after another on a thread of its own, at most one waiting, so that they overlap with the
     caller's work; a call on fewer than ``INLINE_BYTES`` runs on the caller's thread instead, since starting the
@@ -207,7 +220,8 @@ class HashedFile(FinishOrAbandon):
         self.written: WrittenFile | None = None
 
     def write(self, data: np.ndarray) -> None:
-        view = memoryview(np.ascontiguousarray(data)).cast("B")
+        # numpy declares ndarray's buffer protocol (__buffer__) for Python 3.12 and later only
+        view = memoryview(np.ascontiguousarray(data)).cast("B")  # type: ignore[arg-type]
         with writing(self.path):
             self._writer.run(len(view), self._append, view, self.size)  # raises a full disk here, say
         self._hasher.run(len(view), self.digest.update, view)
@@ -288,7 +302,7 @@ class TokenFileWriter(FinishOrAbandon):
             raise ValueError("loss bytes must be given exactly when the writer saves loss")
         tokens = tokens.astype(self.dtype, copy=False)
         self._ds.write(tokens)
-        if self._loss is not None:
+        if self._loss is not None and loss is not None:  # both or neither, as checked above
             loss = loss.astype(LOSS_DTYPE, copy=False)
             self._loss.write(loss)
         ends = np.asarray(ends, dtype=np.int64)
@@ -373,6 +387,13 @@ class TokenFile:
         self.token_size = token_size
         self.dtype = token_dtype(token_size)
 
+    @property
+    def tokenizer(self) -> str:
+        """The tokenizer its ``.metadata`` names (a file opened without one, by its token size, names none)."""
+        if self.metadata is None:
+            raise TokenFileError(f"{self.url}.metadata is missing: it names the tokenizer")
+        return self.metadata.tokenizer
+
     def _read_metadata(self) -> Metadata | None:
         if not self.exists(".metadata"):
             return None
@@ -454,13 +475,13 @@ class SplitWriter(FinishOrAbandon):
         if keep_pieces is not None:  # a TokenFileWriter's option, for a stream written into one file
             self.options["keep_pieces"] = keep_pieces
         self.max_tokens = max_tokens
-        self.side = "left" if close_at_limit else "right"
+        self.side: Literal["left", "right"] = "left" if close_at_limit else "right"
         self.on_close = on_close
         self.writer_class = writer_class
         self.observe = observe  # the observer of each file, by its path (``TokenFileWriter``)
         self.written: list[WrittenTokenFile] = []
         self.units = 0
-        self._current: FinishOrAbandon | None = None  # a writer_class: TokenFileWriter or one with its interface
+        self._current: TokenWriter | None = None  # a writer_class: TokenFileWriter or one with its interface
 
     def write(self, tokens: np.ndarray, unit_ends: np.ndarray, index_ends: np.ndarray, loss: np.ndarray | None) -> None:
         """Append whole units. ``unit_ends`` and ``index_ends`` are relative to ``tokens`` and sorted; every unit
@@ -485,6 +506,8 @@ class SplitWriter(FinishOrAbandon):
                 self._finish()
 
     def _finish(self) -> None:
+        if self._current is None:
+            raise RuntimeError("SplitWriter: no file is open to finish")
         written = self._current.close()
         self._current = None
         self.written.append(written)

@@ -29,8 +29,8 @@ from tokenization.storage.files import open_fs
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")
-CODES = {2: (8, np.dtype("<u2")), 4: (4, np.dtype("<i4"))}
-DTYPES = {
+CODES: dict[int, tuple[int, np.dtype]] = {2: (8, np.dtype("<u2")), 4: (4, np.dtype("<i4"))}
+DTYPES: dict[int, np.dtype] = {
     8: np.dtype("<u2"),
     4: np.dtype("<i4"),
     1: np.dtype("u1"),

@@ -180,7 +180,8 @@ class _Source:
     def pread_span(self, which: int, start: int, stop: int) -> np.ndarray:
         """Items ``[start, stop)`` of file ``which`` (0 tokens, 1 loss) in a new array; a short file is an error."""
         out = np.empty(stop - start, self.dtypes[which])
-        view, offset = memoryview(out).cast("B"), start * out.itemsize
+        # numpy declares ndarray's buffer protocol (__buffer__) for Python 3.12 and later only
+        view, offset = memoryview(out).cast("B"), start * out.itemsize  # type: ignore[arg-type]
         while len(view):
             got = os.preadv(self.fds[which], [view], offset)
             if got == 0:
@@ -195,7 +196,8 @@ class _Source:
         size = self.dtypes[which].itemsize
         bounds = np.concatenate([[0], np.cumsum(ends - starts)]) * size
         out = np.empty(int(bounds[-1]), np.uint8)
-        places = map(memoryview(out).__getitem__, map(slice, bounds[:-1].tolist(), bounds[1:].tolist()))
+        # numpy declares ndarray's buffer protocol (__buffer__) for Python 3.12 and later only
+        places = map(memoryview(out).__getitem__, map(slice, bounds[:-1].tolist(), bounds[1:].tolist()))  # type: ignore[arg-type]
         got = sum(map(os.preadv, repeat(self.fds[which]), zip(places), (starts * size).tolist()))
         if got != len(out):
             raise TokenFileError(f"{self.paths[which]}: ends before byte {int(ends.max()) * size}")
@@ -381,6 +383,8 @@ def _copy_block(pool, source, starts, ends, rel_ends, writer, inner) -> None:
     order = np.empty_like(by_source)
     order[by_source] = np.arange(len(by_source))  # output unit j is unit order[j] of the parts, end to end
     tokens, loss = (_in_order([p[k] for p in parts], order) for k in (0, 1))
+    if tokens is None:
+        raise RuntimeError("a block's tokens were not read")  # _read_units reads them always; loss only if kept
     index = rel_ends if inner is None else np.sort(np.concatenate(moved))
     writer.write(tokens.view(pool.dtype), rel_ends, index, loss)
 

@@ -11,7 +11,7 @@ import io
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from gzip import BadGzipFile
@@ -470,7 +470,7 @@ class DocumentReader:
                 current = 0
         return self._done_bytes + current
 
-    def __iter__(self) -> Iterator[Record | Rejected]:
+    def __iter__(self) -> Generator[Record | Rejected, None, None]:  # (a generator: callers close it)
         for file in self.files:
             kind, compression = file_format(file.url)
             self._span = file.span
@@ -478,7 +478,7 @@ class DocumentReader:
             self._done_bytes += file.span_bytes
             self._raw = None
 
-    def _parse(self, obj: object, url: str, line: int, raw: bytes | str) -> Record | Rejected:
+    def _parse(self, obj: object, url: str, line: int, raw: bytes | bytearray | str) -> Record | Rejected:
         def reject(reason: str) -> Rejected:
             text = raw if isinstance(raw, str) else raw.decode("utf-8", "backslashreplace")
             return Rejected(url, line, reason, text.rstrip("\n"))
@@ -535,7 +535,8 @@ class DocumentReader:
                         f"{url}: 0 bytes: an empty compressed file is truncated (a valid {compression} stream has a "
                         "header); an empty input should be an empty .jsonl"
                     )
-            except (EOFError, BadGzipFile, isal_zlib.error, zstandard.ZstdError) as exc:
+            # isal's stubs declare ``isal_zlib.error`` an Exception instance; it is a class (igzip_lib.IsalError)
+            except (EOFError, BadGzipFile, isal_zlib.error, zstandard.ZstdError) as exc:  # type: ignore[misc]
                 where = f"after line {line_no} (the last good line)" if line_no else "before its first line"
                 raise InputError(
                     f"{url}: corrupt or truncated {compression or 'file'} data {where}; {type(exc).__name__}: {exc}"
@@ -574,7 +575,7 @@ class DocumentReader:
             raise InputError(f"{url}: unreadable parquet after row {row}; {type(exc).__name__}: {exc}") from exc
 
 
-def _decompressed(raw: io.IOBase, compression: str | None) -> io.BufferedIOBase:
+def _decompressed(raw: io.RawIOBase | io.BufferedIOBase, compression: str | None) -> io.BufferedIOBase:
     """The file's bytes, decompressed, from a reader whose ``readline`` takes a limit (a remote fsspec file's
     does not)."""
     if compression == "gzip":  # ISA-L inflates ~3x faster than zlib: the reader keeps up with the encoder
@@ -609,7 +610,7 @@ def _long_line(stream: io.BufferedIOBase, start: bytes, limit: int) -> bytearray
     return _oversized(stream, line)
 
 
-def _oversized(stream: io.BufferedIOBase, line: bytearray) -> _Oversized:
+def _oversized(stream: io.BufferedIOBase, line: bytes | bytearray) -> _Oversized:
     """Reads the rest of a line that ``line`` begins by ``READ_BUFFER`` bytes, keeping its first
     ``RAW_HEAD_BYTES`` only."""
     size, head = len(line), line[:RAW_HEAD_BYTES]

@@ -60,6 +60,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import TypeVar
 
 import fsspec
 import orjson
@@ -83,6 +84,8 @@ from tokenization.storage.files import (
     write_bytes_atomic,
     writing,
 )
+
+M = TypeVar("M", bound=StageManifest)  # a stage's own manifest
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +265,8 @@ class ObjectLease(_Lease):
     def _write(self, *, absent: bool = False, etag: str | None = None) -> None:
         """Write the lease, with the next renewal number, under a condition. A condition that fails raises
         ``_Taken`` naming the holder, unless the lease is our own (a write retried after a lost response)."""
+        if self.holder is None:
+            raise RuntimeError(f"{self.path}: a lease is written only once acquired, by its holder")
         sent = time.monotonic()
         self._renewals += 1
         body = orjson.dumps(asdict(self.holder) | {"renewal": self._renewals})
@@ -419,7 +424,7 @@ class Attempt:
         except FileExistsError as exc:
             raise self.lease.lose(f"{path} was changed by another attempt after this one confirmed its lease") from exc
 
-    def commit(self, record: StageManifest, files: dict[str, FileSum]) -> StageManifest:
+    def commit(self, record: M, files: dict[str, FileSum]) -> M:
         """Write the manifest, then the marker that names this attempt, the manifest's sha256 and every file it
         published: the marker is the last file and only the lease holder writes it (on S3, only where no marker
         is: the old one was removed when this attempt began). Returns the manifest as written."""
@@ -458,16 +463,17 @@ def attempt_at(
         landing = landing_base / f"{stem}{ATTEMPT_MARK}{holder.attempt}" if landing_base else None
         attempt = Attempt(fs, out_path, stem, holder, work, landing, lease)
         lease.confirm()  # earlier attempts' leftovers are ours to remove only while the lease is ours
-        for folder in {base, landing_base} - {None}:
+        for folder in {f for f in (base, landing_base) if f is not None}:
             _remove_leftovers(folder, stem)
         attempt.remove(manifest.marker_name(stem))  # from now until the new marker: not complete
-        for folder in {work, landing} - {None}:
+        folders = {f for f in (work, landing) if f is not None}
+        for folder in folders:
             with writing(folder):
                 _make_staging(folder)
         try:
             yield attempt
         finally:
-            for folder in {work, landing} - {None}:
+            for folder in folders:
                 shutil.rmtree(folder, ignore_errors=True)
                 with contextlib.suppress(OSError):  # other stems may still be working there
                     folder.parent.rmdir()

@@ -14,9 +14,9 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import resource
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import fsspec
 import numpy as np
@@ -33,6 +33,7 @@ from tokenization.records import (
     PseudoEnds,
     RankManifest,
     StageManifest,
+    StageRecord,
     Throughput,
     stage_manifest,
 )
@@ -84,7 +85,8 @@ def provenance(config: Options, seconds: float) -> dict:
 
 
 C = TypeVar("C")
-R = TypeVar("R")
+R = TypeVar("R", bound=StageRecord)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class StageResult(Generic[C, R]):
         return sum(entry.tokens for entry in self._entries)
 
     @property
-    def _entries(self) -> list[OutputEntry]:
+    def _entries(self) -> Sequence[OutputEntry]:
         return self.record.outputs if isinstance(self.record, StageManifest) else []  # a count writes no files
 
     @property
@@ -138,7 +140,15 @@ def pseudo_ends(start: int, tokens: int, every: int | None, until: int) -> Pseud
 E = TypeVar("E", bound=OutputEntry)
 
 
-def output_entry(written: WrittenTokenFile, kind: type[E] = OutputEntry, **fields: object) -> E:
+@overload
+def output_entry(written: WrittenTokenFile, **fields: Any) -> OutputEntry: ...
+
+
+@overload
+def output_entry(written: WrittenTokenFile, kind: type[E], **fields: Any) -> E: ...
+
+
+def output_entry(written: WrittenTokenFile, kind: type[OutputEntry] = OutputEntry, **fields: Any) -> OutputEntry:
     """A written file family as a manifest lists it (``kind``: a stage's own entry, with its ``fields``)."""
     files = {written.published(f.name): FileSum(bytes=f.bytes, sha256=f.sha256) for f in written.files}
     contents = ContentsSum.of(written.contents)
@@ -186,7 +196,7 @@ def stage_records(folder: str, within: str | None = None) -> list[StageManifest 
     return [record if within is None else _only_within(record, within) for record in records]
 
 
-def _only_within(record: R, within: str) -> R:
+def _only_within(record: T, within: str) -> T:
     if isinstance(record, StageManifest):
         return replace(record, outputs=[e for e in record.outputs if e.name.startswith(f"{within}/")])
     if isinstance(record, CompletionMarker):
@@ -195,8 +205,8 @@ def _only_within(record: R, within: str) -> R:
 
 
 def _read_listed(
-    fs: fsspec.AbstractFileSystem, paths: list[str], parse: Callable[[bytes, str], R]
-) -> Iterator[tuple[str, R]]:
+    fs: fsspec.AbstractFileSystem, paths: list[str], parse: Callable[[bytes, str], T]
+) -> Iterator[tuple[str, T]]:
     """The records at ``paths``, each with its path, read a batch at a time, concurrently; one removed since the
     listing (an attempt starting) is left out."""
     for batch in in_batches(paths):

@@ -91,6 +91,8 @@ def claim(folder: str, run_id: str, plan: PlanRecord, tokenizer: TokenizerFacts 
             return made
         except FileExistsError:  # another task claimed it a moment ago: see whose claim it is
             owner = read_claim(folder)
+            if owner is None:
+                raise BuildError(f"{folder}: a claim written a moment ago by another task is gone again") from None
     if owner.run_id != run_id:
         raise BuildError(
             f"{folder} holds the output of run {owner.run_id!r}, not of {run_id!r}: two runs never share a "

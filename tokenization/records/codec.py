@@ -176,7 +176,7 @@ def _decode(hint: Any, value: object, reading: _Reading, at: str) -> Any:
         if value not in get_args(hint):
             raise reading.error(at, f"is {shown(value)}, not one of {', '.join(map(shown, get_args(hint)))}")
         return value
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a record's class (a hint is never an instance)
         if not isinstance(value, dict):
             raise reading.error(at, f"is {shown(value)}, not an object")
         return _decode_record(hint, value, reading, at)

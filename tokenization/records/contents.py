@@ -64,4 +64,5 @@ class ContentsSum(Record):
     def total(cls, parts: Iterable[ContentsSum | None]) -> ContentsSum | None:
         """What these add up to; None when one of them is None (a record made before contents were)."""
         parts = list(parts)
-        return None if None in parts else cls.of(Contents.total(part.value for part in parts))
+        present = [part for part in parts if part is not None]
+        return None if len(present) < len(parts) else cls.of(Contents.total(part.value for part in present))

@@ -3,8 +3,9 @@ entries and counts, and the completion marker written last."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import orjson
 
@@ -101,6 +102,13 @@ class StageManifest(StageRecord):
     seed: int
     attempt: str | None = None  # set when an attempt commits it
     checked: SelfCheck | None = None  # the stage's check of its own files; None: it made none
+
+    if TYPE_CHECKING:  # fields of each stage's manifest, of its own kinds (the base has none)
+        counts: RankCounts | MergeCounts | ContextCounts
+        outputs: Sequence[OutputEntry]
+
+        @property
+        def tokens_written(self) -> int: ...
 
     @property
     def prefix(self) -> str | None:
@@ -288,13 +296,14 @@ def stage_manifest(data: bytes, path: str) -> StageManifest | MergeOutput:
     except orjson.JSONDecodeError as exc:
         raise RecordError(path, f"not JSON ({exc})") from None
     tag = parsed.get("format") if isinstance(parsed, dict) else None
-    for kind in (*STAGE_MANIFESTS, MergeOutput):
+    kinds: tuple[type[StageManifest | MergeOutput], ...] = (*STAGE_MANIFESTS, MergeOutput)
+    for kind in kinds:
         if isinstance(tag, str) and tag.startswith(f"{PROJECT}/{kind.KIND}/"):
             return kind.from_json(parsed, path)
     if isinstance(parsed, dict) and tag is None:
         return MergeOutput.from_json(parsed, path)  # a checkpoint written before checkpoints had a tag
-    kinds = ", ".join(f"{PROJECT}/{kind.KIND}/N" for kind in (*STAGE_MANIFESTS, MergeOutput))
-    raise RecordError(path, f"format {shown(tag)}, not one of {kinds}")
+    formats = ", ".join(f"{PROJECT}/{kind.KIND}/N" for kind in kinds)
+    raise RecordError(path, f"format {shown(tag)}, not one of {formats}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -233,7 +233,7 @@ def chat_template(
     except jinja2.TemplateSyntaxError as exc:
         raise UsageError(f"{where}: not a valid Jinja2 template: line {exc.lineno}: {exc.message}") from None
     roles = tuple(loss_roles)
-    context = {"bos_token": "", "eos_token": "", **_checked_tokens(tokens, special_tokens, where)}
+    context: dict[str, object] = {"bos_token": "", "eos_token": "", **_checked_tokens(tokens, special_tokens, where)}
     if framed_bos and context["bos_token"] == framed_bos:
         context["bos_token"] = ""
     context["add_generation_prompt"] = False

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AnyStr
 
 from jinja2 import Template, nodes
 from jinja2.ext import loopcontrols
@@ -129,7 +129,7 @@ def _items(value: Iterable) -> Collection:
     return value if isinstance(value, Collection) else list(value)
 
 
-def _replace_size(s: str | bytes, old: str | bytes, new: str | bytes, count: object = -1) -> int:
+def _replace_size(s: AnyStr, old: AnyStr, new: AnyStr, count: object = -1) -> int:
     found = s.count(old) if old else len(s) + 1
     if isinstance(count, int) and count >= 0:
         found = min(found, count)
@@ -285,7 +285,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         self.charge(0 if isinstance(value, str) else text_size(value, self._cap()))
         return value
 
-    def concat(self, parts: Iterable[str]) -> str:  # type: ignore[override]  # the buffers of macros and blocks
+    def concat(self, parts: Iterable[str]) -> str:  # the buffers of macros and blocks
         parts = _items(parts)
         self.charge(sum(map(len, parts)))
         return "".join(parts)
@@ -411,7 +411,9 @@ class _Ticking:
             yield item
 
     def __len__(self) -> int:
-        return len(self.iterable)  # a TypeError tells LoopContext to count the items itself
+        if not isinstance(self.iterable, Sized):
+            raise TypeError("an iterable of unknown length")  # tells LoopContext to count the items itself
+        return len(self.iterable)
 
 
 class _Bounded(NodeTransformer):

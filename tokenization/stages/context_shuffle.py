@@ -135,6 +135,13 @@ class ContextShuffleConfig(ContextOptions):
     def stem(self) -> str:
         return f"context_{self.shard:05d}"
 
+    @property
+    def padding_id(self) -> int:
+        """``pad_id``, which packed windows need (a packed config is refused without it)."""
+        if self.pad_id is None:
+            raise UsageError("--context-mode packed pads windows: give --pad-id")
+        return self.pad_id
+
 
 def shard_files(config: ContextShuffleConfig) -> list[str]:
     """The task's share of the input: one ``.ds`` file, or ``files[shard::num_shards]`` of a folder's."""
@@ -211,7 +218,7 @@ def context_shuffle(
             counts=counts,
             outputs=outputs,
             checked=own.result(),
-            pad=PadToken(id=config.pad_id, token=config.pad_token) if packed_mode else None,
+            pad=PadToken(id=config.padding_id, token=config.pad_token) if packed_mode else None,
         )
         record = attempt.commit(record, record.output_files())
     return StageResult(counts, record)
@@ -227,7 +234,7 @@ class _Shuffled:
     full: int
     packed: PackedFile | None
     read: Contents
-    pseudo: PseudoEnds | str | None
+    pseudo: PseudoEnds | Literal["unknown"] | None
 
 
 def _one_file(
@@ -252,7 +259,7 @@ def _one_file(
     packed = None
     if config.context_mode == "packed":
         packed = _packed(config, url, source, ends, rng)
-        padding = _padding_file(attempt.work / "padding" / "pad.ds", source, config.pad_id, packed.padding_tokens)
+        padding = _padding_file(attempt.work / "padding" / "pad.ds", source, config.padding_id, packed.padding_tokens)
         urls, units, inner, full = [url, padding], (packed.source, packed.starts, packed.ends), None, packed.windows
         kept, cuts = total, np.asarray(packed.pieces.ends, dtype=np.int64)  # the pieces in stream order
     else:
@@ -267,13 +274,14 @@ def _one_file(
     name = url.rsplit("/", 1)[-1]
     with_loss = source.loss is not None
     grid = full * config.context_window  # whole windows' ends are not documents' ends; the output holds them all
+    pseudo: PseudoEnds | Literal["unknown"] | None
     pseudo = "unknown" if nested else manifest.pseudo_ends(0, grid, config.context_window, grid)
     rejoin = recorded is not None and packed is None
     parts = cut_pieces(cuts, units[1], units[2], ends) if rejoin else None  # the pieces the proof keeps
     writer = SplitWriter(
         attempt.work,
         lambda _: name,
-        tokenizer=source.metadata.tokenizer,
+        tokenizer=source.tokenizer,
         token_size=source.token_size,
         save_loss=with_loss,
         observe=lambda path: own.watch(path, pseudo),
@@ -281,7 +289,7 @@ def _one_file(
     )
     pool = SourcePool(urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs")
     with pool:
-        if rejoin:
+        if parts is not None and recorded is not None:  # (rejoin)
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
             written = writer.written[0] if writer.written else None
@@ -293,7 +301,7 @@ def _one_file(
             read, expected = contents.result()
     written = writer.written[0] if writer.written else None
     if packed is not None:
-        expected += _padding_contents(packed.padding, config.pad_id, source.dtype)
+        expected += _padding_contents(packed.padding, config.padding_id, source.dtype)
     check_kept(f"context shuffle of {url}", expected, written.contents if written else Contents())
     return _Shuffled(written, full, packed, read, pseudo)
 
@@ -319,6 +327,8 @@ def _rejoined(
     tail.add(tokens, within(cuts, kept, total), loss)
     tail.result()
     parts = written.pieces if written is not None else Pieces.concatenate([])
+    if parts is None:  # a writer keeps the pieces it is asked to keep (``keep_pieces``)
+        raise RuntimeError(f"context shuffle of {url}: its windows were written without their pieces")
     done = written.contents if written is not None else Contents()
     read = rejoined_contents(done, parts, chosen, cuts, units[1], units[2], tail.kept_pieces(), ends)
     if read == recorded:
@@ -353,7 +363,7 @@ def _packed(
             f"{url}.loss is missing: packed windows pad at loss 0, so every token needs its loss "
             "(tokenize with --save-loss)"
         )
-    if config.pad_id > np.iinfo(source.dtype).max:
+    if config.padding_id > np.iinfo(source.dtype).max:
         raise UsageError(f"--pad-id {config.pad_id} does not fit {url}'s {source.token_size}-byte tokens")
     return pack(ends, config.context_window, rng)
 
@@ -361,7 +371,7 @@ def _packed(
 def _padding_file(path: Path, source: TokenFile, pad_id: int, tokens: int) -> str:
     """A token file of ``tokens`` pad ids at loss 0, which the packed windows' padding is read from."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with TokenFileWriter(path, tokenizer=source.metadata.tokenizer, token_size=source.token_size, save_loss=True) as w:
+    with TokenFileWriter(path, tokenizer=source.tokenizer, token_size=source.token_size, save_loss=True) as w:
         for start in range(0, tokens, BLOCK_TOKENS):
             n = min(BLOCK_TOKENS, tokens - start)
             w.write(np.full(n, pad_id, dtype=source.dtype), np.array([n]), np.zeros(n, dtype=LOSS_DTYPE))

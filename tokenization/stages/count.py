@@ -9,6 +9,7 @@ as datatrove's TokensCounter annotates documents (0 for an empty document, which
 from __future__ import annotations
 
 import gzip
+import io
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -61,7 +62,7 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageRes
         stage="count",
         **manifest.provenance(config, seconds),
         tokenizer=encoder.describe(),
-        rendering=renderer and renderer.describe(),
+        rendering=None if renderer is None else renderer.describe(),
         docs=c.docs_written,
         tokens=c.tokens,
         loss_tokens=c.loss_tokens if config.renders_loss else None,
@@ -113,6 +114,8 @@ def _count_pass(
                 stats["docs" if record.text else "empty"] += 1
                 stats["tokens"] += n
                 if annotated is not None:
+                    if record.data is None:  # the reader keeps each record's data when annotating
+                        raise RuntimeError(f"{record.file}: line {record.line} was read without its data")
                     annotated.write(orjson.dumps(record.data | {"token_count": n}) + b"\n")
     finally:
         batches.close()  # an error stops the reading and encoding threads here, not at exit
@@ -132,6 +135,7 @@ class _Annotation:
     def __init__(self, path: Path, compression: str | None):
         self.name = str(path)
         self._raw = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self._out: gzip.GzipFile | zstandard.ZstdCompressionWriter | io.BufferedWriter
         if compression == "gzip":
             self._out = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0)
         elif compression == "zstd":

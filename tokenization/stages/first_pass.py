@@ -106,6 +106,13 @@ class FirstPass:
             threads = held.enter_context(Threads())
             return self.encoder.exactly(lambda: self._pass(found, threads, progress))
 
+    @property
+    def _cache(self) -> CacheOwner:
+        """The cache, which a rank has when it looked a file up, stored or took an entry."""
+        if self.cache is None:
+            raise RuntimeError(f"{self.where}: no cache to use")
+        return self.cache
+
     def _look_up(self, files: Sequence[InputFile], held: contextlib.ExitStack) -> list[Found]:
         """Each file with its key and its cache entry (None for a miss, or without a cache). The rank's use of the
         cache is recorded before it looks anything up, and lasts as long as ``held``."""
@@ -124,7 +131,7 @@ class FirstPass:
     def _pass(self, found: list[Found], threads: Threads, progress: ProgressMode) -> list[Segment]:
         """One try at every file, in input order: a fresh tally of rejects, and what it stores in the cache."""
         for entry in self.stored:  # a try before this one's, whose engine then disagreed with HF
-            self.cache.cache.discard(entry, "made by the fast engine in a rank where it then disagreed with HF")
+            self._cache.cache.discard(entry, "made by the fast engine in a rank where it then disagreed with HF")
         self.tally = RejectTally(
             self.where, self.options.source, self.options.max_rejects, self.options.max_reject_fraction
         )
@@ -170,12 +177,12 @@ class FirstPass:
         """A hit, checked, or None. Its rejected records, naming the file as this rank reads it, count as they
         would if it were read again; its contents are hashed from its bytes, as pass 2 will read them."""
         started = time.perf_counter()
-        fetched = self.cache.cache.fetch(entry, folder / CACHED)
+        fetched = self._cache.cache.fetch(entry, folder / CACHED)
         if fetched is None:
             return None
         held = self._checked(entry, fetched, file)
         if isinstance(held, str):
-            self.cache.cache.discard(entry, held)
+            self._cache.cache.discard(entry, held)
             return None
         quarantine = folder / QUARANTINE
         tally = self.tally.next_file()
@@ -242,7 +249,7 @@ class FirstPass:
     def _hits(self) -> HitCheck:
         """What hits are held against, made at the first hit: it loads HF's tokenizer, to encode their samples
         (a rank that takes every file from the cache still builds no fast engine)."""
-        return HitCheck(self.options, self.renderer, self.encoder.on_hf(), self.save_loss, self.cache.owner)
+        return HitCheck(self.options, self.renderer, self.encoder.on_hf(), self.save_loss, self._cache.owner)
 
     def _encode(
         self, file: InputFile, folder: Path, shown: Progress, threads: Threads
@@ -290,8 +297,11 @@ class FirstPass:
                     ends = np.cumsum(lengths)[lengths > 0]  # a document of no token is counted empty, not written
                     writer.write(batch.encoded.tokens, ends, batch.encoded.loss)
         self.tally.add(tally)
-        counts.contents = writer.written.contents
-        return Segment(file, folder / SEGMENT, counts, quarantine, None), writer.written
+        written = writer.written
+        if written is None:  # set when the block above closed it
+            raise RuntimeError(f"{folder / SEGMENT}: its writer was not closed")
+        counts.contents = written.contents
+        return Segment(file, folder / SEGMENT, counts, quarantine, None), written
 
     def _store(self, segment: Segment, written: WrittenTokenFile, key: CacheKey, seconds: float) -> None:
         """A miss's segment into the cache, for the next build."""
@@ -311,7 +321,7 @@ class FirstPass:
             created=0.0,
             encode_seconds=round(seconds, 3),
         )
-        if (stored := self.cache.cache.commit(entry, files)) is not None:
+        if (stored := self._cache.cache.commit(entry, files)) is not None:
             self.stored.append(stored)
 
 

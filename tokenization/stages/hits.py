@@ -165,14 +165,16 @@ class HitCheck:
         ends = np.asarray(segment.ends, dtype=np.int64)
         starts = np.concatenate([[0], ends[:-1]])
         tokens, loss = segment.tokens, segment.loss if self.save_loss else None
+        if loss is not None and encoded.loss is None:  # encoding with no_loss gives loss bytes
+            raise RuntimeError("the sampled records were encoded without loss bytes")
         offsets = np.cumsum(encoded.lengths) - encoded.lengths
         for k, record, offset, length in zip(chosen, records, offsets, encoded.lengths, strict=True):
             want = encoded.tokens[offset : offset + length]
-            want_loss = encoded.loss[offset : offset + length] if loss is not None else None
+            want_loss = encoded.loss[offset : offset + length] if encoded.loss is not None else None
             places = range(max(0, k - silent), min(k, len(ends) - 1) + 1)
             if (length == 0 and silent) or any(
                 np.array_equal(tokens[starts[d] : ends[d]], want)
-                and (loss is None or np.array_equal(loss[starts[d] : ends[d]], want_loss))
+                and (loss is None or want_loss is None or np.array_equal(loss[starts[d] : ends[d]], want_loss))
                 for d in places
             ):
                 continue

@@ -21,7 +21,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import orjson
@@ -172,10 +172,8 @@ def validate_inputs(urls: list[str], save_loss: bool, entries: list[Described]) 
     for f, ends in read:
         if f.token_size != first.token_size:
             raise TokenFileError(f"{f.url}: token_size {f.token_size} differs from {first.url}'s {first.token_size}")
-        if f.metadata.tokenizer != first.metadata.tokenizer:
-            raise TokenFileError(
-                f"{f.url}: tokenizer {f.metadata.tokenizer!r} differs from {first.url}'s {first.metadata.tokenizer!r}"
-            )
+        if f.tokenizer != first.tokenizer:
+            raise TokenFileError(f"{f.url}: tokenizer {f.tokenizer!r} differs from {first.url}'s {first.tokenizer!r}")
         total = int(ends[-1]) if len(ends) else 0
         if f.num_tokens != total or f.size("") % f.token_size:
             raise TokenFileError(f"{f.url}: {f.size('')} bytes, but its index ends at token {total}")
@@ -188,13 +186,13 @@ def validate_inputs(urls: list[str], save_loss: bool, entries: list[Described]) 
                 raise TokenFileError(f"{f.url}.loss: {f.size('.loss')} bytes for {total} tokens")
         ends_list.append(ends)
         sizes.append(f.size(""))
-    distinct = {e.tokenizer_sha256 for e in entries} - {None}
+    distinct = {e.tokenizer_sha256 for e in entries if e.tokenizer_sha256 is not None}
     if len(distinct) > 1:
         raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")
     return MergeInputs(
         urls=urls,
         token_size=first.token_size,
-        tokenizer=first.metadata.tokenizer,
+        tokenizer=first.tokenizer,
         tokenizer_sha256=distinct.pop() if distinct else None,
         ends=np.concatenate(ends_list) if ends_list else np.empty(0, np.int64),
         offsets=np.concatenate([[0], np.cumsum([len(e) for e in ends_list])]).astype(np.int64),
@@ -258,7 +256,7 @@ def _plan(config: MergeConfig) -> _Plan:
     if config.bucket is None:
         urls, described = manifest.token_files(config.input), manifest.output_entries(config.input)
     else:
-        urls, described = _bucket_inputs(config)
+        urls, described = _bucket_inputs(config, config.bucket)
     named = [url.removeprefix(config.input.rstrip("/") + "/") for url in urls]
     inputs = validate_inputs(urls, config.save_loss, [described[name] for name in named if name in described])
     recorded = [_recorded(described.get(name), config.save_loss) for name in named]
@@ -284,24 +282,23 @@ def _recorded(described: Described | None, save_loss: bool) -> ContentsSum | Non
     return described.entry.contents
 
 
-def _bucket_inputs(config: MergeConfig) -> tuple[list[str], dict[str, Described]]:
-    """The rank files of this merge's bucket, from its folder alone, and their entries, the only ones kept of the
-    ranks' manifests; every rank must have scattered into the same buckets, this one among them."""
-    within = names.bucket_folder(config.bucket)
+def _bucket_inputs(config: MergeConfig, bucket: int) -> tuple[list[str], dict[str, Described]]:
+    """The rank files of this merge's ``bucket`` (``config.bucket``), from its folder alone, and their entries, the
+    only ones kept of the ranks' manifests; every rank must have scattered into the same buckets, this one among
+    them."""
+    within = names.bucket_folder(bucket)
     records = manifest.stage_records(config.input, within)
     drawn = {record.num_buckets if isinstance(record, RankManifest) else None for record in records}
-    if len(drawn) != 1 or None in drawn:
+    num_buckets = next(iter(drawn)) if len(drawn) == 1 else None
+    if num_buckets is None:
         found = ", ".join(map(str, sorted(drawn, key=str))) or "no manifests"
         raise TokenFileError(f"{config.input}: a bucketed merge needs ranks of one num_buckets, found {found}")
-    (num_buckets,) = drawn
-    if config.bucket >= num_buckets:
-        raise UsageError(
-            f"bucket {config.bucket} is outside 0..{num_buckets - 1}: the ranks drew {num_buckets} buckets"
-        )
+    if bucket >= num_buckets:
+        raise UsageError(f"bucket {bucket} is outside 0..{num_buckets - 1}: the ranks drew {num_buckets} buckets")
     urls = manifest.token_files(config.input, within)
     if not urls:
         raise TokenFileError(
-            f"{config.input}: no rank drew a document for bucket {config.bucket} of {num_buckets}: use fewer buckets"
+            f"{config.input}: no rank drew a document for bucket {bucket} of {num_buckets}: use fewer buckets"
         )
     return urls, manifest.entries_by_name(records)
 
@@ -325,9 +322,10 @@ class _Checkpoints:
     @property
     def contents(self) -> Contents:
         """Of the files published so far, this attempt's and those it resumed after."""
-        return Contents.total(entry.contents.value for entry in self.entries)
+        # cast: each has its contents (this attempt's are made with them; resumed ones without are done again)
+        return Contents.total(cast(ContentsSum, entry.contents).value for entry in self.entries)
 
-    def _pseudo_ends(self, tokens: int) -> PseudoEnds | str | None:
+    def _pseudo_ends(self, tokens: int) -> PseudoEnds | Literal["unknown"] | None:
         """The chunk ends in the index of the next file, of ``tokens`` tokens ("unknown": some input's index held
         chunk or window ends already)."""
         if self.plan.inputs.pseudo_ends:
@@ -338,6 +336,8 @@ class _Checkpoints:
     def watch(self, path: Path) -> Observer:
         """The own check's observer of the next file as it is written: its length is not known yet, but any length
         past its end gives its chunk ends, and the whole stream's is one."""
+        if self.own is None:  # the writer is given this observer only with an own check
+            raise RuntimeError("the merge watches its files only with an own check")
         return self.own.watch(path, self._pseudo_ends(self.plan.total_tokens))
 
     def __call__(self, written: WrittenTokenFile, units_written: int) -> None:
@@ -410,7 +410,7 @@ def merge(
             inputs=[SizedInput(url=u, bytes=s) for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
             counts=counts,
             outputs=checkpoints.entries,
-            checked=own and own.result(),
+            checked=None if own is None else own.result(),
         )
         record = _commit(attempt, config, inputs, record)
     return StageResult(counts, record)
@@ -463,8 +463,9 @@ def _input_contents(plan: _Plan, pool: SourcePool) -> tuple[Contents, Contents]:
     dropped tails aside): from the inputs' records when all hold them and the units are their documents, else hashed
     from the input files (datatrove's, or cut into chunks)."""
     chunk = plan.units.chunk
-    if not chunk and None not in plan.recorded:
-        read = Contents.total(recorded.value for recorded in plan.recorded)
+    known = [recorded for recorded in plan.recorded if recorded is not None]
+    if not chunk and len(known) == len(plan.recorded):
+        read = Contents.total(recorded.value for recorded in known)
         return read, read
     read = kept = Contents()
     for f in range(len(plan.inputs.urls)):

@@ -13,8 +13,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from tokenization.output.manifest import StageResult
 from tokenization.output.runs import RUN_CLAIM, PlanConflict
 from tokenization.progress import ProgressMode
 from tokenization.records import (
+    CachedInput,
     ContentsSum,
     FileSum,
     InputFile,
@@ -215,7 +217,7 @@ def tokenize_rank(
     ``config.inputs``. Re-running a rank replaces its output completely; a second attempt at the same rank while
     one runs is refused (``owner`` names this attempt's caller in that message)."""
     started = time.time()
-    encoder = config.encoder(share and share.tokenizer)  # fails before any data is read
+    encoder = config.encoder(None if share is None else share.tokenizer)  # fails before any data is read
     renderer = config.renderer(encoder)  # so does a chat template that cannot be read
     location = config.cache_location
     if share is None:
@@ -247,7 +249,7 @@ def tokenize_rank(
             renderer=renderer,
             attempt=attempt,
             where=f"rank {config.rank}",
-            cache=location and CacheOwner(Cache(location), user, keeps, config.stem),
+            cache=CacheOwner(Cache(location), user, keeps, config.stem) if location else None,
         )
         try:  # rejected records are published even when they fail the rank: they are what a user must look at
             segments = first.run(files, progress)
@@ -270,15 +272,18 @@ def tokenize_rank(
             world_size=config.world_size,
             seed=config.seed,
             tokenizer=encoder.describe(),
-            rendering=renderer and renderer.describe(),
-            plan=share and share.plan,
+            rendering=None if renderer is None else renderer.describe(),
+            plan=None if share is None else share.plan,
             inputs=files,
             skipped_inputs=skipped,
             input_bytes=sum(f.span_bytes for f in files),
             counts=replace(counts.record(), contents_out=ContentsSum.of(written_contents(written))),
             outputs=_outputs(config, counts, written),
             throughput=manifest.throughput(seconds, encoder.load_seconds, encoded.text_bytes, encoded.tokens),
-            cache=location and RankCache(location=location, files=[s.cached for s in segments]),
+            # cast: with a cache, every segment says how the cache served it (``FirstPass``)
+            cache=RankCache(location=location, files=cast("list[CachedInput]", [s.cached for s in segments]))
+            if location
+            else None,
         )
         record = _publish(config, attempt, written, record, quarantined(attempt.work))
     log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
@@ -310,7 +315,7 @@ def _second_pass(
     kind = RankFileKind.DOC_SHUFFLED if config.shuffle_documents else RankFileKind.UNSHUFFLED
     with SourcePool(paths, encoder.token_size, config.save_loss) as pool:
         if config.num_buckets:
-            written = _scatter(config, encoder, pool, documents, work)
+            written = _scatter(config, encoder, pool, documents, work, config.num_buckets)
         else:
             if config.shuffle_documents:
                 documents = documents.take(orderings.shuffled(rng, len(documents.ends)))
@@ -320,7 +325,7 @@ def _second_pass(
     if not chunks:
         return written
     (whole,) = written
-    return _chunk_shuffle(config, encoder, whole.path, rng, counts, work)
+    return _chunk_shuffle(config, encoder, whole.path, rng, counts, work, chunks)
 
 
 def _write(
@@ -356,14 +361,20 @@ def _writer(
 
 
 def _chunk_shuffle(
-    config: TokenizeConfig, encoder: Encoder, source: Path, rng: np.random.Generator, counts: Counts, work: Path
+    config: TokenizeConfig,
+    encoder: Encoder,
+    source: Path,
+    rng: np.random.Generator,
+    counts: Counts,
+    work: Path,
+    chunk: int,
 ) -> list[WrittenTokenFile]:
-    """The chunk permutation of the documents as ordered in ``source``; the partial last chunk kept last, or
-    dropped and counted."""
+    """The chunk permutation of ``chunk`` tokens (``config.shuffle_chunk_size``) of the documents as ordered in
+    ``source``; the partial last chunk kept last, or dropped and counted."""
     doc_ends = np.asarray(TokenFile(str(source), encoder.token_size).ends, dtype=np.int64)
     total_tokens = int(doc_ends[-1])
-    chunk_ends, full = fixed_units(total_tokens, config.shuffle_chunk_size)
-    tail = total_tokens - full * config.shuffle_chunk_size
+    chunk_ends, full = fixed_units(total_tokens, chunk)
+    tail = total_tokens - full * chunk
     order = orderings.with_tail(
         orderings.shuffled(rng, full), full, keep_tail=bool(tail) and not config.drop_last_chunk
     )
@@ -384,16 +395,17 @@ def _chunk_shuffle(
 
 
 def _scatter(
-    config: TokenizeConfig, encoder: Encoder, pool: SourcePool, documents: Units, work: Path
+    config: TokenizeConfig, encoder: Encoder, pool: SourcePool, documents: Units, work: Path, num_buckets: int
 ) -> list[WrittenTokenFile]:
-    """Pass 2 of a bucketed shuffle: each document to the bucket drawn for it, in input order within a bucket (the
-    bucket's merge orders them), published in that bucket's folder; buckets that drew no document get no file."""
-    drawn = orderings.bucket_of(config.seed, config.rank, len(documents.ends), config.num_buckets)
-    order, bounds = orderings.by_bucket(drawn, config.num_buckets)
+    """Pass 2 of a bucketed shuffle into ``num_buckets`` (``config.num_buckets``): each document to the bucket
+    drawn for it, in input order within a bucket (the bucket's merge orders them), published in that bucket's
+    folder; buckets that drew no document get no file."""
+    drawn = orderings.bucket_of(config.seed, config.rank, len(documents.ends), num_buckets)
+    order, bounds = orderings.by_bucket(drawn, num_buckets)
     written = []
     for bucket in np.flatnonzero(np.diff(bounds)).tolist():
         ours = documents.take(order[bounds[bucket] : bounds[bucket + 1]])
-        files = _write(config, encoder, pool, ours, work, lambda sub, b=bucket: config.bucket_name(b, sub), last=True)
+        files = _write(config, encoder, pool, ours, work, partial(config.bucket_name, bucket), last=True)
         written += [replace(w, folder=names.bucket_folder(bucket)) for w in files]
     return written
 

@@ -26,7 +26,7 @@ import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.checks import Checks, Listing, Report, verify_dataset_metadata, verify_ds, verify_megatron
@@ -204,7 +204,12 @@ class _Records:
 
     @property
     def stages(self) -> dict[str, _Read[StageManifest]]:
-        return {stem: read for stem, read in self.manifests.items() if isinstance(read.record, StageManifest)}
+        # cast: the reads kept are those whose record is a StageManifest
+        return {
+            stem: cast("_Read[StageManifest]", read)
+            for stem, read in self.manifests.items()
+            if isinstance(read.record, StageManifest)
+        }
 
 
 def _read_records(listing: Listing, report: Report) -> _Records | None:

@@ -183,6 +183,7 @@ def _fields(message: int | bytes) -> list[tuple[int, int | bytes]]:
     while i < len(message):
         key, i = _varint(message, i)
         wire = key & 7
+        value: int | bytes
         if wire == 0:
             value, i = _varint(message, i)
         elif wire == 2 or wire in FIXED_SIZES:

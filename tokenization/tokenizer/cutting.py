@@ -107,7 +107,7 @@ class Cutter:
                 token = text[special[0] : special[1]]
                 if (token_id := self.tokenizer.token_to_id(token)) is None:
                     raise TokenizerError(f"{self.name}: a chat template's {token!r} is not one of its tokens")
-                pieces.append(Piece(doc, *special, token=token_id))
+                pieces.append(Piece(doc, special[0], special[1], token=token_id))
         return pieces
 
     @cached_property

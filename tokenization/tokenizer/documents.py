@@ -12,11 +12,11 @@ import contextvars
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
 from queue import Full, Queue
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 import orjson
@@ -33,6 +33,7 @@ from tokenization.tokenizer.cutting import NO_EXACT_CUT, NoExactCut
 from tokenization.tokenizer.encoding import Encoded, Encoder, Prepared
 from tokenization.tokenizer.engines import EngineChoice
 from tokenization.tokenizer.fast_engine import DEFAULT_MEMORY_BUDGET_MB
+from tokenization.tokenizer.loading import token_of
 from tokenization.tokenizer.policy import SpecialTextPolicy
 
 BATCH_BYTES = 1 << 22  # UTF-8 bytes a batch: a fast engine's group (``encoding.FAST_GROUP_CHARS``) at most
@@ -204,7 +205,7 @@ class DocumentOptions(Options):
         ``encoder`` can encode its special tokens exactly."""
         if self.template:
             return renderer.field_template(self.template, _names(self.loss_fields))
-        if not self.chat_template:
+        if not self.chat_template or not self.messages_key:  # (given together, as made configs check)
             return None
         fs, path = open_fs(self.chat_template)
         try:
@@ -221,7 +222,7 @@ class DocumentOptions(Options):
             special_tokens=encoder.special_tokens,
             limits=renderer.Limits(self.render_steps, self.render_max_chars),
             loss_on_turn_end=self.loss_on_turn_end,
-            framed_bos="".join(map(encoder.tokenizer.id_to_token, encoder.bos_ids)),
+            framed_bos="".join(token_of(encoder.tokenizer, i) for i in encoder.bos_ids),
         )
 
     @property
@@ -441,7 +442,7 @@ def encoded_batches(
     save_loss: bool = False,
     progress: ProgressMode | Progress = None,
     threads: Threads | None = None,
-) -> Iterator[Batch]:
+) -> Generator[Batch, None, None]:
     """Encode the reader's documents in batches bounded by ``options.batch_size`` documents and
     ``options.batch_bytes`` bytes of text, with loss bytes when ``save_loss``.
 
@@ -520,7 +521,7 @@ def encoded_batches(
 
 
 def _record_batches(
-    items: Iterator[Record | Rejected], counts: Counts, options: DocumentOptions, reject: Callable[[Rejected], None]
+    items: Iterable[Record | Rejected], counts: Counts, options: DocumentOptions, reject: Callable[[Rejected], None]
 ) -> Iterator[list[Record]]:
     """Group records into batches, counting each record read and handing each rejected one to ``reject``."""
     records: list[Record] = []
@@ -575,7 +576,7 @@ class Threads:
         self.encode.shutdown()
 
 
-class ReadAhead:
+class ReadAhead(Generic[T]):
     """``items``, produced ahead on the ``thread`` given (else one of its own) in chunks of ``chunk`` (by
     ``size``), at most ``depth`` of them waiting, so that reading overlaps with the caller's work and memory stays
     bounded. The producer's errors are raised where they are consumed; stopping early stops the producer. ``mark``

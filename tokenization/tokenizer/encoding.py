@@ -18,9 +18,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar, cast
 
 import numpy as np
+import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from tokenization.formats.ds import token_dtype
@@ -335,7 +336,8 @@ class Encoder:
             raise TokenizerError(f"{self.name}: token id {top} is outside the vocabulary")
         body = joined([part.ids for part in parts], token_dtype(self.token_size))  # 2 bytes a token where they fit
         piece_lengths = joined([part.lengths for part in parts], np.int64)
-        held = None if no_loss is None else joined([part.held_out for part in parts], bool)
+        # with no_loss, every part holds its held-out tokens (``_encode_group``)
+        held = None if no_loss is None else joined(cast("list[np.ndarray]", [part.held_out for part in parts]), bool)
         checked = sum(part.checked for part in parts)
         del parts  # their ids are in ``body``: a huge document's tokens are held twice at most (framed), not thrice
         if len(text_pieces) < len(pieces):
@@ -415,6 +417,8 @@ def with_special_pieces(
     ids[~places] = body
     if held_out is None:
         return ids, every, None
+    if no_loss is None:
+        raise ValueError("held-out tokens without the no-loss ranges that hold them out")
     held = np.empty(len(places), dtype=bool)
     held[~places] = held_out
     held[places] = special_held_out(specials, no_loss)
@@ -436,7 +440,7 @@ def piece_groups(pieces: list[Piece], by_hf: Callable[[Piece], bool]) -> Iterato
         yield range(begin, len(pieces))
 
 
-def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+def joined(arrays: list[np.ndarray], dtype: npt.DTypeLike) -> np.ndarray:
     """``arrays`` end to end, as ``dtype``, also when there are none."""
     return np.concatenate(arrays, dtype=dtype, casting="same_kind") if arrays else np.empty(0, dtype=dtype)
 

@@ -127,7 +127,7 @@ class FastEngine:
 
     def _load(self) -> None:
         try:
-            self._tokenizer = _off_main_thread(gigatoken.Tokenizer.from_json, self._data)
+            self._tokenizer: gigatoken.Tokenizer | None = _off_main_thread(gigatoken.Tokenizer.from_json, self._data)
             _off_main_thread(self._tokenizer.encode_batch, ["warm up"], parallel=False)  # its lazy start is loading
         except BaseException as exc:  # gigatoken raises plain exceptions with its reason, or panics
             if not isinstance(exc, Exception) and not is_panic(exc):
@@ -173,7 +173,10 @@ class FastEngine:
             self._state.wait_for(lambda: not self._draining)
             if self._tokenizer is None:  # released
                 self._load_again()
-            tokenizer, self._busy = self._tokenizer, self._busy + 1
+            tokenizer = self._tokenizer
+            if tokenizer is None:  # loading it again sets it, or raises
+                raise TokenizerError("the fast engine has no tokenizer after loading it")
+            self._busy += 1
         try:
             batch = _off_main_thread(tokenizer.encode_batch, texts, parallel=self._parallel())
         finally:

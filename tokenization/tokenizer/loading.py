@@ -96,6 +96,14 @@ def parse_tokenizer(name_or_path: str, data: bytes) -> Tokenizer:
     return tokenizer
 
 
+def token_of(tokenizer: Tokenizer, token_id: int) -> str:
+    """The token of an id that the tokenizer itself gave (a BOS or EOS it appends): never missing but by a bug."""
+    token = tokenizer.id_to_token(token_id)
+    if token is None:
+        raise TokenizerError(f"the tokenizer has no token of its own id {token_id}")
+    return token
+
+
 def top_id(name_or_path: str, tokenizer: dict) -> int:
     """The highest id of the tokenizer.json ``tokenizer`` (of its model's vocabulary and its added tokens, which
     may leave gaps: cl100k's last is 100276, past its 100,261 tokens), refused from ``MAX_TOKEN_ID`` on."""
@@ -267,7 +275,7 @@ class TokenizerFile:
         padding = json.loads(self.data).get("padding") or {}
         token = padding.get("pad_token") or configured_token(self.name, "pad_token")
         found = None if token is None else self.tokenizer.token_to_id(token)
-        return None if found is None else (token, found)
+        return None if token is None or found is None else (token, found)  # (no token finds no id)
 
     def choose_eos(self, eos_token: str | None, appended: list[int]) -> tuple[str, str]:
         """The EOS to append and where it came from: the parameter, or else the tokenizer's own. ``appended``: the
@@ -297,7 +305,7 @@ class TokenizerFile:
         if self.source_eos is not None:
             return self.source_eos, self.format
         if appended:
-            return self.tokenizer.id_to_token(appended[-1]), "post-processor"
+            return token_of(self.tokenizer, appended[-1]), "post-processor"
         known = next((t for t in EOS_CANDIDATES if self.tokenizer.token_to_id(t) is not None), None)
         return None if known is None else (known, "vocabulary")
 

@@ -18,7 +18,7 @@ from tokenizers.processors import TemplateProcessing
 
 from tokenization.records import TokenizerFacts
 from tokenization.tokenizer.cutting import Ranges, gaps
-from tokenization.tokenizer.loading import TokenizerFile
+from tokenization.tokenizer.loading import TokenizerFile, token_of
 
 SpecialTextPolicy = Literal["text", "special"]
 SPECIAL_TEXT_POLICIES: tuple[str, ...] = ("text", "special")
@@ -61,8 +61,8 @@ class EncodingPolicy:
     def apply_to(self, tokenizer: Tokenizer) -> None:
         """Make the tokenizer's own ``encode`` follow the policy: its post-processor appends the EOS after its BOS
         and the text, and literal special-token text reads as the policy says."""
-        if self.eos_id is not None:
-            bos = [(tokenizer.id_to_token(i), i) for i in self.bos_ids]
+        if self.eos_token is not None and self.eos_id is not None:  # (set together, by ``choose``)
+            bos = [(token_of(tokenizer, i), i) for i in self.bos_ids]
             template = " ".join([*(t for t, _ in bos), "$A", self.eos_token])
             tokenizer.post_processor = TemplateProcessing(
                 single=template, special_tokens=list(dict.fromkeys([*bos, (self.eos_token, self.eos_id)])), pair=None

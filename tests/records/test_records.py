@@ -3,7 +3,9 @@ foreign or newer one is one line naming the file and the field, whoever reads it
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -222,3 +224,21 @@ def test_a_resumed_build_tokenizes_again_a_rank_whose_marker_is_damaged(
     assert build.incomplete_ranks() == {1: why}
     assert build.run().record.digest == read_build(str(published)).digest
     assert build.incomplete_ranks() == {}
+
+
+def test_every_record_kind_is_defined_once_and_exported_by_the_package() -> None:
+    """Readers import records from the package: a kind added to a topic module but not exported would be found by
+    no reader that follows the rule, and one defined in two topics would be two kinds."""
+    import tokenization.records as records
+
+    topics = sorted(info.name for info in pkgutil.iter_modules(records.__path__))
+    assert topics == ["builds", "cache", "codec", "contents", "inputs", "stages", "tokenizer"]
+    kinds: dict[str, type] = {}
+    for topic in topics:
+        module = importlib.import_module(f"tokenization.records.{topic}")
+        for name, value in vars(module).items():
+            if isinstance(value, type) and value.__module__ == module.__name__ and not name.startswith("_"):
+                assert name not in kinds, f"{name} is defined in two topics"
+                kinds[name] = value
+    missing = sorted(name for name, kind in kinds.items() if getattr(records, name, None) is not kind)
+    assert not missing, f"not exported by tokenization.records: {missing}"

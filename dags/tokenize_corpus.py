@@ -58,7 +58,7 @@ from tokenization_airflow.deployment import deployment
 from tokenization_airflow.params import airflow_params, build_params
 from tokenization_airflow.sensors import ShardSensor
 
-from tokenization.tokenizer.encoding import limit_hf_threads
+from tokenization.builds.run import Build
 
 DATASET = Asset(name="tokenized_corpus", uri="file:///tokenization/tokenize_corpus/dataset")
 DEPLOYMENT = deployment()
@@ -109,7 +109,7 @@ def tokenize_corpus():
         context = get_current_context()
         # map_index_template reads the label from the context, whose TypedDict in Airflow has no key of one's own
         context["rank_label"] = rank  # type: ignore[typeddict-unknown-key]
-        limit_hf_threads(params["threads"])  # the task's process is its own
+        Build.entered(params["threads"])  # the task's process is its own
         result = tasks.build_of(params, spec).tokenize(rank, params["progress_seconds"], attempt_owner(context))
         return result.outputs
 

@@ -41,6 +41,22 @@ class MissingError(TokenizationError, FileNotFoundError):
     """A file a command reads is not there (no ``LATEST`` yet, a folder that holds no build); the message names it."""
 
 
+class WriteError(TokenizationError, OSError):
+    """A file could not be written; the message names it and, locally, its filesystem."""
+
+
+class AttemptConflict(TokenizationError):
+    """Another attempt at the same output is alive; the message names it."""
+
+
+class LeaseLost(TokenizationError):
+    """This attempt's lease was taken over (it stalled past the TTL): it must not publish. Not a reason to retry:
+    the attempt that took the lease over is doing the work."""
+
+
+RETRIABLE = (StorageError, WriteError, AttemptConflict, LeaseLost)  # the project errors a later try may not meet
+
+
 def external_error(exc: BaseException) -> str | None:
     """A one-line message for an error raised by a storage or network library, or None for any other error."""
     seen: list[BaseException] = []

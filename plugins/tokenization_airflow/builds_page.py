@@ -19,9 +19,9 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, Response
 
 from tokenization.builds.pages import render
-from tokenization.builds.report import REPORT_HTML
-from tokenization.records import BuildSpec, BuildSummary, RecordError
-from tokenization.storage.files import join, open_fs
+from tokenization.builds.report import published_summary, read_report
+from tokenization.builds.run import Build
+from tokenization.errors import TokenizationError
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
 from tokenization_airflow.tasks import FAILURE_KEY
@@ -120,8 +120,8 @@ def _build_row(run, published: dict | None, failure: dict | None) -> dict:
     build = None
     try:
         if published:
-            build = BuildSummary.from_json(published, f"the summary run {run.run_id!r} published (XCom)")
-    except RecordError as exc:
+            build = published_summary(published, f"the summary run {run.run_id!r} published (XCom)")
+    except TokenizationError as exc:  # a summary that is no BuildSummary: said, and left out
         log.warning("%s", exc)
     seconds = (run.end_date - run.start_date).total_seconds() if run.start_date and run.end_date else None
     return {
@@ -168,7 +168,7 @@ def recorded_run_dir(dag_id: str, run_id: str) -> tuple[str, str | None]:
         )
         if not spec:
             raise HTTPException(404, f"run {run_id!r} of {dag_id} planned no corpus build (state: {run.state})")
-        run_dir = BuildSpec.from_json(spec, f"the spec run {run_id!r} planned (XCom)").run_dir
+        run_dir = Build.run_dir_of(spec, f"the spec run {run_id!r} planned (XCom)")
         return run_dir, (run.conf or {}).get("aws_conn_id")
 
 
@@ -200,8 +200,8 @@ def build_report(user: User, dag_id: str, run_id: str) -> HTMLResponse:
     folder, conn_id = recorded_run_dir(dag_id, run_id)
     if not deployment().allowed_locations.allows(folder):
         raise HTTPException(403, f"run {run_id!r} wrote outside the allowed locations: its report is not served")
-    fs, path = open_fs(folder, storage_options(conn_id or "aws_default", lookup="secrets"))  # for this request only
+    options = storage_options(conn_id or "aws_default", lookup="secrets")  # for this request only
     try:
-        return HTMLResponse(fs.cat_file(join(path, REPORT_HTML)).decode(), headers=SECURITY_HEADERS)
+        return HTMLResponse(read_report(folder, options), headers=SECURITY_HEADERS)
     except FileNotFoundError:
         raise HTTPException(404, f"run {run_id!r} has no report yet: it is written when the build publishes") from None

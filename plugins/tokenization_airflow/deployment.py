@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from tokenization.storage.locations import SETTING as ALLOWED_LOCATIONS_SETTING
-from tokenization.storage.locations import AllowedLocations
-from tokenization.tokenizer.loading import FILE_SUFFIXES
+from tokenization.builds.config import ALLOWED_LOCATIONS_SETTING, AllowedLocations, allowed_locations, tokenizer_folder
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample"
 MERGE_POOL = "tokenization_merge"
@@ -72,21 +70,12 @@ class Deployment:
             merge_workdir=env.get("TOKENIZATION_MERGE_WORKDIR"),
             keep_builds=_keep_builds(env.get("TOKENIZATION_KEEP_BUILDS")),
             schedule=None if schedule.lower() == "none" else schedule,
-            allowed_locations=AllowedLocations.from_env(
-                [default_input, default_output, _tokenizer_folder(default_tokenizer)]
-            ),
+            allowed_locations=allowed_locations([default_input, default_output, tokenizer_folder(default_tokenizer)]),
             api_conn_id=env.get("TOKENIZATION_AIRFLOW_API_CONN", "airflow_api"),
             task_retries=int(env.get("TOKENIZATION_TASK_RETRIES", "2")),
             retry_delay=timedelta(seconds=float(env.get("TOKENIZATION_RETRY_DELAY_SECONDS", "60"))),
             max_active_runs=int(env.get("TOKENIZATION_MAX_ACTIVE_RUNS", "1")),
         )
-
-
-def _tokenizer_folder(tokenizer: str) -> str:
-    """Where a build reads the tokenizer: a tokenizer file's folder, whatever its format (the tokenizer_config.json
-    beside it names its EOS), or the tokenizer itself, a folder."""
-    is_file = tokenizer.endswith(FILE_SUFFIXES) or os.path.isfile(tokenizer)
-    return tokenizer.rsplit("/", 1)[0] if is_file else tokenizer
 
 
 def _keep_builds(value: str | None) -> int | None:

@@ -10,8 +10,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from tokenization.builds.config import BuildConfig
-from tokenization.options import fields_of, json_schema, section
+from tokenization.builds.config import offered_params
 
 FIRST = ("input", "output", "tokenizer")  # the trigger form opens with what every build sets
 AIRFLOW = "Airflow"  # the section of the params that only the DAG has
@@ -21,13 +20,11 @@ def build_params(defaults: Mapping[str, object]) -> dict[str, Param]:
     """A Param for every field of ``BuildConfig`` offered as one; ``defaults`` (the deployment's input, output and
     tokenizer) replace the library's."""
     made = {}
-    for f, spec, kind in fields_of(BuildConfig):
-        if not spec.param:
-            continue
-        default = defaults.get(f.name, None if f.default is MISSING else f.default)
-        heading = None if f.name in FIRST else section(BuildConfig, f.name)  # FIRST opens the form, unsectioned
+    for p in offered_params():
+        default = defaults.get(p.name, None if p.default is MISSING else p.default)
+        heading = None if p.name in FIRST else p.section  # FIRST opens the form, unsectioned
         extra: dict[str, Any] = {"section": heading} if heading else {}  # (Param's keyword arguments are Any)
-        made[f.name] = Param(default, title=spec.title, description=spec.help, **json_schema(f, spec, kind), **extra)
+        made[p.name] = Param(default, title=p.title, description=p.help, **p.schema, **extra)
     return {name: made[name] for name in FIRST} | {k: v for k, v in made.items() if k not in FIRST}
 
 

@@ -9,21 +9,15 @@ from __future__ import annotations
 import difflib
 import functools
 import logging
-import os
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
-from tokenization.builds.config import BuildConfig
+from tokenization.builds.config import BuildConfig, offered_params
 from tokenization.builds.run import Build
-from tokenization.errors import StorageError, TokenizationError, external_error
-from tokenization.options import fields_of
-from tokenization.output.attempts import AttemptConflict, LeaseLost
-from tokenization.output.cache import chosen_location
-from tokenization.storage.files import WriteError
-from tokenization.storage.locations import tokenizer_files
+from tokenization.errors import RETRIABLE, TokenizationError, external_error
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
 from tokenization_airflow.pools import pool_exists
@@ -31,8 +25,7 @@ from tokenization_airflow.pools import pool_exists
 log = logging.getLogger(__name__)
 
 MAP_LENGTH_FALLBACK = 1024  # Airflow's default [core] max_map_length
-BUILD_PARAMS = {f.name for f, spec, _ in fields_of(BuildConfig) if spec.param}
-RETRIABLE = (StorageError, WriteError, AttemptConflict, LeaseLost)  # the project errors a later try may not meet
+BUILD_PARAMS = {param.name for param in offered_params()}
 FAILURE_KEY = "failure"  # the XCom holding a failed try's one-line cause
 FAILURE_CHARS = 2000  # of it: a cause is a line, not a log
 P = ParamSpec("P")
@@ -66,23 +59,6 @@ def check_map_length(params: dict, max_map_length: int) -> None:
             )
 
 
-def check_locations(params: dict) -> None:
-    """Inputs, outputs, the cache, tokenizer and chat template files only where the deployment allows (never
-    http://, never /etc), each after its symlinks are resolved: a tokenizer folder's files one by one too. (The
-    input folder's files are checked once listed, by the build's start.)"""
-    allowed = deployment().allowed_locations
-    for name in ("input", "output"):
-        allowed.check(name, params[name])
-    cache = chosen_location(params.get("cache"), None)  # its default is inside the output
-    for name, location in (("cache", cache), ("chat_template", params.get("chat_template"))):
-        if location:
-            allowed.check(name, location)
-    tokenizer = params["tokenizer"]
-    if "://" in tokenizer or tokenizer.startswith(("/", ".", "~")) or os.path.exists(tokenizer):
-        allowed.check("tokenizer", tokenizer)  # anything else is a hub name: the hub is a fixed host
-        allowed.check_files("tokenizer", tokenizer_files(tokenizer))
-
-
 def check_merge_pool(merges: bool) -> None:
     """A task of a missing pool would wait forever, saying nothing."""
     pool = deployment().merge_pool
@@ -111,7 +87,6 @@ def plan(params: dict, run_id: str, conf: dict, declared: set[str], max_map_leng
     check_conf(conf, declared)
     check_map_length(params, max_map_length)
     config = config_of(params)  # the option layer's checks first: a malformed URL is named as such
-    check_locations(params)
     check_merge_pool(config.output_format == "ds")
     build = Build.start(config, run_id, deployment().allowed_locations)
     build.unpublish()  # a run cleared whole rewrites its files: it is not complete until it publishes again

@@ -206,7 +206,10 @@ def test_locations_outside_the_allowed_ones_are_refused(airflow_db, dag, param, 
     from tokenization.storage.locations import LocationError
 
     with pytest.raises(LocationError, match=f"param {param}: .*{re.escape(message)}"):
-        tasks.check_locations(dict(dag.params.dump()) | {param: value})
+        chat = {"messages_key": "messages"} if param == "chat_template" else {}  # a chat template needs its messages
+        tasks.config_of(dict(dag.params.dump()) | chat | {param: value}).check_locations(
+            tasks.deployment().allowed_locations
+        )
     if param == "output" and value.startswith("http"):
         failed_fast(dag, {param: value})
 

@@ -18,10 +18,9 @@ def _errors() -> tuple[list[BaseException], list[BaseException]]:
     """Errors that running again repeats, and errors that another try may not meet."""
     from tokenization_airflow.tasks import PlanError
 
-    from tokenization.errors import StorageError, UsageError
+    from tokenization.errors import AttemptConflict, LeaseLost, StorageError, UsageError
     from tokenization.formats.ds import TokenFileError
     from tokenization.inputs.sources import InputError
-    from tokenization.output.attempts import AttemptConflict, LeaseLost
     from tokenization.output.runs import BuildError
     from tokenization.records import RecordError
     from tokenization.storage.locations import LocationError

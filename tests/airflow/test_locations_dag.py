@@ -53,10 +53,14 @@ def test_a_tokenizer_folder_whose_files_lead_outside_is_refused(airflow_db, dag,
     folder = Path(deployment["input"]).parent / "tokenizer"
     folder.mkdir()
     (folder / "tokenizer.json").symlink_to(deployment["tokenizer"])  # inside the allowed sample folder: fine
-    tasks.check_locations(dict(dag.params.dump()) | deployment | {"tokenizer": str(folder)})
+    tasks.config_of(dict(dag.params.dump()) | deployment | {"tokenizer": str(folder)}).check_locations(
+        tasks.deployment().allowed_locations
+    )
     (folder / "tokenizer_config.json").symlink_to(write_jsonl(tmp_path / "secret" / "config.json", [{}]))
     with pytest.raises(LocationError, match=rf"^param tokenizer: {folder}/tokenizer_config.json resolves to "):
-        tasks.check_locations(dict(dag.params.dump()) | deployment | {"tokenizer": str(folder)})
+        tasks.config_of(dict(dag.params.dump()) | deployment | {"tokenizer": str(folder)}).check_locations(
+            tasks.deployment().allowed_locations
+        )
 
 
 def test_a_connection_of_another_type_is_refused_by_name(airflow_db, dag, deployment, monkeypatch) -> None:

@@ -17,8 +17,9 @@ from tests.support.corpus import sample_records, write_jsonl
 from tests.support.processes import wait_for
 from tests.support.stages import file_bytes
 from tests.support.tokenizers import EOS
+from tokenization.errors import AttemptConflict, LeaseLost
 from tokenization.output import attempts
-from tokenization.output.attempts import AttemptConflict, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
+from tokenization.output.attempts import FileLease, ObjectLease, attempt_at, new_holder
 from tokenization.stages.verify import verify
 
 RANK_ARGS = ("--seed", "7", "--save-loss", "--max-tokens-per-file", "30000", "--eos-token", EOS)

@@ -21,12 +21,13 @@ import pytest
 from tests.support.paths import ROOT
 from tests.support.processes import wait_for
 from tests.support.tokenizers import EOS
+from tokenization.errors import LeaseLost, WriteError
 from tokenization.output import attempts
-from tokenization.output.attempts import Attempt, FileLease, LeaseLost, ObjectLease, attempt_at, new_holder
+from tokenization.output.attempts import Attempt, FileLease, ObjectLease, attempt_at, new_holder
 from tokenization.records import StageManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.stages.verify import verify
-from tokenization.storage.files import WriteError, put_if, using
+from tokenization.storage.files import put_if, using
 
 OUT = "corpus/out"
 LEASE = f"{OUT}/_leases/00000.json"

@@ -3,16 +3,36 @@ Params and the ``plan`` task's XCom ``spec``)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
+from typing import Any
 
 from tokenization.errors import UsageError
-from tokenization.options import option
+from tokenization.options import fields_of, json_schema, option, section
 from tokenization.output.cache import DEFAULT_FOLDER, OFF, chosen_location
 from tokenization.stages.context_shuffle import ContextOptions
 from tokenization.stages.merge import MergeOptions
 from tokenization.stages.tokenize import RankOptions
+from tokenization.storage import locations
 from tokenization.storage.files import join
+from tokenization.storage.locations import AllowedLocations, tokenizer_files
 from tokenization.tokenizer.documents import DocumentOptions
+from tokenization.tokenizer.loading import FILE_SUFFIXES
+
+ALLOWED_LOCATIONS_SETTING = locations.SETTING  # the variable a deployment lists the locations it allows in
+
+
+@dataclass(frozen=True)
+class Param:
+    """A field of ``BuildConfig`` as the DAG offers it: its default (``dataclasses.MISSING`` when it has none), title,
+    help, JSON schema, and the section of the trigger form it belongs to (None: the config's own fields)."""
+
+    name: str
+    default: Any
+    title: str | None
+    help: str
+    schema: dict
+    section: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +104,42 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         """Where the build's tokenization cache is: None when it is off."""
         return chosen_location(self.cache, join(self.output, DEFAULT_FOLDER))
 
+    def check_locations(self, allowed: AllowedLocations) -> None:
+        """Input, output, the cache, tokenizer and chat template only where the deployment allows (never http://,
+        never /etc), each after its symlinks are resolved: a tokenizer folder's files one by one too. (The input
+        folder's files are checked once listed, by ``Build.start``.)"""
+        for name, location in (("input", self.input), ("output", self.output)):
+            allowed.check(name, location)
+        cache = chosen_location(self.cache, None)  # its default is inside the output
+        for name, place in (("cache", cache), ("chat_template", self.chat_template)):
+            if place:
+                allowed.check(name, place)
+        tokenizer = self.tokenizer
+        if "://" in tokenizer or tokenizer.startswith(("/", ".", "~")) or os.path.exists(tokenizer):
+            allowed.check("tokenizer", tokenizer)  # anything else is a hub name: the hub is a fixed host
+            allowed.check_files("tokenizer", tokenizer_files(tokenizer))
+
     def shared(self, *groups: type) -> dict:
         """This config's values of the option groups a stage config shares with it."""
         return {f.name: getattr(self, f.name) for group in groups for f in fields(group)}
+
+
+def allowed_locations(defaults: list[str]) -> AllowedLocations:
+    """The locations a deployment allows, from its environment (``ALLOWED_LOCATIONS_SETTING``), else ``defaults``."""
+    return AllowedLocations.from_env(defaults)
+
+
+def tokenizer_folder(tokenizer: str) -> str:
+    """Where a build reads the tokenizer: a tokenizer file's folder, whatever its format (the tokenizer_config.json
+    beside it names its EOS), or the tokenizer itself, a folder."""
+    is_file = tokenizer.endswith(FILE_SUFFIXES) or os.path.isfile(tokenizer)
+    return tokenizer.rsplit("/", 1)[0] if is_file else tokenizer
+
+
+def offered_params() -> list[Param]:
+    """Every field of ``BuildConfig`` offered as a DAG Param, in the order the trigger form shows them."""
+    return [
+        Param(f.name, f.default, spec.title, spec.help, json_schema(f, spec, kind), section(BuildConfig, f.name))
+        for f, spec, kind in fields_of(BuildConfig)
+        if spec.param
+    ]

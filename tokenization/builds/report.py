@@ -18,8 +18,9 @@ from tokenization.builds.pages import render
 from tokenization.errors import MissingError
 from tokenization.output import manifest
 from tokenization.output.runs import BUILD_MANIFEST, Layout, read_build
-from tokenization.records import BuildInputs, BuildRecord, RankManifest, Retention, Throughput
-from tokenization.storage.files import join, open_fs, write_bytes_atomic
+from tokenization.records import BuildInputs, BuildRecord, BuildSummary, RankManifest, Retention, Throughput
+from tokenization.storage.files import StorageOptions, join, open_fs, write_bytes_atomic
+from tokenization.storage.folder import Folder
 from tokenization.tokenizer.encoding import NO_ENGINE
 
 # /3 had no footprint or ranks' memory; /2 no packing; /1 copied the build record's figures
@@ -314,3 +315,13 @@ def _tick_step(top: int) -> int:
             if power * factor * 5 >= top:
                 return power * factor
         power *= 10
+
+
+def read_report(run_dir: str, options: StorageOptions | None) -> str:
+    """A run's report as published, read with ``options``; FileNotFoundError until its build publishes."""
+    return Folder(run_dir, options).read(REPORT_HTML).decode()
+
+
+def published_summary(data: object, where: str) -> BuildSummary:
+    """What a build's publish returned (as XCom holds it, ``where``), checked: a RecordError says what is wrong."""
+    return BuildSummary.from_json(data, where)

@@ -77,10 +77,12 @@ class Build:
 
     @classmethod
     def start(cls, config: BuildConfig, run_id: str, allowed: AllowedLocations | None = None) -> Build:
-        """Check what can be checked before any work (an output apart from the input, the input files, within the
-        ``allowed`` locations when given, the tokenizer and its EOS, a chat template), then make the plan and
-        claim the run's folder with it. A retry or a resume of the same run finds its own claim, and goes on only
-        if it would plan the very same build (``Plan.refuse_another``)."""
+        """Check what can be checked before any work (every location within the ``allowed`` ones when given, an
+        output apart from the input, the input files, the tokenizer and its EOS, a chat template), then make the
+        plan and claim the run's folder with it. A retry or a resume of the same run finds its own claim, and goes
+        on only if it would plan the very same build (``Plan.refuse_another``)."""
+        if allowed is not None:
+            config.check_locations(allowed)
         run_dir = folder_for(config.output, run_id)
         with using(config.storage_options):
             check_disjoint([config.input], config.output)
@@ -121,6 +123,17 @@ class Build:
         its JSON (``where`` it was found, for messages) and held against the run's claim."""
         with using(config.storage_options):
             return cls(config, Run.of(BuildSpec.from_json(spec, where)))
+
+    @staticmethod
+    def run_dir_of(spec: object, where: str) -> str:
+        """The run folder a spec names (``where`` it was found, for messages), without reading the run's claim."""
+        return BuildSpec.from_json(spec, where).run_dir
+
+    @staticmethod
+    def entered(threads: int | None) -> None:
+        """Called by a process that runs build steps, at its start (an Airflow task, a build's worker): caps HF
+        tokenizers' threads for the whole process (``limit_hf_threads``)."""
+        limit_hf_threads(threads)
 
     @property
     def ranks(self) -> list[int]:
@@ -414,6 +427,6 @@ def _started(queue: Queue, environ: dict[str, str]) -> None:
 def _run_step(build: Build, step: str, args: tuple) -> StageResult:
     """One step in a worker process, its progress relayed to the parent's bar (several would share one
     terminal)."""
-    limit_hf_threads(build.config.threads)
+    Build.entered(build.config.threads)
     progress = Relay(_relayed, f"{step} {args}") if _relayed is not None else False
     return getattr(build, step)(*args, progress=progress)

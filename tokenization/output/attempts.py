@@ -65,7 +65,7 @@ from typing import TypeVar
 import fsspec
 import orjson
 
-from tokenization.errors import TokenizationError, reaching
+from tokenization.errors import AttemptConflict, LeaseLost, reaching
 from tokenization.formats.ds import WrittenTokenFile
 from tokenization.output import manifest
 from tokenization.records import CompletionMarker, FileSum, StageManifest
@@ -99,15 +99,6 @@ STAGING = ".staging"
 LEASES = "_leases"
 ATTEMPT_MARK = ".attempt-"  # staging folders are {stem}.attempt-{id}
 STAGING_TRIES = 50  # to make a staging folder in a base that other attempts, finishing, remove when empty
-
-
-class AttemptConflict(TokenizationError):
-    """Another attempt at the same output is alive; the message names it."""
-
-
-class LeaseLost(TokenizationError):
-    """This attempt's lease was taken over (it stalled past the TTL): it must not publish. Not a reason to retry:
-    the attempt that took the lease over is doing the work."""
 
 
 @dataclass(frozen=True)

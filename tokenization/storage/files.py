@@ -31,7 +31,7 @@ from typing import TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from tokenization.errors import StorageError, TokenizationError
+from tokenization.errors import StorageError, WriteError
 from tokenization.storage.locations import LOCAL_SCHEMES
 
 MIB = 1 << 20
@@ -57,10 +57,6 @@ _LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # the C library 
 
 StorageOptions = Mapping[str, Mapping]  # protocol -> the filesystem's keyword arguments: {"s3": {"key": ...}}
 _STAGE_OPTIONS: contextvars.ContextVar[StorageOptions | None] = contextvars.ContextVar("storage_options", default=None)
-
-
-class WriteError(TokenizationError, OSError):
-    """A file could not be written; the message names it and, locally, its filesystem."""
 
 
 def open_fs(url: str, options: StorageOptions | None = None) -> tuple[fsspec.AbstractFileSystem, str]:

@@ -25,7 +25,7 @@ from tokenization.inputs.sources import InputError, list_input_files
 from tokenization.options import params
 from tokenization.output import manifest
 from tokenization.output.cache import Cache
-from tokenization.output.runs import BuildError, Layout, read_build
+from tokenization.output.runs import BUILD_MANIFEST, BuildError, Layout, read_build
 from tokenization.records import (
     Arrived,
     BuildInputs,
@@ -44,7 +44,8 @@ from tokenization.records import (
     VerifySummary,
 )
 from tokenization.stages.verify import tokenizer_checks, verify
-from tokenization.storage.files import is_local, join, list_names, open_fs, remove_if_exists, using, write_bytes_atomic
+from tokenization.storage.files import join, using
+from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,7 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
         write_report(run_dir, record)  # before the record that declares the build complete
         if config.output_format == "megatron":
             _write_data_path(run_dir, record.dataset)
-        fs, path = open_fs(Layout(run.run_dir).manifest)
-        write_bytes_atomic(fs, path, record.dumps())
+        Folder(run_dir).put(BUILD_MANIFEST, record.dumps())
         newest = point_latest(config.output)
         deleted = expire(config.output, keep, {newest, run_dir}) if keep else []
         cleaned = _clean_cache(config) if keep else None
@@ -124,11 +124,10 @@ def _write_data_path(run_dir: str, dataset: str) -> None:
     dataset (Megatron output is never merged: a rank's files), each weighted by its tokens, which Megatron
     normalizes into its blend."""
     entries = manifest.output_entries(dataset)
-    fs, folder = open_fs(dataset)
-    where = str(Path(folder).resolve()) if is_local(fs) else dataset  # Megatron may run from any folder
+    folder = Folder(dataset)
+    where = str(Path(folder.path).resolve()) if folder.is_local else dataset  # Megatron may run from any folder
     weighted = [f"{entries[name].entry.tokens} {join(where, name.removesuffix(MEGATRON))}" for name in sorted(entries)]
-    fs, path = open_fs(join(run_dir, MEGATRON_DATA_PATH))
-    write_bytes_atomic(fs, path, (" ".join(weighted) + "\n").encode())
+    Folder(run_dir).put(MEGATRON_DATA_PATH, (" ".join(weighted) + "\n").encode())
 
 
 def _clean_cache(config: BuildConfig) -> CacheCleaning | None:
@@ -161,12 +160,10 @@ def published(config: BuildConfig, run: Run) -> Published | None:
 def unpublish(config: BuildConfig, run: Run) -> None:
     """Take back ``_BUILD.json`` before files it describes may change, or when a publish fails: no build is
     ever declared complete over files that are not the ones it describes."""
-    where = Layout(run.run_dir).manifest
-    with using(config.storage_options):
-        fs, path = open_fs(where)
-        if fs.exists(path):
-            remove_if_exists(fs, path)
-            log.warning("%s removed: the build is incomplete until it is published again", where)
+    folder = Folder(run.run_dir, config.storage_options)
+    if folder.exists(BUILD_MANIFEST):
+        folder.remove(BUILD_MANIFEST)
+        log.warning("%s removed: the build is incomplete until it is published again", folder.url_of(BUILD_MANIFEST))
 
 
 def build_record(config: BuildConfig, run: Run) -> BuildRecord:
@@ -226,7 +223,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         token_flow=accounting.token_flow(balance.tokens, stages, checked.tokens),
         tokens=checked.tokens,
         digest=accounting.dataset_digest(dataset),
-        files=token_file_names(list_names(*open_fs(dataset))),
+        files=token_file_names(Folder(dataset).list()),
         stages=stages,
         verify=VerifySummary(ok=checked.ok, files=checked.files, tokens=checked.tokens, notes=checked.notes),
         cache=accounting.cache_summary(ranks),
@@ -314,7 +311,7 @@ def summary(build: BuildRecord) -> str:
     if build.report:
         report = join(run_dir, build.report.html)
         lines.append(f"report: {report}")
-        fs, path = open_fs(report)
-        if is_local(fs):  # a run id's "%" is part of the folder's name: a browser needs it encoded again
-            lines.append(f"open:   {Path(path).resolve().as_uri()}")
+        folder = Folder(run_dir)
+        if folder.is_local:  # a run id's "%" is part of the folder's name: a browser needs it encoded again
+            lines.append(f"open:   {Path(folder.path_of(build.report.html)).resolve().as_uri()}")
     return "\n".join(lines)

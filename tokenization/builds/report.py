@@ -19,7 +19,7 @@ from tokenization.errors import MissingError
 from tokenization.output import manifest
 from tokenization.output.runs import BUILD_MANIFEST, Layout, read_build
 from tokenization.records import BuildInputs, BuildRecord, BuildSummary, RankManifest, Retention, Throughput
-from tokenization.storage.files import StorageOptions, join, open_fs, write_bytes_atomic
+from tokenization.storage.files import StorageOptions
 from tokenization.storage.folder import Folder
 from tokenization.tokenizer.encoding import NO_ENGINE
 
@@ -227,11 +227,9 @@ def write_report(run_dir: str, build: BuildRecord | None = None, retention: Rete
     show."""
     build = build or _build_record(run_dir)
     data = report_data(run_dir, build, retention)
-    fs, path = open_fs(run_dir)
-    write_bytes_atomic(
-        fs, join(path, REPORT_JSON), orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
-    )
-    write_bytes_atomic(fs, join(path, REPORT_HTML), render_html(data).encode())
+    folder = Folder(run_dir)
+    folder.put(REPORT_JSON, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    folder.put(REPORT_HTML, render_html(data).encode())
     return build
 
 

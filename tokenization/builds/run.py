@@ -52,7 +52,8 @@ from tokenization.records import BuildSpec, ContextCounts, ContextManifest, Merg
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
 from tokenization.stages.merge import MergeConfig, MergeOptions, merge
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
-from tokenization.storage.files import join, open_fs, using
+from tokenization.storage.files import using
+from tokenization.storage.folder import Folder
 from tokenization.storage.locations import AllowedLocations, check_disjoint, inside
 from tokenization.tokenizer.documents import Counts, DocumentOptions
 from tokenization.tokenizer.encoding import limit_hf_threads
@@ -283,10 +284,9 @@ class Build:
 
     def _recorded(self, folder: str, stem: str, kind: type[M]) -> M:
         """The manifest a step wrote in ``folder``: what that step, run again once the build is published, returns."""
-        where = join(folder, manifest.manifest_name(stem))
-        with using(self.config.storage_options):
-            fs, path = open_fs(folder)
-            record = kind.read(fs, manifest.manifest_path(path, stem), where)
+        stage = Folder(folder, self.config.storage_options)
+        where = stage.url_of(manifest.manifest_name(stem))
+        record = kind.read(stage.fs, stage.path_of(manifest.manifest_name(stem)), where)
         if record is None:
             raise BuildError(
                 f"{where}: missing, though the build is published: to build it again, clear the whole run in Airflow "

@@ -110,8 +110,7 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         folder's files are checked once listed, by ``Build.start``.)"""
         for name, location in (("input", self.input), ("output", self.output)):
             allowed.check(name, location)
-        cache = chosen_location(self.cache, None)  # its default is inside the output
-        for name, place in (("cache", cache), ("chat_template", self.chat_template)):
+        for name, place in (("cache", self.cache_location), ("chat_template", self.chat_template)):
             if place:
                 allowed.check(name, place)
         tokenizer = self.tokenizer

@@ -25,21 +25,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
-import fsspec
-
 from tokenization.errors import MissingError, TokenizationError, UsageError
 from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, folder_for, read_build
 from tokenization.records import BuildRecord, RecordError, RunClaim
-from tokenization.storage.files import (
-    is_local,
-    is_s3,
-    join,
-    open_fs,
-    put_if,
-    read_with_etag,
-    remove_tree,
-    write_bytes_atomic,
-)
+from tokenization.storage.files import join
+from tokenization.storage.folder import Folder, PutMode, UpdateIf
 
 LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_for encodes a leading dot)
 SWAP_ATTEMPTS = 20  # each a read, a listing and a conditional PUT: only a publish racing others ever retries
@@ -70,12 +60,12 @@ def complete_build(output: str, name: str) -> CompleteBuild | None:
     failed build, or no build at all); a record that is not this project's, or is malformed, raises
     :class:`LatestError` naming the file."""
     run_dir = join(output, name)
-    fs, path = open_fs(run_dir)
+    run = Folder(run_dir)
     try:
         record = read_build(run_dir)
         if record is None:
             return None
-        claim = RunClaim.read(fs, join(path, RUN_CLAIM), join(run_dir, RUN_CLAIM))
+        claim = RunClaim.read(run.fs, run.path_of(RUN_CLAIM), run.url_of(RUN_CLAIM))
     except RecordError as exc:
         raise LatestError(str(exc)) from None
     if claim is None:
@@ -93,7 +83,7 @@ def complete_builds(output: str) -> list[CompleteBuild]:
     """Every complete build under ``output``, the newest first; a folder with a ``_BUILD.json`` that is no build of
     this project is skipped with a warning naming it."""
     found = []
-    for name in _child_folders(*open_fs(output)):
+    for name in _child_folders(Folder(output)):
         try:
             build = complete_build(output, name)
         except LatestError as exc:
@@ -106,9 +96,8 @@ def complete_builds(output: str) -> list[CompleteBuild]:
 
 def read_latest(output: str) -> str | None:
     """The run folder ``LATEST`` names, inside ``output``, or None when there is none yet."""
-    fs, path = open_fs(output)
     try:
-        text = fs.cat_file(join(path, LATEST))
+        text = Folder(output).read(LATEST)
     except FileNotFoundError:
         return None
     except IsADirectoryError:
@@ -140,8 +129,8 @@ def latest_name(output: str, text: bytes) -> str | None:
     if _is_name(value):
         return value
     last = value.rstrip("/").rsplit("/", 1)[-1]
-    fs, path = open_fs(output)
-    if _is_name(last) and fs.isdir(join(path, last)):
+    folder = Folder(output)
+    if _is_name(last) and folder.fs.isdir(folder.path_of(last)):
         return last
     raise LatestError(
         f"{join(output, LATEST)}: names {value!r}, which is no folder of {output} (it is never followed outside "
@@ -153,10 +142,10 @@ def point_latest(output: str) -> str:
     """Point ``LATEST`` at the newest complete build and return it (the one just published, unless a newer one
     completed meanwhile). A compare-and-swap: read ``LATEST``, list the builds, write only if ``LATEST`` still
     holds what was read (a lock locally, ``If-Match`` on S3), else decide again; it never goes back."""
-    fs, path = open_fs(output)
-    with _locked(fs, path):
+    folder = Folder(output)
+    with _locked(folder):
         for _ in range(SWAP_ATTEMPTS):
-            text, etag = _read_latest_versioned(fs, join(path, LATEST))
+            text, etag = _read_latest_versioned(folder)
             builds = complete_builds(output)
             if not builds:
                 raise LatestError(f"{output}: no complete build to point {LATEST} at")
@@ -164,7 +153,7 @@ def point_latest(output: str) -> str:
             if current is not None and current.order >= builds[0].order:
                 return current.run_dir
             try:
-                _write_latest(fs, join(path, LATEST), builds[0].name, etag)
+                _write_latest(folder, builds[0].name, etag)
             except (FileExistsError, FileNotFoundError):  # another publish moved (or someone removed) it since
                 continue
             log.info("%s now names %s", join(output, LATEST), builds[0].run_dir)
@@ -180,12 +169,12 @@ def expire(output: str, keep: int, spare: set[str]) -> list[str]:
     for build in complete_builds(output)[keep:]:
         if build.run_dir in spare:
             continue
-        fs, path = open_fs(build.run_dir)
+        run = Folder(build.run_dir)
         try:
-            fs.rm_file(join(path, BUILD_MANIFEST))  # first: a deletion cut short leaves an incomplete build, not a
-        except FileNotFoundError:  # complete one with files missing; gone: another publish's retention took it
+            run.fs.rm_file(run.path_of(BUILD_MANIFEST))  # first: a deletion cut short leaves an incomplete build, not
+        except FileNotFoundError:  # a complete one with files missing; gone: another publish's retention took it
             continue
-        remove_tree(fs, path)
+        run.remove_all()
         log.warning("retention (keep %d complete builds): deleted %s, started %s", keep, build.run_dir, build.started)
         deleted.append(build.run_dir)
     return deleted
@@ -201,14 +190,14 @@ def _named_build(output: str, text: bytes | None) -> CompleteBuild | None:
         return None
 
 
-def _read_latest_versioned(fs: fsspec.AbstractFileSystem, path: str) -> tuple[bytes | None, str | None]:
+def _read_latest_versioned(output: Folder) -> tuple[bytes | None, str | None]:
     """``LATEST``'s content and, on S3, its ETag; ``(None, None)`` when there is none."""
     try:
-        return read_with_etag(fs, path)
+        return output.read_with_etag(LATEST)
     except FileNotFoundError:
         return None, None
     except IsADirectoryError:
-        raise _a_folder(path) from None
+        raise _a_folder(output.url_of(LATEST)) from None
 
 
 def _a_folder(where: str) -> LatestError:
@@ -220,32 +209,32 @@ def _a_folder(where: str) -> LatestError:
     )
 
 
-def _write_latest(fs: fsspec.AbstractFileSystem, path: str, name: str, etag: str | None) -> None:
+def _write_latest(output: Folder, name: str, etag: str | None) -> None:
     """Write ``LATEST`` whole; on S3 only over the version read (``etag``), or only if there was none (no ETag),
     else ``FileExistsError``. Locally the caller holds the lock; other stores have no such condition, and a race
     of two publishes there can leave either one."""
     data = f"{name}\n".encode()
-    if is_s3(fs):
-        put_if(fs, path, data, absent=etag is None, etag=etag)
-    else:
-        write_bytes_atomic(fs, path, data)
+    output.put(
+        LATEST, data, (PutMode.CREATE if etag is None else UpdateIf(etag)) if output.is_s3 else PutMode.OVERWRITE
+    )
 
 
 @contextmanager
-def _locked(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]:
+def _locked(output: Folder) -> Iterator[None]:
     """Hold ``{output}/.LATEST.lock`` exclusively, locally (``flock``: between processes and between threads, each
     opening the file). Elsewhere a no-op: on S3 the conditional writes do its work."""
-    if not is_local(fs):
+    if not output.is_local:
         yield
         return
-    fs.makedirs(path, exist_ok=True)
-    with open(join(path, LOCK), "a") as handle:
+    output.fs.makedirs(output.path, exist_ok=True)
+    with open(output.path_of(LOCK), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
 
 
-def _child_folders(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
-    """The names of the folders directly inside ``path`` (none when it does not exist), without dot names."""
+def _child_folders(output: Folder) -> list[str]:
+    """The names of the folders directly inside ``output`` (none when it does not exist), without dot names."""
+    fs, path = output.fs, output.path
     fs.invalidate_cache(path)
     try:
         entries = fs.ls(path, detail=True)

@@ -27,7 +27,8 @@ from urllib.parse import quote
 
 from tokenization.errors import TokenizationError, UsageError
 from tokenization.records import BuildRecord, PlanRecord, RunClaim, TokenizerFacts
-from tokenization.storage.files import join, list_names, open_fs, put_if
+from tokenization.storage.files import join
+from tokenization.storage.folder import Folder, PutMode
 
 BUILD_MANIFEST = "_BUILD.json"
 RUN_CLAIM = "_RUN.json"
@@ -76,18 +77,16 @@ def claim(folder: str, run_id: str, plan: PlanRecord, tokenizer: TokenizerFacts 
     ``tokenizer`` told it), or refuse: a folder claimed by another run, or holding files that no run claims, is never
     written into. Returns the claim as stored; a retry or a resume of this run finds its own claim, with the plan it
     made first (the caller compares the two), and when it was claimed, the start of the build's wall time."""
-    fs, path = open_fs(folder)
-    claim_path = join(path, RUN_CLAIM)
     owner = read_claim(folder)
     if owner is None:
-        if found := sorted(list_names(fs, path)):
+        if found := sorted(Folder(folder).list()):
             raise BuildError(
                 f"{folder} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
                 f"claims: choose another output, or remove that folder"
             )
         made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan, tokenizer=tokenizer)
         try:
-            put_if(fs, claim_path, made.dumps(), absent=True)
+            Folder(folder).put(RUN_CLAIM, made.dumps(), PutMode.CREATE)
             return made
         except FileExistsError:  # another task claimed it a moment ago: see whose claim it is
             owner = read_claim(folder)
@@ -104,9 +103,9 @@ def claim(folder: str, run_id: str, plan: PlanRecord, tokenizer: TokenizerFacts 
 def read_claim(folder: str) -> RunClaim | None:
     """The run folder's claim, or None when it has none; a damaged one, or one that records no plan (an older
     version's), is one line naming the file, since no plan can be resumed without it."""
-    fs, path = open_fs(folder)
-    where = join(folder, RUN_CLAIM)
-    owner = RunClaim.read(fs, join(path, RUN_CLAIM), where)
+    run = Folder(folder)
+    where = run.url_of(RUN_CLAIM)
+    owner = RunClaim.read(run.fs, run.path_of(RUN_CLAIM), where)
     if owner is not None and owner.plan is None:
         raise BuildError(
             f"{where}: claimed by run {owner.run_id!r} in an older format, which records no plan to resume: run it "
@@ -117,8 +116,8 @@ def read_claim(folder: str) -> RunClaim | None:
 
 def read_build(run_dir: str) -> BuildRecord | None:
     """The run's build record, checked, or None while the build is not complete."""
-    fs, path = open_fs(run_dir)
-    return BuildRecord.read(fs, join(path, BUILD_MANIFEST), join(run_dir, BUILD_MANIFEST))
+    run = Folder(run_dir)
+    return BuildRecord.read(run.fs, run.path_of(BUILD_MANIFEST), run.url_of(BUILD_MANIFEST))
 
 
 def resolve_seed(seed: int | None, run_id: str) -> int:

@@ -22,6 +22,7 @@ from tokenization.storage.files import (
     download,
     file_sha256,
     is_local,
+    is_s3,
     join,
     list_names,
     list_sizes,
@@ -72,6 +73,11 @@ class Folder:
     @property
     def is_local(self) -> bool:
         return is_local(self.fs)
+
+    @property
+    def is_s3(self) -> bool:
+        """Whether the store enforces a write's condition itself (``If-None-Match``, ``If-Match``)."""
+        return is_s3(self.fs)
 
     def sub(self, *parts: str) -> Folder:
         """A folder inside this one, opened the same way."""

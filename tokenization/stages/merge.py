@@ -236,7 +236,7 @@ def plan_ordering(config: MergeConfig, units: _Units) -> tuple[np.ndarray, np.nd
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _Prepared:
     """Everything decided before a byte is written: the inputs, how they are cut into units, the totals, the
     width of the file numbers and the fingerprint a resumed merge must share."""
 
@@ -252,7 +252,7 @@ class _Plan:
     recorded: list[ContentsSum | None]  # per input file: its contents, as its stage recorded them (None: unknown)
 
 
-def _plan(config: MergeConfig) -> _Plan:
+def _prepare(config: MergeConfig) -> _Prepared:
     if config.bucket is None:
         urls, described = manifest.token_files(config.input), manifest.output_entries(config.input)
     else:
@@ -271,7 +271,7 @@ def _plan(config: MergeConfig) -> _Plan:
     width = max(3, len(str(max(0, most_files - 1))))  # datatrove's 3 digits, wider only past 1,000 files
     units = _Units(inputs, chunk, counts)
     fingerprint = _fingerprint(config, inputs, width)
-    return _Plan(inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, fingerprint, recorded)
+    return _Prepared(inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, fingerprint, recorded)
 
 
 def _recorded(described: Described | None, save_loss: bool) -> ContentsSum | None:
@@ -307,8 +307,8 @@ class _Checkpoints:
     """The ``on_close`` of the merge's writer: publishes each finished file with a manifest that records where in
     the ordering it ends, which is where a resumed merge starts."""
 
-    def __init__(self, attempt: Attempt, plan: _Plan, done: list[MergeOutput], own: OwnCheck | None):
-        self.attempt, self.plan, self.entries, self.own = attempt, plan, list(done), own
+    def __init__(self, attempt: Attempt, prepared: _Prepared, done: list[MergeOutput], own: OwnCheck | None):
+        self.attempt, self.prepared, self.entries, self.own = attempt, prepared, list(done), own
         self.resumed_units = self.units_end
 
     @property
@@ -328,23 +328,23 @@ class _Checkpoints:
     def _pseudo_ends(self, tokens: int) -> PseudoEnds | Literal["unknown"] | None:
         """The chunk ends in the index of the next file, of ``tokens`` tokens ("unknown": some input's index held
         chunk or window ends already)."""
-        if self.plan.inputs.pseudo_ends:
+        if self.prepared.inputs.pseudo_ends:
             return "unknown"
-        chunk = self.plan.units.chunk
-        return manifest.pseudo_ends(self.tokens, tokens, chunk, int(self.plan.units.counts.sum()) * (chunk or 0))
+        chunk = self.prepared.units.chunk
+        return manifest.pseudo_ends(self.tokens, tokens, chunk, int(self.prepared.units.counts.sum()) * (chunk or 0))
 
     def watch(self, path: Path) -> Observer:
         """The own check's observer of the next file as it is written: its length is not known yet, but any length
         past its end gives its chunk ends, and the whole stream's is one."""
         if self.own is None:  # the writer is given this observer only with an own check
             raise RuntimeError("the merge watches its files only with an own check")
-        return self.own.watch(path, self._pseudo_ends(self.plan.total_tokens))
+        return self.own.watch(path, self._pseudo_ends(self.prepared.total_tokens))
 
     def __call__(self, written: WrittenTokenFile, units_written: int) -> None:
         entry = manifest.output_entry(
             written,
             MergeOutput,
-            fingerprint=self.plan.fingerprint,
+            fingerprint=self.prepared.fingerprint,
             units_start=self.units_end,
             units_end=self.resumed_units + units_written,
             pseudo_ends=self._pseudo_ends(written.tokens),
@@ -364,46 +364,46 @@ def merge(
     are the dataset: no context shuffle follows), each file is checked as it is written, before upload, as a
     context shuffle checks its own; the files an earlier attempt published are left to publish's reading."""
     started = time.time()
-    plan = _plan(config)
+    prepared = _prepare(config)
     stem = config.stem
     own = OwnCheck(checks, f"merge {stem}") if checks is not None else None
     with attempt_at(config.output, stem, config.local_working_dir, owner) as attempt:
-        done = _completed_files(attempt, config, plan.width, plan.fingerprint)
-        checkpoints = _Checkpoints(attempt, plan, done, own)
+        done = _completed_files(attempt, config, prepared.width, prepared.fingerprint)
+        checkpoints = _Checkpoints(attempt, prepared, done, own)
         log.info(
             "merge %s: %d inputs, %d units, %d tokens; %d files already done, resuming at unit %d",
             stem,
-            len(plan.inputs.urls),
-            plan.total_units,
-            plan.total_tokens,
+            len(prepared.inputs.urls),
+            prepared.total_units,
+            prepared.total_tokens,
             len(done),
             checkpoints.units_end,
         )
         try:
-            read = _move(config, plan, attempt, checkpoints, progress)
+            read = _move(config, prepared, attempt, checkpoints, progress)
         except ShuffleCheckFailed:  # a resumed merge would keep the files: none of them may be trusted
             _remove_outputs(attempt, config, keep=set())
             raise
-        tails = int(plan.tails.sum())
+        tails = int(prepared.tails.sum())
         counts = MergeCounts(
-            input_files=len(plan.inputs.urls),
-            units=plan.total_units,
+            input_files=len(prepared.inputs.urls),
+            units=prepared.total_units,
             index_entries=sum(e.index_entries for e in checkpoints.entries),
             tokens=checkpoints.tokens,
-            partial_chunk_tokens=tails if plan.keep_tails else 0,
-            tokens_dropped=0 if plan.keep_tails else tails,
+            partial_chunk_tokens=tails if prepared.keep_tails else 0,
+            tokens_dropped=0 if prepared.keep_tails else tails,
             resumed_files=len(done),
             contents_in=ContentsSum.of(read),
             contents_out=ContentsSum.of(checkpoints.contents),
         )
-        inputs = plan.inputs
+        inputs = prepared.inputs
         record = MergeManifest(
             stage="merge",
             **manifest.provenance(config, time.time() - started),
             save_filename=config.save_filename,
             bucket=config.bucket,
             seed=config.seed,
-            fingerprint=plan.fingerprint,
+            fingerprint=prepared.fingerprint,
             tokenizer=MergeTokenizer(
                 name=inputs.tokenizer, sha256=inputs.tokenizer_sha256, token_size=inputs.token_size
             ),
@@ -417,15 +417,15 @@ def merge(
 
 
 def _move(
-    config: MergeConfig, plan: _Plan, attempt: Attempt, checkpoints: _Checkpoints, progress: ProgressMode
+    config: MergeConfig, prepared: _Prepared, attempt: Attempt, checkpoints: _Checkpoints, progress: ProgressMode
 ) -> Contents:
     """Move every unit not yet published, in the planned order, into files that publish themselves as they close;
     then check that the files hold every unit of the inputs once. Returns the contents of the inputs."""
-    inputs, units = plan.inputs, plan.units
+    inputs, units = prepared.inputs, prepared.units
     done = len(checkpoints.entries)
     writer = SplitWriter(
         attempt.work,
-        lambda sub: config.file_name(sub + done, plan.width),
+        lambda sub: config.file_name(sub + done, prepared.width),
         tokenizer=inputs.tokenizer,
         token_size=inputs.token_size,
         save_loss=config.save_loss,
@@ -439,9 +439,9 @@ def _move(
     resume, ordered = checkpoints.units_end, len(file_ids)
     cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
     pool = SourcePool(inputs.urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
-    with pool, Progress(f"merge {config.stem}", plan.total_tokens, "tok", progress) as shown:
+    with pool, Progress(f"merge {config.stem}", prepared.total_tokens, "tok", progress) as shown:
         pool.fetch(inputs.sizes)
-        with meanwhile(_input_contents, plan, pool) as contents:  # the inputs read again while their units move
+        with meanwhile(_input_contents, prepared, pool) as contents:  # the inputs read again while their units move
             with writer:  # its end publishes the last file
                 shown.update(checkpoints.tokens, units=resume, tokens=checkpoints.tokens)
                 for a in range(min(resume, ordered), ordered, UNITS_PER_SLICE):
@@ -449,33 +449,33 @@ def _move(
                     files, local = _slice_units(file_ids, perm, units, cursor, a, b)
                     starts, ends = units.bounds(files, local)
                     move_units(pool, files, starts, ends, writer, inner, progress=shown)
-                if plan.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
-                    pending = np.flatnonzero(plan.tails)[max(0, resume - ordered) :]
+                if prepared.keep_tails:  # the partial last chunk of each file, in file order, after every full chunk
+                    pending = np.flatnonzero(prepared.tails)[max(0, resume - ordered) :]
                     chunk_starts = units.counts[pending] * units.chunk
-                    move_units(pool, pending, chunk_starts, plan.tokens[pending], writer, inner, progress=shown)
+                    move_units(pool, pending, chunk_starts, prepared.tokens[pending], writer, inner, progress=shown)
             read, kept = contents.result()
     check_kept(f"merge {config.stem}", kept, checkpoints.contents)
     return read
 
 
-def _input_contents(plan: _Plan, pool: SourcePool) -> tuple[Contents, Contents]:
+def _input_contents(prepared: _Prepared, pool: SourcePool) -> tuple[Contents, Contents]:
     """What the merge read (its inputs cut at their indexes) and what its files must hold (cut into its units, the
     dropped tails aside): from the inputs' records when all hold them and the units are their documents, else hashed
     from the input files (datatrove's, or cut into chunks)."""
-    chunk = plan.units.chunk
-    known = [recorded for recorded in plan.recorded if recorded is not None]
-    if not chunk and len(known) == len(plan.recorded):
+    chunk = prepared.units.chunk
+    known = [recorded for recorded in prepared.recorded if recorded is not None]
+    if not chunk and len(known) == len(prepared.recorded):
         read = Contents.total(recorded.value for recorded in known)
         return read, read
     read = kept = Contents()
-    for f in range(len(plan.inputs.urls)):
-        ends, tokens = plan.inputs.file_ends(f), int(plan.tokens[f])
+    for f in range(len(prepared.inputs.urls)):
+        ends, tokens = prepared.inputs.file_ends(f), int(prepared.tokens[f])
         if not chunk:
             (whole,) = contents_of(pool, f, (ends, tokens))
             read, kept = read + whole, kept + whole
             continue
-        full = int(plan.units.counts[f]) * chunk
-        limit = tokens if plan.keep_tails else full
+        full = int(prepared.units.counts[f]) * chunk
+        limit = tokens if prepared.keep_tails else full
         units = sorted_union(ends[ends <= limit], np.arange(chunk, full + 1, chunk))
         whole, cut = contents_of(pool, f, (ends, tokens), (units, limit))
         read, kept = read + whole, kept + cut

@@ -34,22 +34,19 @@ from tokenization.formats.ds import (
 )
 from tokenization.formats.megatron import MegatronFile
 from tokenization.formats.names import BUCKET_FOLDER
-from tokenization.records import (
-    OutputEntry,
-    PseudoEnds,
-    SelfCheck,
-)
+from tokenization.records import OutputEntry, PseudoEnds, SelfCheck
 from tokenization.storage.files import map_concurrently
 from tokenization.storage.folder import Folder
 
-BLOCK_BYTES = 64 << 20
-
-
+BLOCK_BYTES = 64 << 20  # read, checked and hashed at a time: memory stays bounded whatever a file's size
 MAX_REPORTED = 10  # problems of one kind reported per file, then a count
 
 
 @dataclass
 class Report:
+    """What checks found: the families and tokens read, the problems (each naming its file and, where it has one,
+    the token offset), and notes on what was not checked and why."""
+
     files: int = 0
     tokens: int = 0
     problems: list[str] = field(default_factory=list)

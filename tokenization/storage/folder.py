@@ -1,5 +1,7 @@
-"""Storage as a value: a ``Folder`` is a URL bound to the options that open it (credentials, endpoint), and every
-read, listing and write of the library goes through one, so that no call depends on where it is made from.
+"""Storage as a value: a ``Folder`` is a URL bound to the options that open it (credentials, endpoint), so that a
+read, listing or write through one does not depend on the context it is made in. Publishing, the run's claim,
+``LATEST`` and verify go through Folders; the stages still open URLs with their context's options
+(``files.using``), until they take Folders too.
 
 Names inside a folder are relative (``"a.ds"``, ``"bucket00007/a.ds"``); ``url_of`` gives the URL that messages
 name. Writes are whole or absent (``put``, ``move_in``); a conditional write says its condition with a ``PutMode``

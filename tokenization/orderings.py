@@ -12,19 +12,19 @@ the same call on the same generator in the same sequence, so the same seed gives
   of every document.
 
 Unlike datatrove, a partial last chunk or window is kept, after the shuffled full ones (``with_tail``), unless it is
-dropped and counted. The orders that datatrove does not have draw from streams of their own, never from the
-generators above:
+dropped and counted. The orders that datatrove does not have:
 
-- the bucketed merge (``bucket_of``, ``bucket_order``): generators seeded ``(seed, 0, rank)`` and
-  ``(seed, 1, bucket)``. Each rank draws a bucket for each of its documents, uniformly among ``B``; each bucket
-  puts its documents (gathered rank after rank) in a uniformly random order. Read bucket after bucket, the
-  documents are in a uniformly random order: a given order of ``n`` documents needs the first ``k_1`` in bucket 0
-  (in that order), the next ``k_2`` in bucket 1 and so on, with probability ``B^-n · Π 1/k_b!``; summed over the
-  bucket sizes that is ``B^-n · B^n / n!`` (the multinomial theorem), that is ``1/n!``. datatrove's interleave,
-  by contrast, keeps each rank's order and is not uniform. A task needs only its own bucket: memory and local
-  disk grow with ``n / B``, not with the corpus;
-- packed windows (``packing_draws``): from the context shuffle's generator for the file, one 63-bit seed for the
-  order of ties in Best-Fit Decreasing (``tie_order``), then the windows' places.
+- the bucketed merge (``bucket_of``, ``bucket_order``), from streams of its own, never from the generators above:
+  generators seeded ``(seed, 0, rank)`` and ``(seed, 1, bucket)``. Each rank draws a bucket for each of its
+  documents, uniformly among ``B``; each bucket puts its documents (gathered rank after rank) in a uniformly random
+  order. Read bucket after bucket, the documents are in a uniformly random order: a given order of ``n`` documents
+  needs the first ``k_1`` in bucket 0 (in that order), the next ``k_2`` in bucket 1 and so on, with probability
+  ``B^-n · Π 1/k_b!``; summed over the bucket sizes that is ``B^-n · B^n / n!`` (the multinomial theorem), that is
+  ``1/n!``. datatrove's interleave, by contrast, keeps each rank's order and is not uniform. A task needs only its
+  own bucket: memory and local disk grow with ``n / B``, not with the corpus;
+- packed windows, from the context shuffle task's generator, in its place of that file's window permutation: one
+  63-bit seed for the order of ties in Best-Fit Decreasing (``packing_draws``, then ``tie_order``), then the
+  windows' places.
 """
 
 from __future__ import annotations

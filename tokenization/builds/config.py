@@ -1,5 +1,6 @@
 """A build's params: with the run's spec (``plan.Run``), what every step of a build is given (in Airflow, the DAG's
-Params and the ``plan`` task's XCom ``spec``)."""
+Params and the ``plan`` task's XCom ``spec``); and what a deployment asks of them: the Params it offers
+(``offered_params``), the locations it allows (``check_locations``, ``allowed_locations``), a tokenizer's folder."""
 
 from __future__ import annotations
 

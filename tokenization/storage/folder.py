@@ -4,7 +4,7 @@ read, listing or write through one does not depend on the context it is made in.
 (``files.using``), until they take Folders too.
 
 Names inside a folder are relative (``"a.ds"``, ``"bucket00007/a.ds"``); ``url_of`` gives the URL that messages
-name. Writes are whole or absent (``put``, ``move_in``); a conditional write says its condition with a ``PutMode``
+name. Writes are whole or absent (``put``); a conditional write says its condition with a ``PutMode``
 (after obstore's): create only, overwrite, or update only the version that has an ETag.
 """
 
@@ -13,22 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from pathlib import Path
 from typing import IO, Any
 
 import fsspec
 
 from tokenization.storage.files import (
     StorageOptions,
-    current_etag,
-    download,
-    file_sha256,
     is_local,
     is_s3,
     join,
     list_names,
     list_sizes,
-    move_into_place,
     open_fs,
     put_if,
     read_many,
@@ -116,10 +111,6 @@ class Folder:
     def read_with_etag(self, name: str) -> tuple[bytes, str | None]:
         return read_with_etag(self.fs, self.path_of(name))
 
-    def etag(self, name: str) -> str | None:
-        """The object's ETag as the store has it now, None when it is absent or the store keeps none."""
-        return current_etag(self.fs, self.path_of(name))
-
     def exists(self, name: str = "") -> bool:
         return self.fs.exists(self.path_of(name) if name else self.path)
 
@@ -142,13 +133,6 @@ class Folder:
             return put_if(self.fs, path, data, absent=True)
         return put_if(self.fs, path, data, etag=mode.etag)
 
-    def move_in(self, local: Path, name: str, tmp_dir: Path | None = None) -> None:
-        """A finished local file placed under ``name``, appearing whole (renamed locally, uploaded elsewhere)."""
-        move_into_place(local, self.fs, self.path_of(name), tmp_dir)
-
-    def download(self, name: str, dest: Path) -> None:
-        download(self.fs, self.path_of(name), dest)
-
     def remove(self, name: str, if_etag: str | None = None) -> None:
         """Delete ``name`` if it is there; with ``if_etag``, only that version (FileExistsError if it changed)."""
         remove_if(self.fs, self.path_of(name), if_etag)
@@ -156,7 +140,3 @@ class Folder:
     def remove_all(self) -> None:
         """Delete the folder and everything in it."""
         remove_tree(self.fs, self.path)
-
-    def sha256(self, name: str) -> str:
-        """A file's sha256, streamed (memory stays bounded)."""
-        return file_sha256(self.path_of(name), self.fs)

@@ -555,8 +555,8 @@ def scale_rows(work: Path, base: dict, sizes: tuple[float, ...]) -> list[dict]:
 
 def reloads(ranks: Path) -> dict:
     """The fast engine's reloads to keep a rank within its memory budget, and their seconds, from its manifest."""
-    path = manifest.manifest_path(str(ranks), rank_stem(0))
-    tokenizer = RankManifest.loads(Path(path).read_bytes(), path).tokenizer
+    path = ranks / manifest.manifest_name(rank_stem(0))
+    tokenizer = RankManifest.loads(path.read_bytes(), str(path)).tokenizer
     return {"reloads": tokenizer.engine_reloads, "reload_s": tokenizer.engine_reload_seconds}
 
 

@@ -47,7 +47,7 @@ from bench.scale_plan.report import table, write
 from harness.cluster import Cluster, Request, services_missing
 from tokenization.formats import DS
 from tokenization.output.manifest import COMPLETIONS, MANIFESTS
-from tokenization.output.runs import Layout
+from tokenization.output.runs import BUILD_MANIFEST, Layout
 from tokenization.stages.context_shuffle import DEFAULT_WINDOW
 from tokenization.storage.files import CONCURRENT_READS, map_concurrently, open_fs
 
@@ -279,11 +279,11 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
         tis = cluster.task_instances(DAG, RUN_ID)
         if dag_run["state"] != "success":
             raise SystemExit(f"the build failed: {[(t['task_id'], t['map_index'], t['state']) for t in tis]}")
-        layout = Layout(f"corpus/builds/{RUN_ID}")
+        run_dir = f"corpus/builds/{RUN_ID}"
         s3.invalidate_cache()
-        manifests = [json.loads(s3.cat_file(p)) for p in s3.find(layout.run_dir) if f"/{MANIFESTS}/" in p]
-        build = json.loads(s3.cat_file(layout.manifest))
-        ds_bytes = sum(s3.size(f"{layout.context}/{name}") for name in build["files"] if name.endswith(DS))
+        manifests = [json.loads(s3.cat_file(p)) for p in s3.find(run_dir) if f"/{MANIFESTS}/" in p]
+        build = json.loads(s3.cat_file(f"{run_dir}/{BUILD_MANIFEST}"))
+        ds_bytes = sum(s3.size(f"{run_dir}/{Layout.CONTEXT}/{name}") for name in build["files"] if name.endswith(DS))
         return {
             "settings": {k: getattr(args, k) for k in SETTINGS},
             "measured": datetime.now().date().isoformat(),

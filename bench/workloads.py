@@ -187,8 +187,9 @@ def s3_context(inputs: Inputs) -> None:
 
 def ours_verify(inputs: Inputs) -> None:
     from tokenization.stages.verify import verify
+    from tokenization.storage.folder import Folder
 
-    if not verify(inputs.ranks).ok:
+    if not verify(Folder(inputs.ranks)).ok:
         raise RuntimeError(f"verify found problems in {inputs.ranks}")
 
 
@@ -210,11 +211,12 @@ def ours_reread(inputs: Inputs) -> OwnTimes:
     against its tokenizer (ids, EOS), alone."""
     from tokenization.builds import complete
     from tokenization.stages.verify import verify
+    from tokenization.storage.folder import Folder
 
     build = _build(inputs)
     dataset = build.published().record.dataset
     start = time.perf_counter()
-    if not verify(dataset, checks=complete.dataset_checks(build.config, build.claimed)).ok:
+    if not verify(Folder(dataset), checks=complete.dataset_checks(build.config, build.claimed)).ok:
         raise RuntimeError(f"verify found problems in {dataset}")
     return OwnTimes(time.perf_counter() - start)
 
@@ -241,9 +243,10 @@ def ours_sensor_books(inputs: Inputs) -> OwnTimes:
     """The sensor's check of a build's ranks alone (``incomplete_ranks``, with the plan, as ``Build`` calls it):
     every marker and manifest read, the rank folder and each bucket folder listed. Every rank must be complete."""
     from tokenization.builds.accounting import incomplete_ranks
+    from tokenization.storage.folder import Folder
 
     start = time.perf_counter()
-    if missing := incomplete_ranks(inputs.ranks, inputs.num_ranks, inputs.plan):
+    if missing := incomplete_ranks(Folder(inputs.ranks), inputs.num_ranks, inputs.plan):
         raise RuntimeError(f"{len(missing)} ranks are not complete, as rank {min(missing)}: {missing[min(missing)]}")
     return OwnTimes(time.perf_counter() - start)
 
@@ -253,10 +256,11 @@ def ours_publish_books(inputs: Inputs) -> OwnTimes:
     against the plan's input files (read first, untimed, as publish holds its plan), and the cache's summary."""
     from tokenization.builds.accounting import cache_summary, conservation, rank_manifests
     from tokenization.records import InputFile
+    from tokenization.storage.folder import Folder
 
     planned = [InputFile.from_json(f, inputs.planned) for f in json.loads(Path(inputs.planned).read_bytes())]
     start = time.perf_counter()
-    ranks = rank_manifests(inputs.ranks, inputs.num_ranks)
+    ranks = rank_manifests(Folder(inputs.ranks), inputs.num_ranks)
     balance = conservation(ranks, planned)
     if not balance.holds or cache_summary(ranks) is None:
         raise RuntimeError(f"the books of {inputs.ranks} do not hold, or its ranks ran without a cache: {balance}")

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from tokenization.errors import TokenizationError, UsageError, external_error
 from tokenization.options import add_arguments, from_arguments
+from tokenization.storage.folder import Folder
 from tokenization.storage.locations import malformed_url
 
 if TYPE_CHECKING:
@@ -222,16 +223,12 @@ def _cache_at(location: str) -> Cache:
     """The cache at ``location``, or the cache of the builds output ``location`` (``{output}/.cache``); a cache is
     known by its own file, or, made by an earlier version, by its entries."""
     from tokenization.output.cache import DEFAULT_FOLDER, ENTRIES, OWN_FILE, Cache
-    from tokenization.storage.files import join, open_fs
 
-    fs, path = open_fs(location)
+    def is_cache(folder: Folder) -> bool:
+        return folder.exists(OWN_FILE) or folder.exists(ENTRIES)
 
-    def is_cache(folder: str) -> bool:
-        return fs.exists(join(folder, OWN_FILE)) or fs.exists(join(folder, ENTRIES))
-
-    if not is_cache(path) and is_cache(join(path, DEFAULT_FOLDER)):
-        return Cache(join(location, DEFAULT_FOLDER))
-    return Cache(location)
+    given = Folder(location)
+    return Cache(given.sub(DEFAULT_FOLDER) if not is_cache(given) and is_cache(given.sub(DEFAULT_FOLDER)) else given)
 
 
 def _when(moment: float | None) -> str:
@@ -343,8 +340,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"--eos-token {args.eos_token!r} needs --tokenizer, which gives its id; give neither, and a build's "
             "folders are checked against the build's own tokenizer"
         )
-    build = _build_in(args.path)
-    path = _dataset_in(args.path, build) if build else args.path
+    build = _build_in(Folder(args.path))
+    path = Folder(_dataset_in(args.path, build) if build else args.path)
     report = verify(path, args.tokenizer, args.eos_token, vouched=args.sample is not None, sample=args.sample or 0)
     if build and (build.tokens, build.digest) != (report.tokens, digest := dataset_digest(path)):
         report.problems.append(
@@ -354,7 +351,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for line in report.problems + report.notes:
         print(line)
     state = "OK" if report.ok else f"FAILED, {len(report.problems)} problems"
-    print(f"verify {path}: {report.files} files, {report.tokens:,} tokens: {state}")
+    print(f"verify {path.url}: {report.files} files, {report.tokens:,} tokens: {state}")
     return 0 if report.ok else 1
 
 
@@ -366,24 +363,21 @@ def _dataset_in(run_dir: str, build: BuildRecord) -> str:
     return join(run_dir, build.dataset.rstrip("/").rpartition("/")[2])
 
 
-def _build_in(path: str) -> BuildRecord | None:
+def _build_in(run: Folder) -> BuildRecord | None:
     """The build record of a run folder, whose dataset is what to verify (and whose record must match it); None
     for any other folder."""
     from tokenization.output.runs import RUN_CLAIM, BuildError, Layout, read_build
-    from tokenization.storage.files import join, open_fs
 
-    fs, folder = open_fs(path)
-    if not fs.exists(join(folder, RUN_CLAIM)):
+    if not run.exists(RUN_CLAIM):
         return None
-    build = read_build(path)
+    build = read_build(run)
     if build is None:
-        layout = Layout(path)
-        stages = [stage for stage in (layout.ranks, layout.merged, layout.context) if fs.isdir(open_fs(stage)[1])]
+        stages = [stage.url for stage in Layout(run).stages.values() if stage.fs.isdir(stage.path)]
         raise BuildError(
-            f"{path} is the run folder of a build not published yet: verify one of its stage folders "
+            f"{run.url} is the run folder of a build not published yet: verify one of its stage folders "
             f"({', '.join(stages) or 'none written yet'})"
         )
-    print(f"{path} is a build's run folder: verifying its dataset")
+    print(f"{run.url} is a build's run folder: verifying its dataset")
     return build
 
 
@@ -391,7 +385,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tokenization.builds.report import REPORT_HTML, write_report
     from tokenization.storage.files import join
 
-    build = write_report(args.run_dir)
+    build = write_report(Folder(args.run_dir))
     c = build.conservation
     print(
         f"report {join(args.run_dir, REPORT_HTML)}: {build.stages.tokenize.ranks} ranks, {c.docs_in:,} docs read = "
@@ -405,10 +399,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from tokenization.formats import MEGATRON, list_token_files
     from tokenization.formats.ds import TokenFile, TokenFileError
     from tokenization.formats.megatron import MegatronFile
-    from tokenization.storage.files import open_fs
 
-    fs, path = open_fs(args.path)
-    urls = list_token_files(args.path) if fs.isdir(path) else [args.path]
+    given = Folder(args.path)
+    urls = list_token_files(given) if given.fs.isdir(given.path) else [args.path]
     if not urls:
         raise TokenFileError(f"{args.path}: no .ds or .bin files")
     files = [MegatronFile(u) if u.endswith((MEGATRON, ".idx")) else TokenFile(u) for u in urls]

@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any, Literal
 
 from tokenization.errors import UsageError
+from tokenization.storage.folder import Folder
 from tokenization.storage.locations import malformed_url
 
 NONE_WORDS = ("none", "null", "unlimited")  # what the command line takes for "no value" in an optional number
@@ -77,6 +78,10 @@ class Options:
             elif isinstance(value, os.PathLike):
                 object.__setattr__(self, f.name, os.fspath(value))
         check(self)
+
+    def folder(self, url: str) -> Folder:
+        """``url`` as a Folder opened with this config's storage options."""
+        return Folder(url, self.storage_options)
 
 
 @cache

@@ -24,6 +24,7 @@ from tokenization.records import (
     StageSummary,
     TokenizeSummary,
 )
+from tokenization.storage.folder import Folder
 
 
 def test_run_ids_map_to_folders_one_to_one() -> None:
@@ -51,7 +52,7 @@ def plan_of(seed: int) -> PlanRecord:
 
 
 def test_a_folder_of_another_run_is_refused(tmp_path) -> None:
-    folder = str(tmp_path / "run")
+    folder = Folder(str(tmp_path / "run"))
     made = claim(folder, "nightly", plan_of(1))
     assert claim(folder, "nightly", plan_of(2)) == made  # a retry of the same run finds the plan it made first
     with pytest.raises(BuildError, match=r"holds the output of run 'nightly', not of 'manual': two runs never share"):
@@ -59,7 +60,7 @@ def test_a_folder_of_another_run_is_refused(tmp_path) -> None:
     (tmp_path / "unclaimed").mkdir()
     (tmp_path / "unclaimed" / "ranks").mkdir()
     with pytest.raises(BuildError, match=r"unclaimed already holds ranks, which no run claims"):
-        claim(str(tmp_path / "unclaimed"), "manual", plan_of(1))
+        claim(Folder(str(tmp_path / "unclaimed")), "manual", plan_of(1))
 
 
 @pytest.fixture
@@ -75,11 +76,11 @@ def three_then_two(tmp_path, sample_corpus, sample_tokenizer):
 
 def test_a_leftover_rank_is_never_merged(tmp_path, three_then_two) -> None:
     with pytest.raises(BuildError, match=r"not ranks of this 2-rank run: \['00002'\]"):
-        incomplete_ranks(str(three_then_two), 2)
+        incomplete_ranks(Folder(str(three_then_two)), 2)
     (three_then_two / "_completions" / "00002.json").unlink()  # an unfinished attempt leaves files, no marker
     with pytest.raises(TokenFileError, match=r"00002_00000_doc_shuffled.ds: no completion marker lists it"):
         merged(three_then_two, tmp_path / "merged", seed=5)
-    assert incomplete_ranks(str(three_then_two), 2) == {}
+    assert incomplete_ranks(Folder(str(three_then_two)), 2) == {}
 
 
 def test_tokens_must_add_up_from_stage_to_stage(tmp_path, sample_corpus, sample_tokenizer) -> None:
@@ -87,7 +88,7 @@ def test_tokens_must_add_up_from_stage_to_stage(tmp_path, sample_corpus, sample_
     for rank in range(2):
         run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=5)
     merged(tmp_path / "ranks", tmp_path / "merged", seed=5)
-    layout = Layout(str(tmp_path))
+    layout = Layout(Folder(str(tmp_path)))
     manifests = rank_manifests(layout.ranks, 2)
     ranks_total = sum(m.counts.tokens_written for m in manifests)
     stages = StageSummary(
@@ -109,7 +110,7 @@ def test_a_copied_in_family_is_not_read(tmp_path, sample_corpus, sample_tokenize
     for path in (tmp_path / "other").glob("x_*.ds*"):
         shutil.copy(path, tmp_path / "ranks" / path.name)
     with pytest.raises(TokenFileError, match=r"ranks/x_00000_00000_doc_shuffled.ds: no completion marker lists it"):
-        manifest.token_files(str(tmp_path / "ranks"))
+        manifest.token_files(Folder(str(tmp_path / "ranks")))
     marker = orjson.loads((tmp_path / "ranks" / "_completions" / "00000.json").read_bytes())
     assert sorted(marker["files"]) == sorted(p.name for p in (tmp_path / "ranks").glob("00000_*"))
 
@@ -200,9 +201,9 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
 def test_while_a_marker_is_missing_the_check_is_one_listing(tmp_path, sample_corpus, sample_tokenizer, monkeypatch):
     """The sensor pokes every few seconds for thousands of ranks: no marker is read until all are listed."""
     run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=0, world_size=2, seed=5)
-    complete = incomplete_ranks(str(tmp_path / "ranks"), 1)
+    complete = incomplete_ranks(Folder(str(tmp_path / "ranks")), 1)
     monkeypatch.setattr(manifest, "completion_markers", lambda *_: pytest.fail("markers read while one is missing"))
-    assert incomplete_ranks(str(tmp_path / "ranks"), 2) == {1: "no completion marker"}
+    assert incomplete_ranks(Folder(str(tmp_path / "ranks")), 2) == {1: "no completion marker"}
     assert complete == {}
 
 

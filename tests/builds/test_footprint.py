@@ -23,7 +23,7 @@ from tokenization.options import from_arguments
 from tokenization.output.runs import Layout
 from tokenization.records import ContextManifest, MergeManifest, RankManifest
 from tokenization.stages.verify import verify
-from tokenization.storage.files import using
+from tokenization.storage.folder import Folder
 
 STAGES = ("ranks", "merged", "context")
 RECORDS = ("_manifests", "_completions", "_quarantine")
@@ -139,7 +139,7 @@ def test_what_a_published_build_keeps(tmp_path, options, removed, with_tokens) -
     assert [stage for stage in STAGES if token_files(run_dir / stage)] == with_tokens
     assert [folder.name for folder in record.footprint.folders if folder.removed] == removed
     assert [folder.name for folder in record.footprint.folders] == [s for s in STAGES if (run_dir / s).is_dir()]
-    assert all(verify(str(run_dir / stage)).ok for stage in STAGES if (run_dir / stage).is_dir())
+    assert all(verify(Folder(str(run_dir / stage))).ok for stage in STAGES if (run_dir / stage).is_dir())
     assert [p.name for p in (run_dir / "ranks").iterdir() if p.name.startswith("bucket")] == []  # none left empty
     done = cli("verify", str(run_dir))
     assert done.returncode == 0, done.stdout
@@ -190,7 +190,7 @@ def test_the_shard_sensor_finds_every_rank_complete_after_publish(tmp_path) -> N
 
     build = Build.start(config_for(tmp_path), "night")
     in_process(build)
-    assert token_files(Path(build.layout.ranks)) == {}
+    assert token_files(Path(build.layout.ranks.path)) == {}
     assert missing_shards(build, "tokenize_corpus", "night", "tokenize") == ([None], {})  # no wait, no question
 
 
@@ -198,15 +198,15 @@ def test_a_run_cleared_whole_rebuilds_and_publishes_again(tmp_path) -> None:
     """Clearing a run's ``plan`` in the Grid unpublishes it: every step runs again, on files built anew."""
     build = Build.start(config_for(tmp_path), "night")
     first = in_process(build).record
-    markers = {p.name: p.read_bytes() for p in (Path(build.layout.ranks) / "_completions").iterdir()}
+    markers = {p.name: p.read_bytes() for p in (Path(build.layout.ranks.path) / "_completions").iterdir()}
     again = Build.start(config_for(tmp_path), "night")  # what the plan task does
     again.unpublish()
     assert again.incomplete_ranks().keys() == {0, 1, 2}  # their files are gone: tokenized again
     second = in_process(again).record
     assert second.digest == first.digest and second.removed == ["ranks", "merged"]
-    redone = {p.name: p.read_bytes() for p in (Path(build.layout.ranks) / "_completions").iterdir()}
+    redone = {p.name: p.read_bytes() for p in (Path(build.layout.ranks.path) / "_completions").iterdir()}
     assert redone.keys() == markers.keys() and all(redone[name] != markers[name] for name in markers)
-    assert token_files(Path(build.layout.ranks)) == token_files(Path(build.layout.merged)) == {}
+    assert token_files(Path(build.layout.ranks.path)) == token_files(Path(build.layout.merged.path)) == {}
 
 
 def test_a_removal_cut_short_is_finished_by_the_next_run(tmp_path, monkeypatch) -> None:
@@ -230,7 +230,7 @@ def test_a_removal_cut_short_is_finished_by_the_next_run(tmp_path, monkeypatch) 
     record = (run_dir / "_BUILD.json").read_bytes()
     left = len(token_files(run_dir / "ranks"))
     assert calls == [5, 5] and left == 12 - 5
-    notes = verify(str(run_dir / "ranks")).notes
+    notes = verify(Folder(str(run_dir / "ranks"))).notes
     assert notes[-1] == (
         f"{run_dir / 'ranks'}: {left} token files not removed yet (a removal cut short): publishing the build again "
         "removes them"
@@ -253,10 +253,9 @@ def test_removal_on_s3_takes_each_path_literally(tmp_path, s3) -> None:
         s3.fs.pipe_file(f"corpus/out?/night/{path}", data)
         if path.startswith("ranks/"):
             s3.fs.pipe_file(f"corpus/outA/night/{path}", data)
-    layout = Layout("s3://corpus/out?/night")
-    with using(s3.options):
-        measured = footprint.measure(layout, ["ranks", "merged"], None)
-        freed = footprint.remove(layout, ["ranks", "merged"])
+    layout = Layout(Folder("s3://corpus/out?/night", s3.options))
+    measured = footprint.measure(layout, ["ranks", "merged"], None)
+    freed = footprint.remove(layout, ["ranks", "merged"])
     assert (
         freed
         == measured.removed

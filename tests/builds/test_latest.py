@@ -36,7 +36,7 @@ from tokenization.records import (
     TokenizeSummary,
     VerifySummary,
 )
-from tokenization.storage.files import using
+from tokenization.storage.folder import Folder
 
 DAY1, DAY2, DAY3 = (f"2026-11-{day}T02:00:00+00:00" for day in (28, 29, 30))
 WIDENED_SECONDS = 1.0  # how long the first publish waits, inside its window, for the second one to finish
@@ -82,21 +82,21 @@ def files_of(folder: Path) -> dict[str, bytes]:
 
 def test_latest_moves_forward_only_and_retention_spares_what_it_must(tmp_path) -> None:
     old = fake_build(tmp_path, "old", DAY1)
-    assert point_latest(str(tmp_path)) == old and read_latest(str(tmp_path)) == old
+    assert point_latest(Folder(str(tmp_path))) == old and read_latest(Folder(str(tmp_path))) == old
     new = fake_build(tmp_path, "new", DAY3)
     mid = fake_build(tmp_path, "mid", DAY2)  # completed last, started before "new"
-    assert point_latest(str(tmp_path)) == new  # never back to an older build
+    assert point_latest(Folder(str(tmp_path))) == new  # never back to an older build
     assert (tmp_path / LATEST).read_text() == "new\n"  # the folder's name: it resolves from anywhere
     running = fake_build(tmp_path, "running", None)
-    assert [b.run_dir for b in complete_builds(str(tmp_path))] == [new, mid, old]
+    assert [b.run_dir for b in complete_builds(Folder(str(tmp_path)))] == [new, mid, old]
 
-    assert expire(str(tmp_path), 1, {new, old}) == [mid]  # beyond the newest one, but "old" is spared
+    assert expire(Folder(str(tmp_path)), 1, {new, old}) == [mid]  # beyond the newest one, but "old" is spared
     assert not (tmp_path / "mid").exists() and (tmp_path / "old" / "context" / "000_corpus.ds").exists()
-    assert expire(str(tmp_path), 1, {new}) == [old]
+    assert expire(Folder(str(tmp_path)), 1, {new}) == [old]
     assert (tmp_path / "running" / "context").exists() and running not in [
-        b.run_dir for b in complete_builds(str(tmp_path))
+        b.run_dir for b in complete_builds(Folder(str(tmp_path)))
     ]
-    assert expire(str(tmp_path), 1, {new}) == []
+    assert expire(Folder(str(tmp_path)), 1, {new}) == []
 
 
 def test_three_nightly_builds_keep_two_and_name_the_last(tmp_path, sample_corpus, sample_tokenizer) -> None:
@@ -123,7 +123,7 @@ def test_three_nightly_builds_keep_two_and_name_the_last(tmp_path, sample_corpus
     ]
     assert latest_build(str(tmp_path)).run_id == "night-3"
     assert third.summary().latest == third.latest
-    data = report_data(str(tmp_path / "night-3"))
+    data = report_data(Folder(str(tmp_path / "night-3")))
     assert json.loads((tmp_path / "night-3" / "report.json").read_text())["retention"] == {
         "keep": 2,
         "deleted": [str(tmp_path / "night-1")],
@@ -158,7 +158,7 @@ def test_a_latest_folder_an_older_version_made_is_one_line(tmp_path) -> None:
     )
     for read in (read_latest, point_latest):
         with pytest.raises(LatestError) as refused:
-            read(str(tmp_path))
+            read(Folder(str(tmp_path)))
         assert str(refused.value) == refusal
 
 
@@ -192,9 +192,9 @@ def test_retention_leaves_alone_what_is_no_build(tmp_path, caplog) -> None:
     (thesis / "_BUILD.json").write_text(json.dumps({"run_id": "thesis", "started": DAY1}))
     (thesis / "thesis.tex").write_text("\\documentclass{article}")
     old, new = fake_build(tmp_path, "old", DAY2), fake_build(tmp_path, "new", DAY3)
-    assert point_latest(str(tmp_path)) == new
+    assert point_latest(Folder(str(tmp_path))) == new
     with caplog.at_level(logging.WARNING, "tokenization.builds.latest"):
-        assert expire(str(tmp_path), 1, {new}) == [old]
+        assert expire(Folder(str(tmp_path)), 1, {new}) == [old]
     assert (thesis / "thesis.tex").read_text() == "\\documentclass{article}" and (thesis / "_BUILD.json").exists()
     assert (
         f"{thesis}/_BUILD.json: not a valid build record: format null, not corpus-tokenization/build/N; LATEST and "
@@ -229,8 +229,8 @@ def test_a_malformed_sibling_never_blocks_a_publish(tmp_path, caplog, run_claim,
     (odd / "_BUILD.json").write_text(record)
     old, new = fake_build(tmp_path, "old", DAY1), fake_build(tmp_path, "new", DAY2)
     with caplog.at_level(logging.WARNING, "tokenization.builds.latest"):
-        assert point_latest(str(tmp_path)) == new
-        assert expire(str(tmp_path), 1, {new}) == [old]
+        assert point_latest(Folder(str(tmp_path))) == new
+        assert expire(Folder(str(tmp_path)), 1, {new}) == [old]
     assert (odd / "_BUILD.json").read_text() == record
     warnings = [m for m in caplog.messages if str(odd) in m]
     assert warnings and all(reason in m for m in warnings), caplog.messages
@@ -255,9 +255,8 @@ def racing_publishes(monkeypatch, output: str, first: str, second: str, make, op
 
     def publish(name: str) -> None:
         try:
-            with using(options):
-                make(name)
-                point_latest(output)
+            make(name)
+            point_latest(Folder(output, options))
         except Exception as exc:  # reported by the test, from the main thread
             errors.append(exc)
         finally:
@@ -271,8 +270,7 @@ def racing_publishes(monkeypatch, output: str, first: str, second: str, make, op
     for thread in threads.values():
         thread.join(60)
     assert not errors, errors
-    with using(options):
-        return read_latest(output)
+    return read_latest(Folder(output, options))
 
 
 @pytest.mark.parametrize("first", ["older", "newer"])
@@ -302,8 +300,7 @@ def test_latest_on_s3_is_a_compare_and_swap(s3, monkeypatch, existing) -> None:
     condition (If-None-Match with no LATEST yet, If-Match over an existing one) and decide again."""
     if existing:
         s3_build(s3.fs, "corpus/builds", "oldest", "2026-11-27T02:00:00+00:00")
-        with using(s3.options):
-            assert point_latest("s3://corpus/builds") == "s3://corpus/builds/oldest"
+        assert point_latest(Folder("s3://corpus/builds", s3.options)) == "s3://corpus/builds/oldest"
     started = {"older": DAY1, "newer": DAY2}
     named = racing_publishes(
         monkeypatch,
@@ -322,7 +319,7 @@ def test_latest_resolves_from_anywhere_and_never_outside_the_output(tmp_path, mo
     (tmp_path / "run").mkdir()
     monkeypatch.chdir(tmp_path / "run")
     fake_build(Path("builds"), "qa%3Acol", DAY1, run_id="qa:col")  # a run id with a character that is encoded
-    assert point_latest("builds") == "builds/qa%3Acol"
+    assert point_latest(Folder("builds")) == "builds/qa%3Acol"
     assert Path("builds/LATEST").read_text() == "qa%3Acol\n"
     monkeypatch.chdir(tmp_path)
     output = str(tmp_path / "run" / "builds")
@@ -331,7 +328,7 @@ def test_latest_resolves_from_anywhere_and_never_outside_the_output(tmp_path, mo
     fake_build(Path(output), "tty1", DAY2)
     for old in ("builds/tty1", f"{output}/tty1/", "s3://elsewhere/builds/tty1"):  # the previous version's
         Path(output, LATEST).write_text(f"{old}\n")
-        assert read_latest(output) == f"{output}/tty1"
+        assert read_latest(Folder(str(output))) == f"{output}/tty1"
     outside = tmp_path / "outside"
     fake_build(outside.parent, "outside", DAY3)
     for value in ("..", "../outside", str(outside), "s3://bucket/outside", ".hidden"):
@@ -342,7 +339,7 @@ def test_latest_resolves_from_anywhere_and_never_outside_the_output(tmp_path, mo
             f"{output}/LATEST: names {value!r}, which is no folder of {output} (it is never followed outside it); "
             f"publish a build to rewrite it, or remove it"
         )
-    assert point_latest(output) == f"{output}/tty1"  # a publish replaces such a LATEST
+    assert point_latest(Folder(str(output))) == f"{output}/tty1"  # a publish replaces such a LATEST
     assert Path(output, LATEST).read_text() == "tty1\n"
 
 
@@ -357,7 +354,7 @@ def test_the_summary_of_a_malformed_build_is_one_line(tmp_path) -> None:
     """Finding 4: ``python -m tokenization.builds OUT`` names the file it cannot use, in one line, and follows
     nothing outside ``OUT``."""
     fake_build(tmp_path, "a", DAY1)
-    point_latest(str(tmp_path))
+    point_latest(Folder(str(tmp_path)))
     (tmp_path / "a" / "_BUILD.json").write_text(
         json.dumps(build_record("a", 17) | {"format": "corpus-tokenization/build/1"})
     )
@@ -405,13 +402,10 @@ def test_retention_on_s3_takes_the_output_literally(s3) -> None:
         s3_build(s3.fs, output, "night-1", DAY1)
         s3_build(s3.fs, output, "night-2", DAY2)
     kept = {p: s3.fs.cat_file(p) for p in s3.fs.find("corpus/outA")}
-    with using(s3.options):
-        assert [b.run_dir for b in complete_builds("s3://corpus/out?")] == [
-            "s3://corpus/out?/night-2",
-            "s3://corpus/out?/night-1",
-        ]
-        assert point_latest("s3://corpus/out?") == "s3://corpus/out?/night-2"
-        assert expire("s3://corpus/out?", 1, set()) == ["s3://corpus/out?/night-1"]
+    output = Folder("s3://corpus/out?", s3.options)
+    assert [b.run_dir for b in complete_builds(output)] == ["s3://corpus/out?/night-2", "s3://corpus/out?/night-1"]
+    assert point_latest(output) == "s3://corpus/out?/night-2"
+    assert expire(output, 1, set()) == ["s3://corpus/out?/night-1"]
     s3.fs.invalidate_cache()
     assert not s3.fs.exists("corpus/out?/night-1/context/000_corpus.ds")
     assert s3.fs.exists("corpus/out?/night-2/_BUILD.json")

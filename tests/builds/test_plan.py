@@ -137,7 +137,7 @@ def test_a_chmod_or_a_copy_keeping_the_mtime_is_the_same_file(tmp_path, inputs, 
         assert (now.st_ino, now.st_ctime_ns) != (before[path].st_ino, before[path].st_ctime_ns)
     hashed = []
     monkeypatch.setattr(sources, "file_sha256", lambda path, fs: hashed.append(path) or file_sha256(path, fs))
-    sources._sha256.cache_clear()
+    sources._sha256_once.cache_clear()
     assert Build.start(config, "b").run().record == published.record
     assert sorted(hashed) == sorted(map(str, (copied, *chmodded)))  # part-00002, untouched, is not read
     again = Build.start(config, "r")

@@ -26,6 +26,7 @@ from tokenization.records import (
     TokenizeSummary,
     VerifySummary,
 )
+from tokenization.storage.folder import Folder
 
 HOSTILE = "<script>alert(1)</script>"
 NEW_FIELDS = {
@@ -52,7 +53,7 @@ def small_build(tmp_path_factory) -> tuple[str, BuildRecord]:
         run([SAMPLE_CORPUS], run_dir / "ranks", SAMPLE_TOKENIZER, rank=rank, world_size=2, seed=5)
     merge = merged(run_dir / "ranks", run_dir / "merged", seed=5, merge_max_tokens_per_file=20_000)
     tokens = merge["counts"]["tokens"]
-    ranks = rank_manifests(str(run_dir / "ranks"), 2)
+    ranks = rank_manifests(Folder(str(run_dir / "ranks")), 2)
     balance = conservation(ranks)
     build = BuildRecord(
         run_id=f"manual__{HOSTILE}",
@@ -68,7 +69,7 @@ def small_build(tmp_path_factory) -> tuple[str, BuildRecord]:
         files=[entry["name"] for entry in merge["outputs"]],
         stages=StageSummary(
             tokenize=TokenizeSummary(ranks=2, input_files=4, **asdict(balance)),
-            merge=stage_counts(str(run_dir / "merged"), MergeCounts),
+            merge=stage_counts(Folder(str(run_dir / "merged")), MergeCounts),
         ),
         verify=VerifySummary(ok=True, files=len(merge["outputs"]), tokens=tokens, notes=[f"a note {HOSTILE}"]),
     )
@@ -77,7 +78,7 @@ def small_build(tmp_path_factory) -> tuple[str, BuildRecord]:
 
 def test_the_verdict_comes_first_and_figures_are_written_for_people(small_build) -> None:
     run_dir, build = small_build
-    data = report_data(run_dir, replace(build, **NEW_FIELDS))
+    data = report_data(Folder(str(run_dir)), replace(build, **NEW_FIELDS))
     page = render_html(data)
     order = [page.index(f'id="{name}"') for name in ("verify", "conservation", "totals", "timing", "inputs")]
     assert order == sorted(order), order
@@ -103,14 +104,14 @@ def test_the_verdict_comes_first_and_figures_are_written_for_people(small_build)
 
 def test_values_from_manifests_are_escaped(small_build) -> None:
     run_dir, build = small_build
-    page = render_html(report_data(run_dir, build))
+    page = render_html(report_data(Folder(str(run_dir)), build))
     assert "<script" not in page
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 3  # the title, the heading, the verify note
 
 
 def test_an_older_build_without_times_or_inputs_still_renders(small_build) -> None:
     run_dir, build = small_build
-    data = report_data(run_dir, build)
+    data = report_data(Folder(str(run_dir)), build)
     assert data["build"]["wall_seconds"] is None and data["throughput"]["build"] is None
     sizes = [p.stat().st_size for p in SAMPLE_CORPUS.glob("*.jsonl.gz")]
     assert data["inputs"] == {
@@ -128,7 +129,7 @@ def test_an_older_build_without_times_or_inputs_still_renders(small_build) -> No
 
 def test_a_long_input_list_is_cut_after_twenty(small_build) -> None:
     run_dir, build = small_build
-    data = report_data(run_dir, build)
+    data = report_data(Folder(str(run_dir)), build)
     data["input_files"] = [
         {"url": f"s3://corpus/part-{i:05d}.jsonl.gz", "bytes": 1500, "rank": 0, "cache": "hit"} for i in range(25)
     ]
@@ -139,7 +140,7 @@ def test_a_long_input_list_is_cut_after_twenty(small_build) -> None:
 
 def test_report_json_carries_the_new_figures(small_build) -> None:
     run_dir, build = small_build
-    write_report(run_dir, replace(build, **NEW_FIELDS))
+    write_report(Folder(str(run_dir)), replace(build, **NEW_FIELDS))
     saved = json.loads((Path(run_dir) / "report.json").read_text())
     page = (Path(run_dir) / "report.html").read_text()
     assert page.startswith("<!doctype html>") and '<td data-key="arrived">1</td>' in page

@@ -29,7 +29,7 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.records import MergeCounts, RankManifest
 from tokenization.stages.verify import verify
-from tokenization.storage.files import using
+from tokenization.storage.folder import Folder
 
 reason = services_missing()
 pytestmark = [pytest.mark.skipif(reason is not None, reason=f"distributed test: {reason}"), pytest.mark.long]
@@ -159,11 +159,11 @@ def test_celery_deployment_with_s3_a_cleared_rank_a_killed_merge_worker_and_one_
         }
         assert sorted(name for name, hit in served.items() if not hit) == ["part-00001.jsonl.gz", "part-00004.jsonl.gz"]
         assert len(served) == 4
-        with using({"s3": options}):  # the retry kept the dead attempt's file, and its records describe no mix
-            merged_folder = f"s3://corpus/builds/{killed}/merged"
-            assert stage_counts(merged_folder, MergeCounts).resumed_files == 1
-            records_alone = verify(merged_folder, str(sample_tokenizer), EOS)  # its files went once published
-            assert records_alone.ok and records_alone.files == 0
+        # the retry kept the dead attempt's file, and its records describe no mix
+        merged = Folder(f"s3://corpus/builds/{killed}/merged", {"s3": options})
+        assert stage_counts(merged, MergeCounts).resumed_files == 1
+        records_alone = verify(merged, str(sample_tokenizer), EOS)  # its files went once published
+        assert records_alone.ok and records_alone.files == 0
         s3.invalidate_cache()
         for run_id in runs:  # one copy of the dataset on S3: the intermediate token files removed, records kept
             for stage in ("ranks", "merged"):
@@ -172,8 +172,7 @@ def test_celery_deployment_with_s3_a_cleared_rank_a_killed_merge_worker_and_one_
         built = {}
         for run_id in runs:
             dataset = f"s3://corpus/builds/{run_id}/context"
-            with using({"s3": options}):
-                assert verify(dataset, str(sample_tokenizer), EOS).ok
+            assert verify(Folder(dataset, {"s3": options}), str(sample_tokenizer), EOS).ok
             s3.invalidate_cache()
             built[run_id] = {
                 p.rsplit("/", 1)[1]: s3.cat_file(p) for p in s3.find(dataset[5:]) if p.endswith(DATA_FILES)

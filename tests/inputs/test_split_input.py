@@ -23,6 +23,7 @@ from tokenization.builds.run import Build
 from tokenization.inputs import sources
 from tokenization.inputs.sources import DocumentReader, list_input_files, split_files
 from tokenization.records import FilePart, InputFile
+from tokenization.storage.folder import Folder
 
 KB = 1000
 
@@ -126,7 +127,7 @@ def test_one_big_file_keeps_every_rank_busy_and_the_books_balance(tmp_path, samp
     whole = in_process(Build.start(config, "whole"))
     split_config = replace(config, split_input_mb=3)
     split = in_process(Build.start(split_config, "split"))
-    ranks = rank_manifests(str(tmp_path / "out" / "split" / "ranks"), 4)
+    ranks = rank_manifests(Folder(str(tmp_path / "out" / "split" / "ranks")), 4)
     sizes = {f.url: f.size for f in list_input_files([config.input]).files}
     for rank in ranks:
         assert rank.inputs and all(f.part is not None for f in rank.inputs)
@@ -139,7 +140,7 @@ def test_one_big_file_keeps_every_rank_busy_and_the_books_balance(tmp_path, samp
     assert (split_books.docs_out, split_books.empty) == (whole_books.docs_out, whole_books.empty)
     dataset = tmp_path / "out"
     assert sorted(documents(dataset / "split" / "merged")) == sorted(documents(dataset / "whole" / "merged"))
-    report = report_data(str(dataset / "split"))
+    report = report_data(Folder(str(dataset / "split")))
     rows = report["input_files"]
     assert report["settings"]["split_input_mb"] == 3
     assert rows[0]["url"].endswith("big.jsonl (part 1 of 7)") and sum(r["bytes"] for r in rows) == sum(sizes.values())

@@ -21,6 +21,7 @@ from tokenization.errors import AttemptConflict, LeaseLost
 from tokenization.output import attempts
 from tokenization.output.attempts import FileLease, ObjectLease, attempt_at, new_holder
 from tokenization.stages.verify import verify
+from tokenization.storage.folder import Folder
 
 RANK_ARGS = ("--seed", "7", "--save-loss", "--max-tokens-per-file", "30000", "--eos-token", EOS)
 
@@ -82,7 +83,7 @@ def test_two_attempts_at_once_never_mix(tmp_path, corpus, sample_tokenizer, clea
             assert stderr.count("\n") == 1 + stderr.count(" INFO ")  # one error line besides the log
     assert (tmp_path / "_completions" / "00000.json").exists()
     assert file_bytes(tmp_path) == clean
-    assert verify(str(tmp_path), str(sample_tokenizer), EOS).ok
+    assert verify(Folder(str(tmp_path)), str(sample_tokenizer), EOS).ok
     assert leftovers(tmp_path) == []
 
 
@@ -145,7 +146,8 @@ def test_the_file_lease_is_exclusive_and_released(tmp_path) -> None:
 
 def test_attempts_of_outputs_that_share_a_working_directory_stay_apart(tmp_path) -> None:
     work = str(tmp_path / "work")
-    with attempt_at(str(tmp_path / "a"), "00000", work) as one, attempt_at(str(tmp_path / "b"), "00000", work) as two:
+    a, b = Folder(str(tmp_path / "a")), Folder(str(tmp_path / "b"))
+    with attempt_at(a, "00000", work) as one, attempt_at(b, "00000", work) as two:
         assert one.work.parent != two.work.parent and one.work.exists() and two.work.exists()
     assert list((tmp_path / "work").rglob("*.attempt-*")) == []
 
@@ -155,7 +157,7 @@ def test_attempts_at_many_stems_at_once_share_their_staging_folder(tmp_path) -> 
     (a build of 64 ranks failed 2 times in 11, with FileNotFoundError)."""
 
     def attempt(stem: str) -> None:
-        with attempt_at(str(tmp_path), stem) as made:
+        with attempt_at(Folder(str(tmp_path)), stem) as made:
             assert made.work.is_dir()
 
     with ThreadPoolExecutor(16) as pool:

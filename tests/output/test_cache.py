@@ -32,6 +32,7 @@ from tokenization.errors import TokenizationError
 from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
 from tokenization.records import RankManifest
 from tokenization.stages.hits import SAMPLE_BYTES, SAMPLE_DOCS
+from tokenization.storage.folder import Folder
 from tokenization.tokenizer.documents import TooManyRejects
 
 FILES = 24  # the sample's records dealt into this many input files
@@ -254,7 +255,7 @@ def test_two_writers_of_one_entry_store_it_once(tmp_path, sample_tokenizer) -> N
     source = corpus(tmp_path / "corpus", files=2)
     first = tmp_path / "cache"
     run([source], tmp_path / "a", sample_tokenizer, cache=str(first))
-    cache = Cache(str(first))
+    cache = Cache(Folder(str(first)))
     entry = cache.lookup(cache.entries()[0].key)
     fetched = cache.fetch(entry, tmp_path / "fetched")
     assert cache.commit(entry, fetched) is None  # a second writer of the same key
@@ -332,7 +333,7 @@ def test_prune_by_age_and_by_size_never_removes_an_entry_in_use(tmp_path, sample
     source = corpus(tmp_path / "corpus", files=4)
     location = tmp_path / "cache"
     run([source], tmp_path / "a", sample_tokenizer, cache=str(location))
-    cache = Cache(str(location))
+    cache = Cache(Folder(str(location)))
     listed = cache.entries()
     busy = listed[-1].key
     with cache.using(str(tmp_path / "a-build"), str(tmp_path / "nothing"), "00000", [busy]):
@@ -352,10 +353,10 @@ def test_a_writer_that_died_leaves_a_folder_that_cleaning_removes_a_day_later(tm
     orphan = location / DATA / ("0" * 64) / "deadbeef0000"  # as a writer names its folder
     orphan.mkdir(parents=True)
     (orphan / "segment.ds").write_bytes(b"\0" * 10)
-    assert Cache(str(location)).prune(older_than=10**6).bytes == 0 and orphan.exists()
+    assert Cache(Folder(str(location))).prune(older_than=10**6).bytes == 0 and orphan.exists()
     old = time.time() - IN_FLIGHT_SECONDS - 60
     os.utime(orphan / "segment.ds", (old, old))
-    assert Cache(str(location)).prune(older_than=10**6).bytes == 10 and not orphan.parent.exists()
+    assert Cache(Folder(str(location))).prune(older_than=10**6).bytes == 10 and not orphan.parent.exists()
 
 
 def test_the_command_line_lists_and_prunes(tmp_path, sample_tokenizer) -> None:
@@ -484,7 +485,7 @@ def test_when_the_fast_engine_disagrees_the_rank_is_redone_on_hf_and_its_entries
     done = run([source], tmp_path / "a", sample_tokenizer, cache=str(tmp_path / "cache"))
     assert done["tokenizer"]["engine"] == "hf" and "a disagreement a test made" in done["tokenizer"]["engine_note"]
     assert "made by the fast engine in a rank where it then disagreed with HF" in caplog.text
-    assert len(Cache(str(tmp_path / "cache")).entries()) == 4
+    assert len(Cache(Folder(str(tmp_path / "cache"))).entries()) == 4
     monkeypatch.undo()
     again = run([source], tmp_path / "b", sample_tokenizer, cache=str(tmp_path / "cache"))
     run([source], tmp_path / "none", sample_tokenizer)
@@ -529,7 +530,7 @@ def test_cleaning_a_cache_removes_only_what_its_own_names_describe(tmp_path, sam
     loose.write_bytes(b"nor this")
     old = time.time() - IN_FLIGHT_SECONDS - 60
     os.utime(loose, (old, old))
-    cache = Cache(str(location))
+    cache = Cache(Folder(str(location)))
     assert cache.prune(older_than=86400).entries == 0 and cache.collect().entries == 0
     assert blob.exists() and loose.exists() and len(cache.entries()) == 2
     assert cache.prune(max_bytes=0).entries == 2 and blob.exists() and loose.exists()
@@ -571,7 +572,7 @@ def test_a_cache_of_an_earlier_version_is_adopted_by_the_next_build_that_uses_it
     assert [f["hit"] for f in again["cache"]["files"]] == [True] * 3 and again["counts"] == first["counts"]
     marker = json.loads((location / "_CACHE.json").read_text())
     assert marker["format"] == "corpus-tokenization/cache/1" and marker["created"] <= time.time()
-    assert Cache(str(location)).prune(max_bytes=0).entries == 3
+    assert Cache(Folder(str(location))).prune(max_bytes=0).entries == 3
 
 
 def test_retention_on_a_shared_cache_needs_no_credentials_of_other_outputs(
@@ -589,7 +590,7 @@ def test_retention_on_a_shared_cache_needs_no_credentials_of_other_outputs(
     shared, out = tmp_path / "shared-cache", tmp_path / "builds"
     run([source], tmp_path / "s3-build-stand-in", sample_tokenizer, cache=str(shared))
     keys = sorted(p.stem for p in (shared / ENTRIES).glob("*.json"))
-    others = Cache(str(shared))
+    others = Cache(Folder(str(shared)))
     for run_id in ("night-1", "night-2"):  # the S3 build's two nights, each with a use in the shared cache
         with others.using(f"s3://other-bucket/out/{run_id}", f"s3://other-bucket/out/{run_id}/_RUN.json", "0", keys):
             pass
@@ -772,10 +773,10 @@ def test_listing_keeps_a_small_row_an_entry(tmp_path, sample_tokenizer) -> None:
             "source": record["source"] | {"url": f"/corpus/f{k:05d}.jsonl"},
         }
         (location / ENTRIES / f"{key}.json").write_bytes(json.dumps(copy, indent=2).encode())
-    with Cache(str(location)).using("/builds/night-9", "/builds/night-9/_RUN.json", "00000", keys[:10]):
+    with Cache(Folder(str(location))).using("/builds/night-9", "/builds/night-9/_RUN.json", "00000", keys[:10]):
         pass
     tracemalloc.start()
-    listed = Cache(str(location)).entries()
+    listed = Cache(Folder(str(location))).entries()
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 3000 * 1000, f"{peak:,} bytes at the peak"

@@ -27,7 +27,8 @@ from tokenization.output.attempts import Attempt, FileLease, ObjectLease, attemp
 from tokenization.records import StageManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.stages.verify import verify
-from tokenization.storage.files import put_if, using
+from tokenization.storage.files import put_if
+from tokenization.storage.folder import Folder
 
 OUT = "corpus/out"
 LEASE = f"{OUT}/_leases/00000.json"
@@ -161,8 +162,7 @@ def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committe
     assert stored(s3.fs) == committed
     marker = s3.fs.cat_file(f"{OUT}/{MARKER}")
     assert successor.record.attempt.encode() in marker
-    with using(s3.options):
-        assert verify(f"s3://{OUT}", str(sample_tokenizer), EOS).ok
+    assert verify(Folder(f"s3://{OUT}", s3.options), str(sample_tokenizer), EOS).ok
 
 
 @pytest.mark.parametrize("step", ["lease", "publish"])
@@ -199,13 +199,12 @@ def test_a_stopped_command_woken_after_its_successor_committed_fails_and_changes
     tried = changes(caplog.records)
     assert tried and all(status.startswith("4") for _, _, status in tried), tried
     assert stored(s3.fs) == committed
-    with using(s3.options):
-        assert verify(f"s3://{OUT}", str(sample_tokenizer), EOS).ok
+    assert verify(Folder(f"s3://{OUT}", s3.options), str(sample_tokenizer), EOS).ok
 
 
 def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(s3, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(attempts, "HEARTBEAT_SECONDS", 0.05)
-    with using(s3.options), attempt_at(f"s3://{OUT}", "00000") as attempt:
+    with attempt_at(Folder(f"s3://{OUT}", s3.options), "00000") as attempt:
         s3.fs.rm_file(LEASE)  # as the attempt that took it over does when it is done
         wait_for(lambda: attempt.lease.lost is not None, 30)  # the heartbeat found it: lost, not a warning
         before = stored(s3.fs)
@@ -288,7 +287,7 @@ def test_a_rank_placing_many_files_writes_its_lease_once_or_twice_not_once_a_fil
 
 
 def test_a_local_attempt_whose_lock_file_was_replaced_changes_nothing(tmp_path) -> None:
-    with attempt_at(str(tmp_path), "00000") as attempt:
+    with attempt_at(Folder(str(tmp_path)), "00000") as attempt:
         os.unlink(tmp_path / ".00000.lock")  # a person removed it; another attempt locked a new one
         successor = FileLease(str(tmp_path), "00000")
         successor.acquire(new_holder("successor"))
@@ -312,7 +311,7 @@ def test_leftovers_are_matched_by_the_stem_taken_literally(tmp_path) -> None:
     for name in ("a[1].attempt-old", "a1.attempt-live", "r*.attempt-old", "r5.attempt-live"):
         (staging / name).mkdir(parents=True)
     for stem in ("a[1]", "r*"):
-        with attempt_at(str(tmp_path), stem):
+        with attempt_at(Folder(str(tmp_path)), stem):
             pass
     assert sorted(p.name for p in staging.iterdir()) == ["a1.attempt-live", "r5.attempt-live"]
 

@@ -32,6 +32,7 @@ from tokenization.records import (
     RunClaim,
     stage_manifest,
 )
+from tokenization.storage.folder import Folder
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +208,7 @@ def test_the_summary_command_names_a_damaged_build_record(published: Path, tmp_p
     )
     assert run.returncode == 1
     assert run.stderr.startswith(f"error: {record}: not a valid build record: not JSON") and run.stderr.count("\n") == 1
-    assert read_build(str(published)).tokens > 0  # the original is untouched
+    assert read_build(Folder(str(published))).tokens > 0  # the original is untouched
 
 
 def test_a_resumed_build_tokenizes_again_a_rank_whose_marker_is_damaged(
@@ -222,7 +223,7 @@ def test_a_resumed_build_tokenizes_again_a_rank_whose_marker_is_damaged(
     marker.write_bytes(marker.read_bytes()[:25])
     why = f"{marker}: not a valid completion marker: not JSON (unexpected end of data: line 1 column 26 (char 25))"
     assert build.incomplete_ranks() == {1: why}
-    assert build.run().record.digest == read_build(str(published)).digest
+    assert build.run().record.digest == read_build(Folder(str(published))).digest
     assert build.incomplete_ranks() == {}
 
 

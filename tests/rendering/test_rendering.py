@@ -22,6 +22,7 @@ from tokenization.formats.ds import TokenFile
 from tokenization.rendering.renderer import chat_template, field_template, no_loss_ranges
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.tokenize import TokenizeConfig
+from tokenization.storage.folder import Folder
 from tokenization.tokenizer.documents import TooManyRejects
 
 GPT2_EOS = "<|endoftext|>"
@@ -350,7 +351,7 @@ def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_wit
         for tokens, loss in zip(np.split(np.asarray(f.tokens), ends), np.split(np.asarray(f.loss), ends), strict=True):
             assert tok.decode(tokens[:-1][loss[:-1] == 1].tolist()).strip() in {a.strip() for a in answers}
     in_dataset = sum(int(np.asarray(TokenFile(str(p)).loss).sum()) for p in (run_dir / "context").glob("*.ds"))
-    data = report_data(str(run_dir))
+    data = report_data(Folder(str(run_dir)))
     total = data["build"]["tokens"]
     assert data["loss"]["tokens"] == in_dataset and published.record.tokens == total
     ranks = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks" / "_manifests").glob("*.json"))]

@@ -15,6 +15,7 @@ from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFileError
 from tokenization.stages.merge import MergeConfig
 from tokenization.stages.verify import verify
+from tokenization.storage.folder import Folder
 
 RANKS, BUCKETS, SEED = 3, 4, 11
 CHI2_23_P001 = 49.73  # the chi-square value that 23 degrees of freedom exceed with probability 0.001
@@ -100,7 +101,7 @@ def test_each_bucket_has_its_own_folder_which_its_merge_alone_reads(tmp_path, sa
         assert held == [
             f"{r:05d}_00000_bucket{bucket:05d}.ds{x}" for r in range(2) for x in ("", ".index", ".metadata")
         ]
-    assert incomplete_ranks(str(ranks), 2) == {} and verify(str(ranks)).ok
+    assert incomplete_ranks(Folder(str(ranks)), 2) == {} and verify(Folder(str(ranks))).ok
 
     leftover = ranks / "bucket00001" / "00007_00000_bucket00001.ds"
     leftover.write_bytes(b"")
@@ -109,10 +110,10 @@ def test_each_bucket_has_its_own_folder_which_its_merge_alone_reads(tmp_path, sa
         merged(ranks, tmp_path / "merged", seed=SEED, merge_mode="bucketed", bucket=1)
     leftover.unlink()
     (ranks / "bucket00001" / "00001_00000_bucket00001.ds.index").write_bytes(b"\0" * 8)
-    assert incomplete_ranks(str(ranks), 2) == {
+    assert incomplete_ranks(Folder(str(ranks)), 2) == {
         1: "bucket00001/00001_00000_bucket00001.ds.index is missing or not the size its completion marker records"
     }
-    assert "bucket00001/00001_00000_bucket00001.ds.index" in "\n".join(verify(str(ranks)).problems)
+    assert "bucket00001/00001_00000_bucket00001.ds.index" in "\n".join(verify(Folder(str(ranks))).problems)
 
 
 def final_orders(order_of, seeds: int) -> Counter:

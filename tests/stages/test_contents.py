@@ -24,6 +24,7 @@ from tokenization.records import BuildRecord, ContentsSum
 from tokenization.stages import context_shuffle, merge, tokenize
 from tokenization.stages.context_shuffle import ContextShuffleConfig
 from tokenization.stages.verify import verify
+from tokenization.storage.folder import Folder
 
 
 def contents(tokens: np.ndarray, ends: list[int], loss: np.ndarray | None = None) -> Contents:
@@ -140,7 +141,7 @@ def test_verify_hashes_the_pieces_again(tmp_path, sample_corpus, sample_tokenize
     """An index entry moved by one token, every size kept and every checksum rewritten to match: only the
     contents can tell, and verify (without a tokenizer, so no EOS check) does."""
     run([sample_corpus], tmp_path, sample_tokenizer, seed=1)
-    assert verify(str(tmp_path)).ok
+    assert verify(Folder(str(tmp_path))).ok
     (index,) = tmp_path.glob("*.ds.index")
     ends = np.fromfile(index, "<u8")
     ends[3] += 1
@@ -156,7 +157,7 @@ def test_verify_hashes_the_pieces_again(tmp_path, sample_corpus, sample_tokenize
     (ds,) = tmp_path.glob("*.ds")
     held = contents(np.fromfile(ds, "<u2"), ends.astype(np.int64))
     assert held != recorded
-    problems = verify(str(tmp_path)).problems
+    problems = verify(Folder(str(tmp_path))).problems
     assert problems == [f"{ds}: holds {held.describe()}, its manifest records {recorded.describe()}"]
 
 

@@ -17,6 +17,7 @@ from tests.support.references import run_datatrove_merger
 from tests.support.stages import documents, file_bytes, merged, run, synthetic_ranks
 from tokenization.formats import moves
 from tokenization.formats.ds import TokenFileError
+from tokenization.storage.folder import Folder
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +197,7 @@ def test_checking_the_inputs_asks_storage_no_size_and_no_existence(ranks, storag
     from tokenization.output.manifest import output_entries, token_files
     from tokenization.stages.merge import validate_inputs
 
-    urls = token_files(str(ranks))
-    inputs = validate_inputs(urls, save_loss=True, entries=list(output_entries(str(ranks)).values()))
+    urls = token_files(Folder(str(ranks)))
+    inputs = validate_inputs(urls, save_loss=True, entries=list(output_entries(Folder(str(ranks))).values()))
     assert len(urls) == 3 and sum(inputs.sizes) > 0
     assert storage_questions == Counter(), storage_questions

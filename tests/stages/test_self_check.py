@@ -51,7 +51,7 @@ def test_each_context_task_checks_its_files_as_it_writes_them_and_publish_reads_
     build = started(tmp_path, sample_corpus, sample_tokenizer)
     reading_no_token_file(monkeypatch)
     until_publish(build)
-    context = Path(build.layout.context)
+    context = Path(build.layout.context.path)
     facts = build.claimed.claim.tokenizer
     files = tokens = 0
     for shard in range(2):
@@ -79,7 +79,7 @@ def test_a_task_whose_own_files_fail_publishes_nothing(tmp_path, sample_corpus, 
         build.tokenize(rank, progress=False)
     build.merge(None, progress=False)
     output = tmp_path / "shuffled"
-    config = ContextShuffleConfig(input=build.layout.merged, output=str(output), context_window=257, seed=1)
+    config = ContextShuffleConfig(input=build.layout.merged.url, output=str(output), context_window=257, seed=1)
     with pytest.raises(
         SelfCheckFailed,
         match=r"context shuffle context_00000: 000_corpus\.ds fails verify before "
@@ -101,14 +101,14 @@ def test_a_marker_without_the_check_gets_its_files_read(tmp_path, sample_corpus,
     data.write_bytes(bytes(flipped))
     facts = build.claimed.claim.tokenizer
     checks = Checks(facts.vocab_size, facts.eos_id)
-    assert verify(str(context), checks=checks, vouched=True).ok  # trusted: not read
-    assert not verify(str(context), checks=checks).ok  # read
-    assert not verify(str(context), checks=Checks(facts.vocab_size + 1, facts.eos_id), vouched=True).ok
+    assert verify(Folder(str(context)), checks=checks, vouched=True).ok  # trusted: not read
+    assert not verify(Folder(str(context)), checks=checks).ok  # read
+    assert not verify(Folder(str(context)), checks=Checks(facts.vocab_size + 1, facts.eos_id), vouched=True).ok
     marker = context / "_completions" / "context_00000.json"
     record = json.loads(marker.read_bytes())
     record["checked"] = None
     marker.write_text(json.dumps(record))
-    found = verify(str(context), checks=checks, vouched=True)
+    found = verify(Folder(str(context)), checks=checks, vouched=True)
     assert any("000_corpus.ds: differs from what _completions/context_00000.json records" in p for p in found.problems)
     disagree = "context_00000.json: records another check of the stage's own files than its manifest"
     assert any(disagree in p for p in found.problems)
@@ -148,7 +148,7 @@ def test_without_a_context_shuffle_the_merge_checks_its_own_files(
     build = Build.start(config, "night")
     reading_no_token_file(monkeypatch)  # the merge checks its files as it writes them
     until_publish(build)
-    merged = Path(build.layout.merged)
+    merged = Path(build.layout.merged.path)
     families = set()
     for path in sorted((merged / "_manifests").glob("*.json")):
         record = stage_manifest(path.read_bytes(), str(path))  # the merge's manifest, or a file's checkpoint

@@ -17,6 +17,7 @@ from tests.support.tokenizers import EOS
 from tokenization.cli import main
 from tokenization.formats import moves
 from tokenization.stages.verify import verify
+from tokenization.storage.folder import Folder
 
 NAME = "00000_00000_doc_shuffled.ds"
 
@@ -28,7 +29,7 @@ def rank(tmp_path, sample_corpus, sample_tokenizer):
 
 
 def check(folder, sample_tokenizer):
-    return verify(str(folder), str(sample_tokenizer), EOS)
+    return verify(Folder(str(folder)), str(sample_tokenizer), EOS)
 
 
 def test_every_pipeline_output_passes(tmp_path, sample_corpus, sample_tokenizer) -> None:
@@ -58,7 +59,7 @@ def test_a_missing_eos_is_found(tmp_path, sample_corpus, sample_tokenizer) -> No
     report = check(tmp_path, sample_tokenizer)
     assert not report.ok and f"{tmp_path}/{NAME} @ token " in report.problems[0]
     assert "document ends without EOS 0" in report.problems[0]
-    assert verify(str(tmp_path), str(sample_tokenizer)).ok  # without --eos-token that is not checked
+    assert verify(Folder(str(tmp_path)), str(sample_tokenizer)).ok  # without --eos-token that is not checked
 
 
 @pytest.mark.parametrize(
@@ -186,7 +187,7 @@ def run_dir(built, tmp_path) -> Path:
 
 
 def problems(folder: Path) -> list[str]:
-    return verify(str(folder)).problems
+    return verify(Folder(str(folder))).problems
 
 
 def verify_cli(capsys, folder: Path) -> tuple[int, list[str]]:
@@ -203,7 +204,7 @@ def other_digit(digest: str) -> str:
 
 def test_every_stage_folder_of_a_build_passes(built) -> None:
     for stage in ("ranks", "merged", "context"):
-        assert verify(str(built / stage)).ok, stage
+        assert verify(Folder(str(built / stage))).ok, stage
 
 
 @pytest.mark.parametrize(("stage", "stem"), [("ranks", "00001"), ("merged", "corpus"), ("context", "context_00000")])
@@ -277,7 +278,7 @@ def test_a_resumed_merge_passes(run_dir, monkeypatch) -> None:
         "manifest was removed; run that stage again"
     )
     assert merged(run_dir / "ranks", out, **options)["counts"]["resumed_files"] == 2
-    assert verify(str(out)).ok
+    assert verify(Folder(str(out))).ok
 
 
 @pytest.mark.parametrize(
@@ -344,7 +345,7 @@ def test_a_stage_folder_without_its_manifest_is_an_error(run_dir, tmp_path, caps
         "manifest was removed; run that stage again"
     ]
     plain = Path(shutil.copytree(ranks, tmp_path / "plain"))  # as datatrove writes it: no records, in no run
-    report = verify(str(plain))
+    report = verify(Folder(str(plain)))
     assert report.ok and report.notes == [f"{plain}: no manifests, so which files belong here cannot be checked"]
 
 
@@ -402,7 +403,7 @@ def test_the_quarantine_is_checked_against_its_marker(tmp_path, sample_tokenizer
     corpus = write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": "hello world"}, "not json", {"text": "more text"}])
     run([corpus], tmp_path / "out", sample_tokenizer, max_rejects=5, max_reject_fraction=0.9)
     quarantine = tmp_path / "out" / "_quarantine" / "00000.jsonl"
-    assert verify(str(tmp_path / "out")).ok
+    assert verify(Folder(str(tmp_path / "out"))).ok
     quarantine.write_bytes(quarantine.read_bytes()[:-1])
     (problem,) = problems(tmp_path / "out")
     assert problem.startswith(f"{quarantine}: differs from what _completions/00000.json records ")

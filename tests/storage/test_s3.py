@@ -7,7 +7,8 @@ import pytest
 from tests.support.stages import file_bytes, run
 from tests.support.tokenizers import EOS
 from tokenization.stages.verify import verify
-from tokenization.storage.files import MAX_PARTS, MIB, MIN_PART_SIZE, part_size, using
+from tokenization.storage.files import MAX_PARTS, MIB, MIN_PART_SIZE, part_size
+from tokenization.storage.folder import Folder
 
 
 def test_s3_input_and_output_equal_a_local_run(tmp_path, s3, sample_corpus, sample_tokenizer) -> None:
@@ -67,8 +68,7 @@ def test_merge_and_context_shuffle_from_and_to_s3(tmp_path, s3, sample_corpus, s
         assert len(local) >= 8
         for name, data in local.items():
             assert s3.fs.cat_file(f"corpus/{stage}/{name}") == data, f"{stage}/{name}"
-    with using(s3.options):
-        assert verify("s3://corpus/context", str(sample_tokenizer), EOS).ok
+    assert verify(Folder("s3://corpus/context", s3.options), str(sample_tokenizer), EOS).ok
 
 
 def test_a_record_is_read_with_one_request(s3) -> None:

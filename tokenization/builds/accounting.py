@@ -34,35 +34,33 @@ from tokenization.records import (
     TokenizeSummary,
     stage_manifest,
 )
-from tokenization.storage.files import in_batches, join, list_names, list_sizes, map_concurrently, open_fs, read_many
+from tokenization.storage.files import in_batches, map_concurrently
+from tokenization.storage.folder import Folder
 
 C = TypeVar("C", MergeCounts, ContextCounts)
 
 
-def incomplete_ranks(ranks_dir: str, num_ranks: int, plan: str | None = None) -> dict[int, str]:
+def incomplete_ranks(ranks: Folder, num_ranks: int, plan: str | None = None) -> dict[int, str]:
     """Every rank of ``0..num_ranks-1`` whose shard is not complete yet, with the reason. While markers are missing
     this costs one listing, whatever the number of ranks; once all are there, each marker and manifest is read once:
     a shard is complete when its manifest has the checksum its marker records, was made under the build's ``plan``
     (its digest, when given), and every file the marker lists is there with its size. A marker of a rank outside
     the run is an error, never ignored."""
-    fs, path = open_fs(ranks_dir)
-    listed = {
-        name.removesuffix(".json") for name in list_names(fs, join(path, "_completions")) if name.endswith(".json")
-    }
+    listed = {name.removesuffix(".json") for name in ranks.sub(manifest.COMPLETIONS).list() if name.endswith(".json")}
     expected = {rank_stem(rank): rank for rank in range(num_ranks)}
     if strangers := sorted(listed - set(expected)):
-        raise BuildError(f"{ranks_dir} holds shards that are not ranks of this {num_ranks}-rank run: {strangers}")
+        raise BuildError(f"{ranks.url} holds shards that are not ranks of this {num_ranks}-rank run: {strangers}")
     if unmarked := {rank: "no completion marker" for stem, rank in expected.items() if stem not in listed}:
         return unmarked
-    listed_files = _ListedFiles.of(fs, path)
+    listed_files = _ListedFiles.of(ranks)
     status = {}
     for batch in in_batches(list(expected)):  # a batch's markers, then their manifests, read concurrently
-        markers = read_many(fs, [manifest.marker_path(path, stem) for stem in batch])
-        named = {stem: _marker(data, where) for stem, (where, data) in zip(batch, markers.items(), strict=True)}
-        wanted = [join(path, marker.manifest) for marker in named.values() if isinstance(marker, CompletionMarker)]
-        manifests = read_many(fs, wanted)
+        markers = ranks.read_many([manifest.marker_name(stem) for stem in batch])
+        read = zip(batch, markers.items(), strict=True)
+        named = {stem: _marker(data, ranks.url_of(name)) for stem, (name, data) in read}
+        manifests = ranks.read_many([m.manifest for m in named.values() if isinstance(m, CompletionMarker)])
         for stem, marker in named.items():
-            status[expected[stem]] = _shard_status(path, marker, manifests, listed_files, plan)
+            status[expected[stem]] = _shard_status(ranks, marker, manifests, listed_files, plan)
     return {rank: why for rank, why in status.items() if why is not None}
 
 
@@ -85,15 +83,15 @@ class _ListedFiles:
     digests: np.ndarray  # uint64, sorted
 
     @classmethod
-    def of(cls, fs, path: str) -> _ListedFiles:
+    def of(cls, folder: Folder) -> _ListedFiles:
         """One listing of the folder, then its subfolders' listings a batch at a time, concurrently."""
-        top = list_sizes(fs, path)
+        top = folder.sizes()
         folders = [manifest.QUARANTINE, *(name for name in top if BUCKET_FOLDER.fullmatch(name))]
         digests = [_digests(top.items())]
         for batch in in_batches(folders):
-            listings = map_concurrently(lambda folder: list_sizes(fs, join(path, folder)), batch)
-            for folder, listing in zip(batch, listings, strict=True):
-                digests.append(_digests((f"{folder}/{name}", size) for name, size in listing.items()))
+            listings = map_concurrently(lambda name: folder.sub(name).sizes(), batch)
+            for sub, listing in zip(batch, listings, strict=True):
+                digests.append(_digests((f"{sub}/{name}", size) for name, size in listing.items()))
         return cls(np.sort(np.concatenate(digests)))
 
     def first_missing(self, sizes: dict[str, int]) -> str | None:
@@ -114,7 +112,7 @@ def _digests(files: Iterable[tuple[str, int]]) -> np.ndarray:
 
 
 def _shard_status(
-    path: str,
+    ranks: Folder,
     marker: CompletionMarker | str,
     manifests: dict[str, bytes | None],
     listed_files: _ListedFiles,
@@ -124,14 +122,14 @@ def _shard_status(
     A damaged marker or manifest is such a reason, said in its one line: tokenizing the rank again replaces both."""
     if isinstance(marker, str):
         return marker
-    data = manifests.get(join(path, marker.manifest))
+    data = manifests.get(marker.manifest)
     if data is None:
         return "completion marker without a manifest"
     if hashlib.sha256(data).hexdigest() != marker.sha256:
         return "manifest does not match its completion marker"
     if plan is not None:
         try:
-            made_under = RankManifest.loads(data, join(path, marker.manifest)).plan
+            made_under = RankManifest.loads(data, ranks.url_of(marker.manifest)).plan
         except RecordError as exc:
             return str(exc)
         if made_under != plan:
@@ -184,14 +182,14 @@ def cache_summary(rank_manifests: list[RankManifest]) -> CacheSummary | None:
     )
 
 
-def stage_counts(folder: str, kind: type[C]) -> C | None:
+def stage_counts(folder: Folder, kind: type[C]) -> C | None:
     """The counts (of this ``kind``) of every completed stage manifest of a folder (the merge's one, or all context
     shards'), summed; None when the folder holds none."""
-    fs, path = open_fs(folder)
-    markers = manifest.completion_markers(fs, path)
+    markers = manifest.completion_markers(folder)
     counts: list[C] = []
-    for batch in in_batches([join(path, marker.manifest) for marker in markers.values()]):
-        for where, data in read_many(fs, batch).items():  # a batch's manifests at once: one per task of a stage
+    for batch in in_batches([marker.manifest for marker in markers.values()]):
+        for name, data in folder.read_many(batch).items():  # a batch's manifests at once: one per task of a stage
+            where = folder.url_of(name)
             if data is None:
                 raise RecordError(where, "missing, though its completion marker names it")
             record = stage_manifest(data, where)
@@ -267,24 +265,22 @@ def token_flow(rank_tokens: int, stages: StageSummary, dataset_tokens: int) -> d
     return flow
 
 
-def rank_manifests(ranks_dir: str, num_ranks: int) -> list[RankManifest]:
+def rank_manifests(ranks: Folder, num_ranks: int) -> list[RankManifest]:
     """Every rank's manifest, checked (``RecordError`` names a damaged one; a missing one is a BuildError), each
     without its output entries (``outputs`` empty): the books and the report never need them, and a bucketed
     rank's are most of its manifest (~2 kB a bucket), so what is held stays small however many buckets there are.
     Read a batch at a time, concurrently."""
-    fs, path = open_fs(ranks_dir)
     found = []
     for batch in in_batches(list(range(num_ranks))):
-        read = read_many(fs, [manifest.manifest_path(path, rank_stem(rank)) for rank in batch])
-        for rank, (where, data) in zip(batch, read.items(), strict=True):
+        read = ranks.read_many([manifest.manifest_name(rank_stem(rank)) for rank in batch])
+        for rank, (name, data) in zip(batch, read.items(), strict=True):
             if data is None:
-                name = manifest.manifest_name(rank_stem(rank))
-                raise BuildError(f"{join(ranks_dir, name)}: missing, so rank {rank} is not complete")
-            found.append(replace(RankManifest.loads(data, where), outputs=[]))
+                raise BuildError(f"{ranks.url_of(name)}: missing, so rank {rank} is not complete")
+            found.append(replace(RankManifest.loads(data, ranks.url_of(name)), outputs=[]))
     return found
 
 
-def dataset_digest(dataset: str) -> str:
+def dataset_digest(dataset: Folder) -> str:
     """One sha256 for a whole dataset, from the checksums its manifests record: equal digests, equal bytes."""
     entries = manifest.output_entries(dataset)
     pairs = sorted((name, info.sha256) for d in entries.values() for name, info in d.entry.files.items())

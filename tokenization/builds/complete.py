@@ -44,7 +44,7 @@ from tokenization.records import (
     VerifySummary,
 )
 from tokenization.stages.verify import tokenizer_checks, verify
-from tokenization.storage.files import join, using
+from tokenization.storage.files import StorageOptions, join
 from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
@@ -92,75 +92,72 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
     report); last, remove the intermediate token files the record names. A publish that fails leaves no
     ``_BUILD.json`` behind, not even an earlier one. A build published already is returned as it is, once the
     removal its record names is done (one cut short is finished then)."""
-    run_dir = run.run_dir
+    folder = config.folder(run.run_dir)
     if (done := published(config, run)) is not None:
-        log.info("%s is published already: nothing to publish again", run_dir)
-        with using(config.storage_options):
-            footprint.remove(Layout(run_dir), done.record.removed)
+        log.info("%s is published already: nothing to publish again", folder.url)
+        footprint.remove(Layout(folder), done.record.removed)
         return done
-    with using(config.storage_options):
-        try:
-            record = build_record(config, run)
-        except Exception:
-            unpublish(config, run)
-            raise
-        record = replace(record, report=ReportFiles(html=REPORT_HTML, json=REPORT_JSON))
-        write_report(run_dir, record)  # before the record that declares the build complete
-        if config.output_format == "megatron":
-            _write_data_path(run_dir, record.dataset)
-        Folder(run_dir).put(BUILD_MANIFEST, record.dumps())
-        newest = point_latest(config.output)
-        deleted = expire(config.output, keep, {newest, run_dir}) if keep else []
-        cleaned = _clean_cache(config) if keep else None
-        if keep and (deleted or (cleaned and cleaned.entries)):  # (neither without keep)
-            write_report(run_dir, record, Retention(keep=keep, deleted=deleted, cache=cleaned))
-        footprint.remove(Layout(run_dir), record.removed)
+    try:
+        record = build_record(config, run)
+    except Exception:
+        unpublish(config, run)
+        raise
+    record = replace(record, report=ReportFiles(html=REPORT_HTML, json=REPORT_JSON))
+    write_report(folder, record)  # before the record that declares the build complete
+    if config.output_format == "megatron":
+        _write_data_path(folder, config.folder(record.dataset))
+    folder.put(BUILD_MANIFEST, record.dumps())
+    output = config.folder(config.output)
+    newest = point_latest(output)
+    deleted = expire(output, keep, {newest, folder.url}) if keep else []
+    cleaned = _clean_cache(config) if keep else None
+    if keep and (deleted or (cleaned and cleaned.entries)):  # (neither without keep)
+        write_report(folder, record, Retention(keep=keep, deleted=deleted, cache=cleaned))
+    footprint.remove(Layout(folder), record.removed)
     log.info("published %s: %d tokens; report %s", record.dataset, record.tokens, REPORT_HTML)
     return Published(record, newest, deleted)
 
 
-def _write_data_path(run_dir: str, dataset: str) -> None:
+def _write_data_path(run: Folder, dataset: Folder) -> None:
     """Megatron-LM's ``--data-path`` for a Megatron build, beside its report: every ``.bin/.idx`` prefix of the
     dataset (Megatron output is never merged: a rank's files), each weighted by its tokens, which Megatron
     normalizes into its blend."""
     entries = manifest.output_entries(dataset)
-    folder = Folder(dataset)
-    where = str(Path(folder.path).resolve()) if folder.is_local else dataset  # Megatron may run from any folder
+    where = str(Path(dataset.path).resolve()) if dataset.is_local else dataset.url  # Megatron may run from anywhere
     weighted = [f"{entries[name].entry.tokens} {join(where, name.removesuffix(MEGATRON))}" for name in sorted(entries)]
-    Folder(run_dir).put(MEGATRON_DATA_PATH, (" ".join(weighted) + "\n").encode())
+    run.put(MEGATRON_DATA_PATH, (" ".join(weighted) + "\n").encode())
 
 
 def _clean_cache(config: BuildConfig) -> CacheCleaning | None:
     """Retention's part in the tokenization cache: the entries that no build still there used (``Cache.collect``).
     The build is published by then: a cache that cannot be cleaned now (unreachable, or a folder that is no cache)
     is logged, and cleaned by the next publish that can."""
-    location = config.cache_location
+    location = config.cache_folder
     if location is None:
         return None
     try:
         return Cache(location).collect()
     except (OSError, TokenizationError) as exc:
-        log.warning("cache %s: not cleaned (%s); the next publish with retention cleans it", location, exc)
+        log.warning("cache %s: not cleaned (%s); the next publish with retention cleans it", location.url, exc)
         return None
 
 
 def published(config: BuildConfig, run: Run) -> Published | None:
     """This build as published, when it already is (its ``_BUILD.json`` records this very plan)."""
-    with using(config.storage_options):
-        record = read_build(run.run_dir)
-        if record is None or record.plan != run.plan.digest:
-            return None
-        try:
-            latest = read_latest(config.output) or ""
-        except LatestError:  # a LATEST that names no build here: the next publish rewrites it
-            latest = ""
-        return Published(record, latest, [])
+    record = read_build(config.folder(run.run_dir))
+    if record is None or record.plan != run.plan.digest:
+        return None
+    try:
+        latest = read_latest(config.folder(config.output)) or ""
+    except LatestError:  # a LATEST that names no build here: the next publish rewrites it
+        latest = ""
+    return Published(record, latest, [])
 
 
 def unpublish(config: BuildConfig, run: Run) -> None:
     """Take back ``_BUILD.json`` before files it describes may change, or when a publish fails: no build is
     ever declared complete over files that are not the ones it describes."""
-    folder = Folder(run.run_dir, config.storage_options)
+    folder = config.folder(run.run_dir)
     if folder.exists(BUILD_MANIFEST):
         folder.remove(BUILD_MANIFEST)
         log.warning("%s removed: the build is incomplete until it is published again", folder.url_of(BUILD_MANIFEST))
@@ -168,7 +165,7 @@ def unpublish(config: BuildConfig, run: Run) -> None:
 
 def build_record(config: BuildConfig, run: Run) -> BuildRecord:
     """The record of a build whose dataset verifies and whose books hold; a BuildError says what does not."""
-    layout = Layout(run.run_dir)
+    layout = Layout(config.folder(run.run_dir))
     merged = accounting.stage_counts(layout.merged, MergeCounts)
     context = accounting.stage_counts(layout.context, ContextCounts)
     dataset = layout.context if context else layout.merged if config.output_format == "ds" else layout.ranks
@@ -180,8 +177,8 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         log.info("verify: %s", line)
     if not checked.ok:
         found = f"{len(checked.problems)} problem{'s' * (len(checked.problems) != 1)}"
-        raise BuildError(f"verify found {found} in {dataset}; the build is not published")
-    recorded = Run.of(run.spec).plan  # read again: a run folder replaced since is refused
+        raise BuildError(f"verify found {found} in {dataset.url}; the build is not published")
+    recorded = Run.of(run.spec, config.storage_options).plan  # read again: a run folder replaced since is refused
     ranks = accounting.rank_manifests(layout.ranks, config.num_ranks)
     balance = accounting.conservation(ranks, recorded.shared)
     if balance.inputs_problem:
@@ -201,7 +198,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
     return BuildRecord(
         run_id=run.claim.run_id,
         plan=recorded.digest,
-        dataset=dataset,
+        dataset=dataset.url,
         input=config.input,
         seed=recorded.seed,
         tokenizer=BuildTokenizer(
@@ -223,12 +220,12 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         token_flow=accounting.token_flow(balance.tokens, stages, checked.tokens),
         tokens=checked.tokens,
         digest=accounting.dataset_digest(dataset),
-        files=token_file_names(Folder(dataset).list()),
+        files=token_file_names(dataset.list()),
         stages=stages,
         verify=VerifySummary(ok=checked.ok, files=checked.files, tokens=checked.tokens, notes=checked.notes),
         cache=accounting.cache_summary(ranks),
         removed=removed,
-        footprint=footprint.measure(layout, removed, config.cache_location),
+        footprint=footprint.measure(layout, removed, config.cache_folder),
     )
 
 
@@ -237,14 +234,14 @@ def dataset_checks(config: BuildConfig, run: Run) -> Checks:
     made before claims recorded them: from its tokenizer, loaded)."""
     facts = run.claim.tokenizer
     if facts is None:
-        return tokenizer_checks(config.tokenizer, run.plan.record.tokenizer.eos_token)
+        return tokenizer_checks(config.tokenizer, run.plan.record.tokenizer.eos_token, config.storage_options)
     return Checks(facts.vocab_size, facts.eos_id)
 
 
 def _arrived_after(config: BuildConfig, recorded: Plan) -> Arrived:
     """The input files that arrived after the plan was made, which this build leaves out: for the report."""
     try:
-        listing = list_input_files([config.input], quiet=True)  # what it skips, the plan said
+        listing = list_input_files([config.input], config.storage_options, quiet=True)  # its skips: the plan said
     except InputError:  # the input is gone, or empty now: nothing arrived
         return Arrived(files=0, first=[])
     known = {f.url for f in recorded.files}
@@ -256,10 +253,10 @@ def _iso(moment: float) -> str:
     return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds")
 
 
-def latest_build(folder: str) -> BuildRecord:
+def latest_build(folder: str, storage_options: StorageOptions | None = None) -> BuildRecord:
     """The record of the newest complete build under a builds folder, the one ``LATEST`` names, checked as publish
     checks a candidate; anything else raises one line naming the file."""
-    return latest_complete_build(folder).record
+    return latest_complete_build(Folder(folder, storage_options)).record
 
 
 def cache_line(cache: CacheSummary, what: str = "input files") -> str:

@@ -16,6 +16,7 @@ from tokenization.stages.merge import MergeOptions
 from tokenization.stages.tokenize import RankOptions
 from tokenization.storage import locations
 from tokenization.storage.files import join
+from tokenization.storage.folder import Folder
 from tokenization.storage.locations import AllowedLocations, tokenizer_files
 from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.loading import FILE_SUFFIXES
@@ -104,6 +105,12 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
     def cache_location(self) -> str | None:
         """Where the build's tokenization cache is: None when it is off."""
         return chosen_location(self.cache, join(self.output, DEFAULT_FOLDER))
+
+    @property
+    def cache_folder(self) -> Folder | None:
+        """The cache's folder, opened with the build's storage options: None when it is off."""
+        location = self.cache_location
+        return None if location is None else self.folder(location)
 
     def check_locations(self, allowed: AllowedLocations) -> None:
         """Input, output, the cache, tokenizer and chat template only where the deployment allows (never http://,

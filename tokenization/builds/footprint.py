@@ -24,14 +24,13 @@ import os
 import re
 from collections.abc import Iterator
 
-import fsspec
-
 from tokenization.builds.pages import size
 from tokenization.errors import TokenizationError
 from tokenization.output.cache import Cache
 from tokenization.output.runs import Layout
 from tokenization.records import CacheSize, FolderBytes, Footprint
-from tokenization.storage.files import is_local, join, open_fs, remove_files
+from tokenization.storage.files import is_local, join, remove_files
+from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +38,20 @@ TOKEN_FILE = re.compile(r".+\.ds(\.(index|loss|metadata))?")  # a .ds family's f
 REMOVED_AT_ONCE = 1000  # files a removal request takes (S3's bulk delete takes 1,000 keys)
 
 
-def intermediate(layout: Layout, dataset: str) -> list[str]:
+def intermediate(layout: Layout, dataset: Folder) -> list[str]:
     """The stage folders written before the dataset's, by name: ``ranks``, and ``merged`` when a context shuffle
     follows the merge; none for a Megatron build, whose rank files are its dataset."""
     names = list(layout.stages)
     return names[: list(layout.stages.values()).index(dataset)]
 
 
-def measure(layout: Layout, removed: list[str], cache: str | None) -> Footprint:
+def measure(layout: Layout, removed: list[str], cache: Folder | None) -> Footprint:
     """Each stage folder's bytes once the token files of the ``removed`` ones are gone (a folder the build did not
     write is left out), and the size of the ``cache`` at that location, when there is one."""
     folders = []
-    for name, url in layout.stages.items():
+    for name, folder in layout.stages.items():
         held = gone = 0
-        for path, bytes_ in _files(*open_fs(url)):
+        for path, bytes_ in _files(folder):
             if name in removed and _token_file(path):
                 gone += bytes_
             else:
@@ -62,13 +61,13 @@ def measure(layout: Layout, removed: list[str], cache: str | None) -> Footprint:
     return Footprint(folders=folders, cache=cache_size(cache) if cache else None)
 
 
-def cache_size(location: str) -> CacheSize | None:
+def cache_size(location: Folder) -> CacheSize | None:
     """The cache's size for the build record. The build does not depend on it: a cache that cannot be measured now
     (unreachable, or a folder that is no cache) is logged, and left out."""
     try:
         return Cache(location).size()
     except (OSError, TokenizationError) as exc:
-        log.warning("cache %s: its size is not measured (%s)", location, exc)
+        log.warning("cache %s: its size is not measured (%s)", location.url, exc)
         return None
 
 
@@ -78,9 +77,10 @@ def remove(layout: Layout, removed: list[str]) -> int:
     removal that was cut short."""
     freed = files = 0
     for name in removed:
-        fs, root = open_fs(layout.stages[name])
+        folder = layout.stages[name]
+        fs, root = folder.fs, folder.path
         batch, emptied = [], set()
-        for path, bytes_ in _files(fs, root):
+        for path, bytes_ in _files(folder):
             if not _token_file(path):
                 continue
             batch.append(join(root, path))
@@ -119,8 +119,9 @@ def cache_weight(cache: CacheSize) -> str:
     return f"{size(cache.bytes)} for {cache.tokens:,} tokens{per_token}"
 
 
-def _files(fs: fsspec.AbstractFileSystem, root: str) -> Iterator[tuple[str, int]]:
-    """Every file under ``root``, by its path there, with its size: one listing a folder, one folder at a time."""
+def _files(top: Folder) -> Iterator[tuple[str, int]]:
+    """Every file under ``top``, by its path there, with its size: one listing a folder, one folder at a time."""
+    fs, root = top.fs, top.path
     folders = [""]
     while folders:
         folder = folders.pop()

@@ -28,7 +28,6 @@ from datetime import datetime
 from tokenization.errors import MissingError, TokenizationError, UsageError
 from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, folder_for, read_build
 from tokenization.records import BuildRecord, RecordError, RunClaim
-from tokenization.storage.files import join
 from tokenization.storage.folder import Folder, PutMode, UpdateIf
 
 LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_for encodes a leading dot)
@@ -55,71 +54,71 @@ class CompleteBuild:
         return self.started, self.name
 
 
-def complete_build(output: str, name: str) -> CompleteBuild | None:
+def complete_build(output: Folder, name: str) -> CompleteBuild | None:
     """The complete build in ``{output}/{name}``, None when that folder holds no ``_BUILD.json`` (a running or
     failed build, or no build at all); a record that is not this project's, or is malformed, raises
     :class:`LatestError` naming the file."""
-    run_dir = join(output, name)
-    run = Folder(run_dir)
+    run = output.sub(name)
+    run_dir = run.url
     try:
-        record = read_build(run_dir)
+        record = read_build(run)
         if record is None:
             return None
         claim = RunClaim.read(run.fs, run.path_of(RUN_CLAIM), run.url_of(RUN_CLAIM))
     except RecordError as exc:
         raise LatestError(str(exc)) from None
     if claim is None:
-        raise LatestError(f"{join(run_dir, BUILD_MANIFEST)}: no {RUN_CLAIM} claims the folder, so no build made it")
+        raise LatestError(f"{run.url_of(BUILD_MANIFEST)}: no {RUN_CLAIM} claims the folder, so no build made it")
     if not _owns(output, name, claim.run_id):
         raise LatestError(
-            f"{join(run_dir, RUN_CLAIM)}: claims the folder for run {claim.run_id!r}, whose folder is another"
+            f"{run.url_of(RUN_CLAIM)}: claims the folder for run {claim.run_id!r}, whose folder is another"
         )
     if record.run_id != claim.run_id:
-        raise LatestError(f"{join(run_dir, BUILD_MANIFEST)}: the record of run {record.run_id!r}, not {claim.run_id!r}")
-    return CompleteBuild(run_dir, name, _started(record.started, join(run_dir, BUILD_MANIFEST)), record)
+        raise LatestError(f"{run.url_of(BUILD_MANIFEST)}: the record of run {record.run_id!r}, not {claim.run_id!r}")
+    return CompleteBuild(run_dir, name, _started(record.started, run.url_of(BUILD_MANIFEST)), record)
 
 
-def complete_builds(output: str) -> list[CompleteBuild]:
+def complete_builds(output: Folder) -> list[CompleteBuild]:
     """Every complete build under ``output``, the newest first; a folder with a ``_BUILD.json`` that is no build of
     this project is skipped with a warning naming it."""
     found = []
-    for name in _child_folders(Folder(output)):
+    for name in _child_folders(output):
         try:
             build = complete_build(output, name)
         except LatestError as exc:
-            log.warning("%s; LATEST and retention leave it alone (move it out of %s to silence this)", exc, output)
+            log.warning("%s; LATEST and retention leave it alone (move it out of %s to silence this)", exc, output.url)
             continue
         if build is not None:
             found.append(build)
     return sorted(found, key=lambda b: b.order, reverse=True)
 
 
-def read_latest(output: str) -> str | None:
+def read_latest(output: Folder) -> str | None:
     """The run folder ``LATEST`` names, inside ``output``, or None when there is none yet."""
     try:
-        text = Folder(output).read(LATEST)
+        text = output.read(LATEST)
     except FileNotFoundError:
         return None
     except IsADirectoryError:
-        raise _a_folder(join(output, LATEST)) from None
+        raise _a_folder(output.url_of(LATEST)) from None
     name = latest_name(output, text)
-    return None if name is None else join(output, name)
+    return None if name is None else output.url_of(name)
 
 
-def latest_complete_build(output: str) -> CompleteBuild:
+def latest_complete_build(output: Folder) -> CompleteBuild:
     """The complete build ``LATEST`` names: ``FileNotFoundError`` when there is no ``LATEST`` yet, and
     :class:`LatestError` when it names no complete build of this project."""
     run_dir = read_latest(output)
     if run_dir is None:
-        raise MissingError(f"{output}: no {LATEST}, so no complete build yet")
+        raise MissingError(f"{output.url}: no {LATEST}, so no complete build yet")
     name = run_dir.rsplit("/", 1)[-1]
     build = complete_build(output, name)
     if build is None:
-        raise LatestError(f"{join(output, LATEST)}: names {name}, which holds no {BUILD_MANIFEST} (not complete)")
+        raise LatestError(f"{output.url_of(LATEST)}: names {name}, which holds no {BUILD_MANIFEST} (not complete)")
     return build
 
 
-def latest_name(output: str, text: bytes) -> str | None:
+def latest_name(output: Folder, text: bytes) -> str | None:
     """The run folder name that ``LATEST``'s content ``text`` gives, or None when it is empty. The previous version
     wrote a whole path or URL (relative to the writer's working folder, maybe): its last segment is taken when it
     names a folder of ``output``. Nothing outside ``output`` is ever named: anything else raises."""
@@ -129,47 +128,45 @@ def latest_name(output: str, text: bytes) -> str | None:
     if _is_name(value):
         return value
     last = value.rstrip("/").rsplit("/", 1)[-1]
-    folder = Folder(output)
-    if _is_name(last) and folder.fs.isdir(folder.path_of(last)):
+    if _is_name(last) and output.fs.isdir(output.path_of(last)):
         return last
     raise LatestError(
-        f"{join(output, LATEST)}: names {value!r}, which is no folder of {output} (it is never followed outside "
+        f"{output.url_of(LATEST)}: names {value!r}, which is no folder of {output.url} (it is never followed outside "
         f"it); publish a build to rewrite it, or remove it"
     )
 
 
-def point_latest(output: str) -> str:
+def point_latest(output: Folder) -> str:
     """Point ``LATEST`` at the newest complete build and return it (the one just published, unless a newer one
     completed meanwhile). A compare-and-swap: read ``LATEST``, list the builds, write only if ``LATEST`` still
     holds what was read (a lock locally, ``If-Match`` on S3), else decide again; it never goes back."""
-    folder = Folder(output)
-    with _locked(folder):
+    with _locked(output):
         for _ in range(SWAP_ATTEMPTS):
-            text, etag = _read_latest_versioned(folder)
+            text, etag = _read_latest_versioned(output)
             builds = complete_builds(output)
             if not builds:
-                raise LatestError(f"{output}: no complete build to point {LATEST} at")
+                raise LatestError(f"{output.url}: no complete build to point {LATEST} at")
             current = _named_build(output, text)
             if current is not None and current.order >= builds[0].order:
                 return current.run_dir
             try:
-                _write_latest(folder, builds[0].name, etag)
+                _write_latest(output, builds[0].name, etag)
             except (FileExistsError, FileNotFoundError):  # another publish moved (or someone removed) it since
                 continue
-            log.info("%s now names %s", join(output, LATEST), builds[0].run_dir)
+            log.info("%s now names %s", output.url_of(LATEST), builds[0].run_dir)
             return builds[0].run_dir
     raise LatestError(
-        f"{join(output, LATEST)}: changed by other publishes {SWAP_ATTEMPTS} times in a row; publish again"
+        f"{output.url_of(LATEST)}: changed by other publishes {SWAP_ATTEMPTS} times in a row; publish again"
     )
 
 
-def expire(output: str, keep: int, spare: set[str]) -> list[str]:
+def expire(output: Folder, keep: int, spare: set[str]) -> list[str]:
     """Delete the complete builds beyond the newest ``keep``, except those in ``spare``; returns what it deleted."""
     deleted = []
     for build in complete_builds(output)[keep:]:
         if build.run_dir in spare:
             continue
-        run = Folder(build.run_dir)
+        run = output.sub(build.name)
         try:
             run.fs.rm_file(run.path_of(BUILD_MANIFEST))  # first: a deletion cut short leaves an incomplete build, not
         except FileNotFoundError:  # a complete one with files missing; gone: another publish's retention took it
@@ -180,13 +177,13 @@ def expire(output: str, keep: int, spare: set[str]) -> list[str]:
     return deleted
 
 
-def _named_build(output: str, text: bytes | None) -> CompleteBuild | None:
+def _named_build(output: Folder, text: bytes | None) -> CompleteBuild | None:
     """The complete build ``LATEST``'s content names, or None when it names none that is still a valid one."""
     try:
         name = None if text is None else latest_name(output, text)
         return None if name is None else complete_build(output, name)
     except LatestError as exc:
-        log.warning("%s is replaced: %s", join(output, LATEST), exc)
+        log.warning("%s is replaced: %s", output.url_of(LATEST), exc)
         return None
 
 
@@ -254,10 +251,10 @@ def _started(started: str, where: str) -> datetime:
     return moment
 
 
-def _owns(output: str, name: str, run_id: object) -> bool:
+def _owns(output: Folder, name: str, run_id: object) -> bool:
     """Whether ``run_id`` is a run id whose folder under ``output`` is ``name``."""
     try:
-        return isinstance(run_id, str) and folder_for(output, run_id) == join(output, name)
+        return isinstance(run_id, str) and folder_for(output.url, run_id) == output.url_of(name)
     except UsageError:  # a run id that names no folder of its own ("", "..", LATEST)
         return False
 

@@ -24,7 +24,8 @@ from tokenization.inputs.sources import InputListing, difference, split_files
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
 from tokenization.records import BuildSpec, InputFile, PlannedInputs, PlannedTokenizer, PlanRecord, RunClaim
-from tokenization.storage.files import join
+from tokenization.storage.files import StorageOptions, join
+from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +147,11 @@ class Run:
         return BuildSpec(run_dir=self.run_dir, digest=self.plan.digest)
 
     @classmethod
-    def of(cls, spec: BuildSpec) -> Run:
-        """The run ``spec`` names, read from its claim, when the claim records the plan with the spec's digest (the
-        plan the run was started with); else an error saying the run folder was replaced since."""
-        claimed = read_claim(spec.run_dir)
+    def of(cls, spec: BuildSpec, storage_options: StorageOptions | None = None) -> Run:
+        """The run ``spec`` names, read from its claim (opened with ``storage_options``), when the claim records the
+        plan with the spec's digest (the plan the run was started with); else an error saying the run folder was
+        replaced since."""
+        claimed = read_claim(Folder(spec.run_dir, storage_options))
         run = None if claimed is None else cls(spec.run_dir, claimed)
         if run is None or run.plan.digest != spec.digest:
             raise BuildError(

@@ -52,11 +52,11 @@ SETTINGS = (
 RENDERING = ("template", "loss_fields", "messages_key", "chat_template", "loss_roles")  # when records are rendered
 
 
-def report_data(run_dir: str, build: BuildRecord | None = None, retention: Retention | None = None) -> dict:
+def report_data(run: Folder, build: BuildRecord | None = None, retention: Retention | None = None) -> dict:
     """Everything the report shows: the build record itself (``build``, when it is not written yet), and what the
     run's rank manifests add to it, with the builds that retention deleted when there were any."""
-    build = build or _build_record(run_dir)
-    ranks = rank_manifests(Layout(run_dir).ranks, build.stages.tokenize.ranks)
+    build = build or _build_record(run)
+    ranks = rank_manifests(Layout(run).ranks, build.stages.tokenize.ranks)
     lengths: Counter = Counter()
     for rank in ranks:
         for row in rank.counts.length_histogram:
@@ -66,13 +66,13 @@ def report_data(run_dir: str, build: BuildRecord | None = None, retention: Reten
         "merge": build.stages.merge.tokens_dropped if build.stages.merge else 0,
         "context_shuffle": build.stages.context_shuffle.tokens_dropped if build.stages.context_shuffle else 0,
     }
-    outputs = manifest.output_entries(build.dataset)
+    outputs = manifest.output_entries(run.sub(build.dataset.rsplit("/", 1)[-1]))
     tokenizer = ranks[0].tokenizer
     input_files = _input_files(ranks)
     return {
         "format": REPORT_FORMAT,
         "build": build.to_json(),
-        "run_dir": run_dir,
+        "run_dir": run.url,
         "ranks": [_rank_row(r) for r in ranks],
         "length_histogram": [
             {"min_tokens": low, "max_tokens": 2 * low - 1, "docs": lengths[low]} for low in sorted(lengths)
@@ -222,21 +222,20 @@ def _rank_row(rank: RankManifest) -> dict:
     }
 
 
-def write_report(run_dir: str, build: BuildRecord | None = None, retention: Retention | None = None) -> BuildRecord:
+def write_report(run: Folder, build: BuildRecord | None = None, retention: Retention | None = None) -> BuildRecord:
     """Write ``report.json`` and ``report.html`` into the run folder, each atomically; return the build record they
     show."""
-    build = build or _build_record(run_dir)
-    data = report_data(run_dir, build, retention)
-    folder = Folder(run_dir)
-    folder.put(REPORT_JSON, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-    folder.put(REPORT_HTML, render_html(data).encode())
+    build = build or _build_record(run)
+    data = report_data(run, build, retention)
+    run.put(REPORT_JSON, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    run.put(REPORT_HTML, render_html(data).encode())
     return build
 
 
-def _build_record(run_dir: str) -> BuildRecord:
-    build = read_build(run_dir)
+def _build_record(run: Folder) -> BuildRecord:
+    build = read_build(run)
     if build is None:
-        raise MissingError(f"{run_dir}: no {BUILD_MANIFEST}; the build is not complete or this is not a run")
+        raise MissingError(f"{run.url}: no {BUILD_MANIFEST}; the build is not complete or this is not a run")
     return build
 
 

@@ -52,7 +52,6 @@ from tokenization.records import BuildSpec, ContextCounts, ContextManifest, Merg
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
 from tokenization.stages.merge import MergeConfig, MergeOptions, merge
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
-from tokenization.storage.files import using
 from tokenization.storage.folder import Folder
 from tokenization.storage.locations import AllowedLocations, check_disjoint, inside
 from tokenization.tokenizer.documents import Counts, DocumentOptions
@@ -70,11 +69,11 @@ M = TypeVar("M", RankManifest, MergeManifest, ContextManifest)
 class Build:
     """One build run: its config and the run that claimed its folder with the plan made once for it. Each step is
     a method that Airflow's tasks and the command line call alike; every step opens storage with the config's
-    storage options."""
+    storage options (its folders: ``config.folder``)."""
 
     def __init__(self, config: BuildConfig, run: Run):
         self.config, self.claimed, self.plan = config, run, run.plan
-        self.layout = Layout(run.run_dir)
+        self.layout = Layout(config.folder(run.run_dir))
 
     @classmethod
     def start(cls, config: BuildConfig, run_id: str, allowed: AllowedLocations | None = None) -> Build:
@@ -84,26 +83,25 @@ class Build:
         on only if it would plan the very same build (``Plan.refuse_another``)."""
         if allowed is not None:
             config.check_locations(allowed)
-        run_dir = folder_for(config.output, run_id)
-        with using(config.storage_options):
-            check_disjoint([config.input], config.output)
-            if config.cache_location:
-                check_disjoint([config.input], config.cache_location, "cache")
-                _check_apart(run_id, run_dir, config.cache_location)
-            listing = list_input_files([config.input])
-            if allowed is not None:
-                allowed.check_files("input", [f.url for f in listing.files])
-            encoder = config.encoder()
-            renderer = config.renderer(encoder)
-            seed = resolve_seed(config.seed, run_id)
-            rendering = None if renderer is None else renderer.sha256
-            planned = listing if read_claim(run_dir) else with_content(listing)  # a re-run hashes no file again
-            proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned)
-            if config.cache_location:  # before the run's claim: a folder that is no cache is refused first
-                Cache(config.cache_location).claim()
-            run = Run(run_dir, claim(run_dir, run_id, proposed.record, encoder.facts()))
-            if run.plan.digest != proposed.digest:
-                run.plan.refuse_another(proposed, listing, run_dir)
+        run_dir = config.folder(folder_for(config.output, run_id))
+        check_disjoint([config.input], config.output)
+        if config.cache_location:
+            check_disjoint([config.input], config.cache_location, "cache")
+            _check_apart(run_id, run_dir.url, config.cache_location)
+        listing = list_input_files([config.input], config.storage_options)
+        if allowed is not None:
+            allowed.check_files("input", [f.url for f in listing.files])
+        encoder = config.encoder()
+        renderer = config.renderer(encoder)
+        seed = resolve_seed(config.seed, run_id)
+        rendering = None if renderer is None else renderer.sha256
+        planned = listing if read_claim(run_dir) else with_content(listing)  # a re-run hashes no file again
+        proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned)
+        if config.cache_folder:  # before the run's claim: a folder that is no cache is refused first
+            Cache(config.cache_folder).claim()
+        run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts()))
+        if run.plan.digest != proposed.digest:
+            run.plan.refuse_another(proposed, listing, run_dir.url)
         files = run.plan.files
         log.info(
             "plan %s: %d input files (%d bytes), %d ranks, seed %d; in %s",
@@ -112,7 +110,7 @@ class Build:
             sum(f.size for f in files),
             config.num_ranks,
             run.plan.seed,
-            run_dir,
+            run_dir.url,
         )
         log.debug("plan: %s", run.plan.record)
         idle_ranks(config.num_ranks, run.plan.shared, config.split_input_mb)
@@ -122,8 +120,7 @@ class Build:
     def of(cls, config: BuildConfig, spec: object, where: str) -> Build:
         """The build a later step is handed: its config, and the spec that ``start`` made (``run.spec``), read from
         its JSON (``where`` it was found, for messages) and held against the run's claim."""
-        with using(config.storage_options):
-            return cls(config, Run.of(BuildSpec.from_json(spec, where)))
+        return cls(config, Run.of(BuildSpec.from_json(spec, where), config.storage_options))
 
     @staticmethod
     def run_dir_of(spec: object, where: str) -> str:
@@ -159,8 +156,7 @@ class Build:
         if self._published(f"rank {rank}"):
             record = self._recorded(self.layout.ranks, rank_stem(rank), RankManifest)
             return StageResult(Counts.of(record.counts), record)
-        with using(self.config.storage_options):
-            run = Run.of(self.claimed.spec)  # read again: a run folder replaced since this build was made is refused
+        run = Run.of(self.claimed.spec, self.config.storage_options)  # read again: a replaced run folder is refused
         share = RankShare(
             files=run.plan.share(rank, self.config.num_ranks),
             plan=run.plan.digest,
@@ -171,7 +167,7 @@ class Build:
         )
         config = TokenizeConfig(
             inputs=[self.config.input],
-            output=self.layout.ranks,
+            output=self.layout.ranks.url,
             seed=self.plan.seed,
             rank=rank,
             world_size=self.config.num_ranks,
@@ -186,16 +182,15 @@ class Build:
         its rank files may be gone on purpose)."""
         if self._published("the shard check"):
             return {}
-        with using(self.config.storage_options):
-            return accounting.incomplete_ranks(self.layout.ranks, self.config.num_ranks, self.plan.digest)
+        return accounting.incomplete_ranks(self.layout.ranks, self.config.num_ranks, self.plan.digest)
 
     def merge(
         self, bucket: int | None = None, progress: ProgressMode = None, owner: str | None = None
     ) -> StageResult[MergeCounts, MergeManifest]:
         """The global merge of every rank file, or of one bucket of them."""
         config = MergeConfig(
-            input=self.layout.ranks,
-            output=self.layout.merged,
+            input=self.layout.ranks.url,
+            output=self.layout.merged.url,
             save_filename=DATASET_NAME,
             seed=self.plan.seed,
             bucket=bucket,
@@ -218,8 +213,7 @@ class Build:
             shuffled = published.record.stages.context_shuffle
             merged_files = shuffled.files if shuffled else 0
         else:
-            with using(self.config.storage_options):
-                merged_files = len(list_token_files(self.layout.merged, (DS,)))
+            merged_files = len(list_token_files(self.layout.merged, (DS,)))
         return list(range(min(self.config.num_context_shards, merged_files)))
 
     def context_shuffle(
@@ -227,8 +221,8 @@ class Build:
     ) -> StageResult[ContextCounts, ContextManifest]:
         pad_token, pad_id = self.pad() if self.config.context_mode == "packed" else (None, None)
         config = ContextShuffleConfig(
-            input=self.layout.merged,
-            output=self.layout.context,
+            input=self.layout.merged.url,
+            output=self.layout.context.url,
             seed=self.plan.seed,
             shard=shard,
             num_shards=num_shards,
@@ -244,8 +238,8 @@ class Build:
 
     def pad(self) -> tuple[str, int]:
         """The token packed windows are padded with: the tokenizer's own pad token, else the build's EOS."""
-        with using(self.config.storage_options):
-            own = TokenizerFile.load(self.config.tokenizer, self.claimed.claim.tokenizer).pad()
+        tokenizer = TokenizerFile.load(self.config.tokenizer, self.claimed.claim.tokenizer, self.config.storage_options)
+        own = tokenizer.pad()
         facts = self.claimed.claim.tokenizer
         if own is not None:
             pad = own
@@ -282,9 +276,8 @@ class Build:
             )
         return done
 
-    def _recorded(self, folder: str, stem: str, kind: type[M]) -> M:
-        """The manifest a step wrote in ``folder``: what that step, run again once the build is published, returns."""
-        stage = Folder(folder, self.config.storage_options)
+    def _recorded(self, stage: Folder, stem: str, kind: type[M]) -> M:
+        """The manifest a step wrote in ``stage``: what that step, run again once the build is published, returns."""
         where = stage.url_of(manifest.manifest_name(stem))
         record = kind.read(stage.fs, stage.path_of(manifest.manifest_name(stem)), where)
         if record is None:

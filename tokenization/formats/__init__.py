@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenization.storage.files import join, list_names, open_fs
+from tokenization.storage.folder import Folder
 
 DS = ".ds"
 MEGATRON = ".bin"
@@ -18,7 +18,6 @@ def token_file_names(names: Iterable[str], suffixes: tuple[str, ...] = (DS, MEGA
     return sorted(name for name in names if name.endswith(suffixes))
 
 
-def list_token_files(folder: str, suffixes: tuple[str, ...] = (DS, MEGATRON)) -> list[str]:
+def list_token_files(folder: Folder, suffixes: tuple[str, ...] = (DS, MEGATRON)) -> list[str]:
     """URLs of the token files directly inside a folder, from one fresh listing."""
-    fs, path = open_fs(folder)
-    return [join(folder, name) for name in token_file_names(list_names(fs, path), suffixes)]
+    return [folder.url_of(name) for name in token_file_names(folder.list(), suffixes)]

@@ -303,7 +303,7 @@ def verify_megatron(listed: Listing, name: str, entry: OutputEntry | None, check
     report.files += 1
     label = listed.label(name)
     try:
-        mg = MegatronFile(label)
+        mg = MegatronFile(label, listed.folder.options)
     except TokenFileError as exc:
         report.problem(label, str(exc))
         return

@@ -25,7 +25,7 @@ import numpy as np
 
 from tokenization.errors import TokenizationError
 from tokenization.formats.contents import Contents, ContentsHasher, Pieces
-from tokenization.storage.files import is_local, open_fs, start_writeback, writing
+from tokenization.storage.files import StorageOptions, is_local, open_fs, start_writeback, writing
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated
@@ -369,9 +369,15 @@ class TokenFile:
     each is a HEAD, about ten a file, which a bucket merge of a thousand rank files would wait for in turn.
     """
 
-    def __init__(self, url: str, token_size: int | None = None, listing: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        url: str,
+        token_size: int | None = None,
+        listing: Mapping[str, int] | None = None,
+        storage_options: StorageOptions | None = None,
+    ):
         self.url = url
-        self.fs, self.path = open_fs(url)
+        self.fs, self.path = open_fs(url, storage_options)
         self.listing = listing
         if not self.exists(""):
             raise TokenFileError(f"{url}: no such token file")

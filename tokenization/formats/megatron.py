@@ -24,7 +24,7 @@ from tokenization.formats.ds import (
     WrittenTokenFile,
     map_array,
 )
-from tokenization.storage.files import open_fs
+from tokenization.storage.files import StorageOptions, open_fs
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -106,9 +106,9 @@ class MegatronWriter(FinishOrAbandon):
 class MegatronFile:
     """Reads ``X.bin`` + ``X.idx`` (local or any fsspec URL) and checks the header."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, storage_options: StorageOptions | None = None):
         self.url = url.removesuffix(".bin").removesuffix(".idx")
-        self.fs, path = open_fs(self.url)
+        self.fs, path = open_fs(self.url, storage_options)
         self.bin_path, self.idx_path = path + ".bin", path + ".idx"
         for p in (self.bin_path, self.idx_path):
             if not self.fs.exists(p):

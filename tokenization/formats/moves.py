@@ -28,6 +28,7 @@ from tokenization.formats.contents import Contents, Pieces, stream_contents
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile, token_dtype
 from tokenization.progress import Progress
 from tokenization.storage.files import (
+    StorageOptions,
     download,
     files_at_once,
     is_local,
@@ -86,8 +87,10 @@ class SourcePool:
         with_loss: bool,
         max_open: int = MAX_OPEN_FILES,
         cache_dir: Path | None = None,
+        storage_options: StorageOptions | None = None,
     ):
         self.urls = list(urls)
+        self.storage_options = storage_options
         self.token_size = token_size
         self.dtype = token_dtype(token_size)
         self.with_loss = with_loss
@@ -140,7 +143,7 @@ class SourcePool:
         map_concurrently(self._local, range(len(self.urls)), workers=files_at_once(max(sizes, default=1)))
 
     def _local(self, i: int) -> str:
-        fs, path = open_fs(self.urls[i])
+        fs, path = open_fs(self.urls[i], self.storage_options)
         if is_local(fs):
             return path
         if self.cache_dir is None:

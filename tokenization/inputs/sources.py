@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from gzip import BadGzipFile
 
+import fsspec
 import orjson
 import zstandard
 from isal import igzip, isal_zlib
@@ -24,7 +25,7 @@ from tokenization.errors import StorageError, TokenizationError, reaching
 from tokenization.inputs.parts import Window, line_span, row_groups
 from tokenization.records import FilePart, InputFile, Rejected
 from tokenization.rendering.renderer import MISSING, Renderer, get_field, no_loss_ranges, text_field
-from tokenization.storage.files import file_sha256, is_local, map_concurrently, open_fs
+from tokenization.storage.files import StorageOptions, file_sha256, is_local, map_concurrently, open_fs
 from tokenization.storage.locations import GLOB_CHARS, glob_folder
 
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
@@ -126,14 +127,16 @@ class _ZstdFrames(io.RawIOBase):
         return n
 
 
-def list_input_files(inputs: Sequence[str], quiet: bool = False) -> InputListing:
+def list_input_files(
+    inputs: Sequence[str], storage_options: StorageOptions | None = None, quiet: bool = False
+) -> InputListing:
     """Every input file, sorted by URL: folders are searched recursively, globs expanded, files taken as named.
 
     Below the folder named (or a glob's fixed part), names starting with ``.`` or ``_`` (markers, temp files, a
     build's own ``_manifests/``), and everything inside folders so named, are ignored and counted in ``hidden``.
     Inside folders, files of other formats are skipped and listed in ``skipped`` (logged, unless ``quiet``: a
     build says so once, when it plans); a named or globbed file of another format is an error, and so is a file
-    name that is not UTF-8.
+    name that is not UTF-8. ``storage_options`` open the URLs.
     """
     found: dict[str, InputFile] = {}
     skipped: list[str] = []
@@ -141,7 +144,7 @@ def list_input_files(inputs: Sequence[str], quiet: bool = False) -> InputListing
     for spec in inputs:
         with reaching(spec):
             try:
-                found.update(_list(spec, skipped, hidden))
+                found.update(_list(spec, skipped, hidden, storage_options))
             except RecursionError:  # fsspec's glob (and walk, on some stores) recurses a Python call a folder level
                 raise InputError(
                     f"{spec}: its folders nest too deep for fsspec to search (a Python call a level, past the "
@@ -205,10 +208,12 @@ def idle_ranks(ranks: int, shared: Sequence[InputFile], split_mb: int | None) ->
     )
 
 
-def _list(spec: str, skipped: list[str], hidden: set[str]) -> dict[str, InputFile]:
+def _list(
+    spec: str, skipped: list[str], hidden: set[str], storage_options: StorageOptions | None
+) -> dict[str, InputFile]:
     """One input spec's files with their sizes and identities, by URL; unsupported files of folders go to
     ``skipped``, hidden ones to ``hidden``."""
-    fs, path = open_fs(spec)
+    fs, path = open_fs(spec, storage_options)
     globbed = any(ch in path for ch in GLOB_CHARS) and not fs.exists(path)  # `data [v2]/` may be a real folder
     folder = not globbed and fs.isdir(path)
     if globbed:
@@ -349,7 +354,7 @@ def _mtime(fields: dict[str, str]) -> str:
     return f"{datetime.fromtimestamp(seconds, timezone.utc):%Y-%m-%dT%H:%M:%S}.{nanoseconds:09d}Z"
 
 
-def content_identity(file: InputFile) -> str:
+def content_identity(file: InputFile, storage_options: StorageOptions | None = None) -> str:
     """What tells this file's bytes (or this part's) from any other's, for the tokenization cache. On an object
     store, the ETag its listing gave, with its size: S3's ETag is the MD5 of the bytes (of the parts' MD5s, for a
     multipart upload), so other bytes give another one, whatever the size and the time; a store's version number
@@ -360,14 +365,17 @@ def content_identity(file: InputFile) -> str:
     if file.identity.startswith("etag="):
         return f"{file.identity},bytes={file.size}{part}"
     planned = _fields(file.identity).get("sha256") if file.identity.startswith(MTIME) else None
-    return f"sha256={planned or _sha256(file.url, file.identity)}{part}"
+    return f"sha256={planned or _sha256(file.url, file.identity, storage_options)}{part}"
+
+
+def _sha256(url: str, identity: str, storage_options: StorageOptions | None = None) -> str:
+    """A file's sha256, once a process however many of its parts a rank holds (``identity``: a changed file's is
+    another)."""
+    return _sha256_once(*open_fs(url, storage_options), url, identity)
 
 
 @functools.lru_cache(maxsize=64)
-def _sha256(url: str, identity: str) -> str:
-    """A file's sha256, once a process however many of its parts a rank holds (``identity``: a changed file's is
-    another)."""
-    fs, path = open_fs(url)
+def _sha256_once(fs: fsspec.AbstractFileSystem, path: str, url: str, identity: str) -> str:
     try:
         with reaching(url):
             return file_sha256(path, fs)
@@ -377,11 +385,11 @@ def _sha256(url: str, identity: str) -> str:
         raise StorageError(f"{url}: could not be read to identify its content; {exc}") from exc
 
 
-def check_unchanged(files: Sequence[InputFile]) -> None:
+def check_unchanged(files: Sequence[InputFile], storage_options: StorageOptions | None = None) -> None:
     """Raise :class:`InputError` naming the first of ``files`` that is gone or no longer the file it was when
     listed, and how (``difference``): a build reads exactly the files it planned."""
     for file in files:
-        fs, path = open_fs(file.url)
+        fs, path = open_fs(file.url, storage_options)
         fs.invalidate_cache(path)
         try:
             with reaching(file.url):
@@ -441,10 +449,13 @@ class DocumentReader:
         keep_data: bool = False,
         renderer: Renderer | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        storage_options: StorageOptions | None = None,
     ):
         """``renderer`` makes a record's text (and its loss spans) from its fields instead of ``text_key``. A line
-        or row of more than ``max_record_bytes`` is rejected as ``record_too_large``; a line is never held whole."""
+        or row of more than ``max_record_bytes`` is rejected as ``record_too_large``; a line is never held whole.
+        ``storage_options`` open the files' URLs."""
         self.files = list(files)
+        self.storage_options = storage_options
         self.renderer = renderer
         self.max_record_bytes = max_record_bytes
         self.text_key = text_key
@@ -499,7 +510,7 @@ class DocumentReader:
 
     def _jsonl(self, file: InputFile, compression: str | None) -> Iterator[Record | Rejected]:
         url = file.url
-        fs, path = open_fs(url)
+        fs, path = open_fs(url, self.storage_options)
         line_no = 0
         limit = self.max_record_bytes
         with fs.open(path, "rb") as raw:
@@ -549,7 +560,7 @@ class DocumentReader:
         import pyarrow.parquet as pq
 
         url = file.url
-        fs, path = open_fs(url)
+        fs, path = open_fs(url, self.storage_options)
         row = 0
         try:
             with fs.open(path, "rb") as raw:

@@ -77,13 +77,13 @@ from tokenization.storage.files import (
     join,
     map_concurrently,
     move_into_place,
-    open_fs,
     put_if,
     remove_if,
     remove_if_exists,
     write_bytes_atomic,
     writing,
 )
+from tokenization.storage.folder import Folder
 
 M = TypeVar("M", bound=StageManifest)  # a stage's own manifest
 
@@ -435,19 +435,19 @@ class Attempt:
 
 @contextmanager
 def attempt_at(
-    output: str, stem: str, local_working_dir: str | None = None, owner: str | None = None
+    output: Folder, stem: str, local_working_dir: str | None = None, owner: str | None = None
 ) -> Iterator[Attempt]:
     """Take the lease of ``stem`` in ``output``, clear what earlier attempts left, and yield the attempt; its
     staging folder and lease are released on the way out, on failure too."""
-    fs, out_path = open_fs(output)
+    fs, out_path = output.fs, output.path
     holder = new_holder(owner)
     lease: FileLease | ObjectLease = FileLease(out_path, stem) if is_local(fs) else ObjectLease(fs, out_path, stem)
-    with reaching(output):
+    with reaching(output.url):
         if is_local(fs):
             with writing(out_path):
                 fs.makedirs(out_path, exist_ok=True)
         lease.acquire(holder)
-    base = _staging_base(fs, output, out_path, local_working_dir)
+    base = _staging_base(fs, output.url, out_path, local_working_dir)
     landing_base = Path(out_path) / STAGING if is_local(fs) else None
     try:
         work = base / f"{stem}{ATTEMPT_MARK}{holder.attempt}"

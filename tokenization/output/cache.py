@@ -76,6 +76,7 @@ from tokenization.records import (
     RecordError,
 )
 from tokenization.storage.files import (
+    StorageOptions,
     current_etag,
     download,
     file_sha256,
@@ -94,6 +95,7 @@ from tokenization.storage.files import (
     upload,
     write_bytes_atomic,
 )
+from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
 
@@ -149,12 +151,13 @@ class Listed:
 
 
 class Cache:
-    """The cache at ``location`` (a folder or an fsspec URL), opened with the storage options of the stage that
-    uses it."""
+    """The cache in the folder ``at``. Its retention asks whether the builds that used an entry are still there,
+    with the same storage options: a build elsewhere that they cannot read counts as there."""
 
-    def __init__(self, location: str):
-        self.location = location.rstrip("/")
-        self.fs, self.path = open_fs(self.location)
+    def __init__(self, at: Folder):
+        self.at = at
+        self.location = at.url.rstrip("/")
+        self.fs, self.path = at.fs, at.path
 
     # The folder: made a cache before the first write, checked before any listing or cleaning.
 
@@ -344,7 +347,7 @@ class Cache:
         with reaching(self.location):
             now = time.time()
             uses = self._uses()
-            there = _builds_there({use.keeps for _, use in uses})
+            there = _builds_there({use.keeps for _, use in uses}, self.at.options)
             named = set()
             for path, use in uses:
                 if there[use.keeps] or _in_flight(use, now):
@@ -577,7 +580,7 @@ def _shown(data: bytes, url: str) -> _Shown:
     return _Shown(sum(sizes), float(created), source, tokens)
 
 
-def _builds_there(runs: set[str]) -> dict[str, bool]:
+def _builds_there(runs: set[str], storage_options: StorageOptions | None) -> dict[str, bool]:
     """Whether each build's ``_RUN.json`` is still there. A storage that cannot be read from here (a build of
     another output, whose credentials this one has not) is logged once, and its builds count as there: their
     entries are kept, for a build that can read it to clean."""
@@ -588,7 +591,7 @@ def _builds_there(runs: set[str]) -> dict[str, bool]:
             there[url] = True
             continue
         try:
-            there[url] = _exists(url)
+            there[url] = _exists(url, storage_options)
         except Exception as exc:  # no credentials for it, no filesystem for its protocol, a store that is down
             unreadable.add(storage)
             log.warning(
@@ -608,8 +611,8 @@ def _storage_of(url: str) -> str:
     return f"{protocol}://{path.split('/', 1)[0]}" if protocol else url
 
 
-def _exists(url: str) -> bool:
-    fs, path = open_fs(url)
+def _exists(url: str, storage_options: StorageOptions | None) -> bool:
+    fs, path = open_fs(url, storage_options)
     with reaching(url):
         fs.invalidate_cache(path)
         return fs.exists(path)

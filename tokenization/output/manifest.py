@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar, overload
 
-import fsspec
 import numpy as np
 
 from tokenization.formats import DS, token_file_names
@@ -37,7 +36,8 @@ from tokenization.records import (
     Throughput,
     stage_manifest,
 )
-from tokenization.storage.files import in_batches, join, list_names, open_fs, read_many
+from tokenization.storage.files import in_batches
+from tokenization.storage.folder import Folder
 
 MANIFESTS, COMPLETIONS, QUARANTINE = "_manifests", "_completions", "_quarantine"  # subfolders of an output
 
@@ -52,14 +52,6 @@ def marker_name(stem: str) -> str:
 
 def quarantine_name(stem: str) -> str:
     return f"{QUARANTINE}/{stem}.jsonl"
-
-
-def manifest_path(out_path: str, stem: str) -> str:
-    return join(out_path, manifest_name(stem))
-
-
-def marker_path(out_path: str, stem: str) -> str:
-    return join(out_path, marker_name(stem))
 
 
 def versions() -> dict:
@@ -180,19 +172,17 @@ class Described:
         return self.listed_by.num_buckets if isinstance(self.listed_by, RankManifest) else None
 
 
-def output_entries(folder: str, within: str | None = None) -> dict[str, Described]:
+def output_entries(folder: Folder, within: str | None = None) -> dict[str, Described]:
     """Every output file that the manifests in ``folder/_manifests`` describe, by file name; with ``within``, only
     those in that subfolder (``stage_records``)."""
     return entries_by_name(stage_records(folder, within))
 
 
-def stage_records(folder: str, within: str | None = None) -> list[StageManifest | MergeOutput]:
+def stage_records(folder: Folder, within: str | None = None) -> list[StageManifest | MergeOutput]:
     """The manifests in ``folder/_manifests``, read a batch at a time, concurrently. With ``within`` (a bucket's
     folder of a rank folder) each keeps only its entries of files in that subfolder: a bucket task holds its own
     bucket's entries, not every bucket's."""
-    fs, path = open_fs(join(folder, MANIFESTS))
-    paths = [join(path, name) for name in list_names(fs, path) if name.endswith(".json")]
-    records = (record for _, record in _read_listed(fs, paths, stage_manifest))
+    records = (record for _, record in _read_listed(folder.sub(MANIFESTS), stage_manifest))
     return [record if within is None else _only_within(record, within) for record in records]
 
 
@@ -204,15 +194,13 @@ def _only_within(record: T, within: str) -> T:
     return record
 
 
-def _read_listed(
-    fs: fsspec.AbstractFileSystem, paths: list[str], parse: Callable[[bytes, str], T]
-) -> Iterator[tuple[str, T]]:
-    """The records at ``paths``, each with its path, read a batch at a time, concurrently; one removed since the
-    listing (an attempt starting) is left out."""
-    for batch in in_batches(paths):
-        for where, data in read_many(fs, batch).items():
+def _read_listed(folder: Folder, parse: Callable[[bytes, str], T]) -> Iterator[tuple[str, T]]:
+    """The ``.json`` records directly in ``folder``, each with its name, read a batch at a time, concurrently; one
+    removed since the listing (an attempt starting) is left out."""
+    for batch in in_batches([name for name in folder.list() if name.endswith(".json")]):
+        for name, data in folder.read_many(batch).items():
             if data is not None:
-                yield where, parse(data, where)
+                yield name, parse(data, folder.url_of(name))
 
 
 def entries_by_name(manifests: Iterable[StageManifest | MergeOutput]) -> dict[str, Described]:
@@ -225,21 +213,17 @@ def entries_by_name(manifests: Iterable[StageManifest | MergeOutput]) -> dict[st
     return entries
 
 
-def completion_markers(
-    fs: fsspec.AbstractFileSystem, out_path: str, within: str | None = None
-) -> dict[str, CompletionMarker]:
+def completion_markers(folder: Folder, within: str | None = None) -> dict[str, CompletionMarker]:
     """Every completion marker of an output folder, by stem, checked; with ``within``, each listing only its files
     in that subfolder."""
-    folder = join(out_path, COMPLETIONS)
-    paths = [join(folder, name) for name in list_names(fs, folder) if name.endswith(".json")]
-    listed = _read_listed(fs, paths, CompletionMarker.loads)
+    listed = _read_listed(folder.sub(COMPLETIONS), CompletionMarker.loads)
     return {
-        where.rsplit("/", 1)[-1].removesuffix(".json"): marker if within is None else _only_within(marker, within)
-        for where, marker in listed
+        name.removesuffix(".json"): marker if within is None else _only_within(marker, within)
+        for name, marker in listed
     }
 
 
-def token_files(folder: str, within: str | None = None) -> list[str]:
+def token_files(folder: Folder, within: str | None = None) -> list[str]:
     """The ``.ds`` files of a folder (of its subfolder ``within``, a bucket's) that a stage should read, sorted by
     name as datatrove lists them.
 
@@ -247,18 +231,17 @@ def token_files(folder: str, within: str | None = None) -> list[str]:
     a ``.ds`` file that no marker lists (a leftover of another run, an attempt that did not finish) is an error, as
     is a listed one that is missing. A folder without markers (datatrove's output, say) gives every ``.ds`` file.
     """
-    fs, path = open_fs(folder)
     prefix = f"{within}/" if within else ""
-    here = list_names(fs, join(path, within) if within else path)
+    here = (folder.sub(within) if within else folder).list()
     present = {prefix + name for name in token_file_names(here, (DS,))}
-    markers = completion_markers(fs, path, within)
+    markers = completion_markers(folder, within)
     if markers:
         listed = set(token_file_names((n for marker in markers.values() for n in marker.files), (DS,)))
         if unlisted := sorted(present - listed):
             raise TokenFileError(
-                f"{join(folder, unlisted[0])}: no completion marker lists it ({len(unlisted)} such files): a leftover "
-                f"of another run, or of an attempt that did not finish; remove it or finish that stage first"
+                f"{folder.url_of(unlisted[0])}: no completion marker lists it ({len(unlisted)} such files): a "
+                f"leftover of another run, or of an attempt that did not finish; remove it or finish that stage first"
             )
         if missing := sorted(listed - present):
-            raise TokenFileError(f"{join(folder, missing[0])}: listed by a completion marker but missing")
-    return [join(folder.rstrip("/"), name) for name in sorted(present)]
+            raise TokenFileError(f"{folder.url_of(missing[0])}: listed by a completion marker but missing")
+    return [folder.url_of(name) for name in sorted(present)]

@@ -72,38 +72,37 @@ def folder_for(output: str, run_id: str) -> str:
     return join(output, name)
 
 
-def claim(folder: str, run_id: str, plan: PlanRecord, tokenizer: TokenizerFacts | None = None) -> RunClaim:
+def claim(folder: Folder, run_id: str, plan: PlanRecord, tokenizer: TokenizerFacts | None = None) -> RunClaim:
     """Make the folder this run's before anything is written, recording its ``plan`` (and what loading the
     ``tokenizer`` told it), or refuse: a folder claimed by another run, or holding files that no run claims, is never
     written into. Returns the claim as stored; a retry or a resume of this run finds its own claim, with the plan it
     made first (the caller compares the two), and when it was claimed, the start of the build's wall time."""
     owner = read_claim(folder)
     if owner is None:
-        if found := sorted(Folder(folder).list()):
+        if found := sorted(folder.list()):
             raise BuildError(
-                f"{folder} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
+                f"{folder.url} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
                 f"claims: choose another output, or remove that folder"
             )
         made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan, tokenizer=tokenizer)
         try:
-            Folder(folder).put(RUN_CLAIM, made.dumps(), PutMode.CREATE)
+            folder.put(RUN_CLAIM, made.dumps(), PutMode.CREATE)
             return made
         except FileExistsError:  # another task claimed it a moment ago: see whose claim it is
             owner = read_claim(folder)
             if owner is None:
-                raise BuildError(f"{folder}: a claim written a moment ago by another task is gone again") from None
+                raise BuildError(f"{folder.url}: a claim written a moment ago by another task is gone again") from None
     if owner.run_id != run_id:
         raise BuildError(
-            f"{folder} holds the output of run {owner.run_id!r}, not of {run_id!r}: two runs never share a "
+            f"{folder.url} holds the output of run {owner.run_id!r}, not of {run_id!r}: two runs never share a "
             f"folder; trigger this run under another run id or output"
         )
     return owner
 
 
-def read_claim(folder: str) -> RunClaim | None:
+def read_claim(run: Folder) -> RunClaim | None:
     """The run folder's claim, or None when it has none; a damaged one, or one that records no plan (an older
     version's), is one line naming the file, since no plan can be resumed without it."""
-    run = Folder(folder)
     where = run.url_of(RUN_CLAIM)
     owner = RunClaim.read(run.fs, run.path_of(RUN_CLAIM), where)
     if owner is not None and owner.plan is None:
@@ -114,9 +113,8 @@ def read_claim(folder: str) -> RunClaim | None:
     return owner
 
 
-def read_build(run_dir: str) -> BuildRecord | None:
+def read_build(run: Folder) -> BuildRecord | None:
     """The run's build record, checked, or None while the build is not complete."""
-    run = Folder(run_dir)
     return BuildRecord.read(run.fs, run.path_of(BUILD_MANIFEST), run.url_of(BUILD_MANIFEST))
 
 
@@ -129,30 +127,30 @@ def resolve_seed(seed: int | None, run_id: str) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """A run folder's stage folders and build record."""
+    """A run folder's stage folders, each a Folder opened as the run folder is."""
 
     RANKS: ClassVar[str] = "ranks"
     MERGED: ClassVar[str] = "merged"
     CONTEXT: ClassVar[str] = "context"
-    run_dir: str
+    run: Folder
 
     @property
-    def ranks(self) -> str:
-        return join(self.run_dir, self.RANKS)
+    def run_dir(self) -> str:
+        return self.run.url
 
     @property
-    def merged(self) -> str:
-        return join(self.run_dir, self.MERGED)
+    def ranks(self) -> Folder:
+        return self.run.sub(self.RANKS)
 
     @property
-    def context(self) -> str:
-        return join(self.run_dir, self.CONTEXT)
+    def merged(self) -> Folder:
+        return self.run.sub(self.MERGED)
 
     @property
-    def stages(self) -> dict[str, str]:
+    def context(self) -> Folder:
+        return self.run.sub(self.CONTEXT)
+
+    @property
+    def stages(self) -> dict[str, Folder]:
         """The stage folders by name, in the order the stages write them."""
-        return {"ranks": self.ranks, "merged": self.merged, "context": self.context}
-
-    @property
-    def manifest(self) -> str:
-        return join(self.run_dir, BUILD_MANIFEST)
+        return {self.RANKS: self.ranks, self.MERGED: self.merged, self.CONTEXT: self.context}

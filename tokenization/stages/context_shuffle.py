@@ -69,7 +69,7 @@ from tokenization.records import (
     PadToken,
     PseudoEnds,
 )
-from tokenization.storage.files import meanwhile, open_fs, with_storage_options
+from tokenization.storage.files import meanwhile
 
 log = logging.getLogger(__name__)
 
@@ -145,12 +145,11 @@ class ContextShuffleConfig(ContextOptions):
 
 def shard_files(config: ContextShuffleConfig) -> list[str]:
     """The task's share of the input: one ``.ds`` file, or ``files[shard::num_shards]`` of a folder's."""
-    fs, path = open_fs(config.input)
-    files = manifest.token_files(config.input) if fs.isdir(path) else [config.input]
+    given = config.folder(config.input)
+    files = manifest.token_files(given) if given.fs.isdir(given.path) else [config.input]
     return files[config.shard :: config.num_shards]
 
 
-@with_storage_options
 def context_shuffle(
     config: ContextShuffleConfig, progress: ProgressMode = None, owner: str | None = None, checks: Checks | None = None
 ) -> StageResult[ContextCounts, ContextManifest]:
@@ -159,14 +158,14 @@ def context_shuffle(
     started = time.time()
     own = OwnCheck(checks or Checks(), f"context shuffle {config.stem}")
     files = shard_files(config)
-    sources = [TokenFile(url) for url in files]
+    sources = [TokenFile(url, storage_options=config.storage_options) for url in files]
     rng = orderings.generator(config.seed)  # one generator for the task, drawn file after file
-    described = manifest.output_entries(files[0].rsplit("/", 1)[0]) if files else {}
+    described = manifest.output_entries(config.folder(files[0].rsplit("/", 1)[0])) if files else {}
     tally: Counter = Counter()  # of ContextCounts' fields
     histogram = np.zeros(padding_classes(config.context_window), dtype=np.int64)
     outputs: list[ContextOutput] = []
     contents_in = contents_out = Contents()
-    with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
+    with attempt_at(config.folder(config.output), config.stem, config.local_working_dir, owner) as attempt:
         total = sum(s.num_tokens for s in sources)
         with Progress(f"context shuffle {config.stem}", total, "tok", progress) as shown:
             for url, source in zip(files, sources, strict=True):
@@ -287,7 +286,9 @@ def _one_file(
         observe=lambda path: own.watch(path, pseudo),
         keep_pieces=parts,
     )
-    pool = SourcePool(urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs")
+    pool = SourcePool(
+        urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs", storage_options=config.storage_options
+    )
     with pool:
         if parts is not None and recorded is not None:  # (rejoin)
             with writer:

@@ -25,7 +25,7 @@ from tokenization.output import manifest
 from tokenization.output.manifest import StageResult
 from tokenization.progress import ProgressMode
 from tokenization.records import CountedFile, CountStats, Rejected
-from tokenization.storage.files import move_into_place, open_fs, with_storage_options, write_bytes_atomic
+from tokenization.storage.files import move_into_place, open_fs, write_bytes_atomic
 from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, encoded_batches
 from tokenization.tokenizer.encoding import Encoder
 
@@ -41,20 +41,17 @@ class CountConfig(DocumentOptions):
     )
 
 
-@with_storage_options
 def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageResult[Counts, CountStats]:
     """Count; write the stats (and the annotated records) where asked."""
     started = time.time()
     encoder = config.encoder()
     renderer = config.renderer(encoder)
-    files = list_input_files(config.inputs).files
+    files = list_input_files(config.inputs, config.storage_options).files
     with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
-        reader = DocumentReader(
-            files, config.text_key, config.id_key, bool(config.annotate), renderer, config.max_record_bytes
-        )
+        reader = config.reader(files, renderer, keep_data=bool(config.annotate))
         counts, per_file = encoder.exactly(lambda: _count_pass(config, encoder, reader, Path(tmp), progress))
         if config.annotate:
-            fs, path = open_fs(config.annotate)
+            fs, path = open_fs(config.annotate, config.storage_options)
             move_into_place(Path(tmp) / _annotation_name(config.annotate), fs, path)
     c = counts.record()
     seconds = round(time.time() - started, 3)
@@ -78,7 +75,7 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageRes
         throughput=manifest.throughput(seconds, encoder.load_seconds, c.text_bytes, c.tokens),
     )
     if config.stats_out:
-        fs, path = open_fs(config.stats_out)
+        fs, path = open_fs(config.stats_out, config.storage_options)
         write_bytes_atomic(fs, path, stats.dumps())
     return StageResult(counts, stats)
 

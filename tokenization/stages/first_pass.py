@@ -26,7 +26,7 @@ import orjson
 from tokenization.formats.contents import Contents, stream_contents
 from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.moves import SourcePool
-from tokenization.inputs.sources import DocumentReader, content_identity
+from tokenization.inputs.sources import content_identity
 from tokenization.output.attempts import Attempt
 from tokenization.output.cache import Cache
 from tokenization.progress import Progress, ProgressMode
@@ -143,7 +143,7 @@ class FirstPass:
 
     def _key(self, file: InputFile) -> CacheKey:
         return cache_key(
-            content_identity(file),
+            content_identity(file, self.options.storage_options),
             file.url,
             encoder=self.encoder,
             renderer=self.renderer,
@@ -261,9 +261,7 @@ class FirstPass:
         counts, tally = Counts(), self.tally.next_file()
         quarantine = folder / QUARANTINE
         o = self.options
-        reader = DocumentReader(
-            [file], o.text_key, o.id_key, renderer=self.renderer, max_record_bytes=o.max_record_bytes
-        )
+        reader = o.reader([file], self.renderer)
         writer = TokenFileWriter(  # a working file: pass 2 reads it, the cache checks its sha256 before any use
             folder / SEGMENT,
             tokenizer=o.tokenizer,

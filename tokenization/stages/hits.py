@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenization.formats.ds import TokenFile
-from tokenization.inputs.sources import DocumentReader, Record
+from tokenization.inputs.sources import Record
 from tokenization.records import CacheEntry, InputFile, RecordError, Rejected
 from tokenization.rendering.renderer import Renderer
 from tokenization.tokenizer.cutting import NO_EXACT_CUT
@@ -112,9 +112,7 @@ class HitCheck:
         uncut = {item.line: _digest(item.raw) for item in _quarantined(quarantine) if item.reason == NO_EXACT_CUT}
         expected = (item for item in _quarantined(quarantine) if item.reason != NO_EXACT_CUT)
         o = self.options
-        reader = DocumentReader(
-            [file], o.text_key, o.id_key, renderer=self.renderer, max_record_bytes=o.max_record_bytes
-        )
+        reader = o.reader([file], self.renderer)
         read = _Read()
         with closing(expected), closing(iter(reader)) as items:
             for item in items:

@@ -50,15 +50,8 @@ from tokenization.records import (
     RecordError,
     SizedInput,
 )
-from tokenization.storage.files import (
-    join,
-    list_names,
-    list_sizes,
-    map_concurrently,
-    meanwhile,
-    open_fs,
-    with_storage_options,
-)
+from tokenization.storage.files import StorageOptions, join, list_names, map_concurrently, meanwhile
+from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
 
@@ -154,16 +147,17 @@ class MergeInputs:
         return int(ends[-1]) if len(ends) else 0
 
 
-def validate_inputs(urls: list[str], save_loss: bool, entries: list[Described]) -> MergeInputs:
+def validate_inputs(
+    urls: list[str], save_loss: bool, entries: list[Described], storage_options: StorageOptions | None = None
+) -> MergeInputs:
     """Check every input before anything is written; a mix of token sizes or tokenizers is an error. ``entries``:
-    those of the inputs that their manifests describe."""
+    those of the inputs that their manifests describe; ``storage_options`` open the URLs."""
     if not urls:
         raise TokenFileError("no .ds files to merge")
-    folder = urls[0].rsplit("/", 1)[0]
-    listing = list_sizes(*open_fs(folder))  # one listing for the sizes of every file, not a HEAD each
+    listing = Folder(urls[0].rsplit("/", 1)[0], storage_options).sizes()  # the sizes of every file, not a HEAD each
 
     def opened(url: str) -> tuple[TokenFile, np.ndarray]:  # raises when a .metadata is missing: never assumed
-        f = TokenFile(url, listing=listing)
+        f = TokenFile(url, listing=listing, storage_options=storage_options)
         return f, np.asarray(f.ends, dtype=np.int64)
 
     read = map_concurrently(opened, urls)  # each input's metadata and index: requests in flight at once
@@ -253,12 +247,14 @@ class _Prepared:
 
 
 def _prepare(config: MergeConfig) -> _Prepared:
+    given = config.folder(config.input)
     if config.bucket is None:
-        urls, described = manifest.token_files(config.input), manifest.output_entries(config.input)
+        urls, described = manifest.token_files(given), manifest.output_entries(given)
     else:
         urls, described = _bucket_inputs(config, config.bucket)
-    named = [url.removeprefix(config.input.rstrip("/") + "/") for url in urls]
-    inputs = validate_inputs(urls, config.save_loss, [described[name] for name in named if name in described])
+    named = [url.removeprefix(given.url.rstrip("/") + "/") for url in urls]
+    entries = [described[name] for name in named if name in described]
+    inputs = validate_inputs(urls, config.save_loss, entries, config.storage_options)
     recorded = [_recorded(described.get(name), config.save_loss) for name in named]
     chunk = config.shuffle_chunk_size
     tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
@@ -287,7 +283,8 @@ def _bucket_inputs(config: MergeConfig, bucket: int) -> tuple[list[str], dict[st
     only ones kept of the ranks' manifests; every rank must have scattered into the same buckets, this one among
     them."""
     within = names.bucket_folder(bucket)
-    records = manifest.stage_records(config.input, within)
+    given = config.folder(config.input)
+    records = manifest.stage_records(given, within)
     drawn = {record.num_buckets if isinstance(record, RankManifest) else None for record in records}
     num_buckets = next(iter(drawn)) if len(drawn) == 1 else None
     if num_buckets is None:
@@ -295,7 +292,7 @@ def _bucket_inputs(config: MergeConfig, bucket: int) -> tuple[list[str], dict[st
         raise TokenFileError(f"{config.input}: a bucketed merge needs ranks of one num_buckets, found {found}")
     if bucket >= num_buckets:
         raise UsageError(f"bucket {bucket} is outside 0..{num_buckets - 1}: the ranks drew {num_buckets} buckets")
-    urls = manifest.token_files(config.input, within)
+    urls = manifest.token_files(given, within)
     if not urls:
         raise TokenFileError(
             f"{config.input}: no rank drew a document for bucket {bucket} of {num_buckets}: use fewer buckets"
@@ -356,7 +353,6 @@ class _Checkpoints:
         self.entries.append(entry)
 
 
-@with_storage_options
 def merge(
     config: MergeConfig, progress: ProgressMode = None, owner: str | None = None, checks: Checks | None = None
 ) -> StageResult[MergeCounts, MergeManifest]:
@@ -367,7 +363,7 @@ def merge(
     prepared = _prepare(config)
     stem = config.stem
     own = OwnCheck(checks, f"merge {stem}") if checks is not None else None
-    with attempt_at(config.output, stem, config.local_working_dir, owner) as attempt:
+    with attempt_at(config.folder(config.output), stem, config.local_working_dir, owner) as attempt:
         done = _completed_files(attempt, config, prepared.width, prepared.fingerprint)
         checkpoints = _Checkpoints(attempt, prepared, done, own)
         log.info(
@@ -438,7 +434,14 @@ def _move(
     file_ids, perm = plan_ordering(config, units)
     resume, ordered = checkpoints.units_end, len(file_ids)
     cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
-    pool = SourcePool(inputs.urls, inputs.token_size, config.save_loss, config.max_open_files, attempt.work / "inputs")
+    pool = SourcePool(
+        inputs.urls,
+        inputs.token_size,
+        config.save_loss,
+        config.max_open_files,
+        attempt.work / "inputs",
+        config.storage_options,
+    )
     with pool, Progress(f"merge {config.stem}", prepared.total_tokens, "tok", progress) as shown:
         pool.fetch(inputs.sizes)
         with meanwhile(_input_contents, prepared, pool) as contents:  # the inputs read again while their units move
@@ -531,7 +534,7 @@ def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerpr
     while True:
         name = config.file_name(len(done), width)
         try:
-            entry = MergeOutput.read(fs, manifest.manifest_path(out_path, name[: -len(".ds")]))
+            entry = MergeOutput.read(fs, join(out_path, manifest.manifest_name(name[: -len(".ds")])))
         except RecordError as exc:
             log.warning("%s: the merge resumes here", exc)
             break

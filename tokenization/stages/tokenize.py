@@ -57,7 +57,7 @@ from tokenization.records import (
 )
 from tokenization.rendering.renderer import Renderer
 from tokenization.stages.first_pass import CacheOwner, FirstPass, Segment, quarantined, total
-from tokenization.storage.files import file_sha256, join, list_names, meanwhile, with_storage_options
+from tokenization.storage.files import file_sha256, join, list_names, meanwhile
 from tokenization.storage.locations import check_disjoint
 from tokenization.tokenizer.documents import Counts, DocumentOptions, TooManyRejects
 from tokenization.tokenizer.encoding import Encoder
@@ -209,7 +209,6 @@ class RankShare:
                 )
 
 
-@with_storage_options
 def tokenize_rank(
     config: TokenizeConfig, progress: ProgressMode = None, owner: str | None = None, share: RankShare | None = None
 ) -> StageResult[Counts, RankManifest]:
@@ -224,7 +223,7 @@ def tokenize_rank(
         check_disjoint(config.inputs, config.output)
         if location:
             check_disjoint(config.inputs, location, "cache")
-        listing = list_input_files(config.inputs)
+        listing = list_input_files(config.inputs, config.storage_options)
         shared = split_files(listing.files, config.split_input_mb)
         idle_ranks(config.world_size, shared, config.split_input_mb)
         files, skipped = shard(shared, config.rank, config.world_size), listing.skipped
@@ -233,7 +232,7 @@ def tokenize_rank(
         share.check(encoder, renderer)
         files, skipped = share.files, []
         user, keeps = share.run_dir, join(share.run_dir, RUN_CLAIM)
-    check_unchanged(files)  # fails before any work on a file that is not what was listed
+    check_unchanged(files, config.storage_options)  # fails before any work on a file that is not what was listed
     log.info(
         "rank %d/%d: %d input files, %d bytes",
         config.rank,
@@ -241,7 +240,7 @@ def tokenize_rank(
         len(files),
         sum(f.span_bytes for f in files),
     )
-    with attempt_at(config.output, config.stem, config.local_working_dir, owner) as attempt:
+    with attempt_at(config.folder(config.output), config.stem, config.local_working_dir, owner) as attempt:
         first = FirstPass(
             config,
             save_loss=config.save_loss,
@@ -249,7 +248,7 @@ def tokenize_rank(
             renderer=renderer,
             attempt=attempt,
             where=f"rank {config.rank}",
-            cache=CacheOwner(Cache(location), user, keeps, config.stem) if location else None,
+            cache=CacheOwner(Cache(config.folder(location)), user, keeps, config.stem) if location else None,
         )
         try:  # rejected records are published even when they fail the rank: they are what a user must look at
             segments = first.run(files, progress)
@@ -262,7 +261,7 @@ def tokenize_rank(
         written = _second_pass(config, encoder, segments, counts, attempt.work)
         log.info("rank %d: pass 2 done, %d files, %s", config.rank, len(written), config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
-        check_unchanged(files)  # nor one that changed while it was read
+        check_unchanged(files, config.storage_options)  # nor one that changed while it was read
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
         encoded = total([s for s in segments if s.encoded])  # the rates are of encoding: the cache's hits aside
         record = RankManifest(

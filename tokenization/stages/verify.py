@@ -47,7 +47,7 @@ from tokenization.records import (
     StageManifest,
     stage_manifest,
 )
-from tokenization.storage.files import in_batches
+from tokenization.storage.files import StorageOptions, in_batches
 from tokenization.storage.folder import Folder
 
 R = TypeVar("R")
@@ -57,7 +57,7 @@ BOOKKEEPING = {manifest.MANIFESTS, manifest.COMPLETIONS, manifest.QUARANTINE, LE
 
 
 def verify(
-    url: str,
+    folder: Folder,
     tokenizer: str | None = None,
     eos_token: str | None = None,
     *,
@@ -65,7 +65,7 @@ def verify(
     vouched: bool = False,
     sample: int = 0,
 ) -> Report:
-    """Check every token file directly inside ``url`` and every record of the folder; a problem-free report means
+    """Check every token file directly inside ``folder`` and every record of the folder; a problem-free report means
     the folder is usable. ``checks`` (else those of ``tokenizer``, else, in a build's run, those of the tokenizer
     the build recorded): what ids and document ends must be. With
     ``vouched``, the families whose stage checked them before upload (its manifest and marker say so, with at
@@ -73,8 +73,8 @@ def verify(
     marker; except ``sample`` of them, chosen at random, which are read and checked all the same."""
     report = Report()
     if checks is None and tokenizer:
-        checks = tokenizer_checks(tokenizer, eos_token)
-    listing = Listing.of(Folder(url))
+        checks = tokenizer_checks(tokenizer, eos_token, folder.options)
+    listing = Listing.of(folder)
     if _removed_on_purpose(listing):
         return _verify_records_alone(listing, report)
     if checks is None:
@@ -83,7 +83,7 @@ def verify(
     described = manifest.entries_by_name(read.record for read in records.manifests.values()) if records else {}
     ds_files, bin_files = token_file_names(listing.sizes, (DS,)), token_file_names(listing.sizes, (MEGATRON,))
     if not ds_files and not bin_files:
-        report.problem(url, "no .ds or .bin files")
+        report.problem(folder.url, "no .ds or .bin files")
     entries = {name: d.entry for name, d in described.items()}
     trusted = _trusted(records, checks, sample, report) if vouched and records else set()
     for name in ds_files + bin_files:
@@ -94,19 +94,19 @@ def verify(
         else:
             verify_megatron(listing, name, entries.get(name), checks, report)
     if skipped := len(trusted.intersection(ds_files + bin_files)):
-        report.notes.append(f"{url}: {skipped} files not read again: their stages checked them before upload")
+        report.notes.append(f"{folder.url}: {skipped} files not read again: their stages checked them before upload")
     verify_dataset_metadata(listing, report)
     if records:  # after the token files: their checksums were taken while they were streamed
         _check_records(listing, records, {*ds_files, *bin_files}, described, report)
     return report
 
 
-def tokenizer_checks(tokenizer: str, eos_token: str | None) -> Checks:
+def tokenizer_checks(tokenizer: str, eos_token: str | None, storage_options: StorageOptions | None = None) -> Checks:
     """What a tokenizer lets verify check: ids below its vocabulary size, and its EOS at document ends (when the
     build wrote one)."""
     from tokenization.tokenizer.encoding import Encoder  # the tokenizer libraries: only where a tokenizer is named
 
-    encoder = Encoder(tokenizer, eos_token=eos_token, no_eos=eos_token is None)
+    encoder = Encoder(tokenizer, eos_token=eos_token, no_eos=eos_token is None, storage_options=storage_options)
     return Checks(encoder.vocab_size, encoder.eos_id)
 
 

@@ -10,10 +10,8 @@ its free space (a bare ``[Errno 28] No space left on device`` names neither).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import ctypes
 import errno
-import functools
 import glob
 import hashlib
 import math
@@ -56,15 +54,14 @@ _LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # the C library 
 
 
 StorageOptions = Mapping[str, Mapping]  # protocol -> the filesystem's keyword arguments: {"s3": {"key": ...}}
-_STAGE_OPTIONS: contextvars.ContextVar[StorageOptions | None] = contextvars.ContextVar("storage_options", default=None)
 
 
 def open_fs(url: str, options: StorageOptions | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem and the path within it for a local path or an fsspec URL, opened with ``options`` for its
-    protocol (credentials, endpoint), or else with those of the stage running in this context (see ``using``)."""
-    chosen = (_STAGE_OPTIONS.get() if options is None else options) or {}
+    protocol (credentials, endpoint; None: the environment's). Nothing ambient chooses them: whoever opens a URL
+    says with what, so two stages or two web requests in one process never see each other's."""
     protocol = fsspec.core.split_protocol(str(url))[0] or "file"
-    given = dict(chosen.get(protocol, {}))
+    given = dict((options or {}).get(protocol, {}))
     if protocol in LOCAL_SCHEMES and not given and "::" not in str(url):  # 5 us, not url_to_fs's 35-90
         return _LOCAL, _LOCAL._strip_protocol(str(url))
     if protocol not in S3_PROTOCOLS:
@@ -91,29 +88,6 @@ def _shared_s3(protocol: str, options: dict) -> fsspec.AbstractFileSystem:
         if key not in _S3_INSTANCES:
             _S3_INSTANCES[key] = fsspec.filesystem(protocol, **options)
         return _S3_INSTANCES[key]
-
-
-@contextmanager
-def using(options: StorageOptions | None) -> Iterator[None]:
-    """Open every URL of a stage with the storage options its config carries. The options live in this context
-    only (a thread the stage starts takes them along with ``contextvars.copy_context``), never in fsspec's
-    process-wide configuration, so two stages or two web requests in one process never see each other's."""
-    token = _STAGE_OPTIONS.set(options or {})
-    try:
-        yield
-    finally:
-        _STAGE_OPTIONS.reset(token)
-
-
-def with_storage_options(run: Callable[..., T]) -> Callable[..., T]:
-    """A stage ``run(config, ...)`` that opens every URL with the storage options its config carries."""
-
-    @functools.wraps(run)
-    def scoped(config, *args, **kwargs) -> T:
-        with using(config.storage_options):
-            return run(config, *args, **kwargs)
-
-    return scoped
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -405,19 +379,18 @@ def _attempt(read: Callable[..., T], *args: object) -> T | Exception:
 
 
 def map_concurrently(fn: Callable[[T], U], items: Sequence[T], workers: int = CONCURRENT_READS) -> list[U]:
-    """``fn`` of each item, in order, on up to ``workers`` threads (for requests that wait, not for computing),
-    each call with the caller's storage options: a thread does not inherit them, so each gets a copy."""
+    """``fn`` of each item, in order, on up to ``workers`` threads (for requests that wait, not for computing)."""
     with ThreadPoolExecutor(workers, thread_name_prefix="storage") as pool:
-        futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
+        futures = [pool.submit(fn, item) for item in items]
         return [future.result() for future in futures]
 
 
 @contextmanager
 def meanwhile(fn: Callable[..., U], *args: object) -> Iterator[Future[U]]:
-    """``fn(*args)`` on a thread of its own, with the caller's storage options, while the body runs (a stage hashes
-    its inputs again as it moves their bytes); leaving waits for it."""
+    """``fn(*args)`` on a thread of its own while the body runs (a stage hashes its inputs again as it moves their
+    bytes); leaving waits for it."""
     with ThreadPoolExecutor(1, thread_name_prefix="meanwhile") as thread:
-        yield thread.submit(contextvars.copy_context().run, fn, *args)
+        yield thread.submit(fn, *args)
 
 
 def files_at_once(largest: int) -> int:

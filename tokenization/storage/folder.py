@@ -1,7 +1,7 @@
 """Storage as a value: a ``Folder`` is a URL bound to the options that open it (credentials, endpoint), so that a
-read, listing or write through one does not depend on the context it is made in. Publishing, the run's claim,
-``LATEST`` and verify go through Folders; the stages still open URLs with their context's options
-(``files.using``), until they take Folders too.
+read, listing or write through one does not depend on the context it is made in. Whatever addresses a folder (a
+stage's output, the cache, the run folder, a listing of token files) takes a Folder; a reader of one file takes its
+URL and ``storage_options``, as fsspec's and datatrove's readers do. No options are ever ambient.
 
 Names inside a folder are relative (``"a.ds"``, ``"bucket00007/a.ds"``); ``url_of`` gives the URL that messages
 name. Writes are whole or absent (``put``); a conditional write says its condition with a ``PutMode``
@@ -48,8 +48,8 @@ class UpdateIf:
 
 @dataclass(frozen=True)
 class Folder:
-    """A folder on a local path or an fsspec URL, with the storage options that open it (None: those of the stage
-    running, see ``files.using``)."""
+    """A folder on a local path or an fsspec URL, with the storage options that open it (None: the environment's
+    credentials, as fsspec finds them)."""
 
     url: str
     options: StorageOptions | None = field(default=None, compare=False, repr=False)

@@ -29,7 +29,7 @@ SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 SCHEME_WITHOUT_SLASHES = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+):(?!//)")  # s3:/b/x, s3:b/x, gs:/
 LOCAL_SCHEMES = ("file", "local")  # fsspec's names for local paths
 GLOB_CHARS = "*?["  # a path holding one of these is a glob (fsspec's test)
-TOKENIZER_CONFIG = "tokenizer_config.json"  # read beside a tokenizer file for its EOS (tokenizer_files.configured_eos)
+TOKENIZER_CONFIG = "tokenizer_config.json"  # read beside a tokenizer file for its EOS and pad tokens
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", TOKENIZER_CONFIG)  # what a build may read of a tokenizer folder
 
 

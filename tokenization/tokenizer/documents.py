@@ -8,11 +8,10 @@ are counted apart.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
 from queue import Full, Queue
@@ -26,8 +25,9 @@ from tokenization.formats.contents import Contents
 from tokenization.inputs.sources import DEFAULT_MAX_RECORD_BYTES, DocumentReader, Record
 from tokenization.options import Options, option
 from tokenization.progress import Progress, ProgressMode
-from tokenization.records import ContentsSum, HistogramRow, RankCounts, Rejected, TokenizerFacts
+from tokenization.records import ContentsSum, HistogramRow, InputFile, RankCounts, Rejected, TokenizerFacts
 from tokenization.rendering import renderer
+from tokenization.rendering.renderer import Renderer
 from tokenization.storage.files import open_fs
 from tokenization.tokenizer.cutting import NO_EXACT_CUT, NoExactCut
 from tokenization.tokenizer.encoding import Encoded, Encoder, Prepared
@@ -207,7 +207,7 @@ class DocumentOptions(Options):
             return renderer.field_template(self.template, _names(self.loss_fields))
         if not self.chat_template or not self.messages_key:  # (given together, as made configs check)
             return None
-        fs, path = open_fs(self.chat_template)
+        fs, path = open_fs(self.chat_template, self.storage_options)
         try:
             source = fs.cat_file(path).decode("utf-8")
         except (FileNotFoundError, UnicodeDecodeError) as exc:
@@ -223,6 +223,13 @@ class DocumentOptions(Options):
             limits=renderer.Limits(self.render_steps, self.render_max_chars),
             loss_on_turn_end=self.loss_on_turn_end,
             framed_bos="".join(token_of(encoder.tokenizer, i) for i in encoder.bos_ids),
+        )
+
+    def reader(self, files: Sequence[InputFile], rendering: Renderer | None, keep_data: bool = False) -> DocumentReader:
+        """A reader of ``files`` as these options read them (keys, record limit, storage), ``rendering`` records
+        when they are rendered (``renderer``)."""
+        return DocumentReader(
+            files, self.text_key, self.id_key, keep_data, rendering, self.max_record_bytes, self.storage_options
         )
 
     @property
@@ -246,6 +253,7 @@ class DocumentOptions(Options):
             no_eos=self.no_eos,
             known=known,
             memory_budget_mb=self.memory_budget_mb,
+            storage_options=self.storage_options,
         )
 
 
@@ -624,10 +632,9 @@ class ReadAhead(Generic[T]):
             self._put((group, self.where())) and self._put(exc)
 
     def __iter__(self) -> Iterator[T]:
-        context = contextvars.copy_context()  # the stage's storage options, for the files the reader opens
         with contextlib.ExitStack() as own:
             thread = self.thread or own.enter_context(ThreadPoolExecutor(1, thread_name_prefix="read"))
-            producing = thread.submit(context.run, self._produce)
+            producing = thread.submit(self._produce)
             try:
                 while (got := self.queue.get()) is not _END:
                     if isinstance(got, BaseException):

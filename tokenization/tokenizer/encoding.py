@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 
 from tokenization.formats.ds import token_dtype
 from tokenization.records import TokenizerFacts, TokenizerInfo
+from tokenization.storage.files import StorageOptions
 from tokenization.tokenizer.cutting import Cutter, Piece, Ranges
 from tokenization.tokenizer.engines import (
     ENGINES,
@@ -118,10 +119,12 @@ class Encoder:
         no_eos: bool = False,
         known: TokenizerFacts | None = None,
         memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB,
+        storage_options: StorageOptions | None = None,
     ):
         """``known``: what loading this tokenizer with these settings told a build's plan (``facts``). When the
         file has those very bytes, HF's tokenizer is loaded only when a text is first encoded or cut.
-        ``memory_budget_mb``: the resident memory the fast engine keeps its process within (``MemoryBudget``)."""
+        ``memory_budget_mb``: the resident memory the fast engine keeps its process within (``MemoryBudget``).
+        ``storage_options``: what opens the tokenizer's URL."""
         if special_text not in SPECIAL_TEXT_POLICIES:
             raise TokenizerError(f"special-token policy must be one of {SPECIAL_TEXT_POLICIES}, got {special_text!r}")
         if engine not in ENGINES:
@@ -131,7 +134,7 @@ class Encoder:
         if no_eos and eos_token is not None:
             raise TokenizerError(f"an EOS token ({eos_token!r}) and no EOS were both asked for: choose one")
         started = time.perf_counter()
-        self.file = TokenizerFile.load(name_or_path, known)
+        self.file = TokenizerFile.load(name_or_path, known, storage_options)
         if known is not None and known.sha256 == self.file.sha256:
             self.policy = EncodingPolicy.known(known, special_text)
         else:

@@ -18,7 +18,7 @@ import posixpath
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlparse
@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 from tokenization.errors import TokenizationError
 from tokenization.formats.ds import token_size_for_vocab
 from tokenization.records import TokenizerFacts
-from tokenization.storage.files import is_local, open_fs
+from tokenization.storage.files import StorageOptions, is_local, open_fs
 from tokenization.tokenizer.conversion import TokenizerSource, UnreadableTokenizer, as_tokenizer_json
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,13 @@ class TokenizerError(TokenizationError, ValueError):
     """The tokenizer cannot be loaded or does not fit the requested policy."""
 
 
-def tokenizer_location(name_or_path: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
+def tokenizer_location(
+    name_or_path: str, storage_options: StorageOptions | None = None
+) -> tuple[fsspec.AbstractFileSystem, str] | None:
     """Where the tokenizer file of a path, a folder holding one (its ``tokenizer.json``, else its
     ``tokenizer.model``, as Meta's Llama 2 download has only that), or any fsspec URL is; None for a HuggingFace hub
     name."""
-    fs, path = open_fs(name_or_path)
+    fs, path = open_fs(name_or_path, storage_options)
     if is_local(fs) and not os.path.exists(path):
         if name_or_path.endswith(FILE_SUFFIXES) or name_or_path.startswith(("/", ".", "~")):
             raise TokenizerError(f"{name_or_path}: no such tokenizer file")
@@ -73,11 +75,11 @@ def tokenizer_location(name_or_path: str) -> tuple[fsspec.AbstractFileSystem, st
     return fs, path
 
 
-def read_tokenizer(name_or_path: str) -> TokenizerSource:
+def read_tokenizer(name_or_path: str, storage_options: StorageOptions | None = None) -> TokenizerSource:
     """The tokenizer.json of a tokenizer file (a tokenizer.json, a SentencePiece model or a tiktoken rank file, which
     are converted), a folder holding one, or any fsspec URL. Anything else is taken as a HuggingFace hub name, which
     needs network access."""
-    location = tokenizer_location(name_or_path)
+    location = tokenizer_location(name_or_path, storage_options)
     raw = _from_hub(name_or_path) if location is None else _read(name_or_path, *location)
     try:
         return as_tokenizer_json(raw)
@@ -172,16 +174,11 @@ def _read(name_or_path: str, fs: fsspec.AbstractFileSystem, path: str) -> bytes:
         raise TokenizerError(f"{name_or_path}: no {' nor '.join(FOLDER_FILES)} found") from exc
 
 
-def configured_eos(name_or_path: str) -> str | None:
-    """The ``eos_token`` named by a ``tokenizer_config.json`` beside the tokenizer (a string or a dict with
-    ``content``), or None. A hub name has none: reading its config would need the network."""
-    return configured_token(name_or_path, "eos_token")
-
-
-def configured_token(name_or_path: str, key: str) -> str | None:
+def configured_token(name_or_path: str, key: str, storage_options: StorageOptions | None = None) -> str | None:
     """The special token ``key`` (``eos_token``, ``pad_token``) that a ``tokenizer_config.json`` beside the
-    tokenizer names, or None."""
-    location = tokenizer_location(name_or_path)
+    tokenizer names (a string or a dict with ``content``), or None. A hub name has none: reading its config would
+    need the network."""
+    location = tokenizer_location(name_or_path, storage_options)
     if location is None:
         return None
     fs, path = location
@@ -212,13 +209,16 @@ class TokenizerFile:
     special_tokens: list[str]
     format: str = "tokenizer.json"
     source_eos: str | None = None
+    storage_options: StorageOptions | None = field(default=None, compare=False, repr=False)  # for files beside it
 
     @classmethod
-    def load(cls, name_or_path: str, known: TokenizerFacts | None = None) -> TokenizerFile:
+    def load(
+        cls, name_or_path: str, known: TokenizerFacts | None = None, storage_options: StorageOptions | None = None
+    ) -> TokenizerFile:
         """The tokenizer, loaded. With ``known`` (what loading these very bytes told a build's plan), only its file is
         read (and converted): HF's tokenizer is loaded when first used, which a rank that takes every file from the
         tokenization cache never does (0.2-0.7 s)."""
-        source = read_tokenizer(name_or_path)
+        source = read_tokenizer(name_or_path, storage_options)
         sha256 = hashlib.sha256(source.data).hexdigest()
         tokenizer = None
         if known is not None and sha256 == known.sha256:
@@ -239,6 +239,7 @@ class TokenizerFile:
             special_tokens=specials,
             format=source.format,
             source_eos=source.eos,
+            storage_options=storage_options,
         )
         if tokenizer is not None:
             object.__setattr__(file, "tokenizer", tokenizer)  # loaded already: the property's value
@@ -273,7 +274,7 @@ class TokenizerFile:
         """The tokenizer's own pad token and its id: the one its ``tokenizer.json`` pads with, else the one the
         ``tokenizer_config.json`` beside it names, when its vocabulary holds it."""
         padding = json.loads(self.data).get("padding") or {}
-        token = padding.get("pad_token") or configured_token(self.name, "pad_token")
+        token = padding.get("pad_token") or configured_token(self.name, "pad_token", self.storage_options)
         found = None if token is None else self.tokenizer.token_to_id(token)
         return None if token is None or found is None else (token, found)  # (no token finds no id)
 
@@ -297,7 +298,7 @@ class TokenizerFile:
         """The tokenizer's own end-of-text token and where it was found: the ``tokenizer_config.json`` beside it,
         else the file it was converted from (a SentencePiece model names its eos piece), else the last special token
         its post-processor appends, else the first of ``EOS_CANDIDATES`` it holds."""
-        configured = configured_eos(self.name)
+        configured = configured_token(self.name, "eos_token", self.storage_options)
         if configured is not None and self.tokenizer.token_to_id(configured) is not None:
             return configured, "tokenizer_config.json"
         if configured is not None:

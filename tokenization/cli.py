@@ -244,6 +244,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     from tokenization.tokenizer.encoding import limit_hf_threads
 
     limit_hf_threads(args.threads)
+    if args.input and args.mixture:
+        raise UsageError("give the input or --mixture, not both: a mixture's sources name their inputs")
     args.build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # nothing to percent-encode
     published = Build.start(from_arguments(BuildConfig, args), args.build_id).run(args.parallel, keep=args.keep_builds)
     print(summary(published.record))

@@ -15,7 +15,7 @@ import math
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from functools import cache
 from typing import Any, Literal
@@ -43,6 +43,8 @@ class Spec:
     flag_help: str | None = None  # the command line's help for a flag that turns an option off (--no-shuffle)
     cli: bool = True  # offered on the command line
     param: bool = True  # offered as a DAG param
+    read: Callable[[str], Any] | None = None  # how the command line reads its value from its text (a file, say)
+    schema: dict | None = None  # its JSON schema, when its type says too little (an object's fields)
 
 
 def option(default: Any = MISSING, *, help: str, **spec: Any) -> Any:
@@ -167,6 +169,8 @@ def _article(base: type) -> str:
 
 def json_schema(f: dataclasses.Field, spec: Spec, kind: Kind) -> dict:
     """A field's JSON schema, as Airflow's Params validate the trigger form and the run's conf."""
+    if spec.schema is not None:
+        return {**spec.schema, "type": ["null", spec.schema["type"]]} if kind.optional else spec.schema
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
     schema: dict = {"enum": list(kind.choices)} if kind.choices else {"type": names[kind.base]}
     if kind.optional:
@@ -193,7 +197,7 @@ def _add(
 ) -> None:
     help_text = (spec.flag_help or spec.help) + _default_note(f, kind)
     if spec.flag == "":
-        nargs = "+" if kind.base is list else None
+        nargs = "+" if kind.base is list else "?" if kind.optional else None
         group.add_argument(f.name, nargs=nargs, metavar=f.name.upper().rstrip("S"), help=help_text)
         return
     flag = spec.flag or f"--{f.name.replace('_', '-')}"
@@ -203,17 +207,29 @@ def _add(
         return
     required = f.default is MISSING and f.default_factory is MISSING
     default = None if required else f.default
-    metavar = None if kind.choices else kind.base.__name__.upper()
+    metavar = None if kind.choices else "FILE" if spec.read else kind.base.__name__.upper()
     group.add_argument(
         flag,
         dest=f.name,
-        type=_parser(kind),
+        type=_reader(spec.read) if spec.read else _parser(kind),
         choices=kind.choices,
         default=default,
         required=required,
         metavar=metavar,
         help=help_text,
     )
+
+
+def _reader(read: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``read`` as argparse calls a type, its error's own line kept (argparse words a ValueError its own way)."""
+
+    def parse(text: str) -> Any:
+        try:
+            return read(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def _parser(kind: Kind):

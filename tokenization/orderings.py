@@ -24,7 +24,11 @@ dropped and counted. The orders that datatrove does not have:
   own bucket: memory and local disk grow with ``n / B``, not with the corpus;
 - packed windows, from the context shuffle task's generator, in its place of that file's window permutation: one
   63-bit seed for the order of ties in Best-Fit Decreasing (``packing_draws``, then ``tie_order``), then the
-  windows' places.
+  windows' places;
+- a mixture's merge (``tokenization.mixing``), from streams of its own, generators seeded ``(seed, 2, source,
+  part)`` and ``(seed, 3, part)`` (``part``: 0 for the whole merge, ``1 + b`` for bucket ``b``): the order in which
+  a source's documents join the subset that its fractional use takes (``mixture_subset``), then, for the
+  interleave, the order of each source's uses and where each falls within its own span (``mixture_draws``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 ASSIGN, ORDER = 0, 1  # the bucketed merge's two families of streams drawn from one seed
+SUBSET, PLACES = 2, 3  # a mixture's two families
 
 
 def generator(seed: int) -> np.random.Generator:
@@ -85,3 +90,14 @@ def packing_draws(rng: np.random.Generator) -> int:
 def tie_order(seed: int, pieces: int) -> np.ndarray:
     """The seeded order that breaks Best-Fit Decreasing's ties between pieces of one length."""
     return np.random.default_rng(seed).permutation(pieces)
+
+
+def mixture_subset(seed: int, source: int, part: int, documents: int) -> np.ndarray:
+    """The order in which a source's documents (of the merge's ``part``) join its fractional use's subset."""
+    return np.random.default_rng([seed, SUBSET, source, part]).permutation(documents)
+
+
+def mixture_draws(seed: int, part: int) -> np.random.Generator:
+    """The generator of a mixture's interleave in the merge's ``part``: for each source in turn, the order of its
+    uses, then where each falls within its own span."""
+    return np.random.default_rng([seed, PLACES, part])

@@ -6,10 +6,12 @@ Every figure comes from the manifests and markers on storage, never from what a 
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
-from typing import Any, TypeVar
+from functools import reduce
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import orjson
@@ -30,6 +32,7 @@ from tokenization.records import (
     MergeManifest,
     RankManifest,
     RecordError,
+    SourceAccount,
     StageSummary,
     TokenizeSummary,
     stage_manifest,
@@ -205,11 +208,11 @@ def stage_counts(folder: Folder, kind: type[C]) -> C | None:
     return kind(**totals)
 
 
-def _total(values: list) -> int | list[int] | ContentsSum | None:
+def _total(values: list) -> int | list | ContentsSum | None:
     """Counts summed; histograms (lists of counts) class by class; contents added (None when a task recorded none)."""
-    if values and isinstance(values[0], list):
+    if values and isinstance(values[0], list):  # a histogram's classes, a mixture's sources: each added
         width = max(map(len, values))
-        return [sum(v[k] for v in values if k < len(v)) for k in range(width)]
+        return [reduce(operator.add, [v[k] for v in values if k < len(v)]) for k in range(width)]
     if values and (values[0] is None or isinstance(values[0], ContentsSum)):
         return ContentsSum.total(values)
     return sum(values)
@@ -225,11 +228,12 @@ def contents_flow(tokenize: TokenizeSummary, stages: StageSummary, chunked: bool
         raise BuildError(f"the ranks wrote {tokenize.docs_out:,} documents, but read {read.value.describe()}")
     merge, context = stages.merge, stages.context_shuffle
     merge_in, merge_out = (None, None) if merge is None else (merge.contents_in, merge.contents_out)
+    mixed = merge is not None and merge.sources is not None  # it wrote what it chose (its own check), not all
     context_in = None if context is None else context.contents_in
     links = [
         ("the ranks read", read, "they wrote", None if chunked else tokenize.contents_out),
         ("the ranks wrote", tokenize.contents_out, "the merge read", merge_in),
-        ("the merge read", merge_in, "it wrote", merge_out),
+        ("the merge read", merge_in, "it wrote", None if mixed else merge_out),
         ("the merge wrote", merge_out, "the context shuffle read", context_in),
     ]
     for what, given, other, taken in links:
@@ -250,13 +254,16 @@ def token_flow(rank_tokens: int, stages: StageSummary, dataset_tokens: int) -> d
     for stage, counts in (("merge", stages.merge), ("context_shuffle", stages.context_shuffle)):
         if counts is None:
             continue
-        if counts.real_tokens + counts.tokens_dropped != given:
+        repeated = (counts.tokens_repeated or 0) if isinstance(counts, MergeCounts) else 0  # a mixture's uses again
+        if counts.real_tokens + counts.tokens_dropped != given + repeated:
             padding = counts.tokens - counts.real_tokens
+            again = f" ({repeated} of them used again)" if repeated else ""
             raise BuildError(
-                f"{stage} wrote {counts.real_tokens} tokens (and {padding} of padding) and dropped "
+                f"{stage} wrote {counts.real_tokens} tokens{again} (and {padding} of padding) and dropped "
                 f"{counts.tokens_dropped}, but was given {given}"
                 if padding
-                else f"{stage} wrote {counts.tokens} tokens and dropped {counts.tokens_dropped}, but was given {given}"
+                else f"{stage} wrote {counts.tokens} tokens{again} and dropped {counts.tokens_dropped}, but was given "
+                f"{given}"
             )
         flow[stage] = given = counts.real_tokens
         written = counts.tokens
@@ -285,3 +292,38 @@ def dataset_digest(dataset: Folder) -> str:
     entries = manifest.output_entries(dataset)
     pairs = sorted((name, info.sha256) for d in entries.values() for name, info in d.entry.files.items())
     return hashlib.sha256(orjson.dumps(pairs)).hexdigest()
+
+
+def mixture_accounts(ranks: list[RankManifest], merged: MergeCounts | None) -> list[SourceAccount] | None:
+    """A mixture's books, source by source (None for a build of one input): the documents its ranks read = chosen +
+    not chosen + empty + quarantined, and what the merge found of it is what the ranks wrote. A source that does
+    not add up raises, naming it."""
+    if merged is None or merged.sources is None:
+        return None
+    accounts = []
+    for number, mix in enumerate(merged.sources):
+        counted = [cast(list, rank.sources)[number] for rank in ranks if rank.sources is not None]
+        read = {f: sum(getattr(c, f) for c in counted) for f in ("docs_read", "docs_written", "empty", "quarantined")}
+        if len(counted) != len(ranks) or read["docs_written"] != mix.docs_available:
+            raise BuildError(
+                f"mixture source {mix.name!r}: the ranks wrote {read['docs_written']:,} of its documents, the merge "
+                f"found {mix.docs_available:,}"
+            )
+        account = SourceAccount(
+            name=mix.name,
+            target=mix.target,
+            share=round(mix.tokens_chosen / merged.tokens, 6) if merged.tokens else 0.0,
+            docs_read=read["docs_read"],
+            docs_chosen=mix.docs_chosen,
+            docs_not_chosen=mix.docs_available - mix.docs_chosen,
+            empty=read["empty"],
+            quarantined=read["quarantined"],
+            docs_repeated=mix.docs_repeated,
+            uses=mix.uses,
+            tokens_available=mix.tokens_available,
+            tokens_chosen=mix.tokens_chosen,
+        )
+        if not account.holds:
+            raise BuildError(f"mixture source {mix.name!r}: its documents are not conserved: {account}")
+        accounts.append(account)
+    return accounts

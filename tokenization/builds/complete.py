@@ -16,12 +16,12 @@ from pathlib import Path
 from tokenization.builds import accounting, footprint
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
-from tokenization.builds.plan import Plan, Run
+from tokenization.builds.plan import Plan, Run, list_inputs
 from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.errors import TokenizationError
 from tokenization.formats import MEGATRON, token_file_names
 from tokenization.formats.checks import Checks
-from tokenization.inputs.sources import InputError, list_input_files
+from tokenization.inputs.sources import InputError
 from tokenization.options import params
 from tokenization.output import manifest
 from tokenization.output.cache import Cache
@@ -199,14 +199,14 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         run_id=run.claim.run_id,
         plan=recorded.digest,
         dataset=dataset.url,
-        input=config.input,
+        input=config.described_input,
         seed=recorded.seed,
         tokenizer=BuildTokenizer(
             name=config.tokenizer, sha256=recorded.record.tokenizer.sha256, eos=recorded.record.tokenizer.eos_token
         ),
         params=params(config),
         inputs=BuildInputs(
-            spec=config.input,
+            spec=config.described_input,
             files=len(recorded.files),
             bytes=sum(f.size for f in recorded.files),
             skipped=len(recorded.record.inputs.skipped),
@@ -226,6 +226,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         cache=accounting.cache_summary(ranks),
         removed=removed,
         footprint=footprint.measure(layout, removed, config.cache_folder),
+        mixture=accounting.mixture_accounts(ranks, merged),
     )
 
 
@@ -241,7 +242,7 @@ def dataset_checks(config: BuildConfig, run: Run) -> Checks:
 def _arrived_after(config: BuildConfig, recorded: Plan) -> Arrived:
     """The input files that arrived after the plan was made, which this build leaves out: for the report."""
     try:
-        listing = list_input_files([config.input], config.storage_options, quiet=True)  # its skips: the plan said
+        listing, _ = list_inputs(config.inputs, config.source_names, config.storage_options, quiet=True)
     except InputError:  # the input is gone, or empty now: nothing arrived
         return Arrived(files=0, first=[])
     known = {f.url for f in recorded.files}

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from typing import Any
+from functools import cached_property
+from typing import Any, cast
 
 from tokenization.errors import UsageError
+from tokenization.mixing import MIXTURE_SCHEMA, load_mixture_file, read_mixture
 from tokenization.options import fields_of, json_schema, option, section
 from tokenization.output.cache import DEFAULT_FOLDER, OFF, chosen_location
+from tokenization.records import Mixture
 from tokenization.stages.context_shuffle import ContextOptions
 from tokenization.stages.merge import MergeOptions
 from tokenization.stages.tokenize import RankOptions
@@ -41,7 +44,20 @@ class Param:
 class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
     """A build's params: the DAG's Params and the options of ``tokenization build`` are made from these fields."""
 
-    input: str = option(flag="", title="Input", help="folder, glob or fsspec URL of .jsonl[.gz|.zst] or .parquet files")
+    input: str | None = option(
+        None,
+        flag="",
+        title="Input",
+        help="folder, glob or fsspec URL of .jsonl[.gz|.zst] or .parquet files (a mixture's sources name their own)",
+    )
+    mixture: dict | None = option(
+        None,
+        title="Mixture",
+        help="several sources at chosen token shares, in place of the input: {tokens, sources: [{name, input, weight, "
+        "max_repetition, text_key, template}]}; on the command line, a YAML or JSON file (docs/mixtures.md)",
+        read=load_mixture_file,
+        schema=MIXTURE_SCHEMA,
+    )
     output: str = option(title="Output", help="folder or fsspec URL; a build writes under {output}/{build id}")
     seed: int | None = option(
         None,
@@ -88,6 +104,11 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.mixture is None and not self.input:
+            raise UsageError("give the input (a folder, glob or URL), or a mixture of sources")
+        if self.mixed is not None:
+            self._check_mixture()
+            object.__setattr__(self, "input", None)  # not read: the plan and the record name the sources' inputs
         if (self.merge_mode == "bucketed") != bool(self.num_buckets):
             raise UsageError("merge_mode bucketed and num_buckets go together: give both or neither")
         if self.context_mode == "packed":
@@ -100,6 +121,37 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
                 )
             if self.shuffle_chunk_size:
                 raise UsageError("context_mode packed packs whole documents: no shuffle_chunk_size")
+
+    @cached_property
+    def mixed(self) -> Mixture | None:
+        """The mixture, read and checked (None without one)."""
+        return None if self.mixture is None else read_mixture(self.mixture, "mixture")
+
+    @property
+    def inputs(self) -> list[str]:
+        """What the build reads: its input, or each of its mixture's sources' (in their order)."""
+        return [source.input for source in self.mixed.sources] if self.mixed else [cast(str, self.input)]
+
+    @property
+    def source_names(self) -> list[str] | None:
+        """A mixture's source names, in its order (None without a mixture)."""
+        return self.mixed.names if self.mixed else None
+
+    @property
+    def described_input(self) -> str:
+        """The input as records and reports name it: a mixture's as ``name=input`` for each source."""
+        if self.mixed is None:
+            return cast(str, self.input)
+        return ", ".join(f"{source.name}={source.input}" for source in self.mixed.sources)
+
+    def _check_mixture(self) -> None:
+        """What a mixture refuses: the options that would cut a document, or write what the mixture cannot carry."""
+        if self.shuffle_chunk_size:
+            raise UsageError("a mixture mixes whole documents: no shuffle_chunk_size")
+        if self.output_format != "ds":
+            raise UsageError("a mixture is made by the merge, which Megatron output skips: use output_format ds")
+        if self.context_mode == "packed":
+            raise UsageError("a mixture records the source of every window's piece; packed windows do not, yet")
 
     @property
     def cache_location(self) -> str | None:
@@ -116,8 +168,9 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         """Input, output, the cache, tokenizer and chat template only where the deployment allows (never http://,
         never /etc), each after its symlinks are resolved: a tokenizer folder's files one by one too. (The input
         folder's files are checked once listed, by ``Build.start``.)"""
-        for name, location in (("input", self.input), ("output", self.output)):
-            allowed.check(name, location)
+        for location in self.inputs:
+            allowed.check("input", location)
+        allowed.check("output", self.output)
         for name, place in (("cache", self.cache_location), ("chat_template", self.chat_template)):
             if place:
                 allowed.check(name, place)

@@ -20,7 +20,8 @@ from functools import cached_property
 
 import orjson
 
-from tokenization.inputs.sources import InputListing, difference, split_files
+from tokenization.inputs.sources import InputListing, difference, list_input_files, split_files
+from tokenization.mixing import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
 from tokenization.records import BuildSpec, InputFile, PlannedInputs, PlannedTokenizer, PlanRecord, RunClaim
@@ -63,15 +64,18 @@ class Plan:
         eos_token: str | None,
         rendering_sha256: str | None,
         listing: InputListing,
+        sources: list[int] | None = None,
     ) -> Plan:
+        """The plan of these settings and files (``sources``: a mixture's source of each file)."""
         planned = {k: v for k, v in params(config).items() if k not in NOT_PLANNED}
+        inputs = PlannedInputs(files=listing.files, skipped=listing.skipped, hidden=listing.hidden, sources=sources)
         return cls(
             PlanRecord(
                 params=planned,
                 seed=seed,
                 tokenizer=PlannedTokenizer(sha256=tokenizer_sha256, eos_token=eos_token),
                 rendering_sha256=rendering_sha256,
-                inputs=PlannedInputs(files=listing.files, skipped=listing.skipped, hidden=listing.hidden),
+                inputs=inputs,
             )
         )
 
@@ -96,6 +100,14 @@ class Plan:
         """Rank ``r`` of ``w`` takes files (or parts) ``r, r + w, ...`` of the sorted list, as datatrove's
         ``get_shard``."""
         return self.shared[rank::num_ranks]
+
+    def sources_of(self, files: Iterable[InputFile]) -> list[int] | None:
+        """A mixture's source of each of these files (or parts); None without a mixture."""
+        sources = self.record.inputs.sources
+        if sources is None:
+            return None
+        source = {f.url: s for f, s in zip(self.files, sources, strict=True)}
+        return [source[f.url] for f in files]
 
     def refuse_another(self, proposed: Plan, listing: InputListing, where: str) -> list[InputFile]:
         """Resume this plan only if ``proposed`` (what the re-run would plan) is the same plan: same settings, and
@@ -196,3 +208,26 @@ def unread_or_reread(planned: Iterable[InputFile], read: Iterable[InputFile]) ->
     if strangers := sorted(f.name for f in got.keys() - want.keys()):
         problems.append(f"read but not planned: {_named(strangers)}")
     return "; ".join(problems) or None
+
+
+def list_inputs(
+    inputs: list[str], names: list[str] | None, storage_options: StorageOptions | None, quiet: bool = False
+) -> tuple[InputListing, list[int] | None]:
+    """A build's input files: its input's listing; or, for a mixture (each source's ``inputs``, its ``names``), each
+    source's listing in turn, with each file's source. A file listed by two sources is refused: a document belongs
+    to one."""
+    if names is None:
+        return list_input_files(inputs, storage_options, quiet), None
+    listings = [list_input_files([spec], storage_options, quiet) for spec in inputs]
+    owner: dict[str, int] = {}
+    for source, listing in enumerate(listings):
+        for file in listing.files:
+            if (first := owner.setdefault(file.url, source)) != source:
+                raise MixtureError(
+                    f"{file.url} is in mixture sources {names[first]!r} and {names[source]!r}: a file belongs to one "
+                    "source; narrow their inputs"
+                )
+    files = [file for listing in listings for file in listing.files]
+    skipped = [name for listing in listings for name in listing.skipped]
+    merged = InputListing(files, skipped, sum(listing.hidden for listing in listings))
+    return merged, [source for source, listing in enumerate(listings) for _ in listing.files]

@@ -30,11 +30,11 @@ from typing import Literal, TypeVar
 from tokenization.builds import accounting, complete
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
-from tokenization.builds.plan import Plan, Run
+from tokenization.builds.plan import Plan, Run, list_inputs
 from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
-from tokenization.inputs.sources import idle_ranks, list_input_files, with_content
+from tokenization.inputs.sources import idle_ranks, with_content
 from tokenization.output import manifest
 from tokenization.output.cache import OFF, Cache
 from tokenization.output.manifest import StageResult
@@ -84,11 +84,11 @@ class Build:
         if allowed is not None:
             config.check_locations(allowed)
         run_dir = config.folder(folder_for(config.output, run_id))
-        check_disjoint([config.input], config.output)
+        check_disjoint(config.inputs, config.output)
         if config.cache_location:
-            check_disjoint([config.input], config.cache_location, "cache")
+            check_disjoint(config.inputs, config.cache_location, "cache")
             _check_apart(run_id, run_dir.url, config.cache_location)
-        listing = list_input_files([config.input], config.storage_options)
+        listing, sources = list_inputs(config.inputs, config.source_names, config.storage_options)
         if allowed is not None:
             allowed.check_files("input", [f.url for f in listing.files])
         encoder = config.encoder()
@@ -96,7 +96,7 @@ class Build:
         seed = resolve_seed(config.seed, run_id)
         rendering = None if renderer is None else renderer.sha256
         planned = listing if read_claim(run_dir) else with_content(listing)  # a re-run hashes no file again
-        proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned)
+        proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned, sources)
         if config.cache_folder:  # before the run's claim: a folder that is no cache is refused first
             Cache(config.cache_folder).claim()
         run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts()))
@@ -157,16 +157,19 @@ class Build:
             record = self._recorded(self.layout.ranks, rank_stem(rank), RankManifest)
             return StageResult(Counts.of(record.counts), record)
         run = Run.of(self.claimed.spec, self.config.storage_options)  # read again: a replaced run folder is refused
+        files = run.plan.share(rank, self.config.num_ranks)
         share = RankShare(
-            files=run.plan.share(rank, self.config.num_ranks),
+            files=files,
             plan=run.plan.digest,
             tokenizer_sha256=run.plan.record.tokenizer.sha256,
             rendering_sha256=run.plan.record.rendering_sha256,
             run_dir=self.layout.run_dir,
             tokenizer=run.claim.tokenizer,
+            mixture=self.config.mixed,
+            sources=run.plan.sources_of(files),
         )
         config = TokenizeConfig(
-            inputs=[self.config.input],
+            inputs=self.config.inputs,
             output=self.layout.ranks.url,
             seed=self.plan.seed,
             rank=rank,
@@ -196,6 +199,7 @@ class Build:
             bucket=bucket,
             save_loss=self.config.save_loss,
             local_working_dir=self.config.merge_working_dir or self.config.local_working_dir,
+            mixture=self.config.mixture,
             **self.config.shared(MergeOptions),
         )
         if self._published(f"merge {config.stem}"):

@@ -26,6 +26,8 @@ from tokenization.formats.contents import Contents, ContentsHasher, within
 from tokenization.formats.ds import (
     INDEX_DTYPE,
     LOSS_DTYPE,
+    SOURCE,
+    SOURCE_DTYPE,
     Metadata,
     Observer,
     TokenFileError,
@@ -260,11 +262,29 @@ def _ds_frame(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
         report.problem(f"{label}.metadata", f"says {meta.token_count} tokens, the file holds {tokens}")
     _check_index(ends, label, checks, report)
     _check_counts(entry, tokens, len(ends), label, report)
+    if name + SOURCE in sizes or (meta and meta.sources):
+        _check_sources(listed, name, len(ends), meta, report)
     has_loss = name + ".loss" in sizes
     aligned = not has_loss or sizes[name + ".loss"] == tokens  # its loss bytes, if any, go with its tokens
     if not aligned:
         report.problem(f"{label}.loss", f"{sizes[name + '.loss']} bytes for {tokens} tokens")
     return _Frame(ends, token_size, tokens, has_loss, aligned)
+
+
+def _check_sources(listed: Listing, name: str, entries: int, meta: Metadata | None, report: Report) -> None:
+    """A mixture's family: its ``.source`` sidecar holds one known source an index entry, and its metadata names
+    them (``formats.sidecar``)."""
+    label = listed.label(name + SOURCE)
+    named = len(meta.sources) if meta else 0
+    if name + SOURCE not in listed.sizes:
+        report.problem(label, f"missing, though its metadata names {named} sources")
+        return
+    if listed.sizes[name + SOURCE] != entries:
+        report.problem(label, f"{listed.sizes[name + SOURCE]:,} bytes for {entries:,} index entries")
+        return
+    found = np.frombuffer(listed.folder.read(name + SOURCE), dtype=SOURCE_DTYPE)
+    if len(found) and int(found.max()) >= named:
+        report.problem(label, f"names source {int(found.max())}, but the metadata names {named} sources")
 
 
 def verify_ds(listed: Listing, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> None:

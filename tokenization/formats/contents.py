@@ -111,6 +111,12 @@ class Pieces:
         hashes = _piece_hashes(self.sums, self.weighted, self.lengths)
         return Contents(len(self), int(self.lengths.sum()), int(hashes.sum(dtype=_U64)))
 
+    def times(self, uses: np.ndarray) -> Contents:
+        """The contents of these pieces, each taken ``uses`` times (a mixture's: some twice, say)."""
+        hashes = _piece_hashes(self.sums, self.weighted, self.lengths)
+        counts = np.asarray(uses, dtype=_U64)
+        return Contents(int(counts.sum()), int((self.lengths * counts).sum()), int((hashes * counts).sum(dtype=_U64)))
+
     def replacing(self, whole: Contents, parts: Pieces) -> Contents:
         """``whole``'s contents with its pieces ``parts`` replaced by these: the parts out, these in."""
         out, into = parts.contents(), self.contents()
@@ -240,3 +246,23 @@ def stream_contents(
                 [within(cuts[k], start, end) for k in group],
             )
     return [h.result() for h in hashers]
+
+
+def stream_uses(
+    read: Callable[[int, int], tuple[np.ndarray, np.ndarray | None]],
+    cuts: np.ndarray,
+    tokens: int,
+    uses: np.ndarray,
+    block: int = READ_BLOCK,
+) -> tuple[Contents, Contents]:
+    """The contents of a stream's first ``tokens`` tokens cut at ``cuts`` (as ``stream_contents``), and of its
+    pieces each taken ``uses`` times (one a piece): what a mixture's merge read, and what its files must hold."""
+    uses = np.asarray(uses, dtype=np.int64)
+    hasher = ContentsHasher(keep=np.flatnonzero(uses))
+    cuts = np.asarray(cuts, dtype=np.int64)
+    for start in range(0, tokens, block):
+        stop = min(tokens, start + block)
+        part, loss = read(start, stop)
+        hash_parts([hasher], part, loss, [within(cuts, start, stop)])
+    whole = hasher.result()
+    return whole, hasher.kept_pieces().times(uses[uses > 0])

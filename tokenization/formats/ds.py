@@ -6,6 +6,11 @@ All binaries are little-endian and headerless, byte-compatible with datatrove 0.
 * ``X.ds.index``: uint64 exclusive end offset (in tokens) of each document;
 * ``X.ds.loss``: one byte per token, 0 = no loss;
 * ``X.ds.metadata``: ``"{tokenizer}|{token_size}\\n{token_count}\\n{human count}"`` with no trailing newline.
+
+A mixture's families add, where datatrove's readers look at neither:
+
+* ``X.ds.source``: one byte per index entry, the source of that document (or piece of one), in index order;
+* a fourth metadata line, ``sources=web,code,math``: the names of the ids 0, 1, 2...
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ if TYPE_CHECKING:
 
 INDEX_DTYPE = np.dtype("<u8")
 LOSS_DTYPE = np.dtype("u1")
+SOURCE = ".source"  # a mixture's sidecar: each index entry's source, in index order (``formats.sidecar``)
+SOURCE_DTYPE = np.dtype("u1")
+SOURCES_LINE = "sources="  # how a mixture's family's metadata names the sources its sidecar's ids stand for
 UINT16_VOCAB_LIMIT = 65536
 # Bytes a write system call takes at most. The kernel backs a write with page-cache folios as large as the write;
 # folios of 1 MiB and more come from free 2 MiB blocks, which a VM may have handed back to its host (free page
@@ -77,19 +85,25 @@ def human_count(count: int, unit: str = "T") -> str:
 
 @dataclass(frozen=True)
 class Metadata:
+    """datatrove's three lines; a mixture's family adds a fourth, ``sources=web,code,math``: the names of the ids
+    in its ``.source`` sidecar (``formats.sidecar``), which datatrove's readers, reading the first line, pass over."""
+
     tokenizer: str
     token_size: int
     token_count: int
+    sources: tuple[str, ...] = ()
 
     def render(self) -> str:
-        return f"{self.tokenizer}|{self.token_size}\n{self.token_count}\n{human_count(self.token_count)}"
+        named = f"\n{SOURCES_LINE}{','.join(self.sources)}" if self.sources else ""
+        return f"{self.tokenizer}|{self.token_size}\n{self.token_count}\n{human_count(self.token_count)}{named}"
 
     @classmethod
     def parse(cls, text: str, source: str = "metadata") -> Metadata:
         lines = text.split("\n")
         try:
             tokenizer, size = lines[0].rsplit("|", 1)
-            return cls(tokenizer, int(size), int(lines[1]))
+            named = lines[3].removeprefix(SOURCES_LINE).split(",") if len(lines) > 3 else []
+            return cls(tokenizer, int(size), int(lines[1]), tuple(named))
         except (ValueError, IndexError) as exc:
             raise TokenFileError(f"{source}: not a token-file metadata ({text[:80]!r})") from exc
 
@@ -439,6 +453,13 @@ class TokenFile:
         if not self.exists(".loss"):
             return None
         return self._array(".loss", LOSS_DTYPE)
+
+    @property
+    def sources(self) -> np.ndarray | None:
+        """A mixture's family: the source of each index entry (ids into ``metadata.sources``); None otherwise."""
+        if not self.exists(SOURCE):
+            return None
+        return self._array(SOURCE, SOURCE_DTYPE)
 
     @property
     def num_tokens(self) -> int:

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
+from functools import partial
 from itertools import repeat
 from pathlib import Path
 from types import TracebackType
@@ -24,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from tokenization.formats.contents import Contents, Pieces, stream_contents
+from tokenization.formats.contents import Contents, Pieces, stream_contents, stream_uses
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile, token_dtype
 from tokenization.progress import Progress
 from tokenization.storage.files import (
@@ -216,12 +217,22 @@ def contents_of(pool: SourcePool, i: int, *spans: tuple[np.ndarray, int]) -> lis
     """The contents of source ``i`` for each span ``(cuts, tokens)``: its first ``tokens`` tokens cut at ``cuts``
     (``formats.contents.stream_contents``), read once in large ``pread`` blocks with descriptors of its own, so that
     a stage hashes its inputs on a thread of their own while it moves their units (``SourcePool.private``)."""
-
-    def read(start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
-        return source.pread_span(0, start, stop), source.pread_span(1, start, stop) if pool.with_loss else None
-
     with closing(pool.private(i)) as source:
-        return stream_contents(read, spans)
+        return stream_contents(partial(_read_both, pool, source), spans)
+
+
+def uses_contents(
+    pool: SourcePool, i: int, cuts: np.ndarray, tokens: int, uses: np.ndarray
+) -> tuple[Contents, Contents]:
+    """Source ``i``'s contents cut at ``cuts``, and those of its pieces each taken ``uses`` times
+    (``formats.contents.stream_uses``), read as ``contents_of`` reads."""
+    with closing(pool.private(i)) as source:
+        return stream_uses(partial(_read_both, pool, source), cuts, tokens, uses)
+
+
+def _read_both(pool: SourcePool, source: _Source, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Tokens ``[start, stop)`` of a private source, and their loss bytes when the pool moves them."""
+    return source.pread_span(0, start, stop), source.pread_span(1, start, stop) if pool.with_loss else None
 
 
 def cut_pieces(cuts: np.ndarray, starts: np.ndarray, ends: np.ndarray, index: np.ndarray) -> np.ndarray:
@@ -409,11 +420,20 @@ def _read_units(pool, s: int, starts, ends) -> list[pa.LargeBinaryArray | None]:
 
 def _units(data, starts: np.ndarray, ends: np.ndarray) -> pa.LargeBinaryArray:
     """Bytes ``data[starts[k]:ends[k]]`` for every k, as one binary array: zero-copy when the units lie end to
-    end in this order, else gathered by ``take``. Arrow trusts the offsets, so overlapping units are refused."""
+    end in this order, else gathered by ``take``. A unit given more than once (a mixture's repeats) is gathered once
+    and taken as often; Arrow trusts the offsets, so units that otherwise overlap are refused."""
     buffer = pa.py_buffer(data)
     if np.array_equal(starts[1:], ends[:-1]):
         return _binary(np.append(starts, ends[-1]), buffer)
     by_start = np.lexsort((ends, starts))  # an empty unit before the one that starts where it does
+    s, e = starts[by_start], ends[by_start]
+    first = np.ones(len(by_start), bool)
+    first[1:] = (s[1:] != s[:-1]) | (e[1:] != e[:-1])
+    if not first.all():
+        distinct = by_start[first]
+        position = np.empty_like(by_start)
+        position[by_start] = np.cumsum(first) - 1  # each unit's place among the distinct ones, in sorted order
+        return _units(data, starts[distinct], ends[distinct]).take(pa.array(position))
     bounds = np.column_stack([starts[by_start], ends[by_start]]).ravel()  # entry 2k: unit; 2k + 1: gap after it
     if np.any(bounds[1:] < bounds[:-1]):
         raise ValueError("units of one source overlap")

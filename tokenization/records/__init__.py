@@ -39,6 +39,7 @@ from tokenization.records.cache import (
 from tokenization.records.codec import JSON_TYPES, PROJECT, Record, RecordError, json_name, shown, unless_none
 from tokenization.records.contents import MASK, Contents, ContentsSum
 from tokenization.records.inputs import FilePart, FileSum, HistogramRow, InputFile, RankCounts, Rejected, SizedInput
+from tokenization.records.mixtures import Mixture, MixtureSource, SourceAccount, SourceCounts, SourceMix
 from tokenization.records.stages import (
     STAGE_MANIFESTS,
     CompletionMarker,
@@ -105,6 +106,8 @@ __all__ = [
     "MergeManifest",
     "MergeOutput",
     "MergeTokenizer",
+    "Mixture",
+    "MixtureSource",
     "OutputEntry",
     "PadToken",
     "PlanRecord",
@@ -122,6 +125,9 @@ __all__ = [
     "RunClaim",
     "SelfCheck",
     "SizedInput",
+    "SourceAccount",
+    "SourceCounts",
+    "SourceMix",
     "StageManifest",
     "StageRecord",
     "StageSummary",

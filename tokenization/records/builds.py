@@ -10,6 +10,7 @@ from tokenization.records.cache import CacheCleaning, CacheSize, CacheSummary
 from tokenization.records.codec import Record, unless_none
 from tokenization.records.contents import ContentsSum
 from tokenization.records.inputs import InputFile
+from tokenization.records.mixtures import SourceAccount
 from tokenization.records.stages import ContextCounts, MergeCounts
 from tokenization.records.tokenizer import BuildTokenizer, PlannedTokenizer, TokenizerFacts
 
@@ -19,6 +20,7 @@ class PlannedInputs(Record):
     files: list[InputFile]
     skipped: list[str]
     hidden: int
+    sources: list[int] | None = field(default=None, metadata=unless_none())  # a mixture's: each file's source
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +188,7 @@ class BuildRecord(Record):
     cache: CacheSummary | None = None  # None: built without a tokenization cache
     removed: list[str] = field(default_factory=list)  # stage folders whose token files publish removes (records stay)
     footprint: Footprint | None = None  # None: a build made before footprints were measured
+    mixture: list[SourceAccount] | None = field(default=None, metadata=unless_none())  # a mixture's, by source
 
     def settings(self, names: tuple[str, ...]) -> dict[str, Any]:
         """The values of these params (None for one that the version which made the build did not have)."""

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import orjson
 
 from tokenization.records.cache import RankCache
-from tokenization.records.codec import PROJECT, Record, RecordError, shown
+from tokenization.records.codec import PROJECT, Record, RecordError, shown, unless_none
 from tokenization.records.contents import ContentsSum
 from tokenization.records.inputs import FileSum, HistogramRow, InputFile, RankCounts, SizedInput
+from tokenization.records.mixtures import SourceCounts, SourceMix
 from tokenization.records.tokenizer import MergeTokenizer, PadToken, TokenizerInfo
 
 
@@ -156,6 +157,7 @@ class RankManifest(StageManifest):
     outputs: list[OutputEntry]
     throughput: Throughput | None = None
     cache: RankCache | None = None  # None: the rank ran without a tokenization cache
+    sources: list[SourceCounts] | None = field(default=None, metadata=unless_none())  # a mixture's, source by source
 
     @property
     def tokens_written(self) -> int:
@@ -173,7 +175,8 @@ class RankManifest(StageManifest):
 
 @dataclass(frozen=True, kw_only=True)
 class MergeCounts(Record):
-    """What the merge read and wrote: tokens written + tokens dropped = the inputs' tokens."""
+    """What the merge read and wrote: tokens written + tokens dropped = the inputs' tokens (+ those a mixture used
+    again: ``tokens_repeated``; a mixture's dropped tokens are those of the documents it did not choose)."""
 
     input_files: int
     units: int
@@ -184,6 +187,8 @@ class MergeCounts(Record):
     resumed_files: int
     contents_in: ContentsSum | None = None  # of its input files, cut at their indexes (None: made before)
     contents_out: ContentsSum | None = None  # of its files
+    tokens_repeated: int | None = field(default=None, metadata=unless_none())  # a mixture's
+    sources: list[SourceMix] | None = field(default=None, metadata=unless_none())  # a mixture's, source by source
 
     @property
     def real_tokens(self) -> int:

@@ -33,6 +33,7 @@ import numpy as np
 
 from tokenization import orderings
 from tokenization.errors import UsageError
+from tokenization.formats import sidecar
 from tokenization.formats.checks import Checks, OwnCheck
 from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept, within
 from tokenization.formats.ds import (
@@ -257,6 +258,8 @@ def _one_file(
         raise TokenFileError(f"{url}: {source.num_tokens} tokens, but its index ends at {total}")
     packed = None
     if config.context_mode == "packed":
+        if source.sources is not None:
+            raise UsageError(f"{url}: a mixture's file; packed windows do not carry its documents' sources yet")
         packed = _packed(config, url, source, ends, rng)
         padding = _padding_file(attempt.work / "padding" / "pad.ds", source, config.padding_id, packed.padding_tokens)
         urls, units, inner, full = [url, padding], (packed.source, packed.starts, packed.ends), None, packed.windows
@@ -293,18 +296,38 @@ def _one_file(
         if parts is not None and recorded is not None:  # (rejoin)
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
-            written = writer.written[0] if writer.written else None
+            written = _with_sources(writer.written, source, ends, units[1], config.context_window)
             read = _rejoined(url, pool, written, parts, cuts, units, kept, ends, recorded)
             return _Shuffled(written, full, packed, read, pseudo)
         with meanwhile(contents_of, pool, 0, (ends, total), (cuts[cuts <= kept], kept)) as contents:  # read again
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
             read, expected = contents.result()
-    written = writer.written[0] if writer.written else None
+    written = _with_sources(writer.written, source, ends, units[1], config.context_window)
     if packed is not None:
         expected += _padding_contents(packed.padding, config.padding_id, source.dtype)
     check_kept(f"context shuffle of {url}", expected, written.contents if written else Contents())
     return _Shuffled(written, full, packed, read, pseudo)
+
+
+def _with_sources(
+    written: list[WrittenTokenFile], source: TokenFile, ends: np.ndarray, starts: np.ndarray, window: int
+) -> WrittenTokenFile | None:
+    """The file's windows (None: none), with a mixture's ``.source`` sidecar when its input has one: each piece's
+    source is that of the document its first token comes from, found from where its window starts in the input
+    (``starts``: in output order; every window is whole but a kept tail, which comes last)."""
+    if not written:
+        return None
+    (family,) = written
+    sources = source.sources
+    if sources is None or source.metadata is None:
+        return family
+    pieces = np.asarray(TokenFile(str(family.path), source.token_size).ends, dtype=np.int64)
+    first = np.concatenate([[0], pieces[:-1]])  # each piece's first token in the output
+    at = starts[first // window] + first % window  # and in the input
+    documents = np.searchsorted(ends, at, side="right")
+    (family,) = sidecar.attach([family], np.asarray(sources)[documents], source.metadata.sources)
+    return family
 
 
 def _rejoined(

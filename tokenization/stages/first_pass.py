@@ -14,7 +14,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -57,6 +57,7 @@ class Segment:
     counts: Counts
     quarantine: Path
     cached: CachedInput | None
+    source: int = 0  # a mixture's source of the file
 
     @property
     def encoded(self) -> bool:
@@ -65,6 +66,16 @@ class Segment:
 
 
 Found = tuple[InputFile, CacheKey | None, CacheEntry | None]  # a file, its key and its cache entry, when it has them
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a file is read: with its source's options (keys, template) and renderer; ``source``, its number in a
+    mixture (0 without one)."""
+
+    options: DocumentOptions
+    renderer: Renderer | None
+    source: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,9 +102,13 @@ class FirstPass:
         attempt: Attempt,
         where: str,
         cache: CacheOwner | None = None,
+        readings: Mapping[str, Reading] | None = None,
     ):
+        """``readings``: how each file (by URL) is read, when its source's settings are its own (a mixture's)."""
         self.options, self.save_loss, self.encoder, self.renderer = options, save_loss, encoder, renderer
         self.attempt, self.where, self.cache = attempt, where, cache
+        self.readings = readings or {}
+        self._checks: dict[int, HitCheck] = {}  # what each source's hits are held against, made at its first hit
         self.tally: RejectTally  # of a try at the rank's files (``_pass``), with the entries it stored
         self.stored: list[CacheEntry] = []
 
@@ -141,13 +156,17 @@ class FirstPass:
         self.tally.check(total(segments))
         return segments
 
+    def _reading(self, file: InputFile) -> Reading:
+        return self.readings.get(file.url) or Reading(self.options, self.renderer)
+
     def _key(self, file: InputFile) -> CacheKey:
+        reading = self._reading(file)
         return cache_key(
             content_identity(file, self.options.storage_options),
             file.url,
             encoder=self.encoder,
-            renderer=self.renderer,
-            options=self.options,
+            renderer=reading.renderer,
+            options=reading.options,
             save_loss=self.save_loss,
         )
 
@@ -163,15 +182,17 @@ class FirstPass:
         """The file's segment: its cache ``entry``'s, checked, or else encoded (then stored, under ``key``)."""
         folder = self.attempt.work / SEGMENTS / f"{i:05d}"
         shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
+        source = self._reading(file).source
         if entry is not None and (hit := self._from_cache(entry, file, folder, shown)) is not None:
-            return hit
+            return replace(hit, source=source)
         started = time.perf_counter()
         segment, written = self._encode(file, folder, shown, threads)
         seconds = time.perf_counter() - started
         if key is None:
-            return segment
+            return replace(segment, source=source)
         self._store(segment, written, key, seconds)
-        return replace(segment, cached=_served(file, key.digest, segment.counts, hit=False, seconds=seconds))
+        served = _served(file, key.digest, segment.counts, hit=False, seconds=seconds)
+        return replace(segment, cached=served, source=source)
 
     def _from_cache(self, entry: CacheEntry, file: InputFile, folder: Path, shown: Progress) -> Segment | None:
         """A hit, checked, or None. Its rejected records, naming the file as this rank reads it, count as they
@@ -213,7 +234,7 @@ class FirstPass:
             return str(exc)
         quarantine = fetched.get(QUARANTINE)
         problem = self._against_counts(entry.counts, held, quarantine)
-        return problem or self._hits.disagreement(entry, held.segment, quarantine, file) or held
+        return problem or self._hits(file).disagreement(entry, held.segment, quarantine, file) or held
 
     def _against_counts(self, c: RankCounts, held: Held, quarantine: Path | None) -> str | None:
         """How a segment and its quarantine disagree with their counts, or None: every id within the vocabulary,
@@ -245,11 +266,19 @@ class FirstPass:
             return f"its files hold {held.contents.describe()}, its counts say {c.contents_in.value.describe()}"
         return None
 
+    def _hits(self, file: InputFile) -> HitCheck:
+        """What the hits of ``file``'s source are held against, made at its first hit: it loads HF's tokenizer, to
+        encode their samples (a rank that takes every file from the cache still builds no fast engine)."""
+        reading = self._reading(file)
+        if reading.source not in self._checks:
+            self._checks[reading.source] = HitCheck(
+                reading.options, reading.renderer, self._on_hf, self.save_loss, self._cache.owner
+            )
+        return self._checks[reading.source]
+
     @cached_property
-    def _hits(self) -> HitCheck:
-        """What hits are held against, made at the first hit: it loads HF's tokenizer, to encode their samples
-        (a rank that takes every file from the cache still builds no fast engine)."""
-        return HitCheck(self.options, self.renderer, self.encoder.on_hf(), self.save_loss, self._cache.owner)
+    def _on_hf(self) -> Encoder:
+        return self.encoder.on_hf()
 
     def _encode(
         self, file: InputFile, folder: Path, shown: Progress, threads: Threads
@@ -260,8 +289,9 @@ class FirstPass:
             folder.mkdir(parents=True, exist_ok=True)
         counts, tally = Counts(), self.tally.next_file()
         quarantine = folder / QUARANTINE
-        o = self.options
-        reader = o.reader([file], self.renderer)
+        reading = self._reading(file)
+        o = reading.options
+        reader = o.reader([file], reading.renderer)
         writer = TokenFileWriter(  # a working file: pass 2 reads it, the cache checks its sha256 before any use
             folder / SEGMENT,
             tokenizer=o.tokenizer,

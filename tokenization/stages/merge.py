@@ -26,13 +26,21 @@ from typing import Literal, cast
 import numpy as np
 import orjson
 
-from tokenization import orderings
+from tokenization import mixing, orderings
 from tokenization.errors import UsageError
-from tokenization.formats import names
+from tokenization.formats import names, sidecar
 from tokenization.formats.checks import Checks, OwnCheck
 from tokenization.formats.contents import Contents, ShuffleCheckFailed, check_kept
 from tokenization.formats.ds import Metadata, Observer, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
-from tokenization.formats.moves import MAX_OPEN_FILES, SourcePool, contents_of, move_units, sorted_union
+from tokenization.formats.moves import (
+    MAX_OPEN_FILES,
+    SourcePool,
+    contents_of,
+    move_units,
+    sorted_union,
+    uses_contents,
+)
+from tokenization.mixing import read_mixture
 from tokenization.options import Options, option
 from tokenization.output import manifest
 from tokenization.output.attempts import Attempt, attempt_at
@@ -45,10 +53,12 @@ from tokenization.records import (
     MergeManifest,
     MergeOutput,
     MergeTokenizer,
+    Mixture,
     PseudoEnds,
     RankManifest,
     RecordError,
     SizedInput,
+    SourceMix,
 )
 from tokenization.storage.files import StorageOptions, join, list_names, map_concurrently, meanwhile
 from tokenization.storage.folder import Folder
@@ -103,6 +113,9 @@ class MergeConfig(MergeOptions):
         None, help="local folder for staging and for copies of remote inputs (default: the system's temp)"
     )
     max_open_files: int = option(MAX_OPEN_FILES, minimum=1, help="input files held open at once")
+    mixture: dict | None = option(
+        None, cli=False, help="a build's mixture: the merge chooses and interleaves its sources (tokenization.mixing)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -110,6 +123,8 @@ class MergeConfig(MergeOptions):
             raise UsageError("merge_mode bucketed and bucket go together: give both or neither")
         if self.merge_mode == "bucketed" and self.shuffle_chunk_size:
             raise UsageError("a bucketed merge moves documents: no shuffle_chunk_size")
+        if self.mixture is not None and (self.shuffle_chunk_size or not self.shuffle):
+            raise UsageError("a mixture's merge interleaves whole documents: no shuffle_chunk_size, no --no-shuffle")
 
     @property
     def stem(self) -> str:
@@ -138,6 +153,7 @@ class MergeInputs:
     offsets: np.ndarray  # file f's entries are ends[offsets[f]:offsets[f + 1]]
     sizes: list[int]
     pseudo_ends: bool  # some input's index holds chunk or window boundaries besides document ends
+    sources: np.ndarray | None = None  # a mixture's: each index entry's source, file after file
 
     def file_ends(self, f: int) -> np.ndarray:
         return self.ends[self.offsets[f] : self.offsets[f + 1]]
@@ -146,12 +162,23 @@ class MergeInputs:
         ends = self.file_ends(f)
         return int(ends[-1]) if len(ends) else 0
 
+    def lengths(self) -> np.ndarray:
+        """Each index entry's tokens, file after file."""
+        starts = np.concatenate([[0], self.ends[:-1]]).astype(np.int64)[: len(self.ends)]
+        starts[self.offsets[:-1][np.diff(self.offsets) > 0]] = 0  # each file's first entry starts at its token 0
+        return self.ends.astype(np.int64) - starts
+
 
 def validate_inputs(
-    urls: list[str], save_loss: bool, entries: list[Described], storage_options: StorageOptions | None = None
+    urls: list[str],
+    save_loss: bool,
+    entries: list[Described],
+    storage_options: StorageOptions | None = None,
+    sources: list[str] | None = None,
 ) -> MergeInputs:
     """Check every input before anything is written; a mix of token sizes or tokenizers is an error. ``entries``:
-    those of the inputs that their manifests describe; ``storage_options`` open the URLs."""
+    those of the inputs that their manifests describe; ``storage_options`` open the URLs. A mixture's inputs
+    (``sources``: its names) each hold a ``.source`` sidecar naming those sources, read too."""
     if not urls:
         raise TokenFileError("no .ds files to merge")
     listing = Folder(urls[0].rsplit("/", 1)[0], storage_options).sizes()  # the sizes of every file, not a HEAD each
@@ -162,7 +189,7 @@ def validate_inputs(
 
     read = map_concurrently(opened, urls)  # each input's metadata and index: requests in flight at once
     first = read[0][0]
-    ends_list, sizes = [], []
+    ends_list, sizes, sources_list = [], [], []
     for f, ends in read:
         if f.token_size != first.token_size:
             raise TokenFileError(f"{f.url}: token_size {f.token_size} differs from {first.url}'s {first.token_size}")
@@ -180,6 +207,8 @@ def validate_inputs(
                 raise TokenFileError(f"{f.url}.loss: {f.size('.loss')} bytes for {total} tokens")
         ends_list.append(ends)
         sizes.append(f.size(""))
+        if sources is not None:
+            sources_list.append(_sources_of(f, len(ends), sources))
     distinct = {e.tokenizer_sha256 for e in entries if e.tokenizer_sha256 is not None}
     if len(distinct) > 1:
         raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")
@@ -192,7 +221,20 @@ def validate_inputs(
         offsets=np.concatenate([[0], np.cumsum([len(e) for e in ends_list])]).astype(np.int64),
         sizes=sizes,
         pseudo_ends=any(e.entry.pseudo_ends for e in entries),
+        sources=np.concatenate(sources_list) if sources is not None else None,
     )
+
+
+def _sources_of(f: TokenFile, entries: int, names: list[str]) -> np.ndarray:
+    """A mixture's input's ``.source`` sidecar, checked: one source a document, of the mixture's sources."""
+    found = f.sources
+    named = list(f.metadata.sources) if f.metadata else []
+    if found is None or named != names:
+        why = "no .source sidecar" if found is None else f"sources {named}, not the mixture's {names}"
+        raise TokenFileError(f"{f.url}: {why}: not a rank file of this mixture; tokenize it again")
+    if len(found) != entries or (len(found) and int(found.max()) >= len(names)):
+        raise TokenFileError(f"{f.url}.source: {len(found):,} entries for {entries:,} documents, or an unknown source")
+    return np.asarray(found, dtype=np.int64)
 
 
 @dataclass
@@ -244,17 +286,33 @@ class _Prepared:
     width: int
     fingerprint: str
     recorded: list[ContentsSum | None]  # per input file: its contents, as its stage recorded them (None: unknown)
+    mix: _Mixed | None = None  # a mixture's choice
+
+
+@dataclass(frozen=True)
+class _Mixed:
+    """A mixture's choice in this merge (or bucket): how many times each input document is used (``uses``, file
+    after file), the uses in output order (``order``: document ids), the source of each document, and what each
+    source gave (``tokenization.mixing``)."""
+
+    names: list[str]
+    sources: np.ndarray
+    uses: np.ndarray
+    order: np.ndarray
+    shares: list[SourceMix]
 
 
 def _prepare(config: MergeConfig) -> _Prepared:
     given = config.folder(config.input)
+    mixture = None if config.mixture is None else read_mixture(config.mixture, "mixture")
     if config.bucket is None:
         urls, described = manifest.token_files(given), manifest.output_entries(given)
     else:
         urls, described = _bucket_inputs(config, config.bucket)
     named = [url.removeprefix(given.url.rstrip("/") + "/") for url in urls]
     entries = [described[name] for name in named if name in described]
-    inputs = validate_inputs(urls, config.save_loss, entries, config.storage_options)
+    names_ = mixture.names if mixture else None
+    inputs = validate_inputs(urls, config.save_loss, entries, config.storage_options, names_)
     recorded = [_recorded(described.get(name), config.save_loss) for name in named]
     chunk = config.shuffle_chunk_size
     tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
@@ -267,7 +325,49 @@ def _prepare(config: MergeConfig) -> _Prepared:
     width = max(3, len(str(max(0, most_files - 1))))  # datatrove's 3 digits, wider only past 1,000 files
     units = _Units(inputs, chunk, counts)
     fingerprint = _fingerprint(config, inputs, width)
-    return _Prepared(inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, fingerprint, recorded)
+    mix = None if mixture is None else _mixed(config, mixture, inputs, manifest.stage_records(given))
+    if mix is not None:
+        total_units, total_tokens = len(mix.order), sum(share.tokens_chosen for share in mix.shares)
+        width = max(3, len(str(max(0, min(-(-total_tokens // config.merge_max_tokens_per_file), total_units) - 1))))
+    prepared = (inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, fingerprint, recorded)
+    return _Prepared(*prepared, mix=mix)
+
+
+def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: list) -> _Mixed:
+    """The mixture's choice for this merge's documents: each source's target from every rank's tokens of it (a
+    source too small is refused here, before a byte is written), split across buckets in proportion to the
+    source's tokens in each; then the uses and their order (``tokenization.mixing``)."""
+    ranks = [record for record in records if isinstance(record, RankManifest)]
+    if not ranks or any(rank.sources is None for rank in ranks):
+        raise TokenFileError(f"{config.input}: its ranks recorded no sources: they were not tokenized for a mixture")
+    available = [sum(cast(list, rank.sources)[s].tokens for rank in ranks) for s in range(len(mixture.sources))]
+    targets = mixing.budget(mixture, available)
+    sources = cast(np.ndarray, inputs.sources)
+    lengths = inputs.lengths()
+    part = 0 if config.bucket is None else config.bucket + 1
+    uses = np.zeros(len(sources), np.int64)
+    shares = []
+    for s, (source, share) in enumerate(zip(mixture.sources, mixture.shares, strict=True)):
+        mine = np.flatnonzero(sources == s)
+        here = int(lengths[mine].sum())
+        want = targets[s] * here // available[s] if available[s] else 0
+        subset = orderings.mixture_subset(config.seed, s, part, len(mine))
+        uses[mine] = mixing.uses(lengths[mine], want, subset)
+        chosen = uses[mine]
+        shares.append(
+            SourceMix(
+                name=source.name,
+                target=share,
+                docs_available=len(mine),
+                tokens_available=here,
+                docs_chosen=int(np.count_nonzero(chosen)),
+                docs_repeated=int(np.count_nonzero(chosen > 1)),
+                uses=int(chosen.sum()),
+                tokens_chosen=int((chosen * lengths[mine]).sum()),
+            )
+        )
+    order = mixing.interleaved(sources, lengths, uses, orderings.mixture_draws(config.seed, part))
+    return _Mixed(mixture.names, sources, uses, order, shares)
 
 
 def _recorded(described: Described | None, save_loss: bool) -> ContentsSum | None:
@@ -338,12 +438,15 @@ class _Checkpoints:
         return self.own.watch(path, self._pseudo_ends(self.prepared.total_tokens))
 
     def __call__(self, written: WrittenTokenFile, units_written: int) -> None:
+        units_end = self.resumed_units + units_written
+        if (mix := self.prepared.mix) is not None:  # the file's uses are its documents: each one's source
+            (written,) = sidecar.attach([written], mix.sources[mix.order[self.units_end : units_end]], mix.names)
         entry = manifest.output_entry(
             written,
             MergeOutput,
             fingerprint=self.prepared.fingerprint,
             units_start=self.units_end,
-            units_end=self.resumed_units + units_written,
+            units_end=units_end,
             pseudo_ends=self._pseudo_ends(written.tokens),
         )
         if self.own is not None:
@@ -381,16 +484,19 @@ def merge(
             _remove_outputs(attempt, config, keep=set())
             raise
         tails = int(prepared.tails.sum())
+        mix = prepared.mix
         counts = MergeCounts(
             input_files=len(prepared.inputs.urls),
             units=prepared.total_units,
             index_entries=sum(e.index_entries for e in checkpoints.entries),
             tokens=checkpoints.tokens,
             partial_chunk_tokens=tails if prepared.keep_tails else 0,
-            tokens_dropped=0 if prepared.keep_tails else tails,
+            tokens_dropped=(0 if prepared.keep_tails else tails) if mix is None else _not_chosen(prepared, mix),
             resumed_files=len(done),
             contents_in=ContentsSum.of(read),
             contents_out=ContentsSum.of(checkpoints.contents),
+            tokens_repeated=None if mix is None else _repeated(prepared, mix),
+            sources=None if mix is None else mix.shares,
         )
         inputs = prepared.inputs
         record = MergeManifest(
@@ -431,8 +537,9 @@ def _move(
         observe=checkpoints.watch if checkpoints.own else None,
     )
     inner = [inputs.file_ends(f) for f in range(len(inputs.urls))] if units.chunk else None
-    file_ids, perm = plan_ordering(config, units)
-    resume, ordered = checkpoints.units_end, len(file_ids)
+    mix = prepared.mix
+    file_ids, perm = plan_ordering(config, units) if mix is None else (np.zeros(0, np.uint16), mix.order)
+    resume, ordered = checkpoints.units_end, len(file_ids) if perm is None else len(perm)
     cursor = np.bincount(file_ids[:resume], minlength=len(inputs.urls)).astype(np.int64)
     pool = SourcePool(
         inputs.urls,
@@ -466,6 +573,8 @@ def _input_contents(prepared: _Prepared, pool: SourcePool) -> tuple[Contents, Co
     dropped tails aside): from the inputs' records when all hold them and the units are their documents, else hashed
     from the input files (datatrove's, or cut into chunks)."""
     chunk = prepared.units.chunk
+    if prepared.mix is not None:
+        return _mixed_contents(prepared, prepared.mix, pool)
     known = [recorded for recorded in prepared.recorded if recorded is not None]
     if not chunk and len(known) == len(prepared.recorded):
         read = Contents.total(recorded.value for recorded in known)
@@ -485,12 +594,35 @@ def _input_contents(prepared: _Prepared, pool: SourcePool) -> tuple[Contents, Co
     return read, kept
 
 
+def _mixed_contents(prepared: _Prepared, mix: _Mixed, pool: SourcePool) -> tuple[Contents, Contents]:
+    """What a mixture's merge read (its inputs whole), and what its files must hold: each document as many times
+    as it is used, hashed from the input files (a document's hash is not in its rank's records)."""
+    read = kept = Contents()
+    offsets = prepared.inputs.offsets
+    for f in range(len(prepared.inputs.urls)):
+        uses = mix.uses[offsets[f] : offsets[f + 1]]
+        whole, used = uses_contents(pool, f, prepared.inputs.file_ends(f), int(prepared.tokens[f]), uses)
+        read, kept = read + whole, kept + used
+    return read, kept
+
+
+def _not_chosen(prepared: _Prepared, mix: _Mixed) -> int:
+    """The tokens of the documents a mixture did not use."""
+    return int(prepared.inputs.lengths()[mix.uses == 0].sum())
+
+
+def _repeated(prepared: _Prepared, mix: _Mixed) -> int:
+    """The tokens a mixture wrote beyond each document's first use."""
+    return int((prepared.inputs.lengths() * np.maximum(mix.uses - 1, 0)).sum())
+
+
 def _commit(attempt: Attempt, config: MergeConfig, inputs: MergeInputs, record: MergeManifest) -> MergeManifest:
     """The dataset's metadata (datatrove's ``{name}.ds.metadata``: all files' tokens), then manifest and marker. A
     bucket task knows only its bucket's tokens, so a bucketed merge leaves the total to each file's metadata."""
     files = record.output_files()
     if config.bucket is None:
-        meta = Metadata(inputs.tokenizer, inputs.token_size, record.counts.tokens).render().encode()
+        named = tuple(share.name for share in record.counts.sources or [])
+        meta = Metadata(inputs.tokenizer, inputs.token_size, record.counts.tokens, named).render().encode()
         attempt.write(f"{config.save_filename}.ds.metadata", meta)
         files[f"{config.save_filename}.ds.metadata"] = FileSum(bytes=len(meta), sha256=hashlib.sha256(meta).hexdigest())
     return attempt.commit(record, files)

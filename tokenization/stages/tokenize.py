@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal, NamedTuple, cast
 
 import numpy as np
 
 from tokenization import orderings
 from tokenization.errors import UsageError
-from tokenization.formats import DS, MEGATRON, names
+from tokenization.formats import DS, MEGATRON, names, sidecar
 from tokenization.formats.contents import check_kept
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
@@ -50,13 +50,15 @@ from tokenization.records import (
     ContentsSum,
     FileSum,
     InputFile,
+    Mixture,
     OutputEntry,
     RankCache,
     RankManifest,
+    SourceCounts,
     TokenizerFacts,
 )
 from tokenization.rendering.renderer import Renderer
-from tokenization.stages.first_pass import CacheOwner, FirstPass, Segment, quarantined, total
+from tokenization.stages.first_pass import CacheOwner, FirstPass, Reading, Segment, quarantined, total
 from tokenization.storage.files import file_sha256, join, list_names, meanwhile
 from tokenization.storage.locations import check_disjoint
 from tokenization.tokenizer.documents import Counts, DocumentOptions, TooManyRejects
@@ -194,6 +196,20 @@ class RankShare:
     rendering_sha256: str | None
     run_dir: str  # the build's folder: the cache keeps the entries it uses while its _RUN.json is there
     tokenizer: TokenizerFacts | None = None  # what loading the tokenizer told the plan (None: a plan made before)
+    mixture: Mixture | None = None  # a mixture's sources, and the source of each of ``files``
+    sources: list[int] | None = None
+
+    def readings(self, config: TokenizeConfig, encoder: Encoder) -> dict[str, Reading] | None:
+        """How each file is read: with its mixture source's own text key and template, where it sets them."""
+        if self.mixture is None or self.sources is None:
+            return None
+        by_source = []
+        for number, source in enumerate(self.mixture.sources):
+            options = replace(
+                config, text_key=source.text_key or config.text_key, template=source.template or config.template
+            )
+            by_source.append(Reading(options, options.renderer(encoder), number))
+        return {file.url: by_source[s] for file, s in zip(self.files, self.sources, strict=True)}
 
     def check(self, encoder: Encoder, renderer: Renderer | None) -> None:
         """Refuse to encode with a tokenizer or chat template that is no longer the planned one."""
@@ -224,6 +240,7 @@ def tokenize_rank(
         if location:
             check_disjoint(config.inputs, location, "cache")
         listing = list_input_files(config.inputs, config.storage_options)
+        readings = None
         shared = split_files(listing.files, config.split_input_mb)
         idle_ranks(config.world_size, shared, config.split_input_mb)
         files, skipped = shard(shared, config.rank, config.world_size), listing.skipped
@@ -231,6 +248,7 @@ def tokenize_rank(
     else:
         share.check(encoder, renderer)
         files, skipped = share.files, []
+        readings = share.readings(config, encoder)
         user, keeps = share.run_dir, join(share.run_dir, RUN_CLAIM)
     check_unchanged(files, config.storage_options)  # fails before any work on a file that is not what was listed
     log.info(
@@ -249,6 +267,7 @@ def tokenize_rank(
             attempt=attempt,
             where=f"rank {config.rank}",
             cache=CacheOwner(Cache(config.folder(location)), user, keeps, config.stem) if location else None,
+            readings=readings,
         )
         try:  # rejected records are published even when they fail the rank: they are what a user must look at
             segments = first.run(files, progress)
@@ -258,7 +277,8 @@ def tokenize_rank(
         encoder.release()  # pass 2 has the whole memory budget
         counts = total(segments)
         log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
-        written = _second_pass(config, encoder, segments, counts, attempt.work)
+        names = share.mixture.names if share is not None and share.mixture is not None else None
+        written = _second_pass(config, encoder, segments, counts, attempt.work, names)
         log.info("rank %d: pass 2 done, %d files, %s", config.rank, len(written), config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
         check_unchanged(files, config.storage_options)  # nor one that changed while it was read
@@ -283,6 +303,7 @@ def tokenize_rank(
             cache=RankCache(location=location, files=cast("list[CachedInput]", [s.cached for s in segments]))
             if location
             else None,
+            sources=None if names is None else _source_counts(segments, names),
         )
         record = _publish(config, attempt, written, record, quarantined(attempt.work))
     log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
@@ -301,10 +322,16 @@ def _outputs(config: TokenizeConfig, counts: Counts, written: list[WrittenTokenF
 
 
 def _second_pass(
-    config: TokenizeConfig, encoder: Encoder, segments: list[Segment], counts: Counts, work: Path
+    config: TokenizeConfig,
+    encoder: Encoder,
+    segments: list[Segment],
+    counts: Counts,
+    work: Path,
+    sources: list[str] | None = None,
 ) -> list[WrittenTokenFile]:
     """Pass 2: the rank's documents, its segments' end to end, into its files: scattered into buckets, or in the
-    document permutation (or input order), then, with chunks, in the chunk permutation; each a byte move."""
+    document permutation (or input order), then, with chunks, in the chunk permutation; each a byte move. A
+    mixture's files (``sources``: its source names) each get the source of every document (``formats.sidecar``)."""
     paths = [str(s.path) for s in segments]
     documents = Units.documents(paths, encoder.token_size)
     if not len(documents.ends):
@@ -312,14 +339,15 @@ def _second_pass(
     rng = orderings.generator(config.seed)
     chunks = config.shuffle_chunk_size
     kind = RankFileKind.DOC_SHUFFLED if config.shuffle_documents else RankFileKind.UNSHUFFLED
+    mix = None if sources is None else _Mix(np.array([s.source for s in segments], dtype=np.int64), sources)
     with SourcePool(paths, encoder.token_size, config.save_loss) as pool:
         if config.num_buckets:
-            written = _scatter(config, encoder, pool, documents, work, config.num_buckets)
+            written = _scatter(config, encoder, pool, documents, work, config.num_buckets, mix)
         else:
             if config.shuffle_documents:
                 documents = documents.take(orderings.shuffled(rng, len(documents.ends)))
             name_for = (lambda _: names.working_file_name(kind)) if chunks else config.output_name
-            written = _write(config, encoder, pool, documents, work, name_for, last=not chunks)
+            written = _write(config, encoder, pool, documents, work, name_for, last=not chunks, mix=mix)
     check_kept(f"rank {config.rank}: pass 2", counts.contents, written_contents(written))
     if not chunks:
         return written
@@ -336,11 +364,14 @@ def _write(
     name_for: Callable[[int], str],
     *,
     last: bool,
+    mix: _Mix | None = None,
 ) -> list[WrittenTokenFile]:
-    """These units, in this order, into the files ``_writer`` makes."""
+    """These units, in this order, into the files ``_writer`` makes (with a mixture's sidecars, given ``mix``)."""
     with _writer(config, encoder, work, name_for, last=last) as writer:
         move_units(pool, *units, writer)
-    return writer.written
+    if mix is None:
+        return writer.written
+    return sidecar.attach(writer.written, mix.segment_sources[units.source], mix.names)
 
 
 def _writer(
@@ -394,7 +425,13 @@ def _chunk_shuffle(
 
 
 def _scatter(
-    config: TokenizeConfig, encoder: Encoder, pool: SourcePool, documents: Units, work: Path, num_buckets: int
+    config: TokenizeConfig,
+    encoder: Encoder,
+    pool: SourcePool,
+    documents: Units,
+    work: Path,
+    num_buckets: int,
+    mix: _Mix | None,
 ) -> list[WrittenTokenFile]:
     """Pass 2 of a bucketed shuffle into ``num_buckets`` (``config.num_buckets``): each document to the bucket
     drawn for it, in input order within a bucket (the bucket's merge orders them), published in that bucket's
@@ -404,9 +441,32 @@ def _scatter(
     written = []
     for bucket in np.flatnonzero(np.diff(bounds)).tolist():
         ours = documents.take(order[bounds[bucket] : bounds[bucket + 1]])
-        files = _write(config, encoder, pool, ours, work, partial(config.bucket_name, bucket), last=True)
+        files = _write(config, encoder, pool, ours, work, partial(config.bucket_name, bucket), last=True, mix=mix)
         written += [replace(w, folder=names.bucket_folder(bucket)) for w in files]
     return written
+
+
+class _Mix(NamedTuple):
+    """A mixture rank's sources: each segment's (in the rank's file order), and their names."""
+
+    segment_sources: np.ndarray
+    names: list[str]
+
+
+def _source_counts(segments: list[Segment], names: list[str]) -> list[SourceCounts]:
+    """Each source's documents and tokens in this rank (every source, with none too)."""
+    by_source = [total([s for s in segments if s.source == number]) for number in range(len(names))]
+    return [
+        SourceCounts(
+            name=name,
+            docs_read=c.docs_read,
+            docs_written=c.docs_written,
+            empty=c.empty,
+            quarantined=sum(c.rejected.values()),
+            tokens=c.tokens,
+        )
+        for name, c in zip(names, by_source, strict=True)
+    ]
 
 
 def _publish(

@@ -12,8 +12,9 @@ seeded random order, and each use is placed at a random point of its own span of
 fraction of them; the uses of every source are then sorted by that fraction. Read to any point, the output has
 then taken the same fraction of every source's chosen tokens, give or take one document each: any stretch of the
 output carries each source at its share, within a document of each source (a uniform shuffle would hold it only
-on average, ~1/sqrt(documents) off in each stretch). A bucketed merge does the same within each bucket, each
-source's target split across buckets in proportion to its tokens there: every bucket carries the mixture.
+on average, ~1/sqrt(documents) off in each stretch). A bucketed merge does the same within each bucket, and
+gives every bucket the mixture's shares exactly, with a part of the budget in proportion to what the bucket can
+hold at those shares (``bucket_targets``): every bucket carries the mixture.
 """
 
 from __future__ import annotations
@@ -149,6 +150,28 @@ def budget(mixture: Mixture, available: Sequence[int]) -> list[int]:
                 "or raise its max_repetition"
             )
     return targets
+
+
+def bucket_targets(mixture: Mixture, held: np.ndarray, bucket: int) -> list[int]:
+    """Each source's target in ``bucket``, given what every bucket ``held`` of each source (tokens, sources x
+    buckets): every bucket gets the mixture's shares exactly, and a part of the budget in proportion to the most it
+    could hold at those shares within each source's ``max_repetition`` (random buckets hold the sources unevenly).
+    Without a budget, the whole is the most all buckets hold; a budget they cannot hold is refused."""
+    shares = mixture.shares
+    reps = [source.max_repetition for source in mixture.sources]
+    most = [
+        min(math.floor(r * int(h[b]) / w) for r, h, w in zip(reps, held, shares, strict=True))
+        for b in range(held.shape[1])
+    ]
+    total = sum(most) if mixture.tokens is None else mixture.tokens
+    if total > sum(most):
+        raise MixtureError(
+            f"the mixture's {total:,} tokens do not fit its {held.shape[1]} buckets at its shares: the sources' "
+            f"documents fell unevenly into them, and at most {sum(most):,} tokens keep every bucket at the mixture; "
+            "lower tokens, or use fewer buckets"
+        )
+    budgets = _apportioned(total, [m / sum(most) for m in most]) if sum(most) else [0] * len(most)
+    return _apportioned(budgets[bucket], shares)
 
 
 def _apportioned(total: int, shares: Sequence[float]) -> list[int]:

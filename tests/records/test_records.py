@@ -233,7 +233,7 @@ def test_every_record_kind_is_defined_once_and_exported_by_the_package() -> None
     import tokenization.records as records
 
     topics = sorted(info.name for info in pkgutil.iter_modules(records.__path__))
-    assert topics == ["builds", "cache", "codec", "contents", "inputs", "stages", "tokenizer"]
+    assert topics == ["builds", "cache", "codec", "contents", "inputs", "mixtures", "stages", "tokenizer"]
     kinds: dict[str, type] = {}
     for topic in topics:
         module = importlib.import_module(f"tokenization.records.{topic}")

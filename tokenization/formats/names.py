@@ -57,6 +57,11 @@ def bucket_folder(bucket: int) -> str:
 BUCKET_FOLDER = re.compile(rf"{RankFileKind.BUCKET}\d{{5}}")  # what ``bucket_folder`` names
 
 
+def bucket_in(folder: str) -> int:
+    """The bucket a ``bucket_folder`` holds."""
+    return int(folder.removeprefix(str(RankFileKind.BUCKET)))
+
+
 def working_file_name(kind: RankFileKind) -> str:
     """A rank's file of one pass in its attempt's working folder, before its last pass names the published ones."""
     return f"{kind}{DS}"

@@ -47,7 +47,8 @@ class Mixture(Record):
 @dataclass(frozen=True, kw_only=True)
 class SourceCounts(Record):
     """A source's documents in a rank: read, written, empty and quarantined (read = written + empty +
-    quarantined), and the tokens written."""
+    quarantined), and the tokens written (in each bucket too, when the rank scattered them: every bucket's merge
+    splits the mixture's budget by what each bucket holds of each source)."""
 
     name: str
     docs_read: int
@@ -55,6 +56,7 @@ class SourceCounts(Record):
     empty: int
     quarantined: int
     tokens: int
+    bucket_tokens: list[int] | None = field(default=None, metadata=unless_none())  # its tokens in each bucket
 
 
 @dataclass(frozen=True, kw_only=True)

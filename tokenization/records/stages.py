@@ -137,6 +137,11 @@ class StageManifest(StageRecord):
         exactly the pieces it read."""
         return bool(self.params.get("shuffle_chunk_size"))
 
+    @property
+    def writes_what_it_read(self) -> bool:
+        """Whether the stage wrote exactly the pieces it read, each once."""
+        return not self.cuts_pieces
+
 
 @dataclass(frozen=True, kw_only=True)
 class RankManifest(StageManifest):
@@ -212,6 +217,11 @@ class MergeManifest(StageManifest):
     @property
     def tokens_written(self) -> int:
         return self.counts.tokens
+
+    @property
+    def writes_what_it_read(self) -> bool:
+        """A mixture's merge writes the documents it chose, some more than once (its own check proved which)."""
+        return super().writes_what_it_read and self.counts.sources is None
 
 
 @dataclass(frozen=True, kw_only=True)

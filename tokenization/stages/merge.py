@@ -335,13 +335,16 @@ def _prepare(config: MergeConfig) -> _Prepared:
 
 def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: list) -> _Mixed:
     """The mixture's choice for this merge's documents: each source's target from every rank's tokens of it (a
-    source too small is refused here, before a byte is written), split across buckets in proportion to the
-    source's tokens in each; then the uses and their order (``tokenization.mixing``)."""
+    source too small is refused here, before a byte is written), or its bucket's part of it (every bucket at the
+    mixture's shares: ``mixing.bucket_targets``); then the uses and their order (``tokenization.mixing``)."""
     ranks = [record for record in records if isinstance(record, RankManifest)]
     if not ranks or any(rank.sources is None for rank in ranks):
         raise TokenFileError(f"{config.input}: its ranks recorded no sources: they were not tokenized for a mixture")
     available = [sum(cast(list, rank.sources)[s].tokens for rank in ranks) for s in range(len(mixture.sources))]
-    targets = mixing.budget(mixture, available)
+    targets = mixing.budget(mixture, available)  # a source too small for its share is refused, by name
+    if config.bucket is not None:
+        held = np.array([[cast(list, rank.sources)[s].bucket_tokens for rank in ranks] for s in range(len(available))])
+        targets = mixing.bucket_targets(mixture, held.sum(axis=1), config.bucket)
     sources = cast(np.ndarray, inputs.sources)
     lengths = inputs.lengths()
     part = 0 if config.bucket is None else config.bucket + 1
@@ -350,9 +353,8 @@ def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: 
     for s, (source, share) in enumerate(zip(mixture.sources, mixture.shares, strict=True)):
         mine = np.flatnonzero(sources == s)
         here = int(lengths[mine].sum())
-        want = targets[s] * here // available[s] if available[s] else 0
         subset = orderings.mixture_subset(config.seed, s, part, len(mine))
-        uses[mine] = mixing.uses(lengths[mine], want, subset)
+        uses[mine] = mixing.uses(lengths[mine], targets[s], subset)
         chosen = uses[mine]
         shares.append(
             SourceMix(

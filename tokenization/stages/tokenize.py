@@ -303,7 +303,7 @@ def tokenize_rank(
             cache=RankCache(location=location, files=cast("list[CachedInput]", [s.cached for s in segments]))
             if location
             else None,
-            sources=None if names is None else _source_counts(segments, names),
+            sources=None if names is None else _source_counts(segments, names, written, config.num_buckets),
         )
         record = _publish(config, attempt, written, record, quarantined(attempt.work))
     log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
@@ -453,9 +453,18 @@ class _Mix(NamedTuple):
     names: list[str]
 
 
-def _source_counts(segments: list[Segment], names: list[str]) -> list[SourceCounts]:
-    """Each source's documents and tokens in this rank (every source, with none too)."""
-    by_source = [total([s for s in segments if s.source == number]) for number in range(len(names))]
+def _source_counts(
+    segments: list[Segment], sources: list[str], written: list[WrittenTokenFile], num_buckets: int | None
+) -> list[SourceCounts]:
+    """Each source's documents and tokens in this rank (every source, with none too), and with buckets its tokens
+    in each, from the bucket files' sidecars."""
+    by_source = [total([s for s in segments if s.source == number]) for number in range(len(sources))]
+    in_buckets = np.zeros((len(sources), num_buckets or 0), np.int64)
+    for family in written if num_buckets else []:
+        file = TokenFile(str(family.path))
+        lengths = np.diff(np.asarray(file.ends, dtype=np.int64), prepend=0)
+        held = np.bincount(cast(np.ndarray, file.sources), weights=lengths, minlength=len(sources))
+        in_buckets[:, names.bucket_in(family.folder)] += held.astype(np.int64)
     return [
         SourceCounts(
             name=name,
@@ -464,8 +473,9 @@ def _source_counts(segments: list[Segment], names: list[str]) -> list[SourceCoun
             empty=c.empty,
             quarantined=sum(c.rejected.values()),
             tokens=c.tokens,
+            bucket_tokens=in_buckets[number].tolist() if num_buckets else None,
         )
-        for name, c in zip(names, by_source, strict=True)
+        for number, (name, c) in enumerate(zip(sources, by_source, strict=True))
     ]
 
 

@@ -323,7 +323,7 @@ def _check_contents(record: StageManifest, where: str, report: Report) -> None:
             where, f"counts {counts.contents_out.value.describe()} written, its outputs list {listed.value.describe()}"
         )
     given, wrote = counts.contents_in, counts.contents_out
-    if not record.cuts_pieces and given is not None and wrote is not None and given != wrote:
+    if record.writes_what_it_read and given is not None and wrote is not None and given != wrote:
         report.problem(
             where,
             f"read {given.value.describe()} but wrote {wrote.value.describe()}: a shuffle that moves pieces whole "

@@ -1,0 +1,263 @@
+"""Mixtures (``tokenization.mixing``): one build of several sources at chosen token shares. The shares are measured
+from the decoded output, never from the build's records: each source's documents are written with letters of their
+own, so the text of any document or piece of one tells its source."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tests.support.builds import in_process
+from tests.support.corpus import write_jsonl
+from tests.support.tokenizers import EOS
+from tokenization import mixing, orderings
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
+from tokenization.errors import UsageError
+from tokenization.formats.ds import TokenFile
+from tokenization.records import Mixture, MixtureSource
+
+LETTERS = {"web": "abcdefg", "code": "hijklmn", "math": "opqrstu"}
+DOCS = {"web": 2000, "code": 300, "math": 1000}  # ~120 tokens a document; code must be repeated to reach its share
+WEIGHTS = {"web": 0.6, "code": 0.3, "math": 0.1}
+
+
+def write_sources(root: Path, docs: dict[str, int] = DOCS, seed: int = 0) -> dict[str, str]:
+    """Each source's input folder: two files of documents of 5 to 60 words made of its own letters."""
+    rng = random.Random(seed)
+    for name, letters in LETTERS.items():
+        for part in range(2):
+            texts = [
+                " ".join(
+                    "".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(rng.randint(5, 60))
+                )
+                for _ in range(docs[name] // 2)
+            ]
+            write_jsonl(root / name / f"part-{part}.jsonl", [{"text": text} for text in texts])
+    return {name: str(root / name) for name in LETTERS}
+
+
+def spec(inputs: dict[str, str], tokens: int | None, **overrides) -> dict:
+    sources = [{"name": name, "input": inputs[name], "weight": WEIGHTS[name]} for name in LETTERS]
+    sources[1]["max_repetition"] = 3
+    return {"tokens": tokens, "sources": sources} | overrides
+
+
+def config(tmp_path: Path, sample_tokenizer: Path, mixture: dict, **options) -> BuildConfig:
+    settings = {"seed": 5, "num_ranks": 2, "context_window": 300, "num_context_shards": 2, "save_loss": True}
+    return BuildConfig(
+        output=str(tmp_path / "out"),
+        tokenizer=str(sample_tokenizer),
+        mixture=mixture,
+        eos_token=EOS,
+        **settings | options,
+    )
+
+
+def source_of(text: str) -> str | None:
+    """The source whose letters a text is made of (None for a piece of no letter: an EOS alone)."""
+    found = {c for c in text if c.isalpha()}
+    owners = [name for name, letters in LETTERS.items() if found and found <= set(letters)]
+    assert len(owners) <= 1 and (owners or not found), text
+    return owners[0] if owners else None
+
+
+def decoded(paths: list[Path], tokenizer: Tokenizer) -> list[tuple[str | None, str | None, str, int]]:
+    """Every index entry of these ``.ds`` files, in order: (its source by its text, by its sidecar, its text, its
+    tokens)."""
+    entries = []
+    eos = tokenizer.token_to_id(EOS)
+    for path in paths:
+        file = TokenFile(str(path))
+        assert file.metadata is not None and file.sources is not None
+        names = file.metadata.sources
+        tokens, ends = np.asarray(file.tokens), np.asarray(file.ends, dtype=np.int64)
+        for number, (start, end) in enumerate(zip(np.concatenate([[0], ends[:-1]]), ends, strict=True)):
+            ids = [int(t) for t in tokens[start:end] if t != eos]
+            text = tokenizer.decode(ids)
+            entries.append((source_of(text), names[int(file.sources[number])], text, int(end - start)))
+    return entries
+
+
+def shares(entries) -> dict[str, float]:
+    tokens: Counter = Counter()
+    for by_text, _, _, length in entries:
+        tokens[by_text] += length
+    return {name: tokens[name] / sum(tokens.values()) for name in LETTERS}
+
+
+def test_a_three_source_mixture_reaches_its_shares_in_every_tenth(tmp_path, sample_tokenizer) -> None:
+    """The shares within one mean document of their targets; every tenth of the merged output within 2 points; the
+    sidecars of the merged and the context-shuffled files name each document's (piece's) source; the small source
+    is used 2.x times: every document twice, some three times."""
+    inputs = write_sources(tmp_path / "data")
+    built = config(tmp_path, sample_tokenizer, spec(inputs, 300_000), keep_intermediate=True)
+    published = in_process(Build.start(built, "mix"))
+    tokenizer = Tokenizer.from_file(str(sample_tokenizer))
+    run = Path(published.record.dataset).parent
+    merged = decoded(sorted((run / "merged").glob("*.ds")), tokenizer)
+    assert all(by_text == by_sidecar for by_text, by_sidecar, _, _ in merged)
+    mean = np.mean([length for _, _, _, length in merged])
+    total = sum(length for _, _, _, length in merged)
+    for name, share in shares(merged).items():
+        assert abs(share - WEIGHTS[name]) * total <= mean, (name, share)
+    lengths = np.array([length for _, _, _, length in merged])
+    ends = np.cumsum(lengths)
+    for start in np.linspace(0, 0.9, 37) * total:  # every tenth, starting anywhere
+        inside = (ends > start) & (ends - lengths < start + 0.1 * total)
+        tenth = shares([entry for entry, held in zip(merged, inside, strict=True) if held])
+        assert all(abs(tenth[name] - WEIGHTS[name]) <= 0.02 for name in LETTERS), (start, tenth)
+    code = Counter(text for by_text, _, text, _ in merged if by_text == "code")
+    assert len(code) == DOCS["code"] and set(code.values()) <= {2, 3} and 3 in code.values()
+    pieces = decoded(sorted((run / "context").glob("*.ds")), tokenizer)
+    assert all(by_text in (None, by_sidecar) for by_text, by_sidecar, _, _ in pieces)
+    assert sum(length for _, _, _, length in pieces) == total == published.record.tokens
+    record = json.loads((run / "_BUILD.json").read_text())
+    books = {source["name"]: source for source in record["mixture"]}
+    assert books["code"]["docs_chosen"] == DOCS["code"] and books["code"]["docs_repeated"] == DOCS["code"]
+    for name, book in books.items():
+        assert book["docs_read"] == book["docs_chosen"] + book["docs_not_chosen"] + book["empty"] + book["quarantined"]
+        assert book["docs_read"] == DOCS[name] and book["target"] == WEIGHTS[name]
+
+
+def test_every_bucket_carries_the_mixture(tmp_path, sample_tokenizer) -> None:
+    inputs = write_sources(tmp_path / "data", {"web": 600, "code": 120, "math": 600})
+    built = config(
+        tmp_path, sample_tokenizer, spec(inputs, 48_000), merge_mode="bucketed", num_buckets=3, context_window=0
+    )
+    published = in_process(Build.start(built, "buckets"))
+    tokenizer = Tokenizer.from_file(str(sample_tokenizer))
+    merged = Path(published.record.dataset)
+    for bucket in range(3):
+        entries = decoded(sorted(merged.glob(f"{bucket:05d}_*.ds")), tokenizer)
+        mean = np.mean([length for _, _, _, length in entries])
+        total = sum(length for _, _, _, length in entries)
+        for name, share in shares(entries).items():
+            assert abs(share - WEIGHTS[name]) * total <= 2 * mean, (bucket, name, share)
+    entries = decoded(sorted(merged.glob("*.ds")), tokenizer)
+    assert all(by_text == by_sidecar for by_text, by_sidecar, _, _ in entries)
+    assert abs(sum(length for *_, length in entries) - 48_000) <= 3 * np.mean([e[3] for e in entries])
+
+
+def test_a_source_too_small_for_its_share_is_refused_by_name(tmp_path, sample_tokenizer) -> None:
+    """Code, used at most 3 times, cannot be 30% of a budget past 3x its tokens: refused before the merge writes a
+    byte, naming the source, its tokens and the tokens it needs."""
+    inputs = write_sources(tmp_path / "data")
+    mixture = spec(inputs, 200_000)
+    mixture["sources"][0]["weight"], mixture["sources"][1]["weight"] = 0.3, 0.6  # code: 120,000 of 3 x ~36,000
+    build = Build.start(config(tmp_path, sample_tokenizer, mixture), "small")
+    for rank in build.ranks:
+        build.tokenize(rank, progress=False)
+    has = sum(rank.sources[1].tokens for rank in (build.tokenize(r, progress=False).record for r in build.ranks))
+    refusal = rf"mixture source 'code' has {has:,} tokens, used at most 3 times: {3 * has:,}; .* needs 120,000 of"
+    with pytest.raises(mixing.MixtureError, match=refusal):
+        build.merge(progress=False)
+    assert not list((Path(build.layout.merged.path)).glob("*.ds"))
+
+
+def test_a_remix_tokenizes_nothing_and_the_same_spec_gives_the_same_bytes(tmp_path, sample_tokenizer) -> None:
+    inputs = write_sources(tmp_path / "data")
+    first = in_process(Build.start(config(tmp_path, sample_tokenizer, spec(inputs, 20_000)), "first")).record
+    assert first.cache is not None and first.cache.files_missed == 6
+    weights = spec(inputs, 20_000)
+    for source, weight in zip(weights["sources"], (0.2, 0.3, 0.5), strict=True):
+        source["weight"] = weight
+    remix = in_process(Build.start(config(tmp_path, sample_tokenizer, weights), "remix")).record
+    assert remix.cache is not None and remix.cache.files_missed == 0 and remix.cache.files_hit == 6
+    assert [round(account.share, 2) for account in remix.mixture or []] == [0.2, 0.3, 0.5]
+    again = in_process(Build.start(config(tmp_path / "again", sample_tokenizer, spec(inputs, 20_000)), "first"))
+    assert again.record.digest == first.digest
+
+
+def test_without_a_budget_the_weights_take_the_most_the_caps_allow(tmp_path, sample_tokenizer) -> None:
+    """Code, the scarcest for its weight, is used exactly 3 times (its cap); the others at their shares of that."""
+    inputs = write_sources(tmp_path / "data")
+    record = in_process(Build.start(config(tmp_path, sample_tokenizer, spec(inputs, None)), "most")).record
+    books = {account.name: account for account in record.mixture or []}
+    assert books["code"].uses == 3 * DOCS["code"] and books["code"].tokens_chosen == 3 * books["code"].tokens_available
+    assert abs(record.tokens * 0.3 - books["code"].tokens_chosen) < 50
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"shuffle_chunk_size": 64}, "a mixture mixes whole documents: no shuffle_chunk_size"),
+        ({"output_format": "megatron", "context_window": 0, "save_loss": False}, "a mixture is made by the merge"),
+        ({"context_mode": "packed"}, "packed windows do not"),
+    ],
+)
+def test_options_a_mixture_cannot_carry_are_refused(tmp_path, sample_tokenizer, change, message) -> None:
+    with pytest.raises(UsageError, match=message):
+        config(tmp_path, sample_tokenizer, spec(write_sources(tmp_path / "data"), 1000), **change)
+
+
+def test_a_file_in_two_sources_is_refused(tmp_path, sample_tokenizer) -> None:
+    inputs = write_sources(tmp_path / "data")
+    overlapping = spec(inputs | {"math": str(tmp_path / "data")}, 1000)  # math's folder holds code's files too
+    with pytest.raises(mixing.MixtureError, match=r"data/code/part-0.jsonl is in mixture sources 'code' and 'math': a file belongs to one"):
+        Build.start(config(tmp_path, sample_tokenizer, overlapping), "twice")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("sources: []", "no sources"),
+        (
+            "sources:\n  - {name: web, input: /x, wieght: 1}",
+            r"sources\[0\]: 'wieght' is not a field of a mixture source \(did you mean 'weight'\?\)",
+        ),
+        ("sources:\n  - {name: web, input: /x, weight: 0}", "weight 0 is not a positive number"),
+        ("sources:\n  - {name: a b, input: /x, weight: 1}", "a name is letters"),
+        ("sources:\n  - {name: a, input: /x, weight: 1, max_repetition: 0.5}", "max_repetition 0.5 is below 1"),
+        ("sources:\n  - {name: a, input: /x, weight: 1}\n  - {name: a, input: /y, weight: 1}", "named twice"),
+        ("tokens: 0\nsources:\n  - {name: a, input: /x, weight: 1}", "a budget is at least 1 token"),
+        ("a: [", "not YAML or JSON: line 1"),
+    ],
+)
+def test_a_bad_mixture_file_is_one_line_naming_the_file(tmp_path, text, message) -> None:
+    path = tmp_path / "mix.yaml"
+    path.write_text(text)
+    with pytest.raises(mixing.MixtureError, match=rf"^{tmp_path}/mix.yaml: .*{message}"):
+        mixing.load_mixture_file(str(path))
+
+
+def test_uses_come_within_one_document_of_any_target() -> None:
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 400, 500)
+    for target in (1, 999, int(tokens.sum()) - 7, int(tokens.sum()), 2 * int(tokens.sum()) + 12_345):
+        uses = mixing.uses(tokens, target, orderings.mixture_subset(1, 0, 0, len(tokens)))
+        k = target // int(tokens.sum())
+        assert set(np.unique(uses)) <= {k, k + 1}
+        assert abs(int((uses * tokens).sum()) - target) <= tokens.mean()
+
+
+def test_the_interleave_keeps_every_stretch_at_the_mixture() -> None:
+    rng = np.random.default_rng(1)
+    sources = np.repeat([0, 1, 2], [3000, 1000, 500])
+    tokens = rng.integers(1, 1000, len(sources))
+    uses = np.ones(len(sources), np.int64)
+    order = mixing.interleaved(sources, tokens, uses, orderings.mixture_draws(3, 0))
+    assert sorted(order.tolist()) == list(range(len(sources)))
+    held = np.array([np.cumsum(np.where(sources[order] == s, tokens[order], 0)) for s in range(3)])
+    whole = held[:, -1:]
+    taken = held.sum(axis=0)
+    drift = held - whole * taken / taken[-1]  # each source's tokens so far against its share of all so far
+    assert np.abs(drift).max() <= 2 * tokens.max()
+
+
+def test_budget_apportions_exactly_and_bucket_targets_add_up() -> None:
+    mixture = Mixture(
+        tokens=1001,
+        sources=[MixtureSource(name=n, input=f"/{n}", weight=w) for n, w in (("a", 1), ("b", 1), ("c", 1))],
+    )
+    assert mixing.budget(mixture, [500, 500, 500]) == [334, 334, 333]
+    held = np.array([[200, 150, 150], [160, 180, 160], [170, 170, 160]])
+    parts = [mixing.bucket_targets(mixture, held, b) for b in range(3)]
+    assert sum(map(sum, parts)) == 1001
+    assert all(max(part) - min(part) <= 1 for part in parts)  # every bucket at the mixture's shares

@@ -140,6 +140,7 @@ def _build_row(run, published: dict | None, failure: dict | None) -> dict:
         "seed": build and build.seed,
         "reused": build and build.reused,
         "footprint": build and build.footprint and build.footprint.to_json(),
+        "mixture": build and build.mixture and [source.to_json() for source in build.mixture],
     }
 
 

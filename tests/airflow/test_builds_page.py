@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,6 +26,7 @@ from tests.support.paths import ROOT
 from tests.support.processes import cli
 from tokenization.builds.pages import size
 from tokenization.formats.ds import TokenFile
+from tokenization.records import BuildSummary, SourceShare
 from tokenization.storage.files import list_names, open_fs
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
@@ -100,6 +102,34 @@ def test_report_numbers_are_the_manifests_and_the_datas(build) -> None:
     assert (folder / "report.json").read_bytes() == before  # regenerated from the manifests alone, identically
 
 
+def test_a_mixture_builds_row_carries_each_sources_share() -> None:
+    """What the page shows of a mixture, from the summary its publish returned (XCom)."""
+    from tokenization_airflow.builds_page import _build_row
+
+    shares = [SourceShare(name="web", target=0.6, share=0.59999), SourceShare(name="code", target=0.4, share=0.40001)]
+    published = BuildSummary(
+        dataset="/builds/mix/context",
+        digest="ab" * 32,
+        tokens=1_000,
+        docs=10,
+        rejects=0,
+        files=1,
+        verified=True,
+        latest="/builds/mix",
+        deleted=[],
+        seed=7,
+        tokenizer="tokenizer.json",
+        input="web=/data/web, code=/data/code",
+        mixture=shares,
+    )
+    run = SimpleNamespace(
+        run_id="mix", state="success", start_date=None, end_date=None, logical_date=None, run_after=None
+    )
+    web, code = _build_row(run, published.to_json(), None)["mixture"]
+    assert web == {"name": "web", "target": 0.6, "share": 0.59999}
+    assert code == {"name": "code", "target": 0.4, "share": 0.40001}
+
+
 def test_report_of_a_folder_that_is_not_a_build_is_a_one_line_error(tmp_path) -> None:
     done = cli("report", str(tmp_path))
     assert done.returncode == 1 and done.stderr.strip().startswith(f"error: {tmp_path}: no _BUILD.json")
@@ -125,6 +155,7 @@ def test_the_page_lists_the_build_and_serves_its_report(client, token, build) ->
     reused = manifest["cache"]["bytes_reused"] / manifest["cache"]["bytes_total"]  # earlier runs filled the cache
     assert row["reused"] == reused
     assert row["footprint"] == manifest["footprint"] and manifest["removed"] == ["ranks", "merged"]
+    assert row["mixture"] is None  # a build of one input
     ranks = next(folder for folder in row["footprint"]["folders"] if folder["name"] == "ranks")
     storage = (
         f'<div data-key="ranks"><span class="nowrap">ranks/ {size(ranks["held"])}</span> '

@@ -87,6 +87,7 @@ def test_the_verdict_comes_first_and_figures_are_written_for_people(small_build)
     tokens = data["build"]["tokens"]
     assert tokens > 1000 and f'<td data-key="tokens">{tokens:,}</td>' in page
     assert "template" not in data["settings"]  # the rendering settings show only when records were rendered
+    assert data["mixture"] is None and "<h2>Mixture</h2>" not in page  # a build of one input has no sources
     assert f"{data['ranks'][0]['tokens']:,}" in page
     assert '<td data-key="engines">gigatoken</td>' in page and "[&#39;" not in page and "['" not in page
     assert '<td data-key="wall_seconds">1 min 12 s</td>' in page
@@ -191,6 +192,7 @@ def test_the_builds_page_escapes_and_formats() -> None:
         "rejects": None,
         "reused": 0.981,
         "failure": None,
+        "mixture": None,
         "footprint": {
             "folders": [
                 {"name": "ranks", "held": 17_966, "removed": 196_174},
@@ -219,6 +221,7 @@ def test_the_builds_page_escapes_and_formats() -> None:
     ]
     assert all(line in page for line in storage) and page.count('data-key="storage">') == 2
     assert '<td data-key="storage">–</td>' in page  # the failed run's
+    assert 'data-key="mixture"' not in page  # builds of one input each
 
 
 def test_a_chart_is_svg_with_a_bar_and_a_tooltip_for_each_value() -> None:

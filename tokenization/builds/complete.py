@@ -39,6 +39,8 @@ from tokenization.records import (
     MergeCounts,
     ReportFiles,
     Retention,
+    SourceAccount,
+    SourceShare,
     StageSummary,
     TokenizeSummary,
     VerifySummary,
@@ -81,6 +83,9 @@ class Published:
             input=record.input,
             reused=None if record.cache is None else record.cache.reused,
             footprint=record.footprint,
+            mixture=None
+            if record.mixture is None
+            else [SourceShare(name=a.name, target=a.target, share=a.share) for a in record.mixture],
         )
 
 
@@ -279,6 +284,16 @@ def _kept(read: ContentsSum | None) -> list[str]:
     return [f"shuffles: every stage kept each of the {read.pieces:,} documents once (contents sum {read.sum})"]
 
 
+def _mixed(accounts: list[SourceAccount] | None) -> list[str]:
+    """The summary's line for each source of a mixture: the share of the tokens it reached, and what it gave."""
+    return [
+        f"mixture: {a.name} {a.share:.1%} of the tokens (target {a.target:.1%}): {a.docs_chosen:,} of its "
+        f"{a.docs_read:,} documents chosen, {a.docs_repeated:,} repeated"
+        + (f" ({a.uses:,} uses in all)" if a.docs_repeated else "")
+        for a in accounts or []
+    ]
+
+
 def summary(build: BuildRecord) -> str:
     """A few lines for a person: where the dataset is, how much is in it, and whether it verified."""
     c = build.conservation
@@ -288,6 +303,7 @@ def summary(build: BuildRecord) -> str:
         f"documents: {c.docs_in:,} read = {c.docs_out:,} written + {c.empty:,} empty + "
         f"{c.quarantined:,} quarantined ({'holds' if c.holds else 'DOES NOT HOLD'})",
         f"tokens: {build.tokens:,} in {len(build.files)} files, {c.tokens_dropped:,} dropped",
+        *_mixed(build.mixture),
         *_kept(build.stages.tokenize.contents_in),
         f"verify: {'passed' if build.verify.ok else 'FAILED'} ({build.verify.files} files)",
     ]

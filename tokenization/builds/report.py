@@ -8,7 +8,9 @@ else to display.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Sequence
 
 import orjson
 from markupsafe import Markup, escape
@@ -23,8 +25,8 @@ from tokenization.storage.files import StorageOptions
 from tokenization.storage.folder import Folder
 from tokenization.tokenizer.encoding import NO_ENGINE
 
-# /3 had no footprint or ranks' memory; /2 no packing; /1 copied the build record's figures
-REPORT_FORMAT = "corpus-tokenization/report/4"
+# /4 had no mixture; /3 no footprint or ranks' memory; /2 no packing; /1 copied the build record's figures
+REPORT_FORMAT = "corpus-tokenization/report/5"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 INPUTS_SHOWN = 20  # the page lists this many input files, then how many more; report.json has them all
@@ -98,7 +100,17 @@ def report_data(run: Folder, build: BuildRecord | None = None, retention: Retent
         "input_files": input_files,
         "retention": retention and retention.to_json(),
         "footprint": _footprint(build),
+        "mixture": _mixture(build),
     }
+
+
+def _mixture(build: BuildRecord) -> dict | None:
+    """A mixture's books, source by source, each with whether its documents add up, and whether they all do (None:
+    a build of one input)."""
+    if build.mixture is None:
+        return None
+    sources = [account.to_json() | {"holds": account.holds} for account in build.mixture]
+    return {"sources": sources, "holds": all(source["holds"] for source in sources)}
 
 
 def _footprint(build: BuildRecord) -> dict | None:
@@ -246,6 +258,8 @@ def render_html(data: dict) -> str:
         rows = data["packing"]["histogram"]
         labels = [f"{r['min_tokens']}-{r['max_tokens']}" if r["max_tokens"] else "0" for r in rows]
         plots["padding"] = _bar_svg(labels, [r["windows"] for r in rows], "padding tokens in a window", "windows")
+    if data.get("mixture"):
+        plots["mixture"] = _mixture_plot(data["mixture"]["sources"])
     return render("report.html.j2", report=data, plots=plots, inputs_shown=INPUTS_SHOWN)
 
 
@@ -258,11 +272,31 @@ def _files_plot(files: list[dict]) -> Markup:
     return _bar_svg([f["name"] for f in files], [f["tokens"] for f in files], "output file", "tokens")
 
 
-def _bar_svg(labels: list[str], values: list[int], xlabel: str, ylabel: str) -> Markup:
+def _mixture_plot(sources: list[dict]) -> Markup:
+    """Each source's share of the tokens reached, its target marked across its bar (in percent, to 0.1)."""
+    return _bar_svg(
+        [s["name"] for s in sources],
+        [round(100 * s["share"], 1) for s in sources],
+        "source",
+        "share of the tokens",
+        unit="%",
+        targets=[round(100 * s["target"], 1) for s in sources],
+    )
+
+
+def _bar_svg(
+    labels: list[str],
+    values: Sequence[float],
+    xlabel: str,
+    ylabel: str,
+    unit: str = "",
+    targets: Sequence[float] | None = None,
+) -> Markup:
     """A bar chart as inline SVG, written here (a plotting library took ~0.8 s of every build's publish to import
     and draw two charts): text kept as text, so the page stays small and searchable; each bar's label and value in
-    its tooltip; at most ``CHART_LABELS`` labels under the axis, evenly spaced, when there are more bars."""
-    top = max(values, default=0)
+    its tooltip; at most ``CHART_LABELS`` labels under the axis, evenly spaced, when there are more bars. With
+    ``targets``, a dark mark across each bar at its target, which the tooltip names too."""
+    top = math.ceil(max([*values, *(targets or [])], default=0))
     step = _tick_step(top)
     ticks = list(range(0, top + step, step)) if top else [0]
     high = ticks[-1] or 1
@@ -278,14 +312,23 @@ def _bar_svg(labels: list[str], values: list[int], xlabel: str, ylabel: str) -> 
         y = CHART_TOP + plot_h * (1 - tick / high)
         parts.append(
             f'<line x1="{CHART_LEFT}" x2="{CHART_W - CHART_RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e3e3"/>'
-            f'<text x="{CHART_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:,}</text>'
+            f'<text x="{CHART_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:,}{unit}</text>'
         )
     for k, (label, value) in enumerate(zip(labels, values, strict=True)):
         x, height = CHART_LEFT + k * slot, plot_h * value / high
+        shown = f"{escape(label)}: {value:,}{unit}"
+        if targets:
+            shown += f" (target {targets[k]:,}{unit})"
         parts.append(
             f'<rect x="{x + slot * 0.1:.1f}" y="{CHART_TOP + plot_h - height:.1f}" width="{slot * 0.8:.1f}" '
-            f'height="{height:.1f}" fill="#3b6ea8"><title>{escape(label)}: {value:,}</title></rect>'
+            f'height="{height:.1f}" fill="#3b6ea8"><title>{shown}</title></rect>'
         )
+        if targets:
+            y = CHART_TOP + plot_h * (1 - targets[k] / high)
+            parts.append(
+                f'<line x1="{x + slot * 0.05:.1f}" x2="{x + slot * 0.95:.1f}" y1="{y:.1f}" y2="{y:.1f}" '
+                f'stroke="#1f2328" stroke-width="3"><title>{shown}</title></line>'
+            )
         if k % every == 0:
             cx, cy = x + slot / 2, CHART_TOP + plot_h + 14
             turn = (

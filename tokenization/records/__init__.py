@@ -39,7 +39,7 @@ from tokenization.records.cache import (
 from tokenization.records.codec import JSON_TYPES, PROJECT, Record, RecordError, json_name, shown, unless_none
 from tokenization.records.contents import MASK, Contents, ContentsSum
 from tokenization.records.inputs import FilePart, FileSum, HistogramRow, InputFile, RankCounts, Rejected, SizedInput
-from tokenization.records.mixtures import Mixture, MixtureSource, SourceAccount, SourceCounts, SourceMix
+from tokenization.records.mixtures import Mixture, MixtureSource, SourceAccount, SourceCounts, SourceMix, SourceShare
 from tokenization.records.stages import (
     STAGE_MANIFESTS,
     CompletionMarker,
@@ -128,6 +128,7 @@ __all__ = [
     "SourceAccount",
     "SourceCounts",
     "SourceMix",
+    "SourceShare",
     "StageManifest",
     "StageRecord",
     "StageSummary",

@@ -10,7 +10,7 @@ from tokenization.records.cache import CacheCleaning, CacheSize, CacheSummary
 from tokenization.records.codec import Record, unless_none
 from tokenization.records.contents import ContentsSum
 from tokenization.records.inputs import InputFile
-from tokenization.records.mixtures import SourceAccount
+from tokenization.records.mixtures import SourceAccount, SourceShare
 from tokenization.records.stages import ContextCounts, MergeCounts
 from tokenization.records.tokenizer import BuildTokenizer, PlannedTokenizer, TokenizerFacts
 
@@ -204,8 +204,8 @@ class BuildRecord(Record):
 class BuildSummary(Record):
     """A published build in a few figures, from its build record: for XCom, the Asset event and the builds page
     (``latest``: the run folder ``{output}/LATEST`` names; ``deleted``: complete builds retention deleted;
-    ``reused``: the share of the input whose tokens came from the cache; ``footprint``: what it takes on storage).
-    Untagged before version 1; version 1 had no footprint."""
+    ``reused``: the share of the input whose tokens came from the cache; ``footprint``: what it takes on storage;
+    ``mixture``: a mixture's shares reached, by source). Untagged before version 1; version 1 had no footprint."""
 
     KIND: ClassVar[str] = "build-summary"
     VERSION: ClassVar[int] = 2
@@ -225,6 +225,7 @@ class BuildSummary(Record):
     input: str
     reused: float | None = None
     footprint: Footprint | None = None
+    mixture: list[SourceShare] | None = field(default=None, metadata=unless_none())
 
 
 @dataclass(frozen=True, kw_only=True)

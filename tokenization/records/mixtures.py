@@ -107,3 +107,12 @@ class SourceAccount(Record):
     @property
     def holds(self) -> bool:
         return self.docs_read == self.docs_chosen + self.docs_not_chosen + self.empty + self.quarantined
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceShare(Record):
+    """A source's share of a published mixture's tokens against its target: what the builds page shows of it."""
+
+    name: str
+    target: float
+    share: float

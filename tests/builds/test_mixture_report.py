@@ -73,6 +73,8 @@ def test_the_report_has_a_row_for_each_source_with_its_books(mixed) -> None:
     assert code["docs_repeated"] > 0 and code["uses"] > code["docs_chosen"]  # too small: used again
     assert code["tokens_chosen"] > code["tokens_available"]
     assert (web["docs_repeated"], web["uses"]) == (0, web["docs_chosen"]) and web["docs_not_chosen"] > 0
+    not_chosen = mixed.record.stages.merge.tokens_dropped  # the merge's books: the documents it did not use
+    assert saved["tokens_not_chosen"] == not_chosen > 0 and saved["tokens_dropped"]["total"] == 0
 
 
 def test_the_page_shows_each_source_against_its_target(mixed) -> None:

@@ -200,7 +200,8 @@ def test_options_a_mixture_cannot_carry_are_refused(tmp_path, sample_tokenizer, 
 def test_a_file_in_two_sources_is_refused(tmp_path, sample_tokenizer) -> None:
     inputs = write_sources(tmp_path / "data")
     overlapping = spec(inputs | {"math": str(tmp_path / "data")}, 1000)  # math's folder holds code's files too
-    with pytest.raises(mixing.MixtureError, match=r"data/code/part-0.jsonl is in mixture sources 'code' and 'math': a file belongs to one"):
+    twice = r"code/part-0.jsonl is in mixture sources 'code' and 'math': a file belongs"
+    with pytest.raises(mixing.MixtureError, match=twice):
         Build.start(config(tmp_path, sample_tokenizer, overlapping), "twice")
 
 

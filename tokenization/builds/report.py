@@ -63,9 +63,11 @@ def report_data(run: Folder, build: BuildRecord | None = None, retention: Retent
     for rank in ranks:
         for row in rank.counts.length_histogram:
             lengths[row.min_tokens] += row.docs
+    merge = build.stages.merge
+    not_chosen = merge.tokens_dropped if merge is not None and merge.sources is not None else None  # a mixture's
     dropped = {
         "tokenize": sum(r.counts.tokens_dropped for r in ranks),
-        "merge": build.stages.merge.tokens_dropped if build.stages.merge else 0,
+        "merge": merge.tokens_dropped if merge is not None and not_chosen is None else 0,
         "context_shuffle": build.stages.context_shuffle.tokens_dropped if build.stages.context_shuffle else 0,
     }
     outputs = manifest.output_entries(run.sub(build.dataset.rsplit("/", 1)[-1]))
@@ -84,6 +86,7 @@ def report_data(run: Folder, build: BuildRecord | None = None, retention: Retent
             for name, d in sorted(outputs.items())
         ],
         "tokens_dropped": dropped | {"total": sum(dropped.values())},
+        "tokens_not_chosen": not_chosen,
         "packing": _packing(build),
         "loss": _loss(ranks),
         "settings": _settings(build),

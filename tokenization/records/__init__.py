@@ -2,8 +2,8 @@
 readers (accounting, the report, publishing, the sensor, XCom, the builds page, verify).
 
 The bottom layer beside ``errors``: every other layer may import it, and it imports none of them. The codec is
-``codec``; each other module is one topic (``contents``, ``inputs``, ``tokenizer``, ``stages``, ``cache``, ``mixtures``,
-``builds``), and every kind is importable from here.
+``codec``; each other module is one topic (``contents``, ``inputs``, ``tokenizer``, ``stages``, ``cache``,
+``mixtures``, ``builds``), and every kind is importable from here.
 """
 
 from __future__ import annotations

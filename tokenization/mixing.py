@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from tokenization.errors import UsageError
+from tokenization.formats.names import SOURCE_NAME
 from tokenization.records import Mixture, MixtureSource, RecordError
 
 MAX_SOURCES = 256  # a document's source is one byte in the ``.ds.source`` sidecar
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a source's name: in file metadata, reports and logs
+NAME = re.compile(SOURCE_NAME)  # a source's name: in file names, metadata, reports and logs
 MIXTURE_SCHEMA = {  # the DAG's trigger form validates a mixture with it; ``read_mixture`` checks the rest
     "type": "object",
     "required": ["sources"],

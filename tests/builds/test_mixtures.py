@@ -188,7 +188,6 @@ def test_without_a_budget_the_weights_take_the_most_the_caps_allow(tmp_path, sam
     ("change", "message"),
     [
         ({"shuffle_chunk_size": 64}, "a mixture mixes whole documents: no shuffle_chunk_size"),
-        ({"output_format": "megatron", "context_window": 0, "save_loss": False}, "a mixture is made by the merge"),
         ({"context_mode": "packed"}, "packed windows do not"),
     ],
 )
@@ -262,3 +261,27 @@ def test_budget_apportions_exactly_and_bucket_targets_add_up() -> None:
     parts = [mixing.bucket_targets(mixture, held, b) for b in range(3)]
     assert sum(map(sum, parts)) == 1001
     assert all(max(part) - min(part) <= 1 for part in parts)  # every bucket at the mixture's shares
+
+
+def test_megatron_output_weighs_each_sources_files_by_its_weight(tmp_path, sample_tokenizer) -> None:
+    """Megatron output is never merged: each rank writes each source's documents apart, and the data path gives
+    a source's files its weight (shared by their tokens), which Megatron-LM normalizes into its blend."""
+    from tokenization.formats.megatron import MegatronFile
+
+    inputs = write_sources(tmp_path / "data", {"web": 200, "code": 60, "math": 100})
+    weights = {"sources": [{"name": n, "input": inputs[n], "weight": WEIGHTS[n]} for n in LETTERS]}
+    built = config(tmp_path, sample_tokenizer, weights, output_format="megatron", context_window=0, save_loss=False)
+    record = in_process(Build.start(built, "blend")).record
+    tokenizer = Tokenizer.from_file(str(sample_tokenizer))
+    path = Path(record.dataset).parent / "megatron_data_path.txt"
+    pairs = path.read_text().split()
+    weight: Counter = Counter()
+    for share, prefix in zip(pairs[::2], pairs[1::2], strict=True):
+        source = Path(prefix).name.split("_")[2]
+        ids = MegatronFile(prefix).tokens.tolist()
+        assert {source_of(tokenizer.decode(ids))} == {source}  # the source's documents alone
+        weight[source] += int(share)
+    assert {name: round(w / sum(weight.values()), 6) for name, w in weight.items()} == WEIGHTS
+    assert [account.share for account in record.mixture or []] == [0.6, 0.3, 0.1]
+    with pytest.raises(UsageError, match="Megatron-LM decides how many tokens it takes of each"):
+        config(tmp_path, sample_tokenizer, spec(inputs, 1000), output_format="megatron", save_loss=False)

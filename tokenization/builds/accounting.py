@@ -30,6 +30,7 @@ from tokenization.records import (
     InputFile,
     MergeCounts,
     MergeManifest,
+    Mixture,
     RankManifest,
     RecordError,
     SourceAccount,
@@ -294,36 +295,43 @@ def dataset_digest(dataset: Folder) -> str:
     return hashlib.sha256(orjson.dumps(pairs)).hexdigest()
 
 
-def mixture_accounts(ranks: list[RankManifest], merged: MergeCounts | None) -> list[SourceAccount] | None:
+def mixture_accounts(
+    ranks: list[RankManifest], merged: MergeCounts | None, mixture: Mixture | None
+) -> list[SourceAccount] | None:
     """A mixture's books, source by source (None for a build of one input): the documents its ranks read = chosen +
     not chosen + empty + quarantined, and what the merge found of it is what the ranks wrote. A source that does
-    not add up raises, naming it."""
-    if merged is None or merged.sources is None:
+    not add up raises, naming it. Megatron output is not merged: every document written is its source's, which
+    Megatron-LM draws at its weight (its share is then its target)."""
+    if mixture is None:
         return None
     accounts = []
-    for number, mix in enumerate(merged.sources):
+    for number, (source, target) in enumerate(zip(mixture.sources, mixture.shares, strict=True)):
         counted = [cast(list, rank.sources)[number] for rank in ranks if rank.sources is not None]
         read = {f: sum(getattr(c, f) for c in counted) for f in ("docs_read", "docs_written", "empty", "quarantined")}
-        if len(counted) != len(ranks) or read["docs_written"] != mix.docs_available:
+        tokens = sum(c.tokens for c in counted)
+        mix = None if merged is None or merged.sources is None else merged.sources[number]
+        if len(counted) != len(ranks) or (mix is not None and read["docs_written"] != mix.docs_available):
+            found = "no count" if mix is None else f"{mix.docs_available:,}"
             raise BuildError(
-                f"mixture source {mix.name!r}: the ranks wrote {read['docs_written']:,} of its documents, the merge "
-                f"found {mix.docs_available:,}"
+                f"mixture source {source.name!r}: the ranks wrote {read['docs_written']:,} of its documents, the "
+                f"merge found {found}"
             )
+        written = read["docs_written"]
         account = SourceAccount(
-            name=mix.name,
-            target=mix.target,
-            share=round(mix.tokens_chosen / merged.tokens, 6) if merged.tokens else 0.0,
+            name=source.name,
+            target=target,
+            share=target if mix is None or merged is None else round(mix.tokens_chosen / merged.tokens, 6),
             docs_read=read["docs_read"],
-            docs_chosen=mix.docs_chosen,
-            docs_not_chosen=mix.docs_available - mix.docs_chosen,
+            docs_chosen=written if mix is None else mix.docs_chosen,
+            docs_not_chosen=0 if mix is None else mix.docs_available - mix.docs_chosen,
             empty=read["empty"],
             quarantined=read["quarantined"],
-            docs_repeated=mix.docs_repeated,
-            uses=mix.uses,
-            tokens_available=mix.tokens_available,
-            tokens_chosen=mix.tokens_chosen,
+            docs_repeated=0 if mix is None else mix.docs_repeated,
+            uses=written if mix is None else mix.uses,
+            tokens_available=tokens if mix is None else mix.tokens_available,
+            tokens_chosen=tokens if mix is None else mix.tokens_chosen,
         )
         if not account.holds:
-            raise BuildError(f"mixture source {mix.name!r}: its documents are not conserved: {account}")
+            raise BuildError(f"mixture source {source.name!r}: its documents are not conserved: {account}")
         accounts.append(account)
     return accounts

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import cast
 
 from tokenization.builds import accounting, footprint
 from tokenization.builds.config import BuildConfig
@@ -19,7 +21,7 @@ from tokenization.builds.latest import LatestError, expire, latest_complete_buil
 from tokenization.builds.plan import Plan, Run, list_inputs
 from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.errors import TokenizationError
-from tokenization.formats import MEGATRON, token_file_names
+from tokenization.formats import MEGATRON, names, token_file_names
 from tokenization.formats.checks import Checks
 from tokenization.inputs.sources import InputError
 from tokenization.options import params
@@ -37,6 +39,7 @@ from tokenization.records import (
     ContentsSum,
     ContextCounts,
     MergeCounts,
+    Mixture,
     ReportFiles,
     Retention,
     SourceAccount,
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 PROBLEMS_LOGGED = 50
 ARRIVED_LISTED = 100  # input files that arrived after the plan, named in the build record (then a count)
 MEGATRON_DATA_PATH = "megatron_data_path.txt"  # a Megatron build's --data-path, beside its report
+WEIGHT_SCALE = 10**12  # a mixture's weights in the data path, as integers (each file's part of 10^12)
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
     record = replace(record, report=ReportFiles(html=REPORT_HTML, json=REPORT_JSON))
     write_report(folder, record)  # before the record that declares the build complete
     if config.output_format == "megatron":
-        _write_data_path(folder, config.folder(record.dataset))
+        _write_data_path(folder, config.folder(record.dataset), config.mixed)
     folder.put(BUILD_MANIFEST, record.dumps())
     output = config.folder(config.output)
     newest = point_latest(output)
@@ -123,13 +127,22 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
     return Published(record, newest, deleted)
 
 
-def _write_data_path(run: Folder, dataset: Folder) -> None:
+def _write_data_path(run: Folder, dataset: Folder, mixture: Mixture | None) -> None:
     """Megatron-LM's ``--data-path`` for a Megatron build, beside its report: every ``.bin/.idx`` prefix of the
     dataset (Megatron output is never merged: a rank's files), each weighted by its tokens, which Megatron
-    normalizes into its blend."""
+    normalizes into its blend; a mixture's by its source's weight too, so that each source is drawn at its share
+    (each rank writes each source's documents apart)."""
     entries = manifest.output_entries(dataset)
     where = str(Path(dataset.path).resolve()) if dataset.is_local else dataset.url  # Megatron may run from anywhere
-    weighted = [f"{entries[name].entry.tokens} {join(where, name.removesuffix(MEGATRON))}" for name in sorted(entries)]
+    weight = {name: described.entry.tokens for name, described in entries.items()}
+    if mixture is not None:  # a source's files share its weight by their tokens (in integers: Megatron normalizes)
+        source = {name: cast(str, names.source_in(name)) for name in entries}
+        held: Counter[str] = Counter()
+        for name, s in source.items():
+            held[s] += weight[name]
+        share = dict(zip(mixture.names, mixture.shares, strict=True))
+        weight = {name: round(share[s] * WEIGHT_SCALE * weight[name] / held[s]) for name, s in source.items()}
+    weighted = [f"{weight[name]} {join(where, name.removesuffix(MEGATRON))}" for name in sorted(entries)]
     run.put(MEGATRON_DATA_PATH, (" ".join(weighted) + "\n").encode())
 
 
@@ -231,7 +244,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         cache=accounting.cache_summary(ranks),
         removed=removed,
         footprint=footprint.measure(layout, removed, config.cache_folder),
-        mixture=accounting.mixture_accounts(ranks, merged),
+        mixture=accounting.mixture_accounts(ranks, merged, config.mixed),
     )
 
 

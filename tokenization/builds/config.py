@@ -148,8 +148,13 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         """What a mixture refuses: the options that would cut a document, or write what the mixture cannot carry."""
         if self.shuffle_chunk_size:
             raise UsageError("a mixture mixes whole documents: no shuffle_chunk_size")
-        if self.output_format != "ds":
-            raise UsageError("a mixture is made by the merge, which Megatron output skips: use output_format ds")
+        mixed = cast(Mixture, self.mixed)
+        repeated = [source.name for source in mixed.sources if source.max_repetition != 1]
+        if self.output_format == "megatron" and (mixed.tokens is not None or repeated):
+            raise UsageError(
+                "Megatron output is not merged: its megatron_data_path.txt gives each source's files the mixture's "
+                "weight, and Megatron-LM decides how many tokens it takes of each: no tokens, no max_repetition"
+            )
         if self.context_mode == "packed":
             raise UsageError("a mixture records the source of every window's piece; packed windows do not, yet")
 

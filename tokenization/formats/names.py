@@ -13,6 +13,7 @@ from enum import Enum
 from tokenization.formats import DS, MEGATRON
 
 MEGATRON_INDEX = ".idx"
+SOURCE_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # a mixture source's name (``tokenization.mixing``)
 
 
 class RankFileKind(str, Enum):
@@ -27,15 +28,25 @@ class RankFileKind(str, Enum):
         return self.value
 
 
+SOURCE_FILE = re.compile(rf"\d{{5}}_\d{{5}}_({SOURCE_NAME})_(?:{'|'.join(kind for kind in RankFileKind)})\..*")
+
+
 def rank_stem(rank: int, save_filename: str | None = None) -> str:
     """datatrove's prefix of a rank's names, ``{save_filename}_{rank:05d}`` (the rank alone without a name); the
     rank's lease, manifest, marker and quarantine are named by it too."""
     return "_".join(x for x in (save_filename, f"{rank:05d}") if x)
 
 
-def rank_file_name(stem: str, sub: int, kind: RankFileKind, suffix: str = DS) -> str:
-    """The ``sub``-th file a rank writes in ``kind`` order: ``00003_00000_doc_shuffled.ds``."""
-    return f"{stem}_{sub:05d}_{kind}{suffix}"
+def rank_file_name(stem: str, sub: int, kind: RankFileKind, suffix: str = DS, source: str | None = None) -> str:
+    """The ``sub``-th file a rank writes in ``kind`` order: ``00003_00000_doc_shuffled.ds``; of a mixture's
+    ``source``, when the rank writes each source apart (Megatron output: ``00003_00000_web_doc_shuffled.bin``)."""
+    return f"{stem}_{sub:05d}_{f'{source}_' if source else ''}{kind}{suffix}"
+
+
+def source_in(name: str) -> str | None:
+    """The mixture source a rank file's name holds (``rank_file_name``), or None."""
+    found = SOURCE_FILE.fullmatch(name)
+    return found and found.group(1)
 
 
 def bucket_suffix(bucket: int) -> str:
@@ -72,7 +83,7 @@ def rank_file_pattern(stem: str) -> re.Pattern:
     ordered = "|".join(kind for kind in RankFileKind if kind is not RankFileKind.BUCKET)
     formats = rf"{re.escape(DS)}(\.\w+)?|{re.escape(MEGATRON)}|{re.escape(MEGATRON_INDEX)}"
     kinds = rf"({ordered})({formats})|{RankFileKind.BUCKET}\d{{5}}{re.escape(DS)}(\.\w+)?"
-    return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?({kinds})")
+    return re.compile(rf"{re.escape(stem)}_(\d{{5}}_)?({SOURCE_NAME}_)?({kinds})")
 
 
 def merge_stem(save_filename: str, bucket: int | None = None) -> str:

@@ -169,8 +169,9 @@ class TokenizeConfig(DocumentOptions, RankOptions):
             return RankFileKind.CHUNK_SHUFFLED
         return RankFileKind.DOC_SHUFFLED if self.shuffle_documents else RankFileKind.UNSHUFFLED
 
-    def output_name(self, sub: int) -> str:
-        return names.rank_file_name(self.stem, sub, self.kind, MEGATRON if self.output_format == "megatron" else DS)
+    def output_name(self, sub: int, source: str | None = None) -> str:
+        suffix = MEGATRON if self.output_format == "megatron" else DS
+        return names.rank_file_name(self.stem, sub, self.kind, suffix, source)
 
     def bucket_name(self, bucket: int, sub: int) -> str:
         return names.bucket_file_name(self.stem, sub, bucket)
@@ -347,7 +348,10 @@ def _second_pass(
             if config.shuffle_documents:
                 documents = documents.take(orderings.shuffled(rng, len(documents.ends)))
             name_for = (lambda _: names.working_file_name(kind)) if chunks else config.output_name
-            written = _write(config, encoder, pool, documents, work, name_for, last=not chunks, mix=mix)
+            if mix is not None and config.output_format == "megatron":
+                written = _apart(config, encoder, pool, documents, work, mix)
+            else:
+                written = _write(config, encoder, pool, documents, work, name_for, last=not chunks, mix=mix)
     check_kept(f"rank {config.rank}: pass 2", counts.contents, written_contents(written))
     if not chunks:
         return written
@@ -372,6 +376,20 @@ def _write(
     if mix is None:
         return writer.written
     return sidecar.attach(writer.written, mix.segment_sources[units.source], mix.names)
+
+
+def _apart(
+    config: TokenizeConfig, encoder: Encoder, pool: SourcePool, documents: Units, work: Path, mix: _Mix
+) -> list[WrittenTokenFile]:
+    """A mixture's documents, each source into files of its own, named by it (Megatron output: its
+    ``megatron_data_path.txt`` weighs each source's files by the mixture's weights)."""
+    sources = mix.segment_sources[documents.source]
+    written = []
+    for number, name in enumerate(mix.names):
+        ours = documents.take(np.flatnonzero(sources == number))
+        if len(ours.ends):
+            written += _write(config, encoder, pool, ours, work, partial(config.output_name, source=name), last=True)
+    return written
 
 
 def _writer(

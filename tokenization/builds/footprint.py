@@ -34,7 +34,7 @@ from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
 
-TOKEN_FILE = re.compile(r".+\.ds(\.(index|loss|metadata))?")  # a .ds family's files, the dataset's metadata too
+TOKEN_FILE = re.compile(r".+\.ds(\.(index|loss|metadata|source))?")  # a .ds family's files, the dataset's metadata too
 REMOVED_AT_ONCE = 1000  # files a removal request takes (S3's bulk delete takes 1,000 keys)
 
 

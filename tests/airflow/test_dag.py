@@ -47,7 +47,7 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
 
     params = {name: dag.params.get_param(name) for name in dag.params}
     schemas = {name: param.schema for name, param in params.items()}
-    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 41
+    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 42
     assert schemas["keep_intermediate"] == {"type": "boolean", "title": "Keep intermediate token files"}
     keep = params["keep_intermediate"]  # a flag of the build's own, off: a published build is one copy
     assert keep.value is False and "ranks/ and merged/" in keep.description
@@ -58,6 +58,11 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
     assert schemas["template"]["type"] == ["null", "string"] and dag.params.dump()["loss_roles"] == "assistant"
     assert schemas["sensor_timeout"]["section"] == "Airflow" and "section" not in schemas["num_ranks"]
     assert [name for name in ("input", "output", "tokenizer") if "section" in schemas[name]] == []  # the form's top
+    mixture = schemas["mixture"]  # a JSON object in the form, checked field by field when the run is triggered
+    assert mixture["type"] == ["null", "object"] and mixture["required"] == ["sources"] and "section" not in mixture
+    source = mixture["properties"]["sources"]["items"]
+    assert source["type"] == "object" and set(source["required"]) == {"name", "input", "weight"}
+    assert params["mixture"].value is None and "docs/mixtures.md" in params["mixture"].description
     defaults = dag.params.dump()
     assert defaults["merge_max_tokens_per_file"] == DEFAULT_MAX_TOKENS_PER_FILE
     assert defaults["context_window"] == BuildConfig.__dataclass_fields__["context_window"].default
@@ -66,7 +71,13 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
 
 @pytest.mark.parametrize(
     ("conf", "param"),
-    [({"num_ranks": 0}, "num_ranks"), ({"merge_mode": "random"}, "merge_mode"), ({"seed": -1}, "seed")],
+    [
+        ({"num_ranks": 0}, "num_ranks"),
+        ({"merge_mode": "random"}, "merge_mode"),
+        ({"seed": -1}, "seed"),
+        ({"mixture": {"sources": [{"name": "web", "weight": 1}]}}, "mixture"),  # a source without its input
+        ({"mixture": {"sources": [{"name": "web", "input": "x", "weight": 1, "wieght": 2}]}}, "mixture"),
+    ],
 )
 def test_bad_params_are_refused_naming_the_param(airflow_db, dag, conf, param) -> None:
     from airflow.sdk.exceptions import ParamValidationError
@@ -122,6 +133,49 @@ def test_a_bucketed_run_maps_the_merge_over_buckets(airflow_db, dag, tmp_path, s
     assert build["verify"]["ok"] and build["conservation"]["docs_out"] == 308 and build["token_flow"]["merge"] == 64_522
     assert {name[:5] for name in build["files"]} == {"00000", "00001", "00002", "00003"}
     config = BuildConfig(input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), **conf)
+    assert Build.start(config, "by-hand").run(parallel=2).record.digest == build["digest"]
+
+
+def test_a_mixture_run_takes_each_source_at_its_share(airflow_db, dag, tmp_path, sample_corpus, sample_tokenizer):
+    """A mixture in the trigger form's conf: three sources made of the sample's files (``code`` too small for its
+    share but for ``max_repetition`` 2), each at its target share within one of its mean documents; the same
+    mixture built by ``Build`` gives the same digest."""
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
+
+    corpus = f"{sample_corpus}/part-0000"
+    mixture = {
+        "tokens": 50_000,
+        "sources": [
+            {"name": "web", "input": f"{corpus}[01].jsonl.gz", "weight": 5},  # 32,323 tokens for 25,000
+            {"name": "code", "input": f"{corpus}2.jsonl.gz", "weight": 4, "max_repetition": 2},  # 16,726 for 20,000
+            {"name": "math", "input": f"{corpus}3.jsonl.gz", "weight": 1},  # 15,473 for 5,000; one empty document
+        ],
+    }
+    conf = DAG_CONF | {"mixture": mixture}
+    run_, tis, ok = run_dag(dag, conf)
+    assert ok, {k: ti.state for k, ti in tis.items()}
+    folder, build = build_of(run_)
+    assert build["verify"]["ok"] and build["conservation"]["holds"] and build["params"]["input"] is None
+    assert build["input"] == ", ".join(f"{s['name']}={s['input']}" for s in mixture["sources"])
+    accounts = {account["name"]: account for account in build["mixture"]}
+    assert list(accounts) == ["web", "code", "math"]
+    means = []  # each source's mean document, in tokens
+    for account, weight in zip(accounts.values(), (0.5, 0.4, 0.1), strict=True):
+        assert account["target"] == weight
+        means.append(account["tokens_available"] / (account["docs_chosen"] + account["docs_not_chosen"]))
+        assert abs(account["tokens_chosen"] - weight * build["tokens"]) <= means[-1], account
+        assert account["docs_read"] == (
+            account["docs_chosen"] + account["docs_not_chosen"] + account["empty"] + account["quarantined"]
+        )
+    assert accounts["code"]["docs_repeated"] > 0 and accounts["code"]["uses"] > accounts["code"]["docs_chosen"]
+    assert accounts["web"]["docs_repeated"] == accounts["math"]["docs_repeated"] == 0
+    assert (accounts["math"]["docs_read"], accounts["math"]["empty"]) == (77, 1)
+    assert sum(account["tokens_chosen"] for account in accounts.values()) == build["tokens"]
+    assert abs(build["tokens"] - mixture["tokens"]) <= sum(means)
+    assert all((folder / "context" / f"{name}.source").is_file() for name in build["files"])
+
+    config = BuildConfig(output=str(tmp_path), tokenizer=str(sample_tokenizer), **conf)
     assert Build.start(config, "by-hand").run(parallel=2).record.digest == build["digest"]
 
 

@@ -1,11 +1,14 @@
-"""The README's "Load it in your trainer" section, run as printed: its build commands in a folder holding ``data/``
-and ``tokenizer.json``, then each snippet, in the trainers' environment, on what they built; what the snippets
-print is what our own readers find in the same files. Each runs on a build of the sample tokenizer (2 bytes an id)
-and of Llama 3's (128,256 ids: 4 bytes an id), which a snippet assuming either size misreads."""
+"""The README's "Load it in your trainer" section, run as printed: its build commands in a folder holding ``data/``,
+``tokenizer.json`` and a mixture (``mixture.yaml`` and its sources), then each snippet, in the trainers'
+environment, on what they built; what the snippets print is what our own readers find in the same files, and the
+sources a mixture's snippet reads are those its documents' decoded text tells. Each runs on a build of the sample
+tokenizer (2 bytes an id) and of Llama 3's (128,256 ids: 4 bytes an id), which a snippet assuming either size
+misreads."""
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import shlex
 import subprocess
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from tests.support.paths import ROOT, shared_path
 from tests.support.references import in_trainer_env
@@ -25,6 +29,19 @@ SNIPPETS = dict(re.findall(r"<!-- trainer snippet: (\w+) -->\n```python\n(.*?)``
 WINDOW = 2049
 MEGATRON_TOKENS = {"sample": 64_522, "llama3": 55_963}  # the sample corpus's, a rank file each
 TOKEN_SIZES = {"sample": 2, "llama3": 4}
+# The mixture's sources: words that tell their source from any piece of a document (lower case, upper case, symbols).
+WORDS = {
+    "web": ["river", "stone", "garden", "window", "meadow", "lantern", "harbor"],
+    "code": ["DEF", "RETURN", "LAMBDA", "CLASS", "IMPORT", "YIELD", "ASSERT"],
+    "math": ["+=", "**", "<<=", "%", "//", "==", "->"],
+}
+DOCUMENTS = {"web": 150, "code": 15, "math": 80}  # code, too small for its share, is used twice: the budget
+MIXTURE = """\
+sources:
+  - {name: web, input: sources/web, weight: 5}
+  - {name: code, input: sources/code, weight: 3, max_repetition: 2}
+  - {name: math, input: sources/math, weight: 2}
+"""
 
 
 @pytest.fixture(scope="module", params=sorted(MEGATRON_TOKENS))
@@ -39,8 +56,9 @@ def builds(tokenizer, tmp_path_factory, sample_corpus, sample_tokenizer) -> Path
     (here / "data").symlink_to(sample_corpus)
     path = sample_tokenizer if tokenizer == "sample" else shared_path("tokenizers", tokenizer, "tokenizer.json")
     (here / "tokenizer.json").symlink_to(path)
+    write_mixture(here)
     commands = re.search(r"```bash\n(tokenization build .*?)```", SECTION, flags=re.DOTALL).group(1).splitlines()
-    assert len(commands) == 2
+    assert len(commands) == 3
     for command in commands:
         words = shlex.split(command)
         done = subprocess.run([sys.executable, "-m", "tokenization.cli", *words[1:]], cwd=here, capture_output=True)
@@ -48,8 +66,26 @@ def builds(tokenizer, tmp_path_factory, sample_corpus, sample_tokenizer) -> Path
     return here
 
 
-def test_the_section_has_its_three_snippets() -> None:
-    assert sorted(SNIPPETS) == ["datatrove", "megatron", "numpy"]
+def write_mixture(here: Path) -> None:
+    """``mixture.yaml`` and its three sources, a JSON lines file each, of documents of 5 to 300 words."""
+    rng = random.Random(0)
+    for name, words in WORDS.items():
+        folder = here / "sources" / name
+        folder.mkdir(parents=True)
+        texts = [" ".join(rng.choices(words, k=rng.randint(5, 300))) for _ in range(DOCUMENTS[name])]
+        (folder / "part-0.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    (here / "mixture.yaml").write_text(MIXTURE)
+
+
+def told(text: str) -> str | None:
+    """The source a piece's decoded text tells (None: only spaces, or an EOS alone)."""
+    kinds = {"web" if c.islower() else "code" if c.isupper() else "math" for c in text if not c.isspace()}
+    assert len(kinds) <= 1, f"a piece of two sources' words: {text!r}"
+    return kinds.pop() if kinds else None
+
+
+def test_the_section_has_its_four_snippets() -> None:
+    assert sorted(SNIPPETS) == ["datatrove", "megatron", "numpy", "sources"]
 
 
 def printed(builds: Path, name: str) -> list[str]:
@@ -92,3 +128,31 @@ def test_megatron_core_reads_every_prefix_of_the_data_path(builds, tokenizer) ->
         ours = MegatronFile(prefix)
         first = np.asarray(ours.tokens[: int(ours.lengths[0])])[:8].tolist()
         assert line == f"{prefix} {weight} {len(ours.lengths)} {first}" and int(weight) == ours.num_tokens
+
+
+def test_a_mixtures_sources_are_read_a_piece_at_a_time(builds) -> None:
+    """Each piece's source, as the snippet reads it, is the one its decoded text tells; the sources' tokens add up
+    to what the build record says each gave."""
+    lines = printed(builds, "sources")
+    paths = sorted((builds / "builds/mixed/context").glob("*.ds"))
+    assert len(lines) == len(paths) > 0
+    decoder = Tokenizer.from_file(str(builds / "tokenizer.json"))
+    accounts = json.loads((builds / "builds/mixed/_BUILD.json").read_text())["mixture"]
+    totals = dict.fromkeys(WORDS, 0)
+    for line, path in zip(lines, paths, strict=True):
+        ours = TokenFile(str(path))
+        names = list(ours.metadata.sources)
+        assert names == list(WORDS)
+        tokens, ends = np.asarray(ours.tokens), np.asarray(ours.ends, dtype=np.int64)
+        starts = np.concatenate([[0], ends[:-1]])
+        sources = [names[k] for k in np.asarray(ours.sources)]
+        assert len(sources) == len(ends) > 8
+        for start, end, source in zip(starts, ends, sources, strict=True):
+            text = decoder.decode(tokens[start:end].tolist(), skip_special_tokens=True)
+            assert told(text) in (source, None) and (told(text) or end - start <= 2), (path.name, start, text)
+        tokens_of = {name: int((ends - starts)[np.array(sources) == name].sum()) for name in names}
+        assert line == f"builds/mixed/context/{path.name} {tokens_of} {sources[:8]}"
+        totals = {name: totals[name] + tokens_of[name] for name in names}
+    assert totals == {account["name"]: account["tokens_chosen"] for account in accounts}
+    code = accounts[list(WORDS).index("code")]  # the budget, the largest the weights allow: code used twice over
+    assert code["docs_repeated"] == code["docs_chosen"] == DOCUMENTS["code"] and code["uses"] == 2 * DOCUMENTS["code"]

@@ -290,11 +290,23 @@ def cache_line(cache: CacheSummary, what: str = "input files") -> str:
     )
 
 
-def _kept(read: ContentsSum | None) -> list[str]:
+def _kept(build: BuildRecord) -> list[str]:
     """The summary's line on the shuffles' proof (none for a build made before contents were recorded)."""
+    read, merge = build.stages.tokenize.contents_in, build.stages.merge
     if read is None:
         return []
+    if merge is not None and merge.sources is not None:  # a mixture's merge wrote what it chose
+        return [
+            f"shuffles: the ranks kept each of the {read.pieces:,} documents once, the merge wrote the "
+            f"{merge.units:,} uses the mixture chose, the context shuffle kept each piece once"
+        ]
     return [f"shuffles: every stage kept each of the {read.pieces:,} documents once (contents sum {read.sum})"]
+
+
+def _unchosen(build: BuildRecord) -> str:
+    """What a mixture's merge left out, beside the tokens dropped."""
+    merge = build.stages.merge
+    return "" if merge is None or merge.sources is None else f", {merge.tokens_dropped:,} not chosen by the mixture"
 
 
 def _mixed(accounts: list[SourceAccount] | None) -> list[str]:
@@ -315,9 +327,9 @@ def summary(build: BuildRecord) -> str:
         f"digest:  {build.digest} (sha256 of the files' checksums: equal digests, equal bytes)",
         f"documents: {c.docs_in:,} read = {c.docs_out:,} written + {c.empty:,} empty + "
         f"{c.quarantined:,} quarantined ({'holds' if c.holds else 'DOES NOT HOLD'})",
-        f"tokens: {build.tokens:,} in {len(build.files)} files, {c.tokens_dropped:,} dropped",
+        f"tokens: {build.tokens:,} in {len(build.files)} files, {c.tokens_dropped:,} dropped{_unchosen(build)}",
         *_mixed(build.mixture),
-        *_kept(build.stages.tokenize.contents_in),
+        *_kept(build),
         f"verify: {'passed' if build.verify.ok else 'FAILED'} ({build.verify.files} files)",
     ]
     inputs, split_mb = build.inputs, build.params.get("split_input_mb")

@@ -123,7 +123,8 @@ def test_every_build_param_has_a_title_a_description_and_a_schema() -> None:
     assert schemas["num_ranks"] == {"type": "integer", "minimum": 1, "maximum": 4096}
     assert schemas["seed"] == {"type": ["null", "integer"], "minimum": 0, "maximum": 2**63 - 1}
     assert schemas["merge_mode"] == {"enum": ["interleave", "shuffle", "bucketed"]}
-    assert schemas["input"] == {"type": "string", "minLength": 1}
+    assert schemas["input"] == {"type": ["null", "string"], "minLength": 1}  # a mixture's sources name their own
+    assert schemas["mixture"]["type"] == ["null", "object"] and schemas["mixture"]["required"] == ["sources"]
     assert "storage_options" not in schemas and "local_working_dir" not in schemas
 
 

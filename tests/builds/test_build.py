@@ -9,8 +9,10 @@ from dataclasses import asdict
 import orjson
 import pytest
 
+from tests.support.builds import config_of, in_process
 from tests.support.stages import merged, run
 from tokenization.builds.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
+from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFileError
 from tokenization.output import manifest
@@ -229,3 +231,17 @@ def test_a_build_says_once_which_input_files_it_skips_and_that_ranks_will_idle(
         "6 ranks for 4 input files: a rank takes whole files, so 2 ranks will have nothing to tokenize; use at most "
         "4 ranks, or split the input into more files (ranks cannot share a compressed file)",  # and nothing more
     ]
+
+
+def test_a_tokenizer_path_typed_two_ways_gives_one_digest(tmp_path, sample_corpus, sample_tokenizer, monkeypatch):
+    """The metadata names the tokenizer by its resolved path: a relative path and an absolute one write the same
+    bytes."""
+    monkeypatch.chdir(sample_tokenizer.parent.parent)
+    typed = {"relative": f"{sample_tokenizer.parent.name}/./{sample_tokenizer.name}", "absolute": str(sample_tokenizer)}
+    digests = {}
+    for how, tokenizer in typed.items():
+        config = config_of(sample_corpus, tmp_path / how, tokenizer, context_window=64)
+        digests[how] = in_process(Build.start(config, "typed")).record.digest
+    assert digests["relative"] == digests["absolute"]
+    metadata = next((tmp_path / "relative" / "out" / "typed" / "context").glob("*.ds.metadata")).read_text()
+    assert metadata.startswith(f"{sample_tokenizer.resolve()}|2\n")

@@ -108,6 +108,13 @@ class Metadata:
             raise TokenFileError(f"{source}: not a token-file metadata ({text[:80]!r})") from exc
 
 
+def metadata_name(tokenizer: str) -> str:
+    """The tokenizer as a family's metadata names it (datatrove's ``tokenizer_name_or_path``): a local path resolved
+    (absolute, symlinks followed), so that the files' bytes, and a build's digest, do not depend on how its path was
+    typed (``sample/tokenizer.json``, ``./sample/tokenizer.json`` or an absolute path); a URL or hub name as given."""
+    return os.path.realpath(tokenizer) if "://" not in tokenizer and os.path.exists(tokenizer) else tokenizer
+
+
 @dataclass(frozen=True)
 class WrittenFile:
     """One file of a written family, as a manifest records it."""
@@ -299,7 +306,7 @@ class TokenFileWriter(FinishOrAbandon):
         self.path = Path(path)
         self.observe = observe
         self.dtype = token_dtype(token_size)
-        self.metadata_name = tokenizer
+        self.metadata_name = metadata_name(tokenizer)
         self.token_size = token_size
         self.tokens = 0
         self.index_entries = 0

@@ -311,8 +311,8 @@ def _prepare(config: MergeConfig) -> _Prepared:
         urls, described = _bucket_inputs(config, config.bucket)
     named = [url.removeprefix(given.url.rstrip("/") + "/") for url in urls]
     entries = [described[name] for name in named if name in described]
-    names_ = mixture.names if mixture else None
-    inputs = validate_inputs(urls, config.save_loss, entries, config.storage_options, names_)
+    source_names = mixture.names if mixture else None
+    inputs = validate_inputs(urls, config.save_loss, entries, config.storage_options, source_names)
     recorded = [_recorded(described.get(name), config.save_loss) for name in named]
     chunk = config.shuffle_chunk_size
     tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
@@ -321,14 +321,13 @@ def _prepare(config: MergeConfig) -> _Prepared:
     keep_tails = bool(chunk) and not config.drop_last_chunk
     total_tokens = int(tokens.sum()) - (0 if keep_tails else int(tails.sum()))
     total_units = int(counts.sum()) + (int(np.count_nonzero(tails)) if keep_tails else 0)
+    mix = None if mixture is None else _mixed(config, mixture, inputs, manifest.stage_records(given))
+    if mix is not None:  # a mixture writes its uses
+        total_units, total_tokens = len(mix.order), sum(share.tokens_chosen for share in mix.shares)
     most_files = min(-(-total_tokens // config.merge_max_tokens_per_file), total_units)  # every file holds >= 1 unit
     width = max(3, len(str(max(0, most_files - 1))))  # datatrove's 3 digits, wider only past 1,000 files
     units = _Units(inputs, chunk, counts)
     fingerprint = _fingerprint(config, inputs, width)
-    mix = None if mixture is None else _mixed(config, mixture, inputs, manifest.stage_records(given))
-    if mix is not None:
-        total_units, total_tokens = len(mix.order), sum(share.tokens_chosen for share in mix.shares)
-        width = max(3, len(str(max(0, min(-(-total_tokens // config.merge_max_tokens_per_file), total_units) - 1))))
     prepared = (inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, fingerprint, recorded)
     return _Prepared(*prepared, mix=mix)
 

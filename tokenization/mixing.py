@@ -3,8 +3,9 @@ used, and an order that carries the mixture through every stretch of the output.
 
 The unit is the whole document with its EOS; mixing never cuts one. A source's target is its share of the budget
 (``budget``). A source used ``k + f`` times gives every document ``k`` times and a seeded subset for the fraction
-``f``, whose tokens come within one document of the target (``uses``): the subset is a prefix of a seeded
-permutation, and the one document that best fills what is left. A source too small for its share under its
+``f``, whose tokens come within one document of the target, and within a few tokens on text of many documents
+(``uses``): the documents of a seeded permutation that fit, in its order, then the one that best fills what is
+left. A source too small for its share under its
 ``max_repetition`` is refused before a byte is written, naming it, its tokens and the tokens it needs.
 
 The order (``interleaved``) is a seeded stratified merge, not a uniform shuffle: each source's uses are put in a
@@ -186,24 +187,33 @@ def _apportioned(total: int, shares: Sequence[float]) -> list[int]:
 
 def uses(tokens: np.ndarray, target: int, subset: np.ndarray) -> np.ndarray:
     """How many times each document of a source (of ``tokens`` tokens each) is used for ``target`` tokens: every one
-    ``k`` times, and once more a prefix of ``subset`` (a seeded permutation, ``orderings.mixture_subset``) and the
-    one document after it that best fills the rest. Within one document of the target."""
+    ``k`` times, and once more the documents of ``subset`` (a seeded permutation, ``orderings.mixture_subset``) that
+    fit, in its order: its longest prefix within the rest, then, from the documents after it, those that still
+    fit, a run at a time; last, the one document that best fills what is left. The gap left is less than the
+    shortest document that did not fit: on text whose lengths are log-normal (the web's), a few tokens, where one
+    long document at the prefix's end would have left it as long as itself. Each round is a vectorized prefix sum;
+    rounds end when nothing fits, within ~log(documents) of them."""
     tokens = np.asarray(tokens, dtype=np.int64)
     total = int(tokens.sum())
     if not total:
         return np.zeros(len(tokens), np.int64)
-    k, rest = divmod(int(target), total)
+    k, gap = divmod(int(target), total)
     counts = np.full(len(tokens), k, np.int64)
-    if rest:
-        taken = np.cumsum(tokens[subset])
-        m = int(np.searchsorted(taken, rest, side="right"))  # the longest prefix within the rest
-        counts[subset[:m]] += 1
-        gap = rest - (int(taken[m - 1]) if m else 0)
-        if gap and m < len(subset):
-            after = subset[m:]
-            best = int(after[np.argmin(np.abs(tokens[after] - gap))])
-            if abs(int(tokens[best]) - gap) < gap:
-                counts[best] += 1
+    left = np.asarray(subset, dtype=np.int64)
+    while gap and len(left):
+        left = left[tokens[left] <= gap]  # those that still fit, in the subset's order
+        taken = np.cumsum(tokens[left])
+        m = int(np.searchsorted(taken, gap, side="right"))  # the longest run of them within the gap
+        if not m:
+            break
+        counts[left[:m]] += 1
+        gap -= int(taken[m - 1])
+        left = left[m:]
+    unused = np.flatnonzero(counts == k)
+    if gap and len(unused):
+        best = int(unused[np.argmin(np.abs(tokens[unused] - gap))])
+        if abs(int(tokens[best]) - gap) < gap:
+            counts[best] += 1
     return counts
 
 

@@ -36,6 +36,7 @@ class Inputs:
     planned: str = ""  # a JSON file of the plan's input files (``InputFile`` records), for publish's books
     documents: int = 0  # the documents Best-Fit Decreasing packs alone
     memory_budget_mb: int = 0  # a rank's memory budget (0: the default)
+    mixture: dict | None = None  # a whole build's mixture of sources, in place of ``corpus``
 
 
 @dataclass(frozen=True)
@@ -222,12 +223,14 @@ def ours_reread(inputs: Inputs) -> OwnTimes:
 
 
 def _build(inputs: Inputs):
-    """The build ``build_id`` under ``builds``, as the whole-build rows make it (the same id: the same plan)."""
+    """The build ``build_id`` under ``builds``, as the whole-build rows make it (the same id: the same plan), of
+    ``corpus`` or of the ``mixture`` of sources."""
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
 
     config = BuildConfig(
-        input=inputs.corpus,
+        input=inputs.corpus or None,
+        mixture=inputs.mixture,
         output=inputs.builds,
         tokenizer=inputs.tokenizer,
         text_key=inputs.text_key,

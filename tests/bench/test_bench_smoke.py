@@ -9,10 +9,12 @@ import sys
 
 import pytest
 
+from bench.run import MIXTURE_SOURCES, MIXTURE_WEIGHTS
 from tests.support.paths import ROOT
 
 NUMBER = re.compile(r"\d+\.\d+")
 RATIO = re.compile(r"\d+\.\d+x")
+SHARE = re.compile(r"(?P<name>[\w-]+) (?P<share>\d+\.\d\d)% \((?P<target>\d+)%(?:, used (?P<used>\d+\.\d\d)x)?\)")
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -121,3 +123,35 @@ def test_bench_refuses_unknown_rows() -> None:
     done = bench("--only", "tokenize,nonsense")
     assert done.returncode == 2
     assert "unknown rows ['nonsense']" in done.stderr
+
+
+@pytest.mark.long
+def test_a_remix_tokenizes_nothing_and_reaches_its_shares(tmp_path) -> None:
+    """The mixture rows on the smoke sizes: a first mixture build tokenizes every file, the re-mix at other weights
+    none (its tokens all from the cache), and each reaches every source's share within a mean document."""
+    out = tmp_path / "RESULTS.md"
+    done = bench("--smoke", "--only", "mixture", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = out.read_text()
+    first, remix = tables(text)["mixture build"]
+    files = sum(files for _, _, files, _ in MIXTURE_SOURCES.values())
+    assert first["mixture build"] == "first, empty cache" and remix["mixture build"].startswith("re-mix: other weights")
+    assert (first["files from the cache"], remix["files from the cache"]) == (f"0 of {files}", f"{files} of {files}")
+    assert first["whole build / first build"] == "1.00x" and RATIO.fullmatch(remix["whole build / first build"])
+    assert float(remix["tokenize stage, ranks' time (s)"]) < float(first["tokenize stage, ranks' time (s)"])
+    for row, weights in zip((first, remix), MIXTURE_WEIGHTS, strict=True):
+        assert all(
+            NUMBER.fullmatch(row[h]) for h in ("whole build (s)", "sources' text (MB)", "largest miss (mean documents)")
+        )
+        assert int(row["tokens written"].replace(",", "")) > 0
+        cell = row["share of the tokens (target), by source"]
+        shares = list(SHARE.finditer(cell))
+        assert ", ".join(m[0] for m in shares) == cell, cell
+        assert [m["name"] for m in shares] == list(MIXTURE_SOURCES)
+        total = sum(weights.values())
+        for m in shares:
+            target = weights[m["name"]] / total
+            assert int(m["target"]) == round(100 * target) and abs(float(m["share"]) / 100 - target) < 0.01, m[0]
+        repeated = {m["name"] for m in shares if m["used"]}  # the one source allowed to repeat does, at both weights
+        assert repeated == {name for name, (*_, most) in MIXTURE_SOURCES.items() if most > 1}
+    assert re.search(r"The re-mix took \d+% of the first build's time \(\d+\.\dx faster\)", text)

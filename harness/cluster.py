@@ -107,6 +107,8 @@ class Request:
     path: str  # bucket and key, or the bucket and the listed prefix
     injected: bool
     seconds: float = 0.0  # from its arrival to the last byte of its answer
+    method: str = ""
+    status: int = 0  # the store's answer (503 for an injected fault; 0: none, the connection failed)
 
 
 class FaultProxy:
@@ -144,16 +146,21 @@ class FaultProxy:
                 prefix = dict(urllib.parse.parse_qsl(query)).get("prefix", "")
                 kind = s3_kind(self.command, self.path)
                 listed = f"{path.rstrip('/')}/{prefix}" if kind == "LIST" else path
+                self.status = 0
                 try:
                     self._answer(fail, body)
                 finally:
                     seconds = time.perf_counter() - started
+                    logged = Request(
+                        arrived, kind, urllib.parse.unquote(listed), fail, seconds, self.command, self.status
+                    )
                     with proxy.lock:
-                        proxy.log.append(Request(arrived, kind, urllib.parse.unquote(listed), fail, seconds))
+                        proxy.log.append(logged)
 
             def _answer(self, fail: bool, body: bytes) -> None:
                 if fail:
                     payload = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                    self.status = 503
                     self.send_response(503)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
@@ -165,6 +172,7 @@ class FaultProxy:
                 upstream.request(self.command, self.path, body=body or None, headers=headers)
                 response = upstream.getresponse()
                 data = response.read()
+                self.status = response.status
                 self.send_response(response.status)
                 for key, value in response.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):

@@ -15,7 +15,7 @@ SECRETS = {  # name -> shortest acceptable value
     "AIRFLOW__CORE__FERNET_KEY": 44,
     "AIRFLOW__API_AUTH__JWT_SECRET": 32,
     "AIRFLOW_ADMIN_PASSWORD": 12,
-    "MINIO_ROOT_PASSWORD": 12,
+    "S3_SECRET_ACCESS_KEY": 12,
 }
 PLACEHOLDER = "change-me"
 

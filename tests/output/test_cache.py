@@ -23,6 +23,7 @@ from tests.support.builds import in_process
 from tests.support.corpus import sample_records, write_jsonl
 from tests.support.paths import shared_path
 from tests.support.processes import cli
+from tests.support.s3 import ON_BOTH_STORES
 from tests.support.stages import file_bytes, run
 from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
@@ -393,6 +394,7 @@ def test_the_command_line_lists_and_prunes(tmp_path, sample_tokenizer) -> None:
     assert pruned.returncode == 0 and pruned.stdout.startswith(f"cache {out}/.cache: removed 3 entries, ")
 
 
+@ON_BOTH_STORES
 def test_on_s3_a_changed_object_misses_and_a_corrupt_entry_is_tokenized_again(tmp_path, s3, sample_tokenizer):
     """On S3 a file's content is known by its ETag and size: an object rewritten with other bytes of the same size
     misses; a cache entry's object corrupted in place is found by its sha256, and the file tokenized again."""

@@ -1,6 +1,6 @@
 """Finding 12 of issue 22: an attempt that lost its lease changes nothing. A frozen attempt (its whole process
 stopped, heartbeat included) is taken over; its successor commits; the frozen one wakes and must stop, leaving
-the successor's marker, manifest and files as they were, on S3 (moto) and locally."""
+the successor's marker, manifest and files as they were, on S3 (moto and SeaweedFS) and locally."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.paths import ROOT
 from tests.support.processes import wait_for
+from tests.support.s3 import ON_BOTH_STORES
 from tests.support.tokenizers import EOS
 from tokenization.errors import LeaseLost, WriteError
 from tokenization.output import attempts
@@ -39,17 +40,30 @@ REQUEST = re.compile(r'"(?:\x1b\[[\d;]*m)*(PUT|POST|DELETE) (\S+) HTTP/1\.1(?:\x
 
 
 def stored(fs) -> dict[str, tuple[str, object, bytes]]:
-    """Every object of the output with its ETag, last-modified time and bytes."""
+    """Every object of the output with its ETag, last-modified time and bytes. (Not the folders SeaweedFS keeps once
+    their objects are deleted, such as an empty ``_leases``: they hold nothing, and AWS and moto have none.)"""
     fs.invalidate_cache()
     return {
         key: (info["ETag"], info["LastModified"], fs.cat_file(key))
         for key, info in sorted(fs.find(OUT, detail=True).items())
+        if info["type"] == "file"
     }
 
 
-def changes(records: list[logging.LogRecord]) -> list[tuple[str, str, str]]:
-    """The requests that could change the store, as moto's server logged them: method, path, status."""
-    return [hit for r in records if r.name == "werkzeug" for hit in REQUEST.findall(r.getMessage())]
+def changes(s3, caplog) -> list[tuple[str, str, str]]:
+    """The requests that could change the store since ``forget``: method, path, status. moto's server logs them
+    (through ``werkzeug``); SeaweedFS is reached through a proxy that does."""
+    if s3.proxy is not None:
+        return [(r.method, r.path, str(r.status)) for r in s3.proxy.log if r.method in ("PUT", "POST", "DELETE")]
+    return [hit for r in caplog.records if r.name == "werkzeug" for hit in REQUEST.findall(r.getMessage())]
+
+
+def forget(s3, caplog) -> None:
+    """Start ``changes`` afresh."""
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    caplog.clear()
+    if s3.proxy is not None:
+        s3.proxy.log.clear()
 
 
 def rank_config(corpus: Path, tokenizer: Path, options: dict) -> TokenizeConfig:
@@ -113,6 +127,7 @@ FREEZES = {  # where the attempt stops (owner, function, which call), and why it
 }
 
 
+@ON_BOTH_STORES
 @pytest.mark.parametrize("step", list(FREEZES))
 def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committed(
     s3,
@@ -150,14 +165,13 @@ def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committe
     monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 300.0)
     committed = stored(s3.fs)
     assert f"{OUT}/{MARKER}" in committed and LEASE not in committed
-    caplog.set_level(logging.INFO, logger="werkzeug")
-    caplog.clear()
+    forget(s3, caplog)
     freeze.wake()
     first.join(60)
     (error,) = outcome
     assert isinstance(error, LeaseLost), error
     assert str(error).startswith(f"{LEASE}: this attempt lost its lease and must not publish: {reason}")
-    tried = changes(caplog.records)  # by the woken attempt: its renewal, or its conditional change
+    tried = changes(s3, caplog)  # by the woken attempt: its renewal, or its conditional change
     assert tried and all(status.startswith("4") for _, _, status in tried), tried  # all refused by the store
     assert stored(s3.fs) == committed
     marker = s3.fs.cat_file(f"{OUT}/{MARKER}")
@@ -165,6 +179,7 @@ def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committe
     assert verify(Folder(f"s3://{OUT}", s3.options), str(sample_tokenizer), EOS).ok
 
 
+@ON_BOTH_STORES
 @pytest.mark.parametrize("step", ["lease", "publish"])
 def test_a_stopped_command_woken_after_its_successor_committed_fails_and_changes_nothing(
     s3,
@@ -190,18 +205,18 @@ def test_a_stopped_command_woken_after_its_successor_committed_fails_and_changes
     retry = subprocess.run(command, env=env, stderr=subprocess.PIPE, text=True)
     assert retry.returncode == 0, retry.stderr
     committed = stored(s3.fs)
-    caplog.set_level(logging.INFO, logger="werkzeug")
-    caplog.clear()
+    forget(s3, caplog)
     first.send_signal(signal.SIGCONT)
     assert first.wait(60) == 1
     error = first.stderr.read().strip().splitlines()[-1]
     assert error.startswith(f"error: {LEASE}: this attempt lost its lease and must not publish: {GONE}"), error
-    tried = changes(caplog.records)
+    tried = changes(s3, caplog)
     assert tried and all(status.startswith("4") for _, _, status in tried), tried
     assert stored(s3.fs) == committed
     assert verify(Folder(f"s3://{OUT}", s3.options), str(sample_tokenizer), EOS).ok
 
 
+@ON_BOTH_STORES
 def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(s3, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(attempts, "HEARTBEAT_SECONDS", 0.05)
     with attempt_at(Folder(f"s3://{OUT}", s3.options), "00000") as attempt:
@@ -221,6 +236,7 @@ def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(
     assert (tmp_path / "a.ds").exists()  # not moved anywhere
 
 
+@ON_BOTH_STORES
 def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) -> None:
     """Renewals that fail for a while are warnings; past a TTL a contender may hold the lease: lost."""
     monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)  # every confirmation renews
@@ -241,6 +257,7 @@ def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) ->
     assert s3.fs.exists(LEASE)  # perhaps another attempt's by now: left alone
 
 
+@ON_BOTH_STORES
 def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one_fails(s3, monkeypatch) -> None:
     """A contender reads a stale-looking lease, the holder renews, then the contender writes with If-Match on what
     it read: the renewal must have changed the ETag, or the contender wins a lease that is alive."""
@@ -256,6 +273,7 @@ def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one
     lease.release()
 
 
+@ON_BOTH_STORES
 def test_a_confirmation_renews_only_a_lease_last_renewed_over_a_tenth_of_its_ttl_ago(s3, monkeypatch) -> None:
     monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 10.0)  # a confirmation within 1 s of a renewal is free
     lease = ObjectLease(s3.fs, OUT, "00000")
@@ -269,6 +287,7 @@ def test_a_confirmation_renews_only_a_lease_last_renewed_over_a_tenth_of_its_ttl
     lease.release()
 
 
+@ON_BOTH_STORES
 def test_a_rank_placing_many_files_writes_its_lease_once_or_twice_not_once_a_file(
     s3,
     sample_corpus,
@@ -278,9 +297,9 @@ def test_a_rank_placing_many_files_writes_its_lease_once_or_twice_not_once_a_fil
     """A rank of 16 buckets places every bucket file, several at once, then its manifest and marker: its lease is
     written when taken (and renewed at most once more), where each change used to renew it."""
     config = replace(rank_config(sample_corpus, sample_tokenizer, s3.options), num_buckets=16)
-    caplog.set_level(logging.INFO, logger="werkzeug")
+    forget(s3, caplog)
     result = tokenize_rank(config)
-    requests = changes(caplog.records)
+    requests = changes(s3, caplog)
     placed = [path for method, path, _ in requests if method == "PUT" and "/bucket000" in path]
     assert len(placed) == sum(len(entry.files) for entry in result.record.outputs) >= 16 * 3
     assert 1 <= sum(method == "PUT" and path.endswith(LEASE) for method, path, _ in requests) <= 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.s3 import ON_BOTH_STORES
 from tokenization.storage.folder import Folder, PutMode, UpdateIf
 
 
@@ -34,10 +35,12 @@ def test_a_local_folder_keeps_the_contract(tmp_path) -> None:
     _contract(Folder(str(tmp_path / "out")))
 
 
+@ON_BOTH_STORES
 def test_an_s3_folder_keeps_the_contract_with_the_options_it_was_given(s3) -> None:
     _contract(Folder("s3://corpus/out", s3.options))
 
 
+@ON_BOTH_STORES
 def test_an_update_replaces_only_the_version_it_read(s3) -> None:
     """LATEST's compare-and-swap: a writer that read an older version fails, and changes nothing."""
     folder = Folder("s3://corpus/out", s3.options)

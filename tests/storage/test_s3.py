@@ -1,9 +1,12 @@
-"""s3:// inputs and outputs through s3fs, against moto's S3 server on loopback."""
+"""s3:// inputs and outputs through s3fs, against moto's S3 server on loopback, and SeaweedFS's where a test says."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from tests.support.s3 import ON_BOTH_STORES
 from tests.support.stages import file_bytes, run
 from tests.support.tokenizers import EOS
 from tokenization.stages.verify import verify
@@ -11,6 +14,7 @@ from tokenization.storage.files import MAX_PARTS, MIB, MIN_PART_SIZE, part_size
 from tokenization.storage.folder import Folder
 
 
+@ON_BOTH_STORES
 def test_s3_input_and_output_equal_a_local_run(tmp_path, s3, sample_corpus, sample_tokenizer) -> None:
     for path in sorted(sample_corpus.glob("*.jsonl.gz")):
         s3.fs.put_file(str(path), f"corpus/input/{path.name}")
@@ -36,6 +40,7 @@ def test_part_size_keeps_every_upload_under_the_part_limit(size: int) -> None:
     assert -(-size // chosen) <= MAX_PARTS * 0.9
 
 
+@ON_BOTH_STORES
 def test_merge_and_context_shuffle_from_and_to_s3(tmp_path, s3, sample_corpus, sample_tokenizer) -> None:
     from tests.support.stages import merged, shuffled
 
@@ -89,3 +94,33 @@ def test_a_record_is_read_with_one_request(s3) -> None:
         assert [r.kind for r in proxy.log] == ["GET"] * 3
     finally:
         proxy.stop()
+
+
+@ON_BOTH_STORES
+def test_a_multipart_upload_and_ranged_reads_give_back_every_byte(tmp_path, s3, monkeypatch) -> None:
+    """``upload`` in parts (5 MiB, S3's smallest, several at once), ``download`` in ranged GETs, and the ranged
+    reads of a record's head: the same bytes on every store."""
+    from tokenization.storage import files
+
+    data = random.Random(7).randbytes(12 * MIB + 12345)
+    (tmp_path / "big.ds").write_bytes(data)
+    monkeypatch.setattr(files, "part_size", lambda size: 5 * MIB)  # 3 parts
+    monkeypatch.setattr(files, "TRANSFER_BUFFER", files.TRANSFER_STREAMS * MIB)  # download in 1 MiB ranges
+    files.upload(tmp_path / "big.ds", s3.fs, "corpus/big.ds")
+    s3.fs.invalidate_cache()
+    assert s3.fs.info("corpus/big.ds")["ETag"].strip('"').endswith("-3")  # a multipart object's ETag
+    files.download(s3.fs, "corpus/big.ds", tmp_path / "back.ds")
+    assert (tmp_path / "back.ds").read_bytes() == data
+    assert files.read_head(s3.fs, "corpus/big.ds", 1000) == data[:1000]
+    assert files.read_many(s3.fs, ["corpus/big.ds", "corpus/gone.ds"], limit=99) == {
+        "corpus/big.ds": data[:100],
+        "corpus/gone.ds": None,
+    }
+    assert s3.fs.cat_file("corpus/big.ds", start=5 * MIB - 3, end=5 * MIB + 3) == data[5 * MIB - 3 : 5 * MIB + 3]
+    with s3.fs.open("corpus/big.ds", "rb", block_size=MIB) as handle:
+        handle.seek(len(data) - 10)
+        assert handle.read() == data[-10:]
+    if s3.proxy is not None:  # what SeaweedFS was asked: the parts, and the ranges
+        kinds = [r.kind for r in s3.proxy.log]
+        assert kinds.count("PART") == 3 and kinds.count("CREATE") == kinds.count("COMPLETE") == 1
+        assert kinds.count("GET") >= 13

@@ -266,6 +266,8 @@ def put_if(
             return fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
         except OSError as exc:
             if condition and _condition_failed(exc):
+                if etag and not absent and _gone(fs, path):  # SeaweedFS's answer to If-Match on a missing key
+                    raise FileNotFoundError(errno.ENOENT, f"{path}: gone, removed by another writer") from exc
                 raise FileExistsError(errno.EEXIST, f"{path}: changed by another writer") from exc
             raise
         finally:
@@ -308,9 +310,10 @@ def remove_if(fs: fsspec.AbstractFileSystem, path: str, etag: str | None) -> Non
     except FileNotFoundError:
         pass
     except OSError as exc:
-        if _condition_failed(exc):
+        if not _condition_failed(exc):
+            raise
+        if not _gone(fs, path):  # SeaweedFS's 412 for a key already gone: no error, as AWS's 404
             raise FileExistsError(errno.EEXIST, f"{path}: changed by another writer") from exc
-        raise
     finally:
         fs.invalidate_cache(path)
 
@@ -318,9 +321,19 @@ def remove_if(fs: fsspec.AbstractFileSystem, path: str, etag: str | None) -> Non
 def _condition_failed(exc: OSError) -> bool:
     """Whether S3 refused a request for its condition: 412, or 409 when a concurrent conditional write won. s3fs
     turns these into a FileExistsError or an EINVAL or EIO OSError (as it does other errors), keeping the response
-    on the cause."""
+    on the cause.
+
+    Stores differ on ``If-Match`` over a key that does not exist: AWS and moto answer 404 NoSuchKey (s3fs raises
+    FileNotFoundError, which is never taken for this), SeaweedFS 412 PreconditionFailed, as for a changed object.
+    The callers that must tell the two apart ask the store again (``_gone``) after a 412 to an ``If-Match``."""
     error = getattr(exc.__cause__, "response", None) or {}
     return error.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _gone(fs: fsspec.AbstractFileSystem, path: str) -> bool:
+    """Whether an object whose ``If-Match`` failed is missing rather than changed: one HEAD, after the refusal. An
+    object made again since is found changed, as it is; one removed since, gone, as it is."""
+    return current_etag(fs, path) is None
 
 
 def _unlink(path: str) -> None:
@@ -427,6 +440,27 @@ def remove_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
     in a path as a glob on object stores (an output ``out?`` would take ``outA``'s files with it), so the path is
     escaped there; locally ``rm`` is a plain ``rmtree``."""
     fs.rm(path if is_local(fs) else glob.escape(path), recursive=True)
+    if is_s3(fs):
+        _remove_empty_folders(fs, path)
+
+
+def _remove_empty_folders(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """The folders left of a tree whose objects were all deleted, deepest first. AWS and moto have no folders, only
+    keys: once the objects are gone the listing is empty (one LIST, which finds nothing). SeaweedFS keeps each as a
+    directory of its filer, listed as a common prefix until a ``DeleteObject`` of ``folder/`` removes it (one of a
+    folder that still holds anything changes nothing there)."""
+    fs.invalidate_cache(path)
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry["type"] == "directory" and entry["name"].rstrip("/") != path.rstrip("/"):
+            _remove_empty_folders(fs, entry["name"])
+    bucket, key, _ = fs.split_path(path)
+    if key:
+        fs.call_s3("delete_object", Bucket=bucket, Key=key.rstrip("/") + "/")
+    fs.invalidate_cache(path)
 
 
 def remove_files(fs: fsspec.AbstractFileSystem, paths: list[str]) -> None:

@@ -32,8 +32,10 @@ plan -> tokenize [rank-0 ..] -> wait_for_shards -> merge [all | bucket-0 ..] -> 
   `ranks/` and `merged/`, so that the dataset is the one copy (`keep_intermediate` keeps them; their records stay).
 
 ## Running it
-- **Nightly**: at 02:00 UTC (the deployment's `TOKENIZATION_SCHEDULE`) with the defaults below; catchup is off,
-  so unpausing starts the run of the DAG's *Next Run* slot at once, then only the latest slot. `{output}/LATEST`
+- **Scheduled**: only where the deployment sets `TOKENIZATION_SCHEDULE` (docker compose: nightly, 02:00 UTC),
+  with the defaults below; catchup is off, so unpausing starts the run of the DAG's *Next Run* slot at once, then
+  only the latest slot. Unset (`make airflow`), there is no schedule: unpausing, which the trigger form's "Unpause
+  on trigger" box (checked by default) does, starts nothing but the triggered run. `{output}/LATEST`
   names the newest complete build; `TOKENIZATION_KEEP_BUILDS` keeps that many complete builds, deleting older ones.
 - **By hand**: *Trigger* opens a form of these params, in sections; the defaults are the deployment's.
 - **A failed rank**: open the run's *Grid*, select the failed `rank-N`, *Clear* it. Only that rank runs again,

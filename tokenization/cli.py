@@ -40,6 +40,7 @@ from tokenization.errors import TokenizationError, UsageError, external_error
 from tokenization.options import add_arguments, from_arguments
 from tokenization.storage.folder import Folder
 from tokenization.storage.locations import malformed_url
+from tokenization.wording import counted
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from tokenization.formats.ds import TokenFile
     from tokenization.formats.megatron import MegatronFile
     from tokenization.output.cache import Cache
-    from tokenization.records import BuildRecord
+    from tokenization.records import BuildRecord, TokenizerInfo
     from tokenization.tokenizer.documents import Counts
 
 INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (SIGINT), as shells give it
@@ -268,12 +269,22 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     print(
         f"rank {config.rank}/{config.world_size}: {c.docs_read:,} docs read, {c.docs_written:,} written, "
         f"{c.empty:,} empty, {sum(c.rejected.values()):,} rejected, {c.tokens_written:,} tokens in "
-        f"{len(result.outputs)} files, {c.tokens_dropped:,} dropped, {sum(c.special_token_literals.values()):,} "
+        f"{counted(len(result.outputs), 'file')}, {c.tokens_dropped:,} dropped, "
+        f"{sum(c.special_token_literals.values()):,} "
         f"special-token literals{_loss_share(c) if config.save_loss else ''}; {result.seconds:.1f}s "
-        f"({result.record.tokenizer.load_seconds:.1f}s loading the tokenizer, then {rate} MB/s of text) -> "
+        f"({_loading(result.record.tokenizer, rate)}) -> "
         f"{config.output}"
     )
     return 0
+
+
+def _loading(tokenizer: TokenizerInfo, rate: float | None) -> str:
+    """What a rank spent on its tokenizer, then its rate; a rank that encoded nothing loaded no engine."""
+    from tokenization.tokenizer.encoding import NO_ENGINE
+
+    if tokenizer.engine == NO_ENGINE:
+        return "no text encoded, so no tokenizer engine loaded: every file came from the cache, or there was none"
+    return f"{tokenizer.load_seconds or 0:.1f}s loading the tokenizer, then {rate} MB/s of text"
 
 
 def _loss_share(c: Counts) -> str:
@@ -289,7 +300,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     resumed = f", {c.resumed_files} resumed" if c.resumed_files else ""
     print(
         f"merge {config.save_filename}: {c.input_files} inputs, {c.units:,} units, {c.tokens:,} tokens in "
-        f"{len(result.outputs)} files{resumed}, {c.tokens_dropped:,} dropped; {result.seconds:.1f}s -> {config.output}"
+        f"{counted(len(result.outputs), 'file')}{resumed}, {c.tokens_dropped:,} dropped; "
+        f"{result.seconds:.1f}s -> {config.output}"
     )
     return 0
 
@@ -307,7 +319,8 @@ def cmd_context_shuffle(args: argparse.Namespace) -> int:
         else f"{c.tail_tokens_kept:,} tail tokens kept, {c.tokens_dropped:,} dropped"
     )
     print(
-        f"context shuffle shard {config.shard}/{config.num_shards}: {c.files} files, {c.windows:,} windows of "
+        f"context shuffle shard {config.shard}/{config.num_shards}: {counted(c.files, 'file')}, "
+        f"{counted(c.windows, 'window')} of "
         f"{config.context_window:,}, {c.tokens:,} tokens, {kept}; {result.seconds:.1f}s -> {config.output}"
     )
     return 0
@@ -324,7 +337,7 @@ def cmd_count(args: argparse.Namespace) -> int:
     print(
         f"count: {c.docs_written:,} docs, {c.tokens:,} tokens ({mean:,.1f} tokens a document on average, the longest "
         f"{c.longest:,}), {c.empty:,} empty, {sum(c.rejected.values()):,} rejected, in "
-        f"{len(result.record.files)} files{_loss_share(c) if result.record.loss_tokens is not None else ''}"
+        f"{counted(len(result.record.files), 'file')}{_loss_share(c) if result.record.loss_tokens is not None else ''}"
     )
     return 0
 
@@ -352,8 +365,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     for line in report.problems + report.notes:
         print(line)
-    state = "OK" if report.ok else f"FAILED, {len(report.problems)} problems"
-    print(f"verify {path.url}: {report.files} files, {report.tokens:,} tokens: {state}")
+    state = "OK" if report.ok else f"FAILED, {counted(len(report.problems), 'problem')}"
+    print(f"verify {path.url}: {counted(report.files, 'file')}, {counted(report.tokens, 'token')}: {state}")
     return 0 if report.ok else 1
 
 
@@ -392,7 +405,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(
         f"report {join(args.run_dir, REPORT_HTML)}: {build.stages.tokenize.ranks} ranks, {c.docs_in:,} docs read = "
         f"{c.docs_out:,} written + {c.empty:,} empty + {c.quarantined:,} quarantined, {build.tokens:,} tokens in "
-        f"{len(build.files)} files, {c.tokens_dropped:,} dropped by tokenizing"
+        f"{counted(len(build.files), 'file')}, {c.tokens_dropped:,} dropped by tokenizing"
     )
     return 0
 
@@ -410,7 +423,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for url, f in zip(urls, files, strict=True):
         print(f"{url}: {_description(f)}")
     tokens, entries = sum(f.num_tokens for f in files), sum(len(_ends(f)) for f in files)
-    print(f"total: {len(files)} files, {entries:,} index entries, {tokens:,} tokens")
+    entries_text = counted(entries, "index entry", "index entries")
+    print(f"total: {counted(len(files), 'file')}, {entries_text}, {counted(tokens, 'token')}")
     if args.decode:
         _decode(urls, files, args.decode, args.tokenizer)
     return 0

@@ -44,7 +44,7 @@ class Deployment:
     workdir: str | None  # where ranks and context shards stage (None: the system's temporary folder)
     merge_workdir: str | None  # the large-disk worker's disk, where the merge stages
     keep_builds: int | None  # complete builds kept under the output once a build is published (None: all)
-    schedule: str | None  # a cron expression in UTC; None: triggered runs only
+    schedule: str | None  # a cron expression in UTC; None (unset, the default): triggered runs only
     allowed_locations: AllowedLocations
     api_conn_id: str  # the connection to Airflow's REST API, where the pool check cannot read the database
     task_retries: int  # of a task that fails for a reason a later try may not meet (never of a data error)
@@ -54,12 +54,14 @@ class Deployment:
     @classmethod
     def from_env(cls) -> Deployment:
         """The ``TOKENIZATION_*`` settings; unset, the bundled sample's input and tokenizer, an output in the
-        working folder, and only those three locations allowed."""
+        working folder, only those three locations allowed, and no schedule: a production deployment asks for its
+        nightly run (docker-compose.yaml sets ``TOKENIZATION_SCHEDULE``), while a local one (``make airflow``) runs
+        only what is triggered, so that unpausing (which Airflow's trigger form does by default) starts nothing."""
         env = os.environ
         default_input = env.get("TOKENIZATION_INPUT", str(SAMPLE / "corpus"))
         default_output = env.get("TOKENIZATION_OUTPUT", str(Path.cwd() / "tokenization-builds"))
         default_tokenizer = env.get("TOKENIZATION_TOKENIZER", str(SAMPLE / "tokenizer.json"))
-        schedule = env.get("TOKENIZATION_SCHEDULE", "0 2 * * *")
+        schedule = env.get("TOKENIZATION_SCHEDULE", "").strip()
         return cls(
             default_input=default_input,
             default_output=default_output,
@@ -69,7 +71,7 @@ class Deployment:
             workdir=env.get("TOKENIZATION_WORKDIR"),
             merge_workdir=env.get("TOKENIZATION_MERGE_WORKDIR"),
             keep_builds=_keep_builds(env.get("TOKENIZATION_KEEP_BUILDS")),
-            schedule=None if schedule.lower() == "none" else schedule,
+            schedule=None if schedule.lower() in ("", "none") else schedule,
             allowed_locations=allowed_locations([default_input, default_output, tokenizer_folder(default_tokenizer)]),
             api_conn_id=env.get("TOKENIZATION_AIRFLOW_API_CONN", "airflow_api"),
             task_retries=int(env.get("TOKENIZATION_TASK_RETRIES", "2")),

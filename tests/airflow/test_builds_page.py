@@ -28,6 +28,7 @@ from tokenization.builds.pages import size
 from tokenization.formats.ds import TokenFile
 from tokenization.records import BuildSummary, SourceShare
 from tokenization.storage.files import list_names, open_fs
+from tokenization.wording import counted
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
 
@@ -270,7 +271,8 @@ def test_in_a_browser_after_login(build) -> None:
             figure = wait.until(expected_conditions.presence_of_element_located((By.ID, "length-histogram")))
             assert figure.find_element(By.TAG_NAME, "svg").size["height"] > 100
             verified = browser.find_element(By.ID, "verify").text
-            assert verified.startswith(f"Verify passed: {len(manifest['files'])} files, {manifest['tokens']:,} tokens")
+            files = counted(len(manifest["files"]), "file")
+            assert verified.startswith(f"Verify passed: {files}, {manifest['tokens']:,} tokens")
             conserved = browser.find_element(By.ID, "conservation").text
             assert conserved.startswith("Documents conservation holds: 309 read = 308 written + 1 empty")
             tokens = browser.find_element(By.CSS_SELECTOR, "#totals td[data-key=tokens]").text

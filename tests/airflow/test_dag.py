@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -33,7 +34,7 @@ def test_shape(dag) -> None:
     assert all(dag.get_task(t).is_mapped for t in ("tokenize", "merge", "context_shuffle"))
     assert dag.get_task("tokenize").retries == 2
     assert dag.max_active_runs == 1 and not dag.catchup
-    assert dag.timetable.expression == "0 2 * * *" and str(dag.timetable.timezone) == "UTC"
+    assert dag.schedule is None and type(dag.timetable).__name__ == "NullTimetable"  # no TOKENIZATION_SCHEDULE here
     assert {"input", "output", "tokenizer", "num_ranks", "merge_mode", "context_window", "sensor_timeout"} <= set(
         dag.params
     )
@@ -279,14 +280,43 @@ def test_more_ranks_than_airflow_maps_are_refused_naming_the_setting(airflow_db,
     failed_fast(dag, {"num_ranks": 3})
 
 
-def test_unpausing_starts_the_most_recent_nightly_slot(dag, monkeypatch) -> None:
-    """What the scheduler plans for a DAG deployed at 14:00 UTC, catchup being off: the latest 02:00 UTC slot, the
-    run that unpausing starts (tests/airflow/test_schedule.py sees it happen)."""
+def nightly(monkeypatch, schedule: str | None):
+    """The DAG as a deployment with ``TOKENIZATION_SCHEDULE=schedule`` (None: unset) parses it."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    if schedule is None:
+        monkeypatch.delenv("TOKENIZATION_SCHEDULE", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZATION_SCHEDULE", schedule)
+    bag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert bag.import_errors == {}, bag.import_errors
+    return bag.dags["tokenize_corpus"]
+
+
+@pytest.mark.parametrize("schedule", [None, "", "none", "None"])
+def test_no_schedule_unless_the_deployment_asks_for_one(monkeypatch, schedule) -> None:
+    """Unset (``make airflow``, ``make demo``), the DAG runs only what is triggered: unpausing it, which the
+    trigger form's "Unpause on trigger" box does by default, starts no run of its own ahead of the triggered one."""
+    dag = nightly(monkeypatch, schedule)
+    assert dag.schedule is None and type(dag.timetable).__name__ == "NullTimetable"
+
+
+def test_a_deployment_schedule_is_a_utc_cron_trigger(monkeypatch) -> None:
+    """docker-compose.yaml asks for the nightly build; a deployment's cron expression is read in UTC."""
+    dag = nightly(monkeypatch, "0 2 * * *")
+    assert dag.timetable.expression == "0 2 * * *" and str(dag.timetable.timezone) == "UTC"
+    assert dag.max_active_runs == 1 and not dag.catchup
+
+
+def test_unpausing_starts_the_most_recent_nightly_slot(monkeypatch) -> None:
+    """What the scheduler plans for a DAG deployed at 14:00 UTC with the nightly schedule, catchup being off: the
+    latest 02:00 UTC slot, the run that unpausing starts (tests/airflow/test_schedule.py sees it happen)."""
     import pendulum
     from airflow.serialization.serialized_objects import DagSerialization
     from airflow.timetables import trigger
     from airflow.timetables.base import TimeRestriction
 
+    dag = nightly(monkeypatch, "0 2 * * *")
     timetable = DagSerialization.from_dict(DagSerialization.to_dict(dag)).timetable  # as the scheduler holds it
     monkeypatch.setattr(trigger, "utcnow", lambda: pendulum.datetime(2026, 11, 30, 14, 0, tz="UTC"))
     first = timetable.next_dagrun_info(

@@ -227,7 +227,7 @@ def test_a_build_says_once_which_input_files_it_skips_and_that_ranks_will_idle(
     assert record.inputs.skipped == 1
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert said == [
-        f"skipped 1 input files of unsupported types: {tmp_path / 'in' / 'notes.txt'}",
+        f"skipped 1 input file of unsupported types: {tmp_path / 'in' / 'notes.txt'}",
         "6 ranks for 4 input files: a rank takes whole files, so 2 ranks will have nothing to tokenize; use at most "
         "4 ranks, or split the input into more files (ranks cannot share a compressed file)",  # and nothing more
     ]

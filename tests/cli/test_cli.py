@@ -52,7 +52,7 @@ def test_build_names_itself_plainly_prints_a_report_link_that_opens_and_verify_t
     assert re.fullmatch(r"cli-\d{8}T\d{6}Z", run_dir.name)  # the default build id: nothing to percent-encode
     checked = cli("verify", str(run_dir))  # a run folder: its dataset is checked
     assert checked.returncode == 0, checked.stderr
-    assert checked.stdout.splitlines()[-1].startswith(f"verify {run_dir}/merged: 1 files, 64,522 tokens: OK")
+    assert checked.stdout.splitlines()[-1].startswith(f"verify {run_dir}/merged: 1 file, 64,522 tokens: OK")
     record = json.loads((run_dir / "_BUILD.json").read_text())
     (run_dir / "_BUILD.json").write_text(json.dumps(record | {"tokens": 64_523}))  # a record its dataset belies
     checked = cli("verify", str(run_dir))
@@ -91,7 +91,7 @@ def test_inspect_reads_megatron_output_and_count_speaks_plainly(tmp_path, sample
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0] == f"{out}/00000_00000_unshuffled.bin: 64,522 tokens, 308 sequences, Megatron uint16"
-    assert lines[1] == "total: 1 files, 308 index entries, 64,522 tokens"
+    assert lines[1] == "total: 1 file, 308 index entries, 64,522 tokens"
     assert lines[2].startswith(f"--- {out}/00000_00000_unshuffled.bin document 0 (")
     counted = cli("count", str(sample_corpus), "--tokenizer", str(sample_tokenizer))
     assert counted.returncode == 0, counted.stderr

@@ -102,9 +102,9 @@ def test_idle_ranks_are_told_how_to_share_big_files(tmp_path, caplog) -> None:
     sources.idle_ranks(4, split_files(files, None), None)
     sources.idle_ranks(5, split_files(files, 1), 1)
     assert [r.getMessage() for r in caplog.records] == [
-        "4 ranks for 1 input files: a rank takes whole files, so 3 ranks will have nothing to tokenize; use at most "
-        "1 ranks, or let ranks share big files: --split-input-mb 1 splits those above 1 MB",
-        "5 ranks for 1 input files in 4 parts: 1 ranks will have nothing to tokenize; use at most 4 ranks, or a "
+        "4 ranks for 1 input file: a rank takes whole files, so 3 ranks will have nothing to tokenize; use at most "
+        "1 rank, or let ranks share big files: --split-input-mb 1 splits those above 1 MB",
+        "5 ranks for 1 input file in 4 parts: 1 rank will have nothing to tokenize; use at most 4 ranks, or a "
         "smaller --split-input-mb (only uncompressed JSON lines and parquet files are split)",
     ]
 

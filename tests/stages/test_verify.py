@@ -364,7 +364,7 @@ def test_a_truncated_record_is_one_line_naming_it(run_dir, capsys, record, kind)
         [
             f"{path}: not a valid {kind}: not JSON ({parsing.value})",
             f"{folder}: ids checked against the build's tokenizer: vocabulary 4,096, EOS id 0",
-            f"verify {folder}: 4 files, 64,522 tokens: FAILED, 1 problems",
+            f"verify {folder}: 4 files, 64,522 tokens: FAILED, 1 problem",
         ],
     )
 

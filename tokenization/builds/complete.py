@@ -51,6 +51,7 @@ from tokenization.records import (
 from tokenization.stages.verify import tokenizer_checks, verify
 from tokenization.storage.files import StorageOptions, join
 from tokenization.storage.folder import Folder
+from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -278,13 +279,14 @@ def latest_build(folder: str, storage_options: StorageOptions | None = None) -> 
     return latest_complete_build(Folder(folder, storage_options)).record
 
 
-def cache_line(cache: CacheSummary, what: str = "input files") -> str:
+def cache_line(cache: CacheSummary, parts: bool = False) -> str:
     """``47 of 50 input files from the cache (96.1% of the bytes, 12,345,678 tokens), 3 tokenized in 4.2 s; the
-    ranks took 9.8 s`` (``what``: what the ranks took, when not whole files)."""
+    ranks took 9.8 s`` (``parts``: the ranks took input files and parts of them, not whole files)."""
     files = cache.files_hit + cache.files_missed
+    what = counted(files, "input file or part", "input files and parts") if parts else counted(files, "input file")
     share = f"{cache.reused:.1%} of the bytes, " if cache.reused is not None else ""
     return (
-        f"{cache.files_hit:,} of {files:,} {what} from the cache ({share}{cache.tokens_reused:,} tokens), "
+        f"{cache.files_hit:,} of {what} from the cache ({share}{cache.tokens_reused:,} tokens), "
         f"{cache.files_missed:,} tokenized in {cache.encode_seconds:.1f} s; "
         f"the ranks took {cache.tokenize_seconds:.1f} s"
     )
@@ -327,19 +329,20 @@ def summary(build: BuildRecord) -> str:
         f"digest:  {build.digest} (sha256 of the files' checksums: equal digests, equal bytes)",
         f"documents: {c.docs_in:,} read = {c.docs_out:,} written + {c.empty:,} empty + "
         f"{c.quarantined:,} quarantined ({'holds' if c.holds else 'DOES NOT HOLD'})",
-        f"tokens: {build.tokens:,} in {len(build.files)} files, {c.tokens_dropped:,} dropped{_unchosen(build)}",
+        f"tokens: {build.tokens:,} in {counted(len(build.files), 'file')}, "
+        f"{c.tokens_dropped:,} dropped{_unchosen(build)}",
         *_mixed(build.mixture),
         *_kept(build),
-        f"verify: {'passed' if build.verify.ok else 'FAILED'} ({build.verify.files} files)",
+        f"verify: {'passed' if build.verify.ok else 'FAILED'} ({counted(build.verify.files, 'file')})",
     ]
     inputs, split_mb = build.inputs, build.params.get("split_input_mb")
     if inputs and inputs.arrived_after_plan:  # builds since plans were fixed
         arrived = inputs.arrived_after_plan.files
         later = f"; {arrived:,} arrived after the plan, left for the next build" if arrived else ""
         read = f"those above {split_mb} MB in parts that ranks shared, each part" if split_mb else "each"
-        lines.insert(3, f"inputs: the plan's {inputs.files:,} files, {read} read once{later}")
+        lines.insert(3, f"inputs: the plan's {counted(inputs.files, 'file')}, {read} read once{later}")
     if build.cache:
-        lines.append(f"cache: {cache_line(build.cache, 'input files and parts' if split_mb else 'input files')}")
+        lines.append(f"cache: {cache_line(build.cache, parts=bool(split_mb))}")
     if build.footprint:
         lines.append(f"storage: {footprint.described(build.footprint)}")
     run_dir = build.dataset.rsplit("/", 1)[0]  # it holds the dataset's folder, the report and the data path

@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from tokenization.wording import counted
+
 MISSING = "–"
 
 
@@ -93,7 +95,14 @@ ENVIRONMENT = Environment(
     keep_trailing_newline=True,
 )
 ENVIRONMENT.filters.update(
-    integer=integer, number=number, percent=percent, size=size, duration=duration, date=date, path=path
+    counted=lambda value, noun, plural=None: MISSING if value is None else counted(value, noun, plural),
+    integer=integer,
+    number=number,
+    percent=percent,
+    size=size,
+    duration=duration,
+    date=date,
+    path=path,
 )
 
 

@@ -27,6 +27,7 @@ from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_c
 from tokenization.records import BuildSpec, InputFile, PlannedInputs, PlannedTokenizer, PlanRecord, RunClaim
 from tokenization.storage.files import StorageOptions, join
 from tokenization.storage.folder import Folder
+from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,8 @@ class Plan:
         arrived = [f for f in listing.files if f.url not in known]
         if arrived:
             log.warning(
-                "%d input files arrived after %s was planned and are not in this build: %s",
-                len(arrived),
+                "%s arrived after %s was planned and are not in this build: %s",
+                counted(len(arrived), "input file"),
                 where,
                 _named([f.url for f in arrived]),
             )

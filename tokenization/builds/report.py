@@ -45,6 +45,7 @@ SETTINGS = (
     "merge_mode",
     "merge_max_tokens_per_file",
     "context_window",
+    "context_mode",
     "num_context_shards",
     "eos_token",
     "engine",
@@ -226,7 +227,9 @@ def _rank_row(rank: RankManifest) -> dict:
         "special_token_literals": c.special_token_literals_total,
         "loss_share": _loss([rank])["share"],
         "seconds": rank.seconds,
-        "load_seconds": rank.tokenizer.load_seconds,
+        # a rank that took every file from the cache built no engine: its reading of the tokenizer file is no
+        # "tokenizer loading" (the engine column says none)
+        "load_seconds": None if rank.tokenizer.engine == NO_ENGINE else rank.tokenizer.load_seconds,
         "text_mb_per_s": rates.text_mb_per_s,
         "tokens_per_s": rates.tokens_per_s,
         "engine": rank.tokenizer.engine,

@@ -57,6 +57,7 @@ from tokenization.storage.locations import AllowedLocations, check_disjoint, ins
 from tokenization.tokenizer.documents import Counts, DocumentOptions
 from tokenization.tokenizer.encoding import limit_hf_threads
 from tokenization.tokenizer.loading import TokenizerFile
+from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +105,11 @@ class Build:
             run.plan.refuse_another(proposed, listing, run_dir.url)
         files = run.plan.files
         log.info(
-            "plan %s: %d input files (%d bytes), %d ranks, seed %d; in %s",
+            "plan %s: %s (%d bytes), %s, seed %d; in %s",
             run.plan.digest[:12],
-            len(files),
+            counted(len(files), "input file"),
             sum(f.size for f in files),
-            config.num_ranks,
+            counted(config.num_ranks, "rank"),
             run.plan.seed,
             run_dir.url,
         )
@@ -358,11 +359,11 @@ class Build:
                 if not future.cancelled():
                     result = future.result()  # raises the step's error
                     log.info(
-                        "%s %s: %s tokens in %d files, %.1fs",
+                        "%s %s: %s tokens in %s, %.1fs",
                         step,
                         futures[future][0],
                         f"{result.tokens:,}",
-                        len(result.outputs),
+                        counted(len(result.outputs), "file"),
                         result.seconds,
                     )
 

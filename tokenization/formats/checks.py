@@ -39,6 +39,7 @@ from tokenization.formats.names import BUCKET_FOLDER
 from tokenization.records import OutputEntry, PseudoEnds, SelfCheck
 from tokenization.storage.files import map_concurrently
 from tokenization.storage.folder import Folder
+from tokenization.wording import counted
 
 BLOCK_BYTES = 64 << 20  # read, checked and hashed at a time: memory stays bounded whatever a file's size
 MAX_REPORTED = 10  # problems of one kind reported per file, then a count
@@ -465,4 +466,4 @@ def verify_dataset_metadata(listed: Listing, report: Report) -> None:
             continue
         total = sum(listed.sizes[n] // meta.token_size for n in parts)
         if meta.token_count != total:
-            report.problem(label, f"says {meta.token_count} tokens, its {len(parts)} files hold {total}")
+            report.problem(label, f"says {meta.token_count} tokens, its {counted(len(parts), 'file')} hold {total}")

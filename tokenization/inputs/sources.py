@@ -27,6 +27,7 @@ from tokenization.records import FilePart, InputFile, Rejected
 from tokenization.rendering.renderer import MISSING, Renderer, get_field, no_loss_ranges, text_field
 from tokenization.storage.files import StorageOptions, file_sha256, is_local, map_concurrently, open_fs
 from tokenization.storage.locations import GLOB_CHARS, glob_folder
+from tokenization.wording import counted
 
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -151,9 +152,9 @@ def list_input_files(
                     f"interpreter's limit): name a folder, which is listed without that limit, or flatten the tree"
                 ) from None
     if skipped and not quiet:
-        log.warning("skipped %d input files of unsupported types: %s", len(skipped), ", ".join(skipped))
+        log.warning("skipped %s of unsupported types: %s", counted(len(skipped), "input file"), ", ".join(skipped))
     if hidden and not quiet:
-        log.info("ignored %d input files under names starting with . or _", len(hidden))
+        log.info("ignored %s under names starting with . or _", counted(len(hidden), "input file"))
     if not found:
         unsupported = f" (skipped as unsupported: {', '.join(skipped)})" if skipped else ""
         ignored = f" ({len(hidden)} ignored under names starting with . or _)" if hidden else ""
@@ -187,10 +188,10 @@ def idle_ranks(ranks: int, shared: Sequence[InputFile], split_mb: int | None) ->
         return
     files = len({f.url for f in shared})
     if split_mb:
-        what = f"{files} input files in {len(shared)} parts:"
+        what = f"{counted(files, 'input file')} in {counted(len(shared), 'part')}:"
         advice = "or a smaller --split-input-mb (only uncompressed JSON lines and parquet files are split)"
     else:
-        what = f"{files} input files: a rank takes whole files, so"
+        what = f"{counted(files, 'input file')}: a rank takes whole files, so"
         part_mb = max(1, -(-sum(f.size for f in shared) // (ranks * MB)))
         advice = (
             f"or let ranks share big files: --split-input-mb {part_mb} splits those above {part_mb} MB"
@@ -199,11 +200,11 @@ def idle_ranks(ranks: int, shared: Sequence[InputFile], split_mb: int | None) ->
         )
     idle = ranks - len(shared)
     log.warning(
-        "%d ranks for %s %d ranks will have nothing to tokenize; use at most %d ranks, %s",
+        "%d ranks for %s %s will have nothing to tokenize; use at most %s, %s",
         ranks,
         what,
-        idle,
-        len(shared),
+        counted(idle, "rank"),
+        counted(len(shared), "rank"),
         advice,
     )
 

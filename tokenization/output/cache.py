@@ -96,6 +96,7 @@ from tokenization.storage.files import (
     write_bytes_atomic,
 )
 from tokenization.storage.folder import Folder
+from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +181,9 @@ class Cache:
                 return  # made by another rank or build a moment earlier
         if files:
             log.info(
-                "cache %s: made by an earlier version (%d files); adopted, %s written",
+                "cache %s: made by an earlier version (%s); adopted, %s written",
                 self.location,
-                len(files),
+                counted(len(files), "file"),
                 OWN_FILE,
             )
 

@@ -37,6 +37,7 @@ from tokenization.storage.files import file_sha256, writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
 from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, Threads, encoded_batches
 from tokenization.tokenizer.encoding import Encoder
+from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,8 @@ class FirstPass:
         entries = [c.cache.lookup(key.digest) for key in keys]
         missed = [f for f, entry in zip(files, entries, strict=True) if entry is None]
         hits = len(files) - len(missed)
-        log.info("%s: %d of %d input files in the cache, %d to tokenize", self.where, hits, len(files), len(missed))
+        listed = counted(len(files), "input file")
+        log.info("%s: %d of %s in the cache, %d to tokenize", self.where, hits, listed, len(missed))
         self.encoder.expect(sum(f.span_bytes for f in missed))
         return list(zip(files, keys, entries, strict=True))
 
@@ -257,9 +259,9 @@ class FirstPass:
             "tokens with loss": (held.loss_ones, c.loss_tokens) if self.save_loss else (0, 0),
             "quarantined records": (_lines(quarantine) if quarantine else 0, c.rejected_total),
         }
-        for what, (value, counted) in found.items():
-            if counted is not None and value != counted:
-                return f"its files hold {value:,} {what}, its counts say {counted:,}"
+        for what, (value, said) in found.items():
+            if said is not None and value != said:
+                return f"its files hold {value:,} {what}, its counts say {said:,}"
         if not np.array_equal(shape.length_buckets, Counts.of(c).length_buckets):
             return "its documents' lengths are not those its counts' histogram says"
         if c.contents_in is not None and c.contents_in.value != held.contents:

@@ -62,6 +62,7 @@ from tokenization.records import (
 )
 from tokenization.storage.files import StorageOptions, join, list_names, map_concurrently, meanwhile
 from tokenization.storage.folder import Folder
+from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -471,12 +472,12 @@ def merge(
         done = _completed_files(attempt, config, prepared.width, prepared.fingerprint)
         checkpoints = _Checkpoints(attempt, prepared, done, own)
         log.info(
-            "merge %s: %d inputs, %d units, %d tokens; %d files already done, resuming at unit %d",
+            "merge %s: %d inputs, %d units, %d tokens; %s already done, resuming at unit %d",
             stem,
             len(prepared.inputs.urls),
             prepared.total_units,
             prepared.total_tokens,
-            len(done),
+            counted(len(done), "file"),
             checkpoints.units_end,
         )
         try:

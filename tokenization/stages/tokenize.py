@@ -63,6 +63,7 @@ from tokenization.storage.files import file_sha256, join, list_names, meanwhile
 from tokenization.storage.locations import check_disjoint
 from tokenization.tokenizer.documents import Counts, DocumentOptions, TooManyRejects
 from tokenization.tokenizer.encoding import Encoder
+from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -253,10 +254,10 @@ def tokenize_rank(
         user, keeps = share.run_dir, join(share.run_dir, RUN_CLAIM)
     check_unchanged(files, config.storage_options)  # fails before any work on a file that is not what was listed
     log.info(
-        "rank %d/%d: %d input files, %d bytes",
+        "rank %d/%d: %s, %d bytes",
         config.rank,
         config.world_size,
-        len(files),
+        counted(len(files), "input file"),
         sum(f.span_bytes for f in files),
     )
     with attempt_at(config.folder(config.output), config.stem, config.local_working_dir, owner) as attempt:
@@ -280,7 +281,7 @@ def tokenize_rank(
         log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
         names = share.mixture.names if share is not None and share.mixture is not None else None
         written = _second_pass(config, encoder, segments, counts, attempt.work, names)
-        log.info("rank %d: pass 2 done, %d files, %s", config.rank, len(written), config.kind)
+        log.info("rank %d: pass 2 done, %s, %s", config.rank, counted(len(written), "file"), config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
         check_unchanged(files, config.storage_options)  # nor one that changed while it was read
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
@@ -307,7 +308,7 @@ def tokenize_rank(
             sources=None if names is None else _source_counts(segments, names, written, config.num_buckets),
         )
         record = _publish(config, attempt, written, record, quarantined(attempt.work))
-    log.info("rank %d: %d files published to %s", config.rank, len(written), config.output)
+    log.info("rank %d: %s published to %s", config.rank, counted(len(written), "file"), config.output)
     return StageResult(counts, record)
 
 

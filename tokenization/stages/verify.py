@@ -49,6 +49,7 @@ from tokenization.records import (
 )
 from tokenization.storage.files import StorageOptions, in_batches
 from tokenization.storage.folder import Folder
+from tokenization.wording import counted
 
 R = TypeVar("R")
 
@@ -94,7 +95,9 @@ def verify(
         else:
             verify_megatron(listing, name, entries.get(name), checks, report)
     if skipped := len(trusted.intersection(ds_files + bin_files)):
-        report.notes.append(f"{folder.url}: {skipped} files not read again: their stages checked them before upload")
+        report.notes.append(
+            f"{folder.url}: {counted(skipped, 'file')} not read again: their stages checked them before upload"
+        )
     verify_dataset_metadata(listing, report)
     if records:  # after the token files: their checksums were taken while they were streamed
         _check_records(listing, records, {*ds_files, *bin_files}, described, report)
@@ -135,8 +138,8 @@ def _verify_records_alone(listing: Listing, report: Report) -> Report:
     )
     if left := [name for name in listing.sizes if _family(name).endswith((DS, MEGATRON))]:
         report.notes.append(
-            f"{listing.url}: {len(left)} token files not removed yet (a removal cut short): publishing the build "
-            "again removes them"
+            f"{listing.url}: {counted(len(left), 'token file')} not removed yet (a removal cut short): "
+            "publishing the build again removes them"
         )
     return report
 

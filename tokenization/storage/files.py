@@ -3,8 +3,9 @@ where.
 
 A reader must never see half a file. Locally a file is written under a temporary name and renamed; on an object
 store an object only appears once its upload completes, so it is uploaded to its final key. A write that fails
-removes its temporary file and raises :class:`WriteError`, which names the file and, locally, the filesystem and
-its free space (a bare ``[Errno 28] No space left on device`` names neither).
+removes its temporary file and raises :class:`WriteError`, which names the file and, locally, what the error alone
+does not say: the filesystem and its free space when it is full (a bare ``[Errno 28] No space left on device`` names
+neither), or that the location is on one of the kernel's virtual filesystems, where no build can write.
 """
 
 from __future__ import annotations
@@ -108,13 +109,37 @@ def part_size(file_size: int, smallest: int = MIN_PART_SIZE) -> int:
     return max(smallest, math.ceil(needed / MIB) * MIB)
 
 
-def filesystem_of(path: str | Path) -> str:
-    """Where a local path lives: its mount point and the space left there, for error messages."""
+# The write errors that the filesystem's free space (or a quota, or its largest file) explains
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# The kernel's virtual filesystems: they hold no files of a build's (creating one fails, often as "No such file")
+VIRTUAL_FILESYSTEMS = frozenset(
+    {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "configfs", "pstore"}
+    | {"bpf", "mqueue", "fusectl", "binfmt_misc", "efivarfs", "selinuxfs", "autofs", "rpc_pipefs", "nsfs"}
+)
+
+
+def _mount_of(path: str | Path) -> Path:
     mount = Path(os.path.abspath(path))
     while not mount.exists() or not os.path.ismount(mount):
         if mount.parent == mount:
             break
         mount = mount.parent
+    return mount
+
+
+def _filesystem_type(mount: Path) -> str | None:
+    """The type of the filesystem mounted at ``mount`` (``/proc/mounts``; None where there is none)."""
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    types = [fields[2] for fields in map(str.split, lines) if len(fields) > 2 and fields[1] == str(mount)]
+    return types[-1] if types else None  # the last mount there hides the others
+
+
+def filesystem_of(path: str | Path) -> str:
+    """Where a local path lives: its mount point and the space left there, for error messages."""
+    mount = _mount_of(path)
     try:
         stat = os.statvfs(mount)
     except OSError:
@@ -124,12 +149,23 @@ def filesystem_of(path: str | Path) -> str:
 
 
 def write_error(exc: OSError, path: str | Path, local: bool = True) -> WriteError:
-    """``exc`` raised while writing ``path``, as an error that says which file and which filesystem."""
+    """``exc`` raised while writing ``path``, as an error that says which file, and what is wrong where the
+    message alone does not: the filesystem and its free space when it is full (or a quota or its largest file is
+    reached), that the
+    location is none a build can write to when it is on one of the kernel's virtual filesystems (``/proc``,
+    ``/sys``: "No such file or directory" there means "no file can be made here")."""
     if isinstance(exc, WriteError):
         return exc
     reason = exc.strerror or str(exc)
-    where = f" ({filesystem_of(path)})" if local else ""
-    error = WriteError(f"{path}: {reason}{where}")  # one argument: printed as it is, without "[Errno n]"
+    message = f"{path}: {reason}"  # one argument: printed as it is, without "[Errno n]"
+    if local and exc.errno in NO_ROOM:
+        message += f" ({filesystem_of(path)})"
+    elif local and (kind := _filesystem_type(mount := _mount_of(path))) in VIRTUAL_FILESYSTEMS:
+        message = (
+            f"{path}: a location the build cannot write to: {mount} is the kernel's {kind} filesystem, not storage "
+            f"({reason}); choose an output on a disk or an object store"
+        )
+    error = WriteError(message)
     error.errno = exc.errno or errno.EIO
     return error
 

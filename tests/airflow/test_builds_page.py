@@ -266,6 +266,9 @@ def test_in_a_browser_after_login(build) -> None:
                 "reused": f"{manifest['cache']['bytes_reused'] / manifest['cache']['bytes_total']:.1%}",
                 "storage": "\n".join(storage),
             }
+            fits = "const t = document.getElementById('builds'); return [t.scrollWidth, t.parentElement.clientWidth];"
+            width, room = browser.execute_script(fits)
+            assert width <= room <= 1400, (width, room)  # no scrolling at 1,400 px: the table fits the window
             full_page_screenshot(browser, ARTIFACTS / "corpus-builds.png")
             row.find_element(By.TAG_NAME, "a").click()
             figure = wait.until(expected_conditions.presence_of_element_located((By.ID, "length-histogram")))

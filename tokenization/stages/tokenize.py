@@ -279,8 +279,8 @@ def tokenize_rank(
         encoder.release()  # pass 2 has the whole memory budget
         counts = total(segments)
         log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
-        names = share.mixture.names if share is not None and share.mixture is not None else None
-        written = _second_pass(config, encoder, segments, counts, attempt.work, names)
+        source_names = share.mixture.names if share is not None and share.mixture is not None else None
+        written = _second_pass(config, encoder, segments, counts, attempt.work, source_names)
         log.info("rank %d: pass 2 done, %s, %s", config.rank, counted(len(written), "file"), config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
         check_unchanged(files, config.storage_options)  # nor one that changed while it was read
@@ -305,7 +305,9 @@ def tokenize_rank(
             cache=RankCache(location=location, files=cast("list[CachedInput]", [s.cached for s in segments]))
             if location
             else None,
-            sources=None if names is None else _source_counts(segments, names, written, config.num_buckets),
+            sources=None
+            if source_names is None
+            else _source_counts(segments, source_names, written, config.num_buckets),
         )
         record = _publish(config, attempt, written, record, quarantined(attempt.work))
     log.info("rank %d: %s published to %s", config.rank, counted(len(written), "file"), config.output)

@@ -40,7 +40,6 @@ from tokenization.formats.moves import (
     sorted_union,
     uses_contents,
 )
-from tokenization.mixing import read_mixture
 from tokenization.options import Options, option
 from tokenization.output import manifest
 from tokenization.output.attempts import Attempt, attempt_at
@@ -305,7 +304,7 @@ class _Mixed:
 
 def _prepare(config: MergeConfig) -> _Prepared:
     given = config.folder(config.input)
-    mixture = None if config.mixture is None else read_mixture(config.mixture, "mixture")
+    mixture = None if config.mixture is None else mixing.read_mixture(config.mixture, "mixture")
     if config.bucket is None:
         urls, described = manifest.token_files(given), manifest.output_entries(given)
     else:

@@ -29,7 +29,7 @@ from tokenization.errors import TokenizationError
 from tokenization.output.cache import Cache
 from tokenization.output.runs import Layout
 from tokenization.records import CacheSize, FolderBytes, Footprint
-from tokenization.storage.files import is_local, join, remove_files
+from tokenization.storage.files import fresh_listing, is_local, join, remove_files
 from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
@@ -125,13 +125,7 @@ def _files(top: Folder) -> Iterator[tuple[str, int]]:
     folders = [""]
     while folders:
         folder = folders.pop()
-        where = join(root, folder) if folder else root
-        fs.invalidate_cache(where)
-        try:
-            entries = fs.ls(where, detail=True)
-        except FileNotFoundError:
-            continue
-        for entry in entries:
+        for entry in fresh_listing(fs, join(root, folder) if folder else root):
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
             path = f"{folder}/{name}" if folder else name
             if entry["type"] == "directory":

@@ -28,6 +28,7 @@ from datetime import datetime
 from tokenization.errors import MissingError, TokenizationError, UsageError
 from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, folder_for, read_build
 from tokenization.records import BuildRecord, RecordError, RunClaim
+from tokenization.storage.files import fresh_listing
 from tokenization.storage.folder import Folder, PutMode, UpdateIf
 
 LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_for encodes a leading dot)
@@ -231,12 +232,7 @@ def _locked(output: Folder) -> Iterator[None]:
 
 def _child_folders(output: Folder) -> list[str]:
     """The names of the folders directly inside ``output`` (none when it does not exist), without dot names."""
-    fs, path = output.fs, output.path
-    fs.invalidate_cache(path)
-    try:
-        entries = fs.ls(path, detail=True)
-    except FileNotFoundError:
-        return []
+    entries = fresh_listing(output.fs, output.path)
     names = (e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
     return sorted(name for name in names if not name.startswith("."))
 

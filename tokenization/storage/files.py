@@ -458,12 +458,17 @@ def in_batches(items: list[T], size: int = CONCURRENT_READS) -> Iterator[list[T]
 
 def list_sizes(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, int]:
     """Files directly inside a folder with their sizes, from one fresh listing (one request on an object store)."""
+    return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in fresh_listing(fs, path)}
+
+
+def fresh_listing(fs: fsspec.AbstractFileSystem, path: str) -> list[dict]:
+    """fsspec's detailed entries directly inside a folder, listed now (not from its cache); none when it does not
+    exist."""
     fs.invalidate_cache(path)
     try:
-        entries = fs.ls(path, detail=True)
+        return fs.ls(path, detail=True)
     except FileNotFoundError:
-        return {}
-    return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries}
+        return []
 
 
 def remove_if_exists(fs: fsspec.AbstractFileSystem, path: str) -> None:
@@ -485,12 +490,7 @@ def _remove_empty_folders(fs: fsspec.AbstractFileSystem, path: str) -> None:
     keys: once the objects are gone the listing is empty (one LIST, which finds nothing). SeaweedFS keeps each as a
     directory of its filer, listed as a common prefix until a ``DeleteObject`` of ``folder/`` removes it (one of a
     folder that still holds anything changes nothing there)."""
-    fs.invalidate_cache(path)
-    try:
-        entries = fs.ls(path, detail=True)
-    except FileNotFoundError:
-        return
-    for entry in entries:
+    for entry in fresh_listing(fs, path):
         if entry["type"] == "directory" and entry["name"].rstrip("/") != path.rstrip("/"):
             _remove_empty_folders(fs, entry["name"])
     bucket, key, _ = fs.split_path(path)

@@ -20,7 +20,7 @@ from tokenization import mixing, orderings
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
-from tokenization.formats.ds import TokenFile
+from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.records import Mixture, MixtureSource
 
 LETTERS = {"web": "abcdefg", "code": "hijklmn", "math": "opqrstu"}
@@ -287,3 +287,19 @@ def test_megatron_output_weighs_each_sources_files_by_its_weight(tmp_path, sampl
     assert [account.share for account in record.mixture or []] == [0.6, 0.3, 0.1]
     with pytest.raises(UsageError, match="Megatron-LM decides how many tokens it takes of each"):
         config(tmp_path, sample_tokenizer, spec(inputs, 1000), output_format="megatron", save_loss=False)
+
+
+def test_a_rank_sidecar_changed_to_another_valid_source_stops_the_merge(tmp_path, sample_tokenizer) -> None:
+    """A byte of a rank's ``.source`` set to another source that exists: the sizes still match, so only its
+    recorded sha256 can tell; the merge refuses before it writes a byte."""
+    inputs = write_sources(tmp_path / "data", {"web": 60, "code": 20, "math": 40})
+    build = Build.start(config(tmp_path, sample_tokenizer, spec(inputs, None)), "tampered")
+    for rank in build.ranks:
+        build.tokenize(rank, progress=False)
+    sidecar = next(Path(build.layout.ranks.path).glob("*.ds.source"))
+    data = bytearray(sidecar.read_bytes())
+    data[0] = (data[0] + 1) % len(LETTERS)
+    sidecar.write_bytes(bytes(data))
+    with pytest.raises(TokenFileError, match=rf"{sidecar.name}: not the sidecar its rank recorded"):
+        build.merge(progress=False)
+    assert not list(Path(build.layout.merged.path).glob("*.ds"))

@@ -31,7 +31,16 @@ from tokenization.errors import UsageError
 from tokenization.formats import names, sidecar
 from tokenization.formats.checks import Checks, OwnCheck
 from tokenization.formats.contents import Contents, ShuffleCheckFailed, check_kept
-from tokenization.formats.ds import Metadata, Observer, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile
+from tokenization.formats.ds import (
+    SOURCE,
+    SOURCE_DTYPE,
+    Metadata,
+    Observer,
+    SplitWriter,
+    TokenFile,
+    TokenFileError,
+    WrittenTokenFile,
+)
 from tokenization.formats.moves import (
     MAX_OPEN_FILES,
     SourcePool,
@@ -313,6 +322,8 @@ def _prepare(config: MergeConfig) -> _Prepared:
     entries = [described[name] for name in named if name in described]
     source_names = mixture.names if mixture else None
     inputs = validate_inputs(urls, config.save_loss, entries, config.storage_options, source_names)
+    if mixture is not None:
+        _check_sidecars(inputs, named, described)
     recorded = [_recorded(described.get(name), config.save_loss) for name in named]
     chunk = config.shuffle_chunk_size
     tokens = np.array([inputs.tokens(f) for f in range(len(urls))], dtype=np.int64)
@@ -330,6 +341,21 @@ def _prepare(config: MergeConfig) -> _Prepared:
     fingerprint = _fingerprint(config, inputs, width)
     prepared = (inputs, units, tokens, tails, keep_tails, total_tokens, total_units, width, fingerprint, recorded)
     return _Prepared(*prepared, mix=mix)
+
+
+def _check_sidecars(inputs: MergeInputs, named: list[str], described: dict[str, Described]) -> None:
+    """Each input's ``.source`` sidecar is the one its rank recorded (its marker's sha256): a byte changed to
+    another valid source would otherwise move documents between sources unseen (the contents proof covers tokens
+    and loss bytes, not the sidecar)."""
+    sources = cast(np.ndarray, inputs.sources)
+    for f, name in enumerate(named):
+        held = sources[inputs.offsets[f] : inputs.offsets[f + 1]].astype(SOURCE_DTYPE).tobytes()
+        recorded = described[name].entry.files.get(name + SOURCE) if name in described else None
+        if recorded is None or hashlib.sha256(held).hexdigest() != recorded.sha256:
+            raise TokenFileError(
+                f"{inputs.urls[f]}{SOURCE}: not the sidecar its rank recorded (no record, or another sha256): "
+                "tokenize that rank again"
+            )
 
 
 def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: list) -> _Mixed:

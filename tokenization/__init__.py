@@ -1,10 +1,10 @@
 """corpus-tokenization: cleaned text into datatrove's token files, shuffled at scale.
 
 The public API, as ``tokenization.NAME``: a whole build (``Build``, ``BuildConfig``), each stage as a function and
-its config, ``verify``, and ``TokenFile`` to read what they write. The layers, from the bottom: ``errors``,
-``progress``, ``storage``, ``options``, ``records``, ``orderings``, ``formats``, ``rendering``, ``inputs``,
-``tokenizer``, ``output`` (the output protocol), ``stages`` and ``builds``; each name is loaded on first use, so that
-importing one layer does not load them all.
+its config, ``verify``, ``export_mds`` (a build's windows as MDS), and ``TokenFile`` to read what they write. The
+layers, from the bottom: ``errors``, ``progress``, ``storage``, ``options``, ``records``, ``orderings``,
+``formats``, ``rendering``, ``inputs``, ``tokenizer``, ``output`` (the output protocol), ``stages`` and ``builds``;
+each name is loaded on first use, so that importing one layer does not load them all.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ PUBLIC = {  # name -> the module that defines it
     "CountConfig": "tokenization.stages.count",
     "count_tokens": "tokenization.stages.count",
     "verify": "tokenization.stages.verify",
+    "export_mds": "tokenization.stages.export_mds",
     "TokenFile": "tokenization.formats.ds",
     "TokenizationError": "tokenization.errors",
 }

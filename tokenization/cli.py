@@ -6,6 +6,7 @@ A build runs the stages in order, each also a command of its own:
   merge            every rank file into one globally ordered sequence of files (one task)
   context-shuffle  cut files into training windows and permute them (a shard of the files each)
   build            all of the above, then verify and publish: {output}/{build id}/_BUILD.json
+  mds              a build's context windows as MDS shards, for mosaicml streaming and litdata
 
 and count (tokens, no files), verify, inspect and report look at inputs and outputs; cache lists and prunes the
 tokenization cache, where builds keep each input file's tokens for the next one.
@@ -143,6 +144,20 @@ def _cache_arguments(cache: argparse.ArgumentParser) -> None:
             action.add_argument(
                 "--max-size", type=_size, metavar="SIZE", help="then keep at most this much: 500GB, 1.5TB, 200MiB"
             )
+
+
+def _mds_arguments(mds: argparse.ArgumentParser) -> None:
+    mds.add_argument(
+        "run_dir", metavar="RUN_DIR", type=_location, help="a published build's folder, built with context windows"
+    )
+    mds.add_argument("--out", type=_location, help="the MDS dataset's folder or fsspec URL (default: RUN_DIR/mds)")
+    mds.add_argument(
+        "--shard-size",
+        type=_size,
+        default="64MiB",
+        metavar="SIZE",
+        help="the largest shard: 64MiB (the default, as MDSWriter's), 32MB, ... (below 4GiB)",
+    )
 
 
 def _inspect_arguments(ins: argparse.ArgumentParser) -> None:
@@ -363,11 +378,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{join(args.path, BUILD_MANIFEST)}: records {build.tokens:,} tokens and digest {build.digest}, but its "
             f"dataset holds {report.tokens:,} tokens and digest {digest}"
         )
+    if build and build.mds:
+        report.problems.extend(_mds_problems(args.path, build, read=args.sample is None))
     for line in report.problems + report.notes:
         print(line)
     state = "OK" if report.ok else f"FAILED, {counted(len(report.problems), 'problem')}"
     print(f"verify {path.url}: {counted(report.files, 'file')}, {counted(report.tokens, 'token')}: {state}")
     return 0 if report.ok else 1
+
+
+def _mds_problems(run_dir: str, build: BuildRecord, read: bool) -> list[str]:
+    """A build that publish also wrote as MDS: its index and shards against the record (``stages.export_mds``)."""
+    from tokenization.output.runs import Layout
+    from tokenization.stages.export_mds import mds_problems
+
+    assert build.mds is not None
+    mds = Layout(Folder(run_dir)).mds
+    problems = mds_problems(build.mds, mds, read)
+    if not problems:
+        print(f"{mds.url}: {counted(build.mds.shards, 'MDS shard')} as the build record says")
+    return problems
 
 
 def _dataset_in(run_dir: str, build: BuildRecord) -> str:
@@ -406,6 +436,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         f"report {join(args.run_dir, REPORT_HTML)}: {build.stages.tokenize.ranks} ranks, {c.docs_in:,} docs read = "
         f"{c.docs_out:,} written + {c.empty:,} empty + {c.quarantined:,} quarantined, {build.tokens:,} tokens in "
         f"{counted(len(build.files), 'file')}, {c.tokens_dropped:,} dropped by tokenizing"
+    )
+    return 0
+
+
+def cmd_mds(args: argparse.Namespace) -> int:
+    from tokenization.stages.export_mds import export_mds
+
+    done = export_mds(Folder(args.run_dir), Folder(args.out) if args.out else None, args.shard_size)
+    print(
+        f"mds {done.folder}: {counted(done.windows, 'window')}, {counted(done.tokens, 'token')}, in "
+        f"{counted(done.shards, 'shard')} and index.json (streaming.StreamingDataset(local={done.folder!r}))"
     )
     return 0
 
@@ -515,6 +556,9 @@ COMMANDS = {
     ),
     "report": Command(
         "write a build's report.html and report.json again, from its manifests", _report_arguments, cmd_report
+    ),
+    "mds": Command(
+        "write a build's context windows as MDS shards (mosaicml streaming, litdata)", _mds_arguments, cmd_mds
     ),
     "cache": Command("list or prune a tokenization cache", _cache_arguments, cmd_cache),
     "inspect": Command(

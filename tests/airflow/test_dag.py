@@ -48,10 +48,12 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
 
     params = {name: dag.params.get_param(name) for name in dag.params}
     schemas = {name: param.schema for name, param in params.items()}
-    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 42
+    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 43
     assert schemas["keep_intermediate"] == {"type": "boolean", "title": "Keep intermediate token files"}
     keep = params["keep_intermediate"]  # a flag of the build's own, off: a published build is one copy
     assert keep.value is False and "ranks/ and merged/" in keep.description
+    assert schemas["mds"] == {"type": "boolean", "title": "Also write MDS"}
+    assert params["mds"].value is False and "{run}/mds/" in params["mds"].description
     assert schemas["context_mode"]["enum"] == ["windows", "packed"] and dag.params.dump()["context_mode"] == "windows"
     assert schemas["cache"]["type"] == ["null", "string"] and "off" in params["cache"].description
     assert [name for name, param in params.items() if not (param.schema.get("title") and param.description)] == []
@@ -123,18 +125,21 @@ def test_a_run_equals_tokenization_build(airflow_db, dag, tmp_path, sample_corpu
 
 
 def test_a_bucketed_run_maps_the_merge_over_buckets(airflow_db, dag, tmp_path, sample_corpus, sample_tokenizer):
+    """Also with ``mds``: publish writes the MDS copy, the same bytes as a build by hand writes."""
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
 
-    conf = DAG_CONF | {"merge_mode": "bucketed", "num_buckets": 4}
+    conf = DAG_CONF | {"merge_mode": "bucketed", "num_buckets": 4, "mds": True}
     run_, tis, ok = run_dag(dag, conf)
     assert ok, {k: ti.state for k, ti in tis.items()}
     assert [tis[("merge", b)].rendered_map_index for b in range(4)] == [f"bucket-{b}" for b in range(4)]
-    _, build = build_of(run_)
+    folder, build = build_of(run_)
     assert build["verify"]["ok"] and build["conservation"]["docs_out"] == 308 and build["token_flow"]["merge"] == 64_522
     assert {name[:5] for name in build["files"]} == {"00000", "00001", "00002", "00003"}
+    assert build["mds"]["tokens"] == 64_522 and (folder / "mds" / "index.json").is_file()
     config = BuildConfig(input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), **conf)
-    assert Build.start(config, "by-hand").run(parallel=2).record.digest == build["digest"]
+    by_hand = Build.start(config, "by-hand").run(parallel=2).record
+    assert (by_hand.digest, by_hand.mds.index_sha256) == (build["digest"], build["mds"]["index_sha256"])
 
 
 def test_a_mixture_run_takes_each_source_at_its_share(airflow_db, dag, tmp_path, sample_corpus, sample_tokenizer):

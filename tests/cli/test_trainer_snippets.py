@@ -1,9 +1,9 @@
 """The README's "Load it in your trainer" section, run as printed: its build commands in a folder holding ``data/``,
-``tokenizer.json`` and a mixture (``mixture.yaml`` and its sources), then each snippet, in the trainers'
-environment, on what they built; what the snippets print is what our own readers find in the same files, and the
-sources a mixture's snippet reads are those its documents' decoded text tells. Each runs on a build of the sample
-tokenizer (2 bytes an id) and of Llama 3's (128,256 ids: 4 bytes an id), which a snippet assuming either size
-misreads."""
+``tokenizer.json`` and a mixture (``mixture.yaml`` and its sources), then each snippet, in the trainers' environment
+(the MDS one in mosaicml streaming's), on what they built; what the snippets print is what our own readers find in
+the same files, and the sources a mixture's snippet reads are those its documents' decoded text tells. Each runs on
+a build of the sample tokenizer (2 bytes an id) and of Llama 3's (128,256 ids: 4 bytes an id), which a snippet
+assuming either size misreads."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.support.paths import ROOT, shared_path
-from tests.support.references import in_trainer_env
+from tests.support.references import in_streaming_env, in_trainer_env
 from tokenization.formats.ds import TokenFile
 from tokenization.formats.megatron import MegatronFile
 
@@ -85,7 +85,7 @@ def told(text: str) -> str | None:
 
 
 def test_the_section_has_its_four_snippets() -> None:
-    assert sorted(SNIPPETS) == ["datatrove", "megatron", "numpy", "sources"]
+    assert sorted(SNIPPETS) == ["datatrove", "mds", "megatron", "numpy", "sources"]
 
 
 def printed(builds: Path, name: str) -> list[str]:
@@ -115,6 +115,17 @@ def test_numpy_reads_whole_windows_and_their_loss(builds) -> None:
         full = ours.num_tokens // WINDOW
         loss = int(np.asarray(ours.loss[: full * WINDOW]).sum())
         assert line == f"builds/nightly/context/{path.name} ({full}, {WINDOW}) {loss} {len(ours.ends)}"
+
+
+def test_streaming_reads_the_mds_windows(builds, tokenizer) -> None:
+    (line,) = in_streaming_env(SNIPPETS["mds"], cwd=builds).strip().splitlines()
+    files = [TokenFile(str(p)) for p in sorted((builds / "builds/nightly/context").glob("*.ds"))]
+    first = files[0]
+    ends = np.asarray(first.ends, dtype=np.int64)
+    windows = sum(-(-f.num_tokens // WINDOW) for f in files)
+    ids = np.asarray(first.tokens[:8]).tolist()
+    loss = int(np.asarray(first.loss[:WINDOW]).sum())
+    assert line == f"{windows} {ids} {ends[ends <= WINDOW].tolist()} {loss}" and loss > 0
 
 
 def test_megatron_core_reads_every_prefix_of_the_data_path(builds, tokenizer) -> None:

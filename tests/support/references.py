@@ -1,5 +1,6 @@
 """What our bytes are held against, each in a process of its own: datatrove 0.10.1's pipeline, and the trainers'
-readers (torch, megatron-core, datatrove's reader) in the environment ``make trainer-env`` installs."""
+readers (torch, megatron-core, datatrove's reader) in the environment ``make trainer-env`` installs, and mosaicml
+streaming in the one ``make streaming-env`` installs."""
 
 from __future__ import annotations
 
@@ -16,9 +17,18 @@ from tests.support.tokenizers import EOS
 
 def in_trainer_env(script: str, *args: str, cwd: Path | None = None) -> str:
     """What ``script`` prints, run by the trainers' environment (torch, megatron-core, datatrove's reader), or skip."""
-    python = ROOT / ".venv-trainers" / "bin" / "python"
+    return _in_env(".venv-trainers", "`make trainer-env` installs the trainers' readers", script, *args, cwd=cwd)
+
+
+def in_streaming_env(script: str, *args: str, cwd: Path | None = None) -> str:
+    """What ``script`` prints, run by mosaicml streaming's environment (MDS's reader and writer), or skip."""
+    return _in_env(".venv-streaming", "`make streaming-env` installs mosaicml streaming", script, *args, cwd=cwd)
+
+
+def _in_env(venv: str, installs: str, script: str, *args: str, cwd: Path | None) -> str:
+    python = ROOT / venv / "bin" / "python"
     if not (python.parent.parent / "ready").exists():
-        pytest.skip(f"{python.parent.parent} is absent: `make trainer-env` installs the trainers' readers")
+        pytest.skip(f"{python.parent.parent} is absent: {installs}")
     done = subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True, cwd=cwd)
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -38,6 +38,7 @@ from tokenization.records import (
     CacheSummary,
     ContentsSum,
     ContextCounts,
+    MdsOutput,
     MergeCounts,
     Mixture,
     ReportFiles,
@@ -48,6 +49,7 @@ from tokenization.records import (
     TokenizeSummary,
     VerifySummary,
 )
+from tokenization.stages.export_mds import write_mds
 from tokenization.stages.verify import tokenizer_checks, verify
 from tokenization.storage.files import StorageOptions, join
 from tokenization.storage.folder import Folder
@@ -204,6 +206,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         raise BuildError(f"the ranks did not read exactly the plan's input files: {balance.inputs_problem}")
     if not balance.holds:
         raise BuildError(f"documents are not conserved: {balance}")
+    mds = _write_mds(config, layout, checked.tokens) if config.mds else None
     finished = time.time()
     tokenized = TokenizeSummary(
         ranks=config.num_ranks,
@@ -246,7 +249,16 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         removed=removed,
         footprint=footprint.measure(layout, removed, config.cache_folder),
         mixture=accounting.mixture_accounts(ranks, merged, config.mixed),
+        mds=mds,
     )
+
+
+def _write_mds(config: BuildConfig, layout: Layout, tokens: int) -> MdsOutput:
+    """The verified dataset's windows as MDS in ``{run}/mds``, holding every token verify counted."""
+    written = write_mds(layout.context, layout.mds, config.context_window)
+    if written.tokens != tokens:
+        raise BuildError(f"{written.folder} holds {written.tokens:,} tokens, the dataset {tokens:,}")
+    return written
 
 
 def dataset_checks(config: BuildConfig, run: Run) -> Checks:
@@ -349,6 +361,11 @@ def summary(build: BuildRecord) -> str:
     if build.params.get("output_format") == "megatron":
         lines.append(
             f"megatron: --data-path $(cat {join(run_dir, MEGATRON_DATA_PATH)})  (each prefix, weighted by tokens)"
+        )
+    if build.mds:
+        m = build.mds
+        lines.append(
+            f"mds: {m.folder}: {counted(m.windows, 'window')} in {counted(m.shards, 'shard')} (StreamingDataset)"
         )
     if build.report:
         report = join(run_dir, build.report.html)

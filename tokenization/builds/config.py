@@ -102,8 +102,19 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         "records kept, so the dataset is the one copy on storage; a folder that is the dataset always stays)",
     )
 
+    mds: bool = option(
+        False,
+        title="Also write MDS",
+        help="publish also writes the context windows as MDS shards in {run}/mds/, which mosaicml streaming's "
+        "StreamingDataset and litdata read: a second copy of the dataset (docs/output.md)",
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.mds and (not self.context_window or self.output_format != "ds"):
+            raise UsageError(
+                "mds writes the context windows as MDS samples: it needs a context_window and the ds output format"
+            )
         if self.mixture is None and not self.input:
             raise UsageError("give the input (a folder, glob or URL), or a mixture of sources")
         if self.mixed is not None:

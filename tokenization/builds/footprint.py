@@ -46,10 +46,10 @@ def intermediate(layout: Layout, dataset: Folder) -> list[str]:
 
 
 def measure(layout: Layout, removed: list[str], cache: Folder | None) -> Footprint:
-    """Each stage folder's bytes once the token files of the ``removed`` ones are gone (a folder the build did not
-    write is left out), and the size of the ``cache`` at that location, when there is one."""
+    """Each stage folder's bytes (and the MDS copy's) once the token files of the ``removed`` ones are gone (a
+    folder the build did not write is left out), and the size of the ``cache`` at that location, when there is one."""
     folders = []
-    for name, folder in layout.stages.items():
+    for name, folder in (layout.stages | {layout.MDS: layout.mds}).items():
         held = gone = 0
         for path, bytes_ in _files(folder):
             if name in removed and _token_file(path):

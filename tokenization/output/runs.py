@@ -132,6 +132,7 @@ class Layout:
     RANKS: ClassVar[str] = "ranks"
     MERGED: ClassVar[str] = "merged"
     CONTEXT: ClassVar[str] = "context"
+    MDS: ClassVar[str] = "mds"  # the context windows as MDS shards, where asked for (``stages.export_mds``)
     run: Folder
 
     @property
@@ -149,6 +150,10 @@ class Layout:
     @property
     def context(self) -> Folder:
         return self.run.sub(self.CONTEXT)
+
+    @property
+    def mds(self) -> Folder:
+        return self.run.sub(self.MDS)
 
     @property
     def stages(self) -> dict[str, Folder]:

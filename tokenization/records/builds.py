@@ -158,6 +158,18 @@ class ReportFiles(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class MdsOutput(Record):
+    """A build's context windows as MDS shards (``stages.export_mds``): where, how many, and the sha256 of the
+    ``index.json`` that names the shards (each with its sha1)."""
+
+    folder: str
+    shards: int
+    windows: int
+    tokens: int
+    index_sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class BuildRecord(Record):
     """``{run}/_BUILD.json``, written last by publish: its presence means the build is complete, and every figure
     a person or a scheduler looks at comes from it."""
@@ -189,6 +201,7 @@ class BuildRecord(Record):
     removed: list[str] = field(default_factory=list)  # stage folders whose token files publish removes (records stay)
     footprint: Footprint | None = None  # None: a build made before footprints were measured
     mixture: list[SourceAccount] | None = field(default=None, metadata=unless_none())  # a mixture's, by source
+    mds: MdsOutput | None = field(default=None, metadata=unless_none())  # where the build also wrote MDS
 
     def settings(self, names: tuple[str, ...]) -> dict[str, Any]:
         """The values of these params (None for one that the version which made the build did not have)."""

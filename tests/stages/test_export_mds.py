@@ -1,0 +1,212 @@
+"""MDS output (``tokenization mds``): a build's context windows as mosaicml streaming's shards. streaming's own
+``StreamingDataset`` reads every window back with the tokens, loss bytes and document ends of the ``.ds`` files, and
+streaming's own ``MDSWriter`` writes the same bytes for the same samples (both in ``make streaming-env``'s
+environment). An export run again gives the same bytes; one that fails leaves no index that names a half-written
+set of shards. Builds: the sample tokenizer (2 bytes an id), Llama 3's (4 bytes), and packed windows."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.paths import ROOT, shared_path
+from tests.support.references import in_streaming_env
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
+from tokenization.errors import UsageError
+from tokenization.formats.ds import TokenFile, TokenFileError
+from tokenization.stages.export_mds import export_mds
+from tokenization.storage.folder import Folder
+
+WINDOW = 1025
+BUILDS = {"windows": ("sample", {}), "llama3": ("llama3", {}), "packed": ("sample", {"context_mode": "packed"})}
+SMALL_SHARDS = 40_000  # bytes: a build of the sample corpus in 4 to 8 shards
+COLUMNS = ("doc_ends", "loss", "tokens")
+# streaming's reader, in its own environment: every sample, each column's arrays in one .npz (``{column}_{i}``).
+READ = """
+import sys
+import numpy as np
+from streaming import StreamingDataset
+data = StreamingDataset(local=sys.argv[1], shuffle=False, batch_size=1, validate_hash="sha1")
+np.savez(sys.argv[2], **{f"{key}_{i}": value for i in range(len(data)) for key, value in data[i].items()})
+print(len(data))
+"""
+# streaming's writer, on the samples of an .npz written as READ writes one.
+WRITE = """
+import sys
+import numpy as np
+from streaming import MDSWriter
+saved, columns = np.load(sys.argv[1]), dict(zip(("doc_ends", "loss", "tokens"), sys.argv[4:]))
+with MDSWriter(columns=columns, out=sys.argv[2], hashes=["sha1"], size_limit=int(sys.argv[3])) as out:
+    for i in range(len(saved.files) // 3):
+        out.write({key: saved[f"{key}_{i}"] for key in columns})
+"""
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDS))
+def run(request, tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
+    """A published build of the sample corpus, its loss saved, in windows of 1,025 tokens."""
+    tokenizer, options = BUILDS[request.param]
+    path = sample_tokenizer if tokenizer == "sample" else shared_path("tokenizers", "llama3", "tokenizer.json")
+    output = tmp_path_factory.mktemp(request.param)
+    config = BuildConfig(
+        input=str(sample_corpus),
+        output=str(output),
+        tokenizer=str(path),
+        seed=5,
+        num_ranks=2,
+        save_loss=True,
+        context_window=WINDOW,
+        num_context_shards=2,
+        merge_max_tokens_per_file=20_000,
+        **options,
+    )
+    Build.start(config, "b").run(parallel=1, progress=False)
+    return output / "b"
+
+
+def windows_in(run: Path) -> list[dict[str, np.ndarray]]:
+    """The build's windows as its .ds files hold them: each file's tokens cut every 1,025, in file order, with its
+    loss bytes and the index entries inside it (relative to it)."""
+    samples = []
+    for path in sorted((run / "context").glob("*.ds")):
+        file = TokenFile(str(path))
+        tokens, loss, ends = np.asarray(file.tokens), np.asarray(file.loss), np.asarray(file.ends, dtype=np.int64)
+        for start in range(0, len(tokens), WINDOW):
+            end = min(start + WINDOW, len(tokens))
+            inside = (ends[(ends > start) & (ends <= end)] - start).astype("<u4")
+            samples.append({"tokens": tokens[start:end], "loss": loss[start:end], "doc_ends": inside})
+    return samples
+
+
+def saved(samples: list[dict[str, np.ndarray]], path: Path) -> Path:
+    np.savez(path, **{f"{key}_{i}": sample[key] for i, sample in enumerate(samples) for key in COLUMNS})
+    return path
+
+
+def test_streaming_reads_every_window_with_its_tokens_loss_and_document_ends(run, tmp_path) -> None:
+    done = export_mds(Folder(str(run)), Folder(str(tmp_path / "mds")), SMALL_SHARDS, progress=False)
+    expected = windows_in(run)
+    assert done.shards > 1 and done.windows == len(expected) and done.tokens == sum(len(s["tokens"]) for s in expected)
+    printed = in_streaming_env(READ, str(tmp_path / "mds"), str(tmp_path / "read.npz"))
+    read = np.load(tmp_path / "read.npz")
+    assert int(printed) == len(expected) == len(read.files) // 3
+    token_size = TokenFile(str(next((run / "context").glob("*.ds")))).token_size
+    for i, sample in enumerate(expected):
+        assert read[f"tokens_{i}"].dtype == np.dtype(f"<u{token_size}")
+        for key in COLUMNS:
+            assert np.array_equal(read[f"{key}_{i}"], sample[key]), (i, key)
+    assert read[f"doc_ends_{len(expected) - 1}"][-1] == len(expected[-1]["tokens"])  # a window's end is its last
+
+
+@pytest.mark.parametrize("size_limit", [1 << 26, SMALL_SHARDS])
+def test_the_bytes_are_those_streamings_own_writer_writes(run, tmp_path, size_limit) -> None:
+    ours = export_mds(Folder(str(run)), Folder(str(tmp_path / "ours")), size_limit, progress=False)
+    expected = windows_in(run)
+    encodings = [f"ndarray:{name}" for name in ("uint32", "uint8", expected[0]["tokens"].dtype.name)]
+    in_streaming_env(
+        WRITE, str(saved(expected, tmp_path / "s.npz")), str(tmp_path / "theirs"), str(size_limit), *encodings
+    )
+    names = sorted(p.name for p in (tmp_path / "ours").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "theirs").iterdir())
+    assert len(names) == ours.shards + 1 and (ours.shards > 1) == (size_limit == SMALL_SHARDS)
+    assert [
+        name for name in names if not filecmp.cmp(tmp_path / "ours" / name, tmp_path / "theirs" / name, False)
+    ] == []
+
+
+def test_run_again_the_same_bytes_and_no_shard_of_an_older_export_stays(run, tmp_path) -> None:
+    out = Folder(str(tmp_path / "mds"))
+    first = export_mds(Folder(str(run)), out, SMALL_SHARDS, progress=False)
+    written = {p.name: p.read_bytes() for p in (tmp_path / "mds").iterdir()}
+    assert export_mds(Folder(str(run)), out, progress=False).shards == 1
+    assert sorted(p.name for p in (tmp_path / "mds").iterdir()) == ["index.json", "shard.00000.mds"]
+    assert export_mds(Folder(str(run)), out, SMALL_SHARDS, progress=False) == first
+    assert {p.name: p.read_bytes() for p in (tmp_path / "mds").iterdir()} == written
+
+
+def test_a_failed_export_leaves_no_index(run, tmp_path, monkeypatch) -> None:
+    """The index is removed before the first shard is replaced, and written after the last: a reader finds either
+    no dataset or a whole one."""
+    out = Folder(str(tmp_path / "mds"))
+    export_mds(Folder(str(run)), out, SMALL_SHARDS, progress=False)
+    put = Folder.put
+
+    def fails_on_the_third_shard(self, name, data, *args):
+        if name == "shard.00002.mds":
+            raise OSError(28, "No space left on device")
+        return put(self, name, data, *args)
+
+    monkeypatch.setattr(Folder, "put", fails_on_the_third_shard)
+    with pytest.raises(OSError, match="No space"):
+        export_mds(Folder(str(run)), out, SMALL_SHARDS, progress=False)
+    assert not (tmp_path / "mds" / "index.json").exists()
+
+
+def test_what_is_refused_is_named(run, tmp_path, sample_corpus, sample_tokenizer) -> None:
+    with pytest.raises(UsageError, match=r"no published build there \(no _BUILD.json\)"):
+        export_mds(Folder(str(run / "context")))
+    config = BuildConfig(
+        input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), seed=5, context_window=0
+    )
+    Build.start(config, "merged-only").run(progress=False)
+    with pytest.raises(UsageError, match="the build has no context windows"):
+        export_mds(Folder(str(tmp_path / "merged-only")))
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(run), str(copy)], check=True)
+    index = sorted((copy / "context").glob("*.ds.index"))[0]
+    ends = np.fromfile(index, dtype="<u8")
+    ends[np.flatnonzero(ends == WINDOW)[0]] += 1  # the first window's end moved a token on
+    ends.tofile(index)
+    with pytest.raises(TokenFileError, match=rf"{index.name}: an entry does not end each window of 1,025 tokens"):
+        export_mds(Folder(str(copy)), progress=False)
+
+
+def test_the_command_writes_into_the_run_folder(run) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenization.cli", "mds", str(run)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    windows = len(windows_in(run))
+    index = json.loads((run / "mds" / "index.json").read_text())
+    assert sum(shard["samples"] for shard in index["shards"]) == windows
+    assert done.stdout.startswith(f"mds {run / 'mds'}: {windows:,} windows, ")
+
+
+def test_a_build_with_mds_publishes_it_and_verify_holds_it_to_the_record(tmp_path, sample_corpus, sample_tokenizer):
+    """``mds``: publish writes the windows as MDS before the build record, which names the index's sha256; verify of
+    the run folder then checks the index and each shard's sha1 against it."""
+    options = dict(input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), seed=5)
+    config = BuildConfig(**options, save_loss=True, context_window=WINDOW, num_ranks=2, mds=True)
+    record = Build.start(config, "b").run(progress=False).record
+    run = tmp_path / "b"
+    again = export_mds(Folder(str(run)), Folder(str(tmp_path / "again")), progress=False)
+    assert record.mds == replace(again, folder=str(run / "mds"))
+    assert record.mds.folder == str(run / "mds") and record.mds.windows == len(windows_in(run))
+    assert {p.name: p.read_bytes() for p in (run / "mds").iterdir()} == {
+        p.name: p.read_bytes() for p in (tmp_path / "again").iterdir()
+    }
+    assert "mds" in [folder.name for folder in record.footprint.folders]
+
+    def verified() -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "tokenization.cli", "verify", str(run)]
+        return subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+
+    assert verified().returncode == 0 and f"{run / 'mds'}: 1 MDS shard as the build record says" in verified().stdout
+    shard = run / "mds" / "shard.00000.mds"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    failed = verified()
+    assert failed.returncode == 1 and f"{shard}: its sha1 is not the " in failed.stdout
+    (run / "mds" / "index.json").unlink()
+    assert f"{run / 'mds' / 'index.json'} is missing: the build record says publish wrote it" in verified().stdout
+    with pytest.raises(UsageError, match="mds writes the context windows as MDS samples: it needs a context_window"):
+        BuildConfig(**options, context_window=0, mds=True)

@@ -1,0 +1,138 @@
+"""A build's context windows as an MDS dataset (``formats.mds``), for trainers that read mosaicml streaming's
+``StreamingDataset`` or litdata: written by publish for a build with ``mds`` (into ``{run}/mds``, before the build
+record, which names its index's sha256), or by ``tokenization mds`` from any published build.
+
+A sample is a window, in the order of the ``.ds`` files (sorted, as datatrove lists them) and of the windows in
+each: ``tokens`` (its ids, the build's token size), ``loss`` (a byte a token, 0 = no loss; where the build saved
+the loss mask) and ``doc_ends`` (uint32: the exclusive end of each document, or piece of one, in the window, as
+``.ds.index`` marks them; the window's own end last). A file's tail, shorter than a window, is its last sample
+unless the build dropped tails. The bytes are moved, never decoded or re-tokenized: the samples' tokens, loss
+bytes and ends are exactly the context files', which the export checks as it goes (every window's last index
+entry at its end; every token and window of the build written).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import nullcontext
+from typing import IO
+
+import numpy as np
+
+from tokenization.errors import UsageError
+from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError
+from tokenization.formats.mds import HASH, INDEX, SIZE_LIMIT, Column, MdsWriter
+from tokenization.output import manifest
+from tokenization.output.runs import Layout, read_build
+from tokenization.progress import Progress, ProgressMode
+from tokenization.records import MdsOutput
+from tokenization.storage.folder import Folder
+
+BLOCK_BYTES = 16 << 20  # tokens read at once: whole windows, ~16 MiB (a window's samples are encoded from it)
+ENDS_DTYPE = np.dtype("<u4")  # a window of up to 2**32 tokens
+
+
+def export_mds(
+    run: Folder, out: Folder | None = None, size_limit: int = SIZE_LIMIT, progress: ProgressMode = None
+) -> MdsOutput:
+    """``tokenization mds``: the published build in ``run`` as MDS in ``out`` (default: the run's ``mds/``)."""
+    record = read_build(run)
+    if record is None:
+        raise UsageError(f"{run.url}: no published build there (no _BUILD.json): MDS is written from one")
+    window = record.params.get("context_window")
+    if not window:
+        raise UsageError(
+            f"{run.url}: the build has no context windows (built without --context-window): an MDS sample is one"
+        )
+    written = write_mds(Layout(run).context, out or Layout(run).mds, window, size_limit, progress)
+    if written.tokens != record.tokens:
+        raise TokenFileError(f"{written.folder}: wrote {written.tokens:,} tokens; the build has {record.tokens:,}")
+    return written
+
+
+def write_mds(
+    dataset: Folder, out: Folder, window: int, size_limit: int = SIZE_LIMIT, progress: ProgressMode = None
+) -> MdsOutput:
+    """The context files of ``dataset``, a sample a window, as MDS shards and ``index.json`` in ``out``."""
+    sizes = dataset.sizes()
+    urls = manifest.token_files(dataset)
+    files = [TokenFile(url, listing=sizes, storage_options=dataset.options) for url in urls]
+    token_size = files[0].token_size if files else 2  # (no file, no shard: the columns are written nowhere)
+    with_loss = bool(files) and all(file.exists(".loss") for file in files)
+    columns = [Column("tokens", np.dtype(f"<u{token_size}")), Column("doc_ends", ENDS_DTYPE)]
+    columns += [Column("loss", LOSS_DTYPE)] if with_loss else []
+    writer = MdsWriter(out, columns, size_limit)
+    total = sum(file.num_tokens for file in files)
+    tokens = windows = 0
+    with Progress(f"MDS {out.url}", total, "tok", progress) as shown:
+        for file in files:
+            for sample in _windows(dataset, file, window, with_loss):
+                writer.write(sample)
+                tokens += len(sample["tokens"])
+                windows += 1
+            shown.update(tokens, windows=windows)
+        index_sha256 = writer.finish()
+    if (writer.samples, tokens) != (windows, total):
+        raise TokenFileError(
+            f"{out.url}: wrote {writer.samples:,} of {windows:,} windows, {tokens:,} of {total:,} tokens"
+        )
+    return MdsOutput(
+        folder=out.url, shards=len(writer.shards), windows=windows, tokens=tokens, index_sha256=index_sha256
+    )
+
+
+def mds_problems(recorded: MdsOutput, out: Folder, read: bool = True) -> list[str]:
+    """How the MDS in ``out`` differs from what a build record says publish wrote: its index's sha256; a shard the
+    index names that is missing or of another size; with ``read``, a shard whose sha1 is not the index's."""
+    try:
+        index = out.read(INDEX)
+    except FileNotFoundError:
+        return [f"{out.url_of(INDEX)} is missing: the build record says publish wrote it"]
+    if (digest := hashlib.sha256(index).hexdigest()) != recorded.index_sha256:
+        return [f"{out.url_of(INDEX)}: sha256 {digest}, but the build record says {recorded.index_sha256}"]
+    sizes = out.sizes()
+    problems = []
+    for shard in json.loads(index)["shards"]:
+        name, size, sha1 = shard["raw_data"]["basename"], shard["raw_data"]["bytes"], shard["raw_data"]["hashes"][HASH]
+        if name not in sizes:
+            problems.append(f"{out.url_of(name)} is missing: the index names it")
+        elif sizes[name] != size:
+            problems.append(f"{out.url_of(name)}: {sizes[name]:,} bytes, but the index says {size:,}")
+        elif read and hashlib.sha1(out.read(name), usedforsecurity=False).hexdigest() != sha1:
+            problems.append(f"{out.url_of(name)}: its sha1 is not the {sha1} the index says")
+    return problems
+
+
+def _windows(folder: Folder, file: TokenFile, window: int, with_loss: bool) -> Iterator[dict[str, np.ndarray]]:
+    """The file's windows as samples, read a block of whole windows at a time, in order."""
+    name = file.url.rsplit("/", 1)[-1]
+    ends = np.asarray(file.ends, dtype=np.int64)
+    total = file.num_tokens
+    per_block = max(1, BLOCK_BYTES // (window * file.token_size)) * window
+    with folder.open(name) as tokens, folder.open(name + ".loss") if with_loss else nullcontext() as loss:
+        for first in range(0, total, per_block):
+            count = min(per_block, total - first)
+            block = _read(tokens, count, file.dtype, file.url)
+            losses = _read(loss, count, LOSS_DTYPE, file.url + ".loss") if loss is not None else None
+            bounds = np.append(np.arange(first, first + count, window), first + count)  # the block's windows
+            cuts = np.searchsorted(ends, bounds, side="right")  # window i's entries: ends[cuts[i] : cuts[i + 1]]
+            if np.any(cuts[1:] <= cuts[:-1]) or not np.array_equal(ends[cuts[1:] - 1], bounds[1:]):
+                raise TokenFileError(f"{file.url}.index: an entry does not end each window of {window:,} tokens")
+            for i in range(len(bounds) - 1):
+                start, end = bounds[i] - first, bounds[i + 1] - first
+                sample = {"tokens": block[start:end], "doc_ends": (ends[cuts[i] : cuts[i + 1]] - bounds[i])}
+                if losses is not None:
+                    sample["loss"] = losses[start:end]
+                yield sample
+    if len(ends) and ends[-1] != total:
+        raise TokenFileError(f"{file.url}.index: its last entry is {ends[-1]:,}, the file holds {total:,} tokens")
+
+
+def _read(stream: IO[bytes], count: int, dtype: np.dtype, label: str) -> np.ndarray:
+    """The next ``count`` items of ``stream``; a TokenFileError naming the file if it ends before."""
+    data = stream.read(count * dtype.itemsize)
+    if len(data) != count * dtype.itemsize:
+        raise TokenFileError(f"{label}: ended after {len(data):,} of the {count * dtype.itemsize:,} bytes expected")
+    return np.frombuffer(data, dtype)

@@ -18,11 +18,12 @@ import pytest
 
 from tests.support.paths import ROOT, shared_path
 from tests.support.references import in_streaming_env
+from tests.support.s3 import ON_BOTH_STORES
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
-from tokenization.stages.export_mds import export_mds
+from tokenization.stages.export_mds import export_mds, mds_problems
 from tokenization.storage.folder import Folder
 
 WINDOW = 1025
@@ -210,3 +211,18 @@ def test_a_build_with_mds_publishes_it_and_verify_holds_it_to_the_record(tmp_pat
     assert f"{run / 'mds' / 'index.json'} is missing: the build record says publish wrote it" in verified().stdout
     with pytest.raises(UsageError, match="mds writes the context windows as MDS samples: it needs a context_window"):
         BuildConfig(**options, context_window=0, mds=True)
+
+
+@ON_BOTH_STORES
+def test_a_build_on_s3_writes_the_same_mds(tmp_path, s3, sample_corpus, sample_tokenizer) -> None:
+    """A build whose output is on S3 writes its MDS there, byte for byte the local build's; verify reads it back."""
+    settings = dict(input=str(sample_corpus), tokenizer=str(sample_tokenizer), seed=5, num_ranks=2, mds=True)
+    settings |= dict(save_loss=True, context_window=WINDOW)
+    local = Build.start(BuildConfig(output=str(tmp_path), **settings), "b").run(progress=False).record
+    remote = BuildConfig(output="s3://corpus/builds", storage_options=s3.options, **settings)
+    record = Build.start(remote, "b").run(progress=False).record
+    assert record.mds == replace(local.mds, folder="s3://corpus/builds/b/mds")
+    s3.fs.invalidate_cache()
+    for path in (tmp_path / "b" / "mds").iterdir():
+        assert s3.fs.cat_file(f"corpus/builds/b/mds/{path.name}") == path.read_bytes(), path.name
+    assert mds_problems(record.mds, Folder("s3://corpus/builds/b/mds", s3.options)) == []

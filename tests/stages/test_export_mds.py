@@ -160,6 +160,8 @@ def test_what_is_refused_is_named(run, tmp_path, sample_corpus, sample_tokenizer
     Build.start(config, "merged-only").run(progress=False)
     with pytest.raises(UsageError, match="the build has no context windows"):
         export_mds(Folder(str(tmp_path / "merged-only")))
+    with pytest.raises(UsageError, match="context/ is a stage folder of the build: MDS goes in a folder of its own"):
+        export_mds(Folder(str(run)), Folder(str(run / "context") + "/"))
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-r", str(run), str(copy)], check=True)
     index = sorted((copy / "context").glob("*.ds.index"))[0]
@@ -195,6 +197,9 @@ def test_a_build_with_mds_publishes_it_and_verify_holds_it_to_the_record(tmp_pat
         p.name: p.read_bytes() for p in (tmp_path / "again").iterdir()
     }
     assert "mds" in [folder.name for folder in record.footprint.folders]
+    with pytest.raises(UsageError, match=r"holds the MDS that publish wrote in 67,108,864-byte shards"):
+        export_mds(Folder(str(run)), size_limit=SMALL_SHARDS)
+    assert export_mds(Folder(str(run)), progress=False) == record.mds  # the same bytes again: a damaged copy mended
 
     def verified() -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "tokenization.cli", "verify", str(run)]

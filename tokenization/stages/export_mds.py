@@ -46,7 +46,16 @@ def export_mds(
         raise UsageError(
             f"{run.url}: the build has no context windows (built without --context-window): an MDS sample is one"
         )
-    written = write_mds(Layout(run).context, out or Layout(run).mds, window, size_limit, progress)
+    layout = Layout(run)
+    out = out or layout.mds
+    if out.url.rstrip("/") in {stage.url.rstrip("/") for stage in layout.stages.values()}:
+        raise UsageError(f"{out.url} is a stage folder of the build: MDS goes in a folder of its own")
+    if record.mds is not None and out.url.rstrip("/") == layout.mds.url.rstrip("/") and size_limit != SIZE_LIMIT:
+        raise UsageError(
+            f"{out.url} holds the MDS that publish wrote in {SIZE_LIMIT:,}-byte shards, which the build record "
+            "names: write other shard sizes elsewhere (--out)"
+        )
+    written = write_mds(layout.context, out, window, size_limit, progress)
     if written.tokens != record.tokens:
         raise TokenFileError(f"{written.folder}: wrote {written.tokens:,} tokens; the build has {record.tokens:,}")
     return written

@@ -39,15 +39,16 @@ data = StreamingDataset(local=sys.argv[1], shuffle=False, batch_size=1, validate
 np.savez(sys.argv[2], **{f"{key}_{i}": value for i in range(len(data)) for key, value in data[i].items()})
 print(len(data))
 """
-# streaming's writer, on the samples of an .npz written as READ writes one.
+# streaming's writer, on the samples of an .npz written as READ writes one, into a folder a size limit.
 WRITE = """
 import sys
 import numpy as np
 from streaming import MDSWriter
-saved, columns = np.load(sys.argv[1]), dict(zip(("doc_ends", "loss", "tokens"), sys.argv[4:]))
-with MDSWriter(columns=columns, out=sys.argv[2], hashes=["sha1"], size_limit=int(sys.argv[3])) as out:
-    for i in range(len(saved.files) // 3):
-        out.write({key: saved[f"{key}_{i}"] for key in columns})
+saved, columns = np.load(sys.argv[1]), dict(zip(("doc_ends", "loss", "tokens"), sys.argv[2].split()))
+for out, limit in zip(sys.argv[3::2], sys.argv[4::2]):
+    with MDSWriter(columns=columns, out=out, hashes=["sha1"], size_limit=int(limit)) as writer:
+        for i in range(len(saved.files) // 3):
+            writer.write({key: saved[f"{key}_{i}"] for key in columns})
 """
 
 
@@ -107,20 +108,20 @@ def test_streaming_reads_every_window_with_its_tokens_loss_and_document_ends(run
     assert read[f"doc_ends_{len(expected) - 1}"][-1] == len(expected[-1]["tokens"])  # a window's end is its last
 
 
-@pytest.mark.parametrize("size_limit", [1 << 26, SMALL_SHARDS])
-def test_the_bytes_are_those_streamings_own_writer_writes(run, tmp_path, size_limit) -> None:
-    ours = export_mds(Folder(str(run)), Folder(str(tmp_path / "ours")), size_limit, progress=False)
+def test_the_bytes_are_those_streamings_own_writer_writes(run, tmp_path) -> None:
+    """In 64 MiB shards (one) and in small ones (several): every file, index.json too, byte for byte."""
     expected = windows_in(run)
-    encodings = [f"ndarray:{name}" for name in ("uint32", "uint8", expected[0]["tokens"].dtype.name)]
-    in_streaming_env(
-        WRITE, str(saved(expected, tmp_path / "s.npz")), str(tmp_path / "theirs"), str(size_limit), *encodings
-    )
-    names = sorted(p.name for p in (tmp_path / "ours").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "theirs").iterdir())
-    assert len(names) == ours.shards + 1 and (ours.shards > 1) == (size_limit == SMALL_SHARDS)
-    assert [
-        name for name in names if not filecmp.cmp(tmp_path / "ours" / name, tmp_path / "theirs" / name, False)
-    ] == []
+    encodings = " ".join(f"ndarray:{name}" for name in ("uint32", "uint8", expected[0]["tokens"].dtype.name))
+    limits = {"large": 1 << 26, "small": SMALL_SHARDS}
+    theirs = [str(word) for name, limit in limits.items() for word in (tmp_path / f"theirs-{name}", limit)]
+    in_streaming_env(WRITE, str(saved(expected, tmp_path / "s.npz")), encodings, *theirs)
+    for name, limit in limits.items():
+        ours = export_mds(Folder(str(run)), Folder(str(tmp_path / f"ours-{name}")), limit, progress=False)
+        names = sorted(p.name for p in (tmp_path / f"ours-{name}").iterdir())
+        assert names == sorted(p.name for p in (tmp_path / f"theirs-{name}").iterdir())
+        assert len(names) == ours.shards + 1 and (ours.shards > 1) == (name == "small")
+        same = [filecmp.cmp(tmp_path / f"ours-{name}" / n, tmp_path / f"theirs-{name}" / n, False) for n in names]
+        assert all(same), [n for n, equal in zip(names, same, strict=True) if not equal]
 
 
 def test_run_again_the_same_bytes_and_no_shard_of_an_older_export_stays(run, tmp_path) -> None:

@@ -69,6 +69,7 @@ ROWS = (
     "amortized",
     "merge",
     "context",
+    "mds",
     "packing",
     "verify",
     "memory",
@@ -472,6 +473,13 @@ def byte_rows(bench: Bench, docs: int, wanted: set[str]) -> None:
     if "context" in wanted:  # datatrove's index holds only window ends; ours also carries document ends, and loss
         shuffles = (workloads.ours_context, workloads.datatrove_context)
         bench.compare("context shuffle", *shuffles, ranks, small_mb, small_cp, compare=(DS,))
+    if "mds" in wanted:  # the context shuffle's windows, tail kept, as MDS shards (no datatrove stage writes MDS)
+        windows = bench.work / "windows"
+        measure(workloads.ours_context_windows, ranks | {"out": str(windows)})
+        windows_cp = {"cp + sync": copy_time(windows, bench.work)}
+        bench.compare(
+            "MDS export of the windows", workloads.ours_mds, None, {"ranks": str(windows)}, small_mb, windows_cp
+        )
     if "verify" in wanted:
         bench.compare("verify", workloads.ours_verify, None, ranks, small_mb, {})
 
@@ -967,7 +975,7 @@ def main() -> None:
         amortized = (base, 2) if args.smoke else (base | other, copies)  # the sample has one tokenizer
         amortized_row(bench, Path(args.corpora), amortized[0], text_mb, amortized[1])
     docs = 2_000 if args.smoke else 150_000
-    if wanted & {"merge", "context", "verify"}:
+    if wanted & {"merge", "context", "mds", "verify"}:
         byte_rows(bench, docs, wanted)
     pack_documents = 100_000 if args.smoke else PACK_DOCUMENTS
     packing = packing_rows(work, docs, pack_documents, args.repeats) if "packing" in wanted else []
@@ -1022,6 +1030,8 @@ def report(
         "where the defaults differ (literal special-token text encoded as the special token, the context tail "
         "dropped); with a tokenizer whose post-processor adds a BOS (Mistral) the bytes differ by design, as "
         "datatrove drops that BOS (huggingface/datatrove#345), and the documents are compared without it. "
+        "The MDS row writes the context shuffle's 2,049-token windows (tail kept) as mosaicml streaming's MDS "
+        "shards, each fsync'd, against `cp -r` + `sync` of those windows' files; no datatrove stage writes MDS. "
         "The GB and amortized rows are the real corpus repeated, to hold ours against datatrove and the engines on "
         "real text: repetition warms the engine's cache of words seen, so they overstate the rate at that size; "
         "the scale table below measures generated text that keeps bringing new words.",

@@ -123,6 +123,14 @@ def ours_context(inputs: Inputs) -> None:
     context_shuffle(ContextShuffleConfig(input=inputs.ranks, output=inputs.out, seed=1, drop_tail=True), progress=False)
 
 
+def ours_mds(inputs: Inputs) -> None:
+    """The 2,049-token windows of ``ranks`` (a context shuffle's output) as MDS shards, each put whole (fsync'd)."""
+    from tokenization.stages.export_mds import write_mds
+    from tokenization.storage.folder import Folder
+
+    write_mds(Folder(inputs.ranks), Folder(inputs.out), WINDOW, progress=False)
+
+
 def ours_context_windows(inputs: Inputs) -> OwnTimes:
     """The context shuffle into 2,049-token windows, tail kept; and how many documents a window's edge cuts."""
     import numpy as np
@@ -344,6 +352,7 @@ WORKLOADS: dict[str, Workload] = {
         datatrove_context,
         ours_context_windows,
         ours_context_packed,
+        ours_mds,
         ours_pack,
         ours_verify,
         s3_merge,

@@ -48,18 +48,19 @@ def test_bench_smoke_writes_the_tables(tmp_path) -> None:
     assert stages[:2] == ["tokenize + doc shuffle, sample", "count, sample"]
     many_copies = r"tokenize \+ doc shuffle, sample, \d+\.\d MB \(the real corpus, \d+ times over\)"
     assert re.fullmatch(many_copies, stages[2]) and re.fullmatch(many_copies, stages[3])  # the GB, amortized rows
-    assert stages[4:] == ["merge, ~400-token docs", "merge, ~20k-token docs", "context shuffle", "verify"]
-    with_datatrove = rows[:3] + rows[4:-1]  # all but the amortized row and verify
+    byte_stages = ["merge, ~400-token docs", "merge, ~20k-token docs", "context shuffle", "MDS export of the windows"]
+    assert stages[4:] == [*byte_stages, "verify"]
+    with_datatrove = rows[:3] + rows[4:7]  # all but the amortized row, MDS (datatrove writes none) and verify
     assert all(RATIO.fullmatch(speed_up) for speed_up in column(with_datatrove, "speed-up"))
-    assert column(rows, "same bytes") == ["yes", "-", "yes", "-", "yes", "yes", "yes", "-"]
+    assert column(rows, "same bytes") == ["yes", "-", "yes", "-", "yes", "yes", "yes", "-", "-"]
 
-    encoding, byte_moving = [*rows[:2], rows[3]], rows[4:7]  # the limits: engines alone, or cp + sync
+    encoding, byte_moving = [*rows[:2], rows[3]], rows[4:8]  # the limits: engines alone, or cp + sync
     for header in ("HF alone (s)", "gigatoken alone (s)"):
         assert all(NUMBER.fullmatch(cell) for cell in column(encoding, header))
         assert set(column([rows[2], *rows[4:]], header)) == {"-"}
     assert all(NUMBER.fullmatch(cell) for cell in column(byte_moving, "cp + sync (s)"))
     assert all(RATIO.fullmatch(cell) for cell in column(byte_moving, "ours / cp + sync"))
-    assert set(column(rows[:4] + rows[7:], "cp + sync (s)")) == {"-"}
+    assert set(column(rows[:4] + rows[8:], "cp + sync (s)")) == {"-"}
 
     packing = tables(speed)["context windows"]  # cut and packed windows of the same files, then packing alone
     assert [row["context windows"].split(",")[0] for row in packing] == [

@@ -47,6 +47,7 @@ SETTINGS = (
     "context_window",
     "context_mode",
     "num_context_shards",
+    "mds",
     "eos_token",
     "engine",
     "threads",

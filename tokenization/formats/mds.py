@@ -2,7 +2,7 @@
 
 A dataset is a folder of shards and ``index.json``, which lists them and is written last: a reader that finds the
 index finds every shard it names. The bytes are those streaming 0.13's ``MDSWriter(columns=..., hashes=["sha1"])``
-writes for the same samples (``tests/formats/test_mds.py`` holds it):
+writes for the same samples (``tests/stages/test_export_mds.py`` holds it):
 
 * ``shard.00000.mds``: a uint32 sample count n; n + 1 uint32 offsets of the samples from the file's start; the
   shard's config as JSON (sorted keys); the samples. A shard ends before the sample that would take it past

@@ -3,12 +3,12 @@
     python -m bench.scale [--ranks 64] [--buckets 16] [--copies 2] [--out docs/scaling.md]
 
 It starts the distributed test's deployment (``harness/cluster.py``: api-server, scheduler, dag-processor, triggerer
-and two Celery workers on PostgreSQL and Redis; S3 served by moto behind a proxy that answers some requests with
-503 SlowDown, none here unless ``--fault-every`` asks, caps each connection's bandwidth and delays each request),
-with both workers on both queues, ``--slots`` task slots each and a merge pool of as many slots as the two have, so
-that bucket merges spread over them. It measures what the store answers, then runs ``tokenize_corpus`` once with
-``merge_mode: bucketed`` on the shared corpora, dealt into one gzipped input file a rank, with GPT-2 read from S3,
-and reports:
+and two Celery workers on PostgreSQL and Redis; S3 served by SeaweedFS, or moto where ``weed`` is not installed,
+behind a proxy that answers some requests with 503 SlowDown, none here unless ``--fault-every`` asks, caps each
+connection's bandwidth and delays each request), with both workers on both queues, ``--slots`` task slots each and
+a merge pool of as many slots as the two have, so that bucket merges spread over them. It measures what the store
+answers, then runs ``tokenize_corpus`` once with ``merge_mode: bucketed`` on the shared corpora, dealt into one
+gzipped input file a rank, with GPT-2 read from S3, and reports:
 
 * wall time, of the run and of each stage (a stage lasts from its first task's start to its last one's end);
 * per task: duration, the part of it the stage itself took (from its manifest), worker, peak RSS (manifest);
@@ -175,7 +175,7 @@ class StoreProbe:
 
 def probe_store(options: dict, processes: int) -> StoreProbe:
     """``processes`` task processes each keep ``CONCURRENT_READS`` GETs of a small object in flight through the
-    library's own S3 client. On the simulated S3, moto, the proxy and every client share this machine's cores:
+    library's own S3 client. On the simulated S3, the store, the proxy and every client share this machine's cores:
     that, more than one request's time, caps a stage of thousands of requests."""
     fs, path = open_fs(PROBE, options)
     fs.pipe_file(path, b"{}" * 200)
@@ -288,6 +288,7 @@ def run_build(args: argparse.Namespace, work: Path) -> dict:
             "settings": {k: getattr(args, k) for k in SETTINGS},
             "measured": datetime.now().date().isoformat(),
             "cores": os.cpu_count(),
+            "s3_server": cluster.store,
             "corpus": asdict(corpus),
             "store": asdict(store),
             "run": dag_run,
@@ -351,6 +352,7 @@ def report(m: dict) -> str:
     settings = {"slots": 2} | m["settings"]  # (measurements before --slots ran two a worker)
     args, corpus, build, tis = SimpleNamespace(**settings), Corpus(**m["corpus"]), m["build"], m["tis"]
     cores = m.get("cores", 2)  # (measurements before it was recorded came from this 2-core machine)
+    server = m.get("s3_server", "moto")  # (and before that, from moto)
     logged = [Request(*r) for r in m["requests"]]
     by_stage = defaultdict(list)
     for ti in tis:
@@ -430,7 +432,7 @@ def report(m: dict) -> str:
         f"The corpus: the shared corpora that have a `text` field, {args.copies} times, {corpus.docs:,} documents and "
         f"{corpus.text_bytes / 1e6:.1f} MB of "
         f"text dealt into {corpus.files} files; GPT-2, read from S3; {build['tokens']:,} tokens. Two Celery workers, "
-        f"each on both queues with concurrency {args.slots}; merge pool {scenario.merge_slots} slots; S3 is moto "
+        f"each on both queues with concurrency {args.slots}; merge pool {scenario.merge_slots} slots; S3 is {server} "
         f"behind a proxy that {faults}, caps each connection at "
         f"{args.s3_bandwidth:g} MB/s and delays each request by {args.s3_latency:g} ms. Figures in brackets are "
         f"`bench.scale_plan`'s for this very build (its scenario: this corpus, these settings, 2 workers x "
@@ -532,7 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     for needed in (args.corpora, args.tokenizer):
         if not needed.exists():
             raise SystemExit(f"{needed} does not exist (the shared data beside the repo, or pass the flag)")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # moto creates the bucket there
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # the bucket's region, and requests' signing region
     if args.report_only:
         measured = json.loads(args.measurements.read_text())
     else:

@@ -1,10 +1,11 @@
 """A real Airflow deployment on this machine, for the distributed tests and the scale benchmark (``bench.scale``),
 not part of the library: api-server, scheduler, dag-processor, triggerer and two Celery workers (``default``;
-``large_disk`` with concurrency 1) on PostgreSQL and Redis, with S3 served by moto through a proxy that answers
-every Nth request with 503 SlowDown.
+``large_disk`` with concurrency 1) on PostgreSQL and Redis, with S3 served by SeaweedFS's ``weed mini``
+(``harness.seaweedfs``) where ``weed`` is installed, else by moto's server, through a proxy that answers every Nth
+request with 503 SlowDown.
 
-Everything it creates is its own and is removed afterwards: a database, a Redis db, an AIRFLOW_HOME, the
-processes (stopped by process group, also on failure). Their logs are copied to ``artifacts/`` on failure.
+Everything it creates is its own and is removed afterwards: a database, a Redis db, an S3 store, an AIRFLOW_HOME,
+the processes (stopped by process group, also on failure). Their logs are copied to ``artifacts/`` on failure.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedFS, weed_binary
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root: this file is harness/cluster.py
 PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432"
@@ -275,7 +278,10 @@ class Cluster:
         self.fail_ranks, self.stall_merge = fail_ranks, stall_merge
         self.processes: dict[str, subprocess.Popen] = {}
         self.commands: dict[str, tuple[list[str], str | None]] = {}
-        self.moto = self.proxy = None
+        self.weed = weed_binary()  # S3 is SeaweedFS where it is installed, else moto
+        self.seaweedfs: SeaweedFS | None = None
+        self.moto: subprocess.Popen | None = None
+        self.proxy: FaultProxy | None = None
         self.token: str | None = None
 
     @staticmethod
@@ -299,14 +305,20 @@ class Cluster:
         self.stop(failed=exc_type is not None)
 
     @property
+    def store(self) -> str:
+        """The S3 server behind the proxy: ``seaweedfs`` or ``moto``."""
+        return "seaweedfs" if self.weed else "moto"
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def env(self, worker: str | None = None) -> dict[str, str]:
-        conn_aws = {
+        assert self.proxy is not None, "the cluster is not started"
+        conn_aws = {  # SeaweedFS checks the signatures against its identity; moto takes any keys
             "conn_type": "aws",
-            "login": "testing",
-            "password": "testing",
+            "login": ACCESS_KEY,
+            "password": SECRET_KEY,
             "extra": {"endpoint_url": f"http://127.0.0.1:{self.proxy.port}", "region_name": "us-east-1"},
         }
         conn_api = {"conn_type": "http", "host": self.url, "login": "admin", "password": self.password}
@@ -359,9 +371,13 @@ class Cluster:
         self.home.mkdir(parents=True)
         self.logs.mkdir(parents=True)
         (self.home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": self.password}))
-        moto_port = free_port()
-        self.moto = moto_server(moto_port)
-        self.proxy = FaultProxy(moto_port, self.fault_every, self.s3_bandwidth, self.s3_latency)
+        if self.weed:
+            self.seaweedfs = SeaweedFS(self.weed)
+            store_port = self.seaweedfs.port
+        else:
+            store_port = free_port()
+            self.moto = moto_server(store_port)
+        self.proxy = FaultProxy(store_port, self.fault_every, self.s3_bandwidth, self.s3_latency)
         _postgres(f"CREATE DATABASE {self.db}")
         self._run("airflow", "db", "migrate")
         self._run("airflow", "pools", "set", MERGE_POOL[0], str(self.merge_slots), "corpus-tokenization merge")
@@ -473,8 +489,12 @@ class Cluster:
             shutil.copytree(self.logs, artifacts)
             if (self.home / "logs").exists():
                 shutil.copytree(self.home / "logs", artifacts / "task-logs")
+            if self.seaweedfs:
+                shutil.copy(self.seaweedfs.log, artifacts / "weed.log")
         if self.proxy:
             self.proxy.stop()
+        if self.seaweedfs:
+            self.seaweedfs.stop()
         if self.moto:
             self.moto.terminate()
             self.moto.wait(30)

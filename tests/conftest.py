@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.seaweedfs import SeaweedFS, weed_binary
 from tests.support.dag_runs import ADMIN_PASSWORD, MERGE_POOL
 from tests.support.paths import ROOT, SAMPLE_CORPUS, SAMPLE_TOKENIZER
-from tests.support.s3 import SeaweedFS, moto_s3, seaweedfs_s3, weed_binary
+from tests.support.s3 import moto_s3, seaweedfs_s3
 
 # Airflow reads its configuration when first imported: point it at a private home, this repo's DAGs and plugins,
 # and SQLite, before any test imports it. Never [core] unit_test_mode (it loads Airflow's own test config).

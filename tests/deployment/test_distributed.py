@@ -1,10 +1,10 @@
-"""The DAG on a real distributed deployment: CeleryExecutor with PostgreSQL and Redis, two workers, S3 (moto)
-behind a proxy that injects 503s. Driven through the REST API v2, as an operator would: last night's build (made
-by the library, on the same storage), then tonight's corpus (a file rewritten with its size kept, one added, one
-deleted) built by two runs at once, one with the tokenization cache, which tokenizes only the rewritten and the
-added file, and one without: the same bytes. The large-disk worker is killed mid-merge, its machine lost; once
-Airflow has failed the merge for its missing heartbeats, the operator clears it, and it resumes after the file
-the dead attempt published: the same bytes again.
+"""The DAG on a real distributed deployment: CeleryExecutor with PostgreSQL and Redis, two workers, S3 (SeaweedFS,
+or moto without ``weed``) behind a proxy that injects 503s. Driven through the REST API v2, as an operator would:
+last night's build (made by the library, on the same storage), then tonight's corpus (a file rewritten with its
+size kept, one added, one deleted) built by two runs at once, one with the tokenization cache, which tokenizes only
+the rewritten and the added file, and one without: the same bytes. The large-disk worker is killed mid-merge, its
+machine lost; once Airflow has failed the merge for its missing heartbeats, the operator clears it, and it resumes
+after the file the dead attempt published: the same bytes again.
 
 Skips with the reason when PostgreSQL, Redis or the Celery provider are not available.
 """

@@ -344,6 +344,9 @@ def interrupted(command: list[str], started, cwd: Path) -> subprocess.CompletedP
         text=True,
         cwd=cwd,
         start_new_session=True,
+        # Ctrl-C's disposition as a terminal's job has it: a background job of a non-interactive shell (`make test &`)
+        # starts with SIGINT ignored, and passes that on, and Python then raises no KeyboardInterrupt at all
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     try:

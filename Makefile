@@ -10,7 +10,7 @@ RUN := $(UV) run --frozen --quiet
 DEMO_OUT := demo-output
 # Where the demo and `make airflow` build (set it, and TOKENIZATION_INPUT and TOKENIZATION_TOKENIZER, for your data).
 TOKENIZATION_OUTPUT ?= $(CURDIR)/$(DEMO_OUT)
-DEMO_CONF := {"seed": 1234, "num_ranks": 3, "save_loss": true, "merge_max_tokens_per_file": 20000, "context_window": 1025, "num_context_shards": 2}
+DEMO_CONF := {"seed": 1234, "num_ranks": 3, "save_loss": true, "merge_max_tokens_per_file": 20000, "context_window": 1025, "num_context_shards": 2, "mds": true}
 # Tasks at once in the local Airflow, which is also how many worker processes its LocalExecutor keeps (Airflow's
 # default, 32, held ~6.7 GB idle on 2 cores): this machine's CPUs, at least 2. Set it to override.
 AIRFLOW_PARALLELISM ?= $(shell python3 -c 'import os; n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(); print(max(2, n or 2))')

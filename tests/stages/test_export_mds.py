@@ -232,3 +232,11 @@ def test_a_build_on_s3_writes_the_same_mds(tmp_path, s3, sample_corpus, sample_t
     for path in (tmp_path / "b" / "mds").iterdir():
         assert s3.fs.cat_file(f"corpus/builds/b/mds/{path.name}") == path.read_bytes(), path.name
     assert mds_problems(record.mds, Folder("s3://corpus/builds/b/mds", s3.options)) == []
+
+
+def test_a_window_larger_than_the_shard_size_gets_a_shard_of_its_own(run, tmp_path) -> None:
+    """MDSWriter would put an empty shard before it; each shard here holds one window, and no shard is empty."""
+    done = export_mds(Folder(str(run)), Folder(str(tmp_path / "mds")), 1_000, progress=False)
+    index = json.loads((tmp_path / "mds" / "index.json").read_text())
+    assert done.shards == done.windows == len(windows_in(run))
+    assert {shard["samples"] for shard in index["shards"]} == {1}

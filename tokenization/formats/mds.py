@@ -33,6 +33,9 @@ SIZE_LIMIT = 1 << 26  # MDSWriter's default shard size, 64 MiB: a shard is built
 HASH = "sha1"  # each shard's, in the index; streaming knows sha1 without an extra package (xxhash's need one)
 SHARD = re.compile(r"shard\.\d{5}\.mds")
 _SHAPE_DTYPES = tuple(np.dtype(f"<u{size}") for size in (1, 2, 4, 8))  # k = 0..3 in a shape's first byte
+_SHAPE_LIMITS = np.array([1 << 8, 1 << 16, 1 << 32])  # a length below the k-th needs shape dtype k
+SHORT_RUN = 64  # bytes a piece on average, at most, that one numpy scatter copies (its index: 16 bytes a byte)
+Run = tuple[np.ndarray, np.ndarray]  # pieces of samples: their bytes, one after another, and each one's size
 
 
 @dataclass(frozen=True)
@@ -47,17 +50,21 @@ class Column:
         return f"ndarray:{self.dtype.name}"
 
 
-def encode_sample(arrays: list[np.ndarray]) -> bytes:
-    """One sample: its 1-D arrays, non-empty and little-endian, in the order of their columns' names."""
-    data = [_ndarray(array) for array in arrays]
-    return np.array([len(datum) for datum in data], "<u4").tobytes() + b"".join(data)
-
-
-def _ndarray(values: np.ndarray) -> bytes:
-    """An ``ndarray:DTYPE`` value: its shape's byte, its shape, its values (little-endian)."""
-    length = len(values)
-    k = 0 if length < 1 << 8 else 1 if length < 1 << 16 else 2 if length < 1 << 32 else 3
-    return bytes([1 << 2 | k]) + np.array([length], _SHAPE_DTYPES[k]).tobytes() + values.tobytes()
+def _heads(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The head of each 1-D ``ndarray:DTYPE`` value of these lengths (its shape's byte, then its shape), one after
+    another in one byte array, and the size of each."""
+    if len(lengths) and lengths.min() < 1:
+        raise ValueError("an MDS ndarray value holds at least one item")
+    k = np.searchsorted(_SHAPE_LIMITS, lengths, side="right")  # the narrowest shape dtype that holds the length
+    sizes = 1 + (1 << k)
+    offsets = np.cumsum(sizes) - sizes
+    heads = np.empty(int(sizes.sum()), np.uint8)
+    heads[offsets] = 1 << 2 | k  # ndim 1
+    for code in np.unique(k):
+        which = k == code
+        shape = lengths[which].astype(_SHAPE_DTYPES[code]).view(np.uint8).reshape(-1, 1 << code)
+        heads[(offsets[which] + 1)[:, None] + np.arange(1 << code)] = shape
+    return heads, sizes
 
 
 class MdsWriter:
@@ -85,22 +92,66 @@ class MdsWriter:
         }
         self._config_json = json.dumps(self.config, sort_keys=True).encode()
         self.shards: list[dict[str, Any]] = []
-        self._samples: list[bytes] = []
-        self._size = self._empty_size
+        self._samples = np.empty(0, np.uint8)  # the samples of the shard being filled, as the shard holds them
+        self._used = 0  # its bytes so far
+        self._sizes: list[np.ndarray] = []  # each of its samples' size
+        self._size = self._empty_size  # the shard's size so far, as MDSWriter counts it
         out.remove(INDEX)
 
     @property
     def _empty_size(self) -> int:
         return 4 + 4 + len(self._config_json)  # the sample count, the offset after the last, the config
 
-    def write(self, arrays: dict[str, np.ndarray]) -> None:
-        """Add a sample: an array for each column, by name."""
-        sample = encode_sample([np.asarray(arrays[column.name], column.dtype) for column in self.columns])
-        size = len(sample) + 4  # its offset
-        if self._samples and self._size + size > self.config["size_limit"]:
-            self._flush()
-        self._samples.append(sample)
-        self._size += size
+    def write(self, values: dict[str, np.ndarray], lengths: dict[str, np.ndarray]) -> None:
+        """Add samples, many at once: for each column (by name) its values, one sample's after another, and the
+        length of each sample's. Each sample's pieces are copied to their place in the shard: a 2,049-token window
+        encoded alone, as a bytes object, cost ~16 us (4.6x cp + sync)."""
+        runs = self._runs(values, lengths)
+        sizes = np.sum([run_sizes for _, run_sizes in runs], axis=0)
+        room = np.cumsum(sizes + 4)  # each sample with its offset
+        start = 0
+        while start < len(sizes):
+            taken = room[start - 1] if start else 0
+            fits = taken + self.config["size_limit"] - self._size  # (below taken: the shard is full already)
+            end = max(start, int(np.searchsorted(room, fits, side="right")))
+            if end == start:  # the next sample does not fit: a new shard, or this one alone
+                if self._sizes:
+                    self._flush()
+                    continue
+                end = start + 1
+            self._place(runs, sizes, start, end)
+            self._size += int(room[end - 1] - taken)
+            start = end
+
+    def _runs(self, values: dict[str, np.ndarray], lengths: dict[str, np.ndarray]) -> list[Run]:
+        """Each sample's pieces, in the order a sample holds them, as runs: its header (each column's size), then
+        each column's head and values."""
+        runs: list[Run] = []
+        for column in self.columns:
+            length = np.asarray(lengths[column.name], np.int64)
+            data = np.ascontiguousarray(values[column.name], column.dtype)
+            if len(data) != length.sum():
+                raise ValueError(f"column {column.name}: {len(data):,} values, {length.sum():,} in its samples")
+            runs += [_heads(length), (data.view(np.uint8), length * column.dtype.itemsize)]
+        datums = np.stack([runs[i][1] + runs[i + 1][1] for i in range(0, len(runs), 2)], axis=1)
+        header = np.ascontiguousarray(datums, "<u4").view(np.uint8).reshape(-1)
+        return [(header, np.full(len(datums), 4 * len(self.columns), np.int64)), *runs]
+
+    def _place(self, runs: list[Run], sizes: np.ndarray, start: int, end: int) -> None:
+        """Copy samples ``start`` to ``end`` (excluded) after the shard's samples so far."""
+        taken = sizes[start:end]
+        need = self._used + int(taken.sum())
+        if need > len(self._samples):  # a shard's worth, once; more only for a sample larger than a shard
+            grown = np.empty(max(need, self.config["size_limit"]), np.uint8)
+            grown[: self._used] = self._samples[: self._used]
+            self._samples = grown
+        at = self._used + np.cumsum(taken) - taken  # where each sample starts
+        for data, run_sizes in runs:
+            run = run_sizes[start:end]
+            _copy_runs(self._samples, at, data, (np.cumsum(run_sizes) - run_sizes)[start:end], run)
+            at += run
+        self._used = need
+        self._sizes.append(taken)
 
     @property
     def samples(self) -> int:
@@ -109,7 +160,7 @@ class MdsWriter:
 
     def finish(self) -> str:
         """Put the last shard and the index; remove older shards the index does not name. The index's sha256."""
-        if self._samples:
+        if self._sizes:
             self._flush()
         index = json.dumps({"shards": self.shards, "version": 2}, sort_keys=True).encode()
         self.out.put(INDEX, index)
@@ -120,16 +171,26 @@ class MdsWriter:
         return hashlib.sha256(index).hexdigest()
 
     def _flush(self) -> None:
-        count = len(self._samples)
-        sizes = np.fromiter(map(len, self._samples), np.int64, count)
-        start = 4 + 4 * (count + 1) + len(self._config_json)
+        sizes = np.concatenate(self._sizes)
+        start = 4 + 4 * (len(sizes) + 1) + len(self._config_json)
         offsets = start + np.concatenate([[0], np.cumsum(sizes)])
-        data = b"".join(
-            [np.uint32(count).tobytes(), offsets.astype("<u4").tobytes(), self._config_json, *self._samples]
-        )
+        prefix = np.uint32(len(sizes)).tobytes() + offsets.astype("<u4").tobytes() + self._config_json
+        data = b"".join([prefix, self._samples.data[: self._used]])
         name = f"shard.{len(self.shards):05}.mds"
         self.out.put(name, data)
         digest = hashlib.sha1(data, usedforsecurity=False).hexdigest()
         raw = {"basename": name, "bytes": len(data), "hashes": {HASH: digest}}
-        self.shards.append({"samples": count, "raw_data": raw, "zip_data": None, **self.config})
-        self._samples, self._size = [], self._empty_size
+        self.shards.append({"samples": len(sizes), "raw_data": raw, "zip_data": None, **self.config})
+        self._used, self._sizes, self._size = 0, [], self._empty_size
+
+
+def _copy_runs(out: np.ndarray, at: np.ndarray, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+    """``out[at[i] : at[i] + lengths[i]] = data[starts[i] : ...]`` for every i: short runs (headers, shapes, a
+    window's document ends) in one numpy scatter, long ones (a window's tokens) a copy each, ~0.2 us and memcpy."""
+    if lengths.sum() <= SHORT_RUN * len(lengths):
+        inner = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        out[np.repeat(at, lengths) + inner] = data[np.repeat(starts, lengths) + inner]
+        return
+    target, source = out.data, data.data
+    for to, start, length in zip(at.tolist(), starts.tolist(), lengths.tolist(), strict=True):
+        target[to : to + length] = source[start : start + length]

@@ -32,6 +32,7 @@ from tokenization.storage.folder import Folder
 
 BLOCK_BYTES = 16 << 20  # tokens read at once: whole windows, ~16 MiB (a window's samples are encoded from it)
 ENDS_DTYPE = np.dtype("<u4")  # a window of up to 2**32 tokens
+Columns = dict[str, np.ndarray]
 
 
 def export_mds(
@@ -77,10 +78,10 @@ def write_mds(
     tokens = windows = 0
     with Progress(f"MDS {out.url}", total, "tok", progress) as shown:
         for file in files:
-            for sample in _windows(dataset, file, window, with_loss):
-                writer.write(sample)
-                tokens += len(sample["tokens"])
-                windows += 1
+            for values, lengths in _windows(dataset, file, window, with_loss):
+                writer.write(values, lengths)
+                tokens += len(values["tokens"])
+                windows += len(lengths["tokens"])
             shown.update(tokens, windows=windows)
         index_sha256 = writer.finish()
     if (writer.samples, tokens) != (windows, total):
@@ -114,8 +115,9 @@ def mds_problems(recorded: MdsOutput, out: Folder, read: bool = True) -> list[st
     return problems
 
 
-def _windows(folder: Folder, file: TokenFile, window: int, with_loss: bool) -> Iterator[dict[str, np.ndarray]]:
-    """The file's windows as samples, read a block of whole windows at a time, in order."""
+def _windows(folder: Folder, file: TokenFile, window: int, with_loss: bool) -> Iterator[tuple[Columns, Columns]]:
+    """The file's windows as samples, a block of whole windows at a time, in order: each column's values, and the
+    length of each window's."""
     name = file.url.rsplit("/", 1)[-1]
     ends = np.asarray(file.ends, dtype=np.int64)
     total = file.num_tokens
@@ -129,12 +131,10 @@ def _windows(folder: Folder, file: TokenFile, window: int, with_loss: bool) -> I
             cuts = np.searchsorted(ends, bounds, side="right")  # window i's entries: ends[cuts[i] : cuts[i + 1]]
             if np.any(cuts[1:] <= cuts[:-1]) or not np.array_equal(ends[cuts[1:] - 1], bounds[1:]):
                 raise TokenFileError(f"{file.url}.index: an entry does not end each window of {window:,} tokens")
-            for i in range(len(bounds) - 1):
-                start, end = bounds[i] - first, bounds[i + 1] - first
-                sample = {"tokens": block[start:end], "doc_ends": (ends[cuts[i] : cuts[i + 1]] - bounds[i])}
-                if losses is not None:
-                    sample["loss"] = losses[start:end]
-                yield sample
+            inside = ends[cuts[0] : cuts[-1]] - np.repeat(bounds[:-1], np.diff(cuts))  # relative to their windows
+            values = {"tokens": block, "doc_ends": inside} | ({"loss": losses} if losses is not None else {})
+            lengths = {"tokens": np.diff(bounds), "doc_ends": np.diff(cuts)}
+            yield values, lengths | ({"loss": lengths["tokens"]} if losses is not None else {})
     if len(ends) and ends[-1] != total:
         raise TokenFileError(f"{file.url}.index: its last entry is {ends[-1]:,}, the file holds {total:,} tokens")
 

@@ -35,7 +35,7 @@ SHARD = re.compile(r"shard\.\d{5}\.mds")
 _SHAPE_DTYPES = tuple(np.dtype(f"<u{size}") for size in (1, 2, 4, 8))  # k = 0..3 in a shape's first byte
 _SHAPE_LIMITS = np.array([1 << 8, 1 << 16, 1 << 32])  # a length below the k-th needs shape dtype k
 SHORT_RUN = 64  # bytes a piece on average, at most, that one numpy scatter copies (its index: 16 bytes a byte)
-Run = tuple[np.ndarray, np.ndarray]  # pieces of samples: their bytes, one after another, and each one's size
+Run = tuple[np.ndarray, np.ndarray, np.ndarray]  # a piece of each sample: their bytes, each one's size and start
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class MdsWriter:
         length of each sample's. Each sample's pieces are copied to their place in the shard: a 2,049-token window
         encoded alone, as a bytes object, cost ~16 us (4.6x cp + sync)."""
         runs = self._runs(values, lengths)
-        sizes = np.sum([run_sizes for _, run_sizes in runs], axis=0)
+        sizes = np.sum([run_sizes for _, run_sizes, _ in runs], axis=0)
         room = np.cumsum(sizes + 4)  # each sample with its offset
         start = 0
         while start < len(sizes):
@@ -126,16 +126,17 @@ class MdsWriter:
     def _runs(self, values: dict[str, np.ndarray], lengths: dict[str, np.ndarray]) -> list[Run]:
         """Each sample's pieces, in the order a sample holds them, as runs: its header (each column's size), then
         each column's head and values."""
-        runs: list[Run] = []
+        pieces: list[tuple[np.ndarray, np.ndarray]] = []
         for column in self.columns:
             length = np.asarray(lengths[column.name], np.int64)
             data = np.ascontiguousarray(values[column.name], column.dtype)
             if len(data) != length.sum():
                 raise ValueError(f"column {column.name}: {len(data):,} values, {length.sum():,} in its samples")
-            runs += [_heads(length), (data.view(np.uint8), length * column.dtype.itemsize)]
-        datums = np.stack([runs[i][1] + runs[i + 1][1] for i in range(0, len(runs), 2)], axis=1)
+            pieces += [_heads(length), (data.view(np.uint8), length * column.dtype.itemsize)]
+        datums = np.stack([pieces[i][1] + pieces[i + 1][1] for i in range(0, len(pieces), 2)], axis=1)
         header = np.ascontiguousarray(datums, "<u4").view(np.uint8).reshape(-1)
-        return [(header, np.full(len(datums), 4 * len(self.columns), np.int64)), *runs]
+        pieces.insert(0, (header, np.full(len(datums), 4 * len(self.columns), np.int64)))
+        return [(data, sizes, np.cumsum(sizes) - sizes) for data, sizes in pieces]
 
     def _place(self, runs: list[Run], sizes: np.ndarray, start: int, end: int) -> None:
         """Copy samples ``start`` to ``end`` (excluded) after the shard's samples so far."""
@@ -146,9 +147,9 @@ class MdsWriter:
             grown[: self._used] = self._samples[: self._used]
             self._samples = grown
         at = self._used + np.cumsum(taken) - taken  # where each sample starts
-        for data, run_sizes in runs:
+        for data, run_sizes, run_starts in runs:
             run = run_sizes[start:end]
-            _copy_runs(self._samples, at, data, (np.cumsum(run_sizes) - run_sizes)[start:end], run)
+            _copy_runs(self._samples, at, data, run_starts[start:end], run)
             at += run
         self._used = need
         self._sizes.append(taken)

@@ -128,6 +128,7 @@ def test_run_again_the_same_bytes_and_no_shard_of_an_older_export_stays(run, tmp
     out = Folder(str(tmp_path / "mds"))
     first = export_mds(Folder(str(run)), out, SMALL_SHARDS, progress=False)
     written = {p.name: p.read_bytes() for p in (tmp_path / "mds").iterdir()}
+    (tmp_path / "mds" / ".shard.00002.mds.tmp-0123456789ab").write_bytes(b"half")  # a writer killed mid-put
     assert export_mds(Folder(str(run)), out, progress=False).shards == 1
     assert sorted(p.name for p in (tmp_path / "mds").iterdir()) == ["index.json", "shard.00000.mds"]
     assert export_mds(Folder(str(run)), out, SMALL_SHARDS, progress=False) == first

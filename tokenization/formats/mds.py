@@ -26,12 +26,15 @@ from typing import Any
 
 import numpy as np
 
+from tokenization.storage.files import TEMPORARY_MARK
 from tokenization.storage.folder import Folder
 
 INDEX = "index.json"
 SIZE_LIMIT = 1 << 26  # MDSWriter's default shard size, 64 MiB: a shard is built whole in memory, then put
 HASH = "sha1"  # each shard's, in the index; streaming knows sha1 without an extra package (xxhash's need one)
 SHARD = re.compile(r"shard\.\d{5}\.mds")
+# What a writer killed while it put a shard or the index leaves behind (``files.temporary_name``)
+LEFTOVER = re.compile(rf"\.(shard\.\d{{5}}\.mds|index\.json){re.escape(TEMPORARY_MARK)}[0-9a-f]+")
 _SHAPE_DTYPES = tuple(np.dtype(f"<u{size}") for size in (1, 2, 4, 8))  # k = 0..3 in a shape's first byte
 _SHAPE_LIMITS = np.array([1 << 8, 1 << 16, 1 << 32])  # a length below the k-th needs shape dtype k
 SHORT_RUN = 64  # bytes a piece on average, at most, that one numpy scatter copies (its index: 16 bytes a byte)
@@ -72,7 +75,7 @@ class MdsWriter:
 
     A shard is a file of ``out`` only once it is whole (``Folder.put``); the index that names a set of shards
     appears only after all of them, so a reader never sees half a dataset. The writer removes an older index
-    first, and after the new one the shards it does not name.
+    first, and after the new one the shards it does not name and the temporary files of a writer killed there.
     """
 
     def __init__(self, out: Folder, columns: list[Column], size_limit: int = SIZE_LIMIT):
@@ -160,14 +163,15 @@ class MdsWriter:
         return sum(shard["samples"] for shard in self.shards)
 
     def finish(self) -> str:
-        """Put the last shard and the index; remove older shards the index does not name. The index's sha256."""
+        """Put the last shard and the index; remove older shards the index does not name, and what a writer killed
+        here left. The index's sha256."""
         if self._sizes:
             self._flush()
         index = json.dumps({"shards": self.shards, "version": 2}, sort_keys=True).encode()
         self.out.put(INDEX, index)
         named = {shard["raw_data"]["basename"] for shard in self.shards}
         for name in self.out.list():
-            if SHARD.fullmatch(name) and name not in named:
+            if (SHARD.fullmatch(name) and name not in named) or LEFTOVER.fullmatch(name):
                 self.out.remove(name)
         return hashlib.sha256(index).hexdigest()
 

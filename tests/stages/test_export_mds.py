@@ -166,6 +166,13 @@ def test_what_is_refused_is_named(run, tmp_path, sample_corpus, sample_tokenizer
         export_mds(Folder(str(run)), Folder(str(run / "context") + "/"))
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-r", str(run), str(copy)], check=True)
+    last = sorted((copy / "context").glob("*.ds"))[-1]
+    Path(f"{last}.loss").rename(f"{last}.loss.kept")
+    with pytest.raises(
+        TokenFileError, match=rf"{last.name}: \d bytes a token, no .loss; .*: one MDS dataset holds one"
+    ):
+        export_mds(Folder(str(copy)), Folder(str(tmp_path / "mds")), progress=False)
+    Path(f"{last}.loss.kept").rename(f"{last}.loss")
     index = sorted((copy / "context").glob("*.ds.index"))[0]
     ends = np.fromfile(index, dtype="<u8")
     ends[np.flatnonzero(ends == WINDOW)[0]] += 1  # the first window's end moved a token on

@@ -70,7 +70,13 @@ def write_mds(
     urls = manifest.token_files(dataset)
     files = [TokenFile(url, listing=sizes, storage_options=dataset.options) for url in urls]
     token_size = files[0].token_size if files else 2  # (no file, no shard: the columns are written nowhere)
-    with_loss = bool(files) and all(file.exists(".loss") for file in files)
+    with_loss = bool(files) and files[0].exists(".loss")
+    for file in files:  # one dtype a column: a file unlike the first would be cast, or lose its loss bytes
+        if (file.token_size, file.exists(".loss")) != (token_size, with_loss):
+            raise TokenFileError(
+                f"{file.url}: {file.token_size} bytes a token, {'with' if file.exists('.loss') else 'no'} .loss; "
+                f"{files[0].url}: {token_size}, {'with' if with_loss else 'no'} .loss: one MDS dataset holds one kind"
+            )
     columns = [Column("tokens", np.dtype(f"<u{token_size}")), Column("doc_ends", ENDS_DTYPE)]
     columns += [Column("loss", LOSS_DTYPE)] if with_loss else []
     writer = MdsWriter(out, columns, size_limit)

@@ -23,13 +23,25 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
-from tokenization.stages.export_mds import export_mds, mds_problems
+from tokenization.stages.export_mds import SOURCES, export_mds, mds_problems
 from tokenization.storage.folder import Folder
 
 WINDOW = 1025
-BUILDS = {"windows": ("sample", {}), "llama3": ("llama3", {}), "packed": ("sample", {"context_mode": "packed"})}
+PARTS = "part-0000{}.jsonl.gz"  # the sample corpus's files, a mixture's sources
+MIXTURE = {
+    "sources": [
+        {"name": "web", "input": PARTS.format("[01]"), "weight": 5},
+        {"name": "code", "input": PARTS.format(2), "weight": 4, "max_repetition": 2},
+        {"name": "math", "input": PARTS.format(3), "weight": 1},
+    ]
+}
+BUILDS = {
+    "windows": ("sample", {}),
+    "llama3": ("llama3", {}),
+    "packed": ("sample", {"context_mode": "packed"}),
+    "mixture": ("sample", {"mixture": MIXTURE}),
+}
 SMALL_SHARDS = 40_000  # bytes: a build of the sample corpus in 4 to 8 shards
-COLUMNS = ("doc_ends", "loss", "tokens")
 # streaming's reader, in its own environment: every sample, each column's arrays in one .npz (``{column}_{i}``).
 READ = """
 import sys
@@ -44,22 +56,26 @@ WRITE = """
 import sys
 import numpy as np
 from streaming import MDSWriter
-saved, columns = np.load(sys.argv[1]), dict(zip(("doc_ends", "loss", "tokens"), sys.argv[2].split()))
+saved, columns = np.load(sys.argv[1]), dict(pair.split("=") for pair in sys.argv[2].split())
 for out, limit in zip(sys.argv[3::2], sys.argv[4::2]):
     with MDSWriter(columns=columns, out=out, hashes=["sha1"], size_limit=int(limit)) as writer:
-        for i in range(len(saved.files) // 3):
+        for i in range(len(saved.files) // len(columns)):
             writer.write({key: saved[f"{key}_{i}"] for key in columns})
 """
 
 
 @pytest.fixture(scope="module", params=sorted(BUILDS))
 def run(request, tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
-    """A published build of the sample corpus, its loss saved, in windows of 1,025 tokens."""
+    """A published build of the sample corpus (or of a mixture of its files), its loss saved, in windows of 1,025
+    tokens."""
     tokenizer, options = BUILDS[request.param]
     path = sample_tokenizer if tokenizer == "sample" else shared_path("tokenizers", "llama3", "tokenizer.json")
     output = tmp_path_factory.mktemp(request.param)
+    if "mixture" in options:
+        sources = [source | {"input": f"{sample_corpus}/{source['input']}"} for source in MIXTURE["sources"]]
+        options = {"mixture": {"sources": sources}}
     config = BuildConfig(
-        input=str(sample_corpus),
+        input=None if "mixture" in options else str(sample_corpus),
         output=str(output),
         tokenizer=str(path),
         seed=5,
@@ -76,20 +92,27 @@ def run(request, tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
 
 def windows_in(run: Path) -> list[dict[str, np.ndarray]]:
     """The build's windows as its .ds files hold them: each file's tokens cut every 1,025, in file order, with its
-    loss bytes and the index entries inside it (relative to it)."""
+    loss bytes and the index entries inside it (relative to it), and a mixture's their sources."""
     samples = []
     for path in sorted((run / "context").glob("*.ds")):
         file = TokenFile(str(path))
         tokens, loss, ends = np.asarray(file.tokens), np.asarray(file.loss), np.asarray(file.ends, dtype=np.int64)
         for start in range(0, len(tokens), WINDOW):
             end = min(start + WINDOW, len(tokens))
-            inside = (ends[(ends > start) & (ends <= end)] - start).astype("<u4")
-            samples.append({"tokens": tokens[start:end], "loss": loss[start:end], "doc_ends": inside})
+            inside = (ends > start) & (ends <= end)
+            sample = {"tokens": tokens[start:end], "loss": loss[start:end], "doc_ends": (ends[inside] - start)}
+            sample["doc_ends"] = sample["doc_ends"].astype("<u4")
+            samples.append(sample | ({"sources": np.asarray(file.sources)[inside]} if file.sources is not None else {}))
     return samples
 
 
+def encodings(sample: dict[str, np.ndarray]) -> str:
+    """The columns of a sample, as MDSWriter's argument on the command line: ``doc_ends=ndarray:uint32 ...``."""
+    return " ".join(f"{key}=ndarray:{value.dtype.name}" for key, value in sorted(sample.items()))
+
+
 def saved(samples: list[dict[str, np.ndarray]], path: Path) -> Path:
-    np.savez(path, **{f"{key}_{i}": sample[key] for i, sample in enumerate(samples) for key in COLUMNS})
+    np.savez(path, **{f"{key}_{i}": value for i, sample in enumerate(samples) for key, value in sample.items()})
     return path
 
 
@@ -99,26 +122,29 @@ def test_streaming_reads_every_window_with_its_tokens_loss_and_document_ends(run
     assert done.shards > 1 and done.windows == len(expected) and done.tokens == sum(len(s["tokens"]) for s in expected)
     printed = in_streaming_env(READ, str(tmp_path / "mds"), str(tmp_path / "read.npz"))
     read = np.load(tmp_path / "read.npz")
-    assert int(printed) == len(expected) == len(read.files) // 3
+    assert int(printed) == len(expected) == len(read.files) // len(expected[0])
     token_size = TokenFile(str(next((run / "context").glob("*.ds")))).token_size
     for i, sample in enumerate(expected):
         assert read[f"tokens_{i}"].dtype == np.dtype(f"<u{token_size}")
-        for key in COLUMNS:
+        for key in expected[0]:
             assert np.array_equal(read[f"{key}_{i}"], sample[key]), (i, key)
     assert read[f"doc_ends_{len(expected) - 1}"][-1] == len(expected[-1]["tokens"])  # a window's end is its last
 
 
 def test_the_bytes_are_those_streamings_own_writer_writes(run, tmp_path) -> None:
-    """In 64 MiB shards (one) and in small ones (several): every file, index.json too, byte for byte."""
+    """In 64 MiB shards (one) and in small ones (several): every file, index.json too, byte for byte; a mixture's
+    source names beside them, in sources.json."""
     expected = windows_in(run)
-    encodings = " ".join(f"ndarray:{name}" for name in ("uint32", "uint8", expected[0]["tokens"].dtype.name))
+    named = list(TokenFile(str(run / "context" / "000_corpus.ds")).metadata.sources)
     limits = {"large": 1 << 26, "small": SMALL_SHARDS}
     theirs = [str(word) for name, limit in limits.items() for word in (tmp_path / f"theirs-{name}", limit)]
-    in_streaming_env(WRITE, str(saved(expected, tmp_path / "s.npz")), encodings, *theirs)
+    in_streaming_env(WRITE, str(saved(expected, tmp_path / "s.npz")), encodings(expected[0]), *theirs)
     for name, limit in limits.items():
         ours = export_mds(Folder(str(run)), Folder(str(tmp_path / f"ours-{name}")), limit, progress=False)
-        names = sorted(p.name for p in (tmp_path / f"ours-{name}").iterdir())
+        names = sorted(p.name for p in (tmp_path / f"ours-{name}").iterdir() if p.name != SOURCES)
         assert names == sorted(p.name for p in (tmp_path / f"theirs-{name}").iterdir())
+        mixed = (tmp_path / f"ours-{name}" / SOURCES).is_file()
+        assert (json.loads((tmp_path / f"ours-{name}" / SOURCES).read_text()) if mixed else []) == named
         assert len(names) == ours.shards + 1 and (ours.shards > 1) == (name == "small")
         same = [filecmp.cmp(tmp_path / f"ours-{name}" / n, tmp_path / f"theirs-{name}" / n, False) for n in names]
         assert all(same), [n for n, equal in zip(names, same, strict=True) if not equal]
@@ -130,7 +156,8 @@ def test_run_again_the_same_bytes_and_no_shard_of_an_older_export_stays(run, tmp
     written = {p.name: p.read_bytes() for p in (tmp_path / "mds").iterdir()}
     (tmp_path / "mds" / ".shard.00002.mds.tmp-0123456789ab").write_bytes(b"half")  # a writer killed mid-put
     assert export_mds(Folder(str(run)), out, progress=False).shards == 1
-    assert sorted(p.name for p in (tmp_path / "mds").iterdir()) == ["index.json", "shard.00000.mds"]
+    kept = sorted(p.name for p in (tmp_path / "mds").iterdir())
+    assert kept == ["index.json", "shard.00000.mds", *([SOURCES] if "sources" in windows_in(run)[0] else [])]
     assert export_mds(Folder(str(run)), out, SMALL_SHARDS, progress=False) == first
     assert {p.name: p.read_bytes() for p in (tmp_path / "mds").iterdir()} == written
 
@@ -169,7 +196,7 @@ def test_what_is_refused_is_named(run, tmp_path, sample_corpus, sample_tokenizer
     last = sorted((copy / "context").glob("*.ds"))[-1]
     Path(f"{last}.loss").rename(f"{last}.loss.kept")
     with pytest.raises(
-        TokenFileError, match=rf"{last.name}: \d bytes a token, no .loss; .*: one MDS dataset holds one"
+        TokenFileError, match=rf"{last.name}: \d bytes a token, no .loss[^;]*; .*: one MDS dataset holds one"
     ):
         export_mds(Folder(str(copy)), Folder(str(tmp_path / "mds")), progress=False)
     Path(f"{last}.loss.kept").rename(f"{last}.loss")

@@ -5,7 +5,8 @@ record, which names its index's sha256), or by ``tokenization mds`` from any pub
 A sample is a window, in the order of the ``.ds`` files (sorted, as datatrove lists them) and of the windows in
 each: ``tokens`` (its ids, the build's token size), ``loss`` (a byte a token, 0 = no loss; where the build saved
 the loss mask) and ``doc_ends`` (uint32: the exclusive end of each document, or piece of one, in the window, as
-``.ds.index`` marks them; the window's own end last). A file's tail, shorter than a window, is its last sample
+``.ds.index`` marks them; the window's own end last), and a mixture's ``sources`` (each piece's source id, as
+``.ds.source`` holds it, the ids named in ``sources.json``). A file's tail, shorter than a window, is its last sample
 unless the build dropped tails. The bytes are moved, never decoded or re-tokenized: the samples' tokens, loss
 bytes and ends are exactly the context files', which the export checks as it goes (every window's last index
 entry at its end; every token and window of the build written).
@@ -22,7 +23,7 @@ from typing import IO
 import numpy as np
 
 from tokenization.errors import UsageError
-from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError
+from tokenization.formats.ds import LOSS_DTYPE, SOURCE, SOURCE_DTYPE, TokenFile, TokenFileError
 from tokenization.formats.mds import HASH, INDEX, SIZE_LIMIT, Column, MdsWriter
 from tokenization.output import manifest
 from tokenization.output.runs import Layout, read_build
@@ -32,6 +33,7 @@ from tokenization.storage.folder import Folder
 
 BLOCK_BYTES = 16 << 20  # tokens read at once: whole windows, ~16 MiB (a window's samples are encoded from it)
 ENDS_DTYPE = np.dtype("<u4")  # a window of up to 2**32 tokens
+SOURCES = "sources.json"  # beside a mixture's MDS: the names of its source ids, ["web", "code", ...]
 Columns = dict[str, np.ndarray]
 
 
@@ -71,15 +73,20 @@ def write_mds(
     files = [TokenFile(url, listing=sizes, storage_options=dataset.options) for url in urls]
     token_size = files[0].token_size if files else 2  # (no file, no shard: the columns are written nowhere)
     with_loss = bool(files) and files[0].exists(".loss")
-    for file in files:  # one dtype a column: a file unlike the first would be cast, or lose its loss bytes
-        if (file.token_size, file.exists(".loss")) != (token_size, with_loss):
+    for file in files[1:]:  # one dtype a column: a file unlike the first would be cast, or lose a column
+        if _kind(file) != _kind(files[0]):
             raise TokenFileError(
-                f"{file.url}: {file.token_size} bytes a token, {'with' if file.exists('.loss') else 'no'} .loss; "
-                f"{files[0].url}: {token_size}, {'with' if with_loss else 'no'} .loss: one MDS dataset holds one kind"
+                f"{file.url}: {_kind(file)}; {files[0].url}: {_kind(files[0])}: one MDS dataset holds one kind"
             )
+    names = files[0].metadata.sources if files and files[0].metadata else ()
     columns = [Column("tokens", np.dtype(f"<u{token_size}")), Column("doc_ends", ENDS_DTYPE)]
     columns += [Column("loss", LOSS_DTYPE)] if with_loss else []
+    columns += [Column("sources", SOURCE_DTYPE)] if names else []
     writer = MdsWriter(out, columns, size_limit)
+    if names:  # the names of a mixture's source ids, before the index that makes the dataset whole
+        out.put(SOURCES, json.dumps(list(names)).encode())
+    else:
+        out.remove(SOURCES)
     total = sum(file.num_tokens for file in files)
     tokens = windows = 0
     with Progress(f"MDS {out.url}", total, "tok", progress) as shown:
@@ -121,11 +128,20 @@ def mds_problems(recorded: MdsOutput, out: Folder, read: bool = True) -> list[st
     return problems
 
 
+def _kind(file: TokenFile) -> str:
+    """What makes a file's columns: its token size, its loss bytes, its sources."""
+    sources = f", sources {','.join(file.metadata.sources)}" if file.metadata and file.metadata.sources else ""
+    return f"{file.token_size} bytes a token, {'with' if file.exists('.loss') else 'no'} .loss{sources}"
+
+
 def _windows(folder: Folder, file: TokenFile, window: int, with_loss: bool) -> Iterator[tuple[Columns, Columns]]:
     """The file's windows as samples, a block of whole windows at a time, in order: each column's values, and the
     length of each window's."""
     name = file.url.rsplit("/", 1)[-1]
     ends = np.asarray(file.ends, dtype=np.int64)
+    sources = np.asarray(file.sources) if file.sources is not None else None
+    if sources is not None and len(sources) != len(ends):
+        raise TokenFileError(f"{file.url}{SOURCE}: {len(sources):,} bytes for {len(ends):,} index entries")
     total = file.num_tokens
     per_block = max(1, BLOCK_BYTES // (window * file.token_size)) * window
     with folder.open(name) as tokens, folder.open(name + ".loss") if with_loss else nullcontext() as loss:
@@ -138,9 +154,11 @@ def _windows(folder: Folder, file: TokenFile, window: int, with_loss: bool) -> I
             if np.any(cuts[1:] <= cuts[:-1]) or not np.array_equal(ends[cuts[1:] - 1], bounds[1:]):
                 raise TokenFileError(f"{file.url}.index: an entry does not end each window of {window:,} tokens")
             inside = ends[cuts[0] : cuts[-1]] - np.repeat(bounds[:-1], np.diff(cuts))  # relative to their windows
-            values = {"tokens": block, "doc_ends": inside} | ({"loss": losses} if losses is not None else {})
-            lengths = {"tokens": np.diff(bounds), "doc_ends": np.diff(cuts)}
-            yield values, lengths | ({"loss": lengths["tokens"]} if losses is not None else {})
+            values = {"tokens": block, "doc_ends": inside, "loss": losses}
+            lengths = {"tokens": np.diff(bounds), "doc_ends": np.diff(cuts), "loss": np.diff(bounds)}
+            if sources is not None:  # a mixture's: each piece's source, as each document end
+                values["sources"], lengths["sources"] = sources[cuts[0] : cuts[-1]], lengths["doc_ends"]
+            yield values, lengths
     if len(ends) and ends[-1] != total:
         raise TokenFileError(f"{file.url}.index: its last entry is {ends[-1]:,}, the file holds {total:,} tokens")
 

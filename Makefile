@@ -31,8 +31,8 @@ TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links
 STREAMING_VENV := .venv-streaming
 # mosaicml streaming, MDS's reader, in an environment of its own: it needs transformers < 5, so huggingface-hub < 1,
 # where datatrove needs >= 1.6; and `import streaming` imports torchvision, whose wheels load only beside the torch
-# they were built with. pip takes both from the machine's own index where it has them (CI's), else from PyTorch's
-# CPU index (~1 GB; PyPI's pair is a CUDA build of ~5.5 GB).
+# they were built with. pip takes both from the machine's own index where it has them (CI's: a CUDA build, 6.3 GB
+# installed), else a CPU build from PyTorch's CPU index.
 VISION_SOURCE := $(if $(wildcard /opt/pypi-more/files/torchvision-0.29.1-*.whl),,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
 
 .PHONY: setup test lint demo airflow airflow-init clean trainer-env streaming-env browser-env tokenizer-files bench

@@ -154,8 +154,10 @@ def _windows(folder: Folder, file: TokenFile, window: int, with_loss: bool) -> I
             if np.any(cuts[1:] <= cuts[:-1]) or not np.array_equal(ends[cuts[1:] - 1], bounds[1:]):
                 raise TokenFileError(f"{file.url}.index: an entry does not end each window of {window:,} tokens")
             inside = ends[cuts[0] : cuts[-1]] - np.repeat(bounds[:-1], np.diff(cuts))  # relative to their windows
-            values = {"tokens": block, "doc_ends": inside, "loss": losses}
-            lengths = {"tokens": np.diff(bounds), "doc_ends": np.diff(cuts), "loss": np.diff(bounds)}
+            values = {"tokens": block, "doc_ends": inside}
+            lengths = {"tokens": np.diff(bounds), "doc_ends": np.diff(cuts)}
+            if losses is not None:
+                values["loss"], lengths["loss"] = losses, lengths["tokens"]
             if sources is not None:  # a mixture's: each piece's source, as each document end
                 values["sources"], lengths["sources"] = sources[cuts[0] : cuts[-1]], lengths["doc_ends"]
             yield values, lengths

@@ -83,7 +83,7 @@ def test_a_rerun_with_other_settings_or_inputs_is_refused_naming_them(tmp_path, 
         Build.start(config, "b1")
     shutil.copy(sample_tokenizer, tmp_path / "tokenizer.json")
     (inputs / "part-00002.jsonl.gz").unlink()  # the failed input, deleted
-    with pytest.raises(PlanConflict, match=r"1 planned input files are gone \(.*/in/part-00002.jsonl.gz\)"):
+    with pytest.raises(PlanConflict, match=r"1 planned input file is gone \(.*/in/part-00002.jsonl.gz\)"):
         Build.start(config, "b1")
     assert record.read_bytes() == published  # nothing of b1 was touched
 

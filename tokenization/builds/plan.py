@@ -120,9 +120,10 @@ class Plan:
         gone = [f.url for f in planned if f.url not in now]
         changed = [f"{f.url}: {how}" for f in planned if f.url in now and (how := difference(f, now[f.url]))]
         if gone:
-            differences.append(f"{len(gone)} planned input files are gone ({_named(gone)})")
+            are = "is" if len(gone) == 1 else "are"
+            differences.append(f"{counted(len(gone), 'planned input file')} {are} gone ({_named(gone)})")
         if changed:
-            differences.append(f"{len(changed)} planned input files changed since ({_named(changed)})")
+            differences.append(f"{counted(len(changed), 'planned input file')} changed since ({_named(changed)})")
         if differences:
             raise PlanConflict(
                 f"{where} was planned otherwise: {'; '.join(differences)}. A build id resumes only its own plan: "

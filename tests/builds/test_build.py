@@ -196,8 +196,11 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     (tmp_path / "first" / "_BUILD.json").unlink()
     damaged = tmp_path / "first" / "ranks" / "_manifests" / "00000.json"
     damaged.write_bytes(damaged.read_bytes().replace(b'"counts"', b'"counts" ', 1))
+    caplog.clear()
     assert Build.start(config, "first").run(parallel=1).record.digest == first.record.digest
     assert (markers / "00000.json").read_bytes() != redone["00000.json"]
+    said = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("rank 0 is tokenized again: ") and "00000.json" in said[0], said
 
 
 def test_while_a_marker_is_missing_the_check_is_one_listing(tmp_path, sample_corpus, sample_tokenizer, monkeypatch):

@@ -44,6 +44,9 @@ from tokenization.storage.folder import Folder
 C = TypeVar("C", MergeCounts, ContextCounts)
 
 
+UNMARKED = "no completion marker"  # a rank not done yet (any other reason: one done whose shard is damaged)
+
+
 def incomplete_ranks(ranks: Folder, num_ranks: int, plan: str | None = None) -> dict[int, str]:
     """Every rank of ``0..num_ranks-1`` whose shard is not complete yet, with the reason. While markers are missing
     this costs one listing, whatever the number of ranks; once all are there, each marker and manifest is read once:
@@ -54,7 +57,7 @@ def incomplete_ranks(ranks: Folder, num_ranks: int, plan: str | None = None) -> 
     expected = {rank_stem(rank): rank for rank in range(num_ranks)}
     if strangers := sorted(listed - set(expected)):
         raise BuildError(f"{ranks.url} holds shards that are not ranks of this {num_ranks}-rank run: {strangers}")
-    if unmarked := {rank: "no completion marker" for stem, rank in expected.items() if stem not in listed}:
+    if unmarked := {rank: UNMARKED for stem, rank in expected.items() if stem not in listed}:
         return unmarked
     listed_files = _ListedFiles.of(ranks)
     status = {}
@@ -71,7 +74,7 @@ def incomplete_ranks(ranks: Folder, num_ranks: int, plan: str | None = None) -> 
 def _marker(data: bytes | None, where: str) -> CompletionMarker | str:
     """A rank's marker, or why it cannot be used: its one line, when it is damaged."""
     if data is None:
-        return "no completion marker"
+        return UNMARKED
     try:
         return CompletionMarker.loads(data, where)
     except RecordError as exc:
@@ -128,9 +131,9 @@ def _shard_status(
         return marker
     data = manifests.get(marker.manifest)
     if data is None:
-        return "completion marker without a manifest"
+        return f"{ranks.url_of(marker.manifest)} is missing: its completion marker names it"
     if hashlib.sha256(data).hexdigest() != marker.sha256:
-        return "manifest does not match its completion marker"
+        return f"{ranks.url_of(marker.manifest)} is not the manifest its completion marker records (sha256)"
     if plan is not None:
         try:
             made_under = RankManifest.loads(data, ranks.url_of(marker.manifest)).plan

@@ -307,7 +307,11 @@ class Build:
         damaged shows only once every rank has its marker (``incomplete_ranks`` reads the shards then), so the ranks
         found then are tokenized too; a rank is tokenized once at most."""
         tokenized: set[int] = set()
-        while ranks := sorted(set(self.incomplete_ranks()) - tokenized):
+        while incomplete := {rank: why for rank, why in self.incomplete_ranks().items() if rank not in tokenized}:
+            for rank, why in sorted(incomplete.items()):
+                if why != accounting.UNMARKED:  # a shard done once, damaged since: said, then made again
+                    log.warning("rank %d is tokenized again: %s", rank, why)
+            ranks = sorted(incomplete)
             shares = [self.plan.share(rank, self.config.num_ranks) for rank in ranks]
             text = sum(f.span_bytes for share in shares for f in share)
             self._in_processes("tokenize", [(rank,) for rank in ranks], parallel, progress, text)

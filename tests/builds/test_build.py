@@ -248,3 +248,19 @@ def test_a_tokenizer_path_typed_two_ways_gives_one_digest(tmp_path, sample_corpu
     assert digests["relative"] == digests["absolute"]
     metadata = next((tmp_path / "relative" / "out" / "typed" / "context").glob("*.ds.metadata")).read_text()
     assert metadata.startswith(f"{sample_tokenizer.resolve()}|2\n")
+
+
+def test_publish_leaves_no_staging_behind(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """An attempt interrupted between its marker and its cleanup leaves its staging folder, and its rank, complete,
+    is never run again to remove it: publish removes every stage folder's staging base."""
+    from tokenization.builds.config import BuildConfig
+    from tokenization.builds.run import Build
+
+    config = BuildConfig(input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), seed=3)
+    build = Build.start(config, "b")
+    build._steps(parallel=1, progress=False)
+    left = tmp_path / "b" / "ranks" / ".staging" / "00000.attempt-0123456789ab"
+    left.mkdir(parents=True)
+    (left / "00000_00000_doc_shuffled.ds").write_bytes(b"half")
+    build.publish()
+    assert list(tmp_path.rglob(".staging")) == []

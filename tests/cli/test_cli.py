@@ -397,7 +397,8 @@ def test_ctrl_c_stops_a_build_and_its_workers_in_one_line(tmp_path, sample_corpu
 def test_ctrl_c_stops_any_command_in_one_line(tmp_path, sample_tokenizer, delay: float) -> None:
     """Interrupted as its attempt begins, and as the tokenizer loads: gigatoken, in the main thread, turned a
     KeyboardInterrupt into a panic, or lost it (the rank then failed on lists of ids, or finished)."""
-    corpus = write_jsonl(tmp_path / "corpus.jsonl", sample_records() * 40)
+    # ~55 MB: ~1 s of encoding at gigatoken's rate on this machine, so the interrupt comes before the end
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", sample_records() * 200)
     command = ["tokenize", str(corpus), "--output", "out", "--tokenizer", str(sample_tokenizer)]
     begun: list[float] = []
 

@@ -26,6 +26,7 @@ from tokenization.formats.checks import Checks
 from tokenization.inputs.sources import InputError
 from tokenization.options import params
 from tokenization.output import manifest
+from tokenization.output.attempts import remove_staging
 from tokenization.output.cache import Cache
 from tokenization.output.runs import BUILD_MANIFEST, BuildError, Layout, read_build
 from tokenization.records import (
@@ -126,6 +127,8 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
     if keep and (deleted or (cleaned and cleaned.entries)):  # (neither without keep)
         write_report(folder, record, Retention(keep=keep, deleted=deleted, cache=cleaned))
     footprint.remove(Layout(folder), record.removed)
+    for stage in Layout(folder).stages.values():
+        remove_staging(stage)
     log.info("published %s: %d tokens; report %s", record.dataset, record.tokens, REPORT_HTML)
     return Published(record, newest, deleted)
 

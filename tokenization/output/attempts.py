@@ -498,6 +498,14 @@ def _make_staging(folder: Path) -> None:
                 raise
 
 
+def remove_staging(output: Folder) -> None:
+    """A local output's staging base, whatever it still holds: once its build is published no attempt writes there
+    again, and an attempt interrupted between its marker and its own cleanup (Ctrl-C) is never run again to remove
+    what it left (``_remove_leftovers`` runs only for a stem attempted again)."""
+    if output.is_local:
+        shutil.rmtree(Path(output.path) / STAGING, ignore_errors=True)
+
+
 def _remove_leftovers(folder: Path, stem: str) -> None:
     """The staging folders of earlier attempts at this stem (killed ones included): safe, as we hold the lease.
     No staging base (none yet, or another stem's attempt just removed it, empty) holds none."""

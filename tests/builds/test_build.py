@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import logging
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import orjson
 import pytest
 
 from tests.support.builds import config_of, in_process
+from tests.support.processes import cli
+from tests.support.s3 import ON_BOTH_STORES
 from tests.support.stages import merged, run
 from tokenization.builds.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
-from tokenization.builds.run import Build
-from tokenization.errors import UsageError
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import BUILD_LEASE, Build
+from tokenization.errors import AttemptConflict, UsageError
 from tokenization.formats.ds import TokenFileError
 from tokenization.output import manifest
+from tokenization.output.attempts import leased, new_holder
 from tokenization.output.runs import BuildError, Layout, claim, folder_for
 from tokenization.records import (
     ContextCounts,
@@ -264,3 +269,53 @@ def test_publish_leaves_no_staging_behind(tmp_path, sample_corpus, sample_tokeni
     (left / "00000_00000_doc_shuffled.ds").write_bytes(b"half")
     build.publish()
     assert list(tmp_path.rglob(".staging")) == []
+
+
+def test_a_second_run_of_a_build_steps_aside_naming_the_first(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """Trust 4, finding 12: two runs of one build id at once each took some ranks' leases and removed the markers
+    the other wrote, so both failed. The whole run holds the build's lease: the second steps aside at once, in one
+    line naming the first, and changes nothing."""
+    config = config_of(sample_corpus, tmp_path, sample_tokenizer)
+    build = Build.start(config, "same")
+    with leased(build.layout.run, BUILD_LEASE, new_holder("first")):
+        with pytest.raises(AttemptConflict) as refused:
+            Build.start(config, "same").run(progress=False)
+        assert not build.layout.ranks.exists()
+    assert str(refused.value).startswith(f"{tmp_path}/out/same/.build.lock: attempt ")
+    assert "(first, host " in str(refused.value) and "is writing this output" in str(refused.value)
+    assert build.run(progress=False).record.run_id == "same"
+    assert not (tmp_path / "out" / "same" / ".build.lock").exists()
+
+
+def test_two_runs_of_one_build_at_once_publish_it_once(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """The same race as the commands a person starts twice: one publishes; the other publishes too (it started
+    after) or steps aside in one line. Before the build's lease, both failed in 3 runs of 3 here."""
+    args = ["build", str(sample_corpus), "--output", str(tmp_path / "out"), "--tokenizer", str(sample_tokenizer)]
+    args += ["--build-id", "same", "--num-ranks", "4", "--parallel", "2", "--seed", "3"]
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda _: cli(*args), range(2)))
+    assert 0 in [d.returncode for d in done], [d.stderr[-500:] for d in done]
+    for other in done:
+        if other.returncode:
+            error = other.stderr.splitlines()[-1]
+            assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr
+            assert error.startswith(f"error: {tmp_path}/out/same/.build.lock: attempt ") and "is writing" in error
+    alone = [str(tmp_path / "alone") if arg == str(tmp_path / "out") else arg for arg in args]
+    assert cli(*alone).returncode == 0
+    records = [orjson.loads((tmp_path / out / "same" / "_BUILD.json").read_bytes()) for out in ("out", "alone")]
+    assert records[0]["digest"] == records[1]["digest"]
+
+
+@ON_BOTH_STORES
+def test_a_second_run_of_a_build_on_s3_steps_aside(s3, sample_corpus, sample_tokenizer) -> None:
+    """The build's lease on an object store: ``_leases/build.json`` in the run folder, created only if absent."""
+    config = BuildConfig(
+        input=str(sample_corpus), output="s3://corpus/out", tokenizer=str(sample_tokenizer), storage_options=s3.options
+    )
+    build = Build.start(config, "same")
+    refused = pytest.raises(AttemptConflict, match=r"^corpus/out/same/_leases/build.json: attempt .*\(first, ")
+    with leased(build.layout.run, BUILD_LEASE, new_holder("first")), refused:
+        Build.start(config, "same").run(progress=False)
+    assert build.run(progress=False).record.run_id == "same"
+    s3.fs.invalidate_cache()
+    assert not s3.fs.exists("corpus/out/same/_leases/build.json")

@@ -36,6 +36,7 @@ from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
 from tokenization.inputs.sources import idle_ranks, with_content
 from tokenization.output import manifest
+from tokenization.output.attempts import leased, new_holder
 from tokenization.output.cache import OFF, Cache
 from tokenization.output.manifest import StageResult
 from tokenization.output.runs import (
@@ -61,6 +62,8 @@ from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
+BUILD_LEASE = "build"  # the lease a whole run of a build holds in its run folder (``.build.lock``, or on S3
+# ``_leases/build.json``), beside those of its steps' outputs in the stage folders
 DATASET_NAME = "corpus"  # the merged files are NNN_corpus.ds
 PROBLEMS_LOGGED = 50
 ARRIVED_LISTED = 100  # input files that arrived after the plan, named in the build record (then a count)
@@ -297,10 +300,12 @@ class Build:
         context shards (as processes too), then publish (keeping ``keep`` complete builds, when given). A step
         that fails stops the build; running it again with the same build id keeps the complete ranks, resumes the
         merge after its last published file, and redoes the rest, with the same bytes; a build already published
-        is returned as it is (``publish``)."""
-        if self.published() is None:
-            self._steps(parallel, progress)
-        return self.publish(keep)
+        is returned as it is (``publish``). One run of a build at a time: a second one started meanwhile steps aside
+        at once, naming the first (``BUILD_LEASE``), where the two would each undo the other's ranks."""
+        with leased(self.layout.run, BUILD_LEASE, new_holder("tokenization build")):
+            if self.published() is None:
+                self._steps(parallel, progress)
+            return self.publish(keep)
 
     def _steps(self, parallel: int, progress: ProgressMode) -> None:
         """Every step but publish: the ranks not complete yet, the merge, the context shards. A rank whose shard is

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
@@ -319,3 +320,37 @@ def test_a_second_run_of_a_build_on_s3_steps_aside(s3, sample_corpus, sample_tok
     assert build.run(progress=False).record.run_id == "same"
     s3.fs.invalidate_cache()
     assert not s3.fs.exists("corpus/out/same/_leases/build.json")
+
+
+def race_for_the_build(config: BuildConfig, build_id: str) -> list[str]:
+    """Two threads start one build at the same moment, then take its lease at the same moment, holding it until
+    both have tried: what each got ("held", or the refusal's message), the holder first."""
+    gate = threading.Barrier(2, timeout=30)
+
+    def start(_: int) -> str:
+        gate.wait()
+        build = Build.start(config, build_id)
+        gate.wait()
+        try:
+            with leased(build.layout.run, BUILD_LEASE, new_holder("racer")):
+                gate.wait()
+                return "held"
+        except AttemptConflict as refused:
+            gate.wait()
+            return str(refused)
+
+    with ThreadPoolExecutor(2) as pool:
+        return sorted(pool.map(start, range(2)), key=lambda outcome: outcome != "held")
+
+
+@ON_BOTH_STORES
+def test_runs_of_one_build_started_at_once_on_s3_claim_once_and_one_holds_it(s3, sample_corpus, sample_tokenizer):
+    """Two starts at the same moment: both find the one claim (the same plan), and of two leases taken at once,
+    one wins and the other is refused in one line, never a raw store error (the store's refusal of the loser's
+    conditional write was its context, and was reported in its place)."""
+    config = BuildConfig(
+        input=str(sample_corpus), output="s3://corpus/out", tokenizer=str(sample_tokenizer), storage_options=s3.options
+    )
+    for round in range(4):
+        outcomes = race_for_the_build(config, f"same-{round}")
+        assert outcomes[0] == "held" and " is writing this output" in outcomes[1], outcomes

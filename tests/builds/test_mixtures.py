@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -155,10 +158,61 @@ def test_a_source_too_small_for_its_share_is_refused_by_name(tmp_path, sample_to
     for rank in build.ranks:
         build.tokenize(rank, progress=False)
     has = sum(rank.sources[1].tokens for rank in (build.tokenize(r, progress=False).record for r in build.ranks))
-    refusal = rf"mixture source 'code' has {has:,} tokens, used at most 3 times: {3 * has:,}; .* needs 120,000 of"
-    with pytest.raises(mixing.MixtureError, match=refusal):
+    refusal = (
+        f"mixture source 'code' has {has:,} tokens, used at most 3 times: {3 * has:,}; its 0.6 of the weights needs "
+        "120,000 of the 200,000: lower its weight or the budget, or raise its max_repetition"
+    )
+    with pytest.raises(mixing.MixtureShortfall) as refused:  # a data error, not a usage one: no usage block
         build.merge(progress=False)
+    assert str(refused.value) == refusal and not isinstance(refused.value, UsageError)
     assert not list((Path(build.layout.merged.path)).glob("*.ds"))
+
+
+def test_a_source_the_ranks_kept_nothing_of_is_refused_by_name_before_the_merge(tmp_path, sample_tokenizer) -> None:
+    """A source whose files hold only empty documents: the merge refuses it by name, before a byte is written (it
+    wrote an empty merge, which verify then found wanting without naming the source)."""
+    inputs = write_sources(tmp_path / "data", {"web": 40, "code": 20, "math": 20})
+    write_jsonl(tmp_path / "empty" / "part-0.jsonl", [{"text": ""}] * 5)
+    build = Build.start(config(tmp_path, sample_tokenizer, spec(inputs | {"math": str(tmp_path / "empty")}, None)), "e")
+    for rank in build.ranks:
+        build.tokenize(rank, progress=False)
+    with pytest.raises(mixing.MixtureShortfall) as refused:
+        build.merge(progress=False)
+    assert str(refused.value) == (
+        "mixture source 'math' has no tokens: the ranks kept none of its documents (its files are empty, or every "
+        "document in them was empty or rejected)"
+    )
+    assert not list((Path(build.layout.merged.path)).glob("*.ds"))
+
+
+def test_a_target_no_document_fits_is_refused_by_name_before_the_merge(tmp_path, sample_tokenizer) -> None:
+    """A budget of 3 tokens at equal weights: each source's target (one token) is less than half its shortest
+    document, so none would be chosen and the merge would be empty."""
+    inputs = write_sources(tmp_path / "data", {"web": 40, "code": 20, "math": 20})
+    mixture = spec(inputs, 3)
+    for source in mixture["sources"]:
+        source["weight"] = 1
+    build = Build.start(config(tmp_path, sample_tokenizer, mixture), "tiny")
+    for rank in build.ranks:
+        build.tokenize(rank, progress=False)
+    with pytest.raises(mixing.MixtureShortfall) as refused:
+        build.merge(progress=False)
+    shortest = r"\(its shortest document has \d+\): raise tokens or its weight"
+    assert re.fullmatch(rf"mixture source 'web': no document fits its target of 1 token {shortest}", str(refused.value))
+
+
+def test_a_late_refusal_is_one_line_without_the_usage(tmp_path, sample_tokenizer) -> None:
+    """``tokenization build`` of a source too small for its share: one line and status 1, not the command's
+    25-line usage (a data error found after tokenizing is no usage error)."""
+    inputs = write_sources(tmp_path / "data", {"web": 40, "code": 20, "math": 20})
+    mixture = spec(inputs, 100_000)
+    (tmp_path / "mix.json").write_text(json.dumps(mixture))
+    command = ["build", "--mixture", str(tmp_path / "mix.json"), "--output", str(tmp_path / "out"), "--tokenizer"]
+    command += [str(sample_tokenizer), "--eos-token", EOS, "--num-ranks", "1", "--build-id", "late"]
+    done = subprocess.run([sys.executable, "-m", "tokenization.cli", *command], capture_output=True, text=True)
+    last = done.stderr.strip().splitlines()[-1]
+    assert (done.returncode, "usage:" in done.stderr) == (1, False), done.stderr
+    assert last.startswith("error: mixture source 'web' has ") and last.endswith("or raise its max_repetition")
 
 
 def test_a_remix_tokenizes_nothing_and_the_same_spec_gives_the_same_bytes(tmp_path, sample_tokenizer) -> None:
@@ -225,6 +279,95 @@ def test_a_bad_mixture_file_is_one_line_naming_the_file(tmp_path, text, message)
     path.write_text(text)
     with pytest.raises(mixing.MixtureError, match=rf"^{tmp_path}/mix.yaml: .*{message}"):
         mixing.load_mixture_file(str(path))
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("mix.json", '{"sources": [{"name": "web", "input": "/x", "weight": 1e-1}]}', None),
+        ("mix.yaml", "sources:\n  - {name: web, input: /x, weight: 1e-3}", None),
+        ("mix.yaml", "tokens: 5e4\nsources:\n  - {name: web, input: /x, weight: 1E+2}", None),
+        ("mix.json", '{"tokens": 5e4, "sources": [{"name": "web", "input": "/x", "weight": 1e2}]}', None),
+        (
+            "mix.yaml",
+            "tokens: 5.5e0\nsources:\n  - {name: web, input: /x, weight: 1}",
+            "tokens is 5.5: a budget is a whole number of tokens",
+        ),
+        ("mix.json", '{"tokens": 1', "not JSON: line 1, column 13: Expecting ',' delimiter"),
+    ],
+)
+def test_mixture_numbers_are_read_as_json_and_yaml_1_2_read_them(tmp_path, name, text, message) -> None:
+    """An exponent is a number in JSON and in YAML 1.2 (YAML 1.1's resolver read ``1e-3`` as a string); a budget
+    written as one is a whole number, or refused."""
+    path = tmp_path / name
+    path.write_text(text)
+    if message is not None:
+        with pytest.raises(mixing.MixtureError) as refused:
+            mixing.load_mixture_file(str(path))
+        assert str(refused.value) == f"{path}: {message}"
+        return
+    data = mixing.load_mixture_file(str(path))
+    mixture = mixing.read_mixture(data, name)
+    assert mixture.sources[0].weight in (0.1, 0.001, 100.0)
+    assert data.get("tokens") in (None, 50_000) and isinstance(data.get("tokens", 0), int)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "sources:\n  - {name: web, input: /x, weight: 1, max_repetition: 1e12}",
+            "source 'web': max_repetition 1e+12 is above 1,000, the most a source's documents may be used",
+        ),
+        (
+            "tokens: 1e16\nsources:\n  - {name: web, input: /x, weight: 1}",
+            "tokens is 10,000,000,000,000,000: a budget is at most 1,000,000,000,000,000 tokens (10^15)",
+        ),
+        (
+            "sources:\n  - {name: a, input: /x, weight: 1e308}\n  - {name: b, input: /x, weight: 1e308}",
+            "the weights add up past the largest number: scale them down",
+        ),
+        (
+            "tokens: 1\nsources:\n  - {name: web, input: /x, weight: 1}\n  - {name: code, input: /y, weight: 1}",
+            "source 'code': its share (weight 1) of a budget of 1 token rounds to 0 tokens: raise tokens or its weight",
+        ),
+        (
+            "sources: " + "[" * 5000 + "]" * 5000,
+            "nested deeper than a mixture (a mapping, a list of sources, their fields)",
+        ),
+        (
+            "sources:\n  - {name: web, input: " + "[" * 300 + "]" * 300 + ", weight: 1}",
+            "nested deeper than a mixture: a mapping of 'tokens' and 'sources', a list of mappings of numbers and "
+            "strings",
+        ),
+        (
+            "sources: &loop\n  - *loop",
+            "nested deeper than a mixture: a mapping of 'tokens' and 'sources', a list of "
+            "mappings of numbers and strings",
+        ),
+        (
+            "sources:\x00\n",
+            "not YAML or JSON: line 1, column 9: the character U+0000: special characters are not allowed",
+        ),
+    ],
+)
+def test_a_mixture_past_its_bounds_is_one_line_where_it_is_read(tmp_path, text, message) -> None:
+    """A repetition or a budget no merge could hold (a 1e12 repetition asked 427 TiB after every rank tokenized), a
+    source with no share of the budget, a spec nested past Python's stack or holding itself, a NUL: each one line
+    naming the file, before any work."""
+    path = tmp_path / "mix.yaml"
+    path.write_text(text)
+    with pytest.raises(mixing.MixtureError) as refused:
+        mixing.load_mixture_file(str(path))
+    assert str(refused.value) == f"{path}: {message}"
+
+
+def test_a_deep_json_mixture_is_one_line(tmp_path) -> None:
+    path = tmp_path / "mix.json"
+    path.write_text('{"sources": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(mixing.MixtureError) as refused:
+        mixing.load_mixture_file(str(path))
+    assert str(refused.value) == f"{path}: nested deeper than a mixture (a mapping, a list of sources, their fields)"
 
 
 def test_uses_come_within_one_mean_document_of_any_target_on_web_lengths() -> None:

@@ -228,11 +228,11 @@ def load_mixture_file(path: str) -> dict:
 
 
 def _located(given: str, folder: str) -> str:
-    """A source's input as the spec in ``folder`` means it: a relative local path from that folder; a URL, an
-    absolute path or one from the home folder as given."""
+    """A source's input as the spec in ``folder`` means it: a relative local path from that folder (``..`` taken
+    as written); a URL, an absolute path or one from the home folder as given."""
     if "://" in given or given.startswith(("/", "~")):
         return given
-    return os.path.join(folder, re.sub(r"^(\./)+", "", given))
+    return os.path.normpath(os.path.join(folder, given)) + "/" * given.endswith("/")  # a folder's "/" kept
 
 
 def _refused_character(text: str, exc: Exception) -> str:

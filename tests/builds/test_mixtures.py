@@ -21,9 +21,11 @@ from tests.support.corpus import write_jsonl
 from tests.support.tokenizers import EOS
 from tokenization import mixing, orderings
 from tokenization.builds.config import BuildConfig
+from tokenization.builds.plan import list_inputs
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
+from tokenization.inputs.sources import InputError
 from tokenization.records import Mixture, MixtureSource
 
 LETTERS = {"web": "abcdefg", "code": "hijklmn", "math": "opqrstu"}
@@ -213,6 +215,59 @@ def test_a_late_refusal_is_one_line_without_the_usage(tmp_path, sample_tokenizer
     last = done.stderr.strip().splitlines()[-1]
     assert (done.returncode, "usage:" in done.stderr) == (1, False), done.stderr
     assert last.startswith("error: mixture source 'web' has ") and last.endswith("or raise its max_repetition")
+
+
+@pytest.mark.parametrize("empty", [False, True])
+def test_a_source_with_no_input_files_is_refused_by_name_at_plan(tmp_path, sample_tokenizer, empty) -> None:
+    """A source whose folder holds no input file, or only files of 0 bytes: refused at plan, naming it."""
+    inputs = write_sources(tmp_path / "data", {"web": 40, "code": 20, "math": 20})
+    (tmp_path / "none").mkdir()
+    if empty:
+        (tmp_path / "none" / "a.jsonl").write_bytes(b"")
+    mixture = spec(inputs | {"math": str(tmp_path / "none")}, None)
+    with pytest.raises(InputError) as refused:
+        Build.start(config(tmp_path, sample_tokenizer, mixture), "none")
+    held = f"{tmp_path}/none holds only empty files (1 input file of 0 bytes): no documents"
+    assert (
+        str(refused.value) == f"mixture source 'math': {held if empty else f'no input files found in {tmp_path}/none'}"
+    )
+    assert not (tmp_path / "out" / "none").exists()
+
+
+def test_a_spec_files_relative_inputs_are_relative_to_its_folder(tmp_path, sample_tokenizer, monkeypatch) -> None:
+    """A spec means the same files wherever it is run from: a relative local input from the spec's folder; a URL, an
+    absolute path and a home-relative one as given. A spec given inline (the DAG's param) has no folder: its paths
+    stay relative to the working directory."""
+    inputs = write_sources(tmp_path / "specs" / "data", {"web": 40, "code": 20, "math": 20})
+    (tmp_path / "specs" / "mix.yaml").write_text(
+        "sources:\n"
+        "  - {name: web, input: data/web/, weight: 1}\n"
+        "  - {name: code, input: ./data/code, weight: 1}\n"
+        "  - {name: math, input: ../specs/data/math/*.jsonl, weight: 1}\n"
+        "  - {name: far, input: 's3://bucket/far/', weight: 1}\n"
+        "  - {name: home, input: ~/corpus, weight: 1}\n"
+        "  - {name: root, input: /corpus/root, weight: 1}\n"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    data = mixing.load_mixture_file("../specs/mix.yaml")
+    specs = tmp_path / "specs"
+    assert [source["input"] for source in data["sources"]] == [
+        f"{specs}/data/web/",
+        f"{specs}/data/code",
+        f"{specs}/data/math/*.jsonl",
+        "s3://bucket/far/",
+        "~/corpus",
+        "/corpus/root",
+    ]
+    data["sources"] = data["sources"][:3]
+    built = config(tmp_path, sample_tokenizer, data)
+    listing, _ = list_inputs(built.inputs, built.source_names, None)
+    assert [Path(f.url).relative_to(Path(inputs["web"]).parent).as_posix() for f in listing.files] == [
+        f"{name}/part-{part}.jsonl" for name in LETTERS for part in range(2)
+    ]
+    inline = config(tmp_path, sample_tokenizer, {"sources": [{"name": "web", "input": "data/web", "weight": 1}]})
+    assert inline.inputs == ["data/web"]
 
 
 def test_a_remix_tokenizes_nothing_and_the_same_spec_gives_the_same_bytes(tmp_path, sample_tokenizer) -> None:

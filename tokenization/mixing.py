@@ -278,29 +278,54 @@ def budget(mixture: Mixture, available: Sequence[int]) -> list[int]:
     shares = mixture.shares
     for source, have in zip(mixture.sources, available, strict=True):
         if not have:
-            raise MixtureShortfall(
-                f"mixture source {source.name!r} has no tokens: the ranks kept none of its documents (its files are "
-                "empty, or every document in them was empty or rejected)"
-            )
+            raise _no_tokens(source)
     caps = [math.floor(s.max_repetition * a) for s, a in zip(mixture.sources, available, strict=True)]
     total = mixture.tokens
     if total is None:
         total = min(math.floor(cap / share) for cap, share in zip(caps, shares, strict=True))
     targets = _apportioned(total, shares)
-    for source, have, cap, need in zip(mixture.sources, available, caps, targets, strict=True):
-        if not need:
-            raise MixtureShortfall(
-                f"mixture source {source.name!r}: its share (weight {source.weight:g}) of the mixture's "
-                f"{counted(total, 'token')} rounds to 0 tokens: raise its weight"
-            )
-        if need > cap:
-            times = f"{source.max_repetition:g} times" if source.max_repetition > 1 else "once (max_repetition 1)"
-            raise MixtureShortfall(
-                f"mixture source {source.name!r} has {have:,} tokens, used at most {times}: {cap:,}; its "
-                f"{source.weight:g} of the weights needs {need:,} of the {total:,}: lower its weight or the budget, "
-                "or raise its max_repetition"
-            )
+    for source, have, need in zip(mixture.sources, available, targets, strict=True):
+        _refuse_short(source, have, need, total)
     return targets
+
+
+def foreseen(mixture: Mixture, known: Sequence[int | None]) -> None:
+    """Refuse at plan what ``budget`` would refuse at the merge, from the tokens of the sources ``known`` (None: a
+    source not known yet): all known, ``budget`` itself; with a budget, each known source against its target."""
+    if all(have is not None for have in known):
+        budget(mixture, [have or 0 for have in known])
+    elif mixture.tokens is not None:
+        for source, have, need in zip(
+            mixture.sources, known, _apportioned(mixture.tokens, mixture.shares), strict=True
+        ):
+            if have is not None:
+                _refuse_short(source, have, need, mixture.tokens)
+
+
+def _refuse_short(source: MixtureSource, have: int, need: int, total: int) -> None:
+    """Refuse a source of ``have`` tokens that cannot give its target, ``need`` of the mixture's ``total``."""
+    if not have:
+        raise _no_tokens(source)
+    if not need:
+        raise MixtureShortfall(
+            f"mixture source {source.name!r}: its share (weight {source.weight:g}) of the mixture's "
+            f"{counted(total, 'token')} rounds to 0 tokens: raise its weight"
+        )
+    cap = math.floor(source.max_repetition * have)
+    if need > cap:
+        times = f"{source.max_repetition:g} times" if source.max_repetition > 1 else "once (max_repetition 1)"
+        raise MixtureShortfall(
+            f"mixture source {source.name!r} has {have:,} tokens, used at most {times}: {cap:,}; its "
+            f"{source.weight:g} of the weights needs {need:,} of the {total:,}: lower its weight or the budget, "
+            "or raise its max_repetition"
+        )
+
+
+def _no_tokens(source: MixtureSource) -> MixtureShortfall:
+    return MixtureShortfall(
+        f"mixture source {source.name!r} has no tokens: the ranks kept none of its documents (its files are "
+        "empty, or every document in them was empty or rejected)"
+    )
 
 
 def bucket_targets(mixture: Mixture, held: np.ndarray, bucket: int) -> list[int]:

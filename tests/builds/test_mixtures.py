@@ -270,6 +270,28 @@ def test_a_spec_files_relative_inputs_are_relative_to_its_folder(tmp_path, sampl
     assert inline.inputs == ["data/web"]
 
 
+def test_a_remix_the_cache_can_tell_is_too_small_is_refused_at_plan(tmp_path, sample_tokenizer) -> None:
+    """Every file of the sources in the cache (an earlier build's): a re-mix that asks more of code than its tokens
+    allow is refused when the build is made, before any rank tokenizes, with the merge's words; a source only partly
+    in the cache is left to the merge."""
+    inputs = write_sources(tmp_path / "data", {"web": 200, "code": 60, "math": 100})
+    first = in_process(Build.start(config(tmp_path, sample_tokenizer, spec(inputs, 5_000)), "first")).record
+    code = next(account for account in first.mixture or [] if account.name == "code")
+    remix = spec(inputs, 35_000)
+    for source, weight in zip(remix["sources"], (0.2, 0.7, 0.1), strict=True):
+        source["weight"] = weight
+    with pytest.raises(mixing.MixtureShortfall) as refused:
+        Build.start(config(tmp_path, sample_tokenizer, remix), "remix")
+    assert str(refused.value) == (
+        f"mixture source 'code' has {code.tokens_available:,} tokens, used at most 3 times: "
+        f"{3 * code.tokens_available:,}; its 0.7 of the weights needs 24,500 of the 35,000: lower its weight or the "
+        "budget, or raise its max_repetition"
+    )
+    assert not (tmp_path / "out" / "remix").exists()  # refused before the run claimed its folder
+    write_jsonl(tmp_path / "data" / "code" / "part-2.jsonl", [{"text": "hij klm"}])  # code not wholly cached now
+    Build.start(config(tmp_path, sample_tokenizer, remix), "unknown")  # left to the merge
+
+
 def test_a_remix_tokenizes_nothing_and_the_same_spec_gives_the_same_bytes(tmp_path, sample_tokenizer) -> None:
     inputs = write_sources(tmp_path / "data")
     first = in_process(Build.start(config(tmp_path, sample_tokenizer, spec(inputs, 20_000)), "first")).record

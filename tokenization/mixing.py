@@ -45,6 +45,9 @@ MAX_SOURCES = 256  # a document's source is one byte in the ``.ds.source`` sidec
 MAX_TOKENS = 10**15
 MAX_REPETITION = 1000
 MAX_DEPTH = 3  # a mixture's mapping, its list of sources, a source's mapping: its values are numbers and strings
+TOO_DEEP = (
+    "nested deeper than a mixture: a mapping of 'tokens' and 'sources', a list of mappings of numbers and strings"
+)
 NAME = re.compile(SOURCE_NAME)  # a source's name: in file names, metadata, reports and logs
 MIXTURE_SCHEMA = {  # the DAG's trigger form validates a mixture with it; ``read_mixture`` checks the rest
     "type": "object",
@@ -95,10 +98,7 @@ def read_mixture(data: object, where: str) -> Mixture:
     if not isinstance(data, dict) or not isinstance(data.get("sources"), list):
         raise MixtureError(f"{where}: a mixture is a mapping with a list of 'sources' (and 'tokens')")
     if _too_deep(data):
-        raise MixtureError(
-            f"{where}: nested deeper than a mixture: a mapping of 'tokens' and 'sources', a list of mappings of "
-            "numbers and strings"
-        )
+        raise MixtureError(f"{where}: {TOO_DEEP}")
     _no_strangers(data, Mixture, where)
     for k, source in enumerate(data["sources"]):
         if isinstance(source, dict):
@@ -214,9 +214,7 @@ def load_mixture_file(path: str) -> dict:
     except yaml.reader.ReaderError as exc:  # a character YAML refuses (a NUL): its own text spans two lines
         raise MixtureError(f"{path}: not YAML or JSON: {_refused_character(text, exc)}") from None
     except RecursionError:
-        raise MixtureError(
-            f"{path}: nested deeper than a mixture (a mapping, a list of sources, their fields)"
-        ) from None
+        raise MixtureError(f"{path}: {TOO_DEEP}") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise MixtureError(f"{path}: cannot be read as a mixture ({type(exc).__name__}: {exc})") from None
     read_mixture(data, path)  # its errors name the file
@@ -228,8 +226,8 @@ def load_mixture_file(path: str) -> dict:
 
 
 def _located(given: str, folder: str) -> str:
-    """A source's input as the spec in ``folder`` means it: a relative local path from that folder (``..`` taken
-    as written); a URL, an absolute path or one from the home folder as given."""
+    """A source's input as the spec in ``folder`` means it: a relative local path from that folder (its ``..``
+    folded away, as a path is read); a URL, an absolute path or one from the home folder as given."""
     if "://" in given or given.startswith(("/", "~")):
         return given
     return os.path.normpath(os.path.join(folder, given)) + "/" * given.endswith("/")  # a folder's "/" kept

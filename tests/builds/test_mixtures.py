@@ -31,6 +31,7 @@ from tokenization.records import Mixture, MixtureSource
 LETTERS = {"web": "abcdefg", "code": "hijklmn", "math": "opqrstu"}
 DOCS = {"web": 2000, "code": 300, "math": 1000}  # ~120 tokens a document; code must be repeated to reach its share
 WEIGHTS = {"web": 0.6, "code": 0.3, "math": 0.1}
+DEEP = "nested deeper than a mixture: a mapping of 'tokens' and 'sources', a list of mappings of numbers and strings"
 
 
 def write_sources(root: Path, docs: dict[str, int] = DOCS, seed: int = 0) -> dict[str, str]:
@@ -410,17 +411,15 @@ def test_mixture_numbers_are_read_as_json_and_yaml_1_2_read_them(tmp_path, name,
         ),
         (
             "sources: " + "[" * 5000 + "]" * 5000,
-            "nested deeper than a mixture (a mapping, a list of sources, their fields)",
+            DEEP,
         ),
         (
             "sources:\n  - {name: web, input: " + "[" * 300 + "]" * 300 + ", weight: 1}",
-            "nested deeper than a mixture: a mapping of 'tokens' and 'sources', a list of mappings of numbers and "
-            "strings",
+            DEEP,
         ),
         (
             "sources: &loop\n  - *loop",
-            "nested deeper than a mixture: a mapping of 'tokens' and 'sources', a list of "
-            "mappings of numbers and strings",
+            DEEP,
         ),
         (
             "sources:\x00\n",
@@ -444,7 +443,7 @@ def test_a_deep_json_mixture_is_one_line(tmp_path) -> None:
     path.write_text('{"sources": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(mixing.MixtureError) as refused:
         mixing.load_mixture_file(str(path))
-    assert str(refused.value) == f"{path}: nested deeper than a mixture (a mapping, a list of sources, their fields)"
+    assert str(refused.value) == f"{path}: {DEEP}"
 
 
 def test_uses_come_within_one_mean_document_of_any_target_on_web_lengths() -> None:

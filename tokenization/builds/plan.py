@@ -20,7 +20,7 @@ from functools import cached_property
 
 import orjson
 
-from tokenization.inputs.sources import InputListing, difference, list_input_files, split_files
+from tokenization.inputs.sources import InputError, InputListing, difference, list_input_files, split_files
 from tokenization.mixing import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
@@ -220,7 +220,7 @@ def list_inputs(
     to one."""
     if names is None:
         return list_input_files(inputs, storage_options, quiet), None
-    listings = [list_input_files([spec], storage_options, quiet) for spec in inputs]
+    listings = [_source_listing(spec, name, storage_options, quiet) for spec, name in zip(inputs, names, strict=True)]
     owner: dict[str, int] = {}
     for source, listing in enumerate(listings):
         for file in listing.files:
@@ -233,3 +233,16 @@ def list_inputs(
     skipped = [name for listing in listings for name in listing.skipped]
     merged = InputListing(files, skipped, sum(listing.hidden for listing in listings))
     return merged, [source for source, listing in enumerate(listings) for _ in listing.files]
+
+
+def _source_listing(spec: str, name: str, storage_options: StorageOptions | None, quiet: bool) -> InputListing:
+    """A mixture source's input files; a listing error names the source, and so does a source whose files are all
+    empty (0 bytes): it could only be found after every rank tokenized, as an empty mixture."""
+    try:
+        listing = list_input_files([spec], storage_options, quiet)
+    except InputError as exc:
+        raise InputError(f"mixture source {name!r}: {exc}") from None
+    if not any(file.size for file in listing.files):
+        files = counted(len(listing.files), "input file")
+        raise InputError(f"mixture source {name!r}: {spec} holds only empty files ({files} of 0 bytes): no documents")
+    return listing

@@ -31,6 +31,7 @@ from tokenization.builds import accounting, complete
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import Plan, Run, list_inputs
+from tokenization.builds.shortfall import refuse_foreseen
 from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
@@ -103,6 +104,8 @@ class Build:
         proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned, sources)
         if config.cache_folder:  # before the run's claim: a folder that is no cache is refused first
             Cache(config.cache_folder).claim()
+            if planned is not listing:  # a new plan (a re-run's was checked when it was new)
+                refuse_foreseen(config, proposed, encoder, Cache(config.cache_folder))
         run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts()))
         if run.plan.digest != proposed.digest:
             run.plan.refuse_another(proposed, listing, run_dir.url)

@@ -381,6 +381,7 @@ def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: 
         subset = orderings.mixture_subset(config.seed, s, part, len(mine))
         uses[mine] = mixing.uses(lengths[mine], targets[s], subset)
         chosen = uses[mine]
+        mixing.check_chosen(source, targets[s], lengths[mine], chosen, "" if part == 0 else f"bucket {part - 1}: ")
         shares.append(
             SourceMix(
                 name=source.name,

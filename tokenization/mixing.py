@@ -25,13 +25,13 @@ import difflib
 import math
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from tokenization.errors import UsageError
 from tokenization.formats.names import SOURCE_NAME
 from tokenization.records import Mixture, MixtureSource, RecordError
+from tokenization.storage.files import StorageOptions, open_fs
 
 MAX_SOURCES = 256  # a document's source is one byte in the ``.ds.source`` sidecar
 NAME = re.compile(SOURCE_NAME)  # a source's name: in file names, metadata, reports and logs
@@ -117,12 +117,15 @@ def _no_strangers(given: dict, kind: type, where: str) -> None:
             )
 
 
-def load_mixture_file(path: str) -> dict:
-    """A mixture file's object: YAML (``.yaml``, ``.yml``) or JSON; an error names the file."""
+def load_mixture_file(path: str, storage_options: StorageOptions | None = None) -> dict:
+    """A mixture file's object: YAML (``.yaml``, ``.yml``) or JSON, at a path or fsspec URL (opened with
+    ``storage_options``); an error names the file."""
     import yaml  # a mixture file is the only YAML the project reads
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        fs, at = open_fs(path, storage_options)
+        with fs.open(at, "rb") as file:
+            text = file.read().decode("utf-8")
         data = yaml.safe_load(text)  # JSON is YAML too
     except yaml.MarkedYAMLError as exc:  # its own text spans lines and quotes the file
         mark = exc.problem_mark

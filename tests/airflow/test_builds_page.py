@@ -132,6 +132,38 @@ def test_a_mixture_builds_row_carries_each_sources_share() -> None:
     assert code == {"name": "code", "target": 0.4, "share": 0.40001}
 
 
+def test_a_builds_duration_is_its_records_not_the_airflow_runs() -> None:
+    """Issue 54: after a rank was cleared, a 69 s build was listed as lasting 10.2 s: clearing restarts the Airflow
+    run's clock. A published build's start and duration are its build record's; an unpublished run's, Airflow's."""
+    from datetime import datetime, timedelta, timezone
+
+    from tokenization_airflow.builds_page import _build_row
+
+    cleared = datetime(2026, 12, 5, 10, 1, 0, tzinfo=timezone.utc)  # when the rank was cleared
+    run = SimpleNamespace(
+        run_id="r",
+        state="success",
+        start_date=cleared,
+        end_date=cleared + timedelta(seconds=10.2),
+        logical_date=None,
+        run_after=cleared,
+    )
+    published = BuildSummary(
+        **{"dataset": "/b/r/context", "digest": "ab" * 32, "tokens": 1, "docs": 1, "rejects": 0, "files": 1},
+        **{"verified": True, "latest": "/b/r", "deleted": [], "seed": 7, "tokenizer": "t", "input": "/in"},
+        started="2026-12-05T10:00:00+00:00",
+        wall_seconds=69.04,
+    )
+    row = _build_row(run, published.to_json(), None)
+    assert (row["started"], row["seconds"]) == ("2026-12-05T10:00:00+00:00", 69.0)
+    running = SimpleNamespace(**vars(run) | {"state": "running", "end_date": None})
+    shown = _build_row(running, None, None)
+    assert (shown["started"], shown["seconds"]) == ("2026-12-05T10:01:00+00:00", None)
+    older = published.to_json() | {"format": "corpus-tokenization/build-summary/2"}  # published before: no times
+    del older["started"], older["wall_seconds"]
+    assert _build_row(run, older, None)["seconds"] == 10.2
+
+
 def test_report_of_a_folder_that_is_not_a_build_is_a_one_line_error(tmp_path) -> None:
     done = cli("report", str(tmp_path))
     assert done.returncode == 1 and done.stderr.strip().startswith(f"error: {tmp_path}: no _BUILD.json")
@@ -151,7 +183,8 @@ def test_the_page_lists_the_build_and_serves_its_report(client, token, build) ->
     rows = client.get("/corpus-builds/api/builds", headers=auth).json()
     row = next(r for r in rows if r["run_id"] == run_id)
     assert row["state"] == "success" and row["tokens"] == manifest["tokens"]
-    assert (row["docs"], row["rejects"]) == (308, 0) and row["seconds"] > 0
+    assert (row["docs"], row["rejects"]) == (308, 0)
+    assert (row["started"], row["seconds"]) == (manifest["started"], round(manifest["wall_seconds"], 1))
     params = manifest["params"]
     assert (row["tokenizer"], row["input"], row["seed"]) == (params["tokenizer"], params["input"], 1234)
     reused = manifest["cache"]["bytes_reused"] / manifest["cache"]["bytes_total"]  # earlier runs filled the cache
@@ -284,6 +317,8 @@ def test_in_a_browser_after_login(build, logged_in) -> None:
         "reused": f"{manifest['cache']['bytes_reused'] / manifest['cache']['bytes_total']:.1%}",
         "storage": "\n".join(storage),
     }
+    lines = f"return document.querySelector(\"tr[data-run-id='{run_id}'] td[data-key=run] a\").getClientRects().length"
+    assert browser.execute_script(lines) == 1  # the run id on one line (issue 54: it wrapped a character a line)
     fits = "const t = document.getElementById('builds'); return [t.scrollWidth, t.parentElement.clientWidth];"
     width, room = browser.execute_script(fits)
     assert width <= room <= 1400, (width, room)  # no scrolling at 1,400 px: the table fits the window

@@ -163,7 +163,7 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     assert "storage_options" not in record["params"] and record["params"]["num_ranks"] == 3
     assert (tmp_path / "first" / "report.html").exists()
     assert summary.to_json() == {
-        "format": "corpus-tokenization/build-summary/2",
+        "format": "corpus-tokenization/build-summary/3",
         "dataset": first.record.dataset,
         "digest": first.record.digest,
         "tokens": 64_522,
@@ -178,6 +178,8 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         "deleted": [],
         "reused": 0.0,  # the first build: nothing in its cache yet
         "footprint": first.record.footprint.to_json(),
+        "started": record["started"],  # the build's, plan to publish, for the builds page
+        "wall_seconds": record["wall_seconds"],
     }
 
     assert Build.start(config, "second").run(parallel=1).record.digest == first.record.digest

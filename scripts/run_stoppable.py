@@ -120,6 +120,12 @@ class Parent:
         return self.caught is not None and now is not None and bool(self.caught - now)
 
 
+def say(message: str) -> None:
+    """A line on stderr, where a reader may have gone (a supervisor that stopped reading): stopping goes on."""
+    with contextlib.suppress(OSError):
+        print(message, file=sys.stderr, flush=True)
+
+
 def run(command: list[str], grace: float, term_grace: float, poll: float = 0.1, follow_parent: bool = False) -> int:
     stopper = Stopper(Parent() if follow_parent else None)
     # Installed before the child starts: a handled signal is reset to its default in the child at exec, while an
@@ -133,7 +139,7 @@ def run(command: list[str], grace: float, term_grace: float, poll: float = 0.1, 
         stopper.watch()
     interrupted = stopper.requests > 0
     if interrupted:
-        print(f"stopping {command[0]} and every process it started (Ctrl-C again to hurry)", file=sys.stderr)
+        say(f"stopping {command[0]} and every process it started (Ctrl-C again to hurry)")
     # Interrupted: from SIGINT; the leftovers of a command that exited by itself: from SIGTERM.
     for step in range(0 if interrupted else 1, len(STEPS)):
         members = session_members(sid)
@@ -143,7 +149,7 @@ def run(command: list[str], grace: float, term_grace: float, poll: float = 0.1, 
             _signal_all([child.pid], signal.SIGINT)
         else:
             shown = ", ".join(map(str, members[:8])) + (" ..." if len(members) > 8 else "")
-            print(f"{STEPS[step].name} to {len(members)} process(es) still running: {shown}", file=sys.stderr)
+            say(f"{STEPS[step].name} to {len(members)} process(es) still running: {shown}")
             _signal_all(members, STEPS[step])
         seen, deadline = stopper.requests, time.monotonic() + (grace if step == 0 else term_grace)
         while time.monotonic() < deadline and stopper.requests == seen and session_members(sid):
@@ -153,7 +159,7 @@ def run(command: list[str], grace: float, term_grace: float, poll: float = 0.1, 
     status = child.wait()
     left = session_members(sid)
     if left:
-        print(f"{len(left)} process(es) could not be stopped: {' '.join(map(str, left))}", file=sys.stderr)
+        say(f"{len(left)} process(es) could not be stopped: {' '.join(map(str, left))}")
     if interrupted:
         return 130
     return status if status >= 0 else 128 - status

@@ -100,6 +100,17 @@ def test_sigterm_stops_it_too(tmp_path) -> None:
     assert wrapper.returncode == 130 and [role for role, pid in tree.items() if alive(pid)] == []
 
 
+def test_it_stops_everything_when_no_one_reads_its_messages_any_more(tmp_path) -> None:
+    """Its stderr's reader gone (a supervisor that stopped reading, a test that timed out), a message it wrote while
+    stopping raised BrokenPipeError, and the runner died, leaving the command running."""
+    wrapper = start(tmp_path, "leader")
+    tree = pids(tmp_path, ("leader", "component", "task", "stubborn"))
+    wrapper.stderr.close()
+    wrapper.send_signal(signal.SIGTERM)
+    wrapper.wait(timeout=30)
+    assert wrapper.returncode == 130 and [role for role, pid in tree.items() if alive(pid)] == []
+
+
 def test_what_a_command_leaves_behind_when_it_exits_is_stopped_and_its_status_kept(tmp_path) -> None:
     wrapper = start(tmp_path, "exits")
     leftover = pids(tmp_path, ("leftover",))["leftover"]

@@ -262,7 +262,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     limit_hf_threads(args.threads)
     if args.input and args.mixture:
         raise UsageError("give the input or --mixture, not both: a mixture's sources name their inputs")
-    args.build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # nothing to percent-encode
+    args.build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # a safe folder name as it is
     published = Build.start(from_arguments(BuildConfig, args), args.build_id).run(args.parallel, keep=args.keep_builds)
     print(summary(published.record))
     print(f"latest: {published.latest}")

@@ -26,15 +26,16 @@ import functools
 import json
 import math
 import os
+import posixpath
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from tokenization.errors import TokenizationError, UsageError
 from tokenization.formats.names import SOURCE_NAME
 from tokenization.records import Mixture, MixtureSource, RecordError
+from tokenization.storage.files import StorageOptions, open_fs
 from tokenization.wording import counted
 
 MAX_SOURCES = 256  # a document's source is one byte in the ``.ds.source`` sidecar
@@ -196,14 +197,17 @@ def _no_strangers(given: dict, kind: type, where: str) -> None:
             )
 
 
-def load_mixture_file(path: str) -> dict:
-    """A mixture file's object: JSON (``.json``, read as JSON reads it) or YAML, its numbers read as YAML 1.2 reads
-    them (``1e-3`` is a number; JSON is YAML too); an error names the file. A source's relative local ``input`` is
-    made relative to the file's folder, so that a spec means the same files wherever it is run from."""
+def load_mixture_file(path: str, storage_options: StorageOptions | None = None) -> dict:
+    """A mixture file's object, at a path or fsspec URL (opened with ``storage_options``): JSON (``.json``, read as
+    JSON reads it) or YAML, its numbers read as YAML 1.2 reads them (``1e-3`` is a number; JSON is YAML too); an
+    error names the file. A source's relative ``input`` is made relative to the file's folder, so that a spec means
+    the same files wherever it is run from."""
     import yaml  # a mixture file is the only YAML the project reads
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        fs, at = open_fs(path, storage_options)
+        with fs.open(at, "rb") as file:
+            text = file.read().decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else yaml.load(text, Loader=_loader())  # a SafeLoader
     except json.JSONDecodeError as exc:
         raise MixtureError(f"{path}: not JSON: line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
@@ -218,7 +222,7 @@ def load_mixture_file(path: str) -> dict:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise MixtureError(f"{path}: cannot be read as a mixture ({type(exc).__name__}: {exc})") from None
     read_mixture(data, path)  # its errors name the file
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = path.rsplit("/", 1)[0] if "://" in path else os.path.dirname(os.path.abspath(path))
     return {
         **_whole_tokens(data, path),
         "sources": [{**s, "input": _located(s["input"], folder)} for s in data["sources"]],
@@ -226,11 +230,14 @@ def load_mixture_file(path: str) -> dict:
 
 
 def _located(given: str, folder: str) -> str:
-    """A source's input as the spec in ``folder`` means it: a relative local path from that folder (its ``..``
-    folded away, as a path is read); a URL, an absolute path or one from the home folder as given."""
+    """A source's input as the spec in ``folder`` (a local folder or a URL) means it: a relative path from that
+    folder (its ``..`` folded away, as a path is read); a URL, an absolute path or one from the home folder as
+    given."""
     if "://" in given or given.startswith(("/", "~")):
         return given
-    return os.path.normpath(os.path.join(folder, given)) + "/" * given.endswith("/")  # a folder's "/" kept
+    scheme, _, rest = folder.rpartition("://")
+    joined = posixpath.normpath(posixpath.join(rest, given)) if scheme else os.path.normpath(os.path.join(rest, given))
+    return f"{scheme}://" * bool(scheme) + joined + "/" * given.endswith("/")  # a folder's "/" kept
 
 
 def _refused_character(text: str, exc: Exception) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -36,13 +37,15 @@ from tokenization.storage.folder import Folder
 
 
 def test_run_ids_map_to_folders_one_to_one() -> None:
-    """Finding 2: ':' and '+' both became '-', so 'qa:col' and 'qa-col' shared a folder."""
+    """Finding 2: ':' and '+' both became '-', so 'qa:col' and 'qa-col' shared a folder. Issue 54: the folders were
+    percent-encoded instead, and their file:// links encoded twice; a run id respelt carries its hash."""
     ids = ["qa-col", "qa:col", "qa+col", "qa%3Acol", "scheduled__2026-11-30T02:00:00+00:00", ".hidden", "a~b"]
     folders = [folder_for("/builds", run_id) for run_id in ids]
     assert len(set(folders)) == len(ids)
-    assert folders[:2] == ["/builds/qa-col", "/builds/qa%3Acol"]
-    assert folders[4] == "/builds/scheduled__2026-11-30T02%3A00%3A00%2B00%3A00"
-    assert folders[5] == "/builds/%2Ehidden" and folders[6] == "/builds/a~b"
+    assert folders[:3] == ["/builds/qa-col", "/builds/qa-col~61920a57", "/builds/qa-col~d6a97b29"]
+    assert folders[4] == "/builds/scheduled__2026-11-30T02-00-00-00-00~278ed946"
+    assert folders[5] == "/builds/-hidden~16924190" and folders[6] == "/builds/a-b~941528e5"
+    assert all(re.fullmatch(r"/builds/[A-Za-z0-9_.~-]+", folder) for folder in folders)  # nothing to escape
     for bad in ["", ".", ".."]:
         with pytest.raises(UsageError, match="cannot name a folder"):
             folder_for("/builds", bad)
@@ -166,7 +169,7 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     assert "storage_options" not in record["params"] and record["params"]["num_ranks"] == 3
     assert (tmp_path / "first" / "report.html").exists()
     assert summary.to_json() == {
-        "format": "corpus-tokenization/build-summary/2",
+        "format": "corpus-tokenization/build-summary/3",
         "dataset": first.record.dataset,
         "digest": first.record.digest,
         "tokens": 64_522,
@@ -181,6 +184,8 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         "deleted": [],
         "reused": 0.0,  # the first build: nothing in its cache yet
         "footprint": first.record.footprint.to_json(),
+        "started": record["started"],  # the build's, plan to publish, for the builds page
+        "wall_seconds": record["wall_seconds"],
     }
 
     assert Build.start(config, "second").run(parallel=1).record.digest == first.record.digest

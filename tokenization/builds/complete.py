@@ -94,6 +94,8 @@ class Published:
             mixture=None
             if record.mixture is None
             else [SourceShare(name=a.name, target=a.target, share=a.share) for a in record.mixture],
+            started=record.started,
+            wall_seconds=record.wall_seconds,
         )
 
 

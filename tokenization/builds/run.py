@@ -44,6 +44,7 @@ from tokenization.output.runs import (
     BUILD_MANIFEST,
     BuildError,
     Layout,
+    PlanConflict,
     claim,
     folder_for,
     read_claim,
@@ -126,8 +127,15 @@ class Build:
     @classmethod
     def of(cls, config: BuildConfig, spec: object, where: str) -> Build:
         """The build a later step is handed: its config, and the spec that ``start`` made (``run.spec``), read from
-        its JSON (``where`` it was found, for messages) and held against the run's claim."""
-        return cls(config, Run.of(BuildSpec.from_json(spec, where), config.storage_options))
+        its JSON (``where`` it was found, for messages) and held against the run's claim. Its mixture must be the
+        planned one: a step reads the mixture's file again (Airflow's ``mixture_file``), which may have changed."""
+        run = Run.of(BuildSpec.from_json(spec, where), config.storage_options)
+        if config.mixture != (planned := run.plan.record.params.get("mixture")):
+            raise PlanConflict(
+                f"{run.run_dir} was planned with another mixture (its file changed since?): {config.mixture!r} "
+                f"(planned {planned!r}). A build id resumes only its own plan: run this mixture under a new build id"
+            )
+        return cls(config, run)
 
     @staticmethod
     def run_dir_of(spec: object, where: str) -> str:

@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -269,6 +270,14 @@ def test_a_spec_files_relative_inputs_are_relative_to_its_folder(tmp_path, sampl
     ]
     inline = config(tmp_path, sample_tokenizer, {"sources": [{"name": "web", "input": "data/web", "weight": 1}]})
     assert inline.inputs == ["data/web"]
+
+
+def test_a_spec_at_a_url_has_its_relative_inputs_under_its_folder() -> None:
+    """A mixture file on a store (the DAG's ``mixture_file``): its relative inputs are URLs under its folder."""
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file("/specs/night/mix.yaml", b"sources:\n  - {name: web, input: ../data/web/, weight: 1e-1}\n")
+    data = mixing.load_mixture_file("memory://specs/night/mix.yaml")
+    assert data["sources"] == [{"name": "web", "input": "memory://specs/data/web/", "weight": 0.1}]
 
 
 def test_a_remix_the_cache_can_tell_is_too_small_is_refused_at_plan(tmp_path, sample_tokenizer) -> None:

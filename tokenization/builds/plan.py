@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -216,19 +216,22 @@ def list_inputs(
     inputs: list[str], names: list[str] | None, storage_options: StorageOptions | None, quiet: bool = False
 ) -> tuple[InputListing, list[int] | None]:
     """A build's input files: its input's listing; or, for a mixture (each source's ``inputs``, its ``names``), each
-    source's listing in turn, with each file's source. A file listed by two sources is refused: a document belongs
-    to one."""
+    source's listing in turn, with each file's source. A file that two sources reach, by one path or two (a
+    symlink, a hard link, ``..``: ``InputListing.same``), is refused: a document belongs to one."""
     if names is None:
         return list_input_files(inputs, storage_options, quiet), None
     listings = [list_input_files([spec], storage_options, quiet) for spec in inputs]
-    owner: dict[str, int] = {}
+    owner: dict[Hashable, tuple[int, str]] = {}
     for source, listing in enumerate(listings):
         for file in listing.files:
-            if (first := owner.setdefault(file.url, source)) != source:
-                raise MixtureError(
-                    f"{file.url} is in mixture sources {names[first]!r} and {names[source]!r}: a file belongs to one "
-                    "source; narrow their inputs"
+            first, url = owner.setdefault(listing.same.get(file.url, file.url), (source, file.url))
+            if first != source:
+                where = (
+                    f"{url} is in mixture sources {names[first]!r} and {names[source]!r}"
+                    if url == file.url
+                    else f"{url} of mixture source {names[first]!r} and {file.url} of {names[source]!r} are one file"
                 )
+                raise MixtureError(f"{where}: a file belongs to one source; narrow their inputs")
     files = [file for listing in listings for file in listing.files]
     skipped = [name for listing in listings for name in listing.skipped]
     merged = InputListing(files, skipped, sum(listing.hidden for listing in listings))

@@ -510,7 +510,12 @@ def _decode(urls: list[str], files: list[TokenFile | MegatronFile], count: int, 
     name = tokenizer or named
     if not name:
         raise TokenFileError("--decode needs --tokenizer: no metadata names one")
-    decoder = Encoder(name, no_eos=True).tokenizer
+    try:
+        decoder = Encoder(name, no_eos=True).tokenizer
+    except TokenizationError as exc:
+        if tokenizer:
+            raise
+        raise TokenFileError(f"{exc} (the metadata names it as the build was given it): give --tokenizer") from None
     shown = 0
     for url, f in zip(urls, files, strict=True):
         ends = _ends(f)

@@ -201,7 +201,7 @@ def validate_inputs(
     distinct = {e.tokenizer_sha256 for e in entries if e.tokenizer_sha256 is not None}
     if len(distinct) > 1:
         raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")
-    # the tokenizer's name is its path as typed, which the attempts of a resumed build may have typed otherwise
+    # a file names the tokenizer as typed: ranks tokenized by hand may name one tokenizer (one sha256) two ways
     pinned = len(distinct) == 1 and len(entries) == len(urls) and all(e.tokenizer_sha256 for e in entries)
     ends_list, sizes, sources_list = [], [], []
     for f, ends in read:

@@ -20,12 +20,12 @@ from functools import cached_property
 
 import orjson
 
-from tokenization.inputs.sources import InputListing, difference, list_input_files, split_files
+from tokenization.inputs.sources import InputListing, difference, file_key, list_input_files, split_files
 from tokenization.mixing import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
 from tokenization.records import BuildSpec, InputFile, PlannedInputs, PlannedTokenizer, PlanRecord, RunClaim
-from tokenization.storage.files import StorageOptions, join
+from tokenization.storage.files import StorageOptions, join, open_fs
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
 
@@ -217,14 +217,14 @@ def list_inputs(
 ) -> tuple[InputListing, list[int] | None]:
     """A build's input files: its input's listing; or, for a mixture (each source's ``inputs``, its ``names``), each
     source's listing in turn, with each file's source. A file that two sources reach, by one path or two (a
-    symlink, a hard link, ``..``: ``InputListing.same``), is refused: a document belongs to one."""
+    symlink, a hard link, ``..``: ``sources.file_key``), is refused: a document belongs to one."""
     if names is None:
         return list_input_files(inputs, storage_options, quiet), None
     listings = [list_input_files([spec], storage_options, quiet) for spec in inputs]
     owner: dict[Hashable, tuple[int, str]] = {}
     for source, listing in enumerate(listings):
         for file in listing.files:
-            first, url = owner.setdefault(listing.same.get(file.url, file.url), (source, file.url))
+            first, url = owner.setdefault(file_key(*open_fs(file.url, storage_options), file), (source, file.url))
             if first != source:
                 where = (
                     f"{url} is in mixture sources {names[first]!r} and {names[source]!r}"

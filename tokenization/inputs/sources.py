@@ -14,7 +14,7 @@ import os
 import stat
 import time
 from collections.abc import Generator, Hashable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from gzip import BadGzipFile
 
@@ -53,13 +53,11 @@ class InputError(TokenizationError, ValueError):
 @dataclass(frozen=True)
 class InputListing:
     """The input files, sorted by URL, the files of unsupported types that folders held (named, not read), and how
-    many files folders and globs held under names starting with ``.`` or ``_`` (counted, not read). ``same``: what
-    each file is (``_listed``), by URL, to tell one file reached by two listings (a mixture's sources)."""
+    many files folders and globs held under names starting with ``.`` or ``_`` (counted, not read)."""
 
     files: list[InputFile]
     skipped: list[str]
     hidden: int
-    same: dict[str, Hashable] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,12 +229,10 @@ def list_input_files(
         ignored = f" ({len(hidden)} ignored under names starting with . or _)" if hidden else ""
         raise InputError(f"no input files found in {', '.join(inputs)}{unsupported}{ignored}")
     kept = _once_each(found)
-    return InputListing(
-        [kept[url][0] for url in sorted(kept)], skipped, len(hidden), {u: k for u, (_, k) in kept.items()}
-    )
+    return InputListing([kept[url] for url in sorted(kept)], skipped, len(hidden))
 
 
-def _once_each(found: dict[str, tuple[InputFile, Hashable]]) -> dict[str, tuple[InputFile, Hashable]]:
+def _once_each(found: dict[str, tuple[InputFile, Hashable]]) -> dict[str, InputFile]:
     """Each file once: a file that the input reaches by several paths (a symlink, a hard link, a folder named
     twice, once through ``..``) is read by its real path (no link or ``..`` in it) if one is, else by the first in
     sorted order, and each other path is logged."""
@@ -246,7 +242,7 @@ def _once_each(found: dict[str, tuple[InputFile, Hashable]]) -> dict[str, tuple[
     kept = {}
     for urls in paths.values():
         chosen = min(urls, key=lambda url: (len(urls) > 1 and resolve(url) != url, url))
-        kept[chosen] = found[chosen]
+        kept[chosen] = found[chosen][0]
         for other in urls:
             if other != chosen:
                 log.warning("%s and %s are one file: it is read once, as %s", chosen, other, chosen)
@@ -303,7 +299,7 @@ def idle_ranks(ranks: int, shared: Sequence[InputFile], split_mb: int | None) ->
 def _list(
     spec: str, skipped: list[str], hidden: set[str], storage_options: StorageOptions | None
 ) -> dict[str, tuple[InputFile, Hashable]]:
-    """One input spec's files with their sizes and identities, and what each is (``_listed``), by URL;
+    """One input spec's files with their sizes and identities, and what each is (``file_key``), by URL;
     unsupported files of folders go to ``skipped``, hidden ones to ``hidden``. A local file to be read must be a
     regular file (``LocalFile.of``)."""
     fs, path = open_fs(spec, storage_options)
@@ -331,15 +327,24 @@ def _list(
 
 
 def _listed(fs, path: str, info: dict) -> tuple[str, tuple[InputFile, Hashable]]:
-    """A listed file by its URL, with what it is however its path is spelled (``InputListing.same``): locally its
-    device and inode (``LocalFile``: a regular file, or a link to one); on an object store, which has no links, its
-    key with ``.`` and ``..`` resolved and its ETag."""
+    """A listed file by its URL, with what it is (``file_key``). A local one must be a regular file, or a link to
+    one (``LocalFile``)."""
     url = _url(fs, path)
     if is_local(fs):
         local = LocalFile.of(path)
-        return url, (InputFile(url, local.size, local.identity), local.key)
+        file = InputFile(url, local.size, local.identity)
+        return url, (file, file_key(fs, path, file, local))
     file = InputFile(url, int(info.get("size") or 0), identity(fs, path, info))
-    return url, (file, (resolve(url), file.identity))
+    return url, (file, file_key(fs, path, file))
+
+
+def file_key(fs, path: str, file: InputFile, local: LocalFile | None = None) -> Hashable:
+    """What a listed file is, however its path is spelled: locally its device and inode (``LocalFile.key``; of
+    ``local``, when the listing has it already); on an object store, which has no links, its key with ``.`` and
+    ``..`` resolved, and its ETag (``identity``)."""
+    if is_local(fs):
+        return (local or LocalFile.of(path)).key
+    return resolve(file.url), file.identity
 
 
 def _files_under(fs, path: str) -> dict[str, dict]:

@@ -204,9 +204,10 @@ def list_input_files(
 
     Below the folder named (or a glob's fixed part), names starting with ``.`` or ``_`` (markers, temp files, a
     build's own ``_manifests/``), and everything inside folders so named, are ignored and counted in ``hidden``.
-    Inside folders, files of other formats are skipped and listed in ``skipped`` (logged, unless ``quiet``: a
-    build says so once, when it plans); a named or globbed file of another format is an error, and so is a file
-    name that is not UTF-8. ``storage_options`` open the URLs.
+    Inside folders, files of other formats are skipped and listed in ``skipped``, and a file reached by several
+    paths is listed once (``_once_each``), each logged unless ``quiet`` (a build says so once, when it plans); a
+    named or globbed file of another format is an error, and so is a file name that is not UTF-8, or anything but a
+    regular file (``LocalFile``). ``storage_options`` open the URLs.
     """
     found: dict[str, tuple[InputFile, Hashable]] = {}
     skipped: list[str] = []
@@ -228,14 +229,14 @@ def list_input_files(
         unsupported = f" (skipped as unsupported: {', '.join(skipped)})" if skipped else ""
         ignored = f" ({len(hidden)} ignored under names starting with . or _)" if hidden else ""
         raise InputError(f"no input files found in {', '.join(inputs)}{unsupported}{ignored}")
-    kept = _once_each(found)
+    kept = _once_each(found, quiet)
     return InputListing([kept[url] for url in sorted(kept)], skipped, len(hidden))
 
 
-def _once_each(found: dict[str, tuple[InputFile, Hashable]]) -> dict[str, InputFile]:
+def _once_each(found: dict[str, tuple[InputFile, Hashable]], quiet: bool) -> dict[str, InputFile]:
     """Each file once: a file that the input reaches by several paths (a symlink, a hard link, a folder named
     twice, once through ``..``) is read by its real path (no link or ``..`` in it) if one is, else by the first in
-    sorted order, and each other path is logged."""
+    sorted order, and each other path is logged (unless ``quiet``)."""
     paths: dict[Hashable, list[str]] = {}
     for url in sorted(found):
         paths.setdefault(found[url][1], []).append(url)
@@ -244,7 +245,7 @@ def _once_each(found: dict[str, tuple[InputFile, Hashable]]) -> dict[str, InputF
         chosen = min(urls, key=lambda url: (len(urls) > 1 and resolve(url) != url, url))
         kept[chosen] = found[chosen][0]
         for other in urls:
-            if other != chosen:
+            if other != chosen and not quiet:
                 log.warning("%s and %s are one file: it is read once, as %s", chosen, other, chosen)
     return kept
 

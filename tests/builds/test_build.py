@@ -16,7 +16,14 @@ from tests.support.builds import config_of, in_process
 from tests.support.processes import cli
 from tests.support.s3 import ON_BOTH_STORES
 from tests.support.stages import merged, run
-from tokenization.builds.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
+from tokenization.builds.accounting import (
+    conservation,
+    dataset_digest,
+    incomplete_ranks,
+    rank_manifests,
+    stage_counts,
+    token_flow,
+)
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import BUILD_LEASE, Build
 from tokenization.errors import AttemptConflict, UsageError
@@ -247,18 +254,43 @@ def test_a_build_says_once_which_input_files_it_skips_and_that_ranks_will_idle(
     ]
 
 
-def test_a_tokenizer_path_typed_two_ways_gives_one_digest(tmp_path, sample_corpus, sample_tokenizer, monkeypatch):
-    """The metadata names the tokenizer by its resolved path: a relative path and an absolute one write the same
-    bytes."""
+def test_a_tokenizer_path_is_written_as_typed_and_gives_one_digest_however_typed(
+    tmp_path, sample_corpus, sample_tokenizer, monkeypatch
+):
+    """datatrove's metadata names the tokenizer as given: relative, absolute, through a symlink (a Hugging Face hub
+    cache is links to blobs), each its own first line. The digest names it by its sha256, so the three builds have
+    one digest, which verify finds again."""
     monkeypatch.chdir(sample_tokenizer.parent.parent)
-    typed = {"relative": f"{sample_tokenizer.parent.name}/./{sample_tokenizer.name}", "absolute": str(sample_tokenizer)}
+    (tmp_path / "link").symlink_to(sample_tokenizer.parent, target_is_directory=True)
+    typed = {
+        "relative": f"{sample_tokenizer.parent.name}/./{sample_tokenizer.name}",
+        "absolute": str(sample_tokenizer),
+        "symlink": str(tmp_path / "link" / sample_tokenizer.name),
+    }
     digests = {}
     for how, tokenizer in typed.items():
         config = config_of(sample_corpus, tmp_path / how, tokenizer, context_window=64)
         digests[how] = in_process(Build.start(config, "typed")).record.digest
-    assert digests["relative"] == digests["absolute"]
-    metadata = next((tmp_path / "relative" / "out" / "typed" / "context").glob("*.ds.metadata")).read_text()
-    assert metadata.startswith(f"{sample_tokenizer.resolve()}|2\n")
+        run_dir = tmp_path / how / "out" / "typed"
+        firsts = {p.read_text().split("\n")[0] for p in (run_dir / "context").glob("*.ds.metadata")}
+        assert firsts == {f"{tokenizer}|2"}
+        verified = cli("verify", str(run_dir))
+        assert verified.returncode == 0, verified.stdout
+    assert digests["relative"] == digests["absolute"] == digests["symlink"]
+
+
+def test_verify_takes_the_digest_a_build_published_before_recorded(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """A build published before the digest named the tokenizer by its sha256 recorded the digest of its bytes."""
+    in_process(Build.start(config_of(sample_corpus, tmp_path, sample_tokenizer, context_window=64), "old"))
+    run_dir = tmp_path / "out" / "old"
+    record = orjson.loads((run_dir / "_BUILD.json").read_bytes())
+    record["digest"] = dataset_digest(Folder(str(run_dir / "context")), None)
+    (run_dir / "_BUILD.json").write_bytes(orjson.dumps(record))
+    assert cli("verify", str(run_dir)).returncode == 0
+    record["digest"] = "0" * 64
+    (run_dir / "_BUILD.json").write_bytes(orjson.dumps(record))
+    refused = cli("verify", str(run_dir))
+    assert refused.returncode == 1 and f"records {record['tokens']:,} tokens and digest {'0' * 64}" in refused.stdout
 
 
 def test_publish_leaves_no_staging_behind(tmp_path, sample_corpus, sample_tokenizer) -> None:

@@ -246,7 +246,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         conservation=balance,
         token_flow=accounting.token_flow(balance.tokens, stages, checked.tokens),
         tokens=checked.tokens,
-        digest=accounting.dataset_digest(dataset),
+        digest=accounting.dataset_digest(dataset, recorded.record.tokenizer.sha256),
         files=token_file_names(dataset.list()),
         stages=stages,
         verify=VerifySummary(ok=checked.ok, files=checked.files, tokens=checked.tokens, notes=checked.notes),

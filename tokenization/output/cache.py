@@ -214,11 +214,13 @@ class Cache:
         location that is a file gives ``""``."""
         self.fs.invalidate_cache(self.path)
         try:
-            found = self.fs.find(self.path)
+            found = self.fs.find(self.path, detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return []
         root = self.path.rstrip("/")
-        return sorted(path[len(root) + 1 :] for path in found)
+        # s3fs gives the folder itself when its listing was empty and a file landed in it before its second look (a
+        # cache made by another build at that moment): a folder, never a file of it
+        return sorted(path[len(root) + 1 :] for path, info in found.items() if info["type"] != "directory")
 
     # A rank: its use, then a lookup, a fetch or a commit a file.
 

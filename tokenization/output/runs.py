@@ -96,19 +96,22 @@ def claim(folder: Folder, run_id: str, plan: PlanRecord, tokenizer: TokenizerFac
     made first (the caller compares the two), and when it was claimed, the start of the build's wall time."""
     owner = read_claim(folder)
     if owner is None:
-        if found := sorted(folder.list()):
+        found = sorted(folder.list())
+        if found and RUN_CLAIM not in found:
             raise BuildError(
                 f"{folder.url} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
                 f"claims: choose another output, or remove that folder"
             )
         made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan, tokenizer=tokenizer)
         try:
-            folder.put(RUN_CLAIM, made.dumps(), PutMode.CREATE)
-            return made
-        except FileExistsError:  # another task claimed it a moment ago: see whose claim it is
-            owner = read_claim(folder)
-            if owner is None:
-                raise BuildError(f"{folder.url}: a claim written a moment ago by another task is gone again") from None
+            if not found:
+                folder.put(RUN_CLAIM, made.dumps(), PutMode.CREATE)
+                return made
+        except FileExistsError:
+            pass
+        owner = read_claim(folder)  # another task claimed it a moment ago: see whose claim it is
+        if owner is None:
+            raise BuildError(f"{folder.url}: a claim written a moment ago by another task is gone again")
     if owner.run_id != run_id:
         raise BuildError(
             f"{folder.url} holds the output of run {owner.run_id!r}, not of {run_id!r}: two runs never share a "

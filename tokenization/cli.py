@@ -153,10 +153,10 @@ def _mds_arguments(mds: argparse.ArgumentParser) -> None:
     mds.add_argument("--out", type=_location, help="the MDS dataset's folder or fsspec URL (default: RUN_DIR/mds)")
     mds.add_argument(
         "--shard-size",
-        type=_size,
+        type=_shard_size,
         default="64MiB",
         metavar="SIZE",
-        help="the largest shard: 64MiB (the default, as MDSWriter's), 32MB, ... (below 4GiB)",
+        help="the largest shard: 64MiB (the default, as MDSWriter's), 32MB, ... (1 byte to 4GiB - 1)",
     )
 
 
@@ -203,6 +203,19 @@ def _size(value: str) -> int:
             f"{value!r} is no size: give bytes, or a number and kB, MB, GB, TB (or KiB ... TiB)"
         )
     return int(float(match.group(1)) * SIZE_UNITS[(match.group(2) or "b").upper()])
+
+
+def _shard_size(value: str) -> int:
+    """An MDS shard's largest size: a shard's offsets are uint32, so below 4GiB; and more than nothing."""
+    from tokenization.formats.mds import SHARD_LIMIT
+
+    size = _size(value)
+    if not 0 < size <= SHARD_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"{value if value.strip().isdigit() else f'{value} is {size:,}'} bytes; an MDS shard holds 1 to "
+            f"{SHARD_LIMIT:,} (4GiB - 1: its offsets are 32-bit)"
+        )
+    return size
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

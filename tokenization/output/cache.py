@@ -118,6 +118,9 @@ CACHE_FILE = re.compile(  # every file a cache writes, by its path under the cac
 NOT_THERE = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # an entry's file missing, or a folder, or under a file
 
 
+_UNWRITABLE: set[str] = set()  # the caches whose write failed in this process, said once
+
+
 class NotACache(TokenizationError):
     """A folder given as a tokenization cache is not one: writing entries in it, or cleaning it, would mix the
     cache's files with others, or remove files the cache never wrote."""
@@ -159,6 +162,15 @@ class Cache:
         self.at = at
         self.location = at.url.rstrip("/")
         self.fs, self.path = at.fs, at.path
+        self.read_only = False  # set by the first write that fails: storing is best effort, reading goes on
+
+    def _unwritable(self, exc: OSError) -> None:
+        """A write that failed (a read-only folder or store, no permission, a full disk): said once, then this
+        cache only reads."""
+        if self.location not in _UNWRITABLE:
+            log.warning("cache %s cannot be written (%s): entries are read, none stored", self.location, exc)
+        _UNWRITABLE.add(self.location)
+        self.read_only = True
 
     # The folder: made a cache before the first write, checked before any listing or cleaning.
 
@@ -179,6 +191,9 @@ class Cache:
                 put_if(self.fs, join(self.path, OWN_FILE), CacheFolder(created=time.time()).dumps(), absent=True)
             except FileExistsError:
                 return  # made by another rank or build a moment earlier
+            except OSError as exc:
+                self._unwritable(exc)
+                return
         if files:
             log.info(
                 "cache %s: made by an earlier version (%s); adopted, %s written",
@@ -229,14 +244,19 @@ class Cache:
         self.claim()
         path = join(self.path, USES, hashlib.sha256(owner.encode()).hexdigest()[:16], f"{stem}.json")
         use = CacheUse(owner=owner, keeps=keeps, stem=stem, keys=sorted(set(keys)), started=time.time(), finished=None)
-        with reaching(self.location):
-            write_bytes_atomic(self.fs, path, use.dumps())
+        try:
+            if not self.read_only:
+                with reaching(self.location):
+                    write_bytes_atomic(self.fs, path, use.dumps())
+        except OSError as exc:  # no use to keep entries for: none is stored, and cleaning may take those read
+            self._unwritable(exc)
         try:
             yield
         finally:
             try:
-                with reaching(self.location):
-                    write_bytes_atomic(self.fs, path, replace(use, finished=time.time()).dumps())
+                if not self.read_only:
+                    with reaching(self.location):
+                        write_bytes_atomic(self.fs, path, replace(use, finished=time.time()).dumps())
             except OSError as exc:  # it stays in flight for a day: its entries are only kept longer
                 log.warning("%s: could not mark this use finished (%s)", self._url(path), exc)
 
@@ -302,6 +322,8 @@ class Cache:
         data folder of this writer's own, then the marker, only where none is. Returns the entry as stored, or None
         when another writer's entry (the same bytes, a moment earlier) won, and this one's folder is removed. A
         store that fails is logged, and the rank goes on without it."""
+        if self.read_only:
+            return None
         entry = replace(entry, data=uuid.uuid4().hex[:12], created=time.time())
         folder = join(self.path, DATA, entry.key, entry.data)
         try:

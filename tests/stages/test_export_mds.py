@@ -141,7 +141,7 @@ def test_the_bytes_are_those_streamings_own_writer_writes(run, tmp_path) -> None
     in_streaming_env(WRITE, str(saved(expected, tmp_path / "s.npz")), encodings(expected[0]), *theirs)
     for name, limit in limits.items():
         ours = export_mds(Folder(str(run)), Folder(str(tmp_path / f"ours-{name}")), limit, progress=False)
-        names = sorted(p.name for p in (tmp_path / f"ours-{name}").iterdir() if p.name != SOURCES)
+        names = sorted(p.name for p in (tmp_path / f"ours-{name}").iterdir() if p.name not in (SOURCES, EXPORTED))
         assert names == sorted(p.name for p in (tmp_path / f"theirs-{name}").iterdir())
         mixed = (tmp_path / f"ours-{name}" / SOURCES).is_file()
         assert (json.loads((tmp_path / f"ours-{name}" / SOURCES).read_text()) if mixed else []) == named

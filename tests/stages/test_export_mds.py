@@ -324,6 +324,9 @@ def test_an_export_writes_into_no_other_builds_folder_nor_over_what_a_folder_hol
         f"{two_builds / '.cache' / 'mds'} is inside the tokenization cache {two_builds / '.cache'}: MDS goes in a "
         "folder of its own"
     )
+    assert refusal(mds_command(a, "--out", two_builds)).endswith(
+        f"{two_builds} is a builds output (it holds LATEST, beside its builds): MDS goes in a folder of its own"
+    )
     tokens = tmp_path / "tokens"
     tokens.mkdir()
     (tokens / "000_part.ds").write_bytes(b"\0" * 4)

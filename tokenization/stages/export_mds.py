@@ -29,7 +29,7 @@ from tokenization.formats.ds import LOSS_DTYPE, SOURCE, SOURCE_DTYPE, TokenFile,
 from tokenization.formats.mds import HASH, INDEX, SHARD, SIZE_LIMIT, Column, MdsWriter
 from tokenization.output import manifest
 from tokenization.output.cache import OWN_FILE
-from tokenization.output.runs import BUILD_MANIFEST, RUN_CLAIM, Layout, read_build
+from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, Layout, read_build
 from tokenization.progress import Progress, ProgressMode
 from tokenization.records import BuildRecord, MdsOutput
 from tokenization.storage.folder import Folder
@@ -75,8 +75,9 @@ def export_mds(
 
 def _refuse_other(run: Folder, out: Folder, record: BuildRecord) -> None:
     """A UsageError unless ``out``, other than the run's own ``mds/``, may take this build's MDS: a folder outside
-    every build's run folder and every cache, holding no token files and no MDS but an earlier export of this
-    build's (its ``_MDS.json`` names the build's digest). Any other would lose or corrupt what it holds."""
+    every build's run folder and every cache, not a builds output, holding no token files and no MDS but an earlier
+    export of this build's (its ``_MDS.json`` names the build's digest). Any other would lose or corrupt what it
+    holds, or mix the MDS with it."""
     for folder in _and_above(out):
         if folder.fs.isfile(folder.path):
             raise UsageError(f"{folder.url} is a file: --out names the MDS dataset's folder")
@@ -95,6 +96,10 @@ def _refuse_other(run: Folder, out: Folder, record: BuildRecord) -> None:
                 f"MDS of {run.url} goes in its own mds/ or in a folder outside every build's"
             )
     names = out.list()
+    if LATEST in names:
+        raise UsageError(
+            f"{out.url} is a builds output (it holds {LATEST}, beside its builds): MDS goes in a folder of its own"
+        )
     if tokens := token_file_names(names):
         raise UsageError(f"{out.url} holds token files ({tokens[0]}): MDS goes in a folder of its own")
     if any(name in (INDEX, SOURCES) or SHARD.fullmatch(name) for name in names):

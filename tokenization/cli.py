@@ -24,14 +24,33 @@ interrupted (Ctrl-C).
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+from types import FrameType
+
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (SIGINT), as shells give it
+
+
+def _stopped_starting(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C while the program loads its modules and reads its arguments: nothing begun, nothing to clean."""
+    os.write(2, b"interrupted: tokenization stopped before its command began\n")
+    os._exit(INTERRUPTED)
+
+
+# As the program (not as a module others import), Ctrl-C is one line from here on, before any other import: where
+# a shell left SIGINT ignored (a background job) it stays so; ``main`` hands it to KeyboardInterrupt as it runs.
+if (__name__ == "__main__" or os.path.basename(sys.argv[0]) == "tokenization") and (
+    signal.getsignal(signal.SIGINT) is signal.default_int_handler
+):
+    signal.signal(signal.SIGINT, _stopped_starting)
+
 import argparse
 import difflib
 import importlib
 import logging
-import os
 import re
 import shlex
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -52,7 +71,6 @@ if TYPE_CHECKING:
     from tokenization.records import BuildRecord, TokenizerInfo
     from tokenization.tokenizer.documents import Counts
 
-INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (SIGINT), as shells give it
 EXAMPLE = """example: a whole build of a folder of JSON lines on one machine, 4 ranks, 2 at a time
 
   tokenization build data/ --output builds/ --tokenizer tokenizer.json --seed 1234 --num-ranks 4 --parallel 2 \\
@@ -153,10 +171,10 @@ def _mds_arguments(mds: argparse.ArgumentParser) -> None:
     mds.add_argument("--out", type=_location, help="the MDS dataset's folder or fsspec URL (default: RUN_DIR/mds)")
     mds.add_argument(
         "--shard-size",
-        type=_size,
+        type=_shard_size,
         default="64MiB",
         metavar="SIZE",
-        help="the largest shard: 64MiB (the default, as MDSWriter's), 32MB, ... (below 4GiB)",
+        help="the largest shard: 64MiB (the default, as MDSWriter's), 32MB, ... (1 byte to 4GiB - 1)",
     )
 
 
@@ -203,6 +221,19 @@ def _size(value: str) -> int:
             f"{value!r} is no size: give bytes, or a number and kB, MB, GB, TB (or KiB ... TiB)"
         )
     return int(float(match.group(1)) * SIZE_UNITS[(match.group(2) or "b").upper()])
+
+
+def _shard_size(value: str) -> int:
+    """An MDS shard's largest size: a shard's offsets are uint32, so below 4GiB; and more than nothing."""
+    from tokenization.formats.mds import SHARD_LIMIT
+
+    size = _size(value)
+    if not 0 < size <= SHARD_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"{value if value.strip().isdigit() else f'{value} is {size:,}'} bytes; an MDS shard holds 1 to "
+            f"{SHARD_LIMIT:,} (4GiB - 1: its offsets are 32-bit)"
+        )
+    return size
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -619,6 +650,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     try:
+        if signal.getsignal(signal.SIGINT) is _stopped_starting:  # from here, what stopped is said (``interrupted``)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         with logging_redirect_tqdm():  # log lines above a progress bar, not through it
             return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:  # Ctrl-C: what stopped, not where

@@ -417,6 +417,33 @@ def test_ctrl_c_stops_a_build_and_its_workers_in_one_line(tmp_path, sample_corpu
     assert "verify: passed" in resumed.stdout and not list((tmp_path / "out").rglob(".staging"))
 
 
+@pytest.mark.parametrize(
+    ("after", "delay"),
+    [*(("start", d) for d in (0.1, 0.2, 0.35, 0.5, 0.7, 0.9)), *(("plan", d) for d in (0, 0.05, 0.1))],
+)
+def test_ctrl_c_at_any_moment_of_a_build_is_one_line(tmp_path, sample_corpus, sample_tokenizer, after, delay) -> None:
+    """Issue 51: Ctrl-C ~0.15 s after the start printed the imports' KeyboardInterrupt traceback; at 0.5-0.7 s, as
+    the workers started (just after the plan), a worker forked but not yet the pool's outlived its parent, and
+    printed a FileNotFoundError traceback (its semaphores gone with the parent)."""
+    command = ["build", str(sample_corpus), "--output", "out", "--tokenizer", str(sample_tokenizer), "--seed", "1"]
+    command += ["--num-ranks", "4", "--parallel", "2", "--context-window", "1025", "--build-id", "b"]
+    begun = [time.monotonic()] if after == "start" else []
+
+    def started() -> bool:
+        if not begun and (tmp_path / "out" / "b" / "_RUN.json").exists():
+            begun.append(time.monotonic())
+        return bool(begun) and time.monotonic() >= begun[0] + delay
+
+    done = interrupted(command, started, tmp_path)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    said = [line for line in done.stderr.splitlines() if not LOG_LINE.match(line)]
+    assert len(said) == 1 and said[0] in {
+        "interrupted: tokenization stopped before its command began",
+        "interrupted: tokenization build stopped; an unfinished attempt's files stay for the next run to resume or "
+        "clear; resume it with --build-id b",
+    }, done.stderr
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.3])
 def test_ctrl_c_stops_any_command_in_one_line(tmp_path, sample_tokenizer, delay: float) -> None:
     """Interrupted as its attempt begins, and as the tokenizer loads: gigatoken, in the main thread, turned a

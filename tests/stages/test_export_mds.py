@@ -23,7 +23,7 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
-from tokenization.stages.export_mds import SOURCES, export_mds, mds_problems
+from tokenization.stages.export_mds import EXPORTED, SOURCES, export_mds, mds_problems
 from tokenization.storage.folder import Folder
 
 WINDOW = 1025
@@ -141,7 +141,7 @@ def test_the_bytes_are_those_streamings_own_writer_writes(run, tmp_path) -> None
     in_streaming_env(WRITE, str(saved(expected, tmp_path / "s.npz")), encodings(expected[0]), *theirs)
     for name, limit in limits.items():
         ours = export_mds(Folder(str(run)), Folder(str(tmp_path / f"ours-{name}")), limit, progress=False)
-        names = sorted(p.name for p in (tmp_path / f"ours-{name}").iterdir() if p.name != SOURCES)
+        names = sorted(p.name for p in (tmp_path / f"ours-{name}").iterdir() if p.name not in (SOURCES, EXPORTED))
         assert names == sorted(p.name for p in (tmp_path / f"theirs-{name}").iterdir())
         mixed = (tmp_path / f"ours-{name}" / SOURCES).is_file()
         assert (json.loads((tmp_path / f"ours-{name}" / SOURCES).read_text()) if mixed else []) == named
@@ -157,7 +157,7 @@ def test_run_again_the_same_bytes_and_no_shard_of_an_older_export_stays(run, tmp
     (tmp_path / "mds" / ".shard.00002.mds.tmp-0123456789ab").write_bytes(b"half")  # a writer killed mid-put
     assert export_mds(Folder(str(run)), out, progress=False).shards == 1
     kept = sorted(p.name for p in (tmp_path / "mds").iterdir())
-    assert kept == ["index.json", "shard.00000.mds", *([SOURCES] if "sources" in windows_in(run)[0] else [])]
+    assert kept == [EXPORTED, "index.json", "shard.00000.mds", *([SOURCES] if "sources" in windows_in(run)[0] else [])]
     assert export_mds(Folder(str(run)), out, SMALL_SHARDS, progress=False) == first
     assert {p.name: p.read_bytes() for p in (tmp_path / "mds").iterdir()} == written
 
@@ -189,7 +189,9 @@ def test_what_is_refused_is_named(run, tmp_path, sample_corpus, sample_tokenizer
     Build.start(config, "merged-only").run(progress=False)
     with pytest.raises(UsageError, match="the build has no context windows"):
         export_mds(Folder(str(tmp_path / "merged-only")))
-    with pytest.raises(UsageError, match="context/ is a stage folder of the build: MDS goes in a folder of its own"):
+    with pytest.raises(
+        UsageError, match=f"context/ is inside the build's own folder, where MDS goes only in {run}/mds"
+    ):
         export_mds(Folder(str(run)), Folder(str(run / "context") + "/"))
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-r", str(run), str(copy)], check=True)
@@ -230,7 +232,7 @@ def test_a_build_with_mds_publishes_it_and_verify_holds_it_to_the_record(tmp_pat
     assert record.mds == replace(again, folder=str(run / "mds"))
     assert record.mds.folder == str(run / "mds") and record.mds.windows == len(windows_in(run))
     assert {p.name: p.read_bytes() for p in (run / "mds").iterdir()} == {
-        p.name: p.read_bytes() for p in (tmp_path / "again").iterdir()
+        p.name: p.read_bytes() for p in (tmp_path / "again").iterdir() if p.name != EXPORTED
     }
     assert "mds" in [folder.name for folder in record.footprint.folders]
     with pytest.raises(UsageError, match=r"holds the MDS that publish wrote in 67,108,864-byte shards"):
@@ -275,3 +277,89 @@ def test_a_window_larger_than_the_shard_size_gets_a_shard_of_its_own(run, tmp_pa
     index = json.loads((tmp_path / "mds" / "index.json").read_text())
     assert done.shards == done.windows == len(windows_in(run))
     assert {shard["samples"] for shard in index["shards"]} == {1}
+
+
+def mds_command(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tokenization.cli", "mds", *map(str, args)], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def refusal(done: subprocess.CompletedProcess) -> str:
+    """The one line a refused command ends with (after its usage), its exit status 2."""
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    return done.stderr.splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory, sample_corpus, sample_tokenizer) -> Path:
+    """Builds ``a`` and ``b`` of the sample corpus in one output, in windows; ``b`` published its MDS."""
+    output = tmp_path_factory.mktemp("two")
+    for name, seed in (("a", 1), ("b", 2)):
+        config = BuildConfig(
+            input=str(sample_corpus), output=str(output), tokenizer=str(sample_tokenizer), seed=seed,
+            context_window=WINDOW, mds=name == "b",
+        )  # fmt: skip
+        Build.start(config, name).run(parallel=1, progress=False)
+    return output
+
+
+def test_an_export_writes_into_no_other_builds_folder_nor_over_what_a_folder_holds(two_builds, tmp_path) -> None:
+    """``--out`` inside another build's run folder, or this build's other than its ``mds/``, or a cache, or a
+    folder of token files or of another build's MDS: refused in one line, and nothing there changes."""
+    a, b = two_builds / "a", two_builds / "b"
+    held = {p: p.read_bytes() for p in b.rglob("*") if p.is_file()}
+    for out in (b / "mds", b / "context", b / "merged" / "new", b):
+        assert refusal(mds_command(a, "--out", out)) == (
+            f"tokenization mds: error: {out} is inside the folder of another build, {b} (it holds _BUILD.json): "
+            f"MDS of {a} goes in its own mds/ or in a folder outside every build's"
+        )
+    assert {p: p.read_bytes() for p in b.rglob("*") if p.is_file()} == held
+    assert refusal(mds_command(a, "--out", a / "ranks")).endswith(
+        f"{a / 'ranks'} is inside the build's own folder, where MDS goes only in {a}/mds"
+    )
+    (two_builds / ".cache").mkdir(exist_ok=True)
+    (two_builds / ".cache" / "_CACHE.json").write_text("{}")
+    assert refusal(mds_command(a, "--out", two_builds / ".cache" / "mds")).endswith(
+        f"{two_builds / '.cache' / 'mds'} is inside the tokenization cache {two_builds / '.cache'}: MDS goes in a "
+        "folder of its own"
+    )
+    assert refusal(mds_command(a, "--out", two_builds)).endswith(
+        f"{two_builds} is a builds output (it holds LATEST, beside its builds): MDS goes in a folder of its own"
+    )
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    (tokens / "000_part.ds").write_bytes(b"\0" * 4)
+    assert refusal(mds_command(a, "--out", tokens)).endswith(
+        f"{tokens} holds token files (000_part.ds): MDS goes in a folder of its own"
+    )
+    out = tmp_path / "mds"
+    assert mds_command(a, "--out", out).returncode == 0
+    exported = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert mds_command(a, "--out", out).returncode == 0  # this build's own export, written again
+    assert refusal(mds_command(b, "--out", out)).endswith(
+        f"{out} holds an MDS dataset of {a}, not of {b}: remove it, or choose another --out"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == exported
+    (out / EXPORTED).unlink()
+    assert refusal(mds_command(a, "--out", out)).endswith(
+        f"{out} holds an MDS dataset that no {EXPORTED} names, not of {a}: remove it, or choose another --out"
+    )
+
+
+def test_mds_arguments_are_checked_where_they_are_parsed(two_builds) -> None:
+    """A file where a folder goes, and a shard size MDS cannot hold: one line each, exit status 2."""
+    a, record = two_builds / "a", two_builds / "a" / "_BUILD.json"
+    assert (
+        refusal(mds_command(record))
+        == f"tokenization mds: error: {record} is a file: RUN_DIR is a published build's folder"
+    )
+    for out in (record, record / "mds"):
+        assert refusal(mds_command(a, "--out", out)) == (
+            f"tokenization mds: error: {record} is a file: --out names the MDS dataset's folder"
+        )
+    for size, said in (("0", "0"), ("4GiB", "4GiB is 4,294,967,296"), ("5GB", "5GB is 5,000,000,000")):
+        assert refusal(mds_command(a, "--shard-size", size)) == (
+            f"tokenization mds: error: argument --shard-size: {said} bytes; an MDS shard holds 1 to 4,294,967,295 "
+            "(4GiB - 1: its offsets are 32-bit)"
+        )

@@ -221,6 +221,16 @@ def test_a_file_name_that_is_not_utf8_is_refused_at_listing(tmp_path) -> None:
     assert list_input_files([str(tmp_path / "in")]).hidden == 1  # never read, never named
 
 
+def test_a_cache_inside_an_input_is_refused_in_its_own_words(tmp_path) -> None:
+    """Issue 51: "choose an cache"."""
+    with pytest.raises(LocationError) as refused:
+        check_disjoint([str(tmp_path / "in")], str(tmp_path / "in" / ".cache"), "cache")
+    assert str(refused.value) == (
+        f"cache {tmp_path}/in/.cache is inside input {tmp_path}/in: a build on that input would read this build's "
+        "own files as documents; choose a cache outside every input"
+    )
+
+
 def test_tokenization_build_refuses_an_output_inside_its_input(tmp_path, sample_tokenizer) -> None:
     """The next build on that input would read this one's _manifests/*.json as documents and fail on rejects."""
     from tests.support.processes import cli

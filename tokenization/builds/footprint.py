@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 from tokenization.builds.pages import size
 from tokenization.errors import TokenizationError
-from tokenization.output.cache import Cache
+from tokenization.output.cache import Cache, NotACache
 from tokenization.output.runs import Layout
 from tokenization.records import CacheSize, FolderBytes, Footprint
 from tokenization.storage.files import fresh_listing, is_local, join, remove_files
@@ -67,6 +67,8 @@ def cache_size(location: Folder) -> CacheSize | None:
     try:
         return Cache(location).size()
     except (OSError, TokenizationError) as exc:
+        if isinstance(exc, NotACache) and not location.list():  # a read-only folder never made a cache: empty
+            return None
         log.warning("cache %s: its size is not measured (%s)", location.url, exc)
         return None
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from multiprocessing import get_context
 from multiprocessing.context import BaseContext
 from multiprocessing.queues import Queue
+from types import FrameType
 from typing import Literal, TypeVar
 
 from tokenization.builds import accounting, complete
@@ -400,13 +402,25 @@ def _check_apart(run_id: str, run_dir: str, cache: str) -> None:
 
 @contextmanager
 def _interrupts_blocked() -> Iterator[None]:
-    """SIGINT held back in this thread meanwhile, while the workers start (each blocks it for good, ``_started``):
-    one that comes is raised once the block ends."""
+    """SIGINT held back meanwhile, while the workers start, and handled once the block ends. Blocked in this
+    thread, so the fork server started here, and every worker it forks, is born with it blocked (``_started``
+    blocks it again). And deferred: the pool's other threads do not block it, and one that takes it would have the
+    KeyboardInterrupt raised here mid-start, a worker forked but not yet the pool's, which no stop ends and which
+    then fails to read the semaphores of a parent gone (a FileNotFoundError traceback after Ctrl-C)."""
+    handler = signal.getsignal(signal.SIGINT)  # a Python handler is set in the main thread only
+    deferred = handler if callable(handler) and threading.current_thread() is threading.main_thread() else None
+    caught: list[tuple[int, FrameType | None]] = []
+    if deferred is not None:
+        signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if deferred is not None:
+            signal.signal(signal.SIGINT, deferred)
+            if caught:
+                deferred(*caught[0])
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:

@@ -31,6 +31,7 @@ from tokenization.storage.folder import Folder
 
 INDEX = "index.json"
 SIZE_LIMIT = 1 << 26  # MDSWriter's default shard size, 64 MiB: a shard is built whole in memory, then put
+SHARD_LIMIT = (1 << 32) - 1  # the largest size limit: a shard's offsets are uint32 (MDSWriter refuses 2**32 too)
 HASH = "sha1"  # each shard's, in the index; streaming knows sha1 without an extra package (xxhash's need one)
 SHARD = re.compile(r"shard\.\d{5}\.mds")
 # What a writer killed while it put a shard or the index leaves behind (``files.temporary_name``)
@@ -79,8 +80,8 @@ class MdsWriter:
     """
 
     def __init__(self, out: Folder, columns: list[Column], size_limit: int = SIZE_LIMIT):
-        if not 0 < size_limit < 1 << 32:  # a shard's offsets are uint32
-            raise ValueError(f"an MDS shard's size limit is 1 to 2**32 - 1 bytes, not {size_limit}")
+        if not 0 < size_limit <= SHARD_LIMIT:
+            raise ValueError(f"an MDS shard's size limit is 1 to {SHARD_LIMIT:,} bytes, not {size_limit:,}")
         self.out = out
         self.columns = sorted(columns, key=lambda column: column.name)
         self.config: dict[str, Any] = {

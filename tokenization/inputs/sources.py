@@ -17,6 +17,7 @@ from collections.abc import Generator, Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from gzip import BadGzipFile
+from typing import IO
 
 import fsspec
 import orjson
@@ -656,6 +657,9 @@ class DocumentReader:
                     )
             # isal's stubs declare ``isal_zlib.error`` an Exception instance; it is a class (igzip_lib.IsalError)
             except (EOFError, BadGzipFile, isal_zlib.error, zstandard.ZstdError) as exc:  # type: ignore[misc]
+                if compression == "gzip":  # the read that failed lost the lines it inflated before the fault
+                    with fs.open(path, "rb") as again:
+                        line_no = max(line_no, _whole_gzip_lines(again))
                 where = f"after line {line_no} (the last good line)" if line_no else "before its first line"
                 raise InputError(
                     f"{url}: corrupt or truncated {compression or 'file'} data {where}; {type(exc).__name__}: {exc}"
@@ -700,6 +704,23 @@ def _decompressed(raw: io.RawIOBase | io.BufferedIOBase, compression: str | None
     if compression == "gzip":  # ISA-L inflates ~3x faster than zlib: the reader keeps up with the encoder
         return igzip.GzipFile(fileobj=raw, mode="rb")
     return io.BufferedReader(_ZstdFrames(raw) if compression == "zstd" else raw, READ_BUFFER)
+
+
+def _whole_gzip_lines(raw: IO[bytes]) -> int:
+    """How many whole lines a gzip file's members give before its first fault (trailing garbage, a truncated or
+    corrupt member), inflated a buffer at a time: the gzip reader raises with them unread when the fault comes in
+    the read that inflated them."""
+    lines, pending = 0, b""
+    inflate = isal_zlib.decompressobj(31)
+    try:
+        while pending or (pending := raw.read(READ_BUFFER)):
+            if inflate.eof:  # the next member
+                inflate = isal_zlib.decompressobj(31)
+            lines += inflate.decompress(pending, READ_BUFFER).count(b"\n")
+            pending = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
+    except isal_zlib.error:  # type: ignore[misc]  # (a class: its stubs say an instance, as above)
+        pass
+    return lines
 
 
 @dataclass(frozen=True, slots=True)

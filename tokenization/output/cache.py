@@ -65,7 +65,7 @@ from pathlib import Path
 import fsspec
 import orjson
 
-from tokenization.errors import TokenizationError, reaching
+from tokenization.errors import StorageError, TokenizationError, reaching
 from tokenization.records import (
     CacheCleaning,
     CacheEntry,
@@ -118,6 +118,9 @@ CACHE_FILE = re.compile(  # every file a cache writes, by its path under the cac
 NOT_THERE = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # an entry's file missing, or a folder, or under a file
 
 
+_UNWRITABLE: set[str] = set()  # the caches whose write failed in this process, said once
+
+
 class NotACache(TokenizationError):
     """A folder given as a tokenization cache is not one: writing entries in it, or cleaning it, would mix the
     cache's files with others, or remove files the cache never wrote."""
@@ -157,8 +160,17 @@ class Cache:
 
     def __init__(self, at: Folder):
         self.at = at
-        self.location = at.url.rstrip("/")
+        self.location = at.url.rstrip("/") or at.url  # "/" is a location too
         self.fs, self.path = at.fs, at.path
+        self.read_only = False  # set by the first write that fails: storing is best effort, reading goes on
+
+    def _unwritable(self, exc: OSError) -> None:
+        """A write that failed (a read-only folder or store, no permission, a full disk): said once, then this
+        cache only reads."""
+        if self.location not in _UNWRITABLE:
+            log.warning("cache %s cannot be written (%s): entries are read, none stored", self.location, exc)
+        _UNWRITABLE.add(self.location)
+        self.read_only = True
 
     # The folder: made a cache before the first write, checked before any listing or cleaning.
 
@@ -179,6 +191,9 @@ class Cache:
                 put_if(self.fs, join(self.path, OWN_FILE), CacheFolder(created=time.time()).dumps(), absent=True)
             except FileExistsError:
                 return  # made by another rank or build a moment earlier
+            except OSError as exc:
+                self._unwritable(exc)
+                return
         if files:
             log.info(
                 "cache %s: made by an earlier version (%s); adopted, %s written",
@@ -231,14 +246,19 @@ class Cache:
         self.claim()
         path = join(self.path, USES, hashlib.sha256(owner.encode()).hexdigest()[:16], f"{stem}.json")
         use = CacheUse(owner=owner, keeps=keeps, stem=stem, keys=sorted(set(keys)), started=time.time(), finished=None)
-        with reaching(self.location):
-            write_bytes_atomic(self.fs, path, use.dumps())
+        try:
+            if not self.read_only:
+                with reaching(self.location):
+                    write_bytes_atomic(self.fs, path, use.dumps())
+        except OSError as exc:  # no use to keep entries for: none is stored, and cleaning may take those read
+            self._unwritable(exc)
         try:
             yield
         finally:
             try:
-                with reaching(self.location):
-                    write_bytes_atomic(self.fs, path, replace(use, finished=time.time()).dumps())
+                if not self.read_only:
+                    with reaching(self.location):
+                        write_bytes_atomic(self.fs, path, replace(use, finished=time.time()).dumps())
             except OSError as exc:  # it stays in flight for a day: its entries are only kept longer
                 log.warning("%s: could not mark this use finished (%s)", self._url(path), exc)
 
@@ -304,6 +324,8 @@ class Cache:
         data folder of this writer's own, then the marker, only where none is. Returns the entry as stored, or None
         when another writer's entry (the same bytes, a moment earlier) won, and this one's folder is removed. A
         store that fails is logged, and the rank goes on without it."""
+        if self.read_only:
+            return None
         entry = replace(entry, data=uuid.uuid4().hex[:12], created=time.time())
         folder = join(self.path, DATA, entry.key, entry.data)
         try:
@@ -363,13 +385,17 @@ class Cache:
 
     def prune(self, older_than: float | None = None, max_bytes: int | None = None) -> CacheCleaning:
         """Remove the entries last used more than ``older_than`` seconds ago, then the least recently used ones
-        until the rest hold at most ``max_bytes``; never an entry a use in flight names. Writers' data folders no
-        marker names go too, once ``IN_FLIGHT_SECONDS`` old."""
+        until the rest hold at most ``max_bytes``; never an entry a use in flight names. Damaged entries go (a marker
+        unreadable, or a folder: no build can use one), and writers' data folders no marker names, once
+        ``IN_FLIGHT_SECONDS`` old."""
         self.check()
         with reaching(self.location):
             now = time.time()
             busy = self._in_flight_keys(now)
             every = self._listed()  # the most recently used first
+            damaged = set(self._keys()) - busy - {item.key for item in every}
+            for key in sorted(damaged):
+                self._forget(key, None)
             listed = [item for item in every if item.key not in busy]
             chosen = {item.key for item in listed if older_than is not None and item.recency < now - older_than}
             held = sum(item.bytes for item in every if item.key not in chosen)
@@ -379,7 +405,8 @@ class Cache:
                 if item.key not in chosen:
                     chosen.add(item.key)
                     held -= item.bytes
-            return _sum(self._remove(sorted(chosen)), self._remove_orphans(now))
+            cleaned = CacheCleaning(entries=len(damaged), bytes=0)
+            return _sum(cleaned, self._remove(sorted(chosen)), self._remove_orphans(now))
 
     def _listed(self) -> list[Listed]:
         """``entries``, its markers read a batch at a time, each kept as a small row."""
@@ -411,7 +438,7 @@ class Cache:
         folders as they were listed before, so that a writer storing the key anew at this moment keeps its own."""
         folders = {key: self._data_folders(key) for key in keys}
         for key in keys:
-            remove_if_exists(self.fs, self._entry_path(key))
+            self._remove_marker(self._entry_path(key))
         busy = self._in_flight_keys(time.time())
         freed = 0
         for key in keys:
@@ -500,11 +527,34 @@ class Cache:
         """The bytes of many small files, a batch of requests at a time, as they come: a file removed since it was
         listed is left out, and so is one of more than ``limit`` bytes (logged, never read whole)."""
         for batch in in_batches(paths):
-            for path, data in read_many(self.fs, batch, limit).items():
+            try:
+                read = read_many(self.fs, batch, limit)
+            except StorageError as exc:  # a folder in a file's place, which no batch read says: each read alone
+                if not isinstance(exc.__cause__, IsADirectoryError):
+                    raise
+                read = {path: self._file_or_none(path, limit) for path in batch}
+            for path, data in read.items():
                 if data is not None and len(data) > limit:
                     log.warning("%s: more than %s bytes, so damaged; left out", self._url(path), f"{limit:,}")
                 elif data is not None:
                     yield path, data
+
+    def _file_or_none(self, path: str, limit: int) -> bytes | None:
+        """A small file's first ``limit + 1`` bytes, as ``read_many`` reads them; None (logged) for a folder."""
+        try:
+            return read_head(self.fs, path, limit + 1)
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError:
+            log.warning("%s: a folder, so damaged; left out", self._url(path))
+            return None
+
+    def _remove_marker(self, path: str, etag: str | None = None) -> None:
+        """Remove a marker if it is there, as ``remove_if``; one that is a folder (damaged) whole."""
+        try:
+            remove_if(self.fs, path, etag)
+        except IsADirectoryError:
+            remove_tree(self.fs, path)
 
     def _bounded(self, path: str, limit: int, label: str) -> bytes | None:
         """A small file's bytes, or None when it is not there; ``RecordError`` when it has more than ``limit`` bytes
@@ -535,7 +585,7 @@ class Cache:
             except RecordError:
                 still = data is None
             if still:
-                remove_if(self.fs, where, etag)
+                self._remove_marker(where, etag)
             if data is not None:
                 remove_tree(self.fs, join(self.path, DATA, key, data))
         except FileNotFoundError:

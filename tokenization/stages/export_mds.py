@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import IO
@@ -23,17 +24,20 @@ from typing import IO
 import numpy as np
 
 from tokenization.errors import UsageError
+from tokenization.formats import token_file_names
 from tokenization.formats.ds import LOSS_DTYPE, SOURCE, SOURCE_DTYPE, TokenFile, TokenFileError
-from tokenization.formats.mds import HASH, INDEX, SIZE_LIMIT, Column, MdsWriter
+from tokenization.formats.mds import HASH, INDEX, SHARD, SIZE_LIMIT, Column, MdsWriter
 from tokenization.output import manifest
-from tokenization.output.runs import Layout, read_build
+from tokenization.output.cache import OWN_FILE
+from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, Layout, read_build
 from tokenization.progress import Progress, ProgressMode
-from tokenization.records import MdsOutput
+from tokenization.records import BuildRecord, MdsOutput
 from tokenization.storage.folder import Folder
 
 BLOCK_BYTES = 16 << 20  # tokens read at once: whole windows, ~16 MiB (a window's samples are encoded from it)
 ENDS_DTYPE = np.dtype("<u4")  # a window of up to 2**32 tokens
 SOURCES = "sources.json"  # beside a mixture's MDS: the names of its source ids, ["web", "code", ...]
+EXPORTED = "_MDS.json"  # beside an export's MDS outside the run folder: which build it holds (its digest)
 Columns = dict[str, np.ndarray]
 
 
@@ -41,6 +45,8 @@ def export_mds(
     run: Folder, out: Folder | None = None, size_limit: int = SIZE_LIMIT, progress: ProgressMode = None
 ) -> MdsOutput:
     """``tokenization mds``: the published build in ``run`` as MDS in ``out`` (default: the run's ``mds/``)."""
+    if run.fs.isfile(run.path):
+        raise UsageError(f"{run.url} is a file: RUN_DIR is a published build's folder")
     record = read_build(run)
     if record is None:
         raise UsageError(f"{run.url}: no published build there (no _BUILD.json): MDS is written from one")
@@ -51,17 +57,81 @@ def export_mds(
         )
     layout = Layout(run)
     out = out or layout.mds
-    if out.url.rstrip("/") in {stage.url.rstrip("/") for stage in layout.stages.values()}:
-        raise UsageError(f"{out.url} is a stage folder of the build: MDS goes in a folder of its own")
+    own = _same(out, layout.mds)
+    if not own:
+        _refuse_other(run, out, record)
     if record.mds is not None and out.url.rstrip("/") == layout.mds.url.rstrip("/") and size_limit != SIZE_LIMIT:
         raise UsageError(
             f"{out.url} holds the MDS that publish wrote in {SIZE_LIMIT:,}-byte shards, which the build record "
             "names: write other shard sizes elsewhere (--out)"
         )
+    if not own:  # before any shard: an export killed midway is this build's to write again
+        out.put(EXPORTED, json.dumps({"build": run.url, "digest": record.digest}).encode())
     written = write_mds(layout.context, out, window, size_limit, progress)
     if written.tokens != record.tokens:
         raise TokenFileError(f"{written.folder}: wrote {written.tokens:,} tokens; the build has {record.tokens:,}")
     return written
+
+
+def _refuse_other(run: Folder, out: Folder, record: BuildRecord) -> None:
+    """A UsageError unless ``out``, other than the run's own ``mds/``, may take this build's MDS: a folder outside
+    every build's run folder and every cache, not a builds output, holding no token files and no MDS but an earlier
+    export of this build's (its ``_MDS.json`` names the build's digest). Any other would lose or corrupt what it
+    holds, or mix the MDS with it."""
+    for folder in _and_above(out):
+        if folder.fs.isfile(folder.path):
+            raise UsageError(f"{folder.url} is a file: --out names the MDS dataset's folder")
+        owner = next((name for name in (BUILD_MANIFEST, RUN_CLAIM, OWN_FILE) if folder.exists(name)), None)
+        if owner == OWN_FILE:
+            raise UsageError(
+                f"{out.url} is inside the tokenization cache {folder.url}: MDS goes in a folder of its own"
+            )
+        if owner and _same(folder, run):
+            raise UsageError(
+                f"{out.url} is inside the build's own folder, where MDS goes only in {Layout(run).mds.url}"
+            )
+        if owner:
+            raise UsageError(
+                f"{out.url} is inside the folder of another build, {folder.url} (it holds {owner}): "
+                f"MDS of {run.url} goes in its own mds/ or in a folder outside every build's"
+            )
+    names = out.list()
+    if LATEST in names:
+        raise UsageError(
+            f"{out.url} is a builds output (it holds {LATEST}, beside its builds): MDS goes in a folder of its own"
+        )
+    if tokens := token_file_names(names):
+        raise UsageError(f"{out.url} holds token files ({tokens[0]}): MDS goes in a folder of its own")
+    if any(name in (INDEX, SOURCES) or SHARD.fullmatch(name) for name in names):
+        try:
+            written_for = json.loads(out.read(EXPORTED))
+        except (FileNotFoundError, ValueError):
+            written_for = None
+        if not isinstance(written_for, dict) or written_for.get("digest") != record.digest:
+            of = f"of {written_for.get('build')}" if isinstance(written_for, dict) else f"that no {EXPORTED} names"
+            raise UsageError(
+                f"{out.url} holds an MDS dataset {of}, not of {run.url}: remove it, or choose another --out"
+            )
+
+
+def _and_above(folder: Folder) -> Iterator[Folder]:
+    """``folder`` and each folder above it, up to the filesystem's root or the bucket (a local one from its
+    absolute path: a relative one is inside the working folder's)."""
+    yield folder
+    url = os.path.abspath(folder.path) if folder.is_local else folder.url.rstrip("/")
+    while True:
+        head, _, name = url.rpartition("/")
+        if not name or not head or head.endswith(":/"):
+            return
+        url = head
+        yield Folder(url, folder.options)
+
+
+def _same(one: Folder, other: Folder) -> bool:
+    """Whether two folders are one, however their paths are written."""
+    if one.is_local and other.is_local:
+        return os.path.realpath(one.path) == os.path.realpath(other.path)
+    return one.url.rstrip("/") == other.url.rstrip("/")
 
 
 def write_mds(

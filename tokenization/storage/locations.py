@@ -120,7 +120,8 @@ def check_disjoint(inputs: Sequence[str], output: str, what: str = "output") -> 
             relation = "is" if out == folder else "is inside" if _within(out, folder) else "contains"
             raise LocationError(
                 f"{what} {_shown(output, out)} {relation} input {_shown(spec, folder)}: a build on that input would "
-                f"read this build's own files as documents; choose an {what} outside every input"
+                f"read this build's own files as documents; choose {'an' if what[:1] in 'aeiou' else 'a'} {what} "
+                "outside every input"
             )
 
 

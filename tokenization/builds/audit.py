@@ -1,0 +1,82 @@
+"""A published build's chain, checked again from its records: what ``tokenization verify RUN_DIR`` adds to the
+verify of the dataset.
+
+Publish checked the books once (``builds.accounting``) and wrote what they said into ``_BUILD.json``; the records
+they were made of stay on storage after publish, though the intermediate token files go. So the chain is checked
+again from them: each stage folder's records against each other (``stages.verify.check_records_alone``), the
+contents from the ranks through the merge to the context shuffle, the tokens from stage to stage, and every
+figure ``_BUILD.json`` records of the stages against what their records say now. A dataset forged with its own
+records rewritten to match then fails on the link to the stage before it, or on ``_BUILD.json``; only a forger who
+rewrites every record of the chain and ``_BUILD.json`` alike passes, which a signature alone can catch
+(docs/verify.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from tokenization.builds import accounting
+from tokenization.formats.checks import Listing, Report
+from tokenization.output.runs import BUILD_MANIFEST, BuildError, Layout
+from tokenization.records import BuildRecord, ContentsSum, ContextCounts, MergeCounts, RecordError, StageSummary
+from tokenization.stages.verify import check_records_alone
+from tokenization.storage.folder import Folder
+
+
+def chain_problems(run: Folder, build: BuildRecord, dataset_tokens: int) -> list[str]:
+    """What does not hold in the chain of a published build whose dataset holds ``dataset_tokens`` (its verify
+    checked the dataset's own folder): one line each, naming the file or the link."""
+    layout, report = Layout(run), Report()
+    dataset = build.dataset.rstrip("/").rpartition("/")[2]
+    for name, folder in layout.stages.items():
+        if name != dataset and folder.fs.isdir(folder.path):
+            check_records_alone(Listing.of(folder), report)
+    try:
+        derived = stage_books(layout, build)
+        accounting.contents_flow(derived.tokenize, derived, chunked=bool(build.params.get("shuffle_chunk_size")))
+        flow = accounting.token_flow(derived.tokenize.tokens, derived, dataset_tokens)
+    except RecordError as exc:  # it names its file
+        return [*report.problems, str(exc)]
+    except BuildError as exc:
+        return [*report.problems, f"{run.url}: {exc}"]
+    where = run.url_of(BUILD_MANIFEST)
+    report.problems += [f"{where}: {line}" for line in _differences(build.stages, derived)]
+    if build.token_flow and flow != build.token_flow:
+        report.problem(where, f"records the token flow {build.token_flow}, but the stages' records say {flow}")
+    return report.problems
+
+
+def stage_books(layout: Layout, build: BuildRecord) -> StageSummary:
+    """The books of every stage as their records on storage say now (publish made ``build.stages`` of them)."""
+    ranks = accounting.rank_manifests(layout.ranks, build.stages.tokenize.ranks)
+    tokenized = accounting.tokenize_summary(ranks, accounting.conservation(ranks), build.stages.tokenize.input_files)
+    return StageSummary(
+        tokenize=tokenized,
+        merge=accounting.stage_counts(layout.merged, MergeCounts),
+        context_shuffle=accounting.stage_counts(layout.context, ContextCounts),
+    )
+
+
+def _differences(recorded: StageSummary, derived: StageSummary) -> list[str]:
+    """Each figure of a stage that ``_BUILD.json`` records otherwise than the stage's records say."""
+    lines = []
+    for stage in ("tokenize", "merge", "context_shuffle"):
+        said, found = getattr(recorded, stage), getattr(derived, stage)
+        if said is None or found is None:
+            if said != found:
+                lines.append(f"records {stage} as {_shown(said)}, but its stage records say {_shown(found)}")
+            continue
+        for field in fields(said):
+            if field.name == "inputs_problem":  # the plan's comparison, which publish made
+                continue
+            a, b = getattr(said, field.name), getattr(found, field.name)
+            if a != b:
+                lines.append(f"records {stage} {field.name} {_shown(a)}, but its stage records say {_shown(b)}")
+    return lines
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, ContentsSum):
+        return value.value.describe()
+    return "none" if value is None else str(value)

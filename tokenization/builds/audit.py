@@ -14,10 +14,14 @@ rewrites every record of the chain and ``_BUILD.json`` alike passes, which a sig
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
 
 from tokenization.builds import accounting
 from tokenization.formats.checks import Listing, Report
+from tokenization.formats.ds import TokenFile, TokenFileError
+from tokenization.output import manifest
 from tokenization.output.runs import BUILD_MANIFEST, BuildError, Layout
 from tokenization.records import BuildRecord, ContentsSum, ContextCounts, MergeCounts, RecordError, StageSummary
 from tokenization.stages.verify import check_records_alone
@@ -42,6 +46,8 @@ def chain_problems(run: Folder, build: BuildRecord, dataset_tokens: int) -> list
         return [*report.problems, f"{run.url}: {exc}"]
     where = run.url_of(BUILD_MANIFEST)
     report.problems += [f"{where}: {line}" for line in _differences(build.stages, derived)]
+    if build.mixture is not None:
+        report.problems += _mixture_problems(layout.run.sub(dataset), build, where)
     if build.token_flow and flow != build.token_flow:
         report.problem(where, f"records the token flow {build.token_flow}, but the stages' records say {flow}")
     return report.problems
@@ -56,6 +62,64 @@ def stage_books(layout: Layout, build: BuildRecord) -> StageSummary:
         merge=accounting.stage_counts(layout.merged, MergeCounts),
         context_shuffle=accounting.stage_counts(layout.context, ContextCounts),
     )
+
+
+def _mixture_problems(dataset: Folder, build: BuildRecord, where: str) -> list[str]:
+    """A mixture's sources in ``_BUILD.json`` against the merge's records (each source's documents chosen, uses and
+    tokens), and against the dataset's ``.source`` sidecars, totalled again: each source's tokens (a build's context
+    shuffle keeps every token, its tail too), and, where the dataset is the merge's files (one index entry a use),
+    its uses."""
+    lines = []
+    accounts, merge = cast(list, build.mixture), build.stages.merge
+    if merge is not None and merge.sources is not None:
+        for account, mix in zip(accounts, merge.sources, strict=False):
+            for name in ("docs_chosen", "docs_repeated", "uses", "tokens_available", "tokens_chosen"):
+                if getattr(account, name) != getattr(mix, name):
+                    lines.append(
+                        f"{where}: records mixture source {account.name!r} {name} {getattr(account, name):,}, but "
+                        f"the merge's records say {getattr(mix, name):,}"
+                    )
+    held = _source_totals(dataset, [account.name for account in accounts])
+    if held is None:  # a Megatron build's files are each of one source, named by it: no sidecars
+        return lines
+    merged = build.stages.context_shuffle is None  # the dataset is the merge's files: one entry a use
+    for account, (entries, tokens) in zip(accounts, held, strict=True):
+        if tokens != account.tokens_chosen:
+            lines.append(
+                f"{dataset.url}: its .source sidecars give mixture source {account.name!r} {tokens:,} tokens, but "
+                f"{where} records {account.tokens_chosen:,} chosen"
+            )
+        if merged and entries != account.uses:
+            lines.append(
+                f"{dataset.url}: its .source sidecars give mixture source {account.name!r} {entries:,} documents, "
+                f"but {where} records {account.uses:,} uses"
+            )
+    return lines
+
+
+def _source_totals(dataset: Folder, names: list[str]) -> list[tuple[int, int]] | None:
+    """Each source's index entries and tokens in the dataset's families, from their sidecars (None: no family
+    has one). A family whose sidecar is missing or damaged is verify's to name: its entries count for none."""
+    entries, tokens = np.zeros(len(names), np.int64), np.zeros(len(names), np.int64)
+    found = False
+    for url in manifest.token_files(dataset):
+        try:
+            family = TokenFile(url, storage_options=dataset.options)
+            sources = family.sources
+        except TokenFileError:
+            continue
+        if sources is None or family.metadata is None or len(sources) != len(family.ends):
+            continue
+        found = True
+        ends = np.asarray(family.ends, dtype=np.int64)
+        lengths = np.diff(ends, prepend=0)
+        ids = np.array([names.index(n) if n in names else -1 for n in family.metadata.sources])
+        known = sources < len(ids)
+        mapped = ids[np.asarray(sources[known], dtype=np.int64)]
+        ours = mapped >= 0
+        entries += np.bincount(mapped[ours], minlength=len(names))
+        tokens += np.bincount(mapped[ours], weights=lengths[known][ours], minlength=len(names)).astype(np.int64)
+    return list(zip(entries.tolist(), tokens.tolist(), strict=True)) if found else None
 
 
 def _differences(recorded: StageSummary, derived: StageSummary) -> list[str]:

@@ -562,6 +562,7 @@ def _move(
         close_at_limit=True,
         on_close=checkpoints,
         observe=checkpoints.watch if checkpoints.own else None,
+        keep_hashes=prepared.mix is not None,  # a mixture's: its sidecars give them their sources
     )
     inner = [inputs.file_ends(f) for f in range(len(inputs.urls))] if units.chunk else None
     mix = prepared.mix
@@ -623,12 +624,13 @@ def _input_contents(prepared: _Prepared, pool: SourcePool) -> tuple[Contents, Co
 
 def _mixed_contents(prepared: _Prepared, mix: _Mixed, pool: SourcePool) -> tuple[Contents, Contents]:
     """What a mixture's merge read (its inputs whole), and what its files must hold: each document as many times
-    as it is used, hashed from the input files (a document's hash is not in its rank's records)."""
+    as it is used, each of its source, hashed from the input files (a document's hash is not in its rank's
+    records)."""
     read = kept = Contents()
     offsets = prepared.inputs.offsets
     for f in range(len(prepared.inputs.urls)):
-        uses = mix.uses[offsets[f] : offsets[f + 1]]
-        whole, used = uses_contents(pool, f, prepared.inputs.file_ends(f), int(prepared.tokens[f]), uses)
+        uses, sources = (mine[offsets[f] : offsets[f + 1]] for mine in (mix.uses, mix.sources))
+        whole, used = uses_contents(pool, f, prepared.inputs.file_ends(f), int(prepared.tokens[f]), uses, sources)
         read, kept = read + whole, kept + used
     return read, kept
 

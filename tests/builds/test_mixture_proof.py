@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.builds.test_mixtures import config, spec, write_sources
-from tests.support.builds import in_process
-from tests.support.processes import cli
+from tests.builds.test_verify_chain import verified
+from tests.support.builds import copy_of, published_run
 from tokenization.builds.accounting import dataset_digest
 from tokenization.builds.run import Build
 from tokenization.formats.contents import ContentsHasher, factors, sourced
@@ -53,20 +52,12 @@ def test_a_pieces_source_is_part_of_its_contents() -> None:
 def mixed_build(tmp_path_factory, sample_tokenizer) -> Path:
     root = tmp_path_factory.mktemp("mixture-proof")
     inputs = write_sources(root / "sources")
-    build = Build.start(config(root, sample_tokenizer, spec(inputs, 60_000)), "mix")
-    in_process(build)
-    return Path(build.layout.run_dir)
+    return published_run(Build.start(config(root, sample_tokenizer, spec(inputs, 60_000)), "mix"))
 
 
 @pytest.fixture
 def run_dir(mixed_build, tmp_path) -> Path:
-    shutil.copytree(mixed_build, tmp_path / "mix")
-    return tmp_path / "mix"
-
-
-def verified(path: Path) -> tuple[int, list[str]]:
-    done = cli("verify", str(path))
-    return done.returncode, done.stdout.splitlines()
+    return copy_of(mixed_build, tmp_path)
 
 
 def forged_sidecar(run_dir: Path, change) -> tuple[Path, str]:

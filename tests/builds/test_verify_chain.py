@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -15,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.builds import in_process
-from tests.support.paths import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+from tests.builds.test_footprint import config_for
+from tests.support.builds import copy_of, published_run
 from tests.support.processes import cli
 from tokenization.builds.accounting import dataset_digest
-from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.formats.contents import ContentsHasher
 from tokenization.records import ContentsSum
@@ -32,26 +30,12 @@ EOS_ID = 0  # the sample tokenizer's
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     """A build published with its defaults (the token files of ranks/ and merged/ removed)."""
-    config = BuildConfig(
-        input=str(SAMPLE_CORPUS),
-        output=str(tmp_path_factory.mktemp("chain") / "builds"),
-        tokenizer=str(SAMPLE_TOKENIZER),
-        seed=7,
-        num_ranks=2,
-        save_loss=True,
-        context_window=1025,
-        num_context_shards=2,
-        merge_max_tokens_per_file=20_000,
-    )
-    build = Build.start(config, "night")
-    in_process(build)
-    return Path(build.layout.run_dir)
+    return published_run(Build.start(config_for(tmp_path_factory.mktemp("chain"), num_ranks=2), "night"))
 
 
 @pytest.fixture
 def run_dir(built, tmp_path) -> Path:
-    shutil.copytree(built, tmp_path / "night")
-    return tmp_path / "night"
+    return copy_of(built, tmp_path)
 
 
 def verified(path: Path) -> tuple[int, list[str]]:
@@ -155,31 +139,38 @@ def test_a_dataset_forged_with_its_records_and_digest_fails_on_what_the_build_re
     ]
 
 
-@pytest.mark.parametrize("stage", ["merged", "ranks"])
-def test_a_removed_stage_manifest_fails_its_folders_verify(run_dir, stage) -> None:
-    stem = {"merged": "corpus", "ranks": "00000"}[stage]
+def removed_manifest(run_dir: Path, stage: str, stem: str) -> str:
     (run_dir / stage / "_manifests" / f"{stem}.json").unlink()
-    for path in (run_dir / stage, run_dir):
-        status, lines = verified(path)
-        assert status == 1, lines
-        assert (
-            f"{run_dir / stage}/_completions/{stem}.json: no stage manifest _manifests/{stem}.json: a marker "
-            "copied from elsewhere, or its manifest was removed"
-        ) in lines
+    return (
+        f"{run_dir / stage}/_completions/{stem}.json: no stage manifest _manifests/{stem}.json: a marker copied from "
+        "elsewhere, or its manifest was removed"
+    )
 
 
-def test_a_changed_merge_checkpoint_fails_its_folders_verify(run_dir) -> None:
-    checkpoint = run_dir / "merged" / "_manifests" / "001_corpus.json"
+def changed_checkpoint(run_dir: Path, stage: str, stem: str) -> str:
+    checkpoint = run_dir / stage / "_manifests" / f"{stem}.json"
     data = json.loads(checkpoint.read_text())
     data["units_end"] += 1  # a resumed merge would start one unit late
     checkpoint.write_text(json.dumps(data, indent=2, sort_keys=True))
-    for path in (run_dir / "merged", run_dir):
+    return (
+        f"{checkpoint}: differs from the checkpoint of {stem}.ds, which _manifests/corpus.json lists: a resumed merge "
+        "would start from it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("damage", "stage", "stem"),
+    [
+        (removed_manifest, "merged", "corpus"),
+        (removed_manifest, "ranks", "00000"),
+        (changed_checkpoint, "merged", "001_corpus"),
+    ],
+)
+def test_a_stage_folders_records_are_checked_though_its_token_files_are_gone(run_dir, damage, stage, stem) -> None:
+    expected = damage(run_dir, stage, stem)
+    for path in (run_dir / stage, run_dir):
         status, lines = verified(path)
-        assert status == 1, lines
-        assert (
-            f"{checkpoint}: differs from the checkpoint of 001_corpus.ds, which _manifests/corpus.json lists: a "
-            "resumed merge would start from it"
-        ) in lines
+        assert status == 1 and expected in lines, lines
 
 
 def test_a_flipped_rank_marker_fails_the_runs_verify(run_dir) -> None:

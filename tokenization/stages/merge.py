@@ -345,8 +345,8 @@ def _prepare(config: MergeConfig) -> _Prepared:
 
 def _check_sidecars(inputs: MergeInputs, named: list[str], described: dict[str, Described]) -> None:
     """Each input's ``.source`` sidecar is the one its rank recorded (its marker's sha256): a byte changed to
-    another valid source would otherwise move documents between sources unseen (the contents proof covers tokens
-    and loss bytes, not the sidecar)."""
+    another valid source would move documents between sources, which the contents (each piece's source is in them)
+    would find only once the merge had read every input; this says so first, naming the file."""
     sources = cast(np.ndarray, inputs.sources)
     for f, name in enumerate(named):
         held = sources[inputs.offsets[f] : inputs.offsets[f + 1]].astype(SOURCE_DTYPE).tobytes()

@@ -48,11 +48,15 @@ def test_a_pieces_source_is_part_of_its_contents() -> None:
     assert len(set(factors(np.arange(256)).tolist())) == 256 and all(f & 1 for f in factors(np.arange(256)).tolist())
 
 
-@pytest.fixture(scope="module")
-def mixed_build(tmp_path_factory, sample_tokenizer) -> Path:
+DATASETS = {"context": {}, "merged": {"context_window": 0}}  # the dataset: windows, or the merge's files
+
+
+@pytest.fixture(scope="module", params=list(DATASETS))
+def mixed_build(request, tmp_path_factory, sample_tokenizer) -> Path:
     root = tmp_path_factory.mktemp("mixture-proof")
     inputs = write_sources(root / "sources")
-    return published_run(Build.start(config(root, sample_tokenizer, spec(inputs, 60_000)), "mix"))
+    built = config(root, sample_tokenizer, spec(inputs, 60_000), **DATASETS[request.param])
+    return published_run(Build.start(built, "mix"))
 
 
 @pytest.fixture
@@ -60,31 +64,37 @@ def run_dir(mixed_build, tmp_path) -> Path:
     return copy_of(mixed_build, tmp_path)
 
 
+def dataset_of(run_dir: Path) -> Path:
+    return run_dir / json.loads((run_dir / "_BUILD.json").read_text())["dataset"].rsplit("/", 1)[1]
+
+
 def forged_sidecar(run_dir: Path, change) -> tuple[Path, str]:
-    """The first context file's ``.source`` sidecar changed by ``change(sources)``, and its sha256 rewritten in its
-    manifest entry, its completion marker, the marker's checksum of the manifest and ``_BUILD.json``'s digest;
-    returns the sidecar and its family's name."""
-    context = run_dir / "context"
-    sidecar = sorted(context.glob("*.ds.source"))[0]
+    """The dataset's first ``.source`` sidecar changed by ``change(sources)``, and its sha256 rewritten wherever a
+    record holds it (its stage manifest's entry, a merge's checkpoint, its completion marker, and the marker's
+    checksum of the manifest) and in ``_BUILD.json``'s digest; returns the sidecar and its family's name."""
+    dataset = dataset_of(run_dir)
+    sidecar = sorted(dataset.glob("*.ds.source"))[0]
     sources = np.fromfile(sidecar, np.uint8)
     change(sources)
     sources.tofile(sidecar)
     digest = hashlib.sha256(sidecar.read_bytes()).hexdigest()
-    for path in sorted((context / "_manifests").glob("*.json")):
+    for path in sorted((dataset / "_manifests").glob("*.json")):
         data = json.loads(path.read_text())
-        entries = [entry for entry in data["outputs"] if sidecar.name in entry["files"]]
-        if not entries:
+        entries = data.get("outputs", [data])  # a stage manifest's, or a checkpoint
+        listing = [entry for entry in entries if sidecar.name in entry["files"]]
+        if not listing:
             continue
-        entries[0]["files"][sidecar.name]["sha256"] = digest
+        listing[0]["files"][sidecar.name]["sha256"] = digest
         path.write_text(json.dumps(data, indent=2, sort_keys=True))
-        marker_path = context / "_completions" / path.name
-        marker = json.loads(marker_path.read_text())
-        marker["files"][sidecar.name]["sha256"] = digest
-        marker["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-        marker_path.write_text(json.dumps(marker, sort_keys=True))
+        marker_path = dataset / "_completions" / path.name
+        if marker_path.exists():
+            marker = json.loads(marker_path.read_text())
+            marker["files"][sidecar.name]["sha256"] = digest
+            marker["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+            marker_path.write_text(json.dumps(marker, sort_keys=True))
     record_path = run_dir / "_BUILD.json"
     record = json.loads(record_path.read_text())
-    record["digest"] = dataset_digest(Folder(str(context)))
+    record["digest"] = dataset_digest(Folder(str(dataset)))
     record_path.write_text(json.dumps(record, indent=2))
     return sidecar, sidecar.name.removesuffix(".source")
 
@@ -107,14 +117,21 @@ def test_a_relabelled_piece_fails_verify_naming_its_file_and_source(run_dir) -> 
     assert status == 1
     assert any(line.startswith(f"{sidecar.parent / family}: holds ") for line in lines), lines
     assert any(" its manifest records " in line for line in lines if line.startswith(str(sidecar.parent / family)))
-    chosen = {account["name"]: account["tokens_chosen"] for account in names}
+    dataset, record = dataset_of(run_dir), run_dir / "_BUILD.json"
     for number in (moved["from"], moved["to"]):
-        name = names[number]["name"]
+        account = names[number]
+        said = f"{dataset}: its .source sidecars give mixture source {account['name']!r} "
         assert any(
-            line.startswith(f"{run_dir / 'context'}: its .source sidecars give mixture source {name!r} ")
-            and line.endswith(f"tokens, but {run_dir / '_BUILD.json'} records {chosen[name]:,} chosen")
+            line.startswith(said) and line.endswith(f"tokens, but {record} records {account['tokens_chosen']:,} chosen")
             for line in lines
         ), lines
+        uses = [line for line in lines if line.startswith(said) and line.endswith(" uses")]
+        shift = 1 if number == moved["to"] else -1
+        assert uses == (
+            [f"{said}{account['uses'] + shift:,} documents, but {record} records {account['uses']:,} uses"]
+            if dataset.name == "merged"
+            else []
+        )
 
 
 def test_two_swapped_sources_fail_verify_naming_their_file(run_dir) -> None:

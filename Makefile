@@ -96,16 +96,19 @@ demo: airflow-init
 	@$(RUN) python -m tokenization.builds $(TOKENIZATION_OUTPUT)
 
 # Airflow's UI and REST API on http://localhost:8080 with the DAG loaded. The admin password is created once in
-# airflow-home/; the airflow_api connection lets the plan task check that the merge pool exists. One Ctrl-C (or a
-# SIGTERM to make) stops it and every process it started (scripts/run_stoppable.py). No schedule unless
-# TOKENIZATION_SCHEDULE is set: unpausing starts only triggered runs.
+# airflow-home/; the airflow_api connection lets the plan task check that the merge pool exists. One Ctrl-C, or a
+# SIGINT or SIGTERM to make's own pid (a supervisor's stop), stops it and every process it started: the recipe execs
+# scripts/run_stoppable.py, make's own child, which also follows make's signals (make forwards no SIGINT). No
+# schedule unless TOKENIZATION_SCHEDULE is set: unpausing starts only triggered runs. AIRFLOW_SERVER is what it runs
+# (a test gives a stand-in).
+AIRFLOW_SERVER := airflow standalone
 airflow: airflow-init
 	@test -f $(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated || \
 	  python3 -c 'import json, secrets; print(json.dumps({"admin": secrets.token_urlsafe(12)}))' \
 	  > $(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated
 	@echo "log in as admin with the password in $(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated"
 	$(AIRFLOW_ENV) AIRFLOW_CONN_AIRFLOW_API="http://admin:$$(python3 -c 'import json; print(json.load(open("$(AIRFLOW_LOCAL_HOME)/simple_auth_manager_passwords.json.generated"))["admin"])')@localhost:8080" \
-	  python3 scripts/run_stoppable.py -- airflow standalone
+	  exec python3 scripts/run_stoppable.py --follow-parent -- $(AIRFLOW_SERVER)
 
 # Benchmarks against datatrove on ../shared/data (or --corpora/--tokenizer); writes bench/RESULTS.md.
 bench: setup

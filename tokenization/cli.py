@@ -32,7 +32,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -262,7 +262,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     limit_hf_threads(args.threads)
     if args.input and args.mixture:
         raise UsageError("give the input or --mixture, not both: a mixture's sources name their inputs")
-    args.build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # nothing to percent-encode
+    args.build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # a safe folder name as it is
     published = Build.start(from_arguments(BuildConfig, args), args.build_id).run(args.parallel, keep=args.keep_builds)
     print(summary(published.record))
     print(f"latest: {published.latest}")
@@ -358,7 +358,6 @@ def cmd_count(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from tokenization.builds.accounting import dataset_digest
     from tokenization.builds.audit import chain_problems
     from tokenization.output.runs import BUILD_MANIFEST
     from tokenization.stages.verify import verify
@@ -374,10 +373,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     build = _build_in(Folder(args.path))
     path = Folder(_dataset_in(args.path, build) if build else args.path)
     report = verify(path, args.tokenizer, args.eos_token, vouched=args.sample is not None, sample=args.sample or 0)
-    if build and (build.tokens, build.digest) != (report.tokens, digest := dataset_digest(path)):
+    if build and (build.tokens != report.tokens or build.digest not in _digests(path, build)):
         report.problems.append(
             f"{join(args.path, BUILD_MANIFEST)}: records {build.tokens:,} tokens and digest {build.digest}, but its "
-            f"dataset holds {report.tokens:,} tokens and digest {digest}"
+            f"dataset holds {report.tokens:,} tokens and digest {next(_digests(path, build))}"
         )
     if build:
         report.problems.extend(chain_problems(Folder(args.path), build, report.tokens))
@@ -388,6 +387,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     state = "OK" if report.ok else f"FAILED, {counted(len(report.problems), 'problem')}"
     print(f"verify {path.url}: {counted(report.files, 'file')}, {counted(report.tokens, 'token')}: {state}")
     return 0 if report.ok else 1
+
+
+def _digests(dataset: Folder, build: BuildRecord) -> Iterator[str]:
+    """What the build record's digest may be: the dataset's; for a build published before the digest named the
+    tokenizer by its sha256, that of the dataset's bytes themselves (``accounting.dataset_digest``)."""
+    from tokenization.builds.accounting import dataset_digest
+
+    yield dataset_digest(dataset, build.tokenizer.sha256)
+    yield dataset_digest(dataset, None)
 
 
 def _mds_problems(run_dir: str, build: BuildRecord, read: bool) -> list[str]:
@@ -505,7 +513,12 @@ def _decode(urls: list[str], files: list[TokenFile | MegatronFile], count: int, 
     name = tokenizer or named
     if not name:
         raise TokenFileError("--decode needs --tokenizer: no metadata names one")
-    decoder = Encoder(name, no_eos=True).tokenizer
+    try:
+        decoder = Encoder(name, no_eos=True).tokenizer
+    except TokenizationError as exc:
+        if tokenizer:
+            raise
+        raise TokenFileError(f"{exc} (the metadata names it as the build was given it): give --tokenizer") from None
     shown = 0
     for url, f in zip(urls, files, strict=True):
         ends = _ends(f)

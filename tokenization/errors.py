@@ -73,10 +73,12 @@ def external_error(exc: BaseException) -> str | None:
 
 @contextmanager
 def reaching(url: str) -> Iterator[None]:
-    """Name ``url`` in any storage or network failure raised inside, in one line."""
+    """Name ``url`` in any storage or network failure raised inside, in one line. A project error passes as it is:
+    it says what happened already, though a store's refusal that it answers may be its context (a lease found held
+    once a conditional write failed)."""
     try:
         yield
-    except StorageError:
+    except TokenizationError:
         raise
     except Exception as exc:
         message = external_error(exc)

@@ -1,9 +1,11 @@
 """Progress of a long stage, as a person watching it needs it: percent done, documents, tokens, tokens/s, ETA.
 
 On a terminal it is a tqdm bar. In a task log, where a redrawn bar collapses into one line, it is a log line every
-N seconds. Stages take ``progress``: ``None`` picks by whether stderr is a terminal (lines every
-``DEFAULT_SECONDS``), ``True`` a bar, a number a line every that many seconds, ``False`` nothing, and a ``Relay``
-sends it to a parent process, which shows the sum of its workers' (``Gathered``): one bar, not one a worker.
+N seconds, the first as the stage starts and the next ones sooner (``FIRST_GAP`` seconds, then twice that, ... up
+to N), so that a stage shorter than N shows more than its final line. Stages take ``progress``: ``None`` picks by
+whether stderr is a terminal (lines every ``DEFAULT_SECONDS``), ``True`` a bar, a number a line every that many
+seconds, ``False`` nothing, and a ``Relay`` sends it to a parent process, which shows the sum of its workers'
+(``Gathered``): one bar, not one a worker.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from collections import Counter
 from datetime import timedelta
 from multiprocessing.queues import Queue
 from types import TracebackType
+from typing import cast
 
 from tqdm import tqdm
 
 log = logging.getLogger("tokenization.progress")
 
 DEFAULT_SECONDS = 30.0
+FIRST_GAP = 2.0  # seconds from a stage's first progress line to its second; each gap after doubles, up to N
 RELAY_SECONDS = 0.5  # a worker's progress reaches its parent at most this often: a put is ~10 us, a redraw more
 
 
@@ -56,7 +60,10 @@ class Progress:
             mode = True if sys.stderr.isatty() else DEFAULT_SECONDS
         self.bar = tqdm(total=self.total, unit=unit, unit_scale=True, desc=desc) if mode is True else None
         self.interval = None if isinstance(mode, bool | Relay) else float(mode)
-        self._next_line = self.started + (self.interval or 0)
+        self._gap = min(FIRST_GAP, self.interval or 0)
+        self._next_line = self.started  # the first line as soon as there is work to show
+        if self.interval is not None and self.total:
+            self._log_line()
 
     def update(self, done: int, **counts: int) -> None:
         """Set the work done so far and the running counts (``docs=``, ``tokens=``)."""
@@ -66,9 +73,14 @@ class Progress:
         elif self.bar is not None:
             self.bar.update(self.done - self.bar.n)
             self.bar.set_postfix(self._postfix(), refresh=False)
-        elif self.interval is not None and time.monotonic() >= self._next_line:
-            log.info("%s", self.line())
-            self._next_line = time.monotonic() + self.interval
+        elif self.interval is not None and time.monotonic() >= self._next_line and self.total:
+            self._log_line()
+
+    def _log_line(self) -> None:
+        """A line now; the next after the current gap, and each gap twice the one before, up to the interval."""
+        log.info("%s", self.line())
+        self._next_line = time.monotonic() + self._gap
+        self._gap = min(2 * self._gap, cast(float, self.interval))
 
     def advance(self, amount: int, **counts: int) -> None:
         """Add ``amount`` of work and these increments to the counts."""

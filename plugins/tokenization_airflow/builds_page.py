@@ -123,13 +123,17 @@ def _build_row(run, published: dict | None, failure: dict | None) -> dict:
             build = published_summary(published, f"the summary run {run.run_id!r} published (XCom)")
     except TokenizationError as exc:  # a summary that is no BuildSummary: said, and left out
         log.warning("%s", exc)
-    seconds = (run.end_date - run.start_date).total_seconds() if run.start_date and run.end_date else None
+    # a published build's times are its record's: clearing a task restarts the Airflow run's clock
+    started, seconds = (build.started, build.wall_seconds) if build and build.started else (None, None)
+    if started is None:
+        started = _iso(run.start_date)
+        seconds = (run.end_date - run.start_date).total_seconds() if run.start_date and run.end_date else None
     return {
         "run_id": run.run_id,
         "state": str(run.state),
         "failure": failure,
         "date": _iso(run.logical_date or run.run_after),
-        "started": _iso(run.start_date),
+        "started": started,
         "seconds": round(seconds, 1) if seconds is not None else None,
         "tokens": build and build.tokens,
         "docs": build and build.docs,

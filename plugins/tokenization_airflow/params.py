@@ -14,6 +14,9 @@ from tokenization.builds.config import offered_params
 
 FIRST = ("input", "output", "tokenizer")  # the trigger form opens with what every build sets
 AIRFLOW = "Airflow"  # the section of the params that only the DAG has
+MIXTURE, MIXTURE_FILE = "mixture", "mixture_file"
+# Airflow 3.3's page shortcuts take some keys typed into the form's JSON editor ("weight" arrives as "weiht")
+TYPING_NOTE = f". In this form: paste, don't type, or use {MIXTURE_FILE}"
 
 
 def build_params(defaults: Mapping[str, object]) -> dict[str, Param]:
@@ -24,8 +27,24 @@ def build_params(defaults: Mapping[str, object]) -> dict[str, Param]:
         default = defaults.get(p.name, None if p.default is MISSING else p.default)
         heading = None if p.name in FIRST else p.section  # FIRST opens the form, unsectioned
         extra: dict[str, Any] = {"section": heading} if heading else {}  # (Param's keyword arguments are Any)
-        made[p.name] = Param(default, title=p.title, description=p.help, **p.schema, **extra)
-    return {name: made[name] for name in FIRST} | {k: v for k, v in made.items() if k not in FIRST}
+        description = p.help + TYPING_NOTE if p.name == MIXTURE else p.help
+        made[p.name] = Param(default, title=p.title, description=description, **p.schema, **extra)
+    ordered = [(name, made[name]) for name in FIRST] + [(k, v) for k, v in made.items() if k not in FIRST]
+    at = [name for name, _ in ordered].index(MIXTURE) + 1  # the same spec as a file, right after the JSON
+    return dict([*ordered[:at], (MIXTURE_FILE, mixture_file()), *ordered[at:]])
+
+
+def mixture_file() -> Param:
+    """The mixture as a file, which the trigger form takes where typing JSON is awkward (``tasks.config_of`` reads it
+    as ``tokenization build --mixture FILE`` does)."""
+    return Param(
+        None,
+        type=["null", "string"],
+        minLength=1,
+        title="Mixture file",
+        description="a mixture spec in a YAML or JSON file (a path or URL within the allowed locations), in place of "
+        f"the {MIXTURE} param: give one of the two (docs/mixtures.md)",
+    )
 
 
 def airflow_params() -> dict[str, Param]:

@@ -18,8 +18,12 @@ from airflow.sdk.exceptions import AirflowFailException
 from tokenization.builds.config import BuildConfig, offered_params
 from tokenization.builds.run import Build
 from tokenization.errors import RETRIABLE, TokenizationError, external_error
+from tokenization.mixing import load_mixture_file
+from tokenization.storage.files import StorageOptions
+from tokenization.storage.locations import malformed_url
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment
+from tokenization_airflow.params import MIXTURE, MIXTURE_FILE
 from tokenization_airflow.pools import pool_exists
 
 log = logging.getLogger(__name__)
@@ -72,14 +76,27 @@ def check_merge_pool(merges: bool) -> None:
 
 
 def config_of(params: dict) -> BuildConfig:
-    """The build's config: the run's params, the storage connection they name, the deployment's working folders."""
+    """The build's config: the run's params (a ``mixture_file`` read into its mixture), the storage connection they
+    name, the deployment's working folders."""
     here = deployment()
+    given = {name: value for name, value in params.items() if name in BUILD_PARAMS}
+    options = storage_options(params["aws_conn_id"])
+    if params.get(MIXTURE_FILE) is not None:
+        given[MIXTURE] = mixture_of_file(params[MIXTURE_FILE], params.get(MIXTURE), options)
     return BuildConfig(
-        **{name: value for name, value in params.items() if name in BUILD_PARAMS},
-        storage_options=storage_options(params["aws_conn_id"]),
-        local_working_dir=here.workdir,
-        merge_working_dir=here.merge_workdir,
+        **given, storage_options=options, local_working_dir=here.workdir, merge_working_dir=here.merge_workdir
     )
+
+
+def mixture_of_file(location: str, mixture: dict | None, options: StorageOptions) -> dict:
+    """The mixture the ``mixture_file`` param names, read as ``tokenization build --mixture FILE`` reads one, once
+    its location is checked as the build's own are: well formed, and within the allowed locations."""
+    if mixture is not None:
+        raise PlanError(f"give the {MIXTURE} param (JSON) or {MIXTURE_FILE}, not both")
+    if wrong := malformed_url(location):
+        raise PlanError(f"{MIXTURE_FILE} {wrong}")
+    deployment().allowed_locations.check(MIXTURE_FILE, location)
+    return load_mixture_file(location, options)
 
 
 def plan(params: dict, run_id: str, conf: dict, declared: set[str], max_map_length: int) -> Build:

@@ -48,7 +48,7 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
 
     params = {name: dag.params.get_param(name) for name in dag.params}
     schemas = {name: param.schema for name, param in params.items()}
-    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 43
+    assert list(schemas)[:3] == ["input", "output", "tokenizer"] and len(schemas) == 44
     assert schemas["keep_intermediate"] == {"type": "boolean", "title": "Keep intermediate token files"}
     keep = params["keep_intermediate"]  # a flag of the build's own, off: a published build is one copy
     assert keep.value is False and "ranks/ and merged/" in keep.description
@@ -66,6 +66,8 @@ def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
     source = mixture["properties"]["sources"]["items"]
     assert source["type"] == "object" and set(source["required"]) == {"name", "input", "weight"}
     assert params["mixture"].value is None and "docs/mixtures.md" in params["mixture"].description
+    assert list(schemas)[list(schemas).index("mixture") + 1] == "mixture_file"  # the same spec as a file, beside it
+    assert schemas["mixture_file"]["type"] == ["null", "string"] and params["mixture_file"].value is None
     defaults = dag.params.dump()
     assert defaults["merge_max_tokens_per_file"] == DEFAULT_MAX_TOKENS_PER_FILE
     assert defaults["context_window"] == BuildConfig.__dataclass_fields__["context_window"].default

@@ -114,6 +114,41 @@ def test_plan_refuses_a_run_id_latest_and_params_that_crashed_a_build(airflow_db
     assert not Path(deployment["output"]).exists()
 
 
+def test_a_mixture_file_is_read_as_the_mixture_param_within_the_allowed_locations(
+    airflow_db, dag, deployment, tmp_path
+) -> None:
+    """Issue 54: the trigger form's JSON editor lost typed keys; a spec in a file (``mixture_file``) is the same
+    mixture as the JSON param, from a location checked as the build's own, and a run reads the planned one."""
+    from tokenization_airflow import tasks
+
+    from tokenization.output.runs import PlanConflict
+    from tokenization.storage.locations import LocationError
+
+    spec = {"tokens": 3, "sources": [{"name": "web", "input": deployment["input"], "weight": 1}]}
+    file = Path(deployment["input"]).parent / "mix.yaml"
+    file.write_text(f"tokens: 3\nsources:\n  - {{name: web, input: {deployment['input']}, weight: 1}}\n")
+    build = planned(dag, deployment | {"mixture_file": str(file)})
+    assert build.config.mixture == spec and build.plan.record.params["mixture"] == spec
+    assert build.config.described_input == f"web={deployment['input']}"
+    params = dict(dag.params.dump()) | deployment | {"mixture_file": str(file)}
+    assert tasks.build_of(params, build.claimed.spec.to_json()).config.mixture == spec  # a later task's
+    file.write_text(file.read_text().replace("tokens: 3", "tokens: 4"))
+    with pytest.raises(PlanConflict, match=r" was planned with another mixture \(its file changed since\?\): "):
+        tasks.build_of(params, build.claimed.spec.to_json())
+
+    outside = tmp_path / "mix.yaml"
+    outside.write_text(file.read_text())
+    for wrong, error, message in [
+        ({"mixture": spec}, tasks.PlanError, "give the mixture param (JSON) or mixture_file, not both"),
+        ({}, LocationError, f"param mixture_file: {outside} is outside the locations this deployment allows"),
+    ]:
+        with pytest.raises(error) as refused:
+            planned(dag, deployment | {"mixture_file": str(outside)} | wrong)
+        assert str(refused.value).startswith(message)
+    with pytest.raises(tasks.PlanError, match=r"^mixture_file 's3:/b/mix.yaml' is no URL, a scheme being followed"):
+        planned(dag, deployment | {"mixture_file": "s3:/b/mix.yaml"})
+
+
 @pytest.mark.parametrize(
     ("name", "eos"),
     [

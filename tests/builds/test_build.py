@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import orjson
 import pytest
 
 from tests.support.builds import config_of, in_process
+from tests.support.processes import cli
+from tests.support.s3 import ON_BOTH_STORES
 from tests.support.stages import merged, run
-from tokenization.builds.accounting import conservation, incomplete_ranks, rank_manifests, stage_counts, token_flow
-from tokenization.builds.run import Build
-from tokenization.errors import UsageError
+from tokenization.builds.accounting import (
+    conservation,
+    dataset_digest,
+    incomplete_ranks,
+    rank_manifests,
+    stage_counts,
+    token_flow,
+)
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import BUILD_LEASE, Build
+from tokenization.errors import AttemptConflict, UsageError
 from tokenization.formats.ds import TokenFileError
 from tokenization.output import manifest
+from tokenization.output.attempts import leased, new_holder
 from tokenization.output.runs import BuildError, Layout, claim, folder_for
 from tokenization.records import (
     ContextCounts,
@@ -30,13 +44,15 @@ from tokenization.storage.folder import Folder
 
 
 def test_run_ids_map_to_folders_one_to_one() -> None:
-    """Finding 2: ':' and '+' both became '-', so 'qa:col' and 'qa-col' shared a folder."""
+    """Finding 2: ':' and '+' both became '-', so 'qa:col' and 'qa-col' shared a folder. Issue 54: the folders were
+    percent-encoded instead, and their file:// links encoded twice; a run id respelt carries its hash."""
     ids = ["qa-col", "qa:col", "qa+col", "qa%3Acol", "scheduled__2026-11-30T02:00:00+00:00", ".hidden", "a~b"]
     folders = [folder_for("/builds", run_id) for run_id in ids]
     assert len(set(folders)) == len(ids)
-    assert folders[:2] == ["/builds/qa-col", "/builds/qa%3Acol"]
-    assert folders[4] == "/builds/scheduled__2026-11-30T02%3A00%3A00%2B00%3A00"
-    assert folders[5] == "/builds/%2Ehidden" and folders[6] == "/builds/a~b"
+    assert folders[:3] == ["/builds/qa-col", "/builds/qa-col~61920a57", "/builds/qa-col~d6a97b29"]
+    assert folders[4] == "/builds/scheduled__2026-11-30T02-00-00-00-00~278ed946"
+    assert folders[5] == "/builds/-hidden~16924190" and folders[6] == "/builds/a-b~941528e5"
+    assert all(re.fullmatch(r"/builds/[A-Za-z0-9_.~-]+", folder) for folder in folders)  # nothing to escape
     for bad in ["", ".", ".."]:
         with pytest.raises(UsageError, match="cannot name a folder"):
             folder_for("/builds", bad)
@@ -160,7 +176,7 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     assert "storage_options" not in record["params"] and record["params"]["num_ranks"] == 3
     assert (tmp_path / "first" / "report.html").exists()
     assert summary.to_json() == {
-        "format": "corpus-tokenization/build-summary/2",
+        "format": "corpus-tokenization/build-summary/3",
         "dataset": first.record.dataset,
         "digest": first.record.digest,
         "tokens": 64_522,
@@ -175,6 +191,8 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
         "deleted": [],
         "reused": 0.0,  # the first build: nothing in its cache yet
         "footprint": first.record.footprint.to_json(),
+        "started": record["started"],  # the build's, plan to publish, for the builds page
+        "wall_seconds": record["wall_seconds"],
     }
 
     assert Build.start(config, "second").run(parallel=1).record.digest == first.record.digest
@@ -236,18 +254,43 @@ def test_a_build_says_once_which_input_files_it_skips_and_that_ranks_will_idle(
     ]
 
 
-def test_a_tokenizer_path_typed_two_ways_gives_one_digest(tmp_path, sample_corpus, sample_tokenizer, monkeypatch):
-    """The metadata names the tokenizer by its resolved path: a relative path and an absolute one write the same
-    bytes."""
+def test_a_tokenizer_path_is_written_as_typed_and_gives_one_digest_however_typed(
+    tmp_path, sample_corpus, sample_tokenizer, monkeypatch
+):
+    """datatrove's metadata names the tokenizer as given: relative, absolute, through a symlink (a Hugging Face hub
+    cache is links to blobs), each its own first line. The digest names it by its sha256, so the three builds have
+    one digest, which verify finds again."""
     monkeypatch.chdir(sample_tokenizer.parent.parent)
-    typed = {"relative": f"{sample_tokenizer.parent.name}/./{sample_tokenizer.name}", "absolute": str(sample_tokenizer)}
+    (tmp_path / "link").symlink_to(sample_tokenizer.parent, target_is_directory=True)
+    typed = {
+        "relative": f"{sample_tokenizer.parent.name}/./{sample_tokenizer.name}",
+        "absolute": str(sample_tokenizer),
+        "symlink": str(tmp_path / "link" / sample_tokenizer.name),
+    }
     digests = {}
     for how, tokenizer in typed.items():
         config = config_of(sample_corpus, tmp_path / how, tokenizer, context_window=64)
         digests[how] = in_process(Build.start(config, "typed")).record.digest
-    assert digests["relative"] == digests["absolute"]
-    metadata = next((tmp_path / "relative" / "out" / "typed" / "context").glob("*.ds.metadata")).read_text()
-    assert metadata.startswith(f"{sample_tokenizer.resolve()}|2\n")
+        run_dir = tmp_path / how / "out" / "typed"
+        firsts = {p.read_text().split("\n")[0] for p in (run_dir / "context").glob("*.ds.metadata")}
+        assert firsts == {f"{tokenizer}|2"}
+        verified = cli("verify", str(run_dir))
+        assert verified.returncode == 0, verified.stdout
+    assert digests["relative"] == digests["absolute"] == digests["symlink"]
+
+
+def test_verify_takes_the_digest_a_build_published_before_recorded(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """A build published before the digest named the tokenizer by its sha256 recorded the digest of its bytes."""
+    in_process(Build.start(config_of(sample_corpus, tmp_path, sample_tokenizer, context_window=64), "old"))
+    run_dir = tmp_path / "out" / "old"
+    record = orjson.loads((run_dir / "_BUILD.json").read_bytes())
+    record["digest"] = dataset_digest(Folder(str(run_dir / "context")), None)
+    (run_dir / "_BUILD.json").write_bytes(orjson.dumps(record))
+    assert cli("verify", str(run_dir)).returncode == 0
+    record["digest"] = "0" * 64
+    (run_dir / "_BUILD.json").write_bytes(orjson.dumps(record))
+    refused = cli("verify", str(run_dir))
+    assert refused.returncode == 1 and f"records {record['tokens']:,} tokens and digest {'0' * 64}" in refused.stdout
 
 
 def test_publish_leaves_no_staging_behind(tmp_path, sample_corpus, sample_tokenizer) -> None:
@@ -264,3 +307,87 @@ def test_publish_leaves_no_staging_behind(tmp_path, sample_corpus, sample_tokeni
     (left / "00000_00000_doc_shuffled.ds").write_bytes(b"half")
     build.publish()
     assert list(tmp_path.rglob(".staging")) == []
+
+
+def test_a_second_run_of_a_build_steps_aside_naming_the_first(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """Trust 4, finding 12: two runs of one build id at once each took some ranks' leases and removed the markers
+    the other wrote, so both failed. The whole run holds the build's lease: the second steps aside at once, in one
+    line naming the first, and changes nothing."""
+    config = config_of(sample_corpus, tmp_path, sample_tokenizer)
+    build = Build.start(config, "same")
+    with leased(build.layout.run, BUILD_LEASE, new_holder("first")):
+        with pytest.raises(AttemptConflict) as refused:
+            Build.start(config, "same").run(progress=False)
+        assert not build.layout.ranks.exists()
+    assert str(refused.value).startswith(f"{tmp_path}/out/same/.build.lock: attempt ")
+    assert "(first, host " in str(refused.value) and "is writing this output" in str(refused.value)
+    assert build.run(progress=False).record.run_id == "same"
+    assert not (tmp_path / "out" / "same" / ".build.lock").exists()
+
+
+def test_two_runs_of_one_build_at_once_publish_it_once(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """The same race as the commands a person starts twice: one publishes; the other publishes too (it started
+    after) or steps aside in one line. Before the build's lease, both failed in 3 runs of 3 here."""
+    args = ["build", str(sample_corpus), "--output", str(tmp_path / "out"), "--tokenizer", str(sample_tokenizer)]
+    args += ["--build-id", "same", "--num-ranks", "4", "--parallel", "2", "--seed", "3"]
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda _: cli(*args), range(2)))
+    assert 0 in [d.returncode for d in done], [d.stderr[-500:] for d in done]
+    for other in done:
+        if other.returncode:
+            error = other.stderr.splitlines()[-1]
+            assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr
+            assert error.startswith(f"error: {tmp_path}/out/same/.build.lock: attempt ") and "is writing" in error
+    alone = [str(tmp_path / "alone") if arg == str(tmp_path / "out") else arg for arg in args]
+    assert cli(*alone).returncode == 0
+    records = [orjson.loads((tmp_path / out / "same" / "_BUILD.json").read_bytes()) for out in ("out", "alone")]
+    assert records[0]["digest"] == records[1]["digest"]
+
+
+@ON_BOTH_STORES
+def test_a_second_run_of_a_build_on_s3_steps_aside(s3, sample_corpus, sample_tokenizer) -> None:
+    """The build's lease on an object store: ``_leases/build.json`` in the run folder, created only if absent."""
+    config = BuildConfig(
+        input=str(sample_corpus), output="s3://corpus/out", tokenizer=str(sample_tokenizer), storage_options=s3.options
+    )
+    build = Build.start(config, "same")
+    refused = pytest.raises(AttemptConflict, match=r"^corpus/out/same/_leases/build.json: attempt .*\(first, ")
+    with leased(build.layout.run, BUILD_LEASE, new_holder("first")), refused:
+        Build.start(config, "same").run(progress=False)
+    assert build.run(progress=False).record.run_id == "same"
+    s3.fs.invalidate_cache()
+    assert not s3.fs.exists("corpus/out/same/_leases/build.json")
+
+
+def race_for_the_build(config: BuildConfig, build_id: str) -> list[str]:
+    """Two threads start one build at the same moment, then take its lease at the same moment, holding it until
+    both have tried: what each got ("held", or the refusal's message), the holder first."""
+    gate = threading.Barrier(2, timeout=30)
+
+    def start(_: int) -> str:
+        gate.wait()
+        build = Build.start(config, build_id)
+        gate.wait()
+        try:
+            with leased(build.layout.run, BUILD_LEASE, new_holder("racer")):
+                gate.wait()
+                return "held"
+        except AttemptConflict as refused:
+            gate.wait()
+            return str(refused)
+
+    with ThreadPoolExecutor(2) as pool:
+        return sorted(pool.map(start, range(2)), key=lambda outcome: outcome != "held")
+
+
+@ON_BOTH_STORES
+def test_runs_of_one_build_started_at_once_on_s3_claim_once_and_one_holds_it(s3, sample_corpus, sample_tokenizer):
+    """Two starts at the same moment: both find the one claim (the same plan), and of two leases taken at once,
+    one wins and the other is refused in one line, never a raw store error (the store's refusal of the loser's
+    conditional write was its context, and was reported in its place)."""
+    config = BuildConfig(
+        input=str(sample_corpus), output="s3://corpus/out", tokenizer=str(sample_tokenizer), storage_options=s3.options
+    )
+    for round in range(4):
+        outcomes = race_for_the_build(config, f"same-{round}")
+        assert outcomes[0] == "held" and " is writing this output" in outcomes[1], outcomes

@@ -320,7 +320,7 @@ def test_latest_resolves_from_anywhere_and_never_outside_the_output(tmp_path, mo
     the previous version's paths are read by their last segment; nothing outside the output is ever followed."""
     (tmp_path / "run").mkdir()
     monkeypatch.chdir(tmp_path / "run")
-    fake_build(Path("builds"), "qa%3Acol", DAY1, run_id="qa:col")  # a run id with a character that is encoded
+    fake_build(Path("builds"), "qa%3Acol", DAY1, run_id="qa:col")  # as an earlier version named its folder
     assert point_latest(Folder("builds")) == "builds/qa%3Acol"
     assert Path("builds/LATEST").read_text() == "qa%3Acol\n"
     monkeypatch.chdir(tmp_path)

@@ -94,7 +94,7 @@ def forged_sidecar(run_dir: Path, change) -> tuple[Path, str]:
             marker_path.write_text(json.dumps(marker, sort_keys=True))
     record_path = run_dir / "_BUILD.json"
     record = json.loads(record_path.read_text())
-    record["digest"] = dataset_digest(Folder(str(dataset)))
+    record["digest"] = dataset_digest(Folder(str(dataset)), record["tokenizer"]["sha256"])
     record_path.write_text(json.dumps(record, indent=2))
     return sidecar, sidecar.name.removesuffix(".source")
 

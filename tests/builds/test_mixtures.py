@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -18,14 +22,17 @@ from tests.support.corpus import write_jsonl
 from tests.support.tokenizers import EOS
 from tokenization import mixing, orderings
 from tokenization.builds.config import BuildConfig
+from tokenization.builds.plan import list_inputs
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
+from tokenization.inputs.sources import InputError
 from tokenization.records import Mixture, MixtureSource
 
 LETTERS = {"web": "abcdefg", "code": "hijklmn", "math": "opqrstu"}
 DOCS = {"web": 2000, "code": 300, "math": 1000}  # ~120 tokens a document; code must be repeated to reach its share
 WEIGHTS = {"web": 0.6, "code": 0.3, "math": 0.1}
+DEEP = "nested deeper than a mixture: a mapping of 'tokens' and 'sources', a list of mappings of numbers and strings"
 
 
 def write_sources(root: Path, docs: dict[str, int] = DOCS, seed: int = 0) -> dict[str, str]:
@@ -155,10 +162,144 @@ def test_a_source_too_small_for_its_share_is_refused_by_name(tmp_path, sample_to
     for rank in build.ranks:
         build.tokenize(rank, progress=False)
     has = sum(rank.sources[1].tokens for rank in (build.tokenize(r, progress=False).record for r in build.ranks))
-    refusal = rf"mixture source 'code' has {has:,} tokens, used at most 3 times: {3 * has:,}; .* needs 120,000 of"
-    with pytest.raises(mixing.MixtureError, match=refusal):
+    refusal = (
+        f"mixture source 'code' has {has:,} tokens, used at most 3 times: {3 * has:,}; its 0.6 of the weights needs "
+        "120,000 of the 200,000: lower its weight or the budget, or raise its max_repetition"
+    )
+    with pytest.raises(mixing.MixtureShortfall) as refused:  # a data error, not a usage one: no usage block
         build.merge(progress=False)
+    assert str(refused.value) == refusal and not isinstance(refused.value, UsageError)
     assert not list((Path(build.layout.merged.path)).glob("*.ds"))
+
+
+def test_a_source_the_ranks_kept_nothing_of_is_refused_by_name_before_the_merge(tmp_path, sample_tokenizer) -> None:
+    """A source whose files hold only empty documents: the merge refuses it by name, before a byte is written (it
+    wrote an empty merge, which verify then found wanting without naming the source)."""
+    inputs = write_sources(tmp_path / "data", {"web": 40, "code": 20, "math": 20})
+    write_jsonl(tmp_path / "empty" / "part-0.jsonl", [{"text": ""}] * 5)
+    build = Build.start(config(tmp_path, sample_tokenizer, spec(inputs | {"math": str(tmp_path / "empty")}, None)), "e")
+    for rank in build.ranks:
+        build.tokenize(rank, progress=False)
+    with pytest.raises(mixing.MixtureShortfall) as refused:
+        build.merge(progress=False)
+    assert str(refused.value) == (
+        "mixture source 'math' has no tokens: the ranks kept none of its documents (its files are empty, or every "
+        "document in them was empty or rejected)"
+    )
+    assert not list((Path(build.layout.merged.path)).glob("*.ds"))
+
+
+def test_a_target_no_document_fits_is_refused_by_name_before_the_merge(tmp_path, sample_tokenizer) -> None:
+    """A budget of 3 tokens at equal weights: each source's target (one token) is less than half its shortest
+    document, so none would be chosen and the merge would be empty."""
+    inputs = write_sources(tmp_path / "data", {"web": 40, "code": 20, "math": 20})
+    mixture = spec(inputs, 3)
+    for source in mixture["sources"]:
+        source["weight"] = 1
+    build = Build.start(config(tmp_path, sample_tokenizer, mixture), "tiny")
+    for rank in build.ranks:
+        build.tokenize(rank, progress=False)
+    with pytest.raises(mixing.MixtureShortfall) as refused:
+        build.merge(progress=False)
+    shortest = r"\(its shortest document has \d+\): raise tokens or its weight"
+    assert re.fullmatch(rf"mixture source 'web': no document fits its target of 1 token {shortest}", str(refused.value))
+
+
+def test_a_late_refusal_is_one_line_without_the_usage(tmp_path, sample_tokenizer) -> None:
+    """``tokenization build`` of a source too small for its share: one line and status 1, not the command's
+    25-line usage (a data error found after tokenizing is no usage error)."""
+    inputs = write_sources(tmp_path / "data", {"web": 40, "code": 20, "math": 20})
+    mixture = spec(inputs, 100_000)
+    (tmp_path / "mix.json").write_text(json.dumps(mixture))
+    command = ["build", "--mixture", str(tmp_path / "mix.json"), "--output", str(tmp_path / "out"), "--tokenizer"]
+    command += [str(sample_tokenizer), "--eos-token", EOS, "--num-ranks", "1", "--build-id", "late"]
+    done = subprocess.run([sys.executable, "-m", "tokenization.cli", *command], capture_output=True, text=True)
+    last = done.stderr.strip().splitlines()[-1]
+    assert (done.returncode, "usage:" in done.stderr) == (1, False), done.stderr
+    assert last.startswith("error: mixture source 'web' has ") and last.endswith("or raise its max_repetition")
+
+
+@pytest.mark.parametrize("empty", [False, True])
+def test_a_source_with_no_input_files_is_refused_by_name_at_plan(tmp_path, sample_tokenizer, empty) -> None:
+    """A source whose folder holds no input file, or only files of 0 bytes: refused at plan, naming it."""
+    inputs = write_sources(tmp_path / "data", {"web": 40, "code": 20, "math": 20})
+    (tmp_path / "none").mkdir()
+    if empty:
+        (tmp_path / "none" / "a.jsonl").write_bytes(b"")
+    mixture = spec(inputs | {"math": str(tmp_path / "none")}, None)
+    with pytest.raises(InputError) as refused:
+        Build.start(config(tmp_path, sample_tokenizer, mixture), "none")
+    held = f"{tmp_path}/none holds only empty files (1 input file of 0 bytes): no documents"
+    assert (
+        str(refused.value) == f"mixture source 'math': {held if empty else f'no input files found in {tmp_path}/none'}"
+    )
+    assert not (tmp_path / "out" / "none").exists()
+
+
+def test_a_spec_files_relative_inputs_are_relative_to_its_folder(tmp_path, sample_tokenizer, monkeypatch) -> None:
+    """A spec means the same files wherever it is run from: a relative local input from the spec's folder; a URL, an
+    absolute path and a home-relative one as given. A spec given inline (the DAG's param) has no folder: its paths
+    stay relative to the working directory."""
+    inputs = write_sources(tmp_path / "specs" / "data", {"web": 40, "code": 20, "math": 20})
+    (tmp_path / "specs" / "mix.yaml").write_text(
+        "sources:\n"
+        "  - {name: web, input: data/web/, weight: 1}\n"
+        "  - {name: code, input: ./data/code, weight: 1}\n"
+        "  - {name: math, input: ../specs/data/math/*.jsonl, weight: 1}\n"
+        "  - {name: far, input: 's3://bucket/far/', weight: 1}\n"
+        "  - {name: home, input: ~/corpus, weight: 1}\n"
+        "  - {name: root, input: /corpus/root, weight: 1}\n"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    data = mixing.load_mixture_file("../specs/mix.yaml")
+    specs = tmp_path / "specs"
+    assert [source["input"] for source in data["sources"]] == [
+        f"{specs}/data/web/",
+        f"{specs}/data/code",
+        f"{specs}/data/math/*.jsonl",
+        "s3://bucket/far/",
+        "~/corpus",
+        "/corpus/root",
+    ]
+    data["sources"] = data["sources"][:3]
+    built = config(tmp_path, sample_tokenizer, data)
+    listing, _ = list_inputs(built.inputs, built.source_names, None)
+    assert [Path(f.url).relative_to(Path(inputs["web"]).parent).as_posix() for f in listing.files] == [
+        f"{name}/part-{part}.jsonl" for name in LETTERS for part in range(2)
+    ]
+    inline = config(tmp_path, sample_tokenizer, {"sources": [{"name": "web", "input": "data/web", "weight": 1}]})
+    assert inline.inputs == ["data/web"]
+
+
+def test_a_spec_at_a_url_has_its_relative_inputs_under_its_folder() -> None:
+    """A mixture file on a store (the DAG's ``mixture_file``): its relative inputs are URLs under its folder."""
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file("/specs/night/mix.yaml", b"sources:\n  - {name: web, input: ../data/web/, weight: 1e-1}\n")
+    data = mixing.load_mixture_file("memory://specs/night/mix.yaml")
+    assert data["sources"] == [{"name": "web", "input": "memory://specs/data/web/", "weight": 0.1}]
+
+
+def test_a_remix_the_cache_can_tell_is_too_small_is_refused_at_plan(tmp_path, sample_tokenizer) -> None:
+    """Every file of the sources in the cache (an earlier build's): a re-mix that asks more of code than its tokens
+    allow is refused when the build is made, before any rank tokenizes, with the merge's words; a source only partly
+    in the cache is left to the merge."""
+    inputs = write_sources(tmp_path / "data", {"web": 200, "code": 60, "math": 100})
+    first = in_process(Build.start(config(tmp_path, sample_tokenizer, spec(inputs, 5_000)), "first")).record
+    code = next(account for account in first.mixture or [] if account.name == "code")
+    remix = spec(inputs, 35_000)
+    for source, weight in zip(remix["sources"], (0.2, 0.7, 0.1), strict=True):
+        source["weight"] = weight
+    with pytest.raises(mixing.MixtureShortfall) as refused:
+        Build.start(config(tmp_path, sample_tokenizer, remix), "remix")
+    assert str(refused.value) == (
+        f"mixture source 'code' has {code.tokens_available:,} tokens, used at most 3 times: "
+        f"{3 * code.tokens_available:,}; its 0.7 of the weights needs 24,500 of the 35,000: lower its weight or the "
+        "budget, or raise its max_repetition"
+    )
+    assert not (tmp_path / "out" / "remix").exists()  # refused before the run claimed its folder
+    write_jsonl(tmp_path / "data" / "code" / "part-2.jsonl", [{"text": "hij klm"}])  # code not wholly cached now
+    Build.start(config(tmp_path, sample_tokenizer, remix), "unknown")  # left to the merge
 
 
 def test_a_remix_tokenizes_nothing_and_the_same_spec_gives_the_same_bytes(tmp_path, sample_tokenizer) -> None:
@@ -225,6 +366,93 @@ def test_a_bad_mixture_file_is_one_line_naming_the_file(tmp_path, text, message)
     path.write_text(text)
     with pytest.raises(mixing.MixtureError, match=rf"^{tmp_path}/mix.yaml: .*{message}"):
         mixing.load_mixture_file(str(path))
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("mix.json", '{"sources": [{"name": "web", "input": "/x", "weight": 1e-1}]}', None),
+        ("mix.yaml", "sources:\n  - {name: web, input: /x, weight: 1e-3}", None),
+        ("mix.yaml", "tokens: 5e4\nsources:\n  - {name: web, input: /x, weight: 1E+2}", None),
+        ("mix.json", '{"tokens": 5e4, "sources": [{"name": "web", "input": "/x", "weight": 1e2}]}', None),
+        (
+            "mix.yaml",
+            "tokens: 5.5e0\nsources:\n  - {name: web, input: /x, weight: 1}",
+            "tokens is 5.5: a budget is a whole number of tokens",
+        ),
+        ("mix.json", '{"tokens": 1', "not JSON: line 1, column 13: Expecting ',' delimiter"),
+    ],
+)
+def test_mixture_numbers_are_read_as_json_and_yaml_1_2_read_them(tmp_path, name, text, message) -> None:
+    """An exponent is a number in JSON and in YAML 1.2 (YAML 1.1's resolver read ``1e-3`` as a string); a budget
+    written as one is a whole number, or refused."""
+    path = tmp_path / name
+    path.write_text(text)
+    if message is not None:
+        with pytest.raises(mixing.MixtureError) as refused:
+            mixing.load_mixture_file(str(path))
+        assert str(refused.value) == f"{path}: {message}"
+        return
+    data = mixing.load_mixture_file(str(path))
+    mixture = mixing.read_mixture(data, name)
+    assert mixture.sources[0].weight in (0.1, 0.001, 100.0)
+    assert data.get("tokens") in (None, 50_000) and isinstance(data.get("tokens", 0), int)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "sources:\n  - {name: web, input: /x, weight: 1, max_repetition: 1e12}",
+            "source 'web': max_repetition 1e+12 is above 1,000, the most a source's documents may be used",
+        ),
+        (
+            "tokens: 1e16\nsources:\n  - {name: web, input: /x, weight: 1}",
+            "tokens is 10,000,000,000,000,000: a budget is at most 1,000,000,000,000,000 tokens (10^15)",
+        ),
+        (
+            "sources:\n  - {name: a, input: /x, weight: 1e308}\n  - {name: b, input: /x, weight: 1e308}",
+            "the weights add up past the largest number: scale them down",
+        ),
+        (
+            "tokens: 1\nsources:\n  - {name: web, input: /x, weight: 1}\n  - {name: code, input: /y, weight: 1}",
+            "source 'code': its share (weight 1) of a budget of 1 token rounds to 0 tokens: raise tokens or its weight",
+        ),
+        (
+            "sources: " + "[" * 5000 + "]" * 5000,
+            DEEP,
+        ),
+        (
+            "sources:\n  - {name: web, input: " + "[" * 300 + "]" * 300 + ", weight: 1}",
+            DEEP,
+        ),
+        (
+            "sources: &loop\n  - *loop",
+            DEEP,
+        ),
+        (
+            "sources:\x00\n",
+            "not YAML or JSON: line 1, column 9: the character U+0000: special characters are not allowed",
+        ),
+    ],
+)
+def test_a_mixture_past_its_bounds_is_one_line_where_it_is_read(tmp_path, text, message) -> None:
+    """A repetition or a budget no merge could hold (a 1e12 repetition asked 427 TiB after every rank tokenized), a
+    source with no share of the budget, a spec nested past Python's stack or holding itself, a NUL: each one line
+    naming the file, before any work."""
+    path = tmp_path / "mix.yaml"
+    path.write_text(text)
+    with pytest.raises(mixing.MixtureError) as refused:
+        mixing.load_mixture_file(str(path))
+    assert str(refused.value) == f"{path}: {message}"
+
+
+def test_a_deep_json_mixture_is_one_line(tmp_path) -> None:
+    path = tmp_path / "mix.json"
+    path.write_text('{"sources": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(mixing.MixtureError) as refused:
+        mixing.load_mixture_file(str(path))
+    assert str(refused.value) == f"{path}: {DEEP}"
 
 
 def test_uses_come_within_one_mean_document_of_any_target_on_web_lengths() -> None:

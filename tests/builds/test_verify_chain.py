@@ -127,7 +127,7 @@ def test_a_dataset_forged_with_its_records_and_digest_fails_on_what_the_build_re
     marker_path.write_text(json.dumps(marker, sort_keys=True))
     build_path = run_dir / "_BUILD.json"
     record = json.loads(build_path.read_text())
-    record["digest"] = dataset_digest(Folder(str(context)))
+    record["digest"] = dataset_digest(Folder(str(context)), record["tokenizer"]["sha256"])
     build_path.write_text(json.dumps(record, indent=2))
     assert verified(context)[0] == 0  # the dataset's folder alone holds what its records say
     status, lines = verified(run_dir)

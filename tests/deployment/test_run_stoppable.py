@@ -4,11 +4,15 @@ of their own, some slow to stop), and nothing is left running. A dummy process t
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.support.paths import ROOT
 from tests.support.processes import wait_for
@@ -17,8 +21,9 @@ WRAPPER = ROOT / "scripts" / "run_stoppable.py"
 TREE = """
 import os, signal, subprocess, sys, time
 role, out = sys.argv[1], sys.argv[2]
-if role == "leader":  # standalone: starts its components, and on SIGINT stops the one it can
-    children = [subprocess.Popen([sys.executable, __file__, child, out]) for child in ("component", "task", "stubborn")]
+if role in ("leader", "standalone"):  # standalone: starts its components, and on SIGINT stops the one it can
+    kinds = ("component", "task", "stubborn") if role == "leader" else ("component",)  # (a quick one: no stragglers)
+    children = [subprocess.Popen([sys.executable, __file__, child, out]) for child in kinds]
     with open(os.path.join(out, role + ".pid"), "w") as f:
         f.write(str(os.getpid()))
     try:
@@ -95,9 +100,68 @@ def test_sigterm_stops_it_too(tmp_path) -> None:
     assert wrapper.returncode == 130 and [role for role, pid in tree.items() if alive(pid)] == []
 
 
+def test_it_stops_everything_when_no_one_reads_its_messages_any_more(tmp_path) -> None:
+    """Its stderr's reader gone (a supervisor that stopped reading, a test that timed out), a message it wrote while
+    stopping raised BrokenPipeError, and the runner died, leaving the command running."""
+    wrapper = start(tmp_path, "leader")
+    tree = pids(tmp_path, ("leader", "component", "task", "stubborn"))
+    wrapper.stderr.close()
+    wrapper.send_signal(signal.SIGTERM)
+    wrapper.wait(timeout=30)
+    assert wrapper.returncode == 130 and [role for role, pid in tree.items() if alive(pid)] == []
+
+
 def test_what_a_command_leaves_behind_when_it_exits_is_stopped_and_its_status_kept(tmp_path) -> None:
     wrapper = start(tmp_path, "exits")
     leftover = pids(tmp_path, ("leftover",))["leftover"]
     _, stderr = wrapper.communicate(timeout=30)
     assert wrapper.returncode == 3 and not alive(leftover)
     assert "SIGTERM to 1 process(es)" in stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_make_airflows_own_pid_stops_every_process(tmp_path, sig) -> None:
+    """Issue 54: ``kill -INT`` of ``make airflow``'s pid stopped nothing (12 processes still there after 100 s): make
+    forwards no SIGINT, and waits for its children. Stopped as a supervisor stops it, the signal to make's pid
+    alone: the Makefile's own recipe and runner, a stand-in for ``airflow standalone``."""
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    (tmp_path / "home").mkdir()
+    settings = [
+        f"AIRFLOW_LOCAL_HOME={tmp_path / 'home'}",
+        f"AIRFLOW_SERVER={sys.executable} {script} standalone {tmp_path}",
+    ]
+    make = subprocess.Popen(
+        ["make", "-s", "-o", "airflow-init", "airflow", *settings],  # -o: not its set-up (uv sync, db migrate)
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a group of make's own, as a supervisor starts it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # (a background job starts with it ignored)
+    )
+    session = os.getsid(pids(tmp_path, ("standalone", "component"))["standalone"])  # the runner's child's own
+    ours = lambda pid: os.getpgid(pid) == make.pid or os.getsid(pid) == session  # noqa: E731
+    group = members(ours)
+    assert make.pid in group and len(group) == 4, group  # make, the runner (make's exec'd child), standalone, its part
+    os.kill(make.pid, sig)
+    try:
+        _, stderr = make.communicate(timeout=30)
+    finally:  # nothing left behind, even by a failure
+        for pid in members(ours):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert make.returncode == -sig, stderr  # make re-raises the signal once its child is done
+    assert f"stopping {sys.executable} and every process" in stderr and [pid for pid in group if alive(pid)] == []
+
+
+def members(belongs) -> list[int]:
+    """The live processes for which ``belongs(pid)`` holds."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and alive(int(entry.name)) and belongs(int(entry.name)):
+                found.append(int(entry.name))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return found

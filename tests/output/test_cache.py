@@ -522,6 +522,20 @@ def test_prune_and_list_refuse_a_folder_that_is_no_cache_and_touch_nothing_in_it
     assert listed.returncode == 1 and "not a tokenization cache" in listed.stderr and listed.stdout == ""
 
 
+@pytest.mark.parametrize("loop", ["mine", "mine/_CACHE.json"])
+def test_list_and_prune_of_a_symbolic_link_loop_say_so_in_one_line(tmp_path, loop) -> None:
+    """Issue 51: a loop as the cache's folder, or as its own file, was an OSError traceback."""
+    if loop != "mine":
+        (tmp_path / "mine").mkdir()
+    (tmp_path / loop).symlink_to(Path(loop).name)
+    for action in (["list"], ["prune", "--max-size", "0"]):
+        done = cli("cache", *action, str(tmp_path / "mine"))
+        assert done.returncode == 1 and done.stderr == (
+            f"error: {tmp_path}/mine/_CACHE.json: not a valid cache's own file: a symbolic link loop is on its path; "
+            "a tokenization cache is a folder with a valid one\n"
+        )
+
+
 def test_cleaning_a_cache_removes_only_what_its_own_names_describe(tmp_path, sample_tokenizer) -> None:
     source = corpus(tmp_path / "corpus", files=2)
     location = tmp_path / "cache"

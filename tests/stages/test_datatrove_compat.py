@@ -86,6 +86,20 @@ def test_sample_doc_shuffle_with_loss(tmp_path, sample_corpus, sample_tokenizer)
     assert_same_files(tmp_path / "ours", tmp_path / "dt")
 
 
+def test_a_tokenizer_path_through_a_symlink_is_written_as_datatrove_writes_it(
+    tmp_path, sample_corpus, sample_tokenizer
+) -> None:
+    """datatrove writes the tokenizer's path as given; a link to the sample's folder is how a Hugging Face hub
+    cache, or a clone whose ../shared is a link, names it."""
+    linked = tmp_path / "link"
+    linked.symlink_to(sample_tokenizer.parent, target_is_directory=True)
+    tokenizer = linked / sample_tokenizer.name
+    run_datatrove(sample_corpus, tmp_path / "dt", tokenizer, 1, seed=7)
+    run([sample_corpus], tmp_path / "ours", tokenizer, seed=7, special_text="special")
+    assert_same_files(tmp_path / "ours", tmp_path / "dt", (".ds", ".ds.index", ".ds.metadata"))
+    assert (tmp_path / "ours" / "00000_00000_doc_shuffled.ds.metadata").read_text().startswith(f"{tokenizer}|2\n")
+
+
 def test_sample_chunk_shuffle_matches_when_the_tail_is_dropped(tmp_path, sample_corpus, sample_tokenizer) -> None:
     run_datatrove(sample_corpus, tmp_path / "dt", sample_tokenizer, 1, seed=99, shuffle_chunk_size=512)
     run(

@@ -96,6 +96,26 @@ def test_validation_refuses_mixed_or_broken_inputs(tmp_path) -> None:
     assert file_bytes(tmp_path / "out") == before  # refused before anything was written
 
 
+def test_ranks_that_typed_one_tokenizer_otherwise_merge_and_other_tokenizers_do_not(
+    tmp_path, sample_corpus, sample_tokenizer, monkeypatch
+) -> None:
+    """A rank's metadata names the tokenizer as typed: ranks tokenized by hand, one with a relative path and one
+    with the absolute one, hold one tokenizer (their manifests record one sha256) and merge, the merge naming it as
+    the first does."""
+    monkeypatch.chdir(sample_tokenizer.parent.parent)
+    relative = f"{sample_tokenizer.parent.name}/{sample_tokenizer.name}"
+    for rank, tokenizer in enumerate([relative, str(sample_tokenizer)]):
+        run([sample_corpus], tmp_path / "in", tokenizer, rank=rank, world_size=2, seed=1)
+    merged(tmp_path / "in", tmp_path / "out")
+    assert (tmp_path / "out" / "merged.ds.metadata").read_text().startswith(f"{relative}|2\n")
+    manifest = tmp_path / "in" / "_manifests" / "00001.json"
+    record = json.loads(manifest.read_text())
+    record["tokenizer"]["sha256"] = "0" * 64  # as another tokenizer's rank would record it
+    manifest.write_text(json.dumps(record))
+    with pytest.raises(TokenFileError, match="inputs were tokenized with different tokenizers"):
+        merged(tmp_path / "in", tmp_path / "again")
+
+
 def test_open_files_stay_bounded(tmp_path, monkeypatch) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 6, 40)
     merged(inputs, tmp_path / "wide", seed=5, save_loss=True)

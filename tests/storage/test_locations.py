@@ -95,9 +95,9 @@ def test_a_symlinked_file_in_an_allowed_folder_is_checked_where_it_leads(allowed
     builds = tmp_path / "builds"
     secret = write(tmp_path / "secret" / "leak.jsonl")
     write(builds / "a.jsonl")
-    for name in ("leak.jsonl", "nested/leak2.jsonl"):
+    for name in ("leak.jsonl", "nested/leak2.jsonl"):  # two links to one file would be one input file
         (builds / name).parent.mkdir(parents=True, exist_ok=True)
-        (builds / name).symlink_to(secret)
+        (builds / name).symlink_to(write(tmp_path / "secret" / Path(name).name))
     urls = [f.url for f in list_input_files([str(builds)]).files]
     assert len(urls) == 3 and allowed.allows(str(builds))
     with pytest.raises(LocationError) as refused:

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.corpus import write_jsonl
 from tests.support.tokenizers import EOS
+from tokenization import progress
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.merge import MergeConfig, merge
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
@@ -58,6 +59,7 @@ def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer,
     )
     tokenize_rank(config, progress=1e-9)
     lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress"]
+    assert re.fullmatch(r"rank 0: 0\.0% of [\d.]+ kB, ETA unknown", lines.pop(0))  # as it starts: no counts yet
     pattern = LINE.format(unit="B|kB|MB", counts="docs, [\\d,]+ tokens")
     assert len(lines) > 5 and all(re.fullmatch(pattern, line) for line in lines), lines
     assert lines[-1].startswith("rank 0: 100.0% of ") and " 308 docs, 64,522 tokens, " in lines[-1]
@@ -67,9 +69,25 @@ def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer,
     caplog.clear()
     merge(MergeConfig(input=str(tmp_path / "ranks"), output=str(tmp_path / "merged"), save_filename="m"), 1e-9)
     lines = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress"]
+    assert lines.pop(0) == "merge m: 0.0% of 64,522 tok, ETA unknown"
     pattern = LINE.format(unit="tok", counts="units, [\\d,]+ tokens")
     assert lines and all(re.fullmatch(pattern, line) for line in lines), lines
     assert lines[-1].startswith("merge m: 100.0% of 64,522 tok, 308 units, 64,522 tokens, ")
+
+
+def test_a_short_stage_logs_as_it_starts_and_then_sooner_than_the_interval(caplog, monkeypatch) -> None:
+    """Issue 54: a stage under 30 s showed only its final line in a task log. Its first line comes at the start,
+    the next ones 2, 4, 8, 16 s apart, then every ``progress_seconds``."""
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.INFO, logger="tokenization.progress")
+    with progress.Progress("rank 0", 100, "B", 30) as shown:
+        for second in range(1, 90):
+            now[0] = 100.0 + second
+            shown.update(second, docs=second)
+    at = [float(r.getMessage().split(", ")[1].split()[0]) for r in caplog.records[1:-1]]  # the docs, one a second
+    assert caplog.records[0].getMessage() == "rank 0: 0.0% of 100 B, ETA unknown"
+    assert at == [2, 6, 14, 30, 60] and "(done in 89.0s)" in caplog.records[-1].getMessage()
 
 
 LINE = (

@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 
 from tokenization.builds.plan import unread_or_reread
+from tokenization.formats.ds import named_by_content
 from tokenization.formats.names import BUCKET_FOLDER, rank_stem
 from tokenization.output import manifest
 from tokenization.output.runs import BuildError
@@ -302,11 +303,20 @@ def rank_manifests(ranks: Folder, num_ranks: int) -> list[RankManifest]:
     return found
 
 
-def dataset_digest(dataset: Folder) -> str:
-    """One sha256 for a whole dataset, from the checksums its manifests record: equal digests, equal bytes."""
+def dataset_digest(dataset: Folder, tokenizer_sha256: str | None) -> str:
+    """One sha256 for a whole dataset, from the checksums its manifests record, but for each ``.ds.metadata``, which
+    it takes as naming the tokenizer by ``tokenizer_sha256`` (``ds.named_by_content``): equal digests, equal bytes
+    but for how the tokenizer's path was typed. Without a sha256 (or for a metadata file that cannot be read), the
+    checksums as recorded: the digest of the bytes themselves, which builds published before recorded."""
     entries = manifest.output_entries(dataset)
-    pairs = sorted((name, info.sha256) for d in entries.values() for name, info in d.entry.files.items())
-    return hashlib.sha256(orjson.dumps(pairs)).hexdigest()
+    sums = {name: info.sha256 for d in entries.values() for name, info in d.entry.files.items()}
+    if tokenizer_sha256 is not None:
+        named = [name for name in sums if name.endswith(".metadata")]
+        for batch in in_batches(named):
+            for name, data in dataset.read_many(batch).items():
+                if data is not None:
+                    sums[name] = hashlib.sha256(named_by_content(data, tokenizer_sha256)).hexdigest()
+    return hashlib.sha256(orjson.dumps(sorted(sums.items()))).hexdigest()
 
 
 def mixture_accounts(

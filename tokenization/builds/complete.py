@@ -92,6 +92,8 @@ class Published:
             mixture=None
             if record.mixture is None
             else [SourceShare(name=a.name, target=a.target, share=a.share) for a in record.mixture],
+            started=record.started,
+            wall_seconds=record.wall_seconds,
         )
 
 
@@ -239,7 +241,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         conservation=balance,
         token_flow=accounting.token_flow(balance.tokens, stages, checked.tokens),
         tokens=checked.tokens,
-        digest=accounting.dataset_digest(dataset),
+        digest=accounting.dataset_digest(dataset, recorded.record.tokenizer.sha256),
         files=token_file_names(dataset.list()),
         stages=stages,
         verify=VerifySummary(ok=checked.ok, files=checked.files, tokens=checked.tokens, notes=checked.notes),

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tokenization.errors import MissingError, TokenizationError, UsageError
-from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, folder_for, read_build
+from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, folder_for, percent_encoded_name, read_build
 from tokenization.records import BuildRecord, RecordError, RunClaim
 from tokenization.storage.files import fresh_listing
 from tokenization.storage.folder import Folder, PutMode, UpdateIf
 
-LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_for encodes a leading dot)
+LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_name replaces a leading dot)
 SWAP_ATTEMPTS = 20  # each a read, a listing and a conditional PUT: only a publish racing others ever retries
 
 log = logging.getLogger(__name__)
@@ -248,9 +248,12 @@ def _started(started: str, where: str) -> datetime:
 
 
 def _owns(output: Folder, name: str, run_id: object) -> bool:
-    """Whether ``run_id`` is a run id whose folder under ``output`` is ``name``."""
+    """Whether ``run_id`` is a run id whose folder under ``output`` is ``name`` (as this version names it, or as
+    earlier ones did: ``percent_encoded_name``)."""
     try:
-        return isinstance(run_id, str) and folder_for(output.url, run_id) == output.url_of(name)
+        return isinstance(run_id, str) and (
+            folder_for(output.url, run_id) == output.url_of(name) or name == percent_encoded_name(run_id)
+        )
     except UsageError:  # a run id that names no folder of its own ("", "..", LATEST)
         return False
 

@@ -14,18 +14,18 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
 import orjson
 
-from tokenization.inputs.sources import InputListing, difference, list_input_files, split_files
+from tokenization.inputs.sources import InputError, InputListing, difference, file_key, list_input_files, split_files
 from tokenization.mixing import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
 from tokenization.records import BuildSpec, InputFile, PlannedInputs, PlannedTokenizer, PlanRecord, RunClaim
-from tokenization.storage.files import StorageOptions, join
+from tokenization.storage.files import StorageOptions, join, open_fs
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
 
@@ -216,20 +216,36 @@ def list_inputs(
     inputs: list[str], names: list[str] | None, storage_options: StorageOptions | None, quiet: bool = False
 ) -> tuple[InputListing, list[int] | None]:
     """A build's input files: its input's listing; or, for a mixture (each source's ``inputs``, its ``names``), each
-    source's listing in turn, with each file's source. A file listed by two sources is refused: a document belongs
-    to one."""
+    source's listing in turn, with each file's source. A file that two sources reach, by one path or two (a
+    symlink, a hard link, ``..``: ``sources.file_key``), is refused: a document belongs to one."""
     if names is None:
         return list_input_files(inputs, storage_options, quiet), None
-    listings = [list_input_files([spec], storage_options, quiet) for spec in inputs]
-    owner: dict[str, int] = {}
+    listings = [_source_listing(spec, name, storage_options, quiet) for spec, name in zip(inputs, names, strict=True)]
+    owner: dict[Hashable, tuple[int, str]] = {}
     for source, listing in enumerate(listings):
         for file in listing.files:
-            if (first := owner.setdefault(file.url, source)) != source:
-                raise MixtureError(
-                    f"{file.url} is in mixture sources {names[first]!r} and {names[source]!r}: a file belongs to one "
-                    "source; narrow their inputs"
+            first, url = owner.setdefault(file_key(*open_fs(file.url, storage_options), file), (source, file.url))
+            if first != source:
+                where = (
+                    f"{url} is in mixture sources {names[first]!r} and {names[source]!r}"
+                    if url == file.url
+                    else f"{url} of mixture source {names[first]!r} and {file.url} of {names[source]!r} are one file"
                 )
+                raise MixtureError(f"{where}: a file belongs to one source; narrow their inputs")
     files = [file for listing in listings for file in listing.files]
     skipped = [name for listing in listings for name in listing.skipped]
     merged = InputListing(files, skipped, sum(listing.hidden for listing in listings))
     return merged, [source for source, listing in enumerate(listings) for _ in listing.files]
+
+
+def _source_listing(spec: str, name: str, storage_options: StorageOptions | None, quiet: bool) -> InputListing:
+    """A mixture source's input files; a listing error names the source, and so does a source whose files are all
+    empty (0 bytes): it could only be found after every rank tokenized, as an empty mixture."""
+    try:
+        listing = list_input_files([spec], storage_options, quiet)
+    except InputError as exc:
+        raise InputError(f"mixture source {name!r}: {exc}") from None
+    if not any(file.size for file in listing.files):
+        files = counted(len(listing.files), "input file")
+        raise InputError(f"mixture source {name!r}: {spec} holds only empty files ({files} of 0 bytes): no documents")
+    return listing

@@ -31,17 +31,20 @@ from tokenization.builds import accounting, complete
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import Plan, Run, list_inputs
+from tokenization.builds.shortfall import refuse_foreseen
 from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
 from tokenization.inputs.sources import idle_ranks, with_content
 from tokenization.output import manifest
+from tokenization.output.attempts import leased, new_holder
 from tokenization.output.cache import OFF, Cache
 from tokenization.output.manifest import StageResult
 from tokenization.output.runs import (
     BUILD_MANIFEST,
     BuildError,
     Layout,
+    PlanConflict,
     claim,
     folder_for,
     read_claim,
@@ -61,6 +64,8 @@ from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
+BUILD_LEASE = "build"  # the lease a whole run of a build holds in its run folder (``.build.lock``, or on S3
+# ``_leases/build.json``), beside those of its steps' outputs in the stage folders
 DATASET_NAME = "corpus"  # the merged files are NNN_corpus.ds
 PROBLEMS_LOGGED = 50
 ARRIVED_LISTED = 100  # input files that arrived after the plan, named in the build record (then a count)
@@ -100,6 +105,8 @@ class Build:
         proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned, sources)
         if config.cache_folder:  # before the run's claim: a folder that is no cache is refused first
             Cache(config.cache_folder).claim()
+            if planned is not listing:  # a new plan (a re-run's was checked when it was new)
+                refuse_foreseen(config, proposed, encoder, Cache(config.cache_folder))
         run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts()))
         if run.plan.digest != proposed.digest:
             run.plan.refuse_another(proposed, listing, run_dir.url)
@@ -120,8 +127,15 @@ class Build:
     @classmethod
     def of(cls, config: BuildConfig, spec: object, where: str) -> Build:
         """The build a later step is handed: its config, and the spec that ``start`` made (``run.spec``), read from
-        its JSON (``where`` it was found, for messages) and held against the run's claim."""
-        return cls(config, Run.of(BuildSpec.from_json(spec, where), config.storage_options))
+        its JSON (``where`` it was found, for messages) and held against the run's claim. Its mixture must be the
+        planned one: a step reads the mixture's file again (Airflow's ``mixture_file``), which may have changed."""
+        run = Run.of(BuildSpec.from_json(spec, where), config.storage_options)
+        if config.mixture != (planned := run.plan.record.params.get("mixture")):
+            raise PlanConflict(
+                f"{run.run_dir} was planned with another mixture (its file changed since?): {config.mixture!r} "
+                f"(planned {planned!r}). A build id resumes only its own plan: run this mixture under a new build id"
+            )
+        return cls(config, run)
 
     @staticmethod
     def run_dir_of(spec: object, where: str) -> str:
@@ -297,10 +311,12 @@ class Build:
         context shards (as processes too), then publish (keeping ``keep`` complete builds, when given). A step
         that fails stops the build; running it again with the same build id keeps the complete ranks, resumes the
         merge after its last published file, and redoes the rest, with the same bytes; a build already published
-        is returned as it is (``publish``)."""
-        if self.published() is None:
-            self._steps(parallel, progress)
-        return self.publish(keep)
+        is returned as it is (``publish``). One run of a build at a time: a second one started meanwhile steps aside
+        at once, naming the first (``BUILD_LEASE``), where the two would each undo the other's ranks."""
+        with leased(self.layout.run, BUILD_LEASE, new_holder("tokenization build")):
+            if self.published() is None:
+                self._steps(parallel, progress)
+            return self.publish(keep)
 
     def _steps(self, parallel: int, progress: ProgressMode) -> None:
         """Every step but publish: the ranks not complete yet, the merge, the context shards. A rank whose shard is

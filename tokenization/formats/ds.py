@@ -108,11 +108,14 @@ class Metadata:
             raise TokenFileError(f"{source}: not a token-file metadata ({text[:80]!r})") from exc
 
 
-def metadata_name(tokenizer: str) -> str:
-    """The tokenizer as a family's metadata names it (datatrove's ``tokenizer_name_or_path``): a local path resolved
-    (absolute, symlinks followed), so that the files' bytes, and a build's digest, do not depend on how its path was
-    typed (``sample/tokenizer.json``, ``./sample/tokenizer.json`` or an absolute path); a URL or hub name as given."""
-    return os.path.realpath(tokenizer) if "://" not in tokenizer and os.path.exists(tokenizer) else tokenizer
+def named_by_content(metadata: bytes, tokenizer_sha256: str) -> bytes:
+    """A family's metadata as the dataset's digest covers it: its first line naming the tokenizer by its sha256
+    instead of as it was typed (datatrove writes the name or path given, so ``sample/tokenizer.json``, its absolute
+    path and a symlink to it write three first lines for one tokenizer); the token size and every other line as
+    written. Bytes that are no metadata are left as they are."""
+    first, newline, rest = metadata.partition(b"\n")
+    _, bar, size = first.rpartition(b"|")
+    return b"sha256:%s|%s%s%s" % (tokenizer_sha256.encode(), size, newline, rest) if bar else metadata
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,7 @@ class TokenFileWriter(FinishOrAbandon):
         self.path = Path(path)
         self.observe = observe
         self.dtype = token_dtype(token_size)
-        self.metadata_name = metadata_name(tokenizer)
+        self.metadata_name = tokenizer  # as given, as datatrove writes it
         self.token_size = token_size
         self.tokens = 0
         self.index_entries = 0

@@ -6,12 +6,14 @@ Every line or row read ends up as exactly one of: a :class:`Record` (which may h
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import logging
 import os
+import stat
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from gzip import BadGzipFile
@@ -26,7 +28,7 @@ from tokenization.inputs.parts import Window, line_span, row_groups
 from tokenization.records import FilePart, InputFile, Rejected
 from tokenization.rendering.renderer import MISSING, Renderer, get_field, no_loss_ranges, text_field
 from tokenization.storage.files import StorageOptions, file_sha256, is_local, map_concurrently, open_fs
-from tokenization.storage.locations import GLOB_CHARS, glob_folder
+from tokenization.storage.locations import GLOB_CHARS, glob_folder, resolve
 from tokenization.wording import counted
 
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
@@ -56,6 +58,73 @@ class InputListing:
     files: list[InputFile]
     skipped: list[str]
     hidden: int
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFile:
+    """A local file as ``stat`` sees it through its links: what it is (``device`` and ``inode``: every path to one
+    file, a symlink, a hard link or a ``..``, gives the same pair), and what tells a change (``size``, ``mtime_ns``,
+    ``ctime_ns``). Only a regular file is one (``of``)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, path: str) -> LocalFile:
+        """The regular file at ``path`` (links followed), or :class:`InputError` saying what else is there: a device
+        or a FIFO would be read forever, a link loop or a dangling link not at all."""
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise InputError(f"{_shown(path)} {_unreachable(path, exc)}; {ONLY_REGULAR}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{_shown(path)} is {_kind(st.st_mode)}; {ONLY_REGULAR}")
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """What the file is, however its path is spelled."""
+        return self.device, self.inode
+
+    @property
+    def identity(self) -> str:
+        """The identity a listing records (``InputFile.identity``)."""
+        return f"{MTIME}={self.mtime_ns},ctime_ns={self.ctime_ns},ino={self.inode}"
+
+
+ONLY_REGULAR = "only regular files (or links to them) are read as input: remove it, or name the files to read"
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (a named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((kind for test, kind in _KINDS if test(mode)), f"not a regular file (mode {mode:o})")
+
+
+def _unreachable(path: str, exc: OSError) -> str:
+    """Why ``stat`` found no file at ``path``, which a listing showed: a link loop, a dangling link, or another
+    error (as the system words it)."""
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link loop"
+    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        return "is a dangling symbolic link"
+    return f"cannot be read ({exc.strerror or exc})"
+
+
+def _shown(path: str) -> str:
+    """A path, and where it links to when it is a symbolic link."""
+    try:
+        return f"{path} (a symbolic link to {os.readlink(path)})"
+    except OSError:
+        return path
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +204,12 @@ def list_input_files(
 
     Below the folder named (or a glob's fixed part), names starting with ``.`` or ``_`` (markers, temp files, a
     build's own ``_manifests/``), and everything inside folders so named, are ignored and counted in ``hidden``.
-    Inside folders, files of other formats are skipped and listed in ``skipped`` (logged, unless ``quiet``: a
-    build says so once, when it plans); a named or globbed file of another format is an error, and so is a file
-    name that is not UTF-8. ``storage_options`` open the URLs.
+    Inside folders, files of other formats are skipped and listed in ``skipped``, and a file reached by several
+    paths is listed once (``_once_each``), each logged unless ``quiet`` (a build says so once, when it plans); a
+    named or globbed file of another format is an error, and so is a file name that is not UTF-8, or anything but a
+    regular file (``LocalFile``). ``storage_options`` open the URLs.
     """
-    found: dict[str, InputFile] = {}
+    found: dict[str, tuple[InputFile, Hashable]] = {}
     skipped: list[str] = []
     hidden: set[str] = set()
     for spec in inputs:
@@ -159,7 +229,25 @@ def list_input_files(
         unsupported = f" (skipped as unsupported: {', '.join(skipped)})" if skipped else ""
         ignored = f" ({len(hidden)} ignored under names starting with . or _)" if hidden else ""
         raise InputError(f"no input files found in {', '.join(inputs)}{unsupported}{ignored}")
-    return InputListing([found[url] for url in sorted(found)], skipped, len(hidden))
+    kept = _once_each(found, quiet)
+    return InputListing([kept[url] for url in sorted(kept)], skipped, len(hidden))
+
+
+def _once_each(found: dict[str, tuple[InputFile, Hashable]], quiet: bool) -> dict[str, InputFile]:
+    """Each file once: a file that the input reaches by several paths (a symlink, a hard link, a folder named
+    twice, once through ``..``) is read by its real path (no link or ``..`` in it) if one is, else by the first in
+    sorted order, and each other path is logged (unless ``quiet``)."""
+    paths: dict[Hashable, list[str]] = {}
+    for url in sorted(found):
+        paths.setdefault(found[url][1], []).append(url)
+    kept = {}
+    for urls in paths.values():
+        chosen = min(urls, key=lambda url: (len(urls) > 1 and resolve(url) != url, url))
+        kept[chosen] = found[chosen][0]
+        for other in urls:
+            if other != chosen and not quiet:
+                log.warning("%s and %s are one file: it is read once, as %s", chosen, other, chosen)
+    return kept
 
 
 def split_files(files: Sequence[InputFile], split_mb: int | None) -> list[InputFile]:
@@ -211,9 +299,10 @@ def idle_ranks(ranks: int, shared: Sequence[InputFile], split_mb: int | None) ->
 
 def _list(
     spec: str, skipped: list[str], hidden: set[str], storage_options: StorageOptions | None
-) -> dict[str, InputFile]:
-    """One input spec's files with their sizes and identities, by URL; unsupported files of folders go to
-    ``skipped``, hidden ones to ``hidden``."""
+) -> dict[str, tuple[InputFile, Hashable]]:
+    """One input spec's files with their sizes and identities, and what each is (``file_key``), by URL;
+    unsupported files of folders go to ``skipped``, hidden ones to ``hidden``. A local file to be read must be a
+    regular file (``LocalFile.of``)."""
     fs, path = open_fs(spec, storage_options)
     globbed = any(ch in path for ch in GLOB_CHARS) and not fs.exists(path)  # `data [v2]/` may be a real folder
     folder = not globbed and fs.isdir(path)
@@ -225,19 +314,38 @@ def _list(
     elif fs.exists(path):
         entries = {path: fs.info(path)}
     else:
+        if is_local(fs) and os.path.islink(path):
+            LocalFile.of(path)  # a link loop or a dangling link: raises, saying which
         raise InputError(f"{spec}: no such file or folder")
     for p in entries:
         _check_name(p)
     if folder:
         skipped += sorted(_url(fs, p) for p in entries if not _is_supported(p))
         entries = {p: i for p, i in entries.items() if _is_supported(p)}
-    files = {
-        _url(fs, p): InputFile(_url(fs, p), int(info.get("size") or 0), identity(fs, p, info))
-        for p, info in entries.items()
-    }
-    for url in files:
-        file_format(url)  # a named or globbed file of another format is an error
-    return files
+    for p in entries:
+        file_format(_url(fs, p))  # a named or globbed file of another format is an error
+    return dict(_listed(fs, p, info) for p, info in entries.items())
+
+
+def _listed(fs, path: str, info: dict) -> tuple[str, tuple[InputFile, Hashable]]:
+    """A listed file by its URL, with what it is (``file_key``). A local one must be a regular file, or a link to
+    one (``LocalFile``)."""
+    url = _url(fs, path)
+    if is_local(fs):
+        local = LocalFile.of(path)
+        file = InputFile(url, local.size, local.identity)
+        return url, (file, file_key(fs, path, file, local))
+    file = InputFile(url, int(info.get("size") or 0), identity(fs, path, info))
+    return url, (file, file_key(fs, path, file))
+
+
+def file_key(fs, path: str, file: InputFile, local: LocalFile | None = None) -> Hashable:
+    """What a listed file is, however its path is spelled: locally its device and inode (``LocalFile.key``; of
+    ``local``, when the listing has it already); on an object store, which has no links, its key with ``.`` and
+    ``..`` resolved, and its ETag (``identity``)."""
+    if is_local(fs):
+        return (local or LocalFile.of(path)).key
+    return resolve(file.url), file.identity
 
 
 def _files_under(fs, path: str) -> dict[str, dict]:
@@ -291,8 +399,7 @@ def identity(fs, path: str, info: dict) -> str:
     """What tells this file from another one at the same path (see :class:`InputFile`), as a listing sees it: a
     plan adds the sha256 of a local file's bytes (``with_content``)."""
     if is_local(fs):
-        st = os.stat(path)
-        return f"{MTIME}={st.st_mtime_ns},ctime_ns={st.st_ctime_ns},ino={st.st_ino}"
+        return LocalFile.of(path).identity
     etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
     if etag:
         return f"etag={str(etag).strip(chr(34))}"

@@ -350,6 +350,23 @@ def _conflict(where: str, other: Holder | None, age: float | None = None) -> str
     )
 
 
+@contextmanager
+def leased(output: Folder, stem: str, holder: Holder) -> Iterator[FileLease | ObjectLease]:
+    """Hold the lease of ``stem`` in ``output`` meanwhile (refused with ``AttemptConflict`` naming its holder), and
+    release it on the way out, on failure too."""
+    fs, out_path = output.fs, output.path
+    lease: FileLease | ObjectLease = FileLease(out_path, stem) if is_local(fs) else ObjectLease(fs, out_path, stem)
+    with reaching(output.url):
+        if is_local(fs):
+            with writing(out_path):
+                fs.makedirs(out_path, exist_ok=True)
+        lease.acquire(holder)
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
 @dataclass
 class Attempt:
     """A stage's licence to write one stem of an output: its id, a private working folder, and the calls that
@@ -441,15 +458,9 @@ def attempt_at(
     staging folder and lease are released on the way out, on failure too."""
     fs, out_path = output.fs, output.path
     holder = new_holder(owner)
-    lease: FileLease | ObjectLease = FileLease(out_path, stem) if is_local(fs) else ObjectLease(fs, out_path, stem)
-    with reaching(output.url):
-        if is_local(fs):
-            with writing(out_path):
-                fs.makedirs(out_path, exist_ok=True)
-        lease.acquire(holder)
-    base = _staging_base(fs, output.url, out_path, local_working_dir)
-    landing_base = Path(out_path) / STAGING if is_local(fs) else None
-    try:
+    with leased(output, stem, holder) as lease:
+        base = _staging_base(fs, output.url, out_path, local_working_dir)
+        landing_base = Path(out_path) / STAGING if is_local(fs) else None
         work = base / f"{stem}{ATTEMPT_MARK}{holder.attempt}"
         landing = landing_base / f"{stem}{ATTEMPT_MARK}{holder.attempt}" if landing_base else None
         attempt = Attempt(fs, out_path, stem, holder, work, landing, lease)
@@ -468,8 +479,6 @@ def attempt_at(
                 shutil.rmtree(folder, ignore_errors=True)
                 with contextlib.suppress(OSError):  # other stems may still be working there
                     folder.parent.rmdir()
-    finally:
-        lease.release()
 
 
 def _staging_base(fs, output: str, out_path: str, local_working_dir: str | None) -> Path:

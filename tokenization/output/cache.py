@@ -515,6 +515,8 @@ class Cache:
             raise RecordError(self._url(path), "it is a folder", label) from None
         except NotADirectoryError:
             raise RecordError(self._url(path), "a folder of its path is a file", label) from None
+        except OSError as exc:
+            raise _looped(exc, self._url(path), label) from None
         if len(data) > limit:
             raise RecordError(self._url(path), f"it holds more than {limit:,} bytes", label)
         return data
@@ -538,6 +540,14 @@ class Cache:
             pass
         except OSError as exc:  # it stays, and is found damaged again by the next reader
             log.warning("%s: could not remove it (%s)", self._url(where), exc)
+
+
+def _looped(exc: OSError, url: str, label: str) -> Exception:
+    """A symbolic link loop on a record's path (the cache's folder itself may be one) as a record that cannot be
+    read, in one line; any other error as it is."""
+    if exc.errno == errno.ELOOP:
+        return RecordError(url, "a symbolic link loop is on its path", label)
+    return exc
 
 
 def _differences(local: Mapping[str, Path], recorded: Mapping[str, FileSum]) -> str | None:

@@ -1,7 +1,8 @@
 """One build run's folder: one folder per run id, claimed by its run before anything is written, and its layout.
 
-``{output}/{run id}``, with the run id percent-encoded where it holds a character outside ``A-Za-z0-9_.-~`` (so
-``qa:col`` is ``qa%3Acol``, never ``qa-col``'s folder). Beside the run folders, the output holds ``LATEST``
+``{output}/{run id}``, the run id spelt safely (``folder_name``: ``manual__2026-12-05T09:53:42+00:00`` is
+``manual__2026-12-05T09-53-42-00-00~862f2572``, never ``qa-col``'s folder for ``qa:col``), so that a folder's
+name and its ``file://`` link need no percent-encoding. Beside the run folders, the output holds ``LATEST``
 (``tokenization.builds.latest``) and names starting with a dot (the tokenization cache's ``.cache``, lock files),
 which ``folder_for`` gives no run::
 
@@ -20,6 +21,7 @@ when a context shuffle follows) are removed unless it keeps them; their records 
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -35,6 +37,7 @@ RUN_CLAIM = "_RUN.json"
 LATEST = "LATEST"  # beside the run folders: names the newest complete build's
 MAX_FOLDER_NAME = 200  # characters: a file name holds 255 bytes, an S3 key 1,024 with the output and the run's files
 SHOWN_CHARACTERS = 40  # of a build id too long to name a folder
+UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # what a run folder's name spells as "-"
 
 
 class BuildError(TokenizationError):
@@ -46,8 +49,7 @@ class PlanConflict(BuildError):
 
 
 def folder_for(output: str, run_id: str) -> str:
-    """The folder of one run: one folder per run id, and one run id per folder. Characters outside
-    ``A-Za-z0-9_.-~`` (and a leading dot) are percent-encoded, which no other run id can spell. A run id (the
+    """The folder of one run: one folder per run id, and one run id per folder (``folder_name``). A run id (the
     build id) that can name no folder of its own is refused, before any work."""
     if not run_id or run_id in (".", ".."):
         raise UsageError(f"build id {run_id!r} cannot name a folder: choose another build id")
@@ -56,13 +58,12 @@ def folder_for(output: str, run_id: str) -> str:
             f"build id {run_id!r} holds a control character or bytes that are not UTF-8: choose a build id of "
             f"printable characters"
         )
-    name = quote(run_id, safe="")
-    name = "%2E" + name[1:] if name.startswith(".") else name
+    name = folder_name(run_id)
     if len(name) > MAX_FOLDER_NAME:
         raise UsageError(
             f"build id {run_id[:SHOWN_CHARACTERS]!r}{'...' * (len(run_id) > SHOWN_CHARACTERS)} names a folder of "
-            f"{len(name)} characters (percent-encoded), more than the {MAX_FOLDER_NAME} a run folder's name may "
-            f"have: choose a shorter build id"
+            f"{len(name)} characters, more than the {MAX_FOLDER_NAME} a run folder's name may have: choose a shorter "
+            f"build id"
         )
     if name.upper() == LATEST:
         raise UsageError(
@@ -70,6 +71,22 @@ def folder_for(output: str, run_id: str) -> str:
             f"which points at the newest complete build: choose another build id (in Airflow, another run id)"
         )
     return join(output, name)
+
+
+def folder_name(run_id: str) -> str:
+    """A run id as a folder's name that no URL or shell needs to escape: a run id of ``A-Za-z0-9_.-`` alone (and no
+    leading dot) as it is; any other with each other character as ``-`` and, after a ``~``, the first 8 hex digits
+    of the run id's sha256. Deterministic, and collision-safe: a name without ``~`` is its run id, and one with it
+    names its run id's hash (``qa-col``, ``qa-col~<hash of qa:col>``, ``qa-col~<hash of qa+col>``)."""
+    name = UNSAFE.sub("-", run_id)
+    name = "-" + name[1:] if name.startswith(".") else name
+    return name if name == run_id else f"{name}~{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
+
+
+def percent_encoded_name(run_id: str) -> str:
+    """The folder name earlier versions gave a run id (percent-encoded), by which their builds are still known."""
+    name = quote(run_id, safe="")
+    return "%2E" + name[1:] if name.startswith(".") else name
 
 
 def claim(folder: Folder, run_id: str, plan: PlanRecord, tokenizer: TokenizerFacts | None = None) -> RunClaim:

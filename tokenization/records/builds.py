@@ -218,10 +218,12 @@ class BuildSummary(Record):
     """A published build in a few figures, from its build record: for XCom, the Asset event and the builds page
     (``latest``: the run folder ``{output}/LATEST`` names; ``deleted``: complete builds retention deleted;
     ``reused``: the share of the input whose tokens came from the cache; ``footprint``: what it takes on storage;
-    ``mixture``: a mixture's shares reached, by source). Untagged before version 1; version 1 had no footprint."""
+    ``mixture``: a mixture's shares reached, by source; ``started`` and ``wall_seconds``: the build's, plan to
+    publish, which a cleared task does not reset as it does the Airflow run's). Untagged before version 1; version 1
+    had no footprint, version 2 no times."""
 
     KIND: ClassVar[str] = "build-summary"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     UNTAGGED: ClassVar[bool] = True
     LABEL: ClassVar[str] = "build summary"
     dataset: str
@@ -239,6 +241,8 @@ class BuildSummary(Record):
     reused: float | None = None
     footprint: Footprint | None = None
     mixture: list[SourceShare] | None = field(default=None, metadata=unless_none())
+    started: str | None = None
+    wall_seconds: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from tokenization.inputs.sources import content_identity
 from tokenization.output.attempts import Attempt
 from tokenization.output.cache import Cache
 from tokenization.progress import Progress, ProgressMode
-from tokenization.records import CachedInput, CacheEntry, FileSum, InputFile, RankCounts, Rejected
+from tokenization.records import CachedInput, CacheEntry, FileSum, InputFile, Mixture, RankCounts, Rejected
 from tokenization.rendering.renderer import Renderer
 from tokenization.stages.hits import HitCheck
 from tokenization.storage.files import file_sha256, writing
@@ -77,6 +77,29 @@ class Reading:
     options: DocumentOptions
     renderer: Renderer | None
     source: int = 0
+
+
+def source_readings(options: DocumentOptions, mixture: Mixture, encoder: Encoder) -> list[Reading]:
+    """How each of a mixture's sources is read: with its own text key and template, where it sets them."""
+    readings = []
+    for number, source in enumerate(mixture.sources):
+        own = replace(
+            options, text_key=source.text_key or options.text_key, template=source.template or options.template
+        )
+        readings.append(Reading(own, own.renderer(encoder), number))
+    return readings
+
+
+def file_key(file: InputFile, reading: Reading, encoder: Encoder, save_loss: bool) -> CacheKey:
+    """The cache key of ``file`` (or part) read as ``reading`` says, with loss bytes when ``save_loss``."""
+    return cache_key(
+        content_identity(file, reading.options.storage_options),
+        file.url,
+        encoder=encoder,
+        renderer=reading.renderer,
+        options=reading.options,
+        save_loss=save_loss,
+    )
 
 
 @dataclass(frozen=True)
@@ -162,15 +185,7 @@ class FirstPass:
         return self.readings.get(file.url) or Reading(self.options, self.renderer)
 
     def _key(self, file: InputFile) -> CacheKey:
-        reading = self._reading(file)
-        return cache_key(
-            content_identity(file, self.options.storage_options),
-            file.url,
-            encoder=self.encoder,
-            renderer=reading.renderer,
-            options=reading.options,
-            save_loss=self.save_loss,
-        )
+        return file_key(file, self._reading(file), self.encoder, self.save_loss)
 
     def _segment(
         self,

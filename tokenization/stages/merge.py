@@ -198,11 +198,16 @@ def validate_inputs(
 
     read = map_concurrently(opened, urls)  # each input's metadata and index: requests in flight at once
     first = read[0][0]
+    distinct = {e.tokenizer_sha256 for e in entries if e.tokenizer_sha256 is not None}
+    if len(distinct) > 1:
+        raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")
+    # a file names the tokenizer as typed: ranks tokenized by hand may name one tokenizer (one sha256) two ways
+    pinned = len(distinct) == 1 and len(entries) == len(urls) and all(e.tokenizer_sha256 for e in entries)
     ends_list, sizes, sources_list = [], [], []
     for f, ends in read:
         if f.token_size != first.token_size:
             raise TokenFileError(f"{f.url}: token_size {f.token_size} differs from {first.url}'s {first.token_size}")
-        if f.tokenizer != first.tokenizer:
+        if f.tokenizer != first.tokenizer and not pinned:
             raise TokenFileError(f"{f.url}: tokenizer {f.tokenizer!r} differs from {first.url}'s {first.tokenizer!r}")
         total = int(ends[-1]) if len(ends) else 0
         if f.num_tokens != total or f.size("") % f.token_size:
@@ -218,9 +223,6 @@ def validate_inputs(
         sizes.append(f.size(""))
         if sources is not None:
             sources_list.append(_sources_of(f, len(ends), sources))
-    distinct = {e.tokenizer_sha256 for e in entries if e.tokenizer_sha256 is not None}
-    if len(distinct) > 1:
-        raise TokenFileError(f"inputs were tokenized with different tokenizers (sha256 {sorted(distinct)})")
     return MergeInputs(
         urls=urls,
         token_size=first.token_size,
@@ -381,6 +383,7 @@ def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: 
         subset = orderings.mixture_subset(config.seed, s, part, len(mine))
         uses[mine] = mixing.uses(lengths[mine], targets[s], subset)
         chosen = uses[mine]
+        mixing.check_chosen(source, targets[s], lengths[mine], chosen, "" if part == 0 else f"bucket {part - 1}: ")
         shares.append(
             SourceMix(
                 name=source.name,

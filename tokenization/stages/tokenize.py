@@ -58,7 +58,15 @@ from tokenization.records import (
     TokenizerFacts,
 )
 from tokenization.rendering.renderer import Renderer
-from tokenization.stages.first_pass import CacheOwner, FirstPass, Reading, Segment, quarantined, total
+from tokenization.stages.first_pass import (
+    CacheOwner,
+    FirstPass,
+    Reading,
+    Segment,
+    quarantined,
+    source_readings,
+    total,
+)
 from tokenization.storage.files import file_sha256, join, list_names, meanwhile
 from tokenization.storage.locations import check_disjoint
 from tokenization.tokenizer.documents import Counts, DocumentOptions, TooManyRejects
@@ -205,12 +213,7 @@ class RankShare:
         """How each file is read: with its mixture source's own text key and template, where it sets them."""
         if self.mixture is None or self.sources is None:
             return None
-        by_source = []
-        for number, source in enumerate(self.mixture.sources):
-            options = replace(
-                config, text_key=source.text_key or config.text_key, template=source.template or config.template
-            )
-            by_source.append(Reading(options, options.renderer(encoder), number))
+        by_source = source_readings(config, self.mixture, encoder)
         return {file.url: by_source[s] for file, s in zip(self.files, self.sources, strict=True)}
 
     def check(self, encoder: Encoder, renderer: Renderer | None) -> None:

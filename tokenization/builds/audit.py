@@ -37,7 +37,7 @@ def chain_problems(run: Folder, build: BuildRecord, dataset_tokens: int) -> list
         if name != dataset and folder.fs.isdir(folder.path):
             check_records_alone(Listing.of(folder), report)
     try:
-        derived = stage_books(layout, build)
+        derived = _stage_books(layout, build)
         accounting.contents_flow(derived.tokenize, derived, chunked=bool(build.params.get("shuffle_chunk_size")))
         flow = accounting.token_flow(derived.tokenize.tokens, derived, dataset_tokens)
     except RecordError as exc:  # it names its file
@@ -53,7 +53,7 @@ def chain_problems(run: Folder, build: BuildRecord, dataset_tokens: int) -> list
     return report.problems
 
 
-def stage_books(layout: Layout, build: BuildRecord) -> StageSummary:
+def _stage_books(layout: Layout, build: BuildRecord) -> StageSummary:
     """The books of every stage as their records on storage say now (publish made ``build.stages`` of them)."""
     ranks = accounting.rank_manifests(layout.ranks, build.stages.tokenize.ranks)
     tokenized = accounting.tokenize_summary(ranks, accounting.conservation(ranks), build.stages.tokenize.input_files)

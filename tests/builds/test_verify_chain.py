@@ -181,3 +181,17 @@ def test_a_flipped_rank_marker_fails_the_runs_verify(run_dir) -> None:
     status, lines = verified(run_dir)
     assert status == 1
     assert f"{run_dir}/ranks/_manifests/00001.json: differs from the checksum its completion marker records" in lines
+
+
+def test_ranks_whose_documents_do_not_add_up_fail_the_runs_verify(run_dir) -> None:
+    """A rank's records rewritten to say it read a document more, its marker made to match."""
+
+    def edit(manifest: dict) -> None:
+        manifest["counts"]["docs_read"] += 1
+
+    rewritten(run_dir / "ranks", "00001", edit)
+    status, lines = verified(run_dir)
+    assert status == 1
+    assert [line for line in lines if "conserved" in line] == [
+        f"{run_dir}/ranks: documents are not conserved: 310 read, 308 written + 1 empty + 0 quarantined"
+    ], lines

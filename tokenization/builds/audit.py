@@ -44,6 +44,13 @@ def chain_problems(run: Folder, build: BuildRecord, dataset_tokens: int) -> list
         return [*report.problems, str(exc)]
     except BuildError as exc:
         return [*report.problems, f"{run.url}: {exc}"]
+    ranks = derived.tokenize
+    if not ranks.holds:
+        report.problem(
+            run.url_of(Layout.RANKS),
+            f"documents are not conserved: {ranks.docs_in:,} read, {ranks.docs_out:,} written + {ranks.empty:,} "
+            f"empty + {ranks.quarantined:,} quarantined",
+        )
     where = run.url_of(BUILD_MANIFEST)
     report.problems += [f"{where}: {line}" for line in _differences(build.stages, derived)]
     if build.mixture is not None:

@@ -389,6 +389,7 @@ def cmd_count(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from tokenization.builds.audit import chain_problems
     from tokenization.output.runs import BUILD_MANIFEST
     from tokenization.stages.verify import verify
     from tokenization.storage.files import join
@@ -408,6 +409,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{join(args.path, BUILD_MANIFEST)}: records {build.tokens:,} tokens and digest {build.digest}, but its "
             f"dataset holds {report.tokens:,} tokens and digest {next(_digests(path, build))}"
         )
+    if build:
+        report.problems.extend(chain_problems(Folder(args.path), build, report.tokens))
     if build and build.mds:
         report.problems.extend(_mds_problems(args.path, build, read=args.sample is None))
     for line in report.problems + report.notes:

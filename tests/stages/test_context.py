@@ -70,7 +70,9 @@ def test_a_proof_from_records_gives_the_bytes_and_books_of_one_read_again(tmp_pa
     """Files with records are proved from them, reading no byte again; the same files without records are read
     again: the same bytes and the same books either way, the tail kept or dropped."""
     reread = []
-    monkeypatch.setattr(stage, "contents_of", lambda *args: reread.append(args[0].urls) or contents_of(*args))
+    monkeypatch.setattr(
+        stage, "contents_of", lambda *args, **kw: reread.append(args[0].urls) or contents_of(*args, **kw)
+    )
     merged(synthetic_ranks(tmp_path / "in", 3, 200), tmp_path / "recorded", seed=3, merge_max_tokens_per_file=30_000)
     bare = tmp_path / "bare"
     bare.mkdir()

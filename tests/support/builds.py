@@ -3,6 +3,9 @@ keeps a test quick)."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 
@@ -28,3 +31,14 @@ def until_publish(build) -> None:
     shards = build.context_shards()
     for shard in shards:
         build.context_shuffle(shard, len(shards), progress=False)
+
+
+def published_run(build) -> Path:
+    """The run folder of ``build``, published in this process (``in_process``)."""
+    in_process(build)
+    return Path(build.layout.run_dir)
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of a run folder, under its name: a test that damages it leaves the original to the others."""
+    return Path(shutil.copytree(run_dir, tmp_path / run_dir.name))

@@ -9,7 +9,7 @@ import hashlib
 import operator
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import reduce
 from typing import Any, TypeVar, cast
 
@@ -190,6 +190,17 @@ def cache_summary(rank_manifests: list[RankManifest]) -> CacheSummary | None:
     )
 
 
+def tokenize_summary(ranks: list[RankManifest], balance: Conservation, input_files: int) -> TokenizeSummary:
+    """The tokenize stage's books: the documents' (``conservation``) and the contents the ranks read and wrote."""
+    return TokenizeSummary(
+        ranks=len(ranks),
+        input_files=input_files,
+        **asdict(balance),
+        contents_in=ContentsSum.total(rank.counts.contents_in for rank in ranks),
+        contents_out=ContentsSum.total(rank.counts.contents_out for rank in ranks),
+    )
+
+
 def stage_counts(folder: Folder, kind: type[C]) -> C | None:
     """The counts (of this ``kind``) of every completed stage manifest of a folder (the merge's one, or all context
     shards'), summed; None when the folder holds none."""
@@ -245,7 +256,7 @@ def contents_flow(tokenize: TokenizeSummary, stages: StageSummary, chunked: bool
         if given is not None and taken is not None and given != taken:
             raise BuildError(
                 f"{other} {taken.value.describe()}, but {what} {given.value.describe()}: a piece was lost, "
-                "duplicated or changed on the way; the build is not published"
+                "duplicated or changed on the way"
             )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import cast
@@ -37,7 +37,6 @@ from tokenization.records import (
     BuildTokenizer,
     CacheCleaning,
     CacheSummary,
-    ContentsSum,
     ContextCounts,
     MdsOutput,
     MergeCounts,
@@ -47,7 +46,6 @@ from tokenization.records import (
     SourceAccount,
     SourceShare,
     StageSummary,
-    TokenizeSummary,
     VerifySummary,
 )
 from tokenization.stages.export_mds import write_mds
@@ -213,15 +211,12 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         raise BuildError(f"documents are not conserved: {balance}")
     mds = _write_mds(config, layout, checked.tokens) if config.mds else None
     finished = time.time()
-    tokenized = TokenizeSummary(
-        ranks=config.num_ranks,
-        input_files=len(recorded.files),
-        **asdict(balance),
-        contents_in=ContentsSum.total(rank.counts.contents_in for rank in ranks),
-        contents_out=ContentsSum.total(rank.counts.contents_out for rank in ranks),
-    )
+    tokenized = accounting.tokenize_summary(ranks, balance, len(recorded.files))
     stages = StageSummary(tokenize=tokenized, merge=merged, context_shuffle=context)
-    accounting.contents_flow(tokenized, stages, chunked=bool(config.shuffle_chunk_size))
+    try:
+        accounting.contents_flow(tokenized, stages, chunked=bool(config.shuffle_chunk_size))
+    except BuildError as exc:
+        raise BuildError(f"{exc}; the build is not published") from None
     return BuildRecord(
         run_id=run.claim.run_id,
         plan=recorded.digest,

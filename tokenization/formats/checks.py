@@ -217,14 +217,15 @@ class Listing:
 
 @dataclass(frozen=True)
 class _Frame:
-    """What a ``.ds`` family's small files say: its index, token size and tokens, and whether its loss bytes, if
-    it has any, go with its tokens."""
+    """What a ``.ds`` family's small files say: its index, token size and tokens, whether its loss bytes, if
+    it has any, go with its tokens, and a mixture's the source of each index entry (its ``.source`` sidecar)."""
 
     ends: np.ndarray
     token_size: int
     tokens: int
     has_loss: bool
     aligned: bool
+    sources: np.ndarray | None = None
 
 
 def _ds_frame(listed: Listing, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> _Frame | None:
@@ -263,29 +264,34 @@ def _ds_frame(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
         report.problem(f"{label}.metadata", f"says {meta.token_count} tokens, the file holds {tokens}")
     _check_index(ends, label, checks, report)
     _check_counts(entry, tokens, len(ends), label, report)
+    sources = None
     if name + SOURCE in sizes or (meta and meta.sources):
-        _check_sources(listed, name, len(ends), meta, report)
+        sources = _check_sources(listed, name, len(ends), meta, report)
     has_loss = name + ".loss" in sizes
     aligned = not has_loss or sizes[name + ".loss"] == tokens  # its loss bytes, if any, go with its tokens
     if not aligned:
         report.problem(f"{label}.loss", f"{sizes[name + '.loss']} bytes for {tokens} tokens")
-    return _Frame(ends, token_size, tokens, has_loss, aligned)
+    return _Frame(ends, token_size, tokens, has_loss, aligned, sources)
 
 
-def _check_sources(listed: Listing, name: str, entries: int, meta: Metadata | None, report: Report) -> None:
+def _check_sources(
+    listed: Listing, name: str, entries: int, meta: Metadata | None, report: Report
+) -> np.ndarray | None:
     """A mixture's family: its ``.source`` sidecar holds one known source an index entry, and its metadata names
-    them (``formats.sidecar``)."""
+    them (``formats.sidecar``); returns them, when it does."""
     label = listed.label(name + SOURCE)
     named = len(meta.sources) if meta else 0
     if name + SOURCE not in listed.sizes:
         report.problem(label, f"missing, though its metadata names {named} sources")
-        return
+        return None
     if listed.sizes[name + SOURCE] != entries:
         report.problem(label, f"{listed.sizes[name + SOURCE]:,} bytes for {entries:,} index entries")
-        return
+        return None
     found = np.frombuffer(listed.folder.read(name + SOURCE), dtype=SOURCE_DTYPE)
     if len(found) and int(found.max()) >= named:
         report.problem(label, f"names source {int(found.max())}, but the metadata names {named} sources")
+        return None
+    return found
 
 
 def verify_ds(listed: Listing, name: str, entry: OutputEntry | None, checks: Checks, report: Report) -> None:
@@ -297,7 +303,7 @@ def verify_ds(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
     label, ends, aligned = listed.label(name), frame.ends, frame.aligned
     pseudo = None if entry is None else entry.pseudo_ends
     items = BLOCK_BYTES // frame.token_size  # tokens a block, and loss bytes
-    digest, loss_digest, held = hashlib.sha256(), hashlib.sha256(), ContentsHasher()
+    digest, loss_digest, held = hashlib.sha256(), hashlib.sha256(), ContentsHasher(sources=frame.sources)
     token_blocks = _blocks(listed.folder, name, token_dtype(frame.token_size), digest, items)
     loss_blocks: Iterator[tuple[int, np.ndarray | None]]
     if frame.has_loss and aligned:

@@ -11,12 +11,19 @@ A piece's hash mixes its length with two sums over its tokens: of ``y = (2 * tok
 block at once. The weights are computed once for any number of ways to cut the same tokens (a stage's input cut at
 its index, and at its index and its windows' edges). Cost model: seven numpy passes over 64-bit words a token, in
 sub-blocks of ``SUB_BLOCK`` tokens whose two buffers are reused (~2.5-3 ns a token here), and ~15 ns a piece.
+
+A mixture's piece also has a source (its ``.source`` sidecar's entry, ``formats.sidecar``), which is part of what it
+holds: once its hash is made, it is multiplied by its source's odd factor (``factors``), so that a piece moved to
+another source, or two pieces' sources swapped, changes the sum (but for odds of 2^-63). A step per piece, after the
+per-token part, and linear: the pieces of one source add up first (a rank's input file, all of one source, is its
+contents' sum times the factor, ``sourced``). Pieces without a source keep their hash: builds without a mixture keep
+their contents.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -55,6 +62,25 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def factors(sources: np.ndarray) -> np.ndarray:
+    """Each source's factor (odd, so that multiplying by it loses nothing of a hash), one a piece."""
+    return _mix(np.asarray(sources, dtype=_U64) + _SEEDS[2]) | _U64(1)
+
+
+def sourced(contents: Contents, source: int) -> Contents:
+    """Contents of pieces that are all of one ``source``, with it."""
+    return Contents(contents.pieces, contents.tokens, (contents.sum * int(factors(np.array([source]))[0])) & MASK)
+
+
+def of_sources(contents: Contents, hashes: np.ndarray, sources: np.ndarray) -> Contents:
+    """``contents``, each index entry's piece of its source (one an entry, in order): ``hashes`` are the entries'
+    (``ContentsHasher.entry_hashes``), kept by a writer that learns its entries' sources once it has written them."""
+    scale = np.ones(len(hashes), _U64)
+    given = np.asarray(sources, dtype=np.int64)[: len(hashes)]
+    scale[: len(given)] = factors(given)
+    return replace(contents, sum=int((hashes * scale).sum(dtype=_U64)))
+
+
 def _weights(tokens: np.ndarray, loss: np.ndarray | None, y: np.ndarray, yj: np.ndarray) -> None:
     """Each token's ``y = (2 * token + loss + 1) ** 2`` and ``j * y`` (``j``: its position in the sub-block), into
     buffers of its length: new arrays of megabytes each time cost more than the arithmetic (each is mapped, faulted
@@ -78,44 +104,63 @@ def _piece_hashes(sums: np.ndarray, weighted: np.ndarray, lengths: np.ndarray) -
 @dataclass(frozen=True)
 class Pieces:
     """Some of a stream's non-empty pieces, one by one: each one's two sums and its length, which its hash is made
-    of. A stage that cuts its input's pieces smaller (at window edges, say) keeps those it cut as it writes them, so
-    that they can be put back in the input's order and joined into the input's pieces, whose contents the input's
-    records hold: its proof then reads no input byte again. (24 bytes a piece.)"""
+    of, and a mixture's its source's factor (``scale``: None without). A stage that cuts its input's pieces smaller (at
+    window edges, say) keeps those it cut as it writes them, so that they can be put back in the input's order and
+    joined into the input's pieces, whose contents the input's records hold: its proof then reads no input byte
+    again. (24 bytes a piece; 32 with its source.)"""
 
     sums: np.ndarray
     weighted: np.ndarray
     lengths: np.ndarray
+    scale: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     @classmethod
     def concatenate(cls, parts: Sequence[Pieces]) -> Pieces:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts] or [np.zeros(0, _U64)]) for f in _PIECE_FIELDS))
+        sums, weighted, lengths = (
+            np.concatenate([getattr(p, f) for p in parts] or [np.zeros(0, _U64)]) for f in _PIECE_FIELDS
+        )
+        scaled = [p.scale for p in parts if p.scale is not None]
+        if scaled and len(scaled) < len(parts):
+            raise ValueError("pieces with their sources joined to pieces without: a bug")
+        return cls(sums, weighted, lengths, np.concatenate(scaled) if scaled else None)
+
+    def with_sources(self, sources: np.ndarray | None) -> Pieces:
+        """These pieces, each of its source (one a piece; None: without)."""
+        return replace(self, scale=None if sources is None else factors(sources))
 
     def take(self, order: np.ndarray) -> Pieces:
         """The pieces in ``order``."""
-        return Pieces(self.sums[order], self.weighted[order], self.lengths[order])
+        scale = None if self.scale is None else self.scale[order]
+        return Pieces(self.sums[order], self.weighted[order], self.lengths[order], scale)
 
     def joined(self, firsts: np.ndarray) -> Pieces:
         """Consecutive pieces joined end to end: piece k of the result is pieces ``firsts[k]`` up to ``firsts[k +
-        1]`` (the last, up to the end); ``firsts`` starts at 0 and increases."""
+        1]`` (the last, up to the end); ``firsts`` starts at 0 and increases. (The parts of a piece share its
+        source: the first's is the joined piece's.)"""
         if not len(self):
             return self
         before = np.cumsum(self.lengths) - self.lengths  # where each piece starts in the stream
         offsets = before - np.repeat(before[firsts], np.diff(np.append(firsts, len(self))))
         weighted = self.weighted + offsets * self.sums  # positions counted from the joined piece's start
-        return Pieces(*(np.add.reduceat(a, firsts) for a in (self.sums, weighted, self.lengths)))
+        sums, weighted, lengths = (np.add.reduceat(a, firsts) for a in (self.sums, weighted, self.lengths))
+        return Pieces(sums, weighted, lengths, None if self.scale is None else self.scale[firsts])
+
+    def _hashes(self) -> np.ndarray:
+        hashes = _piece_hashes(self.sums, self.weighted, self.lengths)
+        return hashes if self.scale is None else hashes * self.scale
 
     def contents(self) -> Contents:
-        hashes = _piece_hashes(self.sums, self.weighted, self.lengths)
-        return Contents(len(self), int(self.lengths.sum()), int(hashes.sum(dtype=_U64)))
+        return Contents(len(self), int(self.lengths.sum()), int(self._hashes().sum(dtype=_U64)))
 
     def times(self, uses: np.ndarray) -> Contents:
         """The contents of these pieces, each taken ``uses`` times (a mixture's: some twice, say)."""
-        hashes = _piece_hashes(self.sums, self.weighted, self.lengths)
         counts = np.asarray(uses, dtype=_U64)
-        return Contents(int(counts.sum()), int((self.lengths * counts).sum()), int((hashes * counts).sum(dtype=_U64)))
+        return Contents(
+            int(counts.sum()), int((self.lengths * counts).sum()), int((self._hashes() * counts).sum(dtype=_U64))
+        )
 
     def replacing(self, whole: Contents, parts: Pieces) -> Contents:
         """``whole``'s contents with its pieces ``parts`` replaced by these: the parts out, these in."""
@@ -132,16 +177,21 @@ _PIECE_FIELDS = ("sums", "weighted", "lengths")
 
 class ContentsHasher:
     """Hashes a stream given in consecutive parts, each with its index entries; a piece may span parts. With
-    ``keep`` (the numbers of pieces in the stream, sorted; None: none) it keeps those pieces (``kept_pieces``). (Its
-    sums are one-element arrays: numpy warns when a scalar wraps around, never when an array does.)"""
+    ``keep`` (the numbers of pieces in the stream, sorted; None: none) it keeps those pieces (``kept_pieces``). With
+    ``sources`` (one an index entry, in order) each piece is of its entry's source; with ``hashes`` it keeps each
+    entry's hash (``entry_hashes``), to give it its source once that is known (``formats.sidecar``). (Its sums are
+    one-element arrays: numpy warns when a scalar wraps around, never when an array does.)"""
 
-    def __init__(self, keep: np.ndarray | None = None) -> None:
+    def __init__(self, keep: np.ndarray | None = None, sources: np.ndarray | None = None, hashes: bool = False) -> None:
         self.pieces = 0
         self.tokens = 0
+        self._entries = 0  # pieces closed, empty ones too: the index entries hashed
         self._sum = np.zeros(1, _U64)
         self._open = (np.zeros(1, _U64), np.zeros(1, _U64), np.zeros(1, _U64))  # the piece not closed: sums, length
         self._keep = None if keep is None else np.asarray(keep, dtype=np.int64)
         self._kept: list[Pieces] = []
+        self._sources = None if sources is None else np.asarray(sources, dtype=np.int64)
+        self._hashes: list[np.ndarray] | None = [] if hashes else None
 
     def add(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None = None) -> None:
         """The next tokens of the stream (and their loss bytes), with the index entries among them (relative to
@@ -175,18 +225,40 @@ class ContentsHasher:
     def _close(self, sa: np.ndarray, sb: np.ndarray, n: np.ndarray) -> None:
         """Add finished pieces; an empty one (two equal index entries) holds nothing and is not counted."""
         kept = n > 0
+        first, self._entries = self._entries, self._entries + len(n)
         if not kept.all():
             sa, sb, n = sa[kept], sb[kept], n[kept]
+        hashes = _piece_hashes(sa, sb, n)
+        scaled = None
+        if self._sources is not None:  # a piece past the last entry that has a source (tokens after the index): none
+            given = self._sources[first : first + len(kept)]
+            scaled = np.ones(len(n), _U64)
+            scaled[: np.count_nonzero(kept[: len(given)])] = factors(given[kept[: len(given)]])
+            hashes *= scaled
         if self._keep is not None:
             lo, hi = np.searchsorted(self._keep, [self.pieces, self.pieces + len(n)])
             chosen = self._keep[lo:hi] - self.pieces
-            self._kept.append(Pieces(sa[chosen], sb[chosen], n[chosen]))
+            self._kept.append(Pieces(sa[chosen], sb[chosen], n[chosen], None if scaled is None else scaled[chosen]))
+        if self._hashes is not None:
+            every = np.zeros(len(kept), _U64)
+            every[kept] = hashes
+            self._hashes.append(every)
         self.pieces += len(n)
-        self._sum += _piece_hashes(sa, sb, n).sum(dtype=_U64, keepdims=True)
+        self._sum += hashes.sum(dtype=_U64, keepdims=True)
+
+    def entry_hashes(self) -> np.ndarray:
+        """Each index entry's piece's hash (0 for an empty one), in order, once ``result`` was taken."""
+        if self._hashes is None:
+            raise RuntimeError("a contents hasher keeps its entries' hashes only when asked (hashes=True)")
+        return np.concatenate(self._hashes or [np.zeros(0, _U64)])
 
     @property
     def keeps(self) -> bool:
         return self._keep is not None
+
+    @property
+    def keeps_hashes(self) -> bool:
+        return self._hashes is not None
 
     def kept_pieces(self) -> Pieces:
         """The pieces it was asked to keep and has closed, in order (joined into one, which it keeps instead)."""
@@ -226,11 +298,13 @@ def stream_contents(
     read: Callable[[int, int], tuple[np.ndarray, np.ndarray | None]],
     spans: Sequence[tuple[np.ndarray, int]],
     block: int = READ_BLOCK,
+    sources: Sequence[np.ndarray | None] | None = None,
 ) -> list[Contents]:
     """The contents of a stream that ``read(start, stop)`` gives (tokens, loss bytes or None), once for each span
-    ``(cuts, tokens)``: its first ``tokens`` tokens cut at ``cuts`` (sorted, within ``[0, tokens]``). The stream is
-    read once, in blocks, and each block hashed once for the spans that reach its end."""
-    hashers = [ContentsHasher() for _ in spans]
+    ``(cuts, tokens)``: its first ``tokens`` tokens cut at ``cuts`` (sorted, within ``[0, tokens]``), each piece
+    of its source where ``sources`` gives a span's (one a cut). The stream is read once, in blocks, and each block
+    hashed once for the spans that reach its end."""
+    hashers = [ContentsHasher(sources=given) for given in (sources or [None] * len(spans))]
     cuts = [np.asarray(c, dtype=np.int64) for c, _ in spans]
     longest = max((n for _, n in spans), default=0)
     for start in range(0, longest, block):
@@ -254,11 +328,13 @@ def stream_uses(
     tokens: int,
     uses: np.ndarray,
     block: int = READ_BLOCK,
+    sources: np.ndarray | None = None,
 ) -> tuple[Contents, Contents]:
-    """The contents of a stream's first ``tokens`` tokens cut at ``cuts`` (as ``stream_contents``), and of its
-    pieces each taken ``uses`` times (one a piece): what a mixture's merge read, and what its files must hold."""
+    """The contents of a stream's first ``tokens`` tokens cut at ``cuts`` (as ``stream_contents``, each piece of
+    its source where ``sources`` gives them), and of its pieces each taken ``uses`` times (one a piece): what a
+    mixture's merge read, and what its files must hold."""
     uses = np.asarray(uses, dtype=np.int64)
-    hasher = ContentsHasher(keep=np.flatnonzero(uses))
+    hasher = ContentsHasher(keep=np.flatnonzero(uses), sources=sources)
     cuts = np.asarray(cuts, dtype=np.int64)
     for start in range(0, tokens, block):
         stop = min(tokens, start + block)

@@ -139,6 +139,7 @@ class WrittenTokenFile:
     contents: Contents
     folder: str = ""  # where in its output it is published: a bucket's folder for a rank's bucket files, else ""
     pieces: Pieces | None = field(default=None, compare=False, repr=False)  # those its writer was asked to keep
+    hashes: np.ndarray | None = field(default=None, compare=False, repr=False)  # each entry's, when it was asked
 
     @property
     def name(self) -> str:
@@ -302,10 +303,13 @@ class TokenFileWriter(FinishOrAbandon):
         durable: bool = True,
         observe: Observer | None = None,
         keep_pieces: np.ndarray | None = None,
+        keep_hashes: bool = False,
     ):
         """``observe(tokens, ends, loss)``: called with every block written, in order, on the contents' thread (a
         stage's own check, ``stages.verify.OwnCheck``, checks the blocks there instead of reading the file back).
-        ``keep_pieces``: the numbers of the pieces whose sums what is written keeps too (``formats.contents``)."""
+        ``keep_pieces``: the numbers of the pieces whose sums what is written keeps too (``formats.contents``);
+        ``keep_hashes``: each index entry's hash too, which a mixture's sidecar gives its source
+        (``formats.sidecar``)."""
         self.path = Path(path)
         self.observe = observe
         self.dtype = token_dtype(token_size)
@@ -316,7 +320,7 @@ class TokenFileWriter(FinishOrAbandon):
         self._ds = HashedFile(self.path, durable)
         self._index = HashedFile(self.path.with_name(self.path.name + ".index"), durable)
         self._loss = HashedFile(self.path.with_name(self.path.name + ".loss"), durable) if save_loss else None
-        self.contents = ContentsHasher(keep=keep_pieces)
+        self.contents = ContentsHasher(keep=keep_pieces, hashes=keep_hashes)
         self._hashing = InOrder("contents")
         self.written: WrittenTokenFile | None = None
 
@@ -355,8 +359,9 @@ class TokenFileWriter(FinishOrAbandon):
         files.append(WrittenFile(meta_path.name, len(meta), hashlib.sha256(meta).hexdigest()))
         contents = self.contents.result()
         pieces = self.contents.kept_pieces() if self.contents.keeps else None
+        hashes = self.contents.entry_hashes() if self.contents.keeps_hashes else None
         self.written = WrittenTokenFile(
-            self.path, self.tokens, self.index_entries, tuple(files), contents, pieces=pieces
+            self.path, self.tokens, self.index_entries, tuple(files), contents, pieces=pieces, hashes=hashes
         )
         return self.written
 
@@ -505,12 +510,15 @@ class SplitWriter(FinishOrAbandon):
         writer_class: type = TokenFileWriter,
         observe: Callable[[Path], Observer] | None = None,
         keep_pieces: np.ndarray | None = None,
+        keep_hashes: bool = False,
     ):
         self.directory = Path(directory)
         self.name_for = name_for
         self.options = {"tokenizer": tokenizer, "token_size": token_size, "save_loss": save_loss}
         if keep_pieces is not None:  # a TokenFileWriter's option, for a stream written into one file
             self.options["keep_pieces"] = keep_pieces
+        if keep_hashes:  # a TokenFileWriter's option: a mixture's files
+            self.options["keep_hashes"] = True
         self.max_tokens = max_tokens
         self.side: Literal["left", "right"] = "left" if close_at_limit else "right"
         self.on_close = on_close

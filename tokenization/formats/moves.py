@@ -213,21 +213,24 @@ class _Source:
         self.fds = []
 
 
-def contents_of(pool: SourcePool, i: int, *spans: tuple[np.ndarray, int]) -> list[Contents]:
+def contents_of(
+    pool: SourcePool, i: int, *spans: tuple[np.ndarray, int], sources: Sequence[np.ndarray | None] | None = None
+) -> list[Contents]:
     """The contents of source ``i`` for each span ``(cuts, tokens)``: its first ``tokens`` tokens cut at ``cuts``
-    (``formats.contents.stream_contents``), read once in large ``pread`` blocks with descriptors of its own, so that
-    a stage hashes its inputs on a thread of their own while it moves their units (``SourcePool.private``)."""
+    (``formats.contents.stream_contents``; each piece of its mixture source where ``sources`` gives a span's, one a
+    cut), read once in large ``pread`` blocks with descriptors of its own, so that a stage hashes its inputs on a
+    thread of their own while it moves their units (``SourcePool.private``)."""
     with closing(pool.private(i)) as source:
-        return stream_contents(partial(_read_both, pool, source), spans)
+        return stream_contents(partial(_read_both, pool, source), spans, sources=sources)
 
 
 def uses_contents(
-    pool: SourcePool, i: int, cuts: np.ndarray, tokens: int, uses: np.ndarray
+    pool: SourcePool, i: int, cuts: np.ndarray, tokens: int, uses: np.ndarray, sources: np.ndarray | None = None
 ) -> tuple[Contents, Contents]:
-    """Source ``i``'s contents cut at ``cuts``, and those of its pieces each taken ``uses`` times
-    (``formats.contents.stream_uses``), read as ``contents_of`` reads."""
+    """Source ``i``'s contents cut at ``cuts``, and those of its pieces each taken ``uses`` times, each piece of its
+    mixture source where ``sources`` gives them (``formats.contents.stream_uses``), read as ``contents_of`` reads."""
     with closing(pool.private(i)) as source:
-        return stream_uses(partial(_read_both, pool, source), cuts, tokens, uses)
+        return stream_uses(partial(_read_both, pool, source), cuts, tokens, uses, sources=sources)
 
 
 def _read_both(pool: SourcePool, source: _Source, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:

@@ -15,13 +15,15 @@ from dataclasses import replace
 
 import numpy as np
 
+from tokenization.formats.contents import of_sources
 from tokenization.formats.ds import SOURCE, SOURCE_DTYPE, Metadata, TokenFileError, WrittenFile, WrittenTokenFile
 from tokenization.storage.files import open_fs, write_bytes_atomic
 
 
 def attach(written: Sequence[WrittenTokenFile], sources: np.ndarray, names: Sequence[str]) -> list[WrittenTokenFile]:
     """The families, each with its ``.source`` sidecar (its share of ``sources``, one a written index entry, in
-    order) and the source ``names`` in its metadata."""
+    order) and the source ``names`` in its metadata, and each piece's source in its contents (``formats.contents``:
+    its writer kept each entry's hash, ``keep_hashes``)."""
     entries = [family.index_entries for family in written]
     if sum(entries) != len(sources):
         raise TokenFileError(f"{len(sources):,} sources for {sum(entries):,} index entries: a bug")
@@ -41,7 +43,13 @@ def _attached(family: WrittenTokenFile, sources: np.ndarray, names: Sequence[str
     for name, data in added.items():
         write_bytes_atomic(local, str(family.path.with_name(name)), data)
     kept = tuple(f for f in family.files if f.name not in added)
-    return replace(family, files=kept + tuple(_summed(name, data) for name, data in added.items()))
+    if family.hashes is None:
+        raise TokenFileError(f"{family.path}: written without its entries' hashes, which its sources go into: a bug")
+    return replace(
+        family,
+        files=kept + tuple(_summed(name, data) for name, data in added.items()),
+        contents=of_sources(family.contents, family.hashes, sources),
+    )
 
 
 def _summed(name: str, data: bytes) -> WrittenFile:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -288,6 +289,7 @@ def _one_file(
         save_loss=with_loss,
         observe=lambda path: own.watch(path, pseudo),
         keep_pieces=parts,
+        keep_hashes=source.sources is not None,  # a mixture's: its sidecar gives them their sources
     )
     pool = SourcePool(
         urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs", storage_options=config.storage_options
@@ -296,10 +298,12 @@ def _one_file(
         if parts is not None and recorded is not None:  # (rejoin)
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
-            written = _with_sources(writer.written, source, ends, units[1], config.context_window)
-            read = _rejoined(url, pool, written, parts, cuts, units, kept, ends, recorded)
+            written = _with_sources(writer.written, source, ends, units[1], config.context_window, parts)
+            read = _rejoined(url, pool, written, parts, cuts, units, kept, ends, recorded, source.sources)
             return _Shuffled(written, full, packed, read, pseudo)
-        with meanwhile(contents_of, pool, 0, (ends, total), (cuts[cuts <= kept], kept)) as contents:  # read again
+        spans = (ends, total), (cuts[cuts <= kept], kept)
+        sourced = None if source.sources is None else [_of_pieces(source.sources, ends, c) for c, _ in spans]
+        with meanwhile(partial(contents_of, sources=sourced), pool, 0, *spans) as contents:  # read again
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
             read, expected = contents.result()
@@ -310,12 +314,25 @@ def _one_file(
     return _Shuffled(written, full, packed, read, pseudo)
 
 
+def _of_pieces(sources: np.ndarray, ends: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+    """The source of each piece of a stream cut at ``cuts`` (the pieces' ends, sorted): that of the document whose
+    index entry in ``ends`` comes first after the piece's first token."""
+    starts = np.concatenate([[0], cuts[:-1]]).astype(np.int64)
+    return np.asarray(sources)[np.searchsorted(ends, starts, side="right")]
+
+
 def _with_sources(
-    written: list[WrittenTokenFile], source: TokenFile, ends: np.ndarray, starts: np.ndarray, window: int
+    written: list[WrittenTokenFile],
+    source: TokenFile,
+    ends: np.ndarray,
+    starts: np.ndarray,
+    window: int,
+    parts: np.ndarray | None = None,
 ) -> WrittenTokenFile | None:
     """The file's windows (None: none), with a mixture's ``.source`` sidecar when its input has one: each piece's
     source is that of the document its first token comes from, found from where its window starts in the input
-    (``starts``: in output order; every window is whole but a kept tail, which comes last)."""
+    (``starts``: in output order; every window is whole but a kept tail, which comes last). The pieces its writer
+    kept (``parts``: their numbers) get theirs too, for the proof that joins them again."""
     if not written:
         return None
     (family,) = written
@@ -326,7 +343,10 @@ def _with_sources(
     first = np.concatenate([[0], pieces[:-1]])  # each piece's first token in the output
     at = starts[first // window] + first % window  # and in the input
     documents = np.searchsorted(ends, at, side="right")
-    (family,) = sidecar.attach([family], np.asarray(sources)[documents], source.metadata.sources)
+    of_pieces = np.asarray(sources)[documents]
+    (family,) = sidecar.attach([family], of_pieces, source.metadata.sources)
+    if parts is not None and family.pieces is not None:  # every piece of a window holds a token: one an entry
+        family = replace(family, pieces=family.pieces.with_sources(of_pieces[parts]))
     return family
 
 
@@ -340,13 +360,17 @@ def _rejoined(
     kept: int,
     ends: np.ndarray,
     recorded: Contents,
+    sources: np.ndarray | None,
 ) -> Contents:
     """The file's contents, from its windows as written (None: no window), the pieces ``chosen`` of them that
-    window edges cut, and its dropped tail, read alone (``formats.moves.rejoined_contents``). When they are not its
+    window edges cut, and its dropped tail, read alone (``formats.moves.rejoined_contents``), each piece of its
+    mixture source where the file has ``sources`` (one a document). When they are not its
     record, the file is read to tell a bug of the shuffle (refused here) from a file that is not the one its stage
     wrote (its contents returned, which the caller refuses)."""
     total = int(ends[-1])
-    tail = ContentsHasher(keep=np.arange(np.count_nonzero(cuts > kept)))  # every piece of it
+    behind = cuts[cuts > kept]
+    of_tail = None if sources is None else _of_pieces(sources, ends, np.concatenate([[kept], behind]))[1:]
+    tail = ContentsHasher(keep=np.arange(len(behind)), sources=of_tail)  # every piece of it
     tokens, loss = pool.read(0, kept, total)
     tail.add(tokens, within(cuts, kept, total), loss)
     tail.result()
@@ -357,7 +381,7 @@ def _rejoined(
     read = rejoined_contents(done, parts, chosen, cuts, units[1], units[2], tail.kept_pieces(), ends)
     if read == recorded:
         return read
-    (held,) = contents_of(pool, 0, (ends, total))
+    (held,) = contents_of(pool, 0, (ends, total), sources=None if sources is None else [sources])
     if held == recorded:
         raise ShuffleCheckFailed(
             f"context shuffle of {url} wrote other pieces than it read: its windows do not join again into the "

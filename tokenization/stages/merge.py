@@ -347,8 +347,8 @@ def _prepare(config: MergeConfig) -> _Prepared:
 
 def _check_sidecars(inputs: MergeInputs, named: list[str], described: dict[str, Described]) -> None:
     """Each input's ``.source`` sidecar is the one its rank recorded (its marker's sha256): a byte changed to
-    another valid source would otherwise move documents between sources unseen (the contents proof covers tokens
-    and loss bytes, not the sidecar)."""
+    another valid source would move documents between sources, which the contents (each piece's source is in them)
+    would find only once the merge had read every input; this says so first, naming the file."""
     sources = cast(np.ndarray, inputs.sources)
     for f, name in enumerate(named):
         held = sources[inputs.offsets[f] : inputs.offsets[f + 1]].astype(SOURCE_DTYPE).tobytes()
@@ -565,6 +565,7 @@ def _move(
         close_at_limit=True,
         on_close=checkpoints,
         observe=checkpoints.watch if checkpoints.own else None,
+        keep_hashes=prepared.mix is not None,  # a mixture's: its sidecars give them their sources
     )
     inner = [inputs.file_ends(f) for f in range(len(inputs.urls))] if units.chunk else None
     mix = prepared.mix
@@ -626,12 +627,13 @@ def _input_contents(prepared: _Prepared, pool: SourcePool) -> tuple[Contents, Co
 
 def _mixed_contents(prepared: _Prepared, mix: _Mixed, pool: SourcePool) -> tuple[Contents, Contents]:
     """What a mixture's merge read (its inputs whole), and what its files must hold: each document as many times
-    as it is used, hashed from the input files (a document's hash is not in its rank's records)."""
+    as it is used, each of its source, hashed from the input files (a document's hash is not in its rank's
+    records)."""
     read = kept = Contents()
     offsets = prepared.inputs.offsets
     for f in range(len(prepared.inputs.urls)):
-        uses = mix.uses[offsets[f] : offsets[f + 1]]
-        whole, used = uses_contents(pool, f, prepared.inputs.file_ends(f), int(prepared.tokens[f]), uses)
+        uses, sources = (mine[offsets[f] : offsets[f + 1]] for mine in (mix.uses, mix.sources))
+        whole, used = uses_contents(pool, f, prepared.inputs.file_ends(f), int(prepared.tokens[f]), uses, sources)
         read, kept = read + whole, kept + used
     return read, kept
 

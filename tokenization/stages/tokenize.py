@@ -22,7 +22,7 @@ import numpy as np
 from tokenization import orderings
 from tokenization.errors import UsageError
 from tokenization.formats import DS, MEGATRON, names, sidecar
-from tokenization.formats.contents import check_kept
+from tokenization.formats.contents import Contents, check_kept, sourced
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
 from tokenization.formats.moves import (
@@ -283,6 +283,8 @@ def tokenize_rank(
         counts = total(segments)
         log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
         source_names = share.mixture.names if share is not None and share.mixture is not None else None
+        if source_names is not None and config.output_format != "megatron":  # its files' sidecars name the sources
+            counts.contents = Contents.total(sourced(s.counts.contents, s.source) for s in segments)
         written = _second_pass(config, encoder, segments, counts, attempt.work, source_names)
         log.info("rank %d: pass 2 done, %s, %s", config.rank, counted(len(written), "file"), config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
@@ -377,7 +379,7 @@ def _write(
     mix: _Mix | None = None,
 ) -> list[WrittenTokenFile]:
     """These units, in this order, into the files ``_writer`` makes (with a mixture's sidecars, given ``mix``)."""
-    with _writer(config, encoder, work, name_for, last=last) as writer:
+    with _writer(config, encoder, work, name_for, last=last, mixed=mix is not None) as writer:
         move_units(pool, *units, writer)
     if mix is None:
         return writer.written
@@ -399,10 +401,17 @@ def _apart(
 
 
 def _writer(
-    config: TokenizeConfig, encoder: Encoder, work: Path, name_for: Callable[[int], str], *, last: bool
+    config: TokenizeConfig,
+    encoder: Encoder,
+    work: Path,
+    name_for: Callable[[int], str],
+    *,
+    last: bool,
+    mixed: bool = False,
 ) -> SplitWriter:
     """A writer of files named ``name_for(sub)``: the rank's own (``last``: split at ``max_tokens_per_file``, in
-    its format), or one working file for the pass after."""
+    its format), or one working file for the pass after; a mixture's (``mixed``) keeps each entry's hash, which
+    its sidecar gives its source."""
     return SplitWriter(
         work,
         name_for,
@@ -411,6 +420,7 @@ def _writer(
         save_loss=config.save_loss,
         max_tokens=config.max_tokens_per_file if last else None,
         writer_class=config.writer_class if last else TokenFileWriter,
+        keep_hashes=mixed,
     )
 
 

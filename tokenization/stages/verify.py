@@ -55,6 +55,10 @@ R = TypeVar("R")
 
 
 BOOKKEEPING = {manifest.MANIFESTS, manifest.COMPLETIONS, manifest.QUARANTINE, LEASES, STAGING}  # folders, not files
+_NO_STAGE_MANIFEST = (
+    f"no stage manifest in {manifest.MANIFESTS}/: the stage that writes this folder did not finish, or its manifest "
+    "was removed; run that stage again"
+)
 
 
 def verify(
@@ -124,13 +128,10 @@ def _removed_on_purpose(listing: Listing) -> bool:
 
 
 def _verify_records_alone(listing: Listing, report: Report) -> Report:
-    """A stage folder whose token files were removed on purpose: its records are checked against each other (each
-    stage manifest has its completion marker, with its checksum, and adds up), not against files that are gone; a
-    note says why, and names token files still there (a removal cut short, which publishing again finishes)."""
-    records = _read_records(listing, report)
-    if records is not None:
-        _check_stages(listing, records.stages, records.markers, report)
-    stages = len(records.stages) if records else 0
+    """A stage folder whose token files were removed on purpose: its records are checked against each other
+    (``check_records_alone``), not against files that are gone; a note says why, and names token files still there
+    (a removal cut short, which publishing again finishes)."""
+    stages = check_records_alone(listing, report)
     report.notes.append(
         f"{listing.url}: its token files were removed once the build was published, as its {BUILD_MANIFEST} says "
         f"(a build with keep_intermediate keeps them): only its records are checked ({stages} stage "
@@ -142,6 +143,22 @@ def _verify_records_alone(listing: Listing, report: Report) -> Report:
             "publishing the build again removes them"
         )
     return report
+
+
+def check_records_alone(listing: Listing, report: Report) -> int:
+    """A stage folder's records against each other, none against its files: it has a stage manifest, each has its
+    completion marker with its checksum and adds up, each marker its manifest and the manifest's files, and the
+    merge's checkpoints are its manifest's entries (what a stage folder whose token files are gone still proves);
+    returns the stage manifests found."""
+    records = _read_records(listing, report)
+    if records is None:
+        return 0
+    if not records.stages:
+        report.problem(listing.url, _NO_STAGE_MANIFEST)
+    _check_stages(listing, records.stages, records.markers, report)
+    _check_markers(listing, records.stages, records.markers, set(), report, files=False)
+    _check_checkpoints(listing, records, report)
+    return len(records.stages)
 
 
 def _build_checks(listing: Listing, report: Report) -> Checks:
@@ -263,11 +280,7 @@ def _check_records(
     if stages:
         missing = _check_families(listing, families, described, report)
     elif records.manifests or records.markers or _in_a_run(listing):
-        report.problem(
-            listing.url,
-            f"no stage manifest in {manifest.MANIFESTS}/: the stage that writes this folder did not finish, or its "
-            "manifest was removed; run that stage again",
-        )
+        report.problem(listing.url, _NO_STAGE_MANIFEST)
         missing = set()
     else:
         report.notes.append(f"{listing.url}: no manifests, so which files belong here cannot be checked")
@@ -340,9 +353,11 @@ def _check_markers(
     markers: dict[str, CompletionMarker],
     missing: set[str],
     report: Report,
+    files: bool = True,
 ) -> set[str]:
-    """Every marker belongs to a stage manifest and lists its files, and every file it lists is there with its
-    size and sha256 (a missing family is reported once, as such); returns the files the markers list."""
+    """Every marker belongs to a stage manifest and lists its files, and (with ``files``) every file it lists is
+    there with its size and sha256 (a missing family is reported once, as such); returns the files the markers
+    list."""
     listed: set[str] = set()
     for stem, marker in sorted(markers.items()):
         where, own = listing.label(manifest.marker_name(stem)), manifest.manifest_name(stem)
@@ -355,11 +370,10 @@ def _check_markers(
             report.problem(where, f"names the manifest {marker.manifest}, not its own {own}")
         if marker.checked != stages[stem].record.checked:
             report.problem(where, f"records another check of the stage's own files than its manifest {own} does")
-        files = marker.files
-        for name in sorted(set(stages[stem].record.output_files()) - set(files)):
+        for name in sorted(set(stages[stem].record.output_files()) - set(marker.files)):
             report.problem(listing.label(name), f"its manifest {own} lists it, its completion marker does not")
-        for name, info in sorted(files.items()):
-            listed.add(name)
+        listed |= set(marker.files)
+        for name, info in sorted(marker.files.items() if files else ()):
             size = listing.size(name)
             if size is None:
                 if _family(name) not in missing:

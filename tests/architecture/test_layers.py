@@ -102,9 +102,7 @@ def test_a_planted_import_that_breaks_a_rule_is_named(
     copy: Path, capsys: pytest.CaptureFixture[str], path: str, source: str, named: str
 ) -> None:
     plant(copy, path, source)
-    status, lines = run(copy, capsys)
-    assert status == 1
-    assert named in lines
+    assert run(copy, capsys) == (1, [named])
 
 
 def test_a_stale_imports_column_is_named_and_rewritten(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:

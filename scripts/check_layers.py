@@ -189,22 +189,23 @@ def column(layer: str, imported: list[str]) -> str:
 
 def table_checked(doc: str, imports: dict[str, list[str]]) -> tuple[str, list[str]]:
     """The doc with its imports column made from the code, and what was stale or missing in it."""
-    lines, stale, rows = doc.splitlines(keepends=True), [], []
+    lines, stale = doc.splitlines(keepends=True), []
     for i, line in enumerate(lines):
         match = ROW.match(line)
-        if match is None:
+        if match is None or match["layer"] not in imports:
             continue
         layer = match["layer"]
-        rows.append(layer)
-        if layer not in imports:
-            continue
         made = column(layer, imports[layer])
         if match["imports"].strip() != made:
             stale.append(f"{DOC}:{i + 1}: {layer}: the table says {match['imports'].strip()!r}, the code: {made!r}")
             lines[i] = line[: match.start("imports")] + f" {made} |\n"
-    if rows != list(LAYERS):
-        stale.append(f"{DOC}: the table's layers are {rows}, the layers held are {list(LAYERS)}")
     return "".join(lines), stale
+
+
+def rows_differ(doc: str) -> list[str]:
+    """The table's rows against ``LAYERS``: the order the doc shows is the order held."""
+    rows = [match["layer"] for line in doc.splitlines() if (match := ROW.match(line))]
+    return [] if rows == list(LAYERS) else [f"{DOC}: the table's layers are {rows}, those held are {list(LAYERS)}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in sources(args.root)
         if (layer := layer_of(module_name(path))) not in (*LAYERS, "tokenization", None)
     ]
-    doc, stale = table_checked((args.root / DOC).read_text(), layer_imports(graph))
+    text = (args.root / DOC).read_text()
+    errors += rows_differ(text)
+    doc, stale = table_checked(text, layer_imports(graph))
     if args.write:
         (args.root / DOC).write_text(doc)
     else:

@@ -120,6 +120,16 @@ def test_a_stale_imports_column_is_named_and_rewritten(copy: Path, capsys: pytes
     assert run(copy, capsys) == (0, [])
 
 
+def test_a_table_whose_layers_differ_is_named(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = copy / "docs" / "architecture.md"
+    doc.write_text(
+        "".join(line for line in doc.read_text().splitlines(keepends=True) if "| `orderings.py`" not in line)
+    )
+    status, lines = run(copy, capsys, "--write")
+    assert status == 1 and lines[0].startswith("docs/architecture.md: the table's layers are ['errors', 'progress',")
+    assert "'records', 'formats', 'mixing'" in lines[0] and "'records', 'orderings', 'formats'" in lines[0]
+
+
 def test_a_module_outside_the_layers_is_named(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plant(copy, "tokenization/planted.py", "from tokenization import errors\n")
     plant(copy, "tokenization/errors.py", (copy / "tokenization/errors.py").read_text() + "from . import planted\n")

@@ -47,6 +47,7 @@ lint: setup
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 	$(RUN) mypy
+	$(RUN) python scripts/check_layers.py
 
 # Two workers, a test file each at a time (pytest-xdist): the deployment tests mostly wait on Airflow, so a second
 # worker runs the rest meanwhile (26 min on one worker, ~15 on two, on 2 cores). TEST_WORKERS=0 runs in one process.

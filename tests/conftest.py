@@ -15,6 +15,7 @@ from harness.seaweedfs import SeaweedFS, weed_binary
 from tests.support.dag_runs import ADMIN_PASSWORD, MERGE_POOL
 from tests.support.paths import ROOT, SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.support.s3 import moto_s3, seaweedfs_s3
+from tests.support.whole_builds import runs_a_build
 
 # Airflow reads its configuration when first imported: point it at a private home, this repo's DAGs and plugins,
 # and SQLite, before any test imports it. Never [core] unit_test_mode (it loads Airflow's own test config).
@@ -44,6 +45,10 @@ DEPLOYMENT_TESTS = (
 )
 
 
+# Modules whose every test runs a whole build though ``tests.support.whole_builds`` cannot tell (none today).
+BUILD_MODULES: tuple[str, ...] = ()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "long: a test of minutes (a deployment, the bench's smoke run), started before the others"
@@ -51,9 +56,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Long tests first (a stable sort): ``make test``'s two workers take their work in this order, so one starts
-    on the deployments and the other on the bench while the short tests fill the gaps."""
+    """Each test that runs a whole build marked ``build`` (``pytest -m "not build"``: the unit tests); then long
+    tests first (a stable sort): ``make test``'s two workers take their work in this order, so one starts on the
+    deployments and the other on the bench while the short tests fill the gaps."""
+    for item in items:
+        if whole_build(item):
+            item.add_marker(pytest.mark.build)
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+def whole_build(item: pytest.Item) -> bool:
+    """Whether a test runs a whole build: long, in ``BUILD_MODULES``, or calling one itself or through a fixture."""
+    if item.get_closest_marker("long") or item.nodeid.split("::")[0] in BUILD_MODULES:
+        return True
+    fixtures = getattr(item, "_fixtureinfo", None)
+    defs = [d[-1].func for d in fixtures.name2fixturedefs.values() if d] if fixtures else []
+    return any(runs_a_build(function) for function in [getattr(item, "function", None), *defs] if function)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):

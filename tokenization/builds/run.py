@@ -69,8 +69,6 @@ log = logging.getLogger(__name__)
 BUILD_LEASE = "build"  # the lease a whole run of a build holds in its run folder (``.build.lock``, or on S3
 # ``_leases/build.json``), beside those of its steps' outputs in the stage folders
 DATASET_NAME = "corpus"  # the merged files are NNN_corpus.ds
-PROBLEMS_LOGGED = 50
-ARRIVED_LISTED = 100  # input files that arrived after the plan, named in the build record (then a count)
 M = TypeVar("M", RankManifest, MergeManifest, ContextManifest)
 
 

@@ -209,7 +209,8 @@ def test_the_builds_page_escapes_and_formats() -> None:
     assert "<script" not in page and 'data-run-id="&lt;script&gt;alert(1)&lt;/script&gt;"' in page
     assert page.count('data-key="failure"') == 1  # a failed run names its task and cause, escaped
     assert "<code>tokenize[2]</code>: &lt;script&gt;alert(1)&lt;/script&gt;</div>" in page
-    shown = {"started": "2026-11-30 02:00 UTC", "duration": "1 min 12 s", "seed": "1234", "tokens": "64,522"}
+    started = '<span class="nowrap">2026-11-30</span> <span class="nowrap">02:00 UTC</span>'  # wraps between the two
+    shown = {"started": started, "duration": "1 min 12 s", "seed": "1234", "tokens": "64,522"}
     for key, text in (shown | {"docs": "308", "rejects": "–", "reused": "98.1%"}).items():
         assert f'data-key="{key}">{text}</td>' in page, key
     assert "<style>" in page and "border-collapse" in page  # the shared stylesheet, inline

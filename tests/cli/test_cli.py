@@ -18,6 +18,7 @@ import pytest
 from tests.support.corpus import sample_records, write_jsonl
 from tests.support.processes import cli
 from tests.support.tokenizers import EOS
+from tokenization.output.runs import folder_for
 
 
 def test_tokenize_then_inspect(tmp_path, sample_corpus, sample_tokenizer) -> None:
@@ -402,7 +403,7 @@ def test_ctrl_c_stops_a_build_and_its_workers_in_one_line(tmp_path, sample_corpu
     """Issue 37: Ctrl-C printed a 20-line traceback ending in KeyboardInterrupt, and one more a worker process."""
     command = ["build", str(sample_corpus), "--output", "out", "--tokenizer", str(sample_tokenizer), "--seed", "1"]
     command += ["--num-ranks", "64", "--parallel", "2", "--context-window", "0", "--build-id", "night 1"]
-    ranks = tmp_path / "out" / "night%201" / "ranks" / "_completions"
+    ranks = Path(folder_for(str(tmp_path / "out"), "night 1")) / "ranks" / "_completions"
     done = interrupted(command, lambda: any(ranks.glob("*.json")), tmp_path)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
     assert [line for line in done.stderr.splitlines() if not LOG_LINE.match(line)] == [

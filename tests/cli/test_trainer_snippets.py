@@ -93,9 +93,25 @@ def printed(builds: Path, name: str) -> list[str]:
 
 
 def test_datatroves_reader_gives_windows_positions_and_the_loss_mask(builds, tokenizer) -> None:
-    (line,) = printed(builds, "datatrove")
-    files = [TokenFile(str(p)) for p in sorted((builds / "builds/nightly/context").glob("*.ds"))]
+    files, loss = read_by_datatrove(builds, "nightly")
     assert {f.token_size for f in files} == {TOKEN_SIZES[tokenizer]}
+    assert loss == int(np.asarray(files[0].loss[:WINDOW]).sum()) > 0
+
+
+def test_datatroves_snippet_reads_a_build_without_loss_bytes(builds) -> None:
+    """The mixture build has no --save-loss, so no ``.ds.loss``: every token carries loss, and the snippet says so
+    instead of failing to open the file."""
+    _, loss = read_by_datatrove(builds, "mixed")
+    assert not list((builds / "builds/mixed/context").glob("*.loss"))
+    assert loss == WINDOW
+
+
+def read_by_datatrove(builds: Path, build: str) -> tuple[list[TokenFile], int]:
+    """The datatrove snippet run on ``build``'s context files: checks the windows, first ids and positions it
+    printed against our reader's; gives the files and the loss tokens it counted in the first window."""
+    script = SNIPPETS["datatrove"].replace('"builds/nightly/context"', f'"builds/{build}/context"')
+    (line,) = in_trainer_env(script, cwd=builds).strip().splitlines()
+    files = [TokenFile(str(p)) for p in sorted((builds / f"builds/{build}/context").glob("*.ds"))]
     first = np.asarray(files[0].tokens[:WINDOW])
     ends = np.asarray(files[0].ends, dtype=np.int64)
     doc_starts = np.concatenate([[0], ends[ends < 8]])
@@ -103,7 +119,7 @@ def test_datatroves_reader_gives_windows_positions_and_the_loss_mask(builds, tok
     count, ids, where, loss = re.fullmatch(r"(\d+) (\[.*?\]) (\[.*?\]) (\d+)", line).groups()
     assert int(count) == sum(f.num_tokens // WINDOW for f in files) > 0
     assert (json.loads(ids), json.loads(where)) == (first[:8].tolist(), positions)
-    assert int(loss) == int(np.asarray(files[0].loss[:WINDOW]).sum()) > 0
+    return files, int(loss)
 
 
 def test_numpy_reads_whole_windows_and_their_loss(builds) -> None:

@@ -66,17 +66,19 @@ browser-env:
 	@bash scripts/ensure-chromium.sh
 
 # A separate environment holding the trainers' readers, only for the tests that load our files with them. `ready` is
-# written last, so an interrupted install is redone. If it cannot be installed, those tests skip and say why.
+# written last, so an interrupted install is redone. If it cannot be installed, those tests skip and say why. Like
+# the streaming env's, its bytecode is written by the tests' first import, of what they use (compiling all of torch
+# at install took 2 min of a fresh clone's set-up).
 trainer-env:
 	@test -f $(TRAINER_VENV)/ready || { \
 	  rm -rf $(TRAINER_VENV) && $(UV) venv -q $(TRAINER_VENV) --python python3 && \
-	  $(UV) pip install -q --python $(TRAINER_VENV)/bin/python $(TORCH_SOURCE) "torch==2.13.0+cpu" \
+	  UV_COMPILE_BYTECODE=0 $(UV) pip install -q --python $(TRAINER_VENV)/bin/python $(TORCH_SOURCE) "torch==2.13.0+cpu" \
 	    "megatron-core==0.16.1" "datatrove==0.10.1" && touch $(TRAINER_VENV)/ready; \
 	} || { rm -rf $(TRAINER_VENV); echo "warning: the trainers' readers could not be installed; their tests will skip"; }
 
 # The MDS reader's environment, for the tests that load our MDS output with streaming.StreamingDataset (they skip
 # without it). `ready` is written last. No bytecode is compiled at install (torch's would take ~2 min): the tests'
-# first import writes what they use.
+# first import writes what they use (tests/support/references.py).
 streaming-env:
 	@test -f $(STREAMING_VENV)/ready || { \
 	  rm -rf $(STREAMING_VENV) && $(UV) venv -q $(STREAMING_VENV) --python python3 && \

@@ -46,13 +46,16 @@ DEPLOYMENT_TESTS = (
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "long: a test of minutes (a deployment, the bench's smoke run), started before the others"
+        "markers",
+        "long: a test of minutes (a deployment, the bench's smoke run, a 50 MB document), started before the others",
     )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Long tests first (a stable sort): ``make test``'s two workers take their work in this order, so one starts
-    on the deployments and the other on the bench while the short tests fill the gaps."""
+    """Long tests first (a stable sort): ``make test``'s two workers take their work in this order, a file at a
+    time, so one starts on the deployments and the other on the bench, then on the 50 MB documents (their file
+    took 20 min of one worker under load; in name order it came among the last), while the short tests fill the
+    gaps. xdist gives a worker its next file once two of its tests are left."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 

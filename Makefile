@@ -30,10 +30,11 @@ TORCH_SOURCE := $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),--find-links
 
 STREAMING_VENV := .venv-streaming
 # mosaicml streaming, MDS's reader, in an environment of its own: it needs transformers < 5, so huggingface-hub < 1,
-# where datatrove needs >= 1.6; and `import streaming` imports torchvision, whose wheels load only beside the torch
-# they were built with. pip takes both from the machine's own index where it has them (CI's: a CUDA build, 6.3 GB
-# installed), else a CPU build from PyTorch's CPU index.
-VISION_SOURCE := $(if $(wildcard /opt/pypi-more/files/torchvision-0.29.1-*.whl),,--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple)
+# where datatrove needs >= 1.6; and `import streaming` imports torchvision (streaming.vision), whose wheels load only
+# beside the torch they were built with (PyPI's torchvision 0.28 fails beside the CPU torch 2.13 above: it links
+# torch's CUDA library). uv takes the pair from the machine's own wheels where it has them (CI's: a CUDA build,
+# 5.8 GB, hardlinked from uv's cache: a second clone's costs ~5 s and no disk), else a CPU build from PyTorch's index.
+VISION_SOURCE := $(if $(wildcard /opt/pypi-more/files/torchvision-0.29.1-*.whl),--find-links /opt/pypi-more/files,--index https://download.pytorch.org/whl/cpu)
 
 .PHONY: setup test lint demo airflow airflow-init clean trainer-env streaming-env browser-env tokenizer-files bench
 
@@ -66,22 +67,25 @@ browser-env:
 	@bash scripts/ensure-chromium.sh
 
 # A separate environment holding the trainers' readers, only for the tests that load our files with them. `ready` is
-# written last, so an interrupted install is redone. If it cannot be installed, those tests skip and say why.
+# written last, so an interrupted install is redone. If it cannot be installed, those tests skip and say why. Like
+# the streaming env's, its bytecode is written by the tests' first import, of what they use (compiling all of torch
+# at install took 2 min of a fresh clone's set-up).
 trainer-env:
 	@test -f $(TRAINER_VENV)/ready || { \
 	  rm -rf $(TRAINER_VENV) && $(UV) venv -q $(TRAINER_VENV) --python python3 && \
-	  $(UV) pip install -q --python $(TRAINER_VENV)/bin/python $(TORCH_SOURCE) "torch==2.13.0+cpu" \
+	  UV_COMPILE_BYTECODE=0 $(UV) pip install -q --python $(TRAINER_VENV)/bin/python $(TORCH_SOURCE) "torch==2.13.0+cpu" \
 	    "megatron-core==0.16.1" "datatrove==0.10.1" && touch $(TRAINER_VENV)/ready; \
 	} || { rm -rf $(TRAINER_VENV); echo "warning: the trainers' readers could not be installed; their tests will skip"; }
 
 # The MDS reader's environment, for the tests that load our MDS output with streaming.StreamingDataset (they skip
-# without it). `ready` is written last; pip's output goes to $(STREAMING_VENV).log.
+# without it). `ready` is written last. No bytecode is compiled at install (torch's would take ~2 min): the tests'
+# first import writes what they use (tests/support/references.py).
 streaming-env:
 	@test -f $(STREAMING_VENV)/ready || { \
-	  rm -rf $(STREAMING_VENV) && python3 -m venv $(STREAMING_VENV) && \
-	  $(STREAMING_VENV)/bin/pip install -q $(VISION_SOURCE) "torch==2.14.1" "torchvision==0.29.1" \
-	    "mosaicml-streaming==0.13.0" > $(STREAMING_VENV).log 2>&1 && touch $(STREAMING_VENV)/ready; \
-	} || { tail -3 $(STREAMING_VENV).log; rm -rf $(STREAMING_VENV); \
+	  rm -rf $(STREAMING_VENV) && $(UV) venv -q $(STREAMING_VENV) --python python3 && \
+	  UV_COMPILE_BYTECODE=0 $(UV) pip install -q --python $(STREAMING_VENV)/bin/python $(VISION_SOURCE) \
+	    "torch==2.14.1" "torchvision==0.29.1" "mosaicml-streaming==0.13.0" && touch $(STREAMING_VENV)/ready; \
+	} || { rm -rf $(STREAMING_VENV); \
 	  echo "warning: mosaicml streaming could not be installed; the tests that read MDS with it will skip"; }
 
 airflow-init: setup

@@ -51,14 +51,17 @@ BUILD_MODULES: tuple[str, ...] = ()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "long: a test of minutes (a deployment, the bench's smoke run), started before the others"
+        "markers",
+        "long: a test of minutes (a deployment, the bench's smoke run, a 50 MB document), started before the others",
     )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test that runs a whole build marked ``build`` (``pytest -m "not build"``: the unit tests); then long
-    tests first (a stable sort): ``make test``'s two workers take their work in this order, so one starts on the
-    deployments and the other on the bench while the short tests fill the gaps."""
+    tests first (a stable sort): ``make test``'s two workers take their work in this order, a file at a time, so one
+    starts on the deployments and the other on the bench, then on the 50 MB documents (their file took 20 min of one
+    worker under load; in name order it came among the last), while the short tests fill the gaps. xdist gives a
+    worker its next file once two of its tests are left."""
     for item in items:
         if whole_build(item):
             item.add_marker(pytest.mark.build)

@@ -54,7 +54,7 @@ import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from tokenization.errors import TokenizationError, UsageError, external_error
 from tokenization.options import add_arguments, from_arguments
@@ -86,7 +86,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tokenization", description=__doc__, epilog=EXAMPLE, formatter_class=formatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
     for name, command in COMMANDS.items():
         described = sub.add_parser(name, help=command.summary, description=command.summary)
         described.set_defaults(parser=described)  # a usage error shows this command's usage
@@ -612,6 +612,28 @@ COMMANDS = {
         "describe a token file (.ds or Megatron .bin) or a folder of them", _inspect_arguments, cmd_inspect
     ),
 }
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser. argparse refuses a missing required option before it looks at unknown arguments, so a
+    misspelled required flag (``--tokeniser``) would be reported only as missing: the refusal names it too, with the
+    flag meant, as ``main`` does for a misspelled optional one."""
+
+    _given: Sequence[str] = ()
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        unknown = [arg for arg in self._given if arg.startswith("--") and not self._knows(arg.split("=")[0])]
+        if message.startswith("the following arguments are required") and unknown:
+            message += f"; unrecognized arguments: {' '.join(_meant(arg, self) for arg in unknown)}"
+        super().error(message)
+
+    def _knows(self, flag: str) -> bool:
+        """Whether ``flag`` is one of this command's, or an abbreviation argparse takes for one."""
+        return any(known.startswith(flag) for known in self._option_string_actions)
 
 
 def _meant(arg: str, parser: argparse.ArgumentParser) -> str:

@@ -508,7 +508,7 @@ def test_megatron_output_weighs_each_sources_files_by_its_weight(tmp_path, sampl
     weight: Counter = Counter()
     for share, prefix in zip(pairs[::2], pairs[1::2], strict=True):
         source = Path(prefix).name.split("_")[2]
-        ids = MegatronFile(prefix).tokens.tolist()
+        ids = MegatronFile(str(path.parent / prefix)).tokens.tolist()
         assert {source_of(tokenizer.decode(ids))} == {source}  # the source's documents alone
         weight[source] += int(share)
     assert {name: round(w / sum(weight.values()), 6) for name, w in weight.items()} == WEIGHTS

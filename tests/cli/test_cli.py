@@ -219,6 +219,12 @@ def test_usage_errors_exit_2(tmp_path, sample_corpus, sample_tokenizer) -> None:
         done = cli(*tokenize, *wrong)
         assert done.returncode == 2 and message in done.stderr, (wrong, done.stderr)
         assert done.stderr.startswith("usage: tokenization tokenize"), done.stderr
+    # A misspelled required flag: argparse stops at the flag missing; the refusal names the one meant as well.
+    done = cli("tokenize", str(sample_corpus), "--output", str(tmp_path), "--tokeniser", str(sample_tokenizer))
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        "tokenization tokenize: error: the following arguments are required: --tokenizer; "
+        "unrecognized arguments: --tokeniser (did you mean --tokenizer?)"
+    )
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
 
 

@@ -11,6 +11,7 @@ import json
 import random
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,9 +94,25 @@ def printed(builds: Path, name: str) -> list[str]:
 
 
 def test_datatroves_reader_gives_windows_positions_and_the_loss_mask(builds, tokenizer) -> None:
-    (line,) = printed(builds, "datatrove")
-    files = [TokenFile(str(p)) for p in sorted((builds / "builds/nightly/context").glob("*.ds"))]
+    files, loss = read_by_datatrove(builds, "nightly")
     assert {f.token_size for f in files} == {TOKEN_SIZES[tokenizer]}
+    assert loss == int(np.asarray(files[0].loss[:WINDOW]).sum()) > 0
+
+
+def test_datatroves_snippet_reads_a_build_without_loss_bytes(builds) -> None:
+    """The mixture build has no --save-loss, so no ``.ds.loss``: every token carries loss, and the snippet says so
+    instead of failing to open the file."""
+    _, loss = read_by_datatrove(builds, "mixed")
+    assert not list((builds / "builds/mixed/context").glob("*.loss"))
+    assert loss == WINDOW
+
+
+def read_by_datatrove(builds: Path, build: str) -> tuple[list[TokenFile], int]:
+    """The datatrove snippet run on ``build``'s context files: checks the windows, first ids and positions it
+    printed against our reader's; gives the files and the loss tokens it counted in the first window."""
+    script = SNIPPETS["datatrove"].replace('"builds/nightly/context"', f'"builds/{build}/context"')
+    (line,) = in_trainer_env(script, cwd=builds).strip().splitlines()
+    files = [TokenFile(str(p)) for p in sorted((builds / f"builds/{build}/context").glob("*.ds"))]
     first = np.asarray(files[0].tokens[:WINDOW])
     ends = np.asarray(files[0].ends, dtype=np.int64)
     doc_starts = np.concatenate([[0], ends[ends < 8]])
@@ -103,7 +120,7 @@ def test_datatroves_reader_gives_windows_positions_and_the_loss_mask(builds, tok
     count, ids, where, loss = re.fullmatch(r"(\d+) (\[.*?\]) (\[.*?\]) (\d+)", line).groups()
     assert int(count) == sum(f.num_tokens // WINDOW for f in files) > 0
     assert (json.loads(ids), json.loads(where)) == (first[:8].tolist(), positions)
-    assert int(loss) == int(np.asarray(files[0].loss[:WINDOW]).sum()) > 0
+    return files, int(loss)
 
 
 def test_numpy_reads_whole_windows_and_their_loss(builds) -> None:
@@ -129,14 +146,45 @@ def test_streaming_reads_the_mds_windows(builds, tokenizer) -> None:
 
 
 def test_megatron_core_reads_every_prefix_of_the_data_path(builds, tokenizer) -> None:
-    lines = printed(builds, "megatron")
-    words = (builds / "builds/nightly-megatron/megatron_data_path.txt").read_text().split()
+    megatron_reads(builds, "builds/nightly-megatron", MEGATRON_TOKENS[tokenizer])
+
+
+def test_a_moved_megatron_build_is_read_by_its_data_path(builds, tokenizer, tmp_path) -> None:
+    """The build's folder moved (not copied: the old place must not be read): the snippet reads every prefix from
+    the new place, and the README's command gives Megatron absolute prefixes there, from another folder."""
+    moved = tmp_path / "elsewhere" / "nightly-megatron"
+    moved.parent.mkdir()
+    shutil.move(builds / "builds/nightly-megatron", moved)
+    try:
+        megatron_reads(builds, str(moved), MEGATRON_TOKENS[tokenizer])
+        command = re.search(r"<!-- megatron data path -->\n```bash\n(.*?)```", SECTION, flags=re.DOTALL).group(1)
+        assert "builds/nightly-megatron" in command
+        script = "python() { printf '%s\\n' \"$@\"; }\n" + command.replace("builds/nightly-megatron", str(moved))
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True)
+        args = done.stdout.splitlines()
+        words = args[args.index("--data-path") + 1 : args.index("--split")]
+        relative = (moved / "megatron_data_path.txt").read_text().split()
+        assert words[::2] == relative[::2]
+        assert words[1::2] == [str(moved / prefix) for prefix in relative[1::2]]
+        assert all(MegatronFile(prefix).num_tokens == int(w) for w, prefix in zip(words[::2], words[1::2], strict=True))
+    finally:
+        shutil.move(moved, builds / "builds/nightly-megatron")
+
+
+def megatron_reads(builds: Path, run: str, tokens: int) -> None:
+    """The megatron snippet, run on the build at ``run``, reads each prefix its data path names (relative to the
+    build's folder), with the tokens our reader finds there and its weight."""
+    script = SNIPPETS["megatron"].replace('"builds/nightly-megatron"', repr(run))
+    assert script != SNIPPETS["megatron"]
+    lines = in_trainer_env(script, cwd=builds).strip().splitlines()
+    folder = builds / run  # (an absolute run stays itself)
+    words = (folder / "megatron_data_path.txt").read_text().split()
     prefixes = words[1::2]
     assert len(lines) == len(prefixes) == 4  # a prefix a rank
-    assert sum(map(int, words[::2])) == MEGATRON_TOKENS[tokenizer]
+    assert sum(map(int, words[::2])) == tokens
     for line, weight, prefix in zip(lines, words[::2], prefixes, strict=True):
-        assert Path(prefix).is_absolute()  # Megatron runs from any folder
-        ours = MegatronFile(prefix)
+        assert prefix.startswith("./ranks/")  # relative to the build's folder: a moved build still reads
+        ours = MegatronFile(str(folder / prefix))
         first = np.asarray(ours.tokens[: int(ours.lengths[0])])[:8].tolist()
         assert line == f"{prefix} {weight} {len(ours.lengths)} {first}" and int(weight) == ours.num_tokens
 

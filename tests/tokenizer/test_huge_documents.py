@@ -187,6 +187,7 @@ def test_a_tokenizer_that_cannot_be_cut_encodes_long_documents_whole(tmp_path, m
         encoder.encode(texts)
 
 
+@pytest.mark.long
 def test_a_50_mb_document_needs_under_1_gb(tmp_path) -> None:
     """The command line on one 50 MB document of shared-corpus text, on HF: peak memory under 1 GB, and the ids of
     the whole document, taken from the fast engine encoding it in one piece (it needs no Encodings: ~0.3 GB)."""
@@ -326,6 +327,7 @@ def test_a_document_with_no_exact_cut_is_quarantined(tmp_path, small_pieces, cap
     assert written == [*reference.encode(texts[0]).ids, 50256, *reference.encode(texts[2]).ids, 50256]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("kind", "name", "engine"),
     [
@@ -357,6 +359,7 @@ def test_a_50_mb_document_of_any_script_needs_under_1_gb(kind, name, engine, tmp
     np.testing.assert_array_equal(written[:-1], expected)
 
 
+@pytest.mark.long
 def test_a_50_mb_document_with_no_exact_cut_is_quarantined_under_1_gb(tmp_path) -> None:
     """50 MB of Han characters alone: quarantined, in bounded memory, and the rank that wrote nothing fails."""
     if not Path("/proc/self/status").exists():

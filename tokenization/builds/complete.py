@@ -8,6 +8,8 @@ checks their records, sizes and books, so its time does not grow with the datase
 from __future__ import annotations
 
 import logging
+import re
+import shlex
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -137,9 +139,12 @@ def _write_data_path(run: Folder, dataset: Folder, mixture: Mixture | None) -> N
     """Megatron-LM's ``--data-path`` for a Megatron build, beside its report: every ``.bin/.idx`` prefix of the
     dataset (Megatron output is never merged: a rank's files), each weighted by its tokens, which Megatron
     normalizes into its blend; a mixture's by its source's weight too, so that each source is drawn at its share
-    (each rank writes each source's documents apart)."""
+    (each rank writes each source's documents apart). Each prefix is relative to the run folder (``./ranks/...``),
+    so a build moved or copied elsewhere still holds a good data path; Megatron resolves a relative prefix from its
+    working directory; ``absolute_data_path`` gives the command that prints them absolute."""
     entries = manifest.output_entries(dataset)
-    where = str(Path(dataset.path).resolve()) if dataset.is_local else dataset.url  # Megatron may run from anywhere
+    inside = dataset.url.startswith(run.url.rstrip("/") + "/")
+    where = "./" + dataset.url[len(run.url.rstrip("/")) + 1 :] if inside else dataset.url
     weight = {name: described.entry.tokens for name, described in entries.items()}
     if mixture is not None:  # a source's files share its weight by their tokens (in integers: Megatron normalizes)
         source = {name: cast(str, names.source_in(name)) for name in entries}
@@ -150,6 +155,14 @@ def _write_data_path(run: Folder, dataset: Folder, mixture: Mixture | None) -> N
         weight = {name: round(share[s] * WEIGHT_SCALE * weight[name] / held[s]) for name, s in source.items()}
     weighted = [f"{weight[name]} {join(where, name.removesuffix(MEGATRON))}" for name in sorted(entries)]
     run.put(MEGATRON_DATA_PATH, (" ".join(weighted) + "\n").encode())
+
+
+def absolute_data_path(run_dir: str) -> str:
+    """The shell command that prints a Megatron build's data path with absolute prefixes: ``megatron_data_path.txt``
+    holds them relative to ``run_dir``, which Megatron would resolve from its own working directory."""
+    into = re.sub(r"([\\&|])", r"\\\1", run_dir)  # what sed would read as its own in a replacement
+    script = "s| \\./| " + into + "/|g"  # each prefix follows its weight and a space
+    return f"sed {shlex.quote(script)} {shlex.quote(join(run_dir, MEGATRON_DATA_PATH))}"
 
 
 def _clean_cache(config: BuildConfig) -> CacheCleaning | None:
@@ -358,10 +371,10 @@ def summary(build: BuildRecord) -> str:
     if build.footprint:
         lines.append(f"storage: {footprint.described(build.footprint)}")
     run_dir = build.dataset.rsplit("/", 1)[0]  # it holds the dataset's folder, the report and the data path
-    if build.params.get("output_format") == "megatron":
-        lines.append(
-            f"megatron: --data-path $(cat {join(run_dir, MEGATRON_DATA_PATH)})  (each prefix, weighted by tokens)"
-        )
+    folder = Folder(run_dir)
+    if build.params.get("output_format") == "megatron":  # Megatron may run from another folder: absolute prefixes
+        where = str(Path(folder.path).resolve()) if folder.is_local else run_dir
+        lines.append(f"megatron: --data-path $({absolute_data_path(where)})  (each prefix, weighted by tokens)")
     if build.mds:
         m = build.mds
         lines.append(
@@ -370,7 +383,6 @@ def summary(build: BuildRecord) -> str:
     if build.report:
         report = join(run_dir, build.report.html)
         lines.append(f"report: {report}")
-        folder = Folder(run_dir)
         if folder.is_local:  # a run id's "%" is part of the folder's name: a browser needs it encoded again
             lines.append(f"open:   {Path(folder.path_of(build.report.html)).resolve().as_uri()}")
     return "\n".join(lines)

@@ -40,7 +40,7 @@ def block(rng: np.random.Generator, size: int, dtype: type, with_loss: bool):
     return tokens, loss, np.concatenate([[0], cuts]) if size else cuts
 
 
-def hashed(tokens, loss, cuts, limit, parts: int):
+def hashed(tokens, loss, cuts, parts: int):
     """Contents, kept pieces and what was found, with the block given in ``parts`` consecutive parts and a second
     hasher cutting it elsewhere (every other cut)."""
     keep = np.arange(0, len(cuts) + 1, 3)
@@ -50,8 +50,8 @@ def hashed(tokens, loss, cuts, limit, parts: int):
     for start, stop in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
         inside = [within(c, start, stop) for c in (cuts, cuts[::2])]
         part_loss = None if loss is None else loss[start:stop]
-        f = hash_parts([first, second], tokens[start:stop], part_loss, inside, check=True, limit=limit)
-        found.append((f.ids_over, f.loss_over, f.before.tolist()))
+        f = hash_parts([first, second], tokens[start:stop], part_loss, inside, check=True)
+        found.append((f.id_top, f.loss_top, f.before.tolist()))
     kept = first.kept_pieces()
     return first.result(), second.result(), [k.tolist() for k in (kept.sums, kept.weighted, kept.lengths)], found
 
@@ -65,15 +65,11 @@ def test_the_helper_gives_the_numpy_paths_values(monkeypatch, dtype, with_loss, 
     results = {}
     for path in ("numpy", "c"):
         on_path(monkeypatch, path)
-        results[path] = [
-            hashed(tokens, loss, cuts, limit, parts)
-            for limit in (None, 0, 1000, int(np.iinfo(dtype).max), int(np.iinfo(dtype).max) + 1)
-            for parts in (1, 3)
-        ]
+        results[path] = [hashed(tokens, loss, cuts, parts) for parts in (1, 3)]
     assert results["c"] == results["numpy"]
-    found = results["c"][4][-1][0]  # limit 1000, one part: every id of 1000 and more is counted
-    assert found[0] == np.count_nonzero(tokens >= 1000)
-    assert found[1] == (0 if loss is None else np.count_nonzero(loss > 1))
+    (id_top, loss_top, _), *_ = results["c"][0][-1]  # one part
+    assert id_top == (tokens.max() if size else 0)
+    assert loss_top == (loss.max() if size and loss is not None else 0)
 
 
 def test_a_damaged_index_gets_the_numpy_paths_values_on_both(monkeypatch) -> None:
@@ -88,8 +84,8 @@ def test_a_damaged_index_gets_the_numpy_paths_values_on_both(monkeypatch) -> Non
         for path in ("numpy", "c"):
             on_path(monkeypatch, path)
             hasher = ContentsHasher()
-            found = hasher.checked(tokens, within(damaged, 0, len(tokens)), loss, 100)
-            results.append((hasher.result(), found.ids_over, found.loss_over, found.before.tolist()))
+            found = hasher.checked(tokens, within(damaged, 0, len(tokens)), loss)
+            results.append((hasher.result(), found.id_top, found.loss_top, found.before.tolist()))
         assert results[0] == results[1]
 
 

@@ -150,10 +150,6 @@ class _Watched:
         self.tokens = 0
         self._last = np.zeros(1, np.int64)
 
-    @property
-    def limit(self) -> int | None:
-        return self.checks.vocab_size
-
     def __call__(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: Found) -> None:
         offset, checks, report = self.tokens, self.checks, self.report
         _check_ids(tokens, offset, self.label, checks, report, found)
@@ -310,7 +306,7 @@ def verify_ds(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
         loss_blocks = repeat((0, None), -(-listed.sizes[name] // (items * frame.token_size)))
     for (offset, block), (_, loss) in zip(token_blocks, loss_blocks, strict=True):
         cuts = within(ends, offset, offset + len(block))
-        found = held.checked(block, cuts, loss, checks.vocab_size)
+        found = held.checked(block, cuts, loss)
         _check_tokens(block, offset, cuts, found, pseudo, label, checks, report)
         if loss is not None:
             _check_loss(loss, offset, label, report, found)
@@ -350,7 +346,7 @@ def verify_megatron(listed: Listing, name: str, entry: OutputEntry | None, check
     digest, held = hashlib.sha256(), ContentsHasher()
     for offset, block in _blocks(listed.folder, name, mg.dtype, digest, BLOCK_BYTES // mg.dtype.itemsize):
         cuts = within(ends, offset, offset + len(block))
-        found = held.checked(block, cuts, None, checks.vocab_size)
+        found = held.checked(block, cuts)
         _check_tokens(block, offset, cuts, found, None if entry is None else entry.pseudo_ends, label, checks, report)
     listed.digests[name] = digest.hexdigest()
     _check_held(entry, held.result(), label, report)
@@ -369,8 +365,8 @@ def _check_counts(entry: OutputEntry | None, tokens: int, entries: int, label: s
 
 def _check_loss(loss: np.ndarray, offset: int, label: str, report: Report, found: Found | None) -> None:
     """Loss bytes of 0 or 1, in a block that starts at ``offset``; ``found``: what the pass that hashed it counted
-    (None: not hashed), the offsets looked for only where it counted some."""
-    if found is None or found.loss_over:
+    (None: not hashed), the offsets looked for only where its largest is above 1."""
+    if found is None or found.loss_top > 1:
         report.problems_at(f"{label}.loss", "loss byte is neither 0 nor 1", offset + np.flatnonzero(loss > 1))
 
 
@@ -410,8 +406,8 @@ def _check_tokens(
 
 def _check_ids(block: np.ndarray, offset: int, label: str, checks: Checks, report: Report, found: Found) -> None:
     """Ids below the vocabulary size, in a block of tokens that starts at token ``offset``; the offsets are looked
-    for only where the pass that hashed it counted some beyond (``found``)."""
-    if checks.vocab_size is not None and found.ids_over:
+    for only where the largest id the pass that hashed it found (``found``) is beyond."""
+    if checks.vocab_size is not None and found.id_top >= checks.vocab_size:
         report.problems_at(
             label,
             f"id beyond the vocabulary of {checks.vocab_size}",

@@ -54,12 +54,12 @@ def check_kept(where: str, read: Contents, written: Contents) -> None:
 
 
 class Found(NamedTuple):
-    """What the pass that hashed a block found in it, for the checks of the block (``formats.checks``): how many ids
-    are at or above the limit it was given (0 without one) and how many loss bytes above 1, and the token before each
-    index entry of the block (0 before an entry at its start)."""
+    """What the pass that hashed a block found in it, for the checks of the block (``formats.checks``): its largest
+    id and its largest loss byte (0 for none), and the token before each index entry of the block (0 before an entry
+    at its start)."""
 
-    ids_over: int
-    loss_over: int
+    id_top: int
+    loss_top: int
     before: np.ndarray
 
 
@@ -166,9 +166,9 @@ class ContentsHasher:
         ``tokens``, sorted, each in ``[0, len(tokens)]``)."""
         hash_parts([self], tokens, loss, [ends])
 
-    def checked(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, limit: int | None) -> Found:
-        """``add``, and what the block holds for its checks (``Found``: ids at or above ``limit``, if given)."""
-        return hash_parts([self], tokens, loss, [ends], check=True, limit=limit)
+    def checked(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None = None) -> Found:
+        """``add``, and what the block holds for its checks (``Found``)."""
+        return hash_parts([self], tokens, loss, [ends], check=True)
 
     def result(self) -> Contents:
         """The stream's contents; tokens after its last index entry count as one more piece."""
@@ -223,7 +223,6 @@ def hash_parts(
     loss: np.ndarray | None,
     ends: Sequence[np.ndarray],
     check: bool = False,
-    limit: int | None = None,
 ) -> Found:
     """Add the same tokens to several hashers, each cutting them at its own ``ends``: the weights, which are the
     cost, are computed once (in C, one pass a hasher). With ``check``, what the block holds for its checks, the
@@ -240,7 +239,7 @@ def hash_parts(
         part, part_loss = tokens[start:stop], None if loss is None else loss[start:stop]
         cuts = [within(c, start, stop) for c in ends]
         if lib is not None:
-            segments = _c_segments(lib, part, part_loss, cuts, limit if check else None, found)
+            segments = _c_segments(lib, part, part_loss, cuts, found)
         else:
             segments = _numpy_segments(part, part_loss, cuts, buffers)
         for hasher, (sa, sb, n) in zip(hashers, segments, strict=True):
@@ -248,10 +247,9 @@ def hash_parts(
     if not check:
         return found[0]
     if lib is not None:
-        return Found(
-            sum(f.ids_over for f in found), sum(f.loss_over for f in found), np.concatenate([f.before for f in found])
-        )
-    return _numpy_found(tokens, loss, ends[0], limit)
+        before = np.concatenate([f.before for f in found])
+        return Found(max(f.id_top for f in found), max(f.loss_top for f in found), before)
+    return _numpy_found(tokens, loss, ends[0])
 
 
 def _orderly(cuts: np.ndarray, tokens: int) -> bool:
@@ -266,15 +264,10 @@ def _lengths(cuts: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _c_segments(
-    lib: ctypes.CDLL,
-    tokens: np.ndarray,
-    loss: np.ndarray | None,
-    cuts: Sequence[np.ndarray],
-    limit: int | None,
-    found: list[Found],
+    lib: ctypes.CDLL, tokens: np.ndarray, loss: np.ndarray | None, cuts: Sequence[np.ndarray], found: list[Found]
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Each cutting's segment sums, a pass of the helper's ``tk_scan`` each (``scan.c``); the first pass also
-    counts for the checks, appending to ``found``."""
+    """Each cutting's segment sums, a pass of the helper's ``tk_scan`` each (``scan.c``); the first pass's findings
+    are appended to ``found``."""
     tokens = np.ascontiguousarray(tokens)
     if tokens.dtype not in (np.uint16, np.uint32):
         tokens = tokens.astype(np.uint32)  # the ids of any integer type, as the numpy path takes them
@@ -283,7 +276,7 @@ def _c_segments(
     for k, c in enumerate(cuts):
         c = np.ascontiguousarray(c, dtype=np.int64)
         sums, weighted = np.empty(len(c) + 1, _U64), np.empty(len(c) + 1, _U64)
-        before, over = np.zeros(len(c), _U64), np.zeros(2, _U64)
+        before, tops = np.zeros(len(c), _U64), np.zeros(2, _U64)
         done = lib.tk_scan(
             tokens.ctypes.data,
             tokens.itemsize,
@@ -291,16 +284,15 @@ def _c_segments(
             len(tokens),
             c.ctypes.data,
             len(c),
-            -1 if limit is None or k else limit,
             sums.ctypes.data,
             weighted.ctypes.data,
             before.ctypes.data,
-            over.ctypes.data,
+            tops.ctypes.data,
         )
         if done:
             raise RuntimeError(f"the C helper refused a block ({done}): its entries are not sorted within it")
         if k == 0:
-            found.append(Found(int(over[0]), int(over[1]), before.astype(np.int64)))
+            found.append(Found(int(tops[0]), int(tops[1]), before.astype(np.int64)))
         yield sums, weighted, _lengths(c, len(tokens))[1]
 
 
@@ -324,15 +316,15 @@ def _numpy_segments(
         yield sa, sb, n
 
 
-def _numpy_found(tokens: np.ndarray, loss: np.ndarray | None, cuts: np.ndarray, limit: int | None) -> Found:
+def _numpy_found(tokens: np.ndarray, loss: np.ndarray | None, cuts: np.ndarray) -> Found:
     """``Found`` of a block, a numpy pass a check."""
-    ids = 0 if limit is None or not len(tokens) else int(np.count_nonzero(tokens >= limit))
-    losses = 0 if loss is None else int(np.count_nonzero(loss > 1))
+    id_top = int(tokens.max()) if len(tokens) else 0
+    loss_top = int(loss.max()) if loss is not None and len(loss) else 0
     before = np.zeros(len(cuts), np.int64)
     if len(tokens):
         inside = cuts > 0
         before[inside] = tokens[cuts[inside] - 1]
-    return Found(ids, losses, before)
+    return Found(id_top, loss_top, before)
 
 
 def stream_contents(

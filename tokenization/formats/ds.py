@@ -52,10 +52,7 @@ MAP_BYTES = 1 << 20  # a local file as large is memory-mapped (``map_array``), a
 
 class Observer(Protocol):
     """What sees each block a writer writes: its tokens, its index entries (relative to it), its loss bytes or None,
-    and what the writer's pass that hashed the block found in it (ids counted at or above ``limit``, if not None)."""
-
-    @property
-    def limit(self) -> int | None: ...
+    and what the writer's pass that hashed the block found in it (``formats.contents.Found``)."""
 
     def __call__(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: Found) -> None: ...
 
@@ -345,7 +342,7 @@ class TokenFileWriter(FinishOrAbandon):
         if self.observe is None:
             self.contents.add(tokens, ends, loss)
         else:
-            self.observe(tokens, ends, loss, self.contents.checked(tokens, ends, loss, self.observe.limit))
+            self.observe(tokens, ends, loss, self.contents.checked(tokens, ends, loss))
 
     def close(self) -> WrittenTokenFile:
         try:

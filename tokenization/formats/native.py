@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("scan.c")
 NO_C = "TOKENIZATION_NO_C"
 CACHE = "TOKENIZATION_NATIVE_CACHE"
-FLAGS = ("-O3", "-shared", "-fPIC", "-std=gnu11")
+FLAGS = ("-O3", "-shared", "-fPIC", "-std=gnu11", "-Wall", "-Werror")
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -76,7 +76,7 @@ def helper() -> ctypes.CDLL | None:
         detail = exc.stderr.strip().splitlines()[-1:] if isinstance(exc, subprocess.CalledProcessError) else [exc]
         log.info("byte checks: the numpy path runs (the C helper could not be built: %s)", *detail or ["?"])
         return None
-    lib.tk_scan.argtypes = [_P, ctypes.c_int, _P, _I64, _P, _I64, _I64, _P, _P, _P, _P]
+    lib.tk_scan.argtypes = [_P, ctypes.c_int, _P, _I64, _P, _I64, _P, _P, _P, _P]
     lib.tk_scan.restype = ctypes.c_int
     lib.tk_pread.argtypes = [_P, _P, _P, _I64, _P]
     lib.tk_pread.restype = _I64

@@ -11,8 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from tokenization.formats import native
+from tokenization.formats import moves, native
 from tokenization.formats.contents import ContentsHasher, hash_parts, within
+from tokenization.formats.ds import TokenFileError
 
 SIZES = [0, 1, 7, 1000, 300_000]  # past a numpy sub-block
 
@@ -129,3 +130,29 @@ def test_make_setup_builds_the_helper_or_says_the_numpy_path_runs(tmp_path) -> N
     env |= {native.CACHE: str(tmp_path / "without"), "PATH": str(tmp_path)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     assert "byte checks: the numpy path runs (the C helper could not be built: no C compiler" in done.stderr
+
+
+@pytest.mark.usefixtures("byte_path")
+@pytest.mark.parametrize("with_loss", [False, True])
+def test_a_blocks_windows_are_read_in_one_call_into_their_places(tmp_path, with_loss) -> None:
+    """``pread_each`` on both paths: each window's tokens (and loss bytes) end to end, in the order given, a window
+    given twice read twice; a window past the file's end is an error naming the file."""
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, 60_000, 100_000).astype(np.uint16)
+    loss = rng.integers(0, 2, len(tokens)).astype(np.uint8)
+    path = tmp_path / "x.ds"
+    tokens.tofile(path)
+    loss.tofile(f"{path}.loss")
+    starts = rng.integers(0, len(tokens) - 300, 500)
+    ends = starts + rng.integers(0, 300, 500)
+    starts[7], ends[7] = starts[3], ends[3]
+    source = moves._Source(str(path), 2, with_loss)
+    try:
+        expected = [np.concatenate([a[s:e] for s, e in zip(starts, ends, strict=True)]) for a in (tokens, loss)]
+        assert np.array_equal(source.pread_each(0, starts, ends).view(np.uint16), expected[0])
+        if with_loss:
+            assert np.array_equal(source.pread_each(1, starts, ends), expected[1])
+        with pytest.raises(TokenFileError, match=rf"{path}: ends before byte 200010"):
+            source.pread_each(0, np.array([5, 99_990]), np.array([9, 100_005]))
+    finally:
+        source.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -156,3 +157,12 @@ def test_a_blocks_windows_are_read_in_one_call_into_their_places(tmp_path, with_
             source.pread_each(0, np.array([5, 99_990]), np.array([9, 100_005]))
     finally:
         source.close()
+
+
+def test_the_helper_compiles_without_a_warning(tmp_path) -> None:
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler here")
+    command = [compiler, *native.FLAGS, "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "x.so"), str(native.SOURCE)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

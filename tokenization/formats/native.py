@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("scan.c")
 NO_C = "TOKENIZATION_NO_C"
 CACHE = "TOKENIZATION_NATIVE_CACHE"
-FLAGS = ("-O3", "-shared", "-fPIC", "-std=gnu11", "-Wall", "-Werror")
+FLAGS = ("-O3", "-shared", "-fPIC", "-std=gnu11")
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 

@@ -3,6 +3,7 @@ the same kept pieces and the same checks, bit for bit; and where no compiler is,
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -12,9 +13,11 @@ import sys
 import numpy as np
 import pytest
 
+from tests.support.stages import run
 from tokenization.formats import moves, native
 from tokenization.formats.contents import ContentsHasher, hash_parts, within
 from tokenization.formats.ds import TokenFileError
+from tokenization.records import ContentsSum
 
 SIZES = [0, 1, 7, 1000, 300_000]  # past a numpy sub-block
 
@@ -166,3 +169,28 @@ def test_the_helper_compiles_without_a_warning(tmp_path) -> None:
     command = [compiler, *native.FLAGS, "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "x.so"), str(native.SOURCE)]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_tokenized_corpus_hashes_and_checks_alike_on_both_paths(
+    monkeypatch, tmp_path, sample_corpus, sample_tokenizer
+):
+    """Real tokens: the sample corpus tokenized with its loss bytes, hashed and checked on each path in blocks of
+    any size, gives the contents its writer recorded, and the same findings."""
+    run([sample_corpus], tmp_path, sample_tokenizer, seed=1, save_loss=True)
+    (ds,) = tmp_path.glob("*.ds")
+    tokens, loss = np.fromfile(ds, "<u2"), np.fromfile(f"{ds}.loss", np.uint8)
+    ends = np.fromfile(f"{ds}.index", "<u8").astype(np.int64)
+    manifest = json.loads((tmp_path / "_manifests" / "00000.json").read_text())
+    recorded = ContentsSum(**manifest["outputs"][0]["contents"]).value
+    results = []
+    for path in ("numpy", "c"):
+        on_path(monkeypatch, path)
+        for block in (1 << 22, 4099):
+            hasher, found = ContentsHasher(), []
+            for start in range(0, len(tokens), block):
+                stop = min(len(tokens), start + block)
+                f = hasher.checked(tokens[start:stop], within(ends, start, stop), loss[start:stop])
+                found.append((f.id_top, f.loss_top, f.before.tolist()))
+            results.append((hasher.result(), found if block == 4099 else None))
+    assert results[0][0] == recorded and len({c for c, _ in results}) == 1
+    assert results[1][1] == results[3][1]

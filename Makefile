@@ -43,6 +43,7 @@ setup:
 	@command -v uv >/dev/null || python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet "uv>=0.5"
 	$(UV) sync --frozen --quiet
 	$(RUN) python -m compileall -q tokenization plugins dags bench
+	$(RUN) python -m tokenization.formats.native
 
 lint: setup
 	$(RUN) ruff check .

@@ -16,6 +16,7 @@ from tests.support.dag_runs import ADMIN_PASSWORD, MERGE_POOL
 from tests.support.paths import ROOT, SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.support.s3 import moto_s3, seaweedfs_s3
 from tests.support.whole_builds import runs_a_build
+from tokenization.formats import native
 
 # Airflow reads its configuration when first imported: point it at a private home, this repo's DAGs and plugins,
 # and SQLite, before any test imports it. Never [core] unit_test_mode (it loads Airflow's own test config).
@@ -89,6 +90,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return "deployments" if file in DEPLOYMENT_TESTS else file
 
     return DeploymentsTogether(config, log)
+
+
+@pytest.fixture(params=["c", "numpy"])
+def byte_path(request, monkeypatch) -> str:
+    """Runs a test on the C helper's path and on the numpy path (``TOKENIZATION_NO_C=1``), which must give the same
+    values; the C one skips where the helper cannot be built."""
+    if request.param == "numpy":
+        monkeypatch.setenv(native.NO_C, "1")
+    else:
+        monkeypatch.delenv(native.NO_C, raising=False)
+    native.helper.cache_clear()
+    if request.param == "c" and native.helper() is None:
+        pytest.skip("the C helper cannot be built here")
+    yield request.param
+    native.helper.cache_clear()
 
 
 @pytest.fixture(scope="session")

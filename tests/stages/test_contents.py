@@ -26,6 +26,9 @@ from tokenization.stages.context_shuffle import ContextShuffleConfig
 from tokenization.stages.verify import verify
 from tokenization.storage.folder import Folder
 
+# The C helper and the numpy path, on the same inputs: the proofs and checks must find the same.
+pytestmark = pytest.mark.usefixtures("byte_path")
+
 
 def contents(tokens: np.ndarray, ends: list[int], loss: np.ndarray | None = None) -> Contents:
     hasher = ContentsHasher()

@@ -26,6 +26,9 @@ from tokenization.storage.folder import Folder
 
 SETTINGS = {"num_ranks": 2, "num_context_shards": 2, "context_window": 257, "merge_max_tokens_per_file": 20000}
 
+# The C helper and the numpy path, on the same inputs: the proofs and checks must find the same.
+pytestmark = pytest.mark.usefixtures("byte_path")
+
 
 def started(tmp_path, corpus, tokenizer) -> Build:
     config = BuildConfig(

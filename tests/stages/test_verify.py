@@ -54,6 +54,7 @@ def test_every_pipeline_output_passes(tmp_path, sample_corpus, sample_tokenizer)
     assert notes and all("EOS not checked" in n for n in notes)
 
 
+@pytest.mark.usefixtures("byte_path")
 def test_a_missing_eos_is_found(tmp_path, sample_corpus, sample_tokenizer) -> None:
     run([sample_corpus], tmp_path, sample_tokenizer, no_eos=True)
     report = check(tmp_path, sample_tokenizer)
@@ -73,6 +74,7 @@ def test_a_missing_eos_is_found(tmp_path, sample_corpus, sample_tokenizer) -> No
         ("checksum", NAME, "differs from what _completions/00000.json records"),
     ],
 )
+@pytest.mark.usefixtures("byte_path")
 def test_damage_is_reported_with_its_file(rank, sample_tokenizer, damage, where, message) -> None:
     path = rank / NAME
     if damage == "truncate":

@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 
 from tokenization.errors import TokenizationError
-from tokenization.formats.contents import Contents, ContentsHasher, within
+from tokenization.formats.contents import Contents, ContentsHasher, Found, within
 from tokenization.formats.ds import (
     INDEX_DTYPE,
     LOSS_DTYPE,
@@ -150,15 +150,15 @@ class _Watched:
         self.tokens = 0
         self._last = np.zeros(1, np.int64)
 
-    def __call__(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None) -> None:
+    def __call__(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: Found) -> None:
         offset, checks, report = self.tokens, self.checks, self.report
-        _check_ids(tokens, offset, self.label, checks, report)
+        _check_ids(tokens, offset, self.label, checks, report, found)
         if loss is not None:
-            _check_loss(loss, offset, self.label, report)
+            _check_loss(loss, offset, self.label, report, found)
         if checks.eos_id is not None:
-            if offset == 0:
-                ends = ends[ends > 0]  # an entry at 0 ends no document (the index check reports it)
-            before = tokens[np.maximum(ends - 1, 0)] if len(tokens) else np.zeros(len(ends), np.int64)
+            before = found.before
+            if offset == 0:  # an entry at 0 ends no document (the index check reports it)
+                before, ends = before[ends > 0], ends[ends > 0]
             before = np.where(ends > 0, before, self._last[0])
             _check_eos(offset + ends, before, self.pseudo, offset == 0, self.label, checks, report)
         if len(tokens):
@@ -311,14 +311,15 @@ def verify_ds(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
     else:
         loss_blocks = repeat((0, None), -(-listed.sizes[name] // (items * frame.token_size)))
     for (offset, block), (_, loss) in zip(token_blocks, loss_blocks, strict=True):
-        _check_tokens(block, offset, ends, pseudo, label, checks, report)
+        cuts = within(ends, offset, offset + len(block))
+        found = held.checked(block, cuts, loss)
+        _check_tokens(block, offset, cuts, found, pseudo, label, checks, report)
         if loss is not None:
-            _check_loss(loss, offset, label, report)
-        held.add(block, within(ends, offset, offset + len(block)), loss)
+            _check_loss(loss, offset, label, report, found)
     listed.digests[name] = digest.hexdigest()
     if frame.has_loss and not aligned:  # read on its own, for its checksum and values
         for offset, loss in _blocks(listed.folder, name + ".loss", LOSS_DTYPE, loss_digest, items):
-            _check_loss(loss, offset, label, report)
+            _check_loss(loss, offset, label, report, None)
     if frame.has_loss:
         listed.digests[name + ".loss"] = loss_digest.hexdigest()
     if aligned:
@@ -350,8 +351,9 @@ def verify_megatron(listed: Listing, name: str, entry: OutputEntry | None, check
     _check_counts(entry, total, len(lengths), label, report)
     digest, held = hashlib.sha256(), ContentsHasher()
     for offset, block in _blocks(listed.folder, name, mg.dtype, digest, BLOCK_BYTES // mg.dtype.itemsize):
-        _check_tokens(block, offset, ends, None if entry is None else entry.pseudo_ends, label, checks, report)
-        held.add(block, within(ends, offset, offset + len(block)))
+        cuts = within(ends, offset, offset + len(block))
+        found = held.checked(block, cuts)
+        _check_tokens(block, offset, cuts, found, None if entry is None else entry.pseudo_ends, label, checks, report)
     listed.digests[name] = digest.hexdigest()
     _check_held(entry, held.result(), label, report)
     report.tokens += size // mg.dtype.itemsize
@@ -367,8 +369,11 @@ def _check_counts(entry: OutputEntry | None, tokens: int, entries: int, label: s
         report.problem(label, f"its index holds {entries} entries, its manifest says {entry.index_entries}")
 
 
-def _check_loss(loss: np.ndarray, offset: int, label: str, report: Report) -> None:
-    report.problems_at(f"{label}.loss", "loss byte is neither 0 nor 1", offset + np.flatnonzero(loss > 1))
+def _check_loss(loss: np.ndarray, offset: int, label: str, report: Report, found: Found | None) -> None:
+    """Loss bytes of 0 or 1, in a block that starts at ``offset``; ``found``: what the pass that hashed it counted
+    (None: not hashed), the offsets looked for only where its largest is above 1."""
+    if found is None or found.loss_top > 1:
+        report.problems_at(f"{label}.loss", "loss byte is neither 0 nor 1", offset + np.flatnonzero(loss > 1))
 
 
 def _check_held(entry: OutputEntry | None, held: Contents, label: str, report: Report) -> None:
@@ -390,24 +395,25 @@ def _check_index(ends: np.ndarray, label: str, checks: Checks, report: Report) -
 def _check_tokens(
     block: np.ndarray,
     offset: int,
-    ends: np.ndarray,
+    cuts: np.ndarray,
+    found: Found,
     pseudo: PseudoEnds | Literal["unknown"] | None,
     label: str,
     checks: Checks,
     report: Report,
 ) -> None:
-    """A block of a family read from its file, at token ``offset``: its ids, and the EOS before each document end
-    of the family's index (``ends``) inside it."""
-    _check_ids(block, offset, label, checks, report)
-    if len(block):
-        lo, hi = np.searchsorted(ends, [offset, offset + len(block)], side="right")
-        doc_ends = ends[lo:hi]  # the entries whose last token is in this block
-        _check_eos(doc_ends, block[doc_ends - 1 - offset], pseudo, offset == 0, label, checks, report)
+    """A block of a family read from its file, at token ``offset``, with the family's index entries among it
+    (``cuts``, relative to it) and what the pass that hashed it found: its ids, and the EOS before each document
+    end (the entries above its start)."""
+    _check_ids(block, offset, label, checks, report, found)
+    inside = cuts > 0
+    _check_eos(offset + cuts[inside], found.before[inside], pseudo, offset == 0, label, checks, report)
 
 
-def _check_ids(block: np.ndarray, offset: int, label: str, checks: Checks, report: Report) -> None:
-    """Ids below the vocabulary size, in a block of tokens that starts at token ``offset``."""
-    if checks.vocab_size is not None and len(block):
+def _check_ids(block: np.ndarray, offset: int, label: str, checks: Checks, report: Report, found: Found) -> None:
+    """Ids below the vocabulary size, in a block of tokens that starts at token ``offset``; the offsets are looked
+    for only where the largest id the pass that hashed it found (``found``) is beyond."""
+    if checks.vocab_size is not None and found.id_top >= checks.vocab_size:
         report.problems_at(
             label,
             f"id beyond the vocabulary of {checks.vocab_size}",

@@ -18,22 +18,30 @@ another source, or two pieces' sources swapped, changes the sum (but for odds of
 per-token part, and linear: the pieces of one source add up first (a rank's input file, all of one source, is its
 contents' sum times the factor, ``sourced``). Pieces without a source keep their hash: builds without a mixture keep
 their contents.
+
+Where the C helper runs (``formats.native``), one pass of it gives each piece's two sums, and with them the checks a
+writer or verify makes of the same block (``Found``): ids beyond the vocabulary, loss bytes above 1, the token before
+each index entry. Either way the pieces' hashes and their sum are made here, per block, from those sums.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import ctypes
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
 from tokenization.errors import TokenizationError
+from tokenization.formats import native
 from tokenization.records.contents import MASK, Contents
 
 # Tokens hashed at once: a sub-block costs ~35 numpy calls of a few us each besides its arithmetic, which 256 Ki
 # tokens make ~0.4 ns a token (at 64 Ki it was 1.5 ns; at 4 Mi the two 32 MiB buffers fell out of the caches).
 SUB_BLOCK = 1 << 18
 READ_BLOCK = 1 << 22  # tokens read at once when a file is hashed
+C_BLOCK = 1 << 30  # tokens the C helper takes at once: it counts a piece's positions in 32 bits
 _U64 = np.uint64
 _POSITIONS = np.arange(SUB_BLOCK, dtype=_U64)
 _SEEDS = tuple(_U64(k) for k in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93))
@@ -50,6 +58,16 @@ def check_kept(where: str, read: Contents, written: Contents) -> None:
             f"{where} wrote other pieces than it read ({written.describe()}; it read {read.describe()}): a bug, "
             "so nothing of it is published; please report it with this line"
         )
+
+
+class Found(NamedTuple):
+    """What the pass that hashed a block found in it, for the checks of the block (``formats.checks``): its largest
+    id and its largest loss byte (0 for none), and the token before each index entry of the block (0 before an entry
+    at its start)."""
+
+    id_top: int
+    loss_top: int
+    before: np.ndarray
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -198,23 +216,20 @@ class ContentsHasher:
         ``tokens``, sorted, each in ``[0, len(tokens)]``)."""
         hash_parts([self], tokens, loss, [ends])
 
+    def checked(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None = None) -> Found:
+        """``add``, and what the block holds for its checks (``Found``)."""
+        return hash_parts([self], tokens, loss, [ends], check=True)
+
     def result(self) -> Contents:
         """The stream's contents; tokens after its last index entry count as one more piece."""
         self._close(*self._open)
         self._open = (np.zeros(1, _U64), np.zeros(1, _U64), np.zeros(1, _U64))
         return Contents(self.pieces, self.tokens, int(self._sum[0]))
 
-    def _take(self, y: np.ndarray, yj: np.ndarray, ends: np.ndarray) -> None:
-        """One sub-block's weights (``_weights``), cut at ``ends`` (relative to it, in ``[0, len(y)]``)."""
-        self.tokens += len(y)
-        starts = np.concatenate([[0], ends]).astype(np.int64)
-        n = (np.append(ends, len(y)) - starts).astype(_U64)
-        sa, sb = np.zeros(len(starts), _U64), np.zeros(len(starts), _U64)
-        if len(y):  # the non-empty segments tile the sub-block: a segmented sum each (~0.2 ns a token)
-            full = n > 0
-            sa[full] = np.add.reduceat(y, starts[full])
-            sb[full] = np.add.reduceat(yj, starts[full])
-        sb -= starts.astype(_U64) * sa  # positions counted from each piece's start
+    def _take(self, sa: np.ndarray, sb: np.ndarray, n: np.ndarray, tokens: int) -> None:
+        """The segments of ``tokens`` tokens between their index entries: each one's two sums (positions counted from
+        its start) and length; the first continues the piece left open, the last is left open."""
+        self.tokens += tokens
         open_a, open_b, open_n = self._open
         sb[:1] += open_b + open_n * sa[:1]  # the first piece continues the one left open
         sa[:1] += open_a
@@ -275,23 +290,113 @@ def within(cuts: np.ndarray, start: int, stop: int) -> np.ndarray:
 
 
 def hash_parts(
-    hashers: Sequence[ContentsHasher], tokens: np.ndarray, loss: np.ndarray | None, ends: Sequence[np.ndarray]
-) -> None:
+    hashers: Sequence[ContentsHasher],
+    tokens: np.ndarray,
+    loss: np.ndarray | None,
+    ends: Sequence[np.ndarray],
+    check: bool = False,
+) -> Found:
     """Add the same tokens to several hashers, each cutting them at its own ``ends``: the weights, which are the
-    cost, are computed once."""
+    cost, are computed once (in C, one pass a hasher). With ``check``, what the block holds for its checks, the
+    token before each entry of ``ends[0]`` among it; without, an empty ``Found``."""
     ends = [np.asarray(e, dtype=np.int64) for e in ends]
-    if not len(tokens):  # entries at 0 still close the pieces left open
-        empty = np.zeros(0, _U64)
-        for hasher, cuts in zip(hashers, ends, strict=True):
-            hasher._take(empty, empty, cuts[:1])
-        return
-    buffers = np.empty((2, min(len(tokens), SUB_BLOCK)), _U64)
-    for start in range(0, len(tokens), SUB_BLOCK):
-        stop = min(len(tokens), start + SUB_BLOCK)
-        y, yj = buffers[:, : stop - start]
-        _weights(tokens[start:stop], None if loss is None else loss[start:stop], y, yj)
-        for hasher, cuts in zip(hashers, ends, strict=True):
-            hasher._take(y, yj, within(cuts, start, stop))
+    lib = native.helper()
+    if lib is not None and not all(_orderly(e, len(tokens)) for e in ends):
+        lib = None  # a damaged index that verify reads: numpy's values of it, which the report names
+    step = C_BLOCK if lib is not None else SUB_BLOCK
+    found = [Found(0, 0, np.zeros(0, np.int64))]
+    buffers = np.empty((2, min(len(tokens), step)), _U64) if lib is None else None
+    for start in range(0, max(len(tokens), 1), step):  # once when empty: entries at 0 still close open pieces
+        stop = min(len(tokens), start + step)
+        part, part_loss = tokens[start:stop], None if loss is None else loss[start:stop]
+        cuts = [within(c, start, stop) for c in ends]
+        if lib is not None:
+            segments = _c_segments(lib, part, part_loss, cuts, found)
+        else:
+            segments = _numpy_segments(part, part_loss, cuts, buffers)
+        for hasher, (sa, sb, n) in zip(hashers, segments, strict=True):
+            hasher._take(sa, sb, n, len(part))
+    if not check:
+        return found[0]
+    if lib is not None:
+        before = np.concatenate([f.before for f in found])
+        return Found(max(f.id_top for f in found), max(f.loss_top for f in found), before)
+    return _numpy_found(tokens, loss, ends[0])
+
+
+def _orderly(cuts: np.ndarray, tokens: int) -> bool:
+    """Whether index entries are sorted and within ``[0, tokens]``, as the helper takes them."""
+    return not len(cuts) or (cuts[0] >= 0 and cuts[-1] <= tokens and not np.any(cuts[1:] < cuts[:-1]))
+
+
+def _lengths(cuts: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The starts and lengths of the segments that ``cuts`` cut ``tokens`` tokens into (one more than the cuts)."""
+    starts = np.concatenate([[0], cuts]).astype(np.int64)
+    return starts, (np.append(cuts, tokens) - starts).astype(_U64)
+
+
+def _c_segments(
+    lib: ctypes.CDLL, tokens: np.ndarray, loss: np.ndarray | None, cuts: Sequence[np.ndarray], found: list[Found]
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each cutting's segment sums, a pass of the helper's ``tk_scan`` each (``scan.c``); the first pass's findings
+    are appended to ``found``."""
+    tokens = np.ascontiguousarray(tokens)
+    if tokens.dtype not in (np.uint16, np.uint32):
+        tokens = tokens.astype(np.uint32)  # the ids of any integer type, as the numpy path takes them
+    loss = None if loss is None else np.ascontiguousarray(loss, dtype=np.uint8)
+    pointer = None if loss is None else loss.ctypes.data
+    for k, c in enumerate(cuts):
+        c = np.ascontiguousarray(c, dtype=np.int64)
+        sums, weighted = np.empty(len(c) + 1, _U64), np.empty(len(c) + 1, _U64)
+        before, tops = np.zeros(len(c), _U64), np.zeros(2, _U64)
+        done = lib.tk_scan(
+            tokens.ctypes.data,
+            tokens.itemsize,
+            pointer,
+            len(tokens),
+            c.ctypes.data,
+            len(c),
+            sums.ctypes.data,
+            weighted.ctypes.data,
+            before.ctypes.data,
+            tops.ctypes.data,
+        )
+        if done:
+            raise RuntimeError(f"the C helper refused a block ({done}): its entries are not sorted within it")
+        if k == 0:
+            found.append(Found(int(tops[0]), int(tops[1]), before.astype(np.int64)))
+        yield sums, weighted, _lengths(c, len(tokens))[1]
+
+
+def _numpy_segments(
+    tokens: np.ndarray, loss: np.ndarray | None, cuts: Sequence[np.ndarray], buffers: np.ndarray | None
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each cutting's segment sums, from the weights of the tokens computed once (``_weights``)."""
+    if buffers is None:
+        raise RuntimeError("the numpy path hashes in its buffers")
+    y, yj = buffers[:, : len(tokens)]
+    if len(tokens):
+        _weights(tokens, loss, y, yj)
+    for c in cuts:
+        starts, n = _lengths(c, len(tokens))
+        sa, sb = np.zeros(len(starts), _U64), np.zeros(len(starts), _U64)
+        if len(y):  # the non-empty segments tile the sub-block: a segmented sum each (~0.2 ns a token)
+            full = n > 0
+            sa[full] = np.add.reduceat(y, starts[full])
+            sb[full] = np.add.reduceat(yj, starts[full])
+        sb -= starts.astype(_U64) * sa  # positions counted from each segment's start
+        yield sa, sb, n
+
+
+def _numpy_found(tokens: np.ndarray, loss: np.ndarray | None, cuts: np.ndarray) -> Found:
+    """``Found`` of a block, a numpy pass a check."""
+    id_top = int(tokens.max()) if len(tokens) else 0
+    loss_top = int(loss.max()) if loss is not None and len(loss) else 0
+    before = np.zeros(len(cuts), np.int64)
+    if len(tokens):
+        inside = cuts > 0
+        before[inside] = tokens[cuts[inside] - 1]
+    return Found(id_top, loss_top, before)
 
 
 def stream_contents(

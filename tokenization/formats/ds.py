@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 
 from tokenization.errors import TokenizationError
-from tokenization.formats.contents import Contents, ContentsHasher, Pieces
+from tokenization.formats.contents import Contents, ContentsHasher, Found, Pieces
 from tokenization.storage.files import StorageOptions, is_local, open_fs, start_writeback, writing
 
 if TYPE_CHECKING:
@@ -48,8 +48,13 @@ UINT16_VOCAB_LIMIT = 65536
 WRITE_PIECE = 256 << 10
 INLINE_BYTES = 1 << 20  # a smaller block is written and hashed on the caller's thread (``InOrder``)
 MAP_BYTES = 1 << 20  # a local file as large is memory-mapped (``map_array``), a smaller one read
-# What sees each block a writer writes: its tokens, its index entries (relative to it) and its loss bytes, or None.
-Observer = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], None]
+
+
+class Observer(Protocol):
+    """What sees each block a writer writes: its tokens, its index entries (relative to it), its loss bytes or None,
+    and what the writer's pass that hashed the block found in it (``formats.contents.Found``)."""
+
+    def __call__(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: Found) -> None: ...
 
 
 class TokenFileError(TokenizationError, ValueError):
@@ -305,7 +310,7 @@ class TokenFileWriter(FinishOrAbandon):
         keep_pieces: np.ndarray | None = None,
         keep_hashes: bool = False,
     ):
-        """``observe(tokens, ends, loss)``: called with every block written, in order, on the contents' thread (a
+        """``observe(tokens, ends, loss, found)``: called with every block written, in order, on the contents' thread (a
         stage's own check, ``stages.verify.OwnCheck``, checks the blocks there instead of reading the file back).
         ``keep_pieces``: the numbers of the pieces whose sums what is written keeps too (``formats.contents``);
         ``keep_hashes``: each index entry's hash too, which a mixture's sidecar gives its source
@@ -340,9 +345,11 @@ class TokenFileWriter(FinishOrAbandon):
         self.index_entries += len(ends)
 
     def _hash(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None) -> None:
-        self.contents.add(tokens, ends, loss)
-        if self.observe is not None:
-            self.observe(tokens, ends, loss)
+        """The block's contents and, when observed, its checks: one pass over its bytes (``formats.contents``)."""
+        if self.observe is None:
+            self.contents.add(tokens, ends, loss)
+        else:
+            self.observe(tokens, ends, loss, self.contents.checked(tokens, ends, loss))
 
     def close(self) -> WrittenTokenFile:
         try:

@@ -23,11 +23,9 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import jinja2
 import orjson
 
 from tokenization.errors import UsageError
-from tokenization.rendering.sandbox import BoundedEnvironment, Limits, RenderLimit
 
 Spans = list[tuple[int, int]]
 MISSING = object()
@@ -39,6 +37,17 @@ SHOWN_CHARS = 40  # of a bos_token or eos_token named in an error
 # holds those code points is refused: its markers could not be told from the template's.
 MARKER_CHARS = ("\ue000", "\ue001")
 MARKER = re.compile("\ue000(\\d{1,9})\ue001")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one record's render may spend: steps (loop steps, calls and filters: 0.7 to 5 M a second here, by how
+    much each does; a template takes tens a message), and characters, plus ``per_content_char`` for each character
+    of its contents (a template copies each a few times: trimmed, joined, written; Llama 3's five)."""
+
+    steps: int = 1_000_000
+    chars: int = 1 << 24
+    per_content_char: int = 8
 
 
 class Reason(str):
@@ -185,6 +194,8 @@ def read_chat_template(source: str, where: str) -> tuple[str, dict[str, str]]:
 
 
 def _raise(message: str) -> None:
+    import jinja2
+
     raise jinja2.TemplateError(message)
 
 
@@ -220,6 +231,10 @@ def chat_template(
     ``framed_bos``: the BOS the encoder already puts before every document (its post-processor's), which the
     template's ``bos_token`` then leaves out, so that a document starts with one BOS, as HF's
     ``apply_chat_template`` gives."""
+    import jinja2
+
+    from tokenization.rendering.sandbox import BoundedEnvironment, RenderLimit  # Jinja2: ~0.3 s to import
+
     text, tokens = read_chat_template(source, where)
     limits = limits or Limits()
     if any(c in text or any(c in t for t in tokens.values()) for c in MARKER_CHARS):

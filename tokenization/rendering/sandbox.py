@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sized
-from dataclasses import dataclass
 from typing import Any, AnyStr
 
 from jinja2 import Template, nodes
@@ -32,6 +31,8 @@ from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, _PassArg, pass_context
 from jinja2.visitor import NodeTransformer
+
+from tokenization.rendering.renderer import Limits
 
 INT_BITS = 1 << 12  # an int a template builds: ample for any counter; * and ** on larger ones cost quadratic time
 SMALL = 32  # characters of a value's text that is not a string, number or container (a float, None, a macro)
@@ -61,17 +62,6 @@ class _Render(threading.local):
 
     steps: int | None = None
     left = 0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one record's render may spend: steps (loop steps, calls and filters: 0.7 to 5 M a second here, by how
-    much each does; a template takes tens a message), and characters, plus ``per_content_char`` for each character
-    of its contents (a template copies each a few times: trimmed, joined, written; Llama 3's five)."""
-
-    steps: int = 1_000_000
-    chars: int = 1 << 24
-    per_content_char: int = 8
 
 
 def text_size(value: object, cap: int) -> int:

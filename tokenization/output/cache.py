@@ -9,6 +9,7 @@ Layout under the cache's location::
                                which data folder holds the entry, each file's size and sha256, the file's counts
     data/{key}/{writer}/       the entry's files, under a folder of the writer's own: two writers never share a file
     uses/{owner}/{stem}.json   the entries a rank uses (``records.CacheUse``), written before it looks any up
+    inputs/{key}.json          what the plans of one input found of its local files (``records.KnownInputs``)
 
 **The folder.** Before its first write, a build's plan or a rank makes sure the folder is a cache (``claim``): it
 has ``_CACHE.json``, or it is new or empty, or it holds exactly what a cache holds (a cache made by an earlier
@@ -101,6 +102,7 @@ from tokenization.wording import counted
 log = logging.getLogger(__name__)
 
 ENTRIES, DATA, USES = "entries", "data", "uses"
+KNOWN = "inputs"  # what plans found of their local input files (``output.known``)
 OWN_FILE = "_CACHE.json"  # the cache's own file, at its top (``records.CacheFolder``)
 DEFAULT_FOLDER = ".cache"  # under a build's output: a dot name, which no run's folder has (``runs.folder_for``)
 OFF = "off"  # the cache setting that turns it off
@@ -113,7 +115,7 @@ OWNER = re.compile(r"[0-9a-f]{16}")  # a use folder's name
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # an entry's file: a plain name, never a path
 CACHE_FILE = re.compile(  # every file a cache writes, by its path under the cache (a use's temporary file too)
     rf"{ENTRIES}/{KEY.pattern}\.json|{DATA}/{KEY.pattern}/{WRITER.pattern}/{FILE_NAME.pattern}"
-    rf"|{USES}/{OWNER.pattern}/[^/]+"
+    rf"|{USES}/{OWNER.pattern}/[^/]+|{KNOWN}/[^/]+"
 )
 NOT_THERE = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # an entry's file missing, or a folder, or under a file
 

@@ -35,6 +35,7 @@ from tokenization.records.cache import (
     CacheSize,
     CacheSummary,
     CacheUse,
+    KnownInputs,
     RankCache,
 )
 from tokenization.records.codec import JSON_TYPES, PROJECT, Record, RecordError, json_name, shown, unless_none
@@ -103,6 +104,7 @@ __all__ = [
     "Footprint",
     "HistogramRow",
     "InputFile",
+    "KnownInputs",
     "MdsOutput",
     "MergeCounts",
     "MergeManifest",

@@ -57,6 +57,19 @@ class CacheEntry(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class KnownInputs(Record):
+    """``{cache}/inputs/{key}.json``: what the plans of one input (``inputs``, the specs as given) found of its local
+    files: a row a file, by URL, of its size, mtime, change time, inode and device, when it was hashed, and its
+    sha256 (``inputs.sources.with_content``), so that the next plan reads only the files that changed. A memo,
+    rewritten whole by each plan: a row is used only when all it holds is what the file's ``stat`` says now."""
+
+    KIND: ClassVar[str] = "known-inputs"
+    LABEL: ClassVar[str] = "record of known input files"
+    inputs: list[str]
+    files: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
 class CacheUse(Record):
     """``{cache}/uses/{owner}/{stem}.json``: the entries a rank uses, written before it looks any up. Until it is
     ``finished`` it is in flight, and no cleaning removes them; after, they are kept while ``keeps`` (its build's

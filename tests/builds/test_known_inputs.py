@@ -3,6 +3,7 @@ in the cache, and the next plan reads only the files that are new or changed, or
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 import shutil
@@ -13,6 +14,8 @@ import orjson
 import pytest
 
 from tests.support.builds import config_of
+from tokenization.builds.complete import summary
+from tokenization.builds.pages import size
 from tokenization.builds.run import Build
 from tokenization.inputs import sources
 from tokenization.inputs.sources import list_input_files, with_content
@@ -143,3 +146,31 @@ def test_a_damaged_record_is_named_and_every_file_hashed(tmp_path, inputs, sampl
     (warning,) = [r.getMessage() for r in caplog.records if r.name == known.__name__]
     assert warning.startswith(f"{record}: not a valid record of known input files: ")
     assert warning.endswith("; every local input file is hashed")
+
+
+def test_the_report_and_the_summary_say_what_the_next_night_read(tmp_path, inputs, sample_tokenizer) -> None:
+    """Issue 52, 4: the files the plan listed, recognised unchanged and hashed, the bytes it read, the hits and
+    misses, and the input the ranks read (the misses, and without a key the hits they checked)."""
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    Build.start(config, "first").run()
+    changed = sorted(inputs.iterdir())[1]
+    changed.write_bytes(changed.read_bytes() + gzip.compress(b'{"text": "one more document"}\n'))
+    record = Build.start(config, "next").run().record
+    cache = record.cache
+    assert cache is not None and cache.plan is not None
+    assert cache.plan.to_json() == {
+        "files_listed": 4,
+        "files_recognised": 3,
+        "files_hashed": 1,
+        "bytes_hashed": changed.stat().st_size,
+    }
+    assert (cache.files_hit, cache.files_missed, cache.input_bytes_read) == (3, 1, cache.bytes_total)  # no key
+    line = next(line for line in summary(record).splitlines() if line.startswith("cache: "))
+    assert line.endswith(
+        f"and read {size(cache.bytes_total)} of input; the plan listed 4 files: 3 recognised unchanged without a byte "
+        f"read, 1 hashed ({size(changed.stat().st_size)} read)"
+    )
+    report = orjson.loads((tmp_path / "out" / "next" / "report.json").read_bytes())
+    assert report["build"]["cache"]["plan"] == cache.plan.to_json()
+    shown = (tmp_path / "out" / "next" / "report.html").read_text()
+    assert '<th>recognised unchanged, not read</th><td data-key="files_recognised">3</td>' in shown

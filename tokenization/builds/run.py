@@ -105,7 +105,8 @@ class Build:
             cache.claim()
             if hashed is not None and hashed.known != recalled:
                 known.remember(cache, config.inputs, hashed.known)
-        run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts()))
+        reading = None if hashed is None else hashed.reading(len(listing.files))
+        run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts(), reading))
         if run.plan.digest != proposed.digest:
             run.plan.refuse_another(proposed, listing, run_dir.url)
         files = run.plan.files

@@ -24,7 +24,7 @@ from isal import igzip, isal_zlib
 
 from tokenization.errors import StorageError, TokenizationError, reaching
 from tokenization.inputs.parts import Window, line_span, row_groups
-from tokenization.records import FilePart, InputFile, Rejected
+from tokenization.records import FilePart, InputFile, PlanReading, Rejected
 from tokenization.rendering.renderer import MISSING, Renderer, get_field, no_loss_ranges, text_field
 from tokenization.storage.files import StorageOptions, file_sha256, is_local, map_concurrently, open_fs
 from tokenization.storage.locations import GLOB_CHARS, glob_folder
@@ -312,6 +312,15 @@ class Hashed:
     recognised: int
     hashed: int
     bytes_read: int
+
+    def reading(self, listed: int) -> PlanReading:
+        """As a build records it, of the ``listed`` files."""
+        return PlanReading(
+            files_listed=listed,
+            files_recognised=self.recognised,
+            files_hashed=self.hashed,
+            bytes_hashed=self.bytes_read,
+        )
 
 
 def with_content(listing: InputListing, known: Mapping[str, str] | None = None) -> Hashed:

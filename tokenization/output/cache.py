@@ -32,7 +32,8 @@ counts and against the input file (``stages.hits``). A missing, partial or corru
 tokenized again (and stored anew): it is never used.
 
 **What it trusts.** Anyone who can write the cache's folder can write an entry whose files, sha256s and counts agree
-with one another: the sha256s catch damage, not intent. What such a writer can and cannot do to a build is
+with one another: the sha256s catch damage, not intent. With a key (``output.signing``), markers are signed and
+only those signed with it are used; without one, what such a writer can and cannot do to a build is
 ``stages.hits``'s to say: a hit is held against its input file (read again, not encoded) and a sample of its
 documents is encoded again. Reads are bounded (a marker at ``MARKER_BYTES``, a use at ``USE_BYTES``), and
 cleaning touches only what the cache's own names describe, under a folder its own file identifies.
@@ -67,6 +68,7 @@ import fsspec
 import orjson
 
 from tokenization.errors import TokenizationError, reaching
+from tokenization.output.signing import Signer
 from tokenization.records import (
     CacheCleaning,
     CacheEntry,
@@ -161,6 +163,7 @@ class Cache:
         self.at = at
         self.location = at.url.rstrip("/")
         self.fs, self.path = at.fs, at.path
+        self.signer = Signer.from_environment()  # with a key, every marker is signed, and only signed ones are used
 
     # The folder: made a cache before the first write, checked before any listing or cleaning.
 
@@ -259,6 +262,9 @@ class Cache:
             log.warning("%s; it is removed, and its file tokenized again", exc)
             self._forget(key, None)
             return None
+        if self.signer is not None and (problem := self.signer.problem(_signed(entry), entry.signature)):
+            self.discard(entry, problem)
+            return None
         return entry
 
     def fetch(self, entry: CacheEntry, into: Path) -> dict[str, Path] | None:
@@ -305,6 +311,8 @@ class Cache:
         when another writer's entry (the same bytes, a moment earlier) won, and this one's folder is removed. A
         store that fails is logged, and the rank goes on without it."""
         entry = replace(entry, data=uuid.uuid4().hex[:12], created=time.time())
+        if self.signer is not None:
+            entry = replace(entry, signature=self.signer.sign(_signed(entry)))
         folder = join(self.path, DATA, entry.key, entry.data)
         try:
             with reaching(self.location):
@@ -540,6 +548,11 @@ class Cache:
             pass
         except OSError as exc:  # it stays, and is found damaged again by the next reader
             log.warning("%s: could not remove it (%s)", self._url(where), exc)
+
+
+def _signed(entry: CacheEntry) -> bytes:
+    """What an entry's signature signs: its marker without the signature."""
+    return replace(entry, signature=None).dumps()
 
 
 def _differences(local: Mapping[str, Path], recorded: Mapping[str, FileSum]) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from tokenization.errors import reaching
 from tokenization.output.cache import KNOWN, Cache
@@ -36,6 +37,8 @@ def recall(cache: Cache, inputs: Sequence[str], files: int) -> dict[str, str]:
         if len(data) > limit:
             raise RecordError(_url(cache, path), f"it holds more than {limit:,} bytes", KnownInputs.LABEL)
         known = KnownInputs.loads(data, _url(cache, path))
+        if cache.signer is not None and (problem := cache.signer.problem(_signed(known), known.signature)):
+            raise RecordError(_url(cache, path), problem, KnownInputs.LABEL)
     except FileNotFoundError:
         return {}
     except (OSError, RecordError) as exc:  # a storage error too (StorageError): the plan reads the files instead
@@ -50,9 +53,18 @@ def remember(cache: Cache, inputs: Sequence[str], rows: Mapping[str, str]) -> No
     path = _path(cache, inputs)
     try:
         with reaching(cache.location):
-            write_bytes_atomic(cache.fs, path, KnownInputs(inputs=list(inputs), files=dict(rows)).dumps())
+            known = KnownInputs(inputs=list(inputs), files=dict(rows))
+            if cache.signer is not None:
+                known = replace(known, signature=cache.signer.sign(_signed(known)))
+            write_bytes_atomic(cache.fs, path, known.dumps())
     except OSError as exc:
         log.warning("%s: not written (%s); the next plan hashes every local input file again", _url(cache, path), exc)
+
+
+def _signed(known: KnownInputs) -> bytes:
+    """What a record's signature signs (``output.signing``): the record without it. Without a key, whoever can write
+    the cache can make a row name another sha256 for a file, and so another file's entry; with one, they cannot."""
+    return replace(known, signature=None).dumps()
 
 
 def _path(cache: Cache, inputs: Sequence[str]) -> str:

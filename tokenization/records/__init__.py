@@ -36,6 +36,7 @@ from tokenization.records.cache import (
     CacheSummary,
     CacheUse,
     KnownInputs,
+    PlanReading,
     RankCache,
 )
 from tokenization.records.codec import JSON_TYPES, PROJECT, Record, RecordError, json_name, shown, unless_none
@@ -114,6 +115,7 @@ __all__ = [
     "MixtureSource",
     "OutputEntry",
     "PadToken",
+    "PlanReading",
     "PlanRecord",
     "PlannedInputs",
     "PlannedTokenizer",

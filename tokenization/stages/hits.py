@@ -1,4 +1,6 @@
-"""A tokenization cache hit held against its input file, before a rank uses it.
+"""A tokenization cache hit held against its input file, before a rank uses it, where the deployment sets no key
+to sign the cache with (``output.signing``: with one, a hit whose marker verifies is trusted, and none of this is
+done).
 
 An entry's marker records each file's size and sha256, which catch an entry damaged since it was stored, never
 one written to deceive: whoever can write the cache can store another file's tokens under a key, or change an id,

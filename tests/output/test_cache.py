@@ -735,6 +735,33 @@ def test_a_record_slipped_into_a_cached_quarantine_is_caught(tmp_path, sample_to
     assert "its quarantine holds line 2 (malformed_json), which the input does not reject" in caplog.text
 
 
+def test_a_doctored_long_document_is_caught_without_a_key(tmp_path, sample_tokenizer, caplog) -> None:
+    """Issue 52, 4: a cached entry whose documents are all over ``SAMPLE_BYTES`` was never sampled, so its tokens,
+    doctored with every sha256 and count rewritten, were served build after build. A drawn document beyond the
+    sample's bytes is encoded by a window of its text, whose tokens must be in the document, in a row."""
+    texts = [str(record["text"]) for record in sample_records() if isinstance(record, dict) and record.get("text")]
+    joined = " ".join(texts)
+    size = SAMPLE_BYTES + 4096
+    documents = [{"text": joined[k * size : (k + 1) * size]} for k in range(3)]
+    assert all(len(d["text"].encode()) > SAMPLE_BYTES for d in documents)
+    write_jsonl(tmp_path / "corpus" / "long.jsonl", documents)
+    cache = tmp_path / "cache"
+    clean = run([tmp_path / "corpus"], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    key, folder = entry_of(cache, "long.jsonl")
+    tokens = np.fromfile(folder / "segment.ds", dtype=np.uint16)
+    ends = np.fromfile(folder / "segment.ds.index", dtype=np.uint64).astype(np.int64)
+    tokens[ends[0] : ends[1] - 1] = (tokens[ends[0] : ends[1] - 1].astype(np.int64) + 1) % 4096  # its EOS kept
+    rewritten(folder / "segment.ds", tokens.tobytes())
+    restamp(cache, key)
+    caplog.set_level(logging.WARNING)
+    again = run([tmp_path / "corpus"], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [False]
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
+    assert "its document 1 is not what the input's record at line 2 encodes to" in caplog.text
+    later = run([tmp_path / "corpus"], tmp_path / "later", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in later["cache"]["files"]] == [True]  # an honest long entry is no false alarm
+
+
 def test_with_a_key_a_doctored_entry_is_a_miss_named_in_the_log(tmp_path, sample_tokenizer, caplog, monkeypatch):
     """Issue 52, 2: a document's id changed in a file too large for its sample to hold it, every sha256 and count
     rewritten to match: with ``TOKENIZATION_CACHE_KEY`` set, its marker's signature no longer verifies, so it is a

@@ -174,3 +174,25 @@ def test_the_report_and_the_summary_say_what_the_next_night_read(tmp_path, input
     assert report["build"]["cache"]["plan"] == cache.plan.to_json()
     shown = (tmp_path / "out" / "next" / "report.html").read_text()
     assert '<th>recognised unchanged, not read</th><td data-key="files_recognised">3</td>' in shown
+
+
+def test_with_a_key_a_changed_row_is_refused(tmp_path, inputs, sample_tokenizer, hashed, caplog, monkeypatch):
+    """A row made to name another sha256 would make a file another file's entry: with a cache key the record is
+    signed, and one changed since is not used (named in the log); every file is hashed."""
+    monkeypatch.setenv("TOKENIZATION_CACHE_KEY", "a deployment's secret")
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    Build.start(config, "first")
+    (record,) = (tmp_path / "out/.cache/inputs").iterdir()
+    data = orjson.loads(record.read_bytes())
+    first, second, *_ = sorted(data["files"])
+    data["files"][first] = data["files"][first].rsplit(",", 1)[0] + "," + data["files"][second].rsplit(",", 1)[1]
+    record.write_bytes(orjson.dumps(data))
+    sources._sha256_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=known.__name__):
+        Build.start(config, "next")
+    assert len(hashed) == 8
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == known.__name__]
+    assert warning == (
+        f"{record}: not a valid record of known input files: its signature does not verify with "
+        "TOKENIZATION_CACHE_KEY (signed with another key, or changed since); every local input file is hashed"
+    )

@@ -68,7 +68,7 @@ import fsspec
 import orjson
 
 from tokenization.errors import TokenizationError, reaching
-from tokenization.output.signing import Signer
+from tokenization.output.signing import Signer, signed_part
 from tokenization.records import (
     CacheCleaning,
     CacheEntry,
@@ -262,7 +262,7 @@ class Cache:
             log.warning("%s; it is removed, and its file tokenized again", exc)
             self._forget(key, None)
             return None
-        if self.signer is not None and (problem := self.signer.problem(_signed(entry), entry.signature)):
+        if self.signer is not None and (problem := self.signer.problem(data)):
             self.discard(entry, problem)
             return None
         return entry
@@ -312,7 +312,7 @@ class Cache:
         store that fails is logged, and the rank goes on without it."""
         entry = replace(entry, data=uuid.uuid4().hex[:12], created=time.time())
         if self.signer is not None:
-            entry = replace(entry, signature=self.signer.sign(_signed(entry)))
+            entry = replace(entry, signature=self.signer.sign(signed_part(entry.to_json())))
         folder = join(self.path, DATA, entry.key, entry.data)
         try:
             with reaching(self.location):
@@ -548,11 +548,6 @@ class Cache:
             pass
         except OSError as exc:  # it stays, and is found damaged again by the next reader
             log.warning("%s: could not remove it (%s)", self._url(where), exc)
-
-
-def _signed(entry: CacheEntry) -> bytes:
-    """What an entry's signature signs: its marker without the signature."""
-    return replace(entry, signature=None).dumps()
 
 
 def _differences(local: Mapping[str, Path], recorded: Mapping[str, FileSum]) -> str | None:

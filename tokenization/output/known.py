@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from tokenization.errors import reaching
 from tokenization.output.cache import KNOWN, Cache
+from tokenization.output.signing import signed_part
 from tokenization.records import KnownInputs, RecordError
 from tokenization.storage.files import join, read_head, write_bytes_atomic
 
@@ -37,7 +38,7 @@ def recall(cache: Cache, inputs: Sequence[str], files: int) -> dict[str, str]:
         if len(data) > limit:
             raise RecordError(_url(cache, path), f"it holds more than {limit:,} bytes", KnownInputs.LABEL)
         known = KnownInputs.loads(data, _url(cache, path))
-        if cache.signer is not None and (problem := cache.signer.problem(_signed(known), known.signature)):
+        if cache.signer is not None and (problem := cache.signer.problem(data)):
             raise RecordError(_url(cache, path), problem, KnownInputs.LABEL)
     except FileNotFoundError:
         return {}
@@ -55,16 +56,10 @@ def remember(cache: Cache, inputs: Sequence[str], rows: Mapping[str, str]) -> No
         with reaching(cache.location):
             known = KnownInputs(inputs=list(inputs), files=dict(rows))
             if cache.signer is not None:
-                known = replace(known, signature=cache.signer.sign(_signed(known)))
+                known = replace(known, signature=cache.signer.sign(signed_part(known.to_json())))
             write_bytes_atomic(cache.fs, path, known.dumps())
     except OSError as exc:
         log.warning("%s: not written (%s); the next plan hashes every local input file again", _url(cache, path), exc)
-
-
-def _signed(known: KnownInputs) -> bytes:
-    """What a record's signature signs (``output.signing``): the record without it. Without a key, whoever can write
-    the cache can make a row name another sha256 for a file, and so another file's entry; with one, they cannot."""
-    return replace(known, signature=None).dumps()
 
 
 def _path(cache: Cache, inputs: Sequence[str]) -> str:

@@ -14,8 +14,18 @@ import hashlib
 import hmac
 import os
 
+import orjson
+
 KEY_SETTING = "TOKENIZATION_CACHE_KEY"
 SCHEME = "hmac-sha256:"
+SIGNATURE = "signature"  # the field of a record that holds its signature
+
+
+def signed_part(record: dict) -> bytes:
+    """What a record's signature signs: its JSON (``Record.to_json``, or the record as read back) without the
+    signature, keys sorted. Computed from the JSON read, not from the record decoded and encoded again: a marker is
+    checked in ~0.1 ms, not the ~2 ms of the record codec."""
+    return orjson.dumps({k: v for k, v in record.items() if k != SIGNATURE}, option=orjson.OPT_SORT_KEYS)
 
 
 class Signer:
@@ -33,10 +43,13 @@ class Signer:
     def sign(self, data: bytes) -> str:
         return SCHEME + hmac.new(self._key, data, hashlib.sha256).hexdigest()
 
-    def problem(self, data: bytes, signature: str | None) -> str | None:
-        """Why ``signature`` is not this key's of ``data``, or None when it is."""
+    def problem(self, record: bytes) -> str | None:
+        """Why the record whose JSON is ``record`` (read, and decoded as a record already) is not signed with this
+        key, or None when it is."""
+        found = orjson.loads(record)
+        signature, data = found.get(SIGNATURE), signed_part(found)
         if signature is None:
             return f"it is not signed, and this build signs with {KEY_SETTING}"
-        if not hmac.compare_digest(signature, self.sign(data)):
+        if not isinstance(signature, str) or not hmac.compare_digest(signature, self.sign(data)):
             return f"its signature does not verify with {KEY_SETTING} (signed with another key, or changed since)"
         return None

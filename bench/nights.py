@@ -47,11 +47,12 @@ _libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 
 
 def dropped(paths: list[Path]) -> None:
-    """The files' pages out of the page cache (clean pages: they were written and synced long before)."""
+    """The files' pages out of the page cache: written back once (``sync``; an ``fdatasync`` a file flushes the
+    disk's cache each time, minutes for 100,000 files), then each file's clean pages dropped."""
+    os.sync()
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
-            os.fdatasync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

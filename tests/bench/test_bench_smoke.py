@@ -127,6 +127,23 @@ def test_bench_refuses_unknown_rows() -> None:
 
 
 @pytest.mark.long
+def test_the_next_night_rows_say_what_it_read(tmp_path) -> None:
+    """Issue 52, 7: the next night on the smoke sizes, its inputs out of the page cache: without a key the hits read
+    their inputs again; with one, no unchanged byte is read."""
+    out = tmp_path / "RESULTS.md"
+    done = bench("--smoke", "--only", "next-night", "--repeats", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = tables(out.read_text())["next night"]
+    assert column(rows, "next night") == [
+        "4 files of 0.2 MB, one changed",
+        "the same, with a cache key",
+        "300 one-line files, none changed",
+    ]
+    assert column(rows, "unchanged input read")[1] == "0%"
+    assert all(RATIO.fullmatch(ratio) for ratio in column(rows, "next / first"))
+
+
+@pytest.mark.long
 def test_a_remix_tokenizes_nothing_and_reaches_its_shares(tmp_path) -> None:
     """The mixture rows on the smoke sizes: a first mixture build tokenizes every file, the re-mix at other weights
     none (its tokens all from the cache), and each reaches every source's share within a mean document."""

@@ -749,6 +749,98 @@ def test_a_record_slipped_into_a_cached_quarantine_is_caught(tmp_path, sample_to
     assert "its quarantine holds line 2 (malformed_json), which the input does not reject" in caplog.text
 
 
+def test_a_doctored_long_document_is_caught_without_a_key(tmp_path, sample_tokenizer, caplog) -> None:
+    """Issue 52, 4: a cached entry whose documents are all over ``SAMPLE_BYTES`` was never sampled, so its tokens,
+    doctored with every sha256 and count rewritten, were served build after build. A drawn document beyond the
+    sample's bytes is encoded by a window of its text, whose tokens must be in the document, in a row."""
+    texts = [str(record["text"]) for record in sample_records() if isinstance(record, dict) and record.get("text")]
+    joined = " ".join(texts)
+    size = SAMPLE_BYTES + 4096
+    documents = [{"text": joined[k * size : (k + 1) * size]} for k in range(3)]
+    assert all(len(d["text"].encode()) > SAMPLE_BYTES for d in documents)
+    write_jsonl(tmp_path / "corpus" / "long.jsonl", documents)
+    cache = tmp_path / "cache"
+    clean = run([tmp_path / "corpus"], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    key, folder = entry_of(cache, "long.jsonl")
+    tokens = np.fromfile(folder / "segment.ds", dtype=np.uint16)
+    ends = np.fromfile(folder / "segment.ds.index", dtype=np.uint64).astype(np.int64)
+    tokens[ends[0] : ends[1] - 1] = (tokens[ends[0] : ends[1] - 1].astype(np.int64) + 1) % 4096  # its EOS kept
+    rewritten(folder / "segment.ds", tokens.tobytes())
+    restamp(cache, key)
+    caplog.set_level(logging.WARNING)
+    again = run([tmp_path / "corpus"], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [False]
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
+    assert "its document 1 is not what the input's record at line 2 encodes to" in caplog.text
+    later = run([tmp_path / "corpus"], tmp_path / "later", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in later["cache"]["files"]] == [True]  # an honest long entry is no false alarm
+
+
+def test_with_a_key_a_doctored_entry_is_a_miss_named_in_the_log(tmp_path, sample_tokenizer, caplog, monkeypatch):
+    """Issue 52, 2: a document's id changed in a file too large for its sample to hold it, every sha256 and count
+    rewritten to match: with ``TOKENIZATION_CACHE_KEY`` set, its marker's signature no longer verifies, so it is a
+    miss, named in the log, whatever document was changed; an entry made without the key is a miss too, once."""
+    monkeypatch.setenv("TOKENIZATION_CACHE_KEY", "a deployment's secret")
+    source = corpus(tmp_path / "corpus", files=2)
+    cache = tmp_path / "cache"
+    options = {"seed": 3, "max_reject_fraction": None}
+    clean = run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), **options)
+    key, folder = entry_of(cache, "part-001.jsonl")
+    assert len(np.fromfile(folder / "segment.ds.index", dtype=np.uint64)) > 4 * SAMPLE_DOCS
+    tokens = np.fromfile(folder / "segment.ds", dtype=np.uint16)
+    tokens[len(tokens) // 2] = (int(tokens[len(tokens) // 2]) + 1) % 4096
+    rewritten(folder / "segment.ds", tokens.tobytes())
+    restamp(cache, key)
+    caplog.set_level(logging.WARNING)
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), **options)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True, False]
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
+    shown = "its signature does not verify with TOKENIZATION_CACHE_KEY (signed with another key, or changed since)"
+    assert f"{key}.json (of {source}/part-001.jsonl): {shown}; it is removed, and the file tokenized again" in (
+        caplog.text
+    )
+    monkeypatch.delenv("TOKENIZATION_CACHE_KEY")
+    restamp(cache, key)  # an entry as a build without the key writes it
+    signed = json.loads((cache / ENTRIES / f"{key}.json").read_text())
+    del signed["signature"]
+    (cache / ENTRIES / f"{key}.json").write_text(json.dumps(signed))
+    assert [
+        f["hit"]
+        for f in run([source], tmp_path / "off", sample_tokenizer, cache=str(cache), **options)["cache"]["files"]
+    ] == [True, True]
+    monkeypatch.setenv("TOKENIZATION_CACHE_KEY", "a deployment's secret")
+    caplog.clear()
+    later = run([source], tmp_path / "later", sample_tokenizer, cache=str(cache), **options)
+    assert [f["hit"] for f in later["cache"]["files"]] == [True, False]
+    assert "it is not signed, and this build signs with TOKENIZATION_CACHE_KEY" in caplog.text
+
+
+def test_with_a_key_a_rank_that_only_hits_reads_no_input_and_loads_no_tokenizer(
+    tmp_path, sample_tokenizer, monkeypatch
+) -> None:
+    """Issue 52, 2 and 3: a signed hit is trusted at the cost of its own bytes (its sha256s, its counts): its input
+    file is not read again, and no sample is encoded, so the rank never loads a tokenizer library's tokenizer."""
+    from tokenization.inputs.sources import DocumentReader
+    from tokenization.tokenizer import loading
+
+    monkeypatch.setenv("TOKENIZATION_CACHE_KEY", "a deployment's secret")
+    source = corpus(tmp_path / "corpus", files=4)
+    where = {"input": str(source), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
+    config = BuildConfig(**where, num_ranks=1, seed=5)
+    Build.start(config, "night-1").tokenize(0, progress=False)
+    nightly = Build.start(config, "night-2")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a tokenizer was loaded, or an input read")
+
+    monkeypatch.setattr(loading, "Tokenizer", refused)
+    monkeypatch.setattr(DocumentReader, "__iter__", refused)
+    result = nightly.tokenize(0, progress=False)
+    assert [f.hit for f in result.record.cache.files] == [True] * 4 and result.record.tokenizer.engine == "none"
+    monkeypatch.undo()
+    assert file_bytes(tmp_path / "out" / "night-2" / "ranks") == file_bytes(tmp_path / "out" / "night-1" / "ranks")
+
+
 def test_a_huge_marker_is_discarded_never_read_whole(tmp_path, sample_tokenizer) -> None:
     """An 8 GB sparse marker, and a rank limited to 3 GB of memory (where it was read whole: MemoryError): it is
     read as far as the bound (4 MiB), found damaged and removed, and its file tokenized again."""

@@ -47,3 +47,20 @@ def test_a_rank_of_words_never_repeated_stays_within_its_budget(tmp_path) -> Non
     assert peak < 384 + 32, f"peak {peak} MiB within a budget of 384"
     assert big_engine["engine_reloads"] == 0 and big_peak > 600  # what the cache took without a budget
     assert data == big_data
+
+
+def test_a_file_mapped_and_read_is_not_memory_the_budget_counts(tmp_path) -> None:
+    """Issue 52, 6: a rank reads its hits' segments, and pass 2 its sources, through memory maps, whose pages are the
+    page cache's (the kernel drops them at need), not what the engine's cache took. Counted as the process's, they
+    made the engine reload, dropping the words it had learnt, between a next night's misses (1 reload on 8 files of
+    24 MB, 2 of them changed, at a 700 MB budget; none since)."""
+    from tokenization.tokenizer.fast_engine import resident_bytes
+
+    path = tmp_path / "segment.ds"
+    path.write_bytes(np.arange(32 << 20, dtype=np.uint16).tobytes())  # 64 MB
+    before = resident_bytes()
+    mapped = np.memmap(path, dtype=np.uint16, mode="r")
+    assert int(mapped[::2048].sum()) > 0  # a value a page: every page read
+    after = resident_bytes()
+    assert before is not None and after is not None
+    assert after - before < 16 << 20

@@ -32,6 +32,7 @@ from tokenization.records import (
     MergeCounts,
     MergeManifest,
     Mixture,
+    PlanReading,
     RankManifest,
     RecordError,
     SourceAccount,
@@ -170,9 +171,10 @@ def conservation(rank_manifests: list[RankManifest], planned: list[InputFile] | 
     )
 
 
-def cache_summary(rank_manifests: list[RankManifest]) -> CacheSummary | None:
+def cache_summary(rank_manifests: list[RankManifest], plan: PlanReading | None = None) -> CacheSummary | None:
     """What the tokenization cache did for the ranks (None when they ran without one): the files it served and
-    those tokenized, the input bytes and tokens reused, and the ranks' time, of which encoding."""
+    those tokenized, the input bytes and tokens reused, and the ranks' time, of which encoding; what the ``plan``
+    read to tell the files' content, and the input bytes the ranks read (to encode misses, or check hits)."""
     caches = [m.cache for m in rank_manifests if m.cache is not None]
     if not caches:
         return None
@@ -187,6 +189,10 @@ def cache_summary(rank_manifests: list[RankManifest]) -> CacheSummary | None:
         tokens_reused=sum(f.tokens for f in hits),
         tokenize_seconds=round(sum(m.seconds for m in rank_manifests), 3),
         encode_seconds=round(sum(f.seconds for f in served if not f.hit), 3),
+        plan=plan,
+        input_bytes_read=None
+        if any(f.input_read is None for f in served)
+        else sum(f.bytes for f in served if f.input_read),
     )
 
 

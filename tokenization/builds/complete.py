@@ -20,6 +20,7 @@ from typing import cast
 from tokenization.builds import accounting, footprint
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.latest import LatestError, expire, latest_complete_build, point_latest, read_latest
+from tokenization.builds.pages import size
 from tokenization.builds.plan import Plan, Run, list_inputs
 from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.errors import TokenizationError
@@ -258,7 +259,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         files=token_file_names(dataset.list()),
         stages=stages,
         verify=VerifySummary(ok=checked.ok, files=checked.files, tokens=checked.tokens, notes=checked.notes),
-        cache=accounting.cache_summary(ranks),
+        cache=accounting.cache_summary(ranks, run.claim.reading),
         removed=removed,
         footprint=footprint.measure(layout, removed, config.cache_folder),
         mixture=accounting.mixture_accounts(ranks, merged, config.mixed),
@@ -310,11 +311,19 @@ def cache_line(cache: CacheSummary, parts: bool = False) -> str:
     files = cache.files_hit + cache.files_missed
     what = counted(files, "input file or part", "input files and parts") if parts else counted(files, "input file")
     share = f"{cache.reused:.1%} of the bytes, " if cache.reused is not None else ""
-    return (
+    line = (
         f"{cache.files_hit:,} of {what} from the cache ({share}{cache.tokens_reused:,} tokens), "
         f"{cache.files_missed:,} tokenized in {cache.encode_seconds:.1f} s; "
         f"the ranks took {cache.tokenize_seconds:.1f} s"
     )
+    if cache.input_bytes_read is not None:
+        line += f" and read {size(cache.input_bytes_read)} of input"
+    if (plan := cache.plan) is not None:
+        line += (
+            f"; the plan listed {counted(plan.files_listed, 'file')}: {plan.files_recognised:,} recognised unchanged "
+            f"without a byte read, {plan.files_hashed:,} hashed ({size(plan.bytes_hashed)} read)"
+        )
+    return line
 
 
 def _kept(build: BuildRecord) -> list[str]:

@@ -38,7 +38,7 @@ from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
 from tokenization.inputs.sources import idle_ranks, with_content
-from tokenization.output import manifest
+from tokenization.output import known, manifest
 from tokenization.output.attempts import leased, new_holder
 from tokenization.output.cache import OFF, Cache
 from tokenization.output.manifest import StageResult
@@ -101,13 +101,19 @@ class Build:
         renderer = config.renderer(encoder)
         seed = resolve_seed(config.seed, run_id)
         rendering = None if renderer is None else renderer.sha256
-        planned = listing if read_claim(run_dir) else with_content(listing)  # a re-run hashes no file again
+        cache = Cache(config.cache_folder) if config.cache_folder else None
+        recalled = known.recall(cache, config.inputs, len(listing.files)) if cache else {}
+        hashed = None if read_claim(run_dir) else with_content(listing, recalled)  # a re-run hashes no file again
+        planned = listing if hashed is None else hashed.listing
         proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned, sources)
-        if config.cache_folder:  # before the run's claim: a folder that is no cache is refused first
-            Cache(config.cache_folder).claim()
-            if planned is not listing:  # a new plan (a re-run's was checked when it was new)
-                refuse_foreseen(config, proposed, encoder, Cache(config.cache_folder))
-        run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts()))
+        if cache is not None:  # before the run's claim: a folder that is no cache is refused first
+            cache.claim()
+            if hashed is not None and hashed.known != recalled:
+                known.remember(cache, config.inputs, hashed.known)
+            if hashed is not None:  # a new plan (a re-run's was checked when it was new)
+                refuse_foreseen(config, proposed, encoder, cache)
+        reading = None if hashed is None else hashed.reading(len(listing.files))
+        run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts(), reading))
         if run.plan.digest != proposed.digest:
             run.plan.refuse_another(proposed, listing, run_dir.url)
         files = run.plan.files

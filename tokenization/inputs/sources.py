@@ -11,9 +11,10 @@ import functools
 import io
 import logging
 import os
+import re
 import stat
 import time
-from collections.abc import Generator, Hashable, Iterator, Sequence
+from collections.abc import Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from gzip import BadGzipFile
@@ -26,7 +27,7 @@ from isal import igzip, isal_zlib
 
 from tokenization.errors import StorageError, TokenizationError, reaching
 from tokenization.inputs.parts import Window, line_span, row_groups
-from tokenization.records import FilePart, InputFile, Rejected
+from tokenization.records import FilePart, InputFile, PlanReading, Rejected
 from tokenization.rendering.renderer import MISSING, Renderer, get_field, no_loss_ranges, text_field
 from tokenization.storage.files import StorageOptions, file_sha256, is_local, map_concurrently, open_fs
 from tokenization.storage.locations import GLOB_CHARS, glob_folder, resolve
@@ -408,23 +409,104 @@ def identity(fs, path: str, info: dict) -> str:
     return f"modified={modified}" if modified else ""
 
 
-def with_content(listing: InputListing) -> InputListing:
+@dataclass(frozen=True)
+class Hashed:
+    """A plan's listing with each local file's sha256 (``with_content``), what the next plan is to remember of them
+    (``known``: a row a local file, by URL), and what it cost: files recognised unchanged without a byte read, files
+    hashed, and the bytes that hashing read."""
+
+    listing: InputListing
+    known: dict[str, str]
+    recognised: int
+    hashed: int
+    bytes_read: int
+
+    def reading(self, listed: int) -> PlanReading:
+        """As a build records it, of the ``listed`` files."""
+        return PlanReading(
+            files_listed=listed,
+            files_recognised=self.recognised,
+            files_hashed=self.hashed,
+            bytes_hashed=self.bytes_read,
+        )
+
+
+def with_content(listing: InputListing, known: Mapping[str, str] | None = None) -> Hashed:
     """The listing with each local file's identity ending in the sha256 of its bytes, as a plan records it: a file
     whose inode or change time differs later (a ``chmod``, a copy that kept its mtime) is then the same file if its
-    bytes are. A file is read once here, and the tokenization cache takes the sha256 from the plan instead of
-    reading it again. An object store's ETag is a digest of the bytes already."""
+    bytes are. The tokenization cache takes the sha256 from the plan instead of reading the file again. An object
+    store's ETag is a digest of the bytes already.
+
+    A file that ``known`` (an earlier plan's rows, by URL) remembers, whose size, mtime, change time, inode and
+    device are what they were, and whose mtime is older than the moment it was hashed by ``RACY_NS`` at least, is
+    not read: its sha256 is taken from there, as git's index does. A file modified within that margin of its
+    hashing (git's "racy" case: the filesystem's clock could not tell a write during the hash) is hashed again, and
+    so is one whose change time alone differs (a ``chmod``: hashing says its bytes are the same). Files to hash are
+    read on as many threads as the machine has cores: hashlib works without the GIL."""
     local = [f for f in listing.files if f.identity.startswith(MTIME)]
-    started = time.perf_counter()
-    digests = map_concurrently(lambda f: _sha256(f.url, f.identity), local, workers=os.cpu_count() or 1)
-    hashed = {f.url: f"{f.identity},sha256={digest}" for f, digest in zip(local, digests, strict=True)}
-    if local:
+    stats = {f.url: _stat(f.url) for f in local}
+    known = known or {}
+    digests = {f.url: sha for f in local if (sha := _recognised(f, stats[f.url], known.get(f.url)))}
+    rows = {url: known[url] for url in digests}  # the recognised: as they were remembered
+    unknown = [f for f in local if f.url not in digests]
+    started, hashed_ns = time.perf_counter(), time.time_ns()
+    found = map_concurrently(lambda f: _sha256(f.url, f.identity), unknown, workers=os.cpu_count() or 1)
+    digests.update(zip([f.url for f in unknown], found, strict=True))
+    if unknown:
         log.info(
-            "plan: hashed %d local input files, %d bytes, in %.1f s",
-            len(local),
-            sum(f.size for f in local),
+            "plan: hashed %s, %d bytes, in %.1f s; %s recognised unchanged, not read",
+            counted(len(unknown), "local input file"),
+            sum(f.size for f in unknown),
             time.perf_counter() - started,
+            counted(len(rows), "file"),
         )
-    return replace(listing, files=[replace(f, identity=hashed.get(f.url, f.identity)) for f in listing.files])
+    rows.update({f.url: _row(st, hashed_ns, digests[f.url]) for f in unknown if (st := stats[f.url]) is not None})
+    hashed = {f.url: f"{f.identity},sha256={digests[f.url]}" for f in local}
+    files = [replace(f, identity=hashed.get(f.url, f.identity)) for f in listing.files]
+    return Hashed(
+        replace(listing, files=files), rows, len(local) - len(unknown), len(unknown), sum(f.size for f in unknown)
+    )
+
+
+RACY_NS = 2 * 10**9  # a file modified this close to its hashing is hashed again: coarse filesystems keep 1-2 s mtimes
+SHA256 = re.compile(r"[0-9a-f]{64}")
+KNOWN_FIELDS = 7  # a row: size, mtime_ns, ctime_ns, inode, device, when it was hashed (ns), sha256
+
+
+def _stat(path: str) -> os.stat_result | None:
+    """A local file's ``stat``, or None when it is gone (the build then fails as it reads it, with its name)."""
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def _row(st: os.stat_result, hashed_ns: int, sha256: str) -> str:
+    """What the next plan remembers of a local file (``with_content``)."""
+    return f"{st.st_size},{st.st_mtime_ns},{st.st_ctime_ns},{st.st_ino},{st.st_dev},{hashed_ns},{sha256}"
+
+
+def _recognised(file: InputFile, st: os.stat_result | None, row: str | None) -> str | None:
+    """The sha256 that ``row`` remembers of ``file``, when the file's ``stat`` now (``st``), and as it was listed,
+    is what it was then, and its mtime was not racy; else None: the file is read."""
+    if st is None or row is None or len(fields := row.split(",")) != KNOWN_FIELDS:
+        return None
+    listed = _fields(file.identity)
+    now = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    if (file.size, listed[MTIME], listed["ctime_ns"], listed["ino"]) != (
+        st.st_size,
+        str(st.st_mtime_ns),
+        str(st.st_ctime_ns),
+        str(st.st_ino),
+    ):
+        return None  # changed since it was listed
+    try:
+        *remembered, hashed_ns = (int(field) for field in fields[:6])
+    except ValueError:
+        return None
+    if tuple(remembered) != now or st.st_mtime_ns >= hashed_ns - RACY_NS:
+        return None
+    return fields[6] if SHA256.fullmatch(fields[6]) else None
 
 
 def difference(planned: InputFile, now: InputFile) -> str | None:

@@ -9,6 +9,7 @@ Layout under the cache's location::
                                which data folder holds the entry, each file's size and sha256, the file's counts
     data/{key}/{writer}/       the entry's files, under a folder of the writer's own: two writers never share a file
     uses/{owner}/{stem}.json   the entries a rank uses (``records.CacheUse``), written before it looks any up
+    inputs/{key}.json          what the plans of one input found of its local files (``records.KnownInputs``)
 
 **The folder.** Before its first write, a build's plan or a rank makes sure the folder is a cache (``claim``): it
 has ``_CACHE.json``, or it is new or empty, or it holds exactly what a cache holds (a cache made by an earlier
@@ -31,7 +32,8 @@ counts and against the input file (``stages.hits``). A missing, partial or corru
 tokenized again (and stored anew): it is never used.
 
 **What it trusts.** Anyone who can write the cache's folder can write an entry whose files, sha256s and counts agree
-with one another: the sha256s catch damage, not intent. What such a writer can and cannot do to a build is
+with one another: the sha256s catch damage, not intent. With a key (``output.signing``), markers are signed and
+only those signed with it are used; without one, what such a writer can and cannot do to a build is
 ``stages.hits``'s to say: a hit is held against its input file (read again, not encoded) and a sample of its
 documents is encoded again. Reads are bounded (a marker at ``MARKER_BYTES``, a use at ``USE_BYTES``), and
 cleaning touches only what the cache's own names describe, under a folder its own file identifies.
@@ -66,6 +68,7 @@ import fsspec
 import orjson
 
 from tokenization.errors import StorageError, TokenizationError, reaching
+from tokenization.output.signing import Signer, signed_part
 from tokenization.records import (
     CacheCleaning,
     CacheEntry,
@@ -101,6 +104,7 @@ from tokenization.wording import counted
 log = logging.getLogger(__name__)
 
 ENTRIES, DATA, USES = "entries", "data", "uses"
+KNOWN = "inputs"  # what plans found of their local input files (``output.known``)
 OWN_FILE = "_CACHE.json"  # the cache's own file, at its top (``records.CacheFolder``)
 DEFAULT_FOLDER = ".cache"  # under a build's output: a dot name, which no run's folder has (``runs.folder_for``)
 OFF = "off"  # the cache setting that turns it off
@@ -113,7 +117,7 @@ OWNER = re.compile(r"[0-9a-f]{16}")  # a use folder's name
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # an entry's file: a plain name, never a path
 CACHE_FILE = re.compile(  # every file a cache writes, by its path under the cache (a use's temporary file too)
     rf"{ENTRIES}/{KEY.pattern}\.json|{DATA}/{KEY.pattern}/{WRITER.pattern}/{FILE_NAME.pattern}"
-    rf"|{USES}/{OWNER.pattern}/[^/]+"
+    rf"|{USES}/{OWNER.pattern}/[^/]+|{KNOWN}/[^/]+"
 )
 NOT_THERE = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # an entry's file missing, or a folder, or under a file
 
@@ -162,6 +166,7 @@ class Cache:
         self.at = at
         self.location = at.url.rstrip("/") or at.url  # "/" is a location too
         self.fs, self.path = at.fs, at.path
+        self.signer = Signer.from_environment()  # with a key, every marker is signed, and only signed ones are used
         self.read_only = False  # set by the first write that fails: storing is best effort, reading goes on
 
     def _unwritable(self, exc: OSError) -> None:
@@ -279,6 +284,9 @@ class Cache:
             log.warning("%s; it is removed, and its file tokenized again", exc)
             self._forget(key, None)
             return None
+        if self.signer is not None and (problem := self.signer.problem(data)):
+            self.discard(entry, problem)
+            return None
         return entry
 
     def fetch(self, entry: CacheEntry, into: Path) -> dict[str, Path] | None:
@@ -327,6 +335,8 @@ class Cache:
         if self.read_only:
             return None
         entry = replace(entry, data=uuid.uuid4().hex[:12], created=time.time())
+        if self.signer is not None:
+            entry = replace(entry, signature=self.signer.sign(signed_part(entry.to_json())))
         folder = join(self.path, DATA, entry.key, entry.data)
         try:
             with reaching(self.location):

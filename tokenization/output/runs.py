@@ -28,7 +28,7 @@ from typing import ClassVar
 from urllib.parse import quote
 
 from tokenization.errors import TokenizationError, UsageError
-from tokenization.records import BuildRecord, PlanRecord, RunClaim, TokenizerFacts
+from tokenization.records import BuildRecord, PlanReading, PlanRecord, RunClaim, TokenizerFacts
 from tokenization.storage.files import join
 from tokenization.storage.folder import Folder, PutMode
 
@@ -89,11 +89,18 @@ def percent_encoded_name(run_id: str) -> str:
     return "%2E" + name[1:] if name.startswith(".") else name
 
 
-def claim(folder: Folder, run_id: str, plan: PlanRecord, tokenizer: TokenizerFacts | None = None) -> RunClaim:
-    """Make the folder this run's before anything is written, recording its ``plan`` (and what loading the
-    ``tokenizer`` told it), or refuse: a folder claimed by another run, or holding files that no run claims, is never
-    written into. Returns the claim as stored; a retry or a resume of this run finds its own claim, with the plan it
-    made first (the caller compares the two), and when it was claimed, the start of the build's wall time."""
+def claim(
+    folder: Folder,
+    run_id: str,
+    plan: PlanRecord,
+    tokenizer: TokenizerFacts | None = None,
+    reading: PlanReading | None = None,
+) -> RunClaim:
+    """Make the folder this run's before anything is written, recording its ``plan`` (what loading the
+    ``tokenizer`` told it, and what ``reading`` the input cost it), or refuse: a folder claimed by another run, or
+    holding files that no run claims, is never written into. Returns the claim as stored; a retry or a resume of
+    this run finds its own claim, with the plan it made first (the caller compares the two), and when it was
+    claimed, the start of the build's wall time."""
     owner = read_claim(folder)
     if owner is None:
         found = sorted(folder.list())
@@ -102,7 +109,7 @@ def claim(folder: Folder, run_id: str, plan: PlanRecord, tokenizer: TokenizerFac
                 f"{folder.url} already holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}, which no run "
                 f"claims: choose another output, or remove that folder"
             )
-        made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan, tokenizer=tokenizer)
+        made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan, tokenizer=tokenizer, reading=reading)
         try:
             if not found:
                 folder.put(RUN_CLAIM, made.dumps(), PutMode.CREATE)

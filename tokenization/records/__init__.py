@@ -35,6 +35,8 @@ from tokenization.records.cache import (
     CacheSize,
     CacheSummary,
     CacheUse,
+    KnownInputs,
+    PlanReading,
     RankCache,
 )
 from tokenization.records.codec import JSON_TYPES, PROJECT, Record, RecordError, json_name, shown, unless_none
@@ -103,6 +105,7 @@ __all__ = [
     "Footprint",
     "HistogramRow",
     "InputFile",
+    "KnownInputs",
     "MdsOutput",
     "MergeCounts",
     "MergeManifest",
@@ -112,6 +115,7 @@ __all__ = [
     "MixtureSource",
     "OutputEntry",
     "PadToken",
+    "PlanReading",
     "PlanRecord",
     "PlannedInputs",
     "PlannedTokenizer",

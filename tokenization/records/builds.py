@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tokenization.records.cache import CacheCleaning, CacheSize, CacheSummary
+from tokenization.records.cache import CacheCleaning, CacheSize, CacheSummary, PlanReading
 from tokenization.records.codec import Record, unless_none
 from tokenization.records.contents import ContentsSum
 from tokenization.records.inputs import InputFile
@@ -48,6 +48,7 @@ class RunClaim(Record):
     claimed: float
     plan: PlanRecord | None = None
     tokenizer: TokenizerFacts | None = field(default=None, metadata=unless_none())
+    reading: PlanReading | None = field(default=None, metadata=unless_none())  # what the plan read (a cache's)
 
 
 @dataclass(frozen=True, kw_only=True)

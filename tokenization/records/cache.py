@@ -3,10 +3,10 @@ build and its cleaning report."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tokenization.records.codec import Record
+from tokenization.records.codec import Record, unless_none
 from tokenization.records.inputs import FileSum, InputFile, RankCounts
 
 
@@ -22,6 +22,7 @@ class CachedInput(Record):
     text_bytes: int  # of its documents' text
     tokens: int  # of its documents, EOS included
     seconds: float  # encoding it (a miss), or fetching and checking it (a hit)
+    input_read: bool | None = field(default=None, metadata=unless_none())  # whether it was read (None: before)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,10 +51,25 @@ class CacheEntry(Record):
     described: dict[str, Any]
     created: float
     encode_seconds: float
+    signature: str | None = field(default=None, metadata=unless_none())  # with a key only (``output.signing``)
 
     @property
     def bytes(self) -> int:
         return sum(f.bytes for f in self.files.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class KnownInputs(Record):
+    """``{cache}/inputs/{key}.json``: what the plans of one input (``inputs``, the specs as given) found of its local
+    files: a row a file, by URL, of its size, mtime, change time, inode and device, when it was hashed, and its
+    sha256 (``inputs.sources.with_content``), so that the next plan reads only the files that changed. A memo,
+    rewritten whole by each plan: a row is used only when all it holds is what the file's ``stat`` says now."""
+
+    KIND: ClassVar[str] = "known-inputs"
+    LABEL: ClassVar[str] = "record of known input files"
+    inputs: list[str]
+    files: dict[str, str]
+    signature: str | None = field(default=None, metadata=unless_none())  # with a key only (``output.signing``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +99,17 @@ class CacheFolder(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PlanReading(Record):
+    """What a build's plan read to tell its local input files' content: the files it listed, those it recognised
+    unchanged from what an earlier plan remembered (no byte read), those it hashed, and the bytes hashing read."""
+
+    files_listed: int
+    files_recognised: int
+    files_hashed: int
+    bytes_hashed: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class CacheSummary(Record):
     """What the tokenization cache did for a build: the input files it served (hits) and those tokenized (misses),
     the input bytes and tokens it reused, and the ranks' time, summed, of which encoding the misses."""
@@ -95,6 +122,8 @@ class CacheSummary(Record):
     tokens_reused: int
     tokenize_seconds: float
     encode_seconds: float
+    plan: PlanReading | None = field(default=None, metadata=unless_none())  # None: a build before plans remembered
+    input_bytes_read: int | None = field(default=None, metadata=unless_none())  # by the ranks, of their input files
 
     @property
     def reused(self) -> float | None:

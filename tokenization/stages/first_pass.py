@@ -208,7 +208,7 @@ class FirstPass:
         if key is None:
             return replace(segment, source=source)
         self._store(segment, written, key, seconds)
-        served = _served(file, key.digest, segment.counts, hit=False, seconds=seconds)
+        served = _served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
         return replace(segment, cached=served, source=source)
 
     def _from_cache(self, entry: CacheEntry, file: InputFile, folder: Path, shown: Progress) -> Segment | None:
@@ -235,7 +235,8 @@ class FirstPass:
         counts = Counts.of(entry.counts)
         counts.contents = held.contents
         shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
-        served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started)
+        read = self._cache.cache.signer is None  # unsigned, its input file was read to check it (``_checked``)
+        served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started, read=read)
         return Segment(file, fetched[SEGMENT], counts, quarantine, served)
 
     def _checked(self, entry: CacheEntry, fetched: dict[str, Path], file: InputFile) -> Held | str:
@@ -250,8 +251,11 @@ class FirstPass:
         except TokenFileError as exc:
             return str(exc)
         quarantine = fetched.get(QUARANTINE)
-        problem = self._against_counts(entry.counts, held, quarantine)
-        return problem or self._hits(file).disagreement(entry, held.segment, quarantine, file) or held
+        if problem := self._against_counts(entry.counts, held, quarantine):
+            return problem
+        if self._cache.cache.signer is not None:  # its marker's signature verified: made by a build with the key
+            return held
+        return self._hits(file).disagreement(entry, held.segment, quarantine, file) or held
 
     def _against_counts(self, c: RankCounts, held: Held, quarantine: Path | None) -> str | None:
         """How a segment and its quarantine disagree with their counts, or None: every id within the vocabulary,
@@ -424,8 +428,9 @@ def quarantined(work: Path) -> Path:
     return whole
 
 
-def _served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: float) -> CachedInput:
+def _served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: float, read: bool) -> CachedInput:
     return CachedInput(
+        input_read=read,
         url=file.url,
         key=key,
         hit=hit,

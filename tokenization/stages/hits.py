@@ -1,4 +1,6 @@
-"""A tokenization cache hit held against its input file, before a rank uses it.
+"""A tokenization cache hit held against its input file, before a rank uses it, where the deployment sets no key
+to sign the cache with (``output.signing``: with one, a hit whose marker verifies is trusted, and none of this is
+done).
 
 An entry's marker records each file's size and sha256, which catch an entry damaged since it was stored, never
 one written to deceive: whoever can write the cache can store another file's tokens under a key, or change an id,
@@ -12,18 +14,20 @@ of the cost of encoding it again:
   with its line, reason and raw text, or, for a record quarantined because it cannot be cut, that very record's
   text;
 - a sample of its documents is encoded again with HF and must be the hit's, tokens and loss bytes: the first
-  document, then others, ``SAMPLE_DOCS`` at most, of at most ``SAMPLE_BYTES`` of text in all (a drawn document that
-  would pass that is passed over), drawn from the entry's key and the build's run folder: a retry of a build draws
-  the same, each new build others, so that an id changed anywhere is found, build after build. Each is matched to
-  its input record by counting the records that were written, so the input is read once, to its end.
+  document, then others, ``SAMPLE_DOCS`` at most, drawn from the entry's key and the build's run folder: a retry
+  of a build draws the same, each new build others, so that an id changed anywhere is found, build after build.
+  They are encoded whole while ``SAMPLE_BYTES`` of text last; a drawn document beyond them, of any length, by a
+  window of its text (``_window``), whose tokens must be in it, in a row. Each is matched to its input record by
+  counting the records that were written, so the input is read once, to its end.
 
 What this catches: another file's tokens (swapped entries) whenever the two files differ in their records, text
-bytes, blank lines or quarantine, and always when they differ in their first document (of at most
-``SAMPLE_BYTES``); a record slipped into, or changed in, a quarantine; an id changed to another valid id in a
-document of the sample, so with probability about ``SAMPLE_DOCS / n`` in a file of n documents each build (always
-in a file of at most ``SAMPLE_DOCS``, within the byte bound). What it does not: an id changed in a document outside the
-sample, nor a count that no file holds (the special-token text counted). Its cost: reading the input again, and
-loading HF's tokenizer once a rank (0.2-0.7 s), which a rank that only hits would not load otherwise.
+bytes, blank lines or quarantine, or in their first document; a record slipped into, or changed in, a quarantine;
+a document's tokens replaced, when it is in the sample (always, in a file of at most ``SAMPLE_DOCS``); an id
+changed to another valid id in the sample's text, so with probability about ``SAMPLE_DOCS / n`` in a file of n
+documents each build, times the share of a long document its window covers. What it does not: an id changed
+outside the sample's text, nor a count that no file holds (the special-token text counted). Its cost: reading
+the input again, and loading HF's tokenizer once a rank (0.2-0.7 s), which a rank that only hits would not load
+otherwise.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import random
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +51,10 @@ from tokenization.tokenizer.documents import DocumentOptions, utf8_length
 from tokenization.tokenizer.encoding import Encoder
 
 SAMPLE_DOCS = 8  # documents a hit's sample holds at most: every document of a smaller file
-SAMPLE_BYTES = 16 << 10  # of text: ~10 ms of HF (1-2 MB/s) a file at most, and no document cut into pieces
+SAMPLE_BYTES = 16 << 10  # of text encoded whole: ~10 ms of HF (1-2 MB/s) a file at most
+WINDOW_CHARS = 4 << 10  # of a drawn document beyond them, encoded (``_window``): long documents are sampled too
+WINDOW_SLACK = 16  # tokens at each end of such a window that the text around it may change
+WINDOW_TRIES = 10_000  # places a window's first token is looked for in its document, at most
 
 
 @dataclass
@@ -81,7 +88,8 @@ class HitCheck:
         """How the hit ``entry`` (its ``segment`` and its ``quarantine`` file, if any, both checked against its
         marker) disagrees with the input ``file`` it stands for, or None."""
         c = entry.counts
-        drawn = _drawn(f"{self.build}\n{entry.key}", c.docs_written)
+        seed = f"{self.build}\n{entry.key}"
+        drawn = _drawn(seed, c.docs_written)
         try:
             read, problem = self._read_again(file, quarantine, set(drawn))
         except RecordError as exc:
@@ -104,7 +112,7 @@ class HitCheck:
                 f"its input file has {read.candidates:,} records with text and {read.empty:,} without, its counts "
                 f"say {c.docs_written:,} documents and {c.empty:,} empty"
             )
-        return self._sample_problem(segment, read.sampled, drawn, silent)
+        return self._sample_problem(segment, read.sampled, drawn, silent, seed)
 
     def _read_again(self, file: InputFile, quarantine: Path | None, drawn: set[int]) -> tuple[_Read, str | None]:
         """Read the input file as its rank does, checking the hit's quarantine line by line on the way; keep the
@@ -135,7 +143,7 @@ class HitCheck:
                     if uncut.pop(item.line) != _digest(item.text):
                         return read, f"its quarantine holds line {item.line} ({NO_EXACT_CUT}) with another text"
                 else:
-                    if read.candidates in drawn and size <= SAMPLE_BYTES:
+                    if read.candidates in drawn:
                         read.sampled[read.candidates] = item
                     read.candidates += 1
             if (extra := next(expected, None)) is not None or uncut:
@@ -145,18 +153,25 @@ class HitCheck:
         return read, None
 
     def _sample_problem(
-        self, segment: TokenFile, sampled: dict[int, Record], drawn: list[int], silent: int
+        self, segment: TokenFile, sampled: dict[int, Record], drawn: list[int], silent: int, seed: str
     ) -> str | None:
         """How the sampled records, encoded again, differ from the hit's documents, or None. Record ``k`` is
-        document ``k`` of the hit, or, when ``silent`` texts encoded to no token, one of the ``silent`` before it."""
+        document ``k`` of the hit, or, when ``silent`` texts encoded to no token, one of the ``silent`` before it.
+        Records are encoded whole while ``SAMPLE_BYTES`` of text last; a record beyond them, of any length, by a
+        window of ``WINDOW_CHARS`` or so drawn by ``seed`` (``_window``), whose tokens but ``WINDOW_SLACK`` at each
+        end must be in the document, in a row, with their loss bytes."""
         chosen, room = [], SAMPLE_BYTES
         for k in drawn:
-            if k in sampled and (size := utf8_length(sampled[k].text)) <= room:
-                chosen.append(k)
+            if k not in sampled:
+                continue
+            if (size := utf8_length(sampled[k].text)) <= room:
+                chosen.append((k, sampled[k], False))
                 room -= size
+            elif (piece := _window(sampled[k], f"{seed}\n{k}")) is not None:
+                chosen.append((k, piece, True))
         if not chosen:
             return None
-        records = [sampled[k] for k in chosen]
+        records = [record for _, record, _ in chosen]
         no_loss = [r.no_loss_ranges for r in records] if self.save_loss else None
         prepared = self.encoder.prepare([r.text for r in records], no_loss, [r.special_spans for r in records])
         encoded = self.encoder.encode_prepared(prepared)
@@ -166,18 +181,64 @@ class HitCheck:
         if loss is not None and encoded.loss is None:  # encoding with no_loss gives loss bytes
             raise RuntimeError("the sampled records were encoded without loss bytes")
         offsets = np.cumsum(encoded.lengths) - encoded.lengths
-        for k, record, offset, length in zip(chosen, records, offsets, encoded.lengths, strict=True):
-            want = encoded.tokens[offset : offset + length]
-            want_loss = encoded.loss[offset : offset + length] if encoded.loss is not None else None
+        for (k, record, window), offset, length in zip(chosen, offsets, encoded.lengths, strict=True):
+            first, last = (
+                (offset + WINDOW_SLACK, offset + length - WINDOW_SLACK) if window else (offset, offset + length)
+            )
+            if last <= first and window:
+                continue  # a window of too few tokens to tell
+            want = encoded.tokens[first:last]
+            want_loss = encoded.loss[first:last] if encoded.loss is not None and loss is not None else None
             places = range(max(0, k - silent), min(k, len(ends) - 1) + 1)
             if (length == 0 and silent) or any(
-                np.array_equal(tokens[starts[d] : ends[d]], want)
-                and (loss is None or want_loss is None or np.array_equal(loss[starts[d] : ends[d]], want_loss))
+                _holds(
+                    tokens[starts[d] : ends[d]],
+                    loss[starts[d] : ends[d]] if loss is not None else None,
+                    want,
+                    want_loss,
+                    whole=not window,
+                )
                 for d in places
             ):
                 continue
             return f"its document {k} is not what the input's record at line {record.line} encodes to"
         return None
+
+
+def _window(record: Record, seed: str) -> Record | None:
+    """About ``WINDOW_CHARS`` of the record's text from a place drawn by ``seed``, from a space to a space, with its
+    loss ranges and special spans moved and cut to it: tokenizers split words at whitespace, so its tokens, but for
+    the first and last ``WINDOW_SLACK``, are some of the whole text's, in a row. None when it has no spaces there."""
+    text = record.text
+    drawn = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big") % max(1, len(text) - WINDOW_CHARS)
+    start = text.find(" ", drawn) if drawn else 0
+    end = text.rfind(" ", start + 1, start + WINDOW_CHARS)
+    if start < 0 or end <= start:
+        return None
+
+    def within(ranges: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
+        if ranges is None:
+            return None
+        return [(max(a, start) - start, min(b, end) - start) for a, b in ranges if a < end and b > start]
+
+    return replace(record, text=text[start:end], no_loss_ranges=within(record.no_loss_ranges), special_spans=None)
+
+
+def _holds(
+    document: np.ndarray, loss: np.ndarray | None, want: np.ndarray, want_loss: np.ndarray | None, *, whole: bool
+) -> bool:
+    """Whether the document (its tokens, and its ``loss`` bytes) is ``want`` (``want_loss``), or, not ``whole``,
+    holds them in a row somewhere (looked for at ``WINDOW_TRIES`` places at most)."""
+    if whole:
+        return np.array_equal(document, want) and (loss is None or want_loss is None or np.array_equal(loss, want_loss))
+    if not 0 < len(want) <= len(document):
+        return False
+    for at in np.flatnonzero(document[: len(document) - len(want) + 1] == want[0])[:WINDOW_TRIES]:
+        if np.array_equal(document[at : at + len(want)], want) and (
+            loss is None or want_loss is None or np.array_equal(loss[at : at + len(want)], want_loss)
+        ):
+            return True
+    return False
 
 
 def _drawn(seed: str, documents: int) -> list[int]:

@@ -206,13 +206,18 @@ def rank_file(rank: int, ranks: int) -> str:
 
 def link_corpus(source: Path, corpus: Path, copies: int) -> None:
     """The corpus's JSON-lines files (plain, .gz or .zst; not the shared ``instruct_`` file, which has no text
-    field), ``copies`` times over."""
+    field), ``copies`` times over: a link the first time, then copies, since a build reads a file reached by two
+    names once (datatrove reads it each time), and a hard link is the same file too."""
     corpus.mkdir(parents=True, exist_ok=True)
     found = sorted(p for p in source.iterdir() if p.name.endswith(CORPUS_SUFFIXES))
     for copy in range(copies):
         for path in found:
             if not path.name.startswith("instruct_"):
-                (corpus / f"{copy:03d}-{path.name}").symlink_to(path.resolve())
+                made = corpus / f"{copy:03d}-{path.name}"
+                if copy:
+                    shutil.copyfile(path, made)
+                else:
+                    made.symlink_to(path.resolve())
 
 
 def text_bytes(corpus: Path, text_key: str) -> int:

@@ -293,9 +293,13 @@ def test_a_rank_placing_many_files_writes_its_lease_once_or_twice_not_once_a_fil
     sample_corpus,
     sample_tokenizer,
     caplog,
+    monkeypatch,
 ) -> None:
     """A rank of 16 buckets places every bucket file, several at once, then its manifest and marker: its lease is
-    written when taken (and renewed at most once more), where each change used to renew it."""
+    written when taken (and renewed at most once more), where each change used to renew it. (A TTL ten times the
+    usual: a loaded machine's rank may take longer than a tenth of one, after which a renewal is due anyway.)"""
+    monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 10 * attempts.LEASE_TTL_SECONDS)
+    monkeypatch.setattr(attempts, "HEARTBEAT_SECONDS", 10 * attempts.HEARTBEAT_SECONDS)
     config = replace(rank_config(sample_corpus, sample_tokenizer, s3.options), num_buckets=16)
     forget(s3, caplog)
     result = tokenize_rank(config)

@@ -245,7 +245,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         if args.older_than is None and args.max_size is None:
             raise UsageError("prune needs --older-than, --max-size or both")
         cleaned = cache.prune(args.older_than, args.max_size)
-        print(f"cache {cache.location}: removed {cleaned.entries:,} entries, {pages.size(cleaned.bytes)}")
+        removed = counted(cleaned.entries, "entry", "entries")
+        print(f"cache {cache.location}: removed {removed}, {pages.size(cleaned.bytes)}")
         return 0
     listed = cache.entries()
     total = CacheSize(
@@ -254,7 +255,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         bytes=sum(item.bytes for item in listed),
         tokens=sum(item.tokens for item in listed),
     )
-    print(f"cache {cache.location}: {len(listed):,} entries, {footprint.cache_weight(total)}")
+    print(f"cache {cache.location}: {counted(len(listed), 'entry', 'entries')}, {footprint.cache_weight(total)}")
     if listed:
         print(f"{'key':12}  {'size':>9}  {'tokens':>13}  {'made':20}  {'last used':20}  {'by':24}  input file")
     for item in listed:

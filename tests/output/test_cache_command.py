@@ -34,7 +34,7 @@ def test_a_marker_that_is_a_folder_is_left_out_of_the_list_and_pruned(tmp_path, 
     assert re.search(rf" WARNING [\w.]+: {re.escape(str(damaged))}: a folder, so damaged; left out\n", listed.stderr)
     pruned = cli("cache", "prune", str(cache), "--older-than", "30d")
     assert pruned.returncode == 0, pruned.stderr
-    assert pruned.stdout == f"cache {cache}: removed 1 entries, 0 B\n"
+    assert pruned.stdout == f"cache {cache}: removed 1 entry, 0 B\n"
     assert sorted((cache / ENTRIES).iterdir()) == markers[1:]
     again = cli("cache", "list", str(cache))
     assert "damaged" not in again.stderr and again.stdout.startswith(f"cache {cache}: {len(markers) - 1} entries, ")

@@ -460,7 +460,7 @@ class Cache:
                 freed += size
             self._remove_empty(join(self.path, DATA, key))  # unless another writer is storing the key anew
         if keys:
-            log.info("cache %s: removed %d entries, %d bytes", self.location, len(keys), freed)
+            log.info("cache %s: removed %s, %d bytes", self.location, counted(len(keys), "entry", "entries"), freed)
         return CacheCleaning(entries=len(keys), bytes=freed)
 
     def _remove_orphans(self, now: float) -> CacheCleaning:

@@ -1031,7 +1031,8 @@ def report(
         "",
         *markdown_table(SPEED_COLUMNS, bench.rows),
         "",
-        "Each stage's time is a whole process: start, imports, loading the tokenizer (below), reading, writing. "
+        "Each stage's time is a whole process: start, imports, loading the tokenizer (below), reading, writing; "
+        "datatrove's until a `sync` after it, as our stages' files are fsync'd when published. "
         "Limits: HF `encode_batch_fast` alone and gigatoken `encode_batch` alone, on every core, on the same texts "
         "already in memory, loading excluded; for the byte-moving rows, `cp -r` then `sync` of the same files, and "
         "ours / cp + sync is ours divided by it. MB/s: text for tokenize and count, tokens for the "

@@ -10,6 +10,7 @@ imports nothing heavy at the top: each workload imports what it uses, inside the
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -318,9 +319,12 @@ def _context(inputs: Inputs, mode: str, **options: Any) -> dict[str, int]:
 
 
 def _datatrove(pipeline: list, inputs: Inputs) -> None:
+    """A datatrove pipeline, then a ``sync``: datatrove never flushes what it writes, where our stages publish
+    durably (fsync'd), so it is timed until its files are on disk, as ``cp`` is."""
     from datatrove.executor import LocalPipelineExecutor
 
     LocalPipelineExecutor(pipeline=pipeline, tasks=1, workers=1, logging_dir=inputs.out + "_logs").run()
+    os.sync()
 
 
 def _encode(inputs: Inputs, load: Callable[[], Any], encode: Callable[[Any, list[str]], Any]) -> OwnTimes:

@@ -32,7 +32,7 @@ from tokenization.builds.run import Build
 from tokenization.errors import TokenizationError
 from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
 from tokenization.records import RankManifest
-from tokenization.stages.hits import SAMPLE_BYTES, SAMPLE_DOCS
+from tokenization.stages.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
 from tokenization.storage.folder import Folder
 from tokenization.tokenizer.documents import TooManyRejects
 
@@ -892,3 +892,14 @@ def test_listing_keeps_a_small_row_an_entry(tmp_path, sample_tokenizer) -> None:
     assert all(item.last_owner == "/builds/night-9" and item.bytes == listed[10].bytes for item in listed[:10])
     assert listed[10].source == str(source / "part-000.jsonl") and listed[10].last_owner == str(tmp_path / "a")
     assert [item.source for item in listed[11:]] == [f"/corpus/f{k:05d}.jsonl" for k in range(2999, 9, -1)]
+
+
+def test_a_long_documents_window_is_found_past_any_number_of_its_first_tokens() -> None:
+    """A drawn long document's window is found wherever it is: its first token, a common one, stood 10,000 times
+    before it, and the search gave up there, so a true hit was taken for a doctored one (a flaky re-mix)."""
+    the, window = 262, np.array([262, 7, 8, 9, 10], dtype=np.uint16)
+    document = np.concatenate([np.full(20_000, the, np.uint16), window, np.full(50, the, np.uint16)])
+    assert _holds(document, None, window, None, whole=False)
+    assert not _holds(document, None, np.array([262, 7, 8, 9, 11], dtype=np.uint16), None, whole=False)
+    loss = np.ones(len(document), np.uint8)
+    assert not _holds(document, loss, window, np.array([1, 1, 0, 1, 1], np.uint8), whole=False)

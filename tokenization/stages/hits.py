@@ -54,7 +54,6 @@ SAMPLE_DOCS = 8  # documents a hit's sample holds at most: every document of a s
 SAMPLE_BYTES = 16 << 10  # of text encoded whole: ~10 ms of HF (1-2 MB/s) a file at most
 WINDOW_CHARS = 4 << 10  # of a drawn document beyond them, encoded (``_window``): long documents are sampled too
 WINDOW_SLACK = 16  # tokens at each end of such a window that the text around it may change
-WINDOW_TRIES = 10_000  # places a window's first token is looked for in its document, at most
 
 
 @dataclass
@@ -228,12 +227,17 @@ def _holds(
     document: np.ndarray, loss: np.ndarray | None, want: np.ndarray, want_loss: np.ndarray | None, *, whole: bool
 ) -> bool:
     """Whether the document (its tokens, and its ``loss`` bytes) is ``want`` (``want_loss``), or, not ``whole``,
-    holds them in a row somewhere (looked for at ``WINDOW_TRIES`` places at most)."""
+    holds them in a row somewhere: looked for where the document holds the rarest of ``want``'s tokens in its place,
+    every such place (a window's first token, say " the", was looked for at 10,000 places at most, and a long
+    document that held it more often failed a true hit)."""
     if whole:
         return np.array_equal(document, want) and (loss is None or want_loss is None or np.array_equal(loss, want_loss))
     if not 0 < len(want) <= len(document):
         return False
-    for at in np.flatnonzero(document[: len(document) - len(want) + 1] == want[0])[:WINDOW_TRIES]:
+    seen = np.bincount(document, minlength=int(want.max()) + 1)
+    anchor = int(np.argmin(seen[want]))  # the rarest of the window's tokens in the document
+    places = np.flatnonzero(document == want[anchor]) - anchor
+    for at in places[(places >= 0) & (places <= len(document) - len(want))]:
         if np.array_equal(document[at : at + len(want)], want) and (
             loss is None or want_loss is None or np.array_equal(loss[at : at + len(want)], want_loss)
         ):

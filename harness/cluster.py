@@ -381,6 +381,9 @@ class Cluster:
         _postgres(f"CREATE DATABASE {self.db}")
         self._run("airflow", "db", "migrate")
         self._run("airflow", "pools", "set", MERGE_POOL[0], str(self.merge_slots), "corpus-tokenization merge")
+        # the api-server's port picked again just before it starts, as the other components learn it from their
+        # environment: picked when the cluster was made, the migrate's seconds let another test's server take it
+        self.port = free_port()
         commands = {name: (["airflow", name], None) for name in COMPONENTS}
         commands["api-server"][0].extend(["--port", str(self.port)])
         for name, (queues, concurrency) in self.workers.items():

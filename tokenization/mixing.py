@@ -23,19 +23,24 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import hashlib
+import io
 import json
 import math
 import os
 import posixpath
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from tokenization import orderings
 from tokenization.errors import TokenizationError, UsageError
 from tokenization.formats.names import SOURCE_NAME
-from tokenization.records import Mixture, MixtureSource, RecordError
+from tokenization.records import Mixture, MixtureSource, RecordError, SourceMix
 from tokenization.storage.files import StorageOptions, open_fs
+from tokenization.storage.folder import Folder
 from tokenization.wording import counted
 
 MAX_SOURCES = 256  # a document's source is one byte in the ``.ds.source`` sidecar
@@ -407,6 +412,34 @@ def check_chosen(source: MixtureSource, target: int, tokens: np.ndarray, counts:
         )
 
 
+def choose(
+    mixture: Mixture, targets: Sequence[int], sources: np.ndarray, lengths: np.ndarray, seed: int, part: int
+) -> tuple[np.ndarray, list[SourceMix]]:
+    """How many times each document (its ``sources`` and ``lengths``, in the merge's order) is used for each
+    source's target, and what each source gave: each source's ``uses`` over its own documents, drawn with
+    ``orderings.mixture_subset`` (``part``: 0 for a whole merge, a bucket's number + 1). The merge chooses with it,
+    and so does a plan that knows every document's length from the cache (``builds.choice``): one choice."""
+    counts = np.zeros(len(sources), np.int64)
+    shares = []
+    for s, (source, share) in enumerate(zip(mixture.sources, mixture.shares, strict=True)):
+        mine = np.flatnonzero(sources == s)
+        chosen = counts[mine] = uses(lengths[mine], targets[s], orderings.mixture_subset(seed, s, part, len(mine)))
+        check_chosen(source, targets[s], lengths[mine], chosen, "" if part == 0 else f"bucket {part - 1}: ")
+        shares.append(
+            SourceMix(
+                name=source.name,
+                target=share,
+                docs_available=len(mine),
+                tokens_available=int(lengths[mine].sum()),
+                docs_chosen=int(np.count_nonzero(chosen)),
+                docs_repeated=int(np.count_nonzero(chosen > 1)),
+                uses=int(chosen.sum()),
+                tokens_chosen=int((chosen * lengths[mine]).sum()),
+            )
+        )
+    return counts, shares
+
+
 def interleaved(sources: np.ndarray, tokens: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """The order of the output: unit ids (a unit used ``counts`` times appears as often), each source's uses in a
     random order, all sorted by where each falls in its source's chosen tokens (``rng``:
@@ -423,3 +456,55 @@ def interleaved(sources: np.ndarray, tokens: np.ndarray, counts: np.ndarray, rng
         return np.zeros(0, np.int64)
     order = np.argsort(np.concatenate(keys), kind="stable")
     return np.concatenate(ids)[order]
+
+
+CHOICE = "choice"  # the folder of a build's run folder that holds a choice made at plan (``builds.choice``)
+CHOSEN = "_CHOSEN.json"  # in it, written last: each rank's file and its sha256
+
+
+@dataclass(frozen=True)
+class RankChoice:
+    """A rank's documents in the order its files hold them (its shuffle's), as a plan chose them before the rank
+    ran: each one's tokens, mixture source and uses (0: not chosen, which the rank does not write)."""
+
+    lengths: np.ndarray
+    sources: np.ndarray
+    uses: np.ndarray
+
+    def data(self) -> bytes:
+        with io.BytesIO() as out:
+            np.save(out, np.stack([self.lengths, self.sources, self.uses]).astype(np.int64), allow_pickle=False)
+            return out.getvalue()
+
+
+def joined(choices: Sequence[RankChoice]) -> RankChoice:
+    """The ranks' choices end to end: every document in the merge's order (the rank files sorted, rank by rank)."""
+    parts = [[getattr(c, name) for c in choices] for name in ("lengths", "sources", "uses")]
+    return RankChoice(*(np.concatenate(part) if part else np.zeros(0, np.int64) for part in parts))
+
+
+def save_choice(folder: Folder, choices: dict[str, RankChoice]) -> None:
+    """Each rank's choice (by its stem, in rank order) into ``folder``, then the list of them, last: a choice is
+    there only once it is whole."""
+    sums = {}
+    for stem, choice in choices.items():
+        data = choice.data()
+        folder.put(f"{stem}.npy", data)
+        sums[stem] = hashlib.sha256(data).hexdigest()
+    folder.put(CHOSEN, json.dumps({"ranks": sums}, sort_keys=True).encode())
+
+
+def read_choice(folder: Folder, stems: Sequence[str] | None = None) -> dict[str, RankChoice] | None:
+    """The choice a plan made (None: it made none), of the ranks ``stems`` (default: every rank, in rank order),
+    each file checked against the sha256 the list records."""
+    if not folder.exists(CHOSEN):
+        return None
+    sums = json.loads(folder.read(CHOSEN))["ranks"]
+    found = {}
+    for stem in sorted(sums) if stems is None else stems:
+        data = folder.read(f"{stem}.npy") if stem in sums else b""
+        if hashlib.sha256(data).hexdigest() != sums.get(stem):
+            raise TokenizationError(f"{folder.url_of(stem + '.npy')}: not the choice its plan wrote, or none")
+        lengths, sources, uses = np.load(io.BytesIO(data), allow_pickle=False)
+        found[stem] = RankChoice(lengths, sources, uses)
+    return found

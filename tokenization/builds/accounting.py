@@ -158,6 +158,7 @@ def conservation(rank_manifests: list[RankManifest], planned: list[InputFile] | 
     docs_in, docs_out, empty = (sum(getattr(c, k) for c in counts) for k in ("docs_read", "docs_written", "empty"))
     read = (entry for m in rank_manifests for entry in m.inputs)
     problem = None if planned is None else unread_or_reread(planned, read)
+    not_chosen = [c.tokens_not_chosen for c in counts if c.tokens_not_chosen is not None]
     return Conservation(
         docs_in=docs_in,
         docs_out=docs_out,
@@ -168,6 +169,7 @@ def conservation(rank_manifests: list[RankManifest], planned: list[InputFile] | 
         tokens_dropped=sum(c.tokens_dropped for c in counts),
         inputs_problem=problem,
         holds=docs_in == docs_out + empty + quarantined and problem is None,
+        tokens_not_chosen=sum(not_chosen) if not_chosen else None,
     )
 
 
@@ -251,9 +253,11 @@ def contents_flow(tokenize: TokenizeSummary, stages: StageSummary, chunked: bool
     merge, context = stages.merge, stages.context_shuffle
     merge_in, merge_out = (None, None) if merge is None else (merge.contents_in, merge.contents_out)
     mixed = merge is not None and merge.sources is not None  # it wrote what it chose (its own check), not all
+    chose = tokenize.tokens_not_chosen is not None
     context_in = None if context is None else context.contents_in
     links = [
-        ("the ranks read", read, "they wrote", None if chunked else tokenize.contents_out),
+        # ranks that wrote only a mixture's chosen documents proved what they wrote against what they read themselves
+        ("the ranks read", read, "they wrote", None if chunked or chose else tokenize.contents_out),
         ("the ranks wrote", tokenize.contents_out, "the merge read", merge_in),
         ("the merge read", merge_in, "it wrote", None if mixed else merge_out),
         ("the merge wrote", merge_out, "the context shuffle read", context_in),

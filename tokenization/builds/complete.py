@@ -331,6 +331,15 @@ def _kept(build: BuildRecord) -> list[str]:
     read, merge = build.stages.tokenize.contents_in, build.stages.merge
     if read is None:
         return []
+    not_chosen = build.stages.tokenize.tokens_not_chosen
+    if merge is not None and merge.sources is not None and not_chosen is not None:  # the plan chose
+        held = build.conservation.tokens + not_chosen
+        return [
+            f"shuffles: the ranks read each of the {read.pieces:,} documents once and moved the ones the mixture "
+            f"chose, the merge wrote the {merge.units:,} uses it chose, the context shuffle kept each piece once",
+            f"moved: the ranks moved {build.conservation.tokens:,} of the {held:,} tokens they held (the chosen "
+            f"documents); {not_chosen:,} not chosen stayed where they were",
+        ]
     if merge is not None and merge.sources is not None:  # a mixture's merge wrote what it chose
         return [
             f"shuffles: the ranks kept each of the {read.pieces:,} documents once, the merge wrote the "
@@ -342,7 +351,9 @@ def _kept(build: BuildRecord) -> list[str]:
 def _unchosen(build: BuildRecord) -> str:
     """What a mixture's merge left out, beside the tokens dropped."""
     merge = build.stages.merge
-    return "" if merge is None or merge.sources is None else f", {merge.tokens_dropped:,} not chosen by the mixture"
+    if merge is None or merge.sources is None:
+        return ""
+    return f", {merge.tokens_dropped + (build.stages.tokenize.tokens_not_chosen or 0):,} not chosen by the mixture"
 
 
 def _mixed(accounts: list[SourceAccount] | None) -> list[str]:

@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Literal, TypeVar
 
 from tokenization.builds import accounting, complete
+from tokenization.builds.choice import choose_at_plan
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import Plan, Run, list_inputs
@@ -38,6 +39,7 @@ from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
 from tokenization.inputs.sources import idle_ranks, with_content
+from tokenization.mixing import CHOICE, RankChoice, read_choice
 from tokenization.output import known, manifest
 from tokenization.output.attempts import leased, new_holder
 from tokenization.output.cache import OFF, Cache
@@ -116,6 +118,8 @@ class Build:
         run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts(), reading))
         if run.plan.digest != proposed.digest:
             run.plan.refuse_another(proposed, listing, run_dir.url)
+        elif cache is not None and hashed is not None:  # a new plan: its choice made once, or never
+            choose_at_plan(config, run.plan, encoder, cache, run_dir)
         files = run.plan.files
         log.info(
             "plan %s: %s (%d bytes), %s, seed %d; in %s",
@@ -188,6 +192,7 @@ class Build:
             tokenizer=run.claim.tokenizer,
             mixture=self.config.mixed,
             sources=run.plan.sources_of(files),
+            choice=None if self.config.mixed is None else self._choice(rank_stem(rank)),
         )
         config = TokenizeConfig(
             inputs=self.config.inputs,
@@ -200,6 +205,11 @@ class Build:
             **self.config.shared(DocumentOptions, RankOptions),
         )
         return tokenize_rank(config, progress, owner, share)
+
+    def _choice(self, stem: str) -> RankChoice | None:
+        """The rank's part of the choice the plan made of a mixture's documents (``builds.choice``), if it made one."""
+        found = read_choice(self.layout.run.sub(CHOICE), [stem])
+        return None if found is None else found[stem]
 
     def incomplete_ranks(self) -> dict[int, str]:
         """Every rank whose shard is not complete on storage yet, with the reason (none once the build is published:
@@ -221,6 +231,7 @@ class Build:
             save_loss=self.config.save_loss,
             local_working_dir=self.config.merge_working_dir or self.config.local_working_dir,
             mixture=self.config.mixture,
+            choice=None if self.config.mixed is None else self.layout.run.sub(CHOICE).url,
             **self.config.shared(MergeOptions),
         )
         if self._published(f"merge {config.stem}"):

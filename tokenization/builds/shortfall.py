@@ -17,6 +17,7 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import Plan
 from tokenization.mixing import foreseen
 from tokenization.output.cache import Cache
+from tokenization.records import CacheEntry, InputFile, Mixture
 from tokenization.stages.first_pass import file_key, source_readings
 from tokenization.storage.files import map_concurrently
 from tokenization.tokenizer.encoding import Encoder
@@ -24,19 +25,31 @@ from tokenization.tokenizer.encoding import Encoder
 log = logging.getLogger(__name__)
 
 
-def refuse_foreseen(config: BuildConfig, plan: Plan, encoder: Encoder, cache: Cache) -> None:
-    """Refuse ``plan``'s mixture (``config.mixed``) when the tokens ``cache`` holds of its sources tell that the
-    merge would (``mixing.foreseen``). Megatron output is not merged, and takes whatever each source has."""
-    mixture = config.mixed
-    shared = plan.shared  # files, or parts of them: what ranks look up
-    sources = plan.sources_of(shared)
-    if mixture is None or sources is None or config.output_format == "megatron":
-        return
+def planned_entries(
+    config: BuildConfig,
+    mixture: Mixture,
+    shared: list[InputFile],
+    sources: list[int],
+    encoder: Encoder,
+    cache: Cache,
+) -> list[CacheEntry | None]:
+    """The cache's entry of each of the plan's ``shared`` files (or parts: what ranks look up), of its mixture
+    ``sources``, under the very key its rank will look up (None: a miss)."""
     readings = source_readings(config, mixture, encoder)
     keys = [
         file_key(file, readings[s], encoder, config.save_loss).digest for file, s in zip(shared, sources, strict=True)
     ]
-    entries = map_concurrently(cache.lookup, keys)
+    return map_concurrently(cache.lookup, keys)
+
+
+def refuse_foreseen(config: BuildConfig, plan: Plan, encoder: Encoder, cache: Cache) -> None:
+    """Refuse ``plan``'s mixture (``config.mixed``) when the tokens ``cache`` holds of its sources tell that the
+    merge would (``mixing.foreseen``). Megatron output is not merged, and takes whatever each source has."""
+    mixture = config.mixed
+    sources = plan.sources_of(plan.shared)
+    if mixture is None or sources is None or config.output_format == "megatron":
+        return
+    entries = planned_entries(config, mixture, plan.shared, sources, encoder, cache)
     known: list[int | None] = [0] * len(mixture.sources)
     for source, entry in zip(sources, entries, strict=True):
         have = known[source]

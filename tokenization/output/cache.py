@@ -317,6 +317,24 @@ class Cache:
         shutil.rmtree(into, ignore_errors=True)
         return None
 
+    def read(self, entry: CacheEntry, name: str) -> bytes | None:
+        """One small file of an entry (its index, which a plan reads to choose a mixture's documents), checked
+        against its marker's size and sha256; None when it is missing, is no file, or differs (the rank that fetches
+        the entry finds the same, and removes it)."""
+        recorded = entry.files.get(name)
+        if recorded is None:
+            return None
+        try:
+            with reaching(self.location):
+                data = self._file_or_none(join(self.path, DATA, entry.key, entry.data, name), recorded.bytes)
+        except OSError as exc:
+            if exc.errno not in NOT_THERE:
+                raise
+            return None
+        if data is None or len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
+            return None
+        return data
+
     def discard(self, entry: CacheEntry, problem: str) -> None:
         """Remove an entry found unfit for use (``problem`` says why, in the log): its file is tokenized again."""
         log.warning(

@@ -80,6 +80,9 @@ class Conservation(Record):
     tokens_dropped: int
     inputs_problem: str | None = None
     holds: bool
+    # a mixture whose documents the plan chose: the tokens of those no source uses, which the ranks held and did
+    # not move (``tokens`` is what they wrote); None: the ranks wrote every document
+    tokens_not_chosen: int | None = field(default=None, metadata=unless_none())
 
 
 @dataclass(frozen=True, kw_only=True)

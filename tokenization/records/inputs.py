@@ -100,6 +100,9 @@ class RankCounts(Record):
     length_histogram: list[HistogramRow] = field(default_factory=list)
     contents_in: ContentsSum | None = None  # of the documents pass 1 encoded or took from the cache (None: before)
     contents_out: ContentsSum | None = None  # of the rank's files (None in a cache entry's counts, and before)
+    # a mixture's rank whose documents the plan chose (``builds.choice``): the tokens of those no source uses, which
+    # it held and did not write (its files hold ``tokens_written``); None: it wrote every document
+    tokens_not_chosen: int | None = field(default=None, metadata=unless_none())
 
 
 @dataclass(frozen=True, kw_only=True)

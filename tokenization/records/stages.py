@@ -169,6 +169,12 @@ class RankManifest(StageManifest):
         return self.counts.tokens_written
 
     @property
+    def writes_what_it_read(self) -> bool:
+        """A rank of a mixture whose plan chose its documents writes the chosen ones, each once, and holds the
+        others (its own check proved which, against what it read: ``stages.tokenize``)."""
+        return super().writes_what_it_read and self.counts.tokens_not_chosen is None
+
+    @property
     def num_buckets(self) -> int | None:
         """The buckets the rank scattered its documents into, from its params."""
         return self.params.get("num_buckets")

@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS_PER_FILE = 100_000_000_000  # datatrove's default: 100 GT
 UNITS_PER_SLICE = 1 << 20  # ordering entries turned into byte moves at a time
-IRRELEVANT_TO_BYTES = ("input", "output", "local_working_dir", "max_open_files", "storage_options")
+IRRELEVANT_TO_BYTES = ("input", "output", "local_working_dir", "max_open_files", "storage_options", "choice")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +124,12 @@ class MergeConfig(MergeOptions):
     max_open_files: int = option(MAX_OPEN_FILES, minimum=1, help="input files held open at once")
     mixture: dict | None = option(
         None, cli=False, help="a build's mixture: the merge chooses and interleaves its sources (tokenization.mixing)"
+    )
+    choice: str | None = option(
+        None,
+        cli=False,
+        help="a build's folder of the choice its plan made of the mixture's documents, where it made one: the ranks "
+        "wrote only the chosen ones (tokenization.builds.choice)",
     )
 
     def __post_init__(self) -> None:
@@ -375,29 +381,32 @@ def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: 
     sources = cast(np.ndarray, inputs.sources)
     lengths = inputs.lengths()
     part = 0 if config.bucket is None else config.bucket + 1
-    uses = np.zeros(len(sources), np.int64)
-    shares = []
-    for s, (source, share) in enumerate(zip(mixture.sources, mixture.shares, strict=True)):
-        mine = np.flatnonzero(sources == s)
-        here = int(lengths[mine].sum())
-        subset = orderings.mixture_subset(config.seed, s, part, len(mine))
-        uses[mine] = mixing.uses(lengths[mine], targets[s], subset)
-        chosen = uses[mine]
-        mixing.check_chosen(source, targets[s], lengths[mine], chosen, "" if part == 0 else f"bucket {part - 1}: ")
-        shares.append(
-            SourceMix(
-                name=source.name,
-                target=share,
-                docs_available=len(mine),
-                tokens_available=here,
-                docs_chosen=int(np.count_nonzero(chosen)),
-                docs_repeated=int(np.count_nonzero(chosen > 1)),
-                uses=int(chosen.sum()),
-                tokens_chosen=int((chosen * lengths[mine]).sum()),
-            )
-        )
+    found = None if config.choice is None or part else mixing.read_choice(config.folder(config.choice))
+    planned = None if found is None else mixing.joined(list(found.values()))
+    if planned is not None:  # the ranks wrote the chosen documents: chosen again from all, as the plan chose
+        sources, lengths = planned.sources, planned.lengths
+    uses, shares = mixing.choose(mixture, targets, sources, lengths, config.seed, part)
     order = mixing.interleaved(sources, lengths, uses, orderings.mixture_draws(config.seed, part))
-    return _Mixed(mixture.names, sources, uses, order, shares)
+    if planned is None:
+        return _Mixed(mixture.names, sources, uses, order, shares)
+    held = _held(config, inputs, planned, uses)
+    return _Mixed(mixture.names, sources[held], uses[held], (np.cumsum(uses > 0) - 1)[order], shares)
+
+
+def _held(config: MergeConfig, inputs: MergeInputs, planned: mixing.RankChoice, uses: np.ndarray) -> np.ndarray:
+    """The documents (of all the plan chose from) that the ranks wrote: exactly those of some use, as the plan chose
+    them (its uses), the same tokens and sources, in the same order; else the merge stops before a byte moves."""
+    held = np.flatnonzero(uses > 0)
+    if not (
+        np.array_equal(planned.uses, uses)
+        and np.array_equal(inputs.lengths(), planned.lengths[held])
+        and np.array_equal(cast(np.ndarray, inputs.sources), planned.sources[held])
+    ):
+        raise TokenFileError(
+            f"{config.input}: its rank files do not hold the documents the plan chose ({len(inputs.ends):,} "
+            f"documents, {len(held):,} chosen): tokenize the ranks again"
+        )
+    return held
 
 
 def _recorded(described: Described | None, save_loss: bool) -> ContentsSum | None:

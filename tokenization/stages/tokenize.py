@@ -34,10 +34,12 @@ from tokenization.formats.moves import (
     permute_units,
     prefix_end,
     sorted_union,
+    uses_contents,
     written_contents,
 )
 from tokenization.formats.names import RankFileKind
 from tokenization.inputs.sources import check_unchanged, idle_ranks, list_input_files, shard, split_files
+from tokenization.mixing import RankChoice
 from tokenization.options import Options, option
 from tokenization.output import manifest
 from tokenization.output.attempts import Attempt, attempt_at
@@ -208,6 +210,7 @@ class RankShare:
     tokenizer: TokenizerFacts | None = None  # what loading the tokenizer told the plan (None: a plan made before)
     mixture: Mixture | None = None  # a mixture's sources, and the source of each of ``files``
     sources: list[int] | None = None
+    choice: RankChoice | None = None  # the documents the plan chose of a mixture, where it could (``builds.choice``)
 
     def readings(self, config: TokenizeConfig, encoder: Encoder) -> dict[str, Reading] | None:
         """How each file is read: with its mixture source's own text key and template, where it sets them."""
@@ -285,9 +288,11 @@ def tokenize_rank(
         source_names = share.mixture.names if share is not None and share.mixture is not None else None
         if source_names is not None and config.output_format != "megatron":  # its files' sidecars name the sources
             counts.contents = Contents.total(sourced(s.counts.contents, s.source) for s in segments)
-        written = _second_pass(config, encoder, segments, counts, attempt.work, source_names)
+        choice = None if share is None or source_names is None else share.choice
+        written = _second_pass(config, encoder, segments, counts, attempt.work, source_names, choice)
         log.info("rank %d: pass 2 done, %s, %s", config.rank, counted(len(written), "file"), config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
+        not_chosen = None if choice is None else counts.tokens - counts.tokens_written
         check_unchanged(files, config.storage_options)  # nor one that changed while it was read
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
         encoded = total([s for s in segments if s.encoded])  # the rates are of encoding: the cache's hits aside
@@ -303,7 +308,9 @@ def tokenize_rank(
             inputs=files,
             skipped_inputs=skipped,
             input_bytes=sum(f.span_bytes for f in files),
-            counts=replace(counts.record(), contents_out=ContentsSum.of(written_contents(written))),
+            counts=replace(
+                counts.record(), contents_out=ContentsSum.of(written_contents(written)), tokens_not_chosen=not_chosen
+            ),
             outputs=_outputs(config, counts, written),
             throughput=manifest.throughput(seconds, encoder.load_seconds, encoded.text_bytes, encoded.tokens),
             # cast: with a cache, every segment says how the cache served it (``FirstPass``)
@@ -337,34 +344,83 @@ def _second_pass(
     counts: Counts,
     work: Path,
     sources: list[str] | None = None,
+    choice: RankChoice | None = None,
 ) -> list[WrittenTokenFile]:
     """Pass 2: the rank's documents, its segments' end to end, into its files: scattered into buckets, or in the
     document permutation (or input order), then, with chunks, in the chunk permutation; each a byte move. A
-    mixture's files (``sources``: its source names) each get the source of every document (``formats.sidecar``)."""
+    mixture's files (``sources``: its source names) each get the source of every document (``formats.sidecar``);
+    with the plan's ``choice`` of them, only those it uses are moved (``builds.choice``)."""
     paths = [str(s.path) for s in segments]
     documents = Units.documents(paths, encoder.token_size)
     if not len(documents.ends):
+        _check_choice(config.rank, segments, documents, choice)
         return []
     rng = orderings.generator(config.seed)
     chunks = config.shuffle_chunk_size
     kind = RankFileKind.DOC_SHUFFLED if config.shuffle_documents else RankFileKind.UNSHUFFLED
     mix = None if sources is None else _Mix(np.array([s.source for s in segments], dtype=np.int64), sources)
+    expected = counts.contents
     with SourcePool(paths, encoder.token_size, config.save_loss) as pool:
         if config.num_buckets:
             written = _scatter(config, encoder, pool, documents, work, config.num_buckets, mix)
         else:
+            order = np.arange(len(documents.ends))
             if config.shuffle_documents:
-                documents = documents.take(orderings.shuffled(rng, len(documents.ends)))
+                order = orderings.shuffled(rng, len(documents.ends))
             name_for = (lambda _: names.working_file_name(kind)) if chunks else config.output_name
-            if mix is not None and config.output_format == "megatron":
-                written = _apart(config, encoder, pool, documents, work, mix)
+            if choice is not None:
+                chosen = order[_check_choice(config.rank, segments, documents.take(order), choice)]
+                with meanwhile(_chosen_contents, pool, segments, documents, chosen) as proof:
+                    written = _write(config, encoder, pool, documents.take(chosen), work, name_for, last=True, mix=mix)
+                    read, expected = proof.result()
+                check_kept(f"rank {config.rank}: its segments", counts.contents, read)
+            elif mix is not None and config.output_format == "megatron":
+                written = _apart(config, encoder, pool, documents.take(order), work, mix)
             else:
-                written = _write(config, encoder, pool, documents, work, name_for, last=not chunks, mix=mix)
-    check_kept(f"rank {config.rank}: pass 2", counts.contents, written_contents(written))
+                written = _write(config, encoder, pool, documents.take(order), work, name_for, last=not chunks, mix=mix)
+    check_kept(f"rank {config.rank}: pass 2", expected, written_contents(written))
     if not chunks:
         return written
     (whole,) = written
     return _chunk_shuffle(config, encoder, whole.path, rng, counts, work, chunks)
+
+
+def _check_choice(rank: int, segments: list[Segment], documents: Units, choice: RankChoice | None) -> np.ndarray:
+    """Which of the rank's ``documents`` (in the order its files hold them) the plan's ``choice`` keeps, once they
+    are the very documents it chose from: the same tokens each, of the same sources; else the rank stops, since
+    another document's bytes in a chosen one's place would change the mixture."""
+    if choice is None:
+        return np.arange(len(documents.ends))
+    sources = np.array([s.source for s in segments], dtype=np.int64)[documents.source]
+    lengths = documents.ends - documents.starts
+    if not (np.array_equal(lengths, choice.lengths) and np.array_equal(sources, choice.sources)):
+        files = ", ".join(s.file.url for s in segments if s.encoded) or "none"
+        raise PlanConflict(
+            f"rank {rank}: its documents are not those the plan chose the mixture from ({len(lengths):,} documents "
+            f"of {int(lengths.sum()):,} tokens, planned {len(choice.lengths):,} of {int(choice.lengths.sum()):,}; "
+            f"files tokenized again since the plan: {files}): run the build under a new build id"
+        )
+    return np.flatnonzero(choice.uses > 0)
+
+
+def _chosen_contents(
+    pool: SourcePool, segments: list[Segment], documents: Units, chosen: np.ndarray
+) -> tuple[Contents, Contents]:
+    """The rank's segments read once more, on a thread, while the chosen documents (``chosen``: their numbers,
+    file after file) move: their whole contents (pass 1's), and those of the chosen documents alone (what the rank's
+    files must hold), each piece of its file's source."""
+    kept = np.zeros(len(documents.ends), np.int64)
+    kept[chosen] = 1
+    whole = used = Contents()
+    for i, segment in enumerate(segments):
+        mine = np.flatnonzero(documents.source == i)
+        if not len(mine):
+            continue
+        ends = documents.ends[mine]
+        sources = np.full(len(mine), segment.source, np.int64)
+        read, written = uses_contents(pool, i, ends, int(ends[-1]), kept[mine], sources)
+        whole, used = whole + read, used + written
+    return whole, used
 
 
 def _write(

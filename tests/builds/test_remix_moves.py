@@ -1,0 +1,112 @@
+"""A re-mix pays for what it chooses (``builds.choice``): with every file of a mixture's sources in the cache, the
+ranks move only the documents some source's share uses, the merge reads only those, and the dataset's bytes are
+those of a build without the cache."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from tests.support.builds import in_process
+from tests.support.corpus import write_jsonl
+from tests.support.tokenizers import EOS
+from tokenization.builds.complete import summary
+from tokenization.builds.config import BuildConfig
+from tokenization.builds.run import Build
+from tokenization.formats.ds import TokenFile
+from tokenization.records import RankManifest
+from tokenization.stages.verify import verify
+from tokenization.storage.folder import Folder
+
+LETTERS = {"web": "abcdefg", "code": "hijklmn", "math": "opqrstu"}
+DOCS = {"web": 600, "code": 120, "math": 300}
+
+
+def sources(root: Path) -> dict[str, str]:
+    """Each source's folder: two files of documents of 5 to 60 words of its own letters."""
+    rng = np.random.default_rng(4)
+    for name, letters in LETTERS.items():
+        for part in range(2):
+            texts = [
+                " ".join("".join(rng.choice(list(letters), rng.integers(2, 8))) for _ in range(rng.integers(5, 60)))
+                for _ in range(DOCS[name] // 2)
+            ]
+            write_jsonl(root / name / f"part-{part}.jsonl", [{"text": text} for text in texts])
+    return {name: str(root / name) for name in LETTERS}
+
+
+def config(output: Path, tokenizer: Path, inputs: dict[str, str], weights: tuple, **options) -> BuildConfig:
+    mixture = {
+        "tokens": 12_000,
+        "sources": [
+            {"name": name, "input": inputs[name], "weight": weight, "max_repetition": 3}
+            for name, weight in zip(LETTERS, weights, strict=True)
+        ],
+    }
+    settings = {"seed": 11, "num_ranks": 3, "context_window": 300, "save_loss": True, "keep_intermediate": True}
+    return BuildConfig(
+        output=str(output), tokenizer=str(tokenizer), mixture=mixture, eos_token=EOS, **settings | options
+    )
+
+
+def rank_records(run_dir: Path) -> list[RankManifest]:
+    return [
+        RankManifest.loads(path.read_bytes(), str(path)) for path in sorted(run_dir.glob("ranks/_manifests/*.json"))
+    ]
+
+
+def test_a_remix_moves_only_the_documents_it_chooses_and_makes_the_bytes_of_a_build_without_the_cache(
+    tmp_path, sample_tokenizer
+) -> None:
+    inputs = sources(tmp_path / "data")
+    in_process(Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.6, 0.3, 0.1)), "first"))
+    remix_config = config(tmp_path / "out", sample_tokenizer, inputs, (0.2, 0.5, 0.3))
+    remix = in_process(Build.start(remix_config, "remix")).record
+    assert remix.cache is not None and (remix.cache.files_hit, remix.cache.files_missed) == (6, 0)
+    ranks = rank_records(tmp_path / "out" / "remix")
+    held = sum(rank.counts.tokens for rank in ranks)
+    moved = sum(rank.counts.tokens_written for rank in ranks)
+    # each rank held every token of its files and wrote those of the chosen documents only, each once
+    assert all(rank.counts.tokens_not_chosen is not None for rank in ranks)
+    assert [r.counts.tokens_written + (r.counts.tokens_not_chosen or 0) for r in ranks] == [
+        r.counts.tokens for r in ranks
+    ]
+    written = [TokenFile(str(path)) for path in sorted((tmp_path / "out" / "remix" / "ranks").glob("*.ds"))]
+    assert sum(file.num_tokens for file in written) == moved
+    distinct = sum(a.tokens_chosen for a in remix.mixture or []) - remix.stages.merge.tokens_repeated  # type: ignore[union-attr,operator]
+    assert moved == distinct < held
+    assert remix.stages.merge is not None and remix.stages.merge.tokens_dropped == 0  # nothing left to leave out
+    assert remix.conservation.tokens_not_chosen == held - moved
+    for stage in ("ranks", "merged", "context"):  # the kept rank files hold what their records say
+        assert verify(Folder(str(tmp_path / "out" / "remix" / stage))).ok, stage
+    lines = summary(remix).splitlines()
+    assert (
+        f"moved: the ranks moved {moved:,} of the {held:,} tokens they held (the chosen documents); "
+        + (f"{held - moved:,} not chosen stayed where they were")
+        in lines
+    )
+    assert f"tokens: {remix.tokens:,} in 1 file, 0 dropped, {held - moved:,} not chosen by the mixture" in lines[4]
+    # the same mixture without the cache: every document moved, the same bytes
+    alone = in_process(
+        Build.start(config(tmp_path / "alone", sample_tokenizer, inputs, (0.2, 0.5, 0.3), cache="off"), "remix")
+    )
+    assert alone.record.conservation.tokens_not_chosen is None and alone.record.conservation.tokens == held
+    assert alone.record.digest == remix.digest
+
+
+def test_an_entry_gone_between_the_plan_and_its_rank_gives_the_same_bytes(tmp_path, sample_tokenizer) -> None:
+    """The plan chose from the cache's entries; the cache lost them before the ranks ran (a prune): the ranks
+    tokenize the files again, to the very documents the plan chose from, and write the chosen ones."""
+    inputs = sources(tmp_path / "data")
+    in_process(Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.6, 0.3, 0.1)), "first"))
+    build = Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.2, 0.5, 0.3)), "remix")
+    assert (tmp_path / "out" / "remix" / "choice" / "_CHOSEN.json").exists()
+    shutil.rmtree(tmp_path / "out" / ".cache")
+    remix = in_process(build).record
+    assert remix.cache is not None and remix.cache.files_missed == 6
+    alone = in_process(
+        Build.start(config(tmp_path / "alone", sample_tokenizer, inputs, (0.2, 0.5, 0.3), cache="off"), "remix")
+    )
+    assert remix.conservation.tokens_not_chosen and alone.record.digest == remix.digest

@@ -95,3 +95,26 @@ def test_chunk_shuffle_moves_every_document_end_with_its_chunk(
         expected_ends |= {int(e) - int(piece[0]) + out_start for e in doc_ends if piece[0] < e <= piece[-1]}
         out_start += len(piece)
     assert out_ends.tolist() == sorted(expected_ends)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=lengths_st, seed=st.integers(0, 2**32 - 1), block=st.integers(1, 64))
+def test_some_pieces_hash_as_a_stream_of_them_alone(tmp_path_factory, lengths, seed, block) -> None:
+    """A rank that moves a mixture's chosen documents hashes those, read alone: the same contents as a file that
+    holds them end to end, with their sources, whatever the block."""
+    tmp_path = tmp_path_factory.mktemp("p")
+    tokens, loss, ends = _corpus(lengths)
+    rng = np.random.default_rng(seed)
+    chosen = np.flatnonzero(rng.random(len(lengths)) < 0.5)
+    sources = rng.integers(0, 3, len(chosen))
+    starts = np.concatenate([[0], ends[:-1]])
+    with TokenFileWriter(tmp_path / "src.ds", tokenizer="t", token_size=2, save_loss=True) as source:
+        source.write(tokens, np.asarray(ends), loss)
+    parts = [np.arange(starts[k], ends[k]) for k in chosen]
+    alone = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    with TokenFileWriter(tmp_path / "alone.ds", tokenizer="t", token_size=2, save_loss=True) as only:
+        only.write(tokens[alone], np.cumsum([len(p) for p in parts]).astype(np.int64), loss[alone])
+    with SourcePool([str(source.written.path), str(only.written.path)], 2, with_loss=True) as pool:
+        found = moves.pieces_contents(pool, 0, starts[chosen], ends[chosen], sources, block=block)
+        (expected,) = moves.contents_of(pool, 1, (np.cumsum([len(p) for p in parts]), len(alone)), sources=[sources])
+    assert found == expected and found.pieces == len(chosen)

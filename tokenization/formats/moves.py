@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from tokenization.formats import native
-from tokenization.formats.contents import Contents, Pieces, stream_contents, stream_uses
+from tokenization.formats.contents import READ_BLOCK, Contents, Pieces, stream_contents, stream_uses
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile, token_dtype
 from tokenization.progress import Progress
 from tokenization.storage.files import (
@@ -242,6 +242,34 @@ def uses_contents(
     mixture source where ``sources`` gives them (``formats.contents.stream_uses``), read as ``contents_of`` reads."""
     with closing(pool.private(i)) as source:
         return stream_uses(partial(_read_both, pool, source), cuts, tokens, uses, sources=sources)
+
+
+def pieces_contents(
+    pool: SourcePool,
+    i: int,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    sources: np.ndarray | None = None,
+    block: int = READ_BLOCK,
+) -> Contents:
+    """The contents of these pieces of source ``i`` (piece ``k`` its tokens ``[starts[k], ends[k])``, of the mixture
+    source ``sources[k]`` where given), as if they stood end to end: read in blocks, these pieces only, with
+    descriptors of its own (a rank that moves a mixture's chosen documents hashes them, never the others)."""
+    lengths = np.asarray(ends, dtype=np.int64) - starts
+    cuts = np.cumsum(lengths)
+
+    def read(start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        k = np.arange(np.searchsorted(cuts, start, side="right"), np.searchsorted(cuts, stop, side="left") + 1)
+        k = k[k < len(cuts)]
+        before = cuts[k] - lengths[k]
+        spans = starts[k] + np.maximum(start - before, 0), starts[k] + np.minimum(stop - before, lengths[k])
+        tokens = source.pread_each(0, *spans).view(source.dtypes[0])
+        return tokens, source.pread_each(1, *spans).view(source.dtypes[1]) if pool.with_loss else None
+
+    with closing(pool.private(i)) as source:
+        total = int(cuts[-1]) if len(cuts) else 0
+        (contents,) = stream_contents(read, [(cuts, total)], block, None if sources is None else [sources])
+    return contents
 
 
 def _read_both(pool: SourcePool, source: _Source, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:

@@ -157,6 +157,9 @@ def test_a_remix_tokenizes_nothing_and_reaches_its_shares(tmp_path) -> None:
     assert (first["files from the cache"], remix["files from the cache"]) == (f"0 of {files}", f"{files} of {files}")
     assert first["whole build / first build"] == "1.00x" and RATIO.fullmatch(remix["whole build / first build"])
     assert float(remix["tokenize stage, ranks' time (s)"]) < float(first["tokenize stage, ranks' time (s)"])
+    assert first["ranks moved, of the tokens they held"].startswith("100% of ")
+    moved = re.fullmatch(r"(\d+)% of [\d,]+", remix["ranks moved, of the tokens they held"])
+    assert moved and int(moved[1]) < 100  # the re-mix's ranks moved the chosen documents only
     for row, weights in zip((first, remix), MIXTURE_WEIGHTS, strict=True):
         assert all(
             NUMBER.fullmatch(row[h]) for h in ("whole build (s)", "sources' text (MB)", "largest miss (mean documents)")

@@ -4,6 +4,7 @@ those of a build without the cache."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -81,6 +82,10 @@ def test_a_remix_moves_only_the_documents_it_chooses_and_makes_the_bytes_of_a_bu
     assert remix.conservation.tokens_not_chosen == held - moved
     for stage in ("ranks", "merged", "context"):  # the kept rank files hold what their records say
         assert verify(Folder(str(tmp_path / "out" / "remix" / stage))).ok, stage
+    report = json.loads((tmp_path / "out" / "remix" / "report.json").read_text())
+    assert report["tokens_moved"] == {"ranks": moved, "held": held}
+    assert report["tokens_not_chosen"] == held - moved
+    assert f"{moved:,} of {held:,}" in (tmp_path / "out" / "remix" / "report.html").read_text()
     lines = summary(remix).splitlines()
     assert (
         f"moved: the ranks moved {moved:,} of the {held:,} tokens they held (the chosen documents); "

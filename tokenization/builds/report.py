@@ -66,7 +66,8 @@ def report_data(run: Folder, build: BuildRecord | None = None, retention: Retent
         for row in rank.counts.length_histogram:
             lengths[row.min_tokens] += row.docs
     merge = build.stages.merge
-    not_chosen = merge.tokens_dropped if merge is not None and merge.sources is not None else None  # a mixture's
+    chose = build.stages.tokenize.tokens_not_chosen  # the ranks held them and did not move them (``builds.choice``)
+    not_chosen = merge.tokens_dropped + (chose or 0) if merge is not None and merge.sources is not None else None
     dropped = {
         "tokenize": sum(r.counts.tokens_dropped for r in ranks),
         "merge": merge.tokens_dropped if merge is not None and not_chosen is None else 0,
@@ -89,6 +90,9 @@ def report_data(run: Folder, build: BuildRecord | None = None, retention: Retent
         ],
         "tokens_dropped": dropped | {"total": sum(dropped.values())},
         "tokens_not_chosen": not_chosen,
+        "tokens_moved": None
+        if chose is None
+        else {"ranks": build.conservation.tokens, "held": build.conservation.tokens + chose},
         "packing": _packing(build),
         "loss": _loss(ranks),
         "settings": _settings(build),

@@ -103,14 +103,17 @@ def test_a_remix_moves_only_the_documents_it_chooses_and_makes_the_bytes_of_a_bu
 
 def test_an_entry_gone_between_the_plan_and_its_rank_gives_the_same_bytes(tmp_path, sample_tokenizer) -> None:
     """The plan chose from the cache's entries; the cache lost them before the ranks ran (a prune): the ranks
-    tokenize the files again, to the very documents the plan chose from, and write the chosen ones."""
+    tokenize the files again, to the very documents the plan chose from, and write the chosen ones, a rank's in
+    several files."""
     inputs = sources(tmp_path / "data")
     in_process(Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.6, 0.3, 0.1)), "first"))
-    build = Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.2, 0.5, 0.3)), "remix")
+    several = {"max_tokens_per_file": 2_000}  # each rank's chosen documents in files of their own, in order
+    build = Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.2, 0.5, 0.3), **several), "remix")
     assert (tmp_path / "out" / "remix" / "choice" / "_CHOSEN.json").exists()
     shutil.rmtree(tmp_path / "out" / ".cache")
     remix = in_process(build).record
     assert remix.cache is not None and remix.cache.files_missed == 6
+    assert len(list((tmp_path / "out" / "remix" / "ranks").glob("00000_*.ds"))) > 1
     alone = in_process(
         Build.start(config(tmp_path / "alone", sample_tokenizer, inputs, (0.2, 0.5, 0.3), cache="off"), "remix")
     )

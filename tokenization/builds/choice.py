@@ -58,17 +58,9 @@ def choose_at_plan(config: BuildConfig, plan: Plan, encoder: Encoder, cache: Cac
     indexes = map_concurrently(lambda entry: cache.read(entry, f"{SEGMENT}.index"), hits)
     if len(hits) < len(entries) or any(index is None for index in indexes):
         return False
-    lengths = {
-        entry.key: np.diff(np.frombuffer(index, INDEX_DTYPE).astype(np.int64), prepend=0)
-        for entry, index in zip(hits, indexes, strict=True)
-        if index is not None
-    }
-    source_of = {file.url: s for file, s in zip(plan.shared, sources, strict=True)}
-    key_of = {file.url: entry.key for file, entry in zip(plan.shared, hits, strict=True)}
-    ranks = {
-        rank_stem(rank): _rank_documents(config, plan, rank, lengths, source_of, key_of)
-        for rank in range(config.num_ranks)
-    }
+    each = [_documents(index, s) for index, s in zip(indexes, sources, strict=True) if index is not None]
+    n = config.num_ranks
+    ranks = {rank_stem(r): _rank_documents(config, plan.seed, each[r::n]) for r in range(n)}  # ``Plan.share``'s
     whole = mixing.joined(list(ranks.values()))
     available = [int(whole.lengths[whole.sources == s].sum()) for s in range(len(mixture.sources))]
     targets = mixing.budget(mixture, available)
@@ -86,24 +78,17 @@ def choose_at_plan(config: BuildConfig, plan: Plan, encoder: Encoder, cache: Cac
     return True
 
 
-def _rank_documents(
-    config: BuildConfig,
-    plan: Plan,
-    rank: int,
-    lengths: dict[str, np.ndarray],
-    source_of: dict[str, int],
-    key_of: dict[str, str],
-) -> mixing.RankChoice:
-    """Rank ``rank``'s documents as its files will hold them: its files' (each its entry's), end to end, then in
-    its shuffle's order (``stages.tokenize._second_pass``); each one's tokens and source (its uses to come)."""
-    files = plan.share(rank, config.num_ranks)
-    documents = mixing.joined(
-        [
-            mixing.RankChoice(part, np.full(len(part), source_of[file.url], np.int64), np.zeros(len(part), np.int64))
-            for file, part in ((file, lengths[key_of[file.url]]) for file in files)
-        ]
-    )
+def _documents(index: bytes, source: int) -> mixing.RankChoice:
+    """A file's (or part's) documents, as its cache entry's index ends them, each of its mixture ``source``."""
+    lengths = np.diff(np.frombuffer(index, INDEX_DTYPE).astype(np.int64), prepend=0)
+    return mixing.RankChoice(lengths, np.full(len(lengths), source, np.int64), np.zeros(len(lengths), np.int64))
+
+
+def _rank_documents(config: BuildConfig, seed: int, files: list[mixing.RankChoice]) -> mixing.RankChoice:
+    """A rank's documents as its files will hold them: those of its ``files`` (``Plan.share``'s, in order) end to
+    end, then in its shuffle's order (``stages.tokenize._second_pass``); each one's tokens and source."""
+    documents = mixing.joined(files)
     if config.shuffle_documents and len(documents.lengths):
-        order = orderings.shuffled(orderings.generator(plan.seed), len(documents.lengths))
+        order = orderings.shuffled(orderings.generator(seed), len(documents.lengths))
         documents = mixing.RankChoice(documents.lengths[order], documents.sources[order], documents.uses)
     return documents

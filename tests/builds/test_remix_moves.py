@@ -4,6 +4,7 @@ those of a build without the cache."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -118,3 +119,27 @@ def test_an_entry_gone_between_the_plan_and_its_rank_gives_the_same_bytes(tmp_pa
         Build.start(config(tmp_path / "alone", sample_tokenizer, inputs, (0.2, 0.5, 0.3), cache="off"), "remix")
     )
     assert remix.conservation.tokens_not_chosen and alone.record.digest == remix.digest
+
+
+def test_a_rank_whose_records_say_it_held_back_more_than_it_held_fails_verify(tmp_path, sample_tokenizer) -> None:
+    """A chosen rank's records rewritten to say it left a token more aside, its marker made to match: verify
+    says so, naming its manifest."""
+    inputs = sources(tmp_path / "data")
+    in_process(Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.6, 0.3, 0.1)), "first"))
+    in_process(Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.2, 0.5, 0.3)), "remix"))
+    ranks = tmp_path / "out" / "remix" / "ranks"
+    path, marker_path = ranks / "_manifests" / "00001.json", ranks / "_completions" / "00001.json"
+    data = json.loads(path.read_text())
+    data["counts"]["tokens_not_chosen"] += 1
+    path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    marker = json.loads(marker_path.read_text())
+    marker["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    marker_path.write_text(json.dumps(marker, sort_keys=True))
+    c = data["counts"]
+    report = verify(Folder(str(ranks)))
+    assert not report.ok
+    assert (
+        f"held {c['tokens']:,} tokens of {c['docs_written']:,} documents, but wrote {c['tokens_written']:,} tokens "
+        f"of {c['contents_out']['pieces']:,} documents and left {c['tokens_not_chosen']:,} not chosen: a rank that "
+        "writes the documents a mixture chose writes each of them once, and nothing else"
+    ) in str(report.problems), report.problems

@@ -339,11 +339,28 @@ def _check_contents(record: StageManifest, where: str, report: Report) -> None:
             where, f"counts {counts.contents_out.value.describe()} written, its outputs list {listed.value.describe()}"
         )
     given, wrote = counts.contents_in, counts.contents_out
+    if isinstance(record, RankManifest) and (not_chosen := record.counts.tokens_not_chosen) is not None:
+        _check_chosen(record, not_chosen, where, report)
     if record.writes_what_it_read and given is not None and wrote is not None and given != wrote:
         report.problem(
             where,
             f"read {given.value.describe()} but wrote {wrote.value.describe()}: a shuffle that moves pieces whole "
             "must write each once",
+        )
+
+
+def _check_chosen(record: RankManifest, not_chosen: int, where: str, report: Report) -> None:
+    """A rank that wrote a mixture's chosen documents only (``builds.choice``; its own check proved them against
+    what it read): what it wrote and held back add up to what it held, and it wrote no more documents than it read."""
+    c = record.counts
+    given, wrote = c.contents_in, c.contents_out
+    more = given is not None and wrote is not None and wrote.pieces > given.pieces
+    if c.tokens_written + not_chosen != c.tokens or more:
+        report.problem(
+            where,
+            f"held {c.tokens:,} tokens of {c.docs_written:,} documents, but wrote {c.tokens_written:,} tokens"
+            f"{f' of {wrote.pieces:,} documents' if wrote else ''} and left {not_chosen:,} not chosen: a rank that "
+            "writes the documents a mixture chose writes each of them once, and nothing else",
         )
 
 

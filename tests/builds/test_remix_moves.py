@@ -7,17 +7,21 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.support.builds import in_process
 from tests.support.corpus import write_jsonl
 from tests.support.tokenizers import EOS
+from tokenization import mixing
 from tokenization.builds.complete import summary
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.formats.ds import TokenFile
+from tokenization.output.runs import PlanConflict
 from tokenization.records import RankManifest
 from tokenization.stages.verify import verify
 from tokenization.storage.folder import Folder
@@ -143,3 +147,24 @@ def test_a_rank_whose_records_say_it_held_back_more_than_it_held_fails_verify(tm
         f"of {c['contents_out']['pieces']:,} documents and left {c['tokens_not_chosen']:,} not chosen: a rank that "
         "writes the documents a mixture chose writes each of them once, and nothing else"
     ) in str(report.problems), report.problems
+
+
+def test_a_rank_whose_documents_are_not_those_the_plan_chose_from_stops(tmp_path, sample_tokenizer) -> None:
+    """The plan chose from other documents than the rank holds (here: its choice says each is a token longer): the
+    rank stops before it writes, naming what it holds and what was planned; it never writes another mixture."""
+    inputs = sources(tmp_path / "data")
+    in_process(Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.6, 0.3, 0.1)), "first"))
+    build = Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.2, 0.5, 0.3)), "remix")
+    folder = Folder(str(tmp_path / "out" / "remix" / "choice"))
+    planned = mixing.read_choice(folder)
+    assert planned is not None
+    mixing.save_choice(folder, planned | {"00000": replace(planned["00000"], lengths=planned["00000"].lengths + 1)})
+    held, docs = int(planned["00000"].lengths.sum()), len(planned["00000"].lengths)
+    with pytest.raises(PlanConflict) as stopped:
+        build.tokenize(0, progress=False)
+    assert str(stopped.value) == (
+        f"rank 0: its documents are not those the plan chose the mixture from ({docs:,} documents of {held:,} "
+        f"tokens, planned {docs:,} of {held + docs:,}; files tokenized again since the plan: none): run the build "
+        "under a new build id"
+    )
+    assert not list((tmp_path / "out" / "remix" / "ranks").glob("*.ds"))

@@ -20,7 +20,7 @@ from tokenization import mixing
 from tokenization.builds.complete import summary
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.formats.ds import TokenFile
+from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.output.runs import PlanConflict
 from tokenization.records import RankManifest
 from tokenization.stages.verify import verify
@@ -168,3 +168,20 @@ def test_a_rank_whose_documents_are_not_those_the_plan_chose_from_stops(tmp_path
         "under a new build id"
     )
     assert not list((tmp_path / "out" / "remix" / "ranks").glob("*.ds"))
+
+
+def test_a_merge_whose_rank_files_are_not_the_chosen_documents_stops(tmp_path, sample_tokenizer) -> None:
+    """The choice changed after the ranks wrote (its list made to match): the merge, which chooses again from the
+    plan's lengths, finds the rank files do not hold what it chose, and stops before a byte moves."""
+    inputs = sources(tmp_path / "data")
+    in_process(Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.6, 0.3, 0.1)), "first"))
+    build = Build.start(config(tmp_path / "out", sample_tokenizer, inputs, (0.2, 0.5, 0.3)), "remix")
+    for rank in build.ranks:
+        build.tokenize(rank, progress=False)
+    folder = Folder(str(tmp_path / "out" / "remix" / "choice"))
+    planned = mixing.read_choice(folder)
+    assert planned is not None
+    mixing.save_choice(folder, planned | {"00001": replace(planned["00001"], uses=planned["00001"].uses[::-1])})
+    with pytest.raises(TokenFileError, match="its rank files do not hold the documents the plan chose"):
+        build.merge(progress=False)
+    assert not list((tmp_path / "out" / "remix" / "merged").glob("*.ds"))

@@ -7,16 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import pytest
 
+from tests.support.checksums import as_sha256_records, digest_of, file_sums, records
 from tests.support.stages import merged, run, shuffled
 from tests.support.tokenizers import EOS
 from tokenization.builds.accounting import dataset_digest
-from tokenization.formats.ds import named_by_content
 from tokenization.stages.verify import verify
 from tokenization.storage.checksums import BLAKE3, SHA256, checksum
 from tokenization.storage.folder import Folder
@@ -31,33 +29,6 @@ def stages(tmp_path, sample_corpus, sample_tokenizer, byte_path) -> Path:
     merged(tmp_path / "ranks", tmp_path / "merged", seed=1, save_loss=True, merge_max_tokens_per_file=15_000)
     shuffled(tmp_path / "merged", tmp_path / "context", context_window=1025)
     return tmp_path
-
-
-def records(folder: Path) -> Iterator[Path]:
-    """Every record of a stage folder: its manifests, the merge's checkpoints, its completion markers."""
-    yield from sorted((folder / "_manifests").glob("*.json"))
-    yield from sorted((folder / "_completions").glob("*.json"))
-
-
-def file_sums(record: dict) -> Iterator[tuple[str, dict]]:
-    """Each file a record lists, and its entry there (``{"bytes": ..., "blake3": ...}``)."""
-    for entry in record.get("outputs", [record]):  # a stage manifest's entries; a checkpoint, a marker itself
-        yield from entry.get("files", {}).items()
-
-
-def as_sha256_records(folder: Path) -> None:
-    """A stage folder's records as the version before wrote them: each format one version older, each file's sum
-    its sha256, and each marker's checksum of its manifest made to match."""
-    for path in records(folder):
-        record = json.loads(path.read_text())
-        family, version = record["format"].rsplit("/", 1)
-        record["format"] = f"{family}/{int(version) - 1}"
-        for name, entry in file_sums(record):
-            del entry[BLAKE3]
-            entry[SHA256] = checksum((folder / name).read_bytes(), SHA256)
-        if path.parent.name == "_completions":
-            record["sha256"] = checksum((folder / record["manifest"]).read_bytes(), SHA256)
-        path.write_text(json.dumps(record, indent=2, sort_keys=True))
 
 
 def checked(folder: Path, tokenizer: Path) -> list[str]:
@@ -98,17 +69,6 @@ def test_a_flipped_byte_is_caught_under_either_checksum(stages, sample_tokenizer
             f"{checksum(bytes(data), algorithm)[:12]}…, not {entry['bytes']} bytes, {entry[algorithm][:12]}…)"
         )
         assert said in checked(folder, sample_tokenizer), stage
-
-
-def digest_of(folder: Path, tokenizer: Path, algorithm: str) -> str:
-    """The dataset's digest as docs/builds.md defines it, from the files themselves: the sha256 of the sorted
-    ``[name, checksum]`` pairs, each metadata file naming the tokenizer by its sha256."""
-    named = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
-    sums = {}
-    for name in {name for path in records(folder) for name, _ in file_sums(json.loads(path.read_text()))}:
-        data = (folder / name).read_bytes()
-        sums[name] = checksum(named_by_content(data, named) if name.endswith(".metadata") else data, algorithm)
-    return hashlib.sha256(orjson.dumps(sorted(sums.items()))).hexdigest()
 
 
 def test_the_digest_is_of_the_checksums_the_records_give(stages, sample_tokenizer) -> None:

@@ -10,13 +10,14 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.support.checksums import resum
+from tests.support.checksums import as_sha256_records, digest_of, resum
 from tests.support.corpus import write_jsonl
 from tests.support.stages import merged, run, shuffled
 from tests.support.tokenizers import EOS
 from tokenization.cli import main
 from tokenization.formats import moves
 from tokenization.stages.verify import verify
+from tokenization.storage.checksums import SHA256
 from tokenization.storage.folder import Folder
 
 NAME = "00000_00000_doc_shuffled.ds"
@@ -226,6 +227,24 @@ def test_a_changed_digit_in_a_marker_file_list_is_reported(run_dir, stage, stem,
         f"{real['blake3'][:12]}…, not {said['bytes']} bytes, {said['blake3'][:12]}…)"
     )
     assert problems(folder) == [expected]
+
+
+def test_a_build_published_with_sha256_records_verifies_with_its_digest(run_dir, capsys, sample_tokenizer) -> None:
+    """Issue 53: a build published before BLAKE3, its records giving sha256 and its digest made of them, passes
+    ``verify RUN_DIR``; a byte flipped in its dataset is caught, named with sha256."""
+    for stage in ("ranks", "merged", "context"):
+        as_sha256_records(run_dir / stage)
+    record = json.loads((run_dir / "_BUILD.json").read_text())
+    record["digest"] = digest_of(run_dir / "context", sample_tokenizer, SHA256)
+    (run_dir / "_BUILD.json").write_text(json.dumps(record, indent=2))
+    status, lines = verify_cli(capsys, run_dir)
+    assert status == 0, lines
+    path = sorted((run_dir / "context").glob("*.ds.loss"))[0]
+    data = bytearray(path.read_bytes())
+    data[7] ^= 1
+    path.write_bytes(bytes(data))
+    status, lines = verify_cli(capsys, run_dir)
+    assert status == 1 and any(line.startswith(f"{path}: differs from what") and " sha256 " in line for line in lines)
 
 
 @pytest.mark.parametrize("damage", ["edit", "truncate", "delete"])

@@ -15,6 +15,7 @@ import pytest
 from tests.builds.test_mixtures import config, spec, write_sources
 from tests.builds.test_verify_chain import verified
 from tests.support.builds import copy_of, published_run
+from tests.support.checksums import resum
 from tokenization.builds.accounting import dataset_digest
 from tokenization.builds.run import Build
 from tokenization.formats.contents import ContentsHasher, factors, sourced
@@ -69,7 +70,7 @@ def dataset_of(run_dir: Path) -> Path:
 
 
 def forged_sidecar(run_dir: Path, change) -> tuple[Path, str]:
-    """The dataset's first ``.source`` sidecar changed by ``change(sources)``, and its sha256 rewritten wherever a
+    """The dataset's first ``.source`` sidecar changed by ``change(sources)``, and its checksum rewritten wherever a
     record holds it (its stage manifest's entry, a merge's checkpoint, its completion marker, and the marker's
     checksum of the manifest) and in ``_BUILD.json``'s digest; returns the sidecar and its family's name."""
     dataset = dataset_of(run_dir)
@@ -77,19 +78,18 @@ def forged_sidecar(run_dir: Path, change) -> tuple[Path, str]:
     sources = np.fromfile(sidecar, np.uint8)
     change(sources)
     sources.tofile(sidecar)
-    digest = hashlib.sha256(sidecar.read_bytes()).hexdigest()
     for path in sorted((dataset / "_manifests").glob("*.json")):
         data = json.loads(path.read_text())
         entries = data.get("outputs", [data])  # a stage manifest's, or a checkpoint
         listing = [entry for entry in entries if sidecar.name in entry["files"]]
         if not listing:
             continue
-        listing[0]["files"][sidecar.name]["sha256"] = digest
+        resum(listing[0]["files"][sidecar.name], sidecar.read_bytes())
         path.write_text(json.dumps(data, indent=2, sort_keys=True))
         marker_path = dataset / "_completions" / path.name
         if marker_path.exists():
             marker = json.loads(marker_path.read_text())
-            marker["files"][sidecar.name]["sha256"] = digest
+            resum(marker["files"][sidecar.name], sidecar.read_bytes())
             marker["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
             marker_path.write_text(json.dumps(marker, sort_keys=True))
     record_path = run_dir / "_BUILD.json"

@@ -16,6 +16,7 @@ import pytest
 
 from tests.builds.test_footprint import config_for
 from tests.support.builds import copy_of, published_run
+from tests.support.checksums import resum
 from tests.support.processes import cli
 from tokenization.builds.accounting import dataset_digest
 from tokenization.builds.run import Build
@@ -109,7 +110,6 @@ def test_a_dataset_forged_with_its_records_and_digest_fails_on_what_the_build_re
         for path in (context / "_manifests").glob("*.json")
         if any(entry["name"] == ds.name for entry in json.loads(path.read_text())["outputs"])
     )
-    digest = hashlib.sha256(ds.read_bytes()).hexdigest()
 
     change = {}
 
@@ -117,13 +117,13 @@ def test_a_dataset_forged_with_its_records_and_digest_fails_on_what_the_build_re
         (entry,) = [entry for entry in manifest["outputs"] if entry["name"] == ds.name]
         change["by"] = int(held["sum"], 16) - int(entry["contents"]["sum"], 16)
         entry["contents"] = held
-        entry["files"][ds.name]["sha256"] = digest
+        resum(entry["files"][ds.name], ds.read_bytes())
         shifted(manifest["counts"]["contents_out"], change["by"])
 
     rewritten(context, owner, edit)
     marker_path = context / "_completions" / f"{owner}.json"
     marker = json.loads(marker_path.read_text())
-    marker["files"][ds.name]["sha256"] = digest
+    resum(marker["files"][ds.name], ds.read_bytes())
     marker_path.write_text(json.dumps(marker, sort_keys=True))
     build_path = run_dir / "_BUILD.json"
     record = json.loads(build_path.read_text())

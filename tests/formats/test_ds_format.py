@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import humanize
 import numpy as np
 import pytest
@@ -17,6 +15,8 @@ from tokenization.formats.ds import (
     human_count,
     token_size_for_vocab,
 )
+from tokenization.records import FileSum
+from tokenization.storage.checksums import BLAKE3, checksum
 
 
 @pytest.mark.parametrize(
@@ -77,9 +77,10 @@ def test_writer_bytes_are_little_endian_and_headerless(tmp_path, token_size: int
     assert (tmp_path / "x.ds.loss").read_bytes() == b"\x01\x00\x01\x01"
     assert (tmp_path / "x.ds.metadata").read_text() == f"tok|{token_size}\n4\n4.00 T"
     assert written.tokens == 4 and written.index_entries == 3
-    checksums = {f.name: f.sha256 for f in written.files}
+    checksums = {f.name: f.sum for f in written.files}
     for name in ("x.ds", "x.ds.index", "x.ds.loss", "x.ds.metadata"):
-        assert checksums[name] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        data = (tmp_path / name).read_bytes()
+        assert checksums[name] == FileSum(bytes=len(data), blake3=checksum(data, BLAKE3))
 
 
 def test_reader_takes_token_size_from_metadata_never_assumes(tmp_path) -> None:

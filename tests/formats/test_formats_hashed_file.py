@@ -1,13 +1,12 @@
-"""HashedFile: blocks written in pieces on one thread and hashed on another give the bytes and the sha256 given."""
+"""HashedFile: blocks written in pieces on one thread and hashed on another give the bytes and the checksum given."""
 
 from __future__ import annotations
-
-import hashlib
 
 import numpy as np
 import pytest
 
 from tokenization.formats.ds import WRITE_PIECE, HashedFile
+from tokenization.storage.checksums import BLAKE3, checksum
 
 
 def test_blocks_larger_than_a_write_piece_arrive_whole_and_hashed(tmp_path) -> None:
@@ -18,7 +17,7 @@ def test_blocks_larger_than_a_write_piece_arrive_whole_and_hashed(tmp_path) -> N
             hashed.write(block)
     expected = b"".join(b.tobytes() for b in blocks)
     assert (tmp_path / "f.bin").read_bytes() == expected
-    assert (hashed.written.bytes, hashed.written.sha256) == (len(expected), hashlib.sha256(expected).hexdigest())
+    assert (hashed.written.bytes, hashed.written.checksum) == (len(expected), checksum(expected, BLAKE3))
 
 
 def test_an_error_in_the_block_releases_the_file_and_writes_every_block_taken(tmp_path) -> None:

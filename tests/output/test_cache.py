@@ -33,6 +33,8 @@ from tokenization.errors import TokenizationError
 from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
 from tokenization.records import RankManifest
 from tokenization.stages.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
+from tokenization.storage.checksums import BLAKE3, SHA256, checksum
+from tokenization.storage.files import file_sha256
 from tokenization.storage.folder import Folder
 from tokenization.tokenizer.documents import TooManyRejects
 
@@ -244,6 +246,38 @@ def test_a_corrupt_entry_is_never_used(tmp_path, sample_tokenizer, caplog, damag
     assert victim.parent.parent.name in warned and "tokenized again" in warned
     third = run([source], tmp_path / "third", sample_tokenizer, cache=str(cache), seed=3)
     assert [f["hit"] for f in third["cache"]["files"]] == [True, True, True]  # stored anew, checked, used
+
+
+@pytest.mark.parametrize("algorithm", [BLAKE3, SHA256])
+def test_an_entry_of_either_checksum_hits_and_a_flipped_byte_in_it_misses(
+    tmp_path, sample_tokenizer, caplog, algorithm
+):
+    """Issue 53: an entry's marker gives each file's BLAKE3; one the version before stored gives its sha256, and is
+    still used, each file checked with the algorithm its marker names, which catches a byte flipped under either."""
+    source = corpus(tmp_path / "corpus", files=3)
+    cache = tmp_path / "cache"
+    clean = run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    for marker in sorted((cache / ENTRIES).glob("*.json")):
+        record = json.loads(marker.read_text())
+        assert all(set(f) == {"bytes", BLAKE3} for f in record["files"].values())
+        if algorithm == SHA256:  # as the version before stored it
+            record["format"] = record["format"].replace("/3", "/2")
+            folder = cache / DATA / marker.stem / record["data"]
+            record["files"] = {
+                n: {"bytes": f["bytes"], SHA256: file_sha256(folder / n)} for n, f in record["files"].items()
+            }
+            marker.write_text(json.dumps(record))
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True, True, True]
+    victim = next(p for p in entry_files(cache) if p.name == "segment.ds" and "part-001" in _source_of(p, cache))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    rewritten(victim, bytes(data))
+    caplog.set_level(logging.WARNING, logger="tokenization.output.cache")
+    third = run([source], tmp_path / "third", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in third["cache"]["files"]] == [True, False, True]
+    assert f"segment.ds does not have the {algorithm} its marker records" in caplog.text
+    assert file_bytes(tmp_path / "third") == file_bytes(tmp_path / "clean") and third["counts"] == clean["counts"]
 
 
 def _source_of(data_file: Path, cache: Path) -> str:
@@ -624,13 +658,13 @@ def test_retention_on_a_shared_cache_needs_no_credentials_of_other_outputs(
 
 def restamp(cache: Path, key: str, counts=lambda c: None) -> None:
     """Rewrite an entry's marker to match its files as they are now, as whoever can write the cache can: every
-    file's size and sha256, its counts as ``counts`` edits them, and no contents sum (which markers of an earlier
+    file's size and checksum, its counts as ``counts`` edits them, and no contents sum (which markers of an earlier
     version lack)."""
     marker = cache / ENTRIES / f"{key}.json"
     record = json.loads(marker.read_text())
     folder = cache / DATA / key / record["data"]
     record["files"] = {
-        p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        p.name: {"bytes": p.stat().st_size, "blake3": checksum(p.read_bytes(), BLAKE3)}
         for p in sorted(folder.iterdir())
     }
     record["counts"]["contents_in"] = None

@@ -116,9 +116,9 @@ def _damaged(path: Path, edit) -> None:
         (
             "merged/_manifests/corpus.json",
             MergeManifest,
-            lambda r: r.__setitem__("format", "corpus-tokenization/merge-manifest/5"),
-            r"format corpus-tokenization/merge-manifest/5 is newer than this version of corpus-tokenization reads "
-            r"\(corpus-tokenization/merge-manifest/4\): upgrade to read it",
+            lambda r: r.__setitem__("format", "corpus-tokenization/merge-manifest/6"),
+            r"format corpus-tokenization/merge-manifest/6 is newer than this version of corpus-tokenization reads "
+            r"\(corpus-tokenization/merge-manifest/5\): upgrade to read it",
         ),
         (
             "_BUILD.json",

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from tests.support.checksums import resum
 from tests.support.stages import merged, run
 from tests.support.tokenizers import EOS
 from tokenization.builds.accounting import contents_flow
@@ -151,8 +152,8 @@ def test_verify_hashes_the_pieces_again(tmp_path, sample_corpus, sample_tokenize
     ends.tofile(index)
     manifest_path, marker_path = tmp_path / "_manifests" / "00000.json", tmp_path / "_completions" / "00000.json"
     manifest, marker = json.loads(manifest_path.read_text()), json.loads(marker_path.read_text())
-    digest = hashlib.sha256(index.read_bytes()).hexdigest()
-    manifest["outputs"][0]["files"][index.name]["sha256"] = marker["files"][index.name]["sha256"] = digest
+    resum(manifest["outputs"][0]["files"][index.name], index.read_bytes())
+    resum(marker["files"][index.name], index.read_bytes())
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     marker["sha256"] = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
     marker_path.write_text(json.dumps(marker, sort_keys=True))

@@ -16,6 +16,7 @@ from tests.support.tokenizers import EOS, big_vocab_tokenizer
 from tokenization.formats.ds import TokenFile
 from tokenization.records import CompletionMarker
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
+from tokenization.storage.checksums import BLAKE3, checksum
 from tokenization.tokenizer.documents import TooManyRejects
 
 
@@ -150,7 +151,7 @@ def test_manifest_checksums_and_marker(tmp_path, sample_corpus, sample_tokenizer
         "files": {
             name: {
                 "bytes": (tmp_path / name).stat().st_size,
-                "sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest(),
+                "blake3": checksum((tmp_path / name).read_bytes(), BLAKE3),
             }
             for name in published
         },
@@ -162,7 +163,7 @@ def test_manifest_checksums_and_marker(tmp_path, sample_corpus, sample_tokenizer
     for output in manifest["outputs"]:
         for name, info in output["files"].items():
             data = (tmp_path / name).read_bytes()
-            assert (len(data), hashlib.sha256(data).hexdigest()) == (info["bytes"], info["sha256"])
+            assert (len(data), checksum(data, BLAKE3)) == (info["bytes"], info["blake3"])
 
 
 def test_throughput_counts_text_bytes_without_the_tokenizers_loading(tmp_path, sample_corpus, sample_tokenizer) -> None:

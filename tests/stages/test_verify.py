@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -11,12 +10,14 @@ import numpy as np
 import orjson
 import pytest
 
+from tests.support.checksums import as_sha256_records, digest_of, resum
 from tests.support.corpus import write_jsonl
 from tests.support.stages import merged, run, shuffled
 from tests.support.tokenizers import EOS
 from tokenization.cli import main
 from tokenization.formats import moves
 from tokenization.stages.verify import verify
+from tokenization.storage.checksums import SHA256
 from tokenization.storage.folder import Folder
 
 NAME = "00000_00000_doc_shuffled.ds"
@@ -210,22 +211,40 @@ def test_every_stage_folder_of_a_build_passes(built) -> None:
 
 
 @pytest.mark.parametrize(("stage", "stem"), [("ranks", "00001"), ("merged", "corpus"), ("context", "context_00000")])
-@pytest.mark.parametrize("field", ["bytes", "sha256"])
+@pytest.mark.parametrize("field", ["bytes", "blake3"])
 def test_a_changed_digit_in_a_marker_file_list_is_reported(run_dir, stage, stem, field) -> None:
-    """Finding 3: a digit changed in a completion marker's file list (a size or a sha256) passed, in any stage."""
+    """Finding 3: a digit changed in a completion marker's file list (a size or a checksum) passed, in any stage."""
     folder = run_dir / stage
     path = folder / "_completions" / f"{stem}.json"
     marker = json.loads(path.read_text())
     name = sorted(marker["files"])[0]  # the .ds itself, hashed while its tokens stream
     real = marker["files"][name]
-    said = real | {field: real["bytes"] + 1 if field == "bytes" else other_digit(real["sha256"])}
+    said = real | {field: real["bytes"] + 1 if field == "bytes" else other_digit(real["blake3"])}
     marker["files"][name] = said
     path.write_text(json.dumps(marker))
     expected = (
-        f"{folder}/{name}: differs from what _completions/{stem}.json records ({real['bytes']} bytes, sha256 "
-        f"{real['sha256'][:12]}…, not {said['bytes']} bytes, {said['sha256'][:12]}…)"
+        f"{folder}/{name}: differs from what _completions/{stem}.json records ({real['bytes']} bytes, blake3 "
+        f"{real['blake3'][:12]}…, not {said['bytes']} bytes, {said['blake3'][:12]}…)"
     )
     assert problems(folder) == [expected]
+
+
+def test_a_build_published_with_sha256_records_verifies_with_its_digest(run_dir, capsys, sample_tokenizer) -> None:
+    """Issue 53: a build published before BLAKE3, its records giving sha256 and its digest made of them, passes
+    ``verify RUN_DIR``; a byte flipped in its dataset is caught, named with sha256."""
+    for stage in ("ranks", "merged", "context"):
+        as_sha256_records(run_dir / stage)
+    record = json.loads((run_dir / "_BUILD.json").read_text())
+    record["digest"] = digest_of(run_dir / "context", sample_tokenizer, SHA256)
+    (run_dir / "_BUILD.json").write_text(json.dumps(record, indent=2))
+    status, lines = verify_cli(capsys, run_dir)
+    assert status == 0, lines
+    path = sorted((run_dir / "context").glob("*.ds.loss"))[0]
+    data = bytearray(path.read_bytes())
+    data[7] ^= 1
+    path.write_bytes(bytes(data))
+    status, lines = verify_cli(capsys, run_dir)
+    assert status == 1 and any(line.startswith(f"{path}: differs from what") and " sha256 " in line for line in lines)
 
 
 @pytest.mark.parametrize("damage", ["edit", "truncate", "delete"])
@@ -413,7 +432,7 @@ def test_the_quarantine_is_checked_against_its_marker(tmp_path, sample_tokenizer
 
 def test_a_run_folder_is_verified_against_its_builds_tokenizer(run_dir, capsys) -> None:
     """Issue 37, 9c: ``verify RUN_FOLDER`` without ``--tokenizer`` checked no id, so an id past the build's
-    vocabulary (the file's size kept, its marker's sha256 rewritten to match) passed. It is checked against the
+    vocabulary (the file's size kept, its marker's checksum rewritten to match) passed. It is checked against the
     vocabulary and EOS the build recorded, and the output says so."""
     folder = run_dir / "context"
     said = f"{folder}: ids checked against the build's tokenizer: vocabulary 4,096, EOS id 0"
@@ -426,7 +445,7 @@ def test_a_run_folder_is_verified_against_its_builds_tokenizer(run_dir, capsys) 
     del tokens
     (marker,) = [p for p in (folder / "_completions").glob("*.json") if path.name in json.loads(p.read_text())["files"]]
     record = json.loads(marker.read_text())
-    record["files"][path.name]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    resum(record["files"][path.name], path.read_bytes())
     marker.write_text(json.dumps(record))
     status, lines = verify_cli(capsys, run_dir)
     assert status == 1 and f"{path} @ token 1: id beyond the vocabulary of 4096" in lines and said in lines, lines

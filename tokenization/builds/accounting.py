@@ -40,6 +40,7 @@ from tokenization.records import (
     TokenizeSummary,
     stage_manifest,
 )
+from tokenization.storage.checksums import checksum
 from tokenization.storage.files import in_batches, map_concurrently
 from tokenization.storage.folder import Folder
 
@@ -314,18 +315,21 @@ def rank_manifests(ranks: Folder, num_ranks: int) -> list[RankManifest]:
 
 
 def dataset_digest(dataset: Folder, tokenizer_sha256: str | None) -> str:
-    """One sha256 for a whole dataset, from the checksums its manifests record, but for each ``.ds.metadata``, which
-    it takes as naming the tokenizer by ``tokenizer_sha256`` (``ds.named_by_content``): equal digests, equal bytes
+    """One sha256 for a whole dataset, from the checksums its manifests record (each of the algorithm its record
+    names: BLAKE3 in this version's records, so a build's digest differs from one of the same bytes published
+    before, whose records named sha256), but for each ``.ds.metadata``, which it takes as naming the tokenizer by
+    ``tokenizer_sha256`` (``ds.named_by_content``), hashed with its record's algorithm: equal digests, equal bytes
     but for how the tokenizer's path was typed. Without a sha256 (or for a metadata file that cannot be read), the
     checksums as recorded: the digest of the bytes themselves, which builds published before recorded."""
     entries = manifest.output_entries(dataset)
-    sums = {name: info.sha256 for d in entries.values() for name, info in d.entry.files.items()}
+    files = {name: info for d in entries.values() for name, info in d.entry.files.items()}
+    sums = {name: info.checksum for name, info in files.items()}
     if tokenizer_sha256 is not None:
         named = [name for name in sums if name.endswith(".metadata")]
         for batch in in_batches(named):
             for name, data in dataset.read_many(batch).items():
                 if data is not None:
-                    sums[name] = hashlib.sha256(named_by_content(data, tokenizer_sha256)).hexdigest()
+                    sums[name] = checksum(named_by_content(data, tokenizer_sha256), files[name].algorithm)
     return hashlib.sha256(orjson.dumps(sorted(sums.items()))).hexdigest()
 
 

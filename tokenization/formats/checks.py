@@ -11,7 +11,6 @@ its file and, where it has one, the token offset.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from tokenization.formats.ds import (
 from tokenization.formats.megatron import MegatronFile
 from tokenization.formats.names import BUCKET_FOLDER
 from tokenization.records import OutputEntry, PseudoEnds, SelfCheck
+from tokenization.storage.checksums import ALGORITHM, hasher
 from tokenization.storage.files import map_concurrently
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
@@ -93,7 +93,7 @@ class OwnCheck:
     """A stage's check of the files it writes (``where`` names it), family by family before it uploads them, with
     verify's checks against ``checks``, and no byte read back: the writer shows it each block as it writes it
     (``watch``: ids, loss bytes, EOS before every document end), then ``family`` reads the family's index and
-    metadata and checks each file's size against what its writer recorded, whose sha256 the writer took of the very
+    metadata and checks each file's size against what its writer recorded, whose checksum the writer took of the very
     bytes it wrote. ``result`` goes into the stage's manifest and marker."""
 
     def __init__(self, checks: Checks, where: str):
@@ -173,8 +173,8 @@ class Listing:
 
     folder: Folder
     sizes: dict[str, int]  # the folder's own entries, by name
-    digests: dict[str, str] = field(default_factory=dict)
-    vouched: set[str] = field(default_factory=set)  # files whose sha256 is their marker's: not read (``verify``)
+    digests: dict[tuple[str, str], str] = field(default_factory=dict)  # by file and algorithm
+    vouched: set[str] = field(default_factory=set)  # files whose checksum is their marker's: not read (``verify``)
     subfolders: dict[str, dict[str, int]] = field(default_factory=dict)  # their entries, once one is asked about
 
     @classmethod
@@ -205,14 +205,15 @@ class Listing:
             self.subfolders[sub] = self.folder.sub(sub).sizes()
         return self.subfolders[sub].get(base)
 
-    def sha256(self, name: str) -> str:
-        """A file's sha256, streamed in blocks (memory stays bounded) unless it was taken already."""
-        if name not in self.digests:
-            digest = hashlib.sha256()
+    def checksum(self, name: str, algorithm: str) -> str:
+        """A file's checksum of ``algorithm`` (its record's: ``storage.checksums``), streamed in blocks (memory stays
+        bounded) unless it was taken already, as its family was checked."""
+        if (name, algorithm) not in self.digests:
+            digest = hasher(algorithm)
             for _ in _blocks(self.folder, name, np.dtype(np.uint8), digest, BLOCK_BYTES):
                 pass
-            self.digests[name] = digest.hexdigest()
-        return self.digests[name]
+            self.digests[name, algorithm] = digest.hexdigest()
+        return self.digests[name, algorithm]
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,8 @@ def verify_ds(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
     label, ends, aligned = listed.label(name), frame.ends, frame.aligned
     pseudo = None if entry is None else entry.pseudo_ends
     items = BLOCK_BYTES // frame.token_size  # tokens a block, and loss bytes
-    digest, loss_digest, held = hashlib.sha256(), hashlib.sha256(), ContentsHasher(sources=frame.sources)
+    algorithm, loss_algorithm = _algorithm(entry, name), _algorithm(entry, name + ".loss")
+    digest, loss_digest, held = hasher(algorithm), hasher(loss_algorithm), ContentsHasher(sources=frame.sources)
     token_blocks = _blocks(listed.folder, name, token_dtype(frame.token_size), digest, items)
     loss_blocks: Iterator[tuple[int, np.ndarray | None]]
     if frame.has_loss and aligned:
@@ -316,12 +318,12 @@ def verify_ds(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
         _check_tokens(block, offset, cuts, found, pseudo, label, checks, report)
         if loss is not None:
             _check_loss(loss, offset, label, report, found)
-    listed.digests[name] = digest.hexdigest()
+    listed.digests[name, algorithm] = digest.hexdigest()
     if frame.has_loss and not aligned:  # read on its own, for its checksum and values
         for offset, loss in _blocks(listed.folder, name + ".loss", LOSS_DTYPE, loss_digest, items):
             _check_loss(loss, offset, label, report, None)
     if frame.has_loss:
-        listed.digests[name + ".loss"] = loss_digest.hexdigest()
+        listed.digests[name + ".loss", loss_algorithm] = loss_digest.hexdigest()
     if aligned:
         _check_held(entry, held.result(), label, report)
     report.tokens += frame.tokens
@@ -349,14 +351,22 @@ def verify_megatron(listed: Listing, name: str, entry: OutputEntry | None, check
         report.problem(mg.url + ".idx", "document indices do not run from 0 to the sequence count")
     report.problems_at(label, "negative sequence length", np.flatnonzero(lengths < 0))
     _check_counts(entry, total, len(lengths), label, report)
-    digest, held = hashlib.sha256(), ContentsHasher()
+    algorithm = _algorithm(entry, name)
+    digest, held = hasher(algorithm), ContentsHasher()
     for offset, block in _blocks(listed.folder, name, mg.dtype, digest, BLOCK_BYTES // mg.dtype.itemsize):
         cuts = within(ends, offset, offset + len(block))
         found = held.checked(block, cuts)
         _check_tokens(block, offset, cuts, found, None if entry is None else entry.pseudo_ends, label, checks, report)
-    listed.digests[name] = digest.hexdigest()
+    listed.digests[name, algorithm] = digest.hexdigest()
     _check_held(entry, held.result(), label, report)
     report.tokens += size // mg.dtype.itemsize
+
+
+def _algorithm(entry: OutputEntry | None, name: str) -> str:
+    """The checksum a file's record names (``records.FileSum``), which verify takes as it reads the file; this
+    version's where no record lists it."""
+    listed = entry.files.get(name) if entry is not None else None
+    return ALGORITHM if listed is None else listed.algorithm
 
 
 def _check_counts(entry: OutputEntry | None, tokens: int, entries: int, label: str, report: Report) -> None:
@@ -447,16 +457,16 @@ def _check_eos(
 
 def _blocks(folder: Folder, name: str, dtype: np.dtype, digest, items: int) -> Iterator[tuple[int, np.ndarray]]:
     """The file as consecutive arrays of ``items`` items, hashing the bytes on the way: a block is hashed on a
-    thread of its own (sha256 releases the GIL) while it is checked and the next one read, so reading and hashing
-    (each ~1.5 GB/s here) overlap instead of adding up."""
+    thread of its own (the hash releases the GIL) while it is checked and the next one read, so reading and hashing
+    overlap instead of adding up."""
     step = items * dtype.itemsize
     offset = 0
-    with folder.open(name, block_size=step) as handle, ThreadPoolExecutor(1, thread_name_prefix="hash") as hasher:
+    with folder.open(name, block_size=step) as handle, ThreadPoolExecutor(1, thread_name_prefix="hash") as hashing:
         hashed = None
         while data := handle.read(step):
             if hashed is not None:
                 hashed.result()  # in order: one block at a time
-            hashed = hasher.submit(digest.update, data)
+            hashed = hashing.submit(digest.update, data)
             usable = len(data) // dtype.itemsize * dtype.itemsize
             yield offset, np.frombuffer(memoryview(data)[:usable], dtype)  # a view: no copy of the block
             offset += usable // dtype.itemsize

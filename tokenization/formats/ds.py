@@ -15,7 +15,6 @@ A mixture's families add, where datatrove's readers look at neither:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from abc import ABC, abstractmethod
@@ -30,6 +29,8 @@ import numpy as np
 
 from tokenization.errors import TokenizationError
 from tokenization.formats.contents import Contents, ContentsHasher, Found, Pieces
+from tokenization.records.inputs import FileSum
+from tokenization.storage.checksums import ALGORITHM, checksum, hasher
 from tokenization.storage.files import StorageOptions, is_local, open_fs, start_writeback, writing
 
 if TYPE_CHECKING:
@@ -125,11 +126,21 @@ def named_by_content(metadata: bytes, tokenizer_sha256: str) -> bytes:
 
 @dataclass(frozen=True)
 class WrittenFile:
-    """One file of a written family, as a manifest records it."""
+    """One file of a written family, as a manifest records it: its checksum is of ``storage.checksums.ALGORITHM``."""
 
     name: str
     bytes: int
-    sha256: str
+    checksum: str
+
+    @property
+    def sum(self) -> FileSum:
+        """As a record lists it."""
+        return FileSum.of(self.bytes, self.checksum, ALGORITHM)
+
+
+def written_whole(name: str, data: bytes) -> WrittenFile:
+    """A small file written at once, and its checksum."""
+    return WrittenFile(name, len(data), checksum(data))
 
 
 @dataclass(frozen=True)
@@ -231,11 +242,11 @@ class HashedFile(FinishOrAbandon):
     """A binary file opened for appending, hashed as it is written.
 
     Writing and hashing run on a thread each (both release the GIL), so they overlap with each other and with the
-    caller gathering the next block: sha256 (~1.5 GB/s with SHA-NI) and the write each cost about what a gather
-    does. ``write`` takes the array over: the caller must not change it afterwards. At most one block waits, so
-    memory stays bounded by two blocks. A ``durable`` file's blocks go to the kernel's writeback at once, so
-    ``close``'s fsync waits for the last blocks, not for the whole file; a working file that nothing publishes is
-    not synced (a crash loses its attempt anyway).
+    caller gathering the next block: on two cores the hash (BLAKE3, one thread) runs on the second while the first
+    moves the bytes. ``write`` takes the array over: the caller must not change it afterwards. At most one block
+    waits, so memory stays bounded by two blocks. A ``durable`` file's blocks go to the kernel's writeback at once,
+    so ``close``'s fsync waits for the last blocks, not for the whole file; a working file that nothing publishes
+    is not synced (a crash loses its attempt anyway).
     """
 
     def __init__(self, path: Path, durable: bool = True):
@@ -243,7 +254,7 @@ class HashedFile(FinishOrAbandon):
         self.durable = durable
         with writing(path):
             self.handle = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self.digest = hashlib.sha256()
+        self.digest = hasher()
         self.size = 0
         self._writer = InOrder("write")
         self._hasher = InOrder("hash")
@@ -363,7 +374,7 @@ class TokenFileWriter(FinishOrAbandon):
         meta = Metadata(self.metadata_name, self.token_size, self.tokens).render().encode()
         with writing(meta_path):
             meta_path.write_bytes(meta)
-        files.append(WrittenFile(meta_path.name, len(meta), hashlib.sha256(meta).hexdigest()))
+        files.append(written_whole(meta_path.name, meta))
         contents = self.contents.result()
         pieces = self.contents.kept_pieces() if self.contents.keeps else None
         hashes = self.contents.entry_hashes() if self.contents.keeps_hashes else None

@@ -9,7 +9,6 @@ document, or a chunk or window piece) is one sequence and one document. uint16 (
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from pathlib import Path
 
@@ -20,9 +19,9 @@ from tokenization.formats.ds import (
     FinishOrAbandon,
     HashedFile,
     TokenFileError,
-    WrittenFile,
     WrittenTokenFile,
     map_array,
+    written_whole,
 )
 from tokenization.storage.files import StorageOptions, open_fs
 
@@ -94,7 +93,7 @@ class MegatronWriter(FinishOrAbandon):
         idx_path = self.path.with_suffix(".idx")
         with open(idx_path, "wb") as handle:
             handle.write(idx)
-        files.append(WrittenFile(idx_path.name, len(idx), hashlib.sha256(idx).hexdigest()))
+        files.append(written_whole(idx_path.name, idx))
         self.written = WrittenTokenFile(self.path, self.tokens, n, tuple(files), self.contents.result())
         return self.written
 

@@ -9,14 +9,13 @@ listed and checked with it.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from tokenization.formats.contents import of_sources
-from tokenization.formats.ds import SOURCE, SOURCE_DTYPE, Metadata, TokenFileError, WrittenFile, WrittenTokenFile
+from tokenization.formats.ds import SOURCE, SOURCE_DTYPE, Metadata, TokenFileError, WrittenTokenFile, written_whole
 from tokenization.storage.files import open_fs, write_bytes_atomic
 
 
@@ -47,10 +46,6 @@ def _attached(family: WrittenTokenFile, sources: np.ndarray, names: Sequence[str
         raise TokenFileError(f"{family.path}: written without its entries' hashes, which its sources go into: a bug")
     return replace(
         family,
-        files=kept + tuple(_summed(name, data) for name, data in added.items()),
+        files=kept + tuple(written_whole(name, data) for name, data in added.items()),
         contents=of_sources(family.contents, family.hashes, sources),
     )
-
-
-def _summed(name: str, data: bytes) -> WrittenFile:
-    return WrittenFile(name, len(data), hashlib.sha256(data).hexdigest())

@@ -14,7 +14,7 @@ twice. Each attempt therefore:
 3. works in a staging folder named by its own attempt id, on the output's filesystem when that is local, so that
    publishing is a rename;
 4. publishes its files, then writes the manifest and, last, the completion marker, which names the attempt and
-   lists every published file with its size and sha256.
+   lists every published file with its size and checksum.
 
 **Fencing.** An attempt can lose its lease without dying: a process frozen (SIGSTOP, a VM paused, a long GC)
 past the TTL is taken over, and wakes up believing it still holds it. So every change an attempt makes to the
@@ -32,7 +32,7 @@ small file is written (and a stale one removed) only if it still has the ETag se
 the marker only if absent, so an attempt frozen between its confirmation and its request finds its successor's
 version and stops instead of undoing it. An upload of a token file cannot be made conditional through s3fs: one
 that starts within a TTL of a confirmation and is frozen past it may land after the successor's; it has the
-same bytes (the same task), and the successor's marker lists their sha256 for ``verify`` to check. Locally the
+same bytes (the same task), and the successor's marker lists their checksums for ``verify`` to check. Locally the
 ``flock`` cannot be taken over while its process lives; the confirmation checks that the lock file is still the
 one locked (a person may have removed it and another attempt locked a new one).
 

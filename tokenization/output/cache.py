@@ -6,7 +6,7 @@ Layout under the cache's location::
 
     _CACHE.json                the cache's own file (``records.CacheFolder``): this folder is a cache
     entries/{key}.json         the entry's marker, written last and only where none is (``records.CacheEntry``):
-                               which data folder holds the entry, each file's size and sha256, the file's counts
+                               which data folder holds the entry, each file's size and checksum, the file's counts
     data/{key}/{writer}/       the entry's files, under a folder of the writer's own: two writers never share a file
     uses/{owner}/{stem}.json   the entries a rank uses (``records.CacheUse``), written before it looks any up
     inputs/{key}.json          what the plans of one input found of its local files (``records.KnownInputs``)
@@ -26,13 +26,13 @@ never mixes two writers. A writer that dies leaves a folder that no marker names
 is ``IN_FLIGHT_SECONDS`` old.
 
 **Readers.** A rank that hits copies (or links) the entry's files into its working folder and checks every size
-and sha256 against the marker before it uses any; its first pass then checks the files against the marker's
-counts and against the input file (``stages.hits``). A missing, partial or corrupt entry (a marker of more than
-``MARKER_BYTES``, which is never read whole; a file that is a folder) is logged and removed, and its file is
-tokenized again (and stored anew): it is never used.
+and checksum (of the algorithm the marker names) against the marker before it uses any; its first pass then checks
+the files against the marker's counts and against the input file (``stages.hits``). A missing, partial or corrupt
+entry (a marker of more than ``MARKER_BYTES``, which is never read whole; a file that is a folder) is logged and
+removed, and its file is tokenized again (and stored anew): it is never used.
 
-**What it trusts.** Anyone who can write the cache's folder can write an entry whose files, sha256s and counts agree
-with one another: the sha256s catch damage, not intent. With a key (``output.signing``), markers are signed and
+**What it trusts.** Anyone who can write the cache's folder can write an entry whose files, checksums and counts agree
+with one another: the checksums catch damage, not intent. With a key (``output.signing``), markers are signed and
 only those signed with it are used; without one, what such a writer can and cannot do to a build is
 ``stages.hits``'s to say: a hit is held against its input file (read again, not encoded) and a sample of its
 documents is encoded again. Reads are bounded (a marker at ``MARKER_BYTES``, a use at ``USE_BYTES``), and
@@ -78,11 +78,11 @@ from tokenization.records import (
     FileSum,
     RecordError,
 )
+from tokenization.storage.checksums import file_checksum
 from tokenization.storage.files import (
     StorageOptions,
     current_etag,
     download,
-    file_sha256,
     in_batches,
     is_local,
     join,
@@ -291,7 +291,7 @@ class Cache:
 
     def fetch(self, entry: CacheEntry, into: Path) -> dict[str, Path] | None:
         """The entry's files in the local folder ``into``, by name: hard links when the cache is on the same local
-        filesystem, else copies, each checked against its marker's size and sha256 before any is used. None when
+        filesystem, else copies, each checked against its marker's size and checksum before any is used. None when
         one is missing, is no file, or differs: the entry is logged and removed, and its file must be tokenized
         again."""
         folder = join(self.path, DATA, entry.key, entry.data)
@@ -636,8 +636,8 @@ def _differences(local: Mapping[str, Path], recorded: Mapping[str, FileSum]) -> 
         size, want = path.stat().st_size, recorded[name]
         if size != want.bytes:
             return f"{name} holds {size} bytes, its marker {want.bytes}"
-        if file_sha256(path) != want.sha256:
-            return f"{name} does not have the sha256 its marker records"
+        if file_checksum(path, algorithm=want.algorithm) != want.checksum:
+            return f"{name} does not have the {want.algorithm} its marker records"
     return None
 
 

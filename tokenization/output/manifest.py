@@ -26,7 +26,6 @@ from tokenization.options import Options, params
 from tokenization.records import (
     CompletionMarker,
     ContentsSum,
-    FileSum,
     MergeOutput,
     OutputEntry,
     PseudoEnds,
@@ -142,7 +141,7 @@ def output_entry(written: WrittenTokenFile, kind: type[E], **fields: Any) -> E: 
 
 def output_entry(written: WrittenTokenFile, kind: type[OutputEntry] = OutputEntry, **fields: Any) -> OutputEntry:
     """A written file family as a manifest lists it (``kind``: a stage's own entry, with its ``fields``)."""
-    files = {written.published(f.name): FileSum(bytes=f.bytes, sha256=f.sha256) for f in written.files}
+    files = {written.published(f.name): f.sum for f in written.files}
     contents = ContentsSum.of(written.contents)
     return kind(
         name=written.name,

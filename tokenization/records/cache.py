@@ -36,11 +36,11 @@ class RankCache(Record):
 @dataclass(frozen=True, kw_only=True)
 class CacheEntry(Record):
     """``{cache}/entries/{key}.json``, an entry's marker, written last and only where none is: the data folder that
-    holds the entry's files, each file's size and sha256 (a reader checks them all before it uses any), the input
+    holds the entry's files, each file's size and checksum (a reader checks them all before it uses any), the input
     file's counts, and what the entry was made from (``described``: what its key covers)."""
 
     KIND: ClassVar[str] = "cache-entry"
-    VERSION: ClassVar[int] = 2  # /1's counts had no contents
+    VERSION: ClassVar[int] = 3  # /2 named sha256 checksums, /1's counts had no contents
     LABEL: ClassVar[str] = "cache entry"
     key: str
     data: str

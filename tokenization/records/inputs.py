@@ -4,17 +4,40 @@ its counts."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, cast
 
 from tokenization.records.codec import Record, json_name, unless_none
 from tokenization.records.contents import ContentsSum
 
+Algorithm = Literal["blake3", "sha256"]  # a file checksum's, as records name it (``storage.checksums``)
+
 
 @dataclass(frozen=True, kw_only=True)
 class FileSum(Record):
-    """A published file's size and sha256: what a completion marker vouches for."""
+    """A published file's size and checksum: what a completion marker vouches for. The field names the algorithm
+    (``storage.checksums``): ``blake3`` in records of this version, ``sha256`` in older ones (and each is checked
+    with its own); exactly one is there."""
 
     bytes: int
-    sha256: str
+    blake3: str | None = field(default=None, metadata=unless_none())
+    sha256: str | None = field(default=None, metadata=unless_none())
+
+    def __post_init__(self) -> None:
+        if (self.blake3 is None) == (self.sha256 is None):
+            raise ValueError("names no checksum, or two (blake3 or sha256: one)")
+
+    @classmethod
+    def of(cls, size: int, checksum: str, algorithm: Algorithm) -> FileSum:
+        """A file's sum, made with ``algorithm`` (a writer's: ``storage.checksums.ALGORITHM``)."""
+        return cls(bytes=size, **{algorithm: checksum})
+
+    @property
+    def algorithm(self) -> Algorithm:
+        return "blake3" if self.blake3 is not None else "sha256"
+
+    @property
+    def checksum(self) -> str:
+        return cast(str, self.blake3 or self.sha256)
 
 
 @dataclass(frozen=True)

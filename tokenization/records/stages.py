@@ -46,7 +46,7 @@ class MergeOutput(OutputEntry):
     after (written untagged before version 1)."""
 
     KIND: ClassVar[str] = "merge-output"
-    VERSION: ClassVar[int] = 2  # /1 had no contents
+    VERSION: ClassVar[int] = 3  # /2 named sha256 checksums, /1 had no contents
     UNTAGGED: ClassVar[bool] = True
     fingerprint: str
     units_start: int
@@ -148,8 +148,9 @@ class RankManifest(StageManifest):
     """``ranks/_manifests/{rank}.json``: one rank's inputs, plan, tokenizer, counts and files."""
 
     KIND: ClassVar[str] = "rank-manifest"
-    # /5 had no contents; /4 no tokenizer format; /3 no self-check; /2 no cache; /1 was /2 without the checks on reading
-    VERSION: ClassVar[int] = 6
+    # /6 named sha256 checksums; /5 had no contents; /4 no tokenizer format; /3 no self-check; /2 no cache; /1 was /2
+    # without the checks on reading
+    VERSION: ClassVar[int] = 7
     rank: int
     world_size: int
     tokenizer: TokenizerInfo
@@ -211,7 +212,7 @@ class MergeManifest(StageManifest):
     """``merged/_manifests/{name}.json``: the merge (of everything, or of one bucket) and its files."""
 
     KIND: ClassVar[str] = "merge-manifest"
-    VERSION: ClassVar[int] = 4  # /3 had no contents, /2 no self-check
+    VERSION: ClassVar[int] = 5  # /4 named sha256 checksums, /3 had no contents, /2 no self-check
     save_filename: str
     bucket: int | None = None
     fingerprint: str
@@ -259,7 +260,7 @@ class ContextManifest(StageManifest):
     """``context/_manifests/context_{shard}.json``: one context-shuffle task's files."""
 
     KIND: ClassVar[str] = "context-manifest"
-    VERSION: ClassVar[int] = 5  # /4 had no contents, /3 no packing, /2 no self-check
+    VERSION: ClassVar[int] = 6  # /5 named sha256 checksums, /4 had no contents, /3 no packing, /2 no self-check
     inputs: list[str]
     counts: ContextCounts
     outputs: list[ContextOutput]
@@ -330,11 +331,11 @@ def stage_manifest(data: bytes, path: str) -> StageManifest | MergeOutput:
 @dataclass(frozen=True, kw_only=True)
 class CompletionMarker(Record):
     """``_completions/{stem}.json``, written last: the attempt, its manifest's sha256, every published file with its
-    size and sha256, and the stage's check of its own files, as its manifest records it (untagged before version 1;
-    version 1 had no check)."""
+    size and checksum (BLAKE3; sha256 before version 3), and the stage's check of its own files, as its manifest
+    records it (untagged before version 1; version 1 had no check)."""
 
     KIND: ClassVar[str] = "completion"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     UNTAGGED: ClassVar[bool] = True
     LABEL: ClassVar[str] = "completion marker"
     manifest: str

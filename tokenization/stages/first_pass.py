@@ -33,7 +33,8 @@ from tokenization.progress import Progress, ProgressMode
 from tokenization.records import CachedInput, CacheEntry, FileSum, InputFile, Mixture, RankCounts, Rejected
 from tokenization.rendering.renderer import Renderer
 from tokenization.stages.hits import HitCheck
-from tokenization.storage.files import file_sha256, writing
+from tokenization.storage.checksums import ALGORITHM, file_checksum
+from tokenization.storage.files import writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
 from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, Threads, encoded_batches
 from tokenization.tokenizer.encoding import Encoder
@@ -313,7 +314,7 @@ class FirstPass:
         reading = self._reading(file)
         o = reading.options
         reader = o.reader([file], reading.renderer)
-        writer = TokenFileWriter(  # a working file: pass 2 reads it, the cache checks its sha256 before any use
+        writer = TokenFileWriter(  # a working file: pass 2 reads it, the cache checks its checksum before any use
             folder / SEGMENT,
             tokenizer=o.tokenizer,
             token_size=self.encoder.token_size,
@@ -355,10 +356,10 @@ class FirstPass:
     def _store(self, segment: Segment, written: WrittenTokenFile, key: CacheKey, seconds: float) -> None:
         """A miss's segment into the cache, for the next build."""
         files = {f.name: segment.path.with_name(f.name) for f in written.files}
-        sums = {f.name: FileSum(bytes=f.bytes, sha256=f.sha256) for f in written.files}
+        sums = {f.name: f.sum for f in written.files}
         if size := segment.quarantine.stat().st_size:
             files[QUARANTINE] = segment.quarantine
-            sums[QUARANTINE] = FileSum(bytes=size, sha256=file_sha256(segment.quarantine))
+            sums[QUARANTINE] = FileSum.of(size, file_checksum(segment.quarantine), ALGORITHM)
         entry = CacheEntry(
             key=key.digest,
             data="",  # the data folder and the time: the commit's

@@ -2,9 +2,9 @@
 to sign the cache with (``output.signing``: with one, a hit whose marker verifies is trusted, and none of this is
 done).
 
-An entry's marker records each file's size and sha256, which catch an entry damaged since it was stored, never
+An entry's marker records each file's size and checksum, which catch an entry damaged since it was stored, never
 one written to deceive: whoever can write the cache can store another file's tokens under a key, or change an id,
-and write sizes, sha256s and counts to match. So a hit is also held against what it was made from, at a small part
+and write sizes, checksums and counts to match. So a hit is also held against what it was made from, at a small part
 of the cost of encoding it again:
 
 - its input file is read again, as its rank reads it (decompressed, parsed, rendered, but not encoded): on the

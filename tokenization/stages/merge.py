@@ -68,6 +68,7 @@ from tokenization.records import (
     SizedInput,
     SourceMix,
 )
+from tokenization.storage.checksums import ALGORITHM, checksum
 from tokenization.storage.files import StorageOptions, join, list_names, map_concurrently, meanwhile
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
@@ -352,16 +353,16 @@ def _prepare(config: MergeConfig) -> _Prepared:
 
 
 def _check_sidecars(inputs: MergeInputs, named: list[str], described: dict[str, Described]) -> None:
-    """Each input's ``.source`` sidecar is the one its rank recorded (its marker's sha256): a byte changed to
+    """Each input's ``.source`` sidecar is the one its rank recorded (its marker's checksum): a byte changed to
     another valid source would move documents between sources, which the contents (each piece's source is in them)
     would find only once the merge had read every input; this says so first, naming the file."""
     sources = cast(np.ndarray, inputs.sources)
     for f, name in enumerate(named):
         held = sources[inputs.offsets[f] : inputs.offsets[f + 1]].astype(SOURCE_DTYPE).tobytes()
         recorded = described[name].entry.files.get(name + SOURCE) if name in described else None
-        if recorded is None or hashlib.sha256(held).hexdigest() != recorded.sha256:
+        if recorded is None or checksum(held, recorded.algorithm) != recorded.checksum:
             raise TokenFileError(
-                f"{inputs.urls[f]}{SOURCE}: not the sidecar its rank recorded (no record, or another sha256): "
+                f"{inputs.urls[f]}{SOURCE}: not the sidecar its rank recorded (no record, or another checksum): "
                 "tokenize that rank again"
             )
 
@@ -665,7 +666,7 @@ def _commit(attempt: Attempt, config: MergeConfig, inputs: MergeInputs, record: 
         named = tuple(share.name for share in record.counts.sources or [])
         meta = Metadata(inputs.tokenizer, inputs.token_size, record.counts.tokens, named).render().encode()
         attempt.write(f"{config.save_filename}.ds.metadata", meta)
-        files[f"{config.save_filename}.ds.metadata"] = FileSum(bytes=len(meta), sha256=hashlib.sha256(meta).hexdigest())
+        files[f"{config.save_filename}.ds.metadata"] = FileSum.of(len(meta), checksum(meta), ALGORITHM)
     return attempt.commit(record, files)
 
 

@@ -69,7 +69,8 @@ from tokenization.stages.first_pass import (
     source_readings,
     total,
 )
-from tokenization.storage.files import file_sha256, join, list_names, meanwhile
+from tokenization.storage.checksums import ALGORITHM, file_checksum
+from tokenization.storage.files import join, list_names, meanwhile
 from tokenization.storage.locations import check_disjoint
 from tokenization.tokenizer.documents import Counts, DocumentOptions, TooManyRejects
 from tokenization.tokenizer.encoding import Encoder
@@ -577,7 +578,7 @@ def _publish(
     files = record.output_files()
     bad = manifest.quarantine_name(config.stem)
     if quarantine.stat().st_size:
-        files[bad] = FileSum(bytes=quarantine.stat().st_size, sha256=file_sha256(quarantine))
+        files[bad] = FileSum.of(quarantine.stat().st_size, file_checksum(quarantine), ALGORITHM)
         attempt.place(quarantine, bad)
     else:
         attempt.remove(bad)

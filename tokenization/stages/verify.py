@@ -8,7 +8,7 @@ Every record is checked, since a build is only as trustworthy as the records tha
 folder's manifests list the file families it must hold, so a family that is missing, a family that no manifest
 lists, and counts that differ from what the files hold are problems. Each stage manifest needs its completion
 marker (which records the manifest's sha256), each marker its stage manifest, and every file a marker lists must be
-there with its size and sha256 (the dataset's ``{name}.ds.metadata`` and the quarantine included); a file that no
+there with its size and checksum (the dataset's ``{name}.ds.metadata`` and the quarantine included); a file that no
 record lists (a lone ``.ds.index``, a leftover) is a problem, and so are the merge's per-file checkpoints unless
 each equals the entry its stage manifest holds for it. A malformed record is one problem naming its file and field.
 
@@ -74,7 +74,7 @@ def verify(
     the folder is usable. ``checks`` (else those of ``tokenizer``, else, in a build's run, those of the tokenizer
     the build recorded): what ids and document ends must be. With
     ``vouched``, the families whose stage checked them before upload (its manifest and marker say so, with at
-    least ``checks``) are not read: their sizes are checked against the listing, their sha256 taken from the
+    least ``checks``) are not read: their sizes are checked against the listing, their checksums taken from the
     marker; except ``sample`` of them, chosen at random, which are read and checked all the same."""
     report = Report()
     if checks is None and tokenizer:
@@ -200,7 +200,7 @@ def _trusted(records: _Records, checks: Checks, sample: int, report: Report) -> 
 
 def _vouched(listing: Listing, entry: OutputEntry, report: Report) -> None:
     """A family its stage checked before upload: counted from its entry; its files' sizes are checked against the
-    listing, and their sha256 are the marker's (``_check_markers``)."""
+    listing, and their checksums are the marker's (``_check_markers``)."""
     report.files += 1
     report.tokens += entry.tokens
     listing.vouched.update(entry.files)
@@ -373,7 +373,7 @@ def _check_markers(
     files: bool = True,
 ) -> set[str]:
     """Every marker belongs to a stage manifest and lists its files, and (with ``files``) every file it lists is
-    there with its size and sha256 (a missing family is reported once, as such); returns the files the markers
+    there with its size and checksum (a missing family is reported once, as such); returns the files the markers
     list."""
     listed: set[str] = set()
     for stem, marker in sorted(markers.items()):
@@ -395,11 +395,13 @@ def _check_markers(
             if size is None:
                 if _family(name) not in missing:
                     report.problem(listing.label(name), f"listed by {manifest.marker_name(stem)} but missing")
-            elif size != info.bytes or (name not in listing.vouched and listing.sha256(name) != info.sha256):
+            elif size != info.bytes or (
+                name not in listing.vouched and listing.checksum(name, info.algorithm) != info.checksum
+            ):
                 report.problem(
                     listing.label(name),
-                    f"differs from what {manifest.marker_name(stem)} records ({size} bytes, sha256 "
-                    f"{listing.sha256(name)[:12]}…, not {info.bytes} bytes, {info.sha256[:12]}…)",
+                    f"differs from what {manifest.marker_name(stem)} records ({size} bytes, {info.algorithm} "
+                    f"{listing.checksum(name, info.algorithm)[:12]}…, not {info.bytes} bytes, {info.checksum[:12]}…)",
                 )
     return listed
 

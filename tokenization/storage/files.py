@@ -14,7 +14,6 @@ import contextlib
 import ctypes
 import errno
 import glob
-import hashlib
 import math
 import os
 import shutil
@@ -31,6 +30,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenization.errors import StorageError, WriteError
+from tokenization.storage.checksums import READ_BYTES, SHA256, file_checksum
 from tokenization.storage.locations import LOCAL_SCHEMES
 
 MIB = 1 << 20
@@ -47,7 +47,6 @@ PART_HEADROOM = 0.9  # stay well inside the 10,000-part limit of S3 multipart up
 TEMPORARY_MARK = ".tmp-"  # in the name of every temporary file this package writes beside a final one
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing dirty pages out, do not wait
 S3_PROTOCOLS = ("s3", "s3a")
-HASH_READ = 8 * MIB  # bytes read at a time to hash a file: sha256 runs at ~1 GB/s, one read costs ~10 us
 NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP)  # a hard link refused: copy instead
 T = TypeVar("T")
 U = TypeVar("U")
@@ -245,19 +244,14 @@ def link_or_copy(src: Path, dest: Path) -> None:
         if exc.errno not in NO_LINK:
             raise write_error(exc, dest) from exc
     with open(src, "rb") as source, writing(dest), open(dest, "wb") as target:
-        shutil.copyfileobj(source, target, HASH_READ)
+        shutil.copyfileobj(source, target, READ_BYTES)
         target.flush()
         os.fsync(target.fileno())
 
 
 def file_sha256(path: str | Path, fs: fsspec.AbstractFileSystem | None = None) -> str:
-    """The sha256 of a file's bytes (a local file, or a file of ``fs``), read in ``HASH_READ`` pieces: memory stays
-    bounded."""
-    digest = hashlib.sha256()
-    with open(path, "rb") if fs is None else fs.open(path, "rb") as handle:
-        while piece := handle.read(HASH_READ):
-            digest.update(piece)
-    return digest.hexdigest()
+    """The sha256 of a file's bytes, as an input's identity names it (``storage.checksums`` says why not BLAKE3)."""
+    return file_checksum(path, fs, SHA256)
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:

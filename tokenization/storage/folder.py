@@ -122,12 +122,6 @@ class Folder:
         """A folder inside this one, opened the same way."""
         return Folder(join(self.url, *parts), self.options)
 
-    def of(self, name: str) -> tuple[Folder, str]:
-        """The folder that holds ``name`` (which may name subfolders) and its last segment: a file as a folder and
-        a name."""
-        head, _, last = name.rstrip("/").rpartition("/")
-        return (self.sub(head) if head else self), last
-
     def name_of(self, inner: Folder) -> str | None:
         """The name of ``inner`` relative to this folder (``"ranks"``, ``"a/b"``), None when it is not inside."""
         prefix = self.location + "/"

@@ -28,8 +28,10 @@ from typing import IO, Any
 import fsspec
 
 from tokenization.storage.files import (
+    TEMPORARY_MARK,
     StorageOptions,
     current_etag,
+    download,
     fresh_listing,
     is_local,
     is_s3,
@@ -47,7 +49,17 @@ from tokenization.storage.files import (
     writing,
 )
 
-__all__ = ["Condition", "Folder", "PutMode", "Stamped", "StorageOptions", "UpdateIf", "file_at", "writing"]
+__all__ = [
+    "TEMPORARY_MARK",
+    "Condition",
+    "Folder",
+    "PutMode",
+    "Stamped",
+    "StorageOptions",
+    "UpdateIf",
+    "file_at",
+    "writing",
+]
 
 
 class PutMode(Enum):
@@ -285,6 +297,10 @@ class Folder:
     def delete(self, name: str) -> None:
         """Delete ``name``: FileNotFoundError when it is not there (``remove`` takes that for done)."""
         self.fs.rm_file(self.path_of(name))
+
+    def fetch(self, name: str, dest: Path) -> None:
+        """Copy ``name`` to the local file ``dest`` (``files.download``: on S3 over several ranged reads at once)."""
+        download(self.fs, self.path_of(name), dest)
 
     def place(self, src: Path, name: str, staging: Path | None = None) -> None:
         """Move a finished local file to ``name``, atomically for readers (``files.move_into_place``)."""

@@ -215,16 +215,16 @@ def test_a_removal_cut_short_is_finished_by_the_next_run(tmp_path, monkeypatch) 
     build = Build.start(config_for(tmp_path), "night")
     until_publish(build)
     run_dir = Path(build.layout.run_dir)
-    real, calls = footprint.remove_files, []
+    real, calls = Folder.remove_files, []
 
-    def killed_after_one_batch(fs, paths: list[str]) -> None:
-        calls.append(len(paths))
+    def killed_after_one_batch(folder: Folder, names: list[str]) -> None:
+        calls.append(len(names))
         if len(calls) > 1:
             raise KeyboardInterrupt
-        real(fs, paths)
+        real(folder, names)
 
     monkeypatch.setattr(footprint, "REMOVED_AT_ONCE", 5)
-    monkeypatch.setattr(footprint, "remove_files", killed_after_one_batch)
+    monkeypatch.setattr(Folder, "remove_files", killed_after_one_batch)
     with pytest.raises(KeyboardInterrupt):
         build.publish()
     record = (run_dir / "_BUILD.json").read_bytes()

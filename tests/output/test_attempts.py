@@ -168,7 +168,10 @@ def test_attempts_at_many_stems_at_once_share_their_staging_folder(tmp_path) -> 
 
 @ON_BOTH_STORES
 def test_the_s3_lease_is_conditional_and_taken_over_only_when_stale(s3, monkeypatch) -> None:
-    first, second = ObjectLease(s3.fs, "corpus/out", "00000"), ObjectLease(s3.fs, "corpus/out", "00000")
+    first, second = (
+        ObjectLease(Folder("s3://corpus/out", s3.options), "00000"),
+        ObjectLease(Folder("s3://corpus/out", s3.options), "00000"),
+    )
     first.acquire(new_holder("first"))
     with pytest.raises(AttemptConflict, match=r"_leases/00000.json: attempt .* \(first, .*renewed \d+ s ago"):
         second.acquire(new_holder("second"))

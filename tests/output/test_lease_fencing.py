@@ -104,7 +104,7 @@ def every_call(*args) -> bool:
 
 
 def at_path(suffix: str):
-    return lambda fs, path, *rest: str(path).endswith(suffix)
+    return lambda folder, name, *rest: str(name).endswith(suffix)
 
 
 GONE = "its lease object is gone: the attempt that took it over finished"
@@ -112,16 +112,16 @@ CHANGED = "was changed by another attempt after this one confirmed its lease"
 FREEZES = {  # where the attempt stops (owner, function, which call), and why it finds its lease lost on waking
     "just after taking its lease": ((ObjectLease, "confirm", every_call), GONE),
     "between confirming its lease and removing the old marker": (
-        (attempts, "remove_if", at_path(MARKER)),
+        (Folder, "remove", at_path(MARKER)),
         f"{OUT}/{MARKER} {CHANGED}",
     ),
     "before publishing its files": ((Attempt, "place_families", every_call), GONE),
     "between confirming its lease and writing its manifest": (
-        (attempts, "put_if", at_path(MANIFEST)),
+        (Folder, "put", at_path(MANIFEST)),
         f"{OUT}/{MANIFEST} {CHANGED}",
     ),
     "between confirming its lease and writing its marker": (
-        (attempts, "put_if", at_path(MARKER)),
+        (Folder, "put", at_path(MARKER)),
         f"{OUT}/{MARKER} {CHANGED}",
     ),
 }
@@ -240,13 +240,13 @@ def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(
 def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) -> None:
     """Renewals that fail for a while are warnings; past a TTL a contender may hold the lease: lost."""
     monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)  # every confirmation renews
-    lease = ObjectLease(s3.fs, OUT, "00000")
+    lease = ObjectLease(Folder(f"s3://{OUT}", s3.options), "00000")
     lease.acquire(new_holder("first"))
 
     def store_down(*args, **kwargs):
         raise OSError(errno.EIO, "connection reset by peer")
 
-    monkeypatch.setattr(attempts, "put_if", store_down)
+    monkeypatch.setattr(Folder, "put", store_down)
     with pytest.raises(WriteError, match=rf"^{LEASE}: connection reset by peer$"):
         lease.confirm()  # within the TTL: this change is not made, but the lease is not lost
     assert lease.lost is None
@@ -262,7 +262,7 @@ def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one
     """A contender reads a stale-looking lease, the holder renews, then the contender writes with If-Match on what
     it read: the renewal must have changed the ETag, or the contender wins a lease that is alive."""
     monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)  # every confirmation renews
-    lease = ObjectLease(s3.fs, OUT, "00000")
+    lease = ObjectLease(Folder(f"s3://{OUT}", s3.options), "00000")
     lease.acquire(new_holder("holder"))
     read_by_contender = lease.etag
     lease.confirm()
@@ -276,7 +276,7 @@ def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one
 @ON_BOTH_STORES
 def test_a_confirmation_renews_only_a_lease_last_renewed_over_a_tenth_of_its_ttl_ago(s3, monkeypatch) -> None:
     monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 10.0)  # a confirmation within 1 s of a renewal is free
-    lease = ObjectLease(s3.fs, OUT, "00000")
+    lease = ObjectLease(Folder(f"s3://{OUT}", s3.options), "00000")
     lease.acquire(new_holder("holder"))
     taken = lease.etag
     lease.confirm()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.s3 import ON_BOTH_STORES
-from tokenization.storage.folder import Folder, PutMode, UpdateIf
+from tokenization.storage.folder import Folder, PutMode, UpdateIf, file_at
 
 
 def _contract(folder: Folder) -> None:
@@ -46,12 +46,66 @@ def test_an_update_replaces_only_the_version_it_read(s3) -> None:
     folder = Folder("s3://corpus/out", s3.options)
     first = folder.put("LATEST", b"run-1\n", PutMode.CREATE)
     assert first is not None
-    _, etag = folder.read_with_etag("LATEST")
-    assert etag == first
-    folder.put("LATEST", b"run-2\n", UpdateIf(etag))
+    _, seen = folder.read_versioned("LATEST")
+    assert seen == UpdateIf(first)
+    folder.put("LATEST", b"run-2\n", seen)
     with pytest.raises(FileExistsError):
         folder.put("LATEST", b"run-3\n", UpdateIf(first))  # a version read before the change above
     assert folder.read("LATEST") == b"run-2\n"
     with pytest.raises(FileExistsError):
-        folder.remove("LATEST", if_etag=first)  # nor is an old version's reader allowed to delete it
+        folder.remove("LATEST", UpdateIf(first))  # nor is an old version's reader allowed to delete it
     assert folder.read("LATEST") == b"run-2\n"
+
+
+def test_a_store_that_enforces_no_condition_is_looked_at_first(tmp_path) -> None:
+    """On a store without If-Match (fsspec's memory store, as GCS or a filer through fsspec), ``put`` and
+    ``remove`` under ``UpdateIf`` compare the version read (a digest of the bytes) before the change: an older
+    version's holder changes nothing."""
+    folder = Folder(f"memory://{tmp_path.name}/out")
+    assert not folder.enforces_conditions and folder.version("lease.json") is PutMode.OVERWRITE
+    first = folder.put("lease.json", b"holder 1", PutMode.CREATE)
+    assert first is not None and folder.read_stamped("lease.json").version == first
+    second = folder.put("lease.json", b"holder 2", UpdateIf(first))
+    with pytest.raises(FileExistsError):
+        folder.put("lease.json", b"holder 3", UpdateIf(first))  # read before the change above
+    with pytest.raises(FileExistsError):
+        folder.remove("lease.json", UpdateIf(first))
+    assert folder.read("lease.json") == b"holder 2"
+    folder.remove("lease.json", UpdateIf(second))
+    assert not folder.exists("lease.json")
+    folder.remove("lease.json", UpdateIf(second))  # gone already: no error
+    with pytest.raises(FileNotFoundError):
+        folder.put("lease.json", b"holder 4", UpdateIf(second))  # removed by another writer since
+
+
+@ON_BOTH_STORES
+def test_the_version_of_a_file_is_the_condition_to_replace_only_it(s3) -> None:
+    """``version`` gives CREATE while there is none, and the ETag once there is: a writer that looked before
+    another's change fails, and so does one that looked before another's creation."""
+    folder = Folder("s3://corpus/out", s3.options)
+    absent = folder.version("a.json")
+    assert absent is PutMode.CREATE and folder.read_versioned("a.json") == (None, PutMode.CREATE)
+    folder.put("a.json", b"first", absent)
+    with pytest.raises(FileExistsError):
+        folder.put("a.json", b"late", absent)
+    seen = folder.version("a.json")
+    folder.put("a.json", b"second", folder.version("a.json"))
+    with pytest.raises(FileExistsError):
+        folder.remove("a.json", seen)
+    folder.remove("a.json", absent)  # none was there when looked at: nothing of that writer's to remove
+    assert folder.read_versioned("a.json") == (b"second", folder.version("a.json"))
+
+
+def test_a_file_is_a_folder_and_a_name(tmp_path) -> None:
+    assert file_at("s3://bucket/run/_BUILD.json") == (Folder("s3://bucket/run"), "_BUILD.json")
+    assert file_at("/a.json") == (Folder("/"), "a.json") and file_at("a.json") == (Folder("."), "a.json")
+    run = Folder(str(tmp_path / "run"))
+    assert run.name_of(run.sub("ranks").sub("b")) == "ranks/b" and run.name_of(Folder(str(tmp_path))) is None
+    assert Folder(str(tmp_path) + "/").same_as(Folder(str(tmp_path))) and not run.at_top and Folder("/x").at_top
+    run.sub("ranks").put("b/x.ds", b"x")
+    run.sub("ranks").put("b/_manifests/x.json", b"{}")
+    assert sorted(run.walk()) == [("ranks/b/_manifests/x.json", 2), ("ranks/b/x.ds", 1)]
+    run.sub("ranks").remove_files(["b/x.ds"])
+    assert run.sub("ranks").sub("b").exists() and not run.sub("ranks").exists("b/x.ds")
+    run.sub("ranks").remove_files(["b/_manifests/x.json"])
+    assert not run.sub("ranks").exists("b/_manifests")  # left empty: removed too, locally

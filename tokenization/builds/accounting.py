@@ -41,7 +41,7 @@ from tokenization.records import (
     stage_manifest,
 )
 from tokenization.storage.checksums import checksum
-from tokenization.storage.files import in_batches, map_concurrently
+from tokenization.storage.concurrent import in_batches, map_concurrently
 from tokenization.storage.folder import Folder
 
 C = TypeVar("C", MergeCounts, ContextCounts)

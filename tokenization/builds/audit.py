@@ -32,9 +32,9 @@ def chain_problems(run: Folder, build: BuildRecord, dataset_tokens: int) -> list
     """What does not hold in the chain of a published build whose dataset holds ``dataset_tokens`` (its verify
     checked the dataset's own folder): one line each, naming the file or the link."""
     layout, report = Layout(run), Report()
-    dataset = build.dataset.rstrip("/").rpartition("/")[2]
+    dataset = Folder(build.dataset).name
     for name, folder in layout.stages.items():
-        if name != dataset and folder.fs.isdir(folder.path):
+        if name != dataset and folder.is_folder():
             check_records_alone(Listing.of(folder), report)
     try:
         derived = _stage_books(layout, build)

@@ -38,7 +38,7 @@ from tokenization.formats.ds import INDEX_DTYPE
 from tokenization.formats.names import rank_stem
 from tokenization.output.cache import Cache
 from tokenization.stages.first_pass import SEGMENT
-from tokenization.storage.files import map_concurrently
+from tokenization.storage.concurrent import map_concurrently
 from tokenization.storage.folder import Folder
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.wording import counted

@@ -14,7 +14,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import cast
 
 from tokenization.builds import accounting, footprint
@@ -53,8 +52,7 @@ from tokenization.records import (
 )
 from tokenization.stages.export_mds import write_mds
 from tokenization.stages.verify import tokenizer_checks, verify
-from tokenization.storage.files import StorageOptions, join
-from tokenization.storage.folder import Folder
+from tokenization.storage.folder import Folder, StorageOptions, file_at
 from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
@@ -144,8 +142,8 @@ def _write_data_path(run: Folder, dataset: Folder, mixture: Mixture | None) -> N
     so a build moved or copied elsewhere still holds a good data path; Megatron resolves a relative prefix from its
     working directory; ``absolute_data_path`` gives the command that prints them absolute."""
     entries = manifest.output_entries(dataset)
-    inside = dataset.url.startswith(run.url.rstrip("/") + "/")
-    where = "./" + dataset.url[len(run.url.rstrip("/")) + 1 :] if inside else dataset.url
+    inner = run.name_of(dataset)
+    where = Folder(dataset.url if inner is None else f"./{inner}")
     weight = {name: described.entry.tokens for name, described in entries.items()}
     if mixture is not None:  # a source's files share its weight by their tokens (in integers: Megatron normalizes)
         source = {name: cast(str, names.source_in(name)) for name in entries}
@@ -154,7 +152,7 @@ def _write_data_path(run: Folder, dataset: Folder, mixture: Mixture | None) -> N
             held[s] += weight[name]
         share = dict(zip(mixture.names, mixture.shares, strict=True))
         weight = {name: round(share[s] * WEIGHT_SCALE * weight[name] / held[s]) for name, s in source.items()}
-    weighted = [f"{weight[name]} {join(where, name.removesuffix(MEGATRON))}" for name in sorted(entries)]
+    weighted = [f"{weight[name]} {where.url_of(name.removesuffix(MEGATRON))}" for name in sorted(entries)]
     run.put(MEGATRON_DATA_PATH, (" ".join(weighted) + "\n").encode())
 
 
@@ -163,7 +161,7 @@ def absolute_data_path(run_dir: str) -> str:
     holds them relative to ``run_dir``, which Megatron would resolve from its own working directory."""
     into = re.sub(r"([\\&|])", r"\\\1", run_dir)  # what sed would read as its own in a replacement
     script = "s| \\./| " + into + "/|g"  # each prefix follows its weight and a space
-    return f"sed {shlex.quote(script)} {shlex.quote(join(run_dir, MEGATRON_DATA_PATH))}"
+    return f"sed {shlex.quote(script)} {shlex.quote(Folder(run_dir).url_of(MEGATRON_DATA_PATH))}"
 
 
 def _clean_cache(config: BuildConfig) -> CacheCleaning | None:
@@ -390,10 +388,10 @@ def summary(build: BuildRecord) -> str:
         lines.append(f"cache: {cache_line(build.cache, parts=bool(split_mb))}")
     if build.footprint:
         lines.append(f"storage: {footprint.described(build.footprint)}")
-    run_dir = build.dataset.rsplit("/", 1)[0]  # it holds the dataset's folder, the report and the data path
-    folder = Folder(run_dir)
+    folder, _ = file_at(build.dataset)  # the run folder: it holds the dataset's folder, the report and the data path
+    run_dir = folder.url
     if build.params.get("output_format") == "megatron":  # Megatron may run from another folder: absolute prefixes
-        where = str(Path(folder.path).resolve()) if folder.is_local else run_dir
+        where = str(folder.local.resolve()) if folder.local is not None else run_dir
         lines.append(f"megatron: --data-path $({absolute_data_path(where)})  (each prefix, weighted by tokens)")
     if build.mds:
         m = build.mds
@@ -401,8 +399,7 @@ def summary(build: BuildRecord) -> str:
             f"mds: {m.folder}: {counted(m.windows, 'window')} in {counted(m.shards, 'shard')} (StreamingDataset)"
         )
     if build.report:
-        report = join(run_dir, build.report.html)
-        lines.append(f"report: {report}")
-        if folder.is_local:  # a run id's "%" is part of the folder's name: a browser needs it encoded again
-            lines.append(f"open:   {Path(folder.path_of(build.report.html)).resolve().as_uri()}")
+        lines.append(f"report: {folder.url_of(build.report.html)}")
+        if folder.local is not None:  # a run id's "%" is part of the folder's name: a browser needs it encoded again
+            lines.append(f"open:   {(folder.local / build.report.html).resolve().as_uri()}")
     return "\n".join(lines)

@@ -18,7 +18,6 @@ from tokenization.stages.context_shuffle import ContextOptions
 from tokenization.stages.merge import MergeOptions
 from tokenization.stages.tokenize import RankOptions
 from tokenization.storage import locations
-from tokenization.storage.files import join
 from tokenization.storage.folder import Folder
 from tokenization.storage.locations import AllowedLocations, tokenizer_files
 from tokenization.tokenizer.documents import DocumentOptions
@@ -172,7 +171,7 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
     @property
     def cache_location(self) -> str | None:
         """Where the build's tokenization cache is: None when it is off."""
-        return chosen_location(self.cache, join(self.output, DEFAULT_FOLDER))
+        return chosen_location(self.cache, Folder(self.output).url_of(DEFAULT_FOLDER))
 
     @property
     def cache_folder(self) -> Folder | None:

@@ -18,18 +18,15 @@ each, and only sums are kept), and the cache's from its markers (``Cache.size``)
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
+import posixpath
 import re
-from collections.abc import Iterator
 
 from tokenization.builds.pages import size
 from tokenization.errors import TokenizationError
 from tokenization.output.cache import Cache, NotACache
 from tokenization.output.runs import Layout
 from tokenization.records import CacheSize, FolderBytes, Footprint
-from tokenization.storage.files import fresh_listing, is_local, join, remove_files
 from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
@@ -51,7 +48,7 @@ def measure(layout: Layout, removed: list[str], cache: Folder | None) -> Footpri
     folders = []
     for name, folder in (layout.stages | {layout.MDS: layout.mds}).items():
         held = gone = 0
-        for path, bytes_ in _files(folder):
+        for path, bytes_ in folder.walk():
             if name in removed and _token_file(path):
                 gone += bytes_
             else:
@@ -80,20 +77,16 @@ def remove(layout: Layout, removed: list[str]) -> int:
     freed = files = 0
     for name in removed:
         folder = layout.stages[name]
-        fs, root = folder.fs, folder.path
-        batch, emptied = [], set()
-        for path, bytes_ in _files(folder):
+        batch = []
+        for path, bytes_ in folder.walk():
             if not _token_file(path):
                 continue
-            batch.append(join(root, path))
-            emptied.add(path.rpartition("/")[0])
+            batch.append(path)
             freed, files = freed + bytes_, files + 1
             if len(batch) == REMOVED_AT_ONCE:
-                remove_files(fs, batch)
+                folder.remove_files(batch)
                 batch = []
-        remove_files(fs, batch)
-        if is_local(fs):  # an object store has no folders to leave behind
-            _remove_empty(root, emptied - {""})
+        folder.remove_files(batch)
     if files:
         log.info(
             "%s: removed %d intermediate token files, %s, from %s (their records stay)",
@@ -121,30 +114,8 @@ def cache_weight(cache: CacheSize) -> str:
     return f"{size(cache.bytes)} for {cache.tokens:,} tokens{per_token}"
 
 
-def _files(top: Folder) -> Iterator[tuple[str, int]]:
-    """Every file under ``top``, by its path there, with its size: one listing a folder, one folder at a time."""
-    fs, root = top.fs, top.path
-    folders = [""]
-    while folders:
-        folder = folders.pop()
-        for entry in fresh_listing(fs, join(root, folder) if folder else root):
-            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-            path = f"{folder}/{name}" if folder else name
-            if entry["type"] == "directory":
-                folders.append(path)
-            else:
-                yield path, int(entry.get("size") or 0)
-
-
 def _token_file(path: str) -> bool:
     """A token file of the stage (its own, or a bucket folder's), never a record, a lease or a staged attempt."""
-    return TOKEN_FILE.fullmatch(path.rsplit("/", 1)[-1]) is not None and not any(
+    return TOKEN_FILE.fullmatch(posixpath.basename(path)) is not None and not any(
         part.startswith(("_", ".")) for part in path.split("/")
     )
-
-
-def _remove_empty(root: str, folders: set[str]) -> None:
-    """Local subfolders that the removal left empty (a rank folder's bucket folders)."""
-    for folder in sorted(folders):
-        with contextlib.suppress(OSError):
-            os.rmdir(join(root, folder))

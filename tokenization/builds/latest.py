@@ -13,7 +13,7 @@ it holds a ``_BUILD.json``. Retention keeps the newest ``keep`` candidates and d
 being published nor the one ``LATEST`` names.
 
 No path given by a user is ever used as a glob: the output is listed, never globbed, and folders are removed with
-:func:`tokenization.storage.files.remove_tree`.
+:meth:`tokenization.storage.folder.Folder.remove_all`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from datetime import datetime
 from tokenization.errors import MissingError, TokenizationError, UsageError
 from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, folder_for, percent_encoded_name, read_build
 from tokenization.records import BuildRecord, RecordError, RunClaim
-from tokenization.storage.files import fresh_listing
-from tokenization.storage.folder import Folder, PutMode, UpdateIf
+from tokenization.storage.folder import Condition, Folder
 
 LOCK = ".LATEST.lock"  # beside LATEST; a dot name, which no run folder has (folder_name replaces a leading dot)
 SWAP_ATTEMPTS = 20  # each a read, a listing and a conditional PUT: only a publish racing others ever retries
@@ -65,7 +64,7 @@ def complete_build(output: Folder, name: str) -> CompleteBuild | None:
         record = read_build(run)
         if record is None:
             return None
-        claim = RunClaim.read(run.fs, run.path_of(RUN_CLAIM), run.url_of(RUN_CLAIM))
+        claim = RunClaim.read(run, RUN_CLAIM)
     except RecordError as exc:
         raise LatestError(str(exc)) from None
     if claim is None:
@@ -112,7 +111,7 @@ def latest_complete_build(output: Folder) -> CompleteBuild:
     run_dir = read_latest(output)
     if run_dir is None:
         raise MissingError(f"{output.url}: no {LATEST}, so no complete build yet")
-    name = run_dir.rsplit("/", 1)[-1]
+    name = Folder(run_dir).name
     build = complete_build(output, name)
     if build is None:
         raise LatestError(f"{output.url_of(LATEST)}: names {name}, which holds no {BUILD_MANIFEST} (not complete)")
@@ -128,8 +127,8 @@ def latest_name(output: Folder, text: bytes) -> str | None:
         return None
     if _is_name(value):
         return value
-    last = value.rstrip("/").rsplit("/", 1)[-1]
-    if _is_name(last) and output.fs.isdir(output.path_of(last)):
+    last = Folder(value).name  # the last segment of the path or URL an older version wrote
+    if _is_name(last) and output.is_folder(last):
         return last
     raise LatestError(
         f"{output.url_of(LATEST)}: names {value!r}, which is no folder of {output.url} (it is never followed outside "
@@ -143,7 +142,7 @@ def point_latest(output: Folder) -> str:
     holds what was read (a lock locally, ``If-Match`` on S3), else decide again; it never goes back."""
     with _locked(output):
         for _ in range(SWAP_ATTEMPTS):
-            text, etag = _read_latest_versioned(output)
+            text, seen = _read_latest_versioned(output)
             builds = complete_builds(output)
             if not builds:
                 raise LatestError(f"{output.url}: no complete build to point {LATEST} at")
@@ -151,7 +150,7 @@ def point_latest(output: Folder) -> str:
             if current is not None and current.order >= builds[0].order:
                 return current.run_dir
             try:
-                _write_latest(output, builds[0].name, etag)
+                _write_latest(output, builds[0].name, seen)
             except (FileExistsError, FileNotFoundError):  # another publish moved (or someone removed) it since
                 continue
             log.info("%s now names %s", output.url_of(LATEST), builds[0].run_dir)
@@ -169,7 +168,7 @@ def expire(output: Folder, keep: int, spare: set[str]) -> list[str]:
             continue
         run = output.sub(build.name)
         try:
-            run.fs.rm_file(run.path_of(BUILD_MANIFEST))  # first: a deletion cut short leaves an incomplete build, not
+            run.delete(BUILD_MANIFEST)  # first: a deletion cut short leaves an incomplete build, not
         except FileNotFoundError:  # a complete one with files missing; gone: another publish's retention took it
             continue
         run.remove_all()
@@ -188,12 +187,10 @@ def _named_build(output: Folder, text: bytes | None) -> CompleteBuild | None:
         return None
 
 
-def _read_latest_versioned(output: Folder) -> tuple[bytes | None, str | None]:
-    """``LATEST``'s content and, on S3, its ETag; ``(None, None)`` when there is none."""
+def _read_latest_versioned(output: Folder) -> tuple[bytes | None, Condition]:
+    """``LATEST``'s content (None when there is none) and the condition to replace only that version."""
     try:
-        return output.read_with_etag(LATEST)
-    except FileNotFoundError:
-        return None, None
+        return output.read_versioned(LATEST)
     except IsADirectoryError:
         raise _a_folder(output.url_of(LATEST)) from None
 
@@ -207,34 +204,29 @@ def _a_folder(where: str) -> LatestError:
     )
 
 
-def _write_latest(output: Folder, name: str, etag: str | None) -> None:
-    """Write ``LATEST`` whole; on S3 only over the version read (``etag``), or only if there was none (no ETag),
-    else ``FileExistsError``. Locally the caller holds the lock; other stores have no such condition, and a race
-    of two publishes there can leave either one."""
-    data = f"{name}\n".encode()
-    output.put(
-        LATEST, data, (PutMode.CREATE if etag is None else UpdateIf(etag)) if output.is_s3 else PutMode.OVERWRITE
-    )
+def _write_latest(output: Folder, name: str, seen: Condition) -> None:
+    """Write ``LATEST`` whole; on S3 only over the version read (``seen``), or only if there was none, else
+    ``FileExistsError``. Locally the caller holds the lock; other stores have no such condition, and a race of two
+    publishes there can leave either one."""
+    output.put(LATEST, f"{name}\n".encode(), seen)
 
 
 @contextmanager
 def _locked(output: Folder) -> Iterator[None]:
     """Hold ``{output}/.LATEST.lock`` exclusively, locally (``flock``: between processes and between threads, each
     opening the file). Elsewhere a no-op: on S3 the conditional writes do its work."""
-    if not output.is_local:
+    if output.local is None:
         yield
         return
-    output.fs.makedirs(output.path, exist_ok=True)
-    with open(output.path_of(LOCK), "a") as handle:
+    output.make()
+    with open(output.local / LOCK, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
 
 
 def _child_folders(output: Folder) -> list[str]:
     """The names of the folders directly inside ``output`` (none when it does not exist), without dot names."""
-    entries = fresh_listing(output.fs, output.path)
-    names = (e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
-    return sorted(name for name in names if not name.startswith("."))
+    return sorted(name for name in output.folders() if not name.startswith("."))
 
 
 def _started(started: str, where: str) -> datetime:

@@ -21,8 +21,7 @@ from tokenization.errors import MissingError
 from tokenization.output import manifest
 from tokenization.output.runs import BUILD_MANIFEST, Layout, read_build
 from tokenization.records import BuildInputs, BuildRecord, BuildSummary, RankManifest, Retention, Throughput
-from tokenization.storage.files import StorageOptions
-from tokenization.storage.folder import Folder
+from tokenization.storage.folder import Folder, StorageOptions
 from tokenization.tokenizer.encoding import NO_ENGINE
 
 # /4 had no mixture; /3 no footprint or ranks' memory; /2 no packing; /1 copied the build record's figures
@@ -73,7 +72,7 @@ def report_data(run: Folder, build: BuildRecord | None = None, retention: Retent
         "merge": merge.tokens_dropped if merge is not None and not_chosen is None else 0,
         "context_shuffle": build.stages.context_shuffle.tokens_dropped if build.stages.context_shuffle else 0,
     }
-    outputs = manifest.output_entries(run.sub(build.dataset.rsplit("/", 1)[-1]))
+    outputs = manifest.output_entries(run.sub(Folder(build.dataset).name))
     tokenizer = ranks[0].tokenizer
     input_files = _input_files(ranks)
     return {

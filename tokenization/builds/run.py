@@ -315,7 +315,7 @@ class Build:
     def _recorded(self, stage: Folder, stem: str, kind: type[M]) -> M:
         """The manifest a step wrote in ``stage``: what that step, run again once the build is published, returns."""
         where = stage.url_of(manifest.manifest_name(stem))
-        record = kind.read(stage.fs, stage.path_of(manifest.manifest_name(stem)), where)
+        record = kind.read(stage, manifest.manifest_name(stem))
         if record is None:
             raise BuildError(
                 f"{where}: missing, though the build is published: to build it again, clear the whole run in Airflow "

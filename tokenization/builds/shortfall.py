@@ -19,7 +19,7 @@ from tokenization.mixing import foreseen
 from tokenization.output.cache import Cache
 from tokenization.records import CacheEntry, InputFile, Mixture
 from tokenization.stages.first_pass import file_key, source_readings
-from tokenization.storage.files import map_concurrently
+from tokenization.storage.concurrent import map_concurrently
 from tokenization.tokenizer.encoding import Encoder
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ its file and, where it has one, the token offset.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from tokenization.formats.megatron import MegatronFile
 from tokenization.formats.names import BUCKET_FOLDER
 from tokenization.records import OutputEntry, PseudoEnds, SelfCheck
 from tokenization.storage.checksums import ALGORITHM, hasher
-from tokenization.storage.files import map_concurrently
+from tokenization.storage.concurrent import map_concurrently
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
 
@@ -190,7 +191,7 @@ class Listing:
 
     @property
     def url(self) -> str:
-        return self.folder.url.rstrip("/")
+        return self.folder.location
 
     def label(self, name: str) -> str:
         return self.folder.url_of(name)
@@ -198,7 +199,7 @@ class Listing:
     def size(self, name: str) -> int | None:
         """A file's size, None when it is absent; a file of another subfolder (the quarantine) lists that
         subfolder."""
-        sub, _, base = name.rpartition("/")
+        sub, base = posixpath.split(name)  # a name inside the folder, not a URL
         if not sub or name in self.sizes:
             return self.sizes.get(name)
         if sub not in self.subfolders:

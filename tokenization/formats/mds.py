@@ -26,8 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenization.storage.files import TEMPORARY_MARK
-from tokenization.storage.folder import Folder
+from tokenization.storage.folder import TEMPORARY_MARK, Folder
 
 INDEX = "index.json"
 SIZE_LIMIT = 1 << 26  # MDSWriter's default shard size, 64 MiB: a shard is built whole in memory, then put

@@ -29,15 +29,8 @@ from tokenization.formats import native
 from tokenization.formats.contents import READ_BLOCK, Contents, Pieces, stream_contents, stream_uses
 from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile, token_dtype
 from tokenization.progress import Progress
-from tokenization.storage.files import (
-    StorageOptions,
-    download,
-    files_at_once,
-    is_local,
-    map_concurrently,
-    open_fs,
-    writing,
-)
+from tokenization.storage.concurrent import files_at_once, map_concurrently
+from tokenization.storage.folder import StorageOptions, file_at, writing
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output; 1 Mi-token blocks took 25% longer
 MAX_OPEN_FILES = 128
@@ -145,18 +138,18 @@ class SourcePool:
         map_concurrently(self._local, range(len(self.urls)), workers=files_at_once(max(sizes, default=1)))
 
     def _local(self, i: int) -> str:
-        fs, path = open_fs(self.urls[i], self.storage_options)
-        if is_local(fs):
-            return path
+        folder, name = file_at(self.urls[i], self.storage_options)
+        if folder.local is not None:
+            return folder.path_of(name)
         if self.cache_dir is None:
             raise ValueError(f"{self.urls[i]} is remote: a local cache_dir is needed to read it at random")
-        local = self.cache_dir / f"{i:06d}" / path.rsplit("/", 1)[-1]
+        local = self.cache_dir / f"{i:06d}" / name
         with self._fetching:
             if not local.exists():  # the tokens and loss bytes: the pool is given the token size, not the metadata
                 for suffix in [""] + [".loss"] * self.with_loss:
                     with writing(f"{local}{suffix}"):
                         local.parent.mkdir(parents=True, exist_ok=True)
-                        download(fs, path + suffix, Path(f"{local}{suffix}"))
+                        folder.fetch(name + suffix, Path(f"{local}{suffix}"))
         return str(local)
 
     def __enter__(self) -> SourcePool:

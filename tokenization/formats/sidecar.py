@@ -16,7 +16,7 @@ import numpy as np
 
 from tokenization.formats.contents import of_sources
 from tokenization.formats.ds import SOURCE, SOURCE_DTYPE, Metadata, TokenFileError, WrittenTokenFile, written_whole
-from tokenization.storage.files import open_fs, write_bytes_atomic
+from tokenization.storage.folder import Folder
 
 
 def attach(written: Sequence[WrittenTokenFile], sources: np.ndarray, names: Sequence[str]) -> list[WrittenTokenFile]:
@@ -31,16 +31,16 @@ def attach(written: Sequence[WrittenTokenFile], sources: np.ndarray, names: Sequ
 
 
 def _attached(family: WrittenTokenFile, sources: np.ndarray, names: Sequence[str]) -> WrittenTokenFile:
-    """One family with its sidecar and its metadata's names, each written whole (``write_bytes_atomic``)."""
+    """One family with its sidecar and its metadata's names, each written whole (``Folder.put``)."""
     meta_path = family.path.with_name(f"{family.path.name}.metadata")
     meta = Metadata.parse(meta_path.read_text(encoding="utf-8"), str(meta_path))
     added = {
         f"{family.path.name}{SOURCE}": np.ascontiguousarray(sources, dtype=SOURCE_DTYPE).tobytes(),
         meta_path.name: replace(meta, sources=tuple(names)).render().encode(),
     }
-    local, _ = open_fs(str(family.path))
+    folder = Folder(str(family.path.parent))
     for name, data in added.items():
-        write_bytes_atomic(local, str(family.path.with_name(name)), data)
+        folder.put(name, data)
     kept = tuple(f for f in family.files if f.name not in added)
     if family.hashes is None:
         raise TokenFileError(f"{family.path}: written without its entries' hashes, which its sources go into: a bug")

@@ -60,30 +60,19 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import fsspec
 import orjson
 
 from tokenization.errors import AttemptConflict, LeaseLost, reaching
 from tokenization.formats.ds import WrittenTokenFile
 from tokenization.output import manifest
 from tokenization.records import CompletionMarker, FileSum, StageManifest
-from tokenization.storage.files import (
-    current_etag,
-    files_at_once,
-    is_local,
-    is_s3,
-    join,
-    map_concurrently,
-    move_into_place,
-    put_if,
-    remove_if,
-    remove_if_exists,
-    write_bytes_atomic,
-    writing,
-)
-from tokenization.storage.folder import Folder
+from tokenization.storage.concurrent import files_at_once, map_concurrently
+from tokenization.storage.folder import Folder, PutMode, UpdateIf, writing
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 M = TypeVar("M", bound=StageManifest)  # a stage's own manifest
 
@@ -161,8 +150,8 @@ class FileLease(_Lease):
     The lock file is removed on release; a contender that opened it just before then finds, once it holds the
     lock, that the path names another file (or none), and tries again, so two holders never coexist."""
 
-    def __init__(self, out_path: str, stem: str):
-        self.path = os.path.join(out_path, f".{stem}.lock")
+    def __init__(self, output: str | Path, stem: str):
+        self.path = os.path.join(output, f".{stem}.lock")
         self.fd: int | None = None
 
     def acquire(self, holder: Holder) -> None:
@@ -208,11 +197,12 @@ class ObjectLease(_Lease):
     """An object store's lease: a small object created only if absent, renewed only if unchanged.
 
     On S3 both conditions are enforced by the store (``If-None-Match`` / ``If-Match``). Other object stores are
-    checked before writing, which cannot exclude a race: a warning says so."""
+    checked before writing (by ``Folder.put``), which cannot exclude a race: a warning says so."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, out_path: str, stem: str):
-        self.fs = fs
-        self.path = join(out_path, LEASES, f"{stem}.json")
+    def __init__(self, output: Folder, stem: str):
+        self.output = output
+        self.name = f"{LEASES}/{stem}.json"
+        self.path = output.path_of(self.name)
         self.etag: str | None = None
         self._renewals = 0  # written into the lease, so that its ETag changes with every renewal
         self._renewed = -math.inf  # time.monotonic() when the last write that succeeded was sent (never yet)
@@ -221,19 +211,19 @@ class ObjectLease(_Lease):
         self._heartbeat: threading.Thread | None = None
 
     def acquire(self, holder: Holder) -> None:
-        if not is_s3(self.fs):
+        if not self.output.enforces_conditions:
             log.warning("%s: this store has no conditional writes; two attempts at once cannot be excluded", self.path)
         self.holder = holder
         current = self._current()
         try:
             if current is None:
-                self._write(absent=True)
+                self._write(PutMode.CREATE)
             else:
                 other, etag, age = current
                 if age < LEASE_TTL_SECONDS:
                     raise AttemptConflict(_conflict(self.path, other, age))
                 log.warning("%s: taking over the lease of %s, silent for %.0f s", self.path, _who(other), age)
-                self._write(etag=etag)
+                self._write(UpdateIf(etag))
         except _Taken as exc:
             raise AttemptConflict(_conflict(self.path, exc.holder)) from None
         except FileNotFoundError:  # the stale lease was removed as we took it over: by whoever holds it now
@@ -242,18 +232,14 @@ class ObjectLease(_Lease):
         self._heartbeat.start()
 
     def _current(self) -> tuple[Holder | None, str | None, float] | None:
-        """The lease's holder, ETag and seconds since it was last written, or None when there is no lease."""
-        self.fs.invalidate_cache(self.path)
+        """The lease's holder, version and seconds since it was last written, or None when there is no lease."""
         try:
-            info = self.fs.info(self.path)
-            body = self.fs.cat_file(self.path)
+            lease = self.output.read_stamped(self.name)
         except FileNotFoundError:
             return None
-        modified = info.get("LastModified") or info.get("mtime") or info.get("created")
-        written = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
-        return _read_holder(body), info.get("ETag"), max(0.0, time.time() - written)
+        return _read_holder(lease.data), lease.version, max(0.0, time.time() - lease.written)
 
-    def _write(self, *, absent: bool = False, etag: str | None = None) -> None:
+    def _write(self, condition: PutMode | UpdateIf) -> None:
         """Write the lease, with the next renewal number, under a condition. A condition that fails raises
         ``_Taken`` naming the holder, unless the lease is our own (a write retried after a lost response)."""
         if self.holder is None:
@@ -262,7 +248,7 @@ class ObjectLease(_Lease):
         self._renewals += 1
         body = orjson.dumps(asdict(self.holder) | {"renewal": self._renewals})
         try:
-            self.etag = put_if(self.fs, self.path, body, absent=absent, etag=etag)
+            self.etag = self.output.put(self.name, body, condition)
         except FileExistsError:
             current = self._current()
             if current is None or current[0] != self.holder:
@@ -280,11 +266,7 @@ class ObjectLease(_Lease):
             if self.lost is not None or (unless_fresh and fresh):
                 return
             try:
-                if not is_s3(self.fs):  # no If-Match: look first
-                    current = self._current()
-                    if current is None or current[0] != self.holder:
-                        raise _Taken(current[0] if current else None)
-                self._write(etag=self.etag)
+                self._write(UpdateIf(self.etag))
             except _Taken as exc:
                 self.lose(f"{exc} took it over" if exc.holder else "another attempt took it over")
             except FileNotFoundError:
@@ -324,7 +306,7 @@ class ObjectLease(_Lease):
         current = self._current()
         if current is not None and current[0] == self.holder:
             with contextlib.suppress(FileExistsError):
-                remove_if(self.fs, self.path, current[1])
+                self.output.remove(self.name, UpdateIf(current[1]))
 
 
 def _read_holder(data: bytes) -> Holder | None:
@@ -354,12 +336,12 @@ def _conflict(where: str, other: Holder | None, age: float | None = None) -> str
 def leased(output: Folder, stem: str, holder: Holder) -> Iterator[FileLease | ObjectLease]:
     """Hold the lease of ``stem`` in ``output`` meanwhile (refused with ``AttemptConflict`` naming its holder), and
     release it on the way out, on failure too."""
-    fs, out_path = output.fs, output.path
-    lease: FileLease | ObjectLease = FileLease(out_path, stem) if is_local(fs) else ObjectLease(fs, out_path, stem)
+    local = output.local
+    lease: FileLease | ObjectLease = FileLease(local, stem) if local is not None else ObjectLease(output, stem)
     with reaching(output.url):
-        if is_local(fs):
-            with writing(out_path):
-                fs.makedirs(out_path, exist_ok=True)
+        if local is not None:
+            with writing(local):
+                output.make()
         lease.acquire(holder)
     try:
         yield lease
@@ -372,8 +354,7 @@ class Attempt:
     """A stage's licence to write one stem of an output: its id, a private working folder, and the calls that
     publish into the output."""
 
-    fs: fsspec.AbstractFileSystem
-    out_path: str
+    output: Folder
     stem: str
     holder: Holder
     work: Path
@@ -384,10 +365,20 @@ class Attempt:
     def id(self) -> str:
         return self.holder.attempt
 
+    @property
+    def fs(self) -> AbstractFileSystem:
+        """The output's filesystem, for the stages that still list it so (tokenize, merge): use ``output``."""
+        return self.output.fs
+
+    @property
+    def out_path(self) -> str:
+        """The output's path in ``fs``, for the stages that still list it so (tokenize, merge): use ``output``."""
+        return self.output.path
+
     def place(self, src: Path, name: str) -> None:
         """Move a finished local file to ``name`` (relative to the output folder), as the lease holder."""
         self.lease.confirm()
-        move_into_place(src, self.fs, join(self.out_path, name), self.landing)
+        self.output.place(src, name, self.landing)
 
     def place_families(self, written: Sequence[WrittenTokenFile]) -> None:
         """Move every file of each written token-file family into the output, under its name there, several at
@@ -398,38 +389,29 @@ class Attempt:
 
     def write(self, name: str, data: bytes) -> None:
         """Write a small file of the output whole, as the lease holder; on S3 only over the version seen before
-        the lease was confirmed (or only if absent), so that a successor's version is never overwritten."""
-        path = join(self.out_path, name)
-        if not is_s3(self.fs):
-            self.lease.confirm()
-            write_bytes_atomic(self.fs, path, data, self.landing)
-            return
-        seen = current_etag(self.fs, path)
+        the lease was confirmed (or only if absent), so that a successor's version is never overwritten (where
+        the store enforces no condition, the lease alone: ``Folder.version``)."""
+        seen = self.output.version(name)
         self.lease.confirm()
-        with self._unless_changed(path):
-            put_if(self.fs, path, data, absent=seen is None, etag=seen)
+        with self._unless_changed(name):
+            self.output.put(name, data, seen, self.landing)
 
     def remove(self, name: str) -> None:
         """Remove a file of the output if it is there (the old marker, a stale file of an earlier run), as the
         lease holder; on S3 only the version seen before the lease was confirmed."""
-        path = join(self.out_path, name)
-        if not is_s3(self.fs):
-            self.lease.confirm()
-            remove_if_exists(self.fs, path)
-            return
-        seen = current_etag(self.fs, path)
+        seen = self.output.version(name)
         self.lease.confirm()
-        if seen is not None:
-            with self._unless_changed(path):
-                remove_if(self.fs, path, seen)
+        with self._unless_changed(name):
+            self.output.remove(name, seen)
 
     @contextmanager
-    def _unless_changed(self, path: str) -> Iterator[None]:
+    def _unless_changed(self, name: str) -> Iterator[None]:
         """A conditional change that fails: another attempt changed the file since this one confirmed its lease,
         which only the attempt that took the lease over can have done."""
         try:
             yield
         except FileExistsError as exc:
+            path = self.output.path_of(name)
             raise self.lease.lose(f"{path} was changed by another attempt after this one confirmed its lease") from exc
 
     def commit(self, record: M, files: dict[str, FileSum]) -> M:
@@ -456,14 +438,13 @@ def attempt_at(
 ) -> Iterator[Attempt]:
     """Take the lease of ``stem`` in ``output``, clear what earlier attempts left, and yield the attempt; its
     staging folder and lease are released on the way out, on failure too."""
-    fs, out_path = output.fs, output.path
     holder = new_holder(owner)
     with leased(output, stem, holder) as lease:
-        base = _staging_base(fs, output.url, out_path, local_working_dir)
-        landing_base = Path(out_path) / STAGING if is_local(fs) else None
+        base = _staging_base(output, local_working_dir)
+        landing_base = output.local / STAGING if output.local is not None else None
         work = base / f"{stem}{ATTEMPT_MARK}{holder.attempt}"
         landing = landing_base / f"{stem}{ATTEMPT_MARK}{holder.attempt}" if landing_base else None
-        attempt = Attempt(fs, out_path, stem, holder, work, landing, lease)
+        attempt = Attempt(output, stem, holder, work, landing, lease)
         lease.confirm()  # earlier attempts' leftovers are ours to remove only while the lease is ours
         for folder in {f for f in (base, landing_base) if f is not None}:
             _remove_leftovers(folder, stem)
@@ -481,13 +462,13 @@ def attempt_at(
                     folder.parent.rmdir()
 
 
-def _staging_base(fs, output: str, out_path: str, local_working_dir: str | None) -> Path:
+def _staging_base(output: Folder, local_working_dir: str | None) -> Path:
     """Where attempts at this output stage their files: beside a local output (publishing is then a rename),
     else in a folder of the local working directory (or the system's temporary one) named after the output, so
     that outputs sharing a working directory never meet."""
-    if local_working_dir is None and is_local(fs):
-        return Path(out_path) / STAGING
-    key = hashlib.sha256(str(output).rstrip("/").encode()).hexdigest()[:16]
+    if local_working_dir is None and output.local is not None:
+        return output.local / STAGING
+    key = hashlib.sha256(output.location.encode()).hexdigest()[:16]
     root = Path(local_working_dir) if local_working_dir else Path(tempfile.gettempdir()) / "corpus-tokenization"
     return root / key
 
@@ -511,8 +492,8 @@ def remove_staging(output: Folder) -> None:
     """A local output's staging base, whatever it still holds: once its build is published no attempt writes there
     again, and an attempt interrupted between its marker and its own cleanup (Ctrl-C) is never run again to remove
     what it left (``_remove_leftovers`` runs only for a stem attempted again)."""
-    if output.is_local:
-        shutil.rmtree(Path(output.path) / STAGING, ignore_errors=True)
+    if output.local is not None:
+        shutil.rmtree(output.local / STAGING, ignore_errors=True)
 
 
 def _remove_leftovers(folder: Path, stem: str) -> None:

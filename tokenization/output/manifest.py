@@ -35,7 +35,7 @@ from tokenization.records import (
     Throughput,
     stage_manifest,
 )
-from tokenization.storage.files import in_batches
+from tokenization.storage.concurrent import in_batches
 from tokenization.storage.folder import Folder
 
 MANIFESTS, COMPLETIONS, QUARANTINE = "_manifests", "_completions", "_quarantine"  # subfolders of an output

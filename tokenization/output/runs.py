@@ -29,7 +29,6 @@ from urllib.parse import quote
 
 from tokenization.errors import TokenizationError, UsageError
 from tokenization.records import BuildRecord, PlanReading, PlanRecord, RunClaim, TokenizerFacts
-from tokenization.storage.files import join
 from tokenization.storage.folder import Folder, PutMode
 
 BUILD_MANIFEST = "_BUILD.json"
@@ -66,11 +65,12 @@ def folder_for(output: str, run_id: str) -> str:
             f"build id"
         )
     if name.upper() == LATEST:
+        latest = Folder(output).url_of(LATEST)
         raise UsageError(
-            f"build id {run_id!r} is the name (ignoring case, as some filesystems do) of {join(output, LATEST)}, "
+            f"build id {run_id!r} is the name (ignoring case, as some filesystems do) of {latest}, "
             f"which points at the newest complete build: choose another build id (in Airflow, another run id)"
         )
-    return join(output, name)
+    return Folder(output).url_of(name)
 
 
 def folder_name(run_id: str) -> str:
@@ -112,7 +112,7 @@ def claim(
         made = RunClaim(run_id=run_id, claimed=time.time(), plan=plan, tokenizer=tokenizer, reading=reading)
         try:
             if not found:
-                folder.put(RUN_CLAIM, made.dumps(), PutMode.CREATE)
+                made.write(folder, RUN_CLAIM, PutMode.CREATE)
                 return made
         except FileExistsError:
             pass
@@ -131,7 +131,7 @@ def read_claim(run: Folder) -> RunClaim | None:
     """The run folder's claim, or None when it has none; a damaged one, or one that records no plan (an older
     version's), is one line naming the file, since no plan can be resumed without it."""
     where = run.url_of(RUN_CLAIM)
-    owner = RunClaim.read(run.fs, run.path_of(RUN_CLAIM), where)
+    owner = RunClaim.read(run, RUN_CLAIM)
     if owner is not None and owner.plan is None:
         raise BuildError(
             f"{where}: claimed by run {owner.run_id!r} in an older format, which records no plan to resume: run it "
@@ -142,7 +142,7 @@ def read_claim(run: Folder) -> RunClaim | None:
 
 def read_build(run: Folder) -> BuildRecord | None:
     """The run's build record, checked, or None while the build is not complete."""
-    return BuildRecord.read(run.fs, run.path_of(BUILD_MANIFEST), run.url_of(BUILD_MANIFEST))
+    return BuildRecord.read(run, BUILD_MANIFEST)
 
 
 def resolve_seed(seed: int | None, run_id: str) -> int:

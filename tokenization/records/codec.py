@@ -19,12 +19,15 @@ import dataclasses
 import types
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-import fsspec
 import orjson
 
 from tokenization.errors import TokenizationError
+from tokenization.storage.folder import Condition, Folder, PutMode
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 PROJECT = "corpus-tokenization"
 
@@ -94,13 +97,20 @@ class Record:
         return cls.from_json(parsed, path)
 
     @classmethod
-    def read(cls: type[R], fs: fsspec.AbstractFileSystem, path: str, label: str | None = None) -> R | None:
-        """The record at ``path`` (``label``: the location messages name), or None when there is no such file."""
+    def read(cls: type[R], folder: Folder | AbstractFileSystem, name: str, label: str | None = None) -> R | None:
+        """The record ``name`` of ``folder`` (``label``: the location messages name; by default its URL), or None
+        when there is no such file. (An fsspec filesystem and a path in it: the merge's resume, until it keeps a
+        Folder.)"""
         try:
-            data = fs.cat_file(path)
+            if isinstance(folder, Folder):
+                return cls.loads(folder.read(name), label or folder.url_of(name))
+            return cls.loads(folder.cat_file(name), label or name)
         except FileNotFoundError:
             return None
-        return cls.loads(data, label or path)
+
+    def write(self, folder: Folder, name: str, mode: Condition = PutMode.OVERWRITE) -> None:
+        """Write the record whole as ``name`` of ``folder``, under ``mode`` (``Folder.put``)."""
+        folder.put(name, self.dumps(), mode)
 
 
 @dataclass(frozen=True)

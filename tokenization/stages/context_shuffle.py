@@ -71,7 +71,8 @@ from tokenization.records import (
     PadToken,
     PseudoEnds,
 )
-from tokenization.storage.files import meanwhile
+from tokenization.storage.concurrent import meanwhile
+from tokenization.storage.folder import Folder, file_at
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +146,14 @@ class ContextShuffleConfig(ContextOptions):
         return self.pad_id
 
 
-def shard_files(config: ContextShuffleConfig) -> list[str]:
-    """The task's share of the input: one ``.ds`` file, or ``files[shard::num_shards]`` of a folder's."""
-    given = config.folder(config.input)
-    files = manifest.token_files(given) if given.fs.isdir(given.path) else [config.input]
-    return files[config.shard :: config.num_shards]
+def shard_files(config: ContextShuffleConfig, given: Folder) -> tuple[Folder, list[tuple[str, str]]]:
+    """The task's share of the input ``given``, each file by its URL and name, and the folder that holds them: one
+    ``.ds`` file, or ``files[shard::num_shards]`` of a folder's."""
+    if given.is_folder():
+        files = [(url, file_at(url)[1]) for url in manifest.token_files(given)]
+        return given, files[config.shard :: config.num_shards]
+    holder, name = file_at(config.input, config.storage_options)
+    return holder, [(config.input, name)][config.shard :: config.num_shards]
 
 
 def context_shuffle(
@@ -159,27 +163,27 @@ def context_shuffle(
     checked before upload (ids and document ends against ``checks``, when a build knows its tokenizer)."""
     started = time.time()
     own = OwnCheck(checks or Checks(), f"context shuffle {config.stem}")
-    files = shard_files(config)
-    sources = [TokenFile(url, storage_options=config.storage_options) for url in files]
+    given, output = config.folder(config.input), config.folder(config.output)  # the stage's folders, opened once
+    holder, files = shard_files(config, given)
+    sources = [TokenFile(url, storage_options=config.storage_options) for url, _ in files]
     rng = orderings.generator(config.seed)  # one generator for the task, drawn file after file
-    described = manifest.output_entries(config.folder(files[0].rsplit("/", 1)[0])) if files else {}
+    described = manifest.output_entries(holder) if files else {}
     tally: Counter = Counter()  # of ContextCounts' fields
     histogram = np.zeros(padding_classes(config.context_window), dtype=np.int64)
     outputs: list[ContextOutput] = []
     contents_in = contents_out = Contents()
-    with attempt_at(config.folder(config.output), config.stem, config.local_working_dir, owner) as attempt:
+    with attempt_at(output, config.stem, config.local_working_dir, owner) as attempt:
         total = sum(s.num_tokens for s in sources)
         with Progress(f"context shuffle {config.stem}", total, "tok", progress) as shown:
-            for url, source in zip(files, sources, strict=True):
+            for (url, name), source in zip(files, sources, strict=True):
                 if source.num_tokens == 0:  # nothing to cut; datatrove's empty files stay behind
                     continue
-                name = url.rsplit("/", 1)[-1]
                 found = described[name].entry if name in described else None  # the file's record, if any
                 nested = found is not None and found.pseudo_ends is not None
                 if nested and config.context_mode == "packed":
                     raise TokenFileError(f"{url}: its index holds chunk ends, not documents: nothing to pack")
                 recorded = found.contents.value if found is not None and found.contents is not None else None
-                shuffled = _one_file(config, url, source, rng, attempt, shown, own, nested, recorded)
+                shuffled = _one_file(config, url, name, source, rng, attempt, shown, own, nested, recorded)
                 written, full, packed, read = shuffled.written, shuffled.full, shuffled.packed, shuffled.read
                 if recorded is not None and recorded != read:
                     raise TokenFileError(
@@ -215,7 +219,7 @@ def context_shuffle(
             stage="context_shuffle",
             **manifest.provenance(config, time.time() - started),
             seed=config.seed,
-            inputs=files,
+            inputs=[url for url, _ in files],
             counts=counts,
             outputs=outputs,
             checked=own.result(),
@@ -241,6 +245,7 @@ class _Shuffled:
 def _one_file(
     config: ContextShuffleConfig,
     url: str,
+    name: str,
     source: TokenFile,
     rng: np.random.Generator,
     attempt: Attempt,
@@ -274,7 +279,6 @@ def _one_file(
         kept = prefix_end(windows, len(order))  # the dropped tail aside
         cuts = sorted_union(ends, windows[: len(order)])  # every piece's end: its document's or its window's
         cuts = cuts[cuts > 0]
-    name = url.rsplit("/", 1)[-1]
     with_loss = source.loss is not None
     grid = full * config.context_window  # whole windows' ends are not documents' ends; the output holds them all
     pseudo: PseudoEnds | Literal["unknown"] | None

@@ -25,7 +25,7 @@ from tokenization.output import manifest
 from tokenization.output.manifest import StageResult
 from tokenization.progress import ProgressMode
 from tokenization.records import CountedFile, CountStats, Rejected
-from tokenization.storage.files import move_into_place, open_fs, write_bytes_atomic
+from tokenization.storage.folder import Folder, file_at
 from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, encoded_batches
 from tokenization.tokenizer.encoding import Encoder
 
@@ -44,15 +44,17 @@ class CountConfig(DocumentOptions):
 def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageResult[Counts, CountStats]:
     """Count; write the stats (and the annotated records) where asked."""
     started = time.time()
+    annotate = file_at(config.annotate, config.storage_options) if config.annotate else None  # opened once, here
+    stats_out = file_at(config.stats_out, config.storage_options) if config.stats_out else None
     encoder = config.encoder()
     renderer = config.renderer(encoder)
     files = list_input_files(config.inputs, config.storage_options).files
     with tempfile.TemporaryDirectory(prefix="tokenization-count-") as tmp:
-        reader = config.reader(files, renderer, keep_data=bool(config.annotate))
-        counts, per_file = encoder.exactly(lambda: _count_pass(config, encoder, reader, Path(tmp), progress))
-        if config.annotate:
-            fs, path = open_fs(config.annotate, config.storage_options)
-            move_into_place(Path(tmp) / _annotation_name(config.annotate), fs, path)
+        reader = config.reader(files, renderer, keep_data=annotate is not None)
+        counts, per_file = encoder.exactly(lambda: _count_pass(config, encoder, reader, Path(tmp), annotate, progress))
+        if annotate is not None:
+            folder, name = annotate
+            folder.place(Path(tmp) / name, name)
     c = counts.record()
     seconds = round(time.time() - started, 3)
     stats = CountStats(
@@ -74,14 +76,18 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageRes
         length_histogram=c.length_histogram,
         throughput=manifest.throughput(seconds, encoder.load_seconds, c.text_bytes, c.tokens),
     )
-    if config.stats_out:
-        fs, path = open_fs(config.stats_out, config.storage_options)
-        write_bytes_atomic(fs, path, stats.dumps())
+    if stats_out is not None:
+        stats.write(*stats_out)
     return StageResult(counts, stats)
 
 
 def _count_pass(
-    config: CountConfig, encoder: Encoder, reader: DocumentReader, tmp: Path, progress: ProgressMode
+    config: CountConfig,
+    encoder: Encoder,
+    reader: DocumentReader,
+    tmp: Path,
+    annotate: tuple[Folder, str] | None,
+    progress: ProgressMode,
 ) -> tuple[Counts, dict[str, Counter]]:
     """One pass over the inputs: counts in total and per file, and the annotated records in ``tmp``."""
     counts = Counts()
@@ -92,7 +98,7 @@ def _count_pass(
         per_file[item.file]["rejected"] += 1
         tally(item)
 
-    annotated = _open_annotation(tmp, config.annotate) if config.annotate else None
+    annotated = _open_annotation(tmp, annotate[1]) if annotate is not None else None
     batches = encoded_batches(
         reader,
         encoder=encoder,
@@ -149,11 +155,7 @@ class _Annotation:
         self._raw.close()
 
 
-def _annotation_name(destination: str) -> str:
-    return destination.rsplit("/", 1)[-1]
-
-
-def _open_annotation(tmp: Path, destination: str) -> _Annotation:
-    name = _annotation_name(destination)
+def _open_annotation(tmp: Path, name: str) -> _Annotation:
+    """The annotated records of ``name`` (the final file's name, whose suffix says its compression), in ``tmp``."""
     compression = "gzip" if name.endswith(".gz") else "zstd" if name.endswith((".zst", ".zstd")) else None
     return _Annotation(tmp / name, compression)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import IO
@@ -32,7 +31,7 @@ from tokenization.output.cache import OWN_FILE
 from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, Layout, read_build
 from tokenization.progress import Progress, ProgressMode
 from tokenization.records import BuildRecord, MdsOutput
-from tokenization.storage.folder import Folder
+from tokenization.storage.folder import Folder, file_at
 
 BLOCK_BYTES = 16 << 20  # tokens read at once: whole windows, ~16 MiB (a window's samples are encoded from it)
 ENDS_DTYPE = np.dtype("<u4")  # a window of up to 2**32 tokens
@@ -45,7 +44,7 @@ def export_mds(
     run: Folder, out: Folder | None = None, size_limit: int = SIZE_LIMIT, progress: ProgressMode = None
 ) -> MdsOutput:
     """``tokenization mds``: the published build in ``run`` as MDS in ``out`` (default: the run's ``mds/``)."""
-    if run.fs.isfile(run.path):
+    if run.is_file():
         raise UsageError(f"{run.url} is a file: RUN_DIR is a published build's folder")
     record = read_build(run)
     if record is None:
@@ -57,10 +56,10 @@ def export_mds(
         )
     layout = Layout(run)
     out = out or layout.mds
-    own = _same(out, layout.mds)
+    own = out.same_as(layout.mds)
     if not own:
         _refuse_other(run, out, record)
-    if record.mds is not None and out.url.rstrip("/") == layout.mds.url.rstrip("/") and size_limit != SIZE_LIMIT:
+    if record.mds is not None and out.location == layout.mds.location and size_limit != SIZE_LIMIT:
         raise UsageError(
             f"{out.url} holds the MDS that publish wrote in {SIZE_LIMIT:,}-byte shards, which the build record "
             "names: write other shard sizes elsewhere (--out)"
@@ -78,15 +77,15 @@ def _refuse_other(run: Folder, out: Folder, record: BuildRecord) -> None:
     every build's run folder and every cache, not a builds output, holding no token files and no MDS but an earlier
     export of this build's (its ``_MDS.json`` names the build's digest). Any other would lose or corrupt what it
     holds, or mix the MDS with it."""
-    for folder in _and_above(out):
-        if folder.fs.isfile(folder.path):
+    for folder in out.and_above():
+        if folder.is_file():
             raise UsageError(f"{folder.url} is a file: --out names the MDS dataset's folder")
         owner = next((name for name in (BUILD_MANIFEST, RUN_CLAIM, OWN_FILE) if folder.exists(name)), None)
         if owner == OWN_FILE:
             raise UsageError(
                 f"{out.url} is inside the tokenization cache {folder.url}: MDS goes in a folder of its own"
             )
-        if owner and _same(folder, run):
+        if owner and folder.same_as(run):
             raise UsageError(
                 f"{out.url} is inside the build's own folder, where MDS goes only in {Layout(run).mds.url}"
             )
@@ -112,26 +111,6 @@ def _refuse_other(run: Folder, out: Folder, record: BuildRecord) -> None:
             raise UsageError(
                 f"{out.url} holds an MDS dataset {of}, not of {run.url}: remove it, or choose another --out"
             )
-
-
-def _and_above(folder: Folder) -> Iterator[Folder]:
-    """``folder`` and each folder above it, up to the filesystem's root or the bucket (a local one from its
-    absolute path: a relative one is inside the working folder's)."""
-    yield folder
-    url = os.path.abspath(folder.path) if folder.is_local else folder.url.rstrip("/")
-    while True:
-        head, _, name = url.rpartition("/")
-        if not name or not head or head.endswith(":/"):
-            return
-        url = head
-        yield Folder(url, folder.options)
-
-
-def _same(one: Folder, other: Folder) -> bool:
-    """Whether two folders are one, however their paths are written."""
-    if one.is_local and other.is_local:
-        return os.path.realpath(one.path) == os.path.realpath(other.path)
-    return one.url.rstrip("/") == other.url.rstrip("/")
 
 
 def write_mds(
@@ -207,7 +186,7 @@ def _kind(file: TokenFile) -> str:
 def _windows(folder: Folder, file: TokenFile, window: int, with_loss: bool) -> Iterator[tuple[Columns, Columns]]:
     """The file's windows as samples, a block of whole windows at a time, in order: each column's values, and the
     length of each window's."""
-    name = file.url.rsplit("/", 1)[-1]
+    _, name = file_at(file.url)
     ends = np.asarray(file.ends, dtype=np.int64)
     sources = np.asarray(file.sources) if file.sources is not None else None
     if sources is not None and len(sources) != len(ends):

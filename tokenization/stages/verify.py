@@ -47,8 +47,8 @@ from tokenization.records import (
     StageManifest,
     stage_manifest,
 )
-from tokenization.storage.files import StorageOptions, in_batches
-from tokenization.storage.folder import Folder
+from tokenization.storage.concurrent import in_batches
+from tokenization.storage.folder import Folder, StorageOptions
 from tokenization.wording import counted
 
 R = TypeVar("R")
@@ -123,7 +123,7 @@ def _removed_on_purpose(listing: Listing) -> bool:
     if not _in_a_run(listing):
         return False
     run = listing.folder.parent
-    build = BuildRecord.read(run.fs, run.path_of(BUILD_MANIFEST), run.url_of(BUILD_MANIFEST))
+    build = BuildRecord.read(run, BUILD_MANIFEST)
     return build is not None and listing.folder.name in build.removed
 
 
@@ -171,7 +171,7 @@ def _build_checks(listing: Listing, report: Report) -> Checks:
     ranks = run.sub(Layout.RANKS)
     name = manifest.manifest_name(rank_stem(0))
     try:
-        rank, why = RankManifest.read(ranks.fs, ranks.path_of(name)), "is missing"
+        rank, why = RankManifest.read(ranks, name), "is missing"
     except RecordError:  # a verify of the ranks' folder says what is wrong with it
         rank, why = None, "is not a valid manifest"
     if rank is None:
@@ -431,7 +431,7 @@ def _check_checkpoints(listing: Listing, records: _Records, report: Report) -> N
 
 def _in_a_run(listing: Listing) -> bool:
     """Whether the folder is a stage folder of a build's run (its parent holds the run's claim)."""
-    if not listing.folder.path.rstrip("/").rpartition("/")[0]:
+    if listing.folder.at_top:
         return False
     try:
         listing.folder.parent.read(RUN_CLAIM)

@@ -6,6 +6,9 @@ store an object only appears once its upload completes, so it is uploaded to its
 removes its temporary file and raises :class:`WriteError`, which names the file and, locally, what the error alone
 does not say: the filesystem and its free space when it is full (a bare ``[Errno 28] No space left on device`` names
 neither), or that the location is on one of the kernel's virtual filesystems, where no build can write.
+
+Private to ``storage``: the layers above reach a store through ``folder.Folder`` (and ``concurrent``); the modules
+not moved yet that still import this one are listed in docs/architecture.md.
 """
 
 from __future__ import annotations

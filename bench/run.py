@@ -1110,7 +1110,9 @@ def report(
             "input files dropped from the page cache before it (`POSIX_FADV_DONTNEED`); unchanged input read: the "
             "unchanged files' bytes in the page cache after the next night (`mincore`). Without a cache key, each "
             "hit reads its input file again to be checked against it; with one (`TOKENIZATION_CACHE_KEY`), a "
-            "signed hit reads none. Peak RSS: the build's own process (its workers are apart).",
+            "signed hit reads none. Ranks: the tokenize stage's ranks' seconds, summed, against the first night's. "
+            "CPU: the build's and its workers' user and system seconds (on a loaded machine the wall time says how "
+            "busy the others were). Peak RSS: the build's own process, and the largest of its workers.",
         )
     if mixture:
         first, remix = mixture

@@ -2,19 +2,22 @@
 
     python -m bench.workloads NAME '{"corpus": ..., "out": ...}'
 
-It prints one JSON line: the seconds the workload took, the process's peak RSS, and (the encoders) the seconds
-loading the tokenizer took. A fresh process a run keeps stages from inheriting each other's memory, so this module
-imports nothing heavy at the top: each workload imports what it uses, inside the measured time, as a stage does.
+It prints one JSON line: the seconds the workload took, the process's peak RSS, its CPU seconds with its
+descendants' and their largest peak RSS, and (the encoders) the seconds loading the tokenizer took. A fresh process
+a run keeps stages from inheriting each other's memory, so this module imports nothing heavy at the top: each
+workload imports what it uses, inside the measured time, as a stage does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
@@ -379,6 +382,19 @@ def peak_rss_mb() -> float:
     return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 
 
+def with_descendants() -> tuple[float, float]:
+    """The CPU seconds (user and system) of this process and of every process it started, and the largest peak RSS
+    among those (MB; 0 without any). A build's workers are the children of its fork server, which reaps them: the
+    server, stopped and waited for here, brings their times with its own. On a loaded machine a wall time says how
+    busy the others were; the CPU time says what the work cost."""
+    server = getattr(forkserver, "_forkserver", None)
+    if server is not None and getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return cpu, children.ru_maxrss / 1024
+
+
 def main(argv: list[str]) -> None:
     name, inputs = argv
     start = time.time()
@@ -387,7 +403,8 @@ def main(argv: list[str]) -> None:
     own = (
         {"load_seconds": times.load_seconds, "counts": times.counts, "base_rss_mb": times.base_rss_mb} if times else {}
     )
-    print(json.dumps({"seconds": seconds, "rss_mb": peak_rss_mb()} | own))
+    cpu, workers_rss = with_descendants()
+    print(json.dumps({"seconds": seconds, "rss_mb": peak_rss_mb(), "cpu_s": cpu, "workers_rss_mb": workers_rss} | own))
 
 
 if __name__ == "__main__":

@@ -137,10 +137,14 @@ def test_the_next_night_rows_say_what_it_read(tmp_path) -> None:
     assert column(rows, "next night") == [
         "4 files of 0.2 MB, one changed",
         "the same, with a cache key",
+        "12 files of 0.07 MB, two of a rank changed",
         "300 one-line files, none changed",
     ]
     assert column(rows, "unchanged input read")[1] == "0%"
-    assert all(RATIO.fullmatch(ratio) for ratio in column(rows, "next / first"))
+    for ratios in ("next / first", "ranks / first night", "CPU next / first"):
+        assert all(RATIO.fullmatch(ratio) for ratio in column(rows, ratios)), ratios
+    assert all(float(cpu) > 0 for cpu in column(rows, "CPU, next night (s)"))
+    assert all(int(rss) > 0 for rss in column(rows, "peak RSS, a worker (MB)"))  # the workers' own, not 0
 
 
 @pytest.mark.long

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import stat
+import threading
 import time
 
 import orjson
@@ -91,6 +92,30 @@ def test_a_file_modified_as_it_was_hashed_is_hashed_again(tmp_path) -> None:
     fourth = with_content(listing, third.known)
     assert (fourth.hashed, fourth.recognised, fourth.bytes_read) == (0, 1, 0)
     assert fourth.listing == first.listing
+
+
+def test_new_files_are_hashed_at_once_and_the_unchanged_recognised(tmp_path, monkeypatch) -> None:
+    """A plan's new files are hashed on a thread a core, several at once (a plan of 10,000 new files is not one read
+    after another), and the files it remembers are still recognised without a byte read."""
+    old = [tmp_path / f"old-{k}.jsonl" for k in range(2)]
+    for path in old:
+        path.write_text('{"text": "old"}\n')
+        os.utime(path, ns=(time.time_ns() - HOUR_NS,) * 2)
+    rows = with_content(list_input_files([str(tmp_path)])).known
+    for k in range(4):
+        (tmp_path / f"new-{k}.jsonl").write_text(f'{{"text": "new {k}"}}\n')
+    together = threading.Barrier(2, timeout=10)  # broken unless two hashes are under way at once
+
+    def hashed_beside_another(path, fs):
+        together.wait()
+        return file_sha256(path, fs)
+
+    monkeypatch.setattr(sources, "file_sha256", hashed_beside_another)
+    monkeypatch.setattr(sources.os, "cpu_count", lambda: 2)
+    sources._sha256_once.cache_clear()
+    found = with_content(list_input_files([str(tmp_path)]), rows)
+    assert (found.recognised, found.hashed) == (2, 4)
+    assert all(found.known[str(path)] == rows[str(path)] for path in old)
 
 
 def test_a_remembered_row_of_another_stat_is_not_used(tmp_path) -> None:

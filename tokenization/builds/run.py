@@ -473,7 +473,34 @@ def _started(queue: Queue, environ: dict[str, str]) -> None:
 
 def _run_step(build: Build, step: str, args: tuple) -> StageResult:
     """One step in a worker process, its progress relayed to the parent's bar (several would share one
-    terminal)."""
+    terminal); profiled when ``PROFILE`` names a folder (``profiled``)."""
     Build.entered(build.config.threads)
     progress = Relay(_relayed, f"{step} {args}") if _relayed is not None else False
-    return getattr(build, step)(*args, progress=progress)
+    with profiled(os.environ.get(PROFILE), f"{step}-{'-'.join(map(str, args))}"):
+        return getattr(build, step)(*args, progress=progress)
+
+
+PROFILE = "TOKENIZATION_PROFILE"
+
+
+@contextmanager
+def profiled(folder: str | None, name: str) -> Iterator[None]:
+    """The block under cProfile, its statistics written to ``{folder}/{name}-{pid}.prof`` (``pstats`` reads it)
+    when ``folder`` is given. A build's workers are forked from a fork server: py-spy, which follows children,
+    does not reach them, and their threads' waits are all a sampler of the parent would see."""
+    if not folder:
+        yield
+        return
+    import cProfile  # only when asked for
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{name}-{os.getpid()}.prof")
+        profiler.dump_stats(f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+        log.info("%s: profile written to %s", name, path)

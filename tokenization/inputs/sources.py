@@ -153,6 +153,18 @@ def file_format(url: str) -> tuple[str, str | None]:
     raise InputError(f"{url}: unsupported input format (expected .jsonl[.gz|.zst] or .parquet)")
 
 
+# Bytes of text a byte of a compressed input holds, at least, about: JSON lines of text compress 3-4 times (the
+# shared corpora: 13.3 MB of gzip hold 43 MB of text), and so do parquet's pages.
+COMPRESSED_TEXT_RATIO = 3
+
+
+def text_bytes_about(file: InputFile) -> int:
+    """About how many bytes of text reading ``file`` gives, without reading it: what a rank weighs encoding it on HF
+    against building the fast engine by (a gzip file counted by its own bytes passed for a third of its text)."""
+    form, compression = file_format(file.url)
+    return file.span_bytes * (COMPRESSED_TEXT_RATIO if compression or form == "parquet" else 1)
+
+
 def _is_supported(url: str) -> bool:
     try:
         file_format(url)

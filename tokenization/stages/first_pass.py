@@ -26,7 +26,7 @@ import orjson
 from tokenization.formats.contents import Contents, stream_contents
 from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.moves import SourcePool
-from tokenization.inputs.sources import content_identity
+from tokenization.inputs.sources import content_identity, text_bytes_about
 from tokenization.output.attempts import Attempt
 from tokenization.output.cache import Cache
 from tokenization.progress import Progress, ProgressMode
@@ -166,7 +166,7 @@ class FirstPass:
         hits = len(files) - len(missed)
         listed = counted(len(files), "input file")
         log.info("%s: %d of %s in the cache, %d to tokenize", self.where, hits, listed, len(missed))
-        self.encoder.expect(sum(f.span_bytes for f in missed))
+        self.encoder.expect(sum(text_bytes_about(f) for f in missed))
         return list(zip(files, keys, entries, strict=True))
 
     def _pass(self, found: list[Found], threads: Threads, progress: ProgressMode) -> list[Segment]:

@@ -144,7 +144,7 @@ class Encoder:
         self.literals = SpecialLiterals.of(self.file.special_tokens)
         self._choice, self._threads = engine, threads or available_threads()
         self.budget = MemoryBudget(memory_budget_mb << 20)
-        self._expected: int | None = None  # input bytes to encode, when the caller knows (``expect``)
+        self._expected: int | None = None  # bytes of text to encode, about, when the caller knows (``expect``)
         self._engine: Engine | None = None
         self.engine_note: str | None = None
         self.checked_docs = 0  # pieces HF encoded again to check the engine, in the batches taken so far
@@ -175,10 +175,10 @@ class Encoder:
         if (fast := self._fast) is not None:
             fast.release()
 
-    def expect(self, input_bytes: int) -> None:
-        """Say how many bytes of input this encoder will encode, before it encodes any: under "auto", too few to be
-        worth building the fast engine are encoded by HF (``engines.FAST_ENGINE_MIN_BYTES``)."""
-        self._expected = input_bytes
+    def expect(self, text_bytes: int) -> None:
+        """Say about how many bytes of text this encoder will encode, before it encodes any: under "auto", too few to
+        be worth building the fast engine are encoded by HF (``engines.FAST_ENGINE_MIN_BYTES``)."""
+        self._expected = text_bytes
 
     @cached_property
     def tokenizer(self) -> Tokenizer:

@@ -33,9 +33,7 @@ def refuse_foreseen(config: BuildConfig, plan: Plan, encoder: Encoder, cache: Ca
     if mixture is None or sources is None or config.output_format == "megatron":
         return
     readings = source_readings(config, mixture, encoder)
-    keys = [
-        file_key(file, readings[s], encoder, config.save_loss).digest for file, s in zip(shared, sources, strict=True)
-    ]
+    keys = [file_key(file, readings[s], encoder).digest for file, s in zip(shared, sources, strict=True)]
     entries = map_concurrently(cache.lookup, keys)
     known: list[int | None] = [0] * len(mixture.sources)
     for source, entry in zip(sources, entries, strict=True):

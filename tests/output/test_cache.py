@@ -197,8 +197,9 @@ def test_templated_records_with_loss_fields_are_cached_like_any(tmp_path) -> Non
 
 def _masked_corpus(folder: Path) -> Path:
     """Six files of the sample: plain text (every loss byte 1) and, in two of them, records with ``no_loss_ranges``
-    (some bytes 0)."""
+    (some bytes 0); and a file of no token."""
     corpus(folder, files=6)
+    write_jsonl(folder / "part-006.jsonl", [{"id": "empty", "text": ""}])
     for k in (1, 4):
         path = folder / f"part-{k:03d}.jsonl"
         records = [json.loads(line) for line in path.read_text().split("\n") if line.startswith('{"')]
@@ -219,13 +220,13 @@ def test_adding_or_dropping_save_loss_hits_every_file_and_gives_the_bytes_of_a_b
     cache = tmp_path / "cache"
     options = {"seed": 4, "max_reject_fraction": None}
     made = run([source], tmp_path / "made", sample_tokenizer, cache=str(cache), save_loss=first, **options)
-    assert [f["hit"] for f in made["cache"]["files"]] == [False] * 6
+    assert [f["hit"] for f in made["cache"]["files"]] == [False] * 7
     # loss bytes all 1 (plain text) are left out of an entry; a file's with a mask are stored
     markers = [json.loads(p.read_text()) for p in sorted((cache / ENTRIES).glob("*.json"))]
     stored = {("segment.ds.loss" in m["files"], m["counts"]["loss_tokens"] < m["counts"]["tokens"]) for m in markers}
     assert stored == {(True, True), (False, False)}
     other = run([source], tmp_path / "other", sample_tokenizer, cache=str(cache), save_loss=not first, **options)
-    assert [f["hit"] for f in other["cache"]["files"]] == [True] * 6
+    assert [f["hit"] for f in other["cache"]["files"]] == [True] * 7
     fresh = run([source], tmp_path / "fresh", sample_tokenizer, save_loss=not first, **options)
     assert _token_files(tmp_path / "other") == _token_files(tmp_path / "fresh")
     assert any(name.endswith(".loss") for name in _token_files(tmp_path / "fresh")) is not first
@@ -233,7 +234,7 @@ def test_adding_or_dropping_save_loss_hits_every_file_and_gives_the_bytes_of_a_b
     if not first:
         assert 0 < other["counts"]["loss_tokens"] < other["counts"]["tokens"]
     again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), save_loss=first, **options)
-    assert [f["hit"] for f in again["cache"]["files"]] == [True] * 6
+    assert [f["hit"] for f in again["cache"]["files"]] == [True] * 7
     assert _token_files(tmp_path / "again") == _token_files(tmp_path / "made") and again["counts"] == made["counts"]
 
 

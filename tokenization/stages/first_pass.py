@@ -445,8 +445,8 @@ class Held:
 def _ones(path: Path, tokens: int) -> Path:
     """A loss file of ``tokens`` bytes, every one 1: an entry's that it left out as such (``FirstPass._store``),
     written a block at a time."""
-    block = np.ones(min(tokens, 1 << 24), dtype=LOSS_DTYPE)
-    with writing(path), open(path, "wb") as out:
+    block = np.ones(max(1, min(tokens, 1 << 24)), dtype=LOSS_DTYPE)
+    with writing(path), open(path, "wb") as out:  # a file of no token: an empty one
         for start in range(0, tokens, len(block)):
             out.write(block[: min(len(block), tokens - start)].tobytes())
     return path

@@ -91,11 +91,18 @@ def test_bad_params_are_refused_naming_the_param(airflow_db, dag, conf, param) -
         dag.test(run_conf=conf)
 
 
-def test_a_run_equals_tokenization_build(airflow_db, dag, tmp_path, sample_corpus, sample_tokenizer) -> None:
+@pytest.fixture(scope="module")
+def clean_run(airflow_db, dag):
+    """One whole run of ``DAG_CONF``, which the tests of a clean run and of a retried rank both hold theirs to (a
+    run of the DAG takes ~25 s here, most of this file's time)."""
+    return run_dag(dag, DAG_CONF)
+
+
+def test_a_run_equals_tokenization_build(clean_run, tmp_path, sample_corpus, sample_tokenizer) -> None:
     """The DAG and ``tokenization build`` are one build: the same params give the same digest and the same bytes."""
     from tests.support.processes import cli
 
-    run_, tis, ok = run_dag(dag, DAG_CONF)
+    run_, tis, ok = clean_run
     assert ok, {k: ti.state for k, ti in tis.items()}
     assert tis[("tokenize", 1)].rendered_map_index == "rank-1"
     assert tis[("context_shuffle", 1)].rendered_map_index == "shard-1"
@@ -206,8 +213,8 @@ def fails_once(monkeypatch):
     return arm
 
 
-def test_a_failed_rank_is_retried_and_the_bytes_match_a_clean_run(airflow_db, dag, fails_once) -> None:
-    clean, _, ok = run_dag(dag, DAG_CONF)
+def test_a_failed_rank_is_retried_and_the_bytes_match_a_clean_run(airflow_db, dag, clean_run, fails_once) -> None:
+    clean, _, ok = clean_run
     assert ok
     fails_once(2)
     faulty, tis, ok = run_dag(dag, DAG_CONF)

@@ -1,5 +1,7 @@
 """The benchmark script runs end to end on the bundled sample (a smoke test: nothing is asserted about time), and
-its tables say what they claim: which rows, which limit each row is held against, and datatrove's bytes."""
+its tables say what they claim: which rows, which limit each row is held against, and datatrove's bytes. One smoke
+run, every row, serves every test of its tables (each row's own run gave the same rows, at the smoke's one repeat,
+for as long again)."""
 
 from __future__ import annotations
 
@@ -35,12 +37,18 @@ def column(rows: list[dict[str, str]], header: str) -> list[str]:
     return [row[header] for row in rows]
 
 
-@pytest.mark.long
-def test_bench_smoke_writes_the_tables(tmp_path) -> None:
-    out = tmp_path / "RESULTS.md"
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> str:
+    """The tables of one smoke run of every row."""
+    out = tmp_path_factory.mktemp("bench") / "RESULTS.md"
     done = bench("--smoke", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
-    speed, grown = out.read_text().split("Peak RSS as the input grows")
+    return out.read_text()
+
+
+@pytest.mark.long
+def test_bench_smoke_writes_the_tables(smoke) -> None:
+    speed, grown = smoke.split("Peak RSS as the input grows")
     memory, later_text = grown.split("Cost as the work grows")
     rows, loads = tables(speed)["stage"], tables(speed)["tokenizer"]
 
@@ -127,13 +135,10 @@ def test_bench_refuses_unknown_rows() -> None:
 
 
 @pytest.mark.long
-def test_the_next_night_rows_say_what_it_read(tmp_path) -> None:
+def test_the_next_night_rows_say_what_it_read(smoke) -> None:
     """Issue 52, 7: the next night on the smoke sizes, its inputs out of the page cache: without a key the hits read
     their inputs again; with one, no unchanged byte is read."""
-    out = tmp_path / "RESULTS.md"
-    done = bench("--smoke", "--only", "next-night", "--repeats", "1", "--out", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = tables(out.read_text())["next night"]
+    rows = tables(smoke)["next night"]
     assert column(rows, "next night") == [
         "4 files of 0.2 MB, one changed",
         "the same, with a cache key",
@@ -148,13 +153,10 @@ def test_the_next_night_rows_say_what_it_read(tmp_path) -> None:
 
 
 @pytest.mark.long
-def test_a_remix_tokenizes_nothing_and_reaches_its_shares(tmp_path) -> None:
+def test_a_remix_tokenizes_nothing_and_reaches_its_shares(smoke) -> None:
     """The mixture rows on the smoke sizes: a first mixture build tokenizes every file, the re-mix at other weights
     none (its tokens all from the cache), and each reaches every source's share within a mean document."""
-    out = tmp_path / "RESULTS.md"
-    done = bench("--smoke", "--only", "mixture", "--out", str(out))
-    assert done.returncode == 0, done.stderr[-3000:]
-    text = out.read_text()
+    text = smoke
     first, remix = tables(text)["mixture build"]
     files = sum(files for _, _, files, _ in MIXTURE_SOURCES.values())
     assert first["mixture build"] == "first, empty cache" and remix["mixture build"].startswith("re-mix: other weights")

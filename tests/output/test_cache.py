@@ -197,6 +197,66 @@ def test_templated_records_with_loss_fields_are_cached_like_any(tmp_path) -> Non
     assert [f["hit"] for f in other["cache"]["files"]] == [False]  # other loss fields, another key
 
 
+def _masked_corpus(folder: Path) -> Path:
+    """Six files of the sample: plain text (every loss byte 1) and, in two of them, records with ``no_loss_ranges``
+    (some bytes 0); and a file of no token."""
+    corpus(folder, files=6)
+    write_jsonl(folder / "part-006.jsonl", [{"id": "empty", "text": ""}])
+    for k in (1, 4):
+        path = folder / f"part-{k:03d}.jsonl"
+        records = [json.loads(line) for line in path.read_text().split("\n") if line.startswith('{"')]
+        for record in records[::2]:
+            if isinstance(record.get("text"), str) and len(record["text"]) > 40:
+                record["no_loss_ranges"] = [[0, 20]]
+        write_jsonl(path, records)
+    return folder
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["with loss, then without", "without loss, then with"])
+def test_adding_or_dropping_save_loss_hits_every_file_and_gives_the_bytes_of_a_build_without_a_cache(
+    tmp_path, sample_tokenizer, first
+) -> None:
+    """An entry holds its loss bytes whatever the build that made it saved: the other setting hits it, and its
+    files, counts (tokens with loss, contents) and quarantine are those of a rank without a cache."""
+    source = _masked_corpus(tmp_path / "corpus")
+    cache = tmp_path / "cache"
+    options = {"seed": 4, "max_reject_fraction": None}
+    made = run([source], tmp_path / "made", sample_tokenizer, cache=str(cache), save_loss=first, **options)
+    assert [f["hit"] for f in made["cache"]["files"]] == [False] * 7
+    # loss bytes all 1 (plain text) are left out of an entry; a file's with a mask are stored
+    markers = [json.loads(p.read_text()) for p in sorted((cache / ENTRIES).glob("*.json"))]
+    stored = {("segment.ds.loss" in m["files"], m["counts"]["loss_tokens"] < m["counts"]["tokens"]) for m in markers}
+    assert stored == {(True, True), (False, False)}
+    other = run([source], tmp_path / "other", sample_tokenizer, cache=str(cache), save_loss=not first, **options)
+    assert [f["hit"] for f in other["cache"]["files"]] == [True] * 7
+    fresh = run([source], tmp_path / "fresh", sample_tokenizer, save_loss=not first, **options)
+    assert _token_files(tmp_path / "other") == _token_files(tmp_path / "fresh")
+    assert any(name.endswith(".loss") for name in _token_files(tmp_path / "fresh")) is not first
+    assert other["counts"] == fresh["counts"] and _quarantine(tmp_path / "other") == _quarantine(tmp_path / "fresh")
+    if not first:
+        assert 0 < other["counts"]["loss_tokens"] < other["counts"]["tokens"]
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), save_loss=first, **options)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True] * 7
+    assert _token_files(tmp_path / "again") == _token_files(tmp_path / "made") and again["counts"] == made["counts"]
+
+
+def test_a_build_with_save_loss_then_one_without_hits_every_file_with_the_digest_of_a_build_without_a_cache(
+    tmp_path, sample_tokenizer
+) -> None:
+    source = corpus(tmp_path / "corpus", files=6)
+    out = tmp_path / "builds"
+    options = {"num_ranks": 2}
+    with_loss, _ = build(source, out, "with-loss", sample_tokenizer, save_loss=True, **options)
+    without, data = build(source, out, "without", sample_tokenizer, save_loss=False, **options)
+    assert with_loss["cache"]["files_missed"] == 6
+    assert (without["cache"]["files_hit"], without["cache"]["files_missed"]) == (6, 0)
+    off, off_data = build(source, out, "no-cache", sample_tokenizer, save_loss=False, cache="off", **options)
+    assert without["digest"] == off["digest"] and data == off_data
+    back, back_data = build(source, out, "with-loss-again", sample_tokenizer, save_loss=True, **options)
+    assert (back["cache"]["files_hit"], back["digest"]) == (6, with_loss["digest"])
+    assert any(name.endswith(".loss") for name in back_data) and not any(name.endswith(".loss") for name in data)
+
+
 def entry_files(cache: Path) -> list[Path]:
     return sorted(p for p in (cache / DATA).rglob("*") if p.is_file())
 

@@ -36,9 +36,7 @@ def planned_entries(
     """The cache's entry of each of the plan's ``shared`` files (or parts: what ranks look up), of its mixture
     ``sources``, under the very key its rank will look up (None: a miss)."""
     readings = source_readings(config, mixture, encoder)
-    keys = [
-        file_key(file, readings[s], encoder, config.save_loss).digest for file, s in zip(shared, sources, strict=True)
-    ]
+    keys = [file_key(file, readings[s], encoder).digest for file, s in zip(shared, sources, strict=True)]
     return map_concurrently(cache.lookup, keys)
 
 

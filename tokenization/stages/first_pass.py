@@ -3,9 +3,15 @@ attempt's working folder (a ``.ds`` family, the file's counts and its quarantine
 tokenization cache (``tokenization.output.cache``) when it holds the file, else encoded there and then stored.
 
 A segment is the same whether it was encoded or taken from the cache, and a rank's documents are its segments'
-end to end, so pass 2 writes the same bytes with a full cache, an empty one or none. A cached file's rejected
-records count towards the rank's limits in input order, as if it had been read again, so a rank fails, or not, at
-the same record either way.
+end to end, so pass 2 writes the same bytes with a full cache, an empty one or none. An entry holds its documents'
+loss bytes whatever this build saves (a miss encodes them when a cache is in use), so that a build with
+``save_loss`` and one without share it: its ``.loss`` file is stored only when some byte is 0 (a template's or a
+chat's mask, a record's ``no_loss_ranges``); all ones, as plain text gives, it is left out and made again on a hit
+that saves loss. Its counts are those of a build that saves loss (its contents cover the loss bytes); a build
+without takes them as it would have counted them itself (no tokens with loss, contents of the tokens alone).
+
+A cached file's rejected records count towards the rank's limits in input order, as if it had been read again, so
+a rank fails, or not, at the same record either way.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from tokenization.formats.contents import Contents, stream_contents
-from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
+from tokenization.formats import contents as hashed
+from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
+from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.moves import SourcePool
 from tokenization.inputs.sources import content_identity, text_bytes_about
 from tokenization.output.attempts import Attempt
@@ -44,6 +51,7 @@ log = logging.getLogger(__name__)
 
 SEGMENTS = "segments"  # in the attempt's working folder: one folder a file, numbered in input order
 SEGMENT = "segment.ds"
+LOSS = f"{SEGMENT}.loss"
 QUARANTINE = "quarantine.jsonl"
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
 
@@ -91,15 +99,14 @@ def source_readings(options: DocumentOptions, mixture: Mixture, encoder: Encoder
     return readings
 
 
-def file_key(file: InputFile, reading: Reading, encoder: Encoder, save_loss: bool) -> CacheKey:
-    """The cache key of ``file`` (or part) read as ``reading`` says, with loss bytes when ``save_loss``."""
+def file_key(file: InputFile, reading: Reading, encoder: Encoder) -> CacheKey:
+    """The cache key of ``file`` (or part) read as ``reading`` says (with or without ``save_loss``: one entry)."""
     return cache_key(
         content_identity(file, reading.options.storage_options),
         file.url,
         encoder=encoder,
         renderer=reading.renderer,
         options=reading.options,
-        save_loss=save_loss,
     )
 
 
@@ -186,7 +193,7 @@ class FirstPass:
         return self.readings.get(file.url) or Reading(self.options, self.renderer)
 
     def _key(self, file: InputFile) -> CacheKey:
-        return file_key(file, self._reading(file), self.encoder, self.save_loss)
+        return file_key(file, self._reading(file), self.encoder)
 
     def _segment(
         self,
@@ -204,11 +211,14 @@ class FirstPass:
         if entry is not None and (hit := self._from_cache(entry, file, folder, shown)) is not None:
             return replace(hit, source=source)
         started = time.perf_counter()
-        segment, written = self._encode(file, folder, shown, threads)
+        with_loss = self.save_loss or key is not None  # an entry holds its loss bytes, whatever this build saves
+        segment, written, plain = self._encode(file, folder, shown, threads, with_loss)
         seconds = time.perf_counter() - started
         if key is None:
             return replace(segment, source=source)
-        self._store(segment, written, key, seconds)
+        self._store(segment, written, key, seconds)  # its counts with loss, as every entry's
+        if plain is not None:  # this build saves no loss: its counts as it counts them
+            segment = replace(segment, counts=_without_loss(segment.counts, plain.result()))
         served = _served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
         return replace(segment, cached=served, source=source)
 
@@ -235,6 +245,8 @@ class FirstPass:
         self.tally.add(tally)
         counts = Counts.of(entry.counts)
         counts.contents = held.contents
+        if held.plain is not None:  # this build saves no loss
+            counts = _without_loss(counts, held.plain)
         shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
         read = self._cache.cache.signer is None  # unsigned, its input file was read to check it (``_checked``)
         served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started, read=read)
@@ -244,11 +256,14 @@ class FirstPass:
         """What a hit's segment holds (``Held``), or how its files, each as its marker records them, disagree with
         its counts (a marker edited by hand, ``_against_counts``) or with the input ``file`` (an entry written to
         deceive: ``stages.hits``)."""
-        family = [SEGMENT, f"{SEGMENT}.index", f"{SEGMENT}.metadata"] + ([f"{SEGMENT}.loss"] if self.save_loss else [])
+        family = [SEGMENT, f"{SEGMENT}.index", f"{SEGMENT}.metadata"]
         if missing := [name for name in family if name not in fetched]:
             return f"it holds no {missing[0]}"
         try:
-            held = Held.read(TokenFile(str(fetched[SEGMENT]), self.encoder.token_size), self.save_loss)
+            if self.save_loss and LOSS not in fetched:  # every byte 1 (its counts must say so: ``_against_counts``)
+                size = TokenFile(str(fetched[SEGMENT]), self.encoder.token_size).num_tokens
+                fetched[LOSS] = _ones(fetched[SEGMENT].with_name(LOSS), size)
+            held = Held.read(TokenFile(str(fetched[SEGMENT]), self.encoder.token_size), plain=not self.save_loss)
         except TokenFileError as exc:
             return str(exc)
         quarantine = fetched.get(QUARANTINE)
@@ -276,7 +291,7 @@ class FirstPass:
             "index end": (int(ends[-1]) if len(ends) else 0, c.tokens),
             "documents of no token (its index goes back)": (int(np.count_nonzero(lengths <= 0)), 0),
             "tokens in its longest document": (shape.longest, c.longest),
-            "tokens with loss": (held.loss_ones, c.loss_tokens) if self.save_loss else (0, 0),
+            "tokens with loss": (held.loss_ones, c.loss_tokens),
             "quarantined records": (_lines(quarantine) if quarantine else 0, c.rejected_total),
         }
         for what, (value, said) in found.items():
@@ -303,10 +318,12 @@ class FirstPass:
         return self.encoder.on_hf()
 
     def _encode(
-        self, file: InputFile, folder: Path, shown: Progress, threads: Threads
-    ) -> tuple[Segment, WrittenTokenFile]:
+        self, file: InputFile, folder: Path, shown: Progress, threads: Threads, with_loss: bool
+    ) -> tuple[Segment, WrittenTokenFile, ContentsHasher | None]:
         """A miss (or no cache): the file's documents encoded into the segment, rejects to its quarantine; an
-        attempt whose lease is found lost stops at the next batch (its successor does the work)."""
+        attempt whose lease is found lost stops at the next batch (its successor does the work). ``with_loss``:
+        with loss bytes, and their counts; when this build saves none, the contents of its tokens alone are hashed
+        too (the hasher returned), on the writer's own thread, as it writes."""
         with writing(folder):
             folder.mkdir(parents=True, exist_ok=True)
         counts, tally = Counts(), self.tally.next_file()
@@ -314,12 +331,19 @@ class FirstPass:
         reading = self._reading(file)
         o = reading.options
         reader = o.reader([file], reading.renderer)
+        plain = ContentsHasher() if with_loss and not self.save_loss else None
+
+        def observe(tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: hashed.Found) -> None:
+            if plain is not None:
+                plain.add(tokens, ends)
+
         writer = TokenFileWriter(  # a working file: pass 2 reads it, the cache checks its checksum before any use
             folder / SEGMENT,
             tokenizer=o.tokenizer,
             token_size=self.encoder.token_size,
-            save_loss=self.save_loss,
+            save_loss=with_loss,
             durable=False,
+            observe=observe if plain is not None else None,
         )
         # the writer's threads stop at the block's end on errors too: no buffered byte of a failed try may reach a
         # file that a second try reopens
@@ -336,7 +360,7 @@ class FirstPass:
                 options=o,
                 reject=reject,
                 desc=self.where,
-                save_loss=self.save_loss,
+                save_loss=with_loss,
                 progress=shown,
                 threads=threads,
             )
@@ -351,12 +375,14 @@ class FirstPass:
         if written is None:  # set when the block above closed it
             raise RuntimeError(f"{folder / SEGMENT}: its writer was not closed")
         counts.contents = written.contents
-        return Segment(file, folder / SEGMENT, counts, quarantine, None), written
+        return Segment(file, folder / SEGMENT, counts, quarantine, None), written, plain
 
     def _store(self, segment: Segment, written: WrittenTokenFile, key: CacheKey, seconds: float) -> None:
         """A miss's segment into the cache, for the next build."""
-        files = {f.name: segment.path.with_name(f.name) for f in written.files}
-        sums = {f.name: f.sum for f in written.files}
+        ones = segment.counts.loss_tokens == segment.counts.tokens  # made again from the counts on a hit
+        kept = [f for f in written.files if not (ones and f.name == LOSS)]
+        files = {f.name: segment.path.with_name(f.name) for f in kept}
+        sums = {f.name: f.sum for f in kept}
         if size := segment.quarantine.stat().st_size:
             files[QUARANTINE] = segment.quarantine
             sums[QUARANTINE] = FileSum.of(size, file_checksum(segment.quarantine), ALGORITHM)
@@ -378,7 +404,8 @@ class FirstPass:
 @dataclass(frozen=True)
 class Held:
     """What a cache hit's segment holds, read once, in blocks: its index, its highest id, its loss bytes' highest
-    value and how many are 1 (0 without loss), and its contents (``formats.contents``)."""
+    value and how many are 1, and its contents (``formats.contents``) with its loss bytes, as its counts record
+    them; ``plain``: the contents of its tokens alone, when asked (a build that saves no loss)."""
 
     segment: TokenFile
     ends: np.ndarray
@@ -386,28 +413,50 @@ class Held:
     loss_top: int
     loss_ones: int
     contents: Contents
+    plain: Contents | None
 
     @classmethod
-    def read(cls, segment: TokenFile, save_loss: bool) -> Held:
-        """The segment's facts; a loss file that does not cover its tokens is a ``TokenFileError``."""
-        if save_loss and segment.size(".loss") != segment.num_tokens:
+    def read(cls, segment: TokenFile, *, plain: bool) -> Held:
+        """The segment's facts; its loss bytes are its ``.loss`` file's, or every one 1 without one (an entry's
+        whose bytes are all 1). A loss file that does not cover its tokens is a ``TokenFileError``."""
+        with_file = segment.exists(".loss")
+        if with_file and segment.size(".loss") != segment.num_tokens:
             raise TokenFileError(
                 f"its loss file holds {segment.size('.loss'):,} bytes for {segment.num_tokens:,} tokens"
             )
         ends = np.asarray(segment.ends, dtype=np.int64)
         seen = {"top": -1, "loss_top": 0, "loss_ones": 0}
+        alone = ContentsHasher() if plain else None
 
-        def read(start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        def read(start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
             tokens, loss = pool.read(0, start, stop)
+            loss = np.ones(len(tokens), dtype=LOSS_DTYPE) if loss is None else loss
             seen["top"] = max(seen["top"], int(tokens.max()))
-            if loss is not None:
-                seen["loss_top"] = max(seen["loss_top"], int(loss.max()))
-                seen["loss_ones"] += int(np.count_nonzero(loss))
+            seen["loss_top"] = max(seen["loss_top"], int(loss.max()))
+            seen["loss_ones"] += int(np.count_nonzero(loss))
+            if alone is not None:
+                alone.add(tokens, within(ends, start, stop))
             return tokens, loss
 
-        with SourcePool([segment.path], segment.token_size, save_loss) as pool:
+        with SourcePool([segment.path], segment.token_size, with_file) as pool:
             (contents,) = stream_contents(read, [(ends, segment.num_tokens)])
-        return cls(segment, ends, contents=contents, **seen)
+        return cls(segment, ends, contents=contents, plain=None if alone is None else alone.result(), **seen)
+
+
+def _ones(path: Path, tokens: int) -> Path:
+    """A loss file of ``tokens`` bytes, every one 1: an entry's that it left out as such (``FirstPass._store``),
+    written a block at a time."""
+    block = np.ones(max(1, min(tokens, 1 << 24)), dtype=LOSS_DTYPE)
+    with writing(path), open(path, "wb") as out:  # a file of no token: an empty one
+        for start in range(0, tokens, len(block)):
+            out.write(block[: min(len(block), tokens - start)].tobytes())
+    return path
+
+
+def _without_loss(counts: Counts, plain: Contents) -> Counts:
+    """A file's counts, as a build that saves no loss counts them: no token with loss, the contents of its tokens
+    alone."""
+    return replace(counts, loss_tokens=0, contents=plain)
 
 
 def total(segments: Sequence[Segment]) -> Counts:

@@ -6,7 +6,9 @@ quarantined records name it when a rank reads them), its rank, the seed or the s
 The engine is not part of it either: the fast engine is exact (HF checks a sample of every run, and the tests
 compare both on the shared corpora), so both give the same ids. ``ENCODING_RULES`` is raised whenever this project
 changes how a file is read or encoded, so that no entry made under other rules is ever used; the version of HF
-``tokenizers``, whose rules decide the ids, is part of the key for the same reason.
+``tokenizers``, whose rules decide the ids, is part of the key for the same reason. Nor is ``save_loss``: an entry
+holds its documents' loss bytes whatever the build that made it saved (``stages.first_pass``), so a build with
+``--save-loss`` and one without share it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tokenization.rendering.renderer import Renderer
 from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.encoding import Encoder
 
-ENCODING_RULES = 1
+ENCODING_RULES = 2  # 2: an entry holds its loss bytes whatever the build saves (1 keyed save_loss)
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,9 @@ def cache_key(
     encoder: Encoder,
     renderer: Renderer | None,
     options: DocumentOptions,
-    save_loss: bool,
 ) -> CacheKey:
     """The key of the file at ``url`` whose bytes ``content`` identifies (``sources.content_identity``), read and
-    encoded with these options, encoder and renderer; with loss bytes when ``save_loss``."""
+    encoded with these options, encoder and renderer."""
     policy = encoder.policy
     described = {
         "rules": ENCODING_RULES,
@@ -64,7 +65,6 @@ def cache_key(
         "rendering": renderer and {k: v for k, v in renderer.describe().items() if k != "text"},  # its sha256 stays
         "fields": {"text": options.text_key, "id": options.id_key, "messages": options.messages_key},
         "max_record_bytes": options.max_record_bytes,
-        "save_loss": save_loss,
     }
     return CacheKey(hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest(), described)
 

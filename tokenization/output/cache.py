@@ -78,7 +78,7 @@ from tokenization.records import (
     FileSum,
     RecordError,
 )
-from tokenization.storage.checksums import file_checksum
+from tokenization.storage.checksums import checksum, file_checksum
 from tokenization.storage.files import (
     StorageOptions,
     current_etag,
@@ -319,7 +319,7 @@ class Cache:
 
     def read(self, entry: CacheEntry, name: str) -> bytes | None:
         """One small file of an entry (its index, which a plan reads to choose a mixture's documents), checked
-        against its marker's size and sha256; None when it is missing, is no file, or differs (the rank that fetches
+        against its marker's size and checksum; None when it is missing, is no file, or differs (the rank that fetches
         the entry finds the same, and removes it)."""
         recorded = entry.files.get(name)
         if recorded is None:
@@ -331,7 +331,7 @@ class Cache:
             if exc.errno not in NOT_THERE:
                 raise
             return None
-        if data is None or len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
+        if data is None or len(data) != recorded.bytes or checksum(data, recorded.algorithm) != recorded.checksum:
             return None
         return data
 

@@ -46,6 +46,7 @@ if (__name__ == "__main__" or os.path.basename(sys.argv[0]) == "tokenization") a
     signal.signal(signal.SIGINT, _stopped_starting)
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import logging
@@ -666,6 +667,16 @@ def interrupted(args: argparse.Namespace) -> str:
     )
 
 
+def _above_bars() -> contextlib.AbstractContextManager:
+    """Log lines above a progress bar, not through it. Bars are drawn only on a terminal (``progress``), so
+    elsewhere (a task log, a pipe) nothing is redirected and tqdm is not imported: a stage starts sooner."""
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    return logging_redirect_tqdm()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
@@ -673,12 +684,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:  # the command's usage, not the program's, and the flag meant
         args.parser.error(f"unrecognized arguments: {' '.join(_meant(arg, args.parser) for arg in unknown)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
     try:
         if signal.getsignal(signal.SIGINT) is _stopped_starting:  # from here, what stopped is said (``interrupted``)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        with logging_redirect_tqdm():  # log lines above a progress bar, not through it
+        with _above_bars():
             return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:  # Ctrl-C: what stopped, not where
         print(interrupted(args), file=sys.stderr)

@@ -16,11 +16,13 @@ import threading
 import time
 from collections import Counter
 from datetime import timedelta
-from multiprocessing.queues import Queue
 from types import TracebackType
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from tqdm import tqdm
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
+    from tqdm import tqdm
 
 log = logging.getLogger("tokenization.progress")
 
@@ -58,7 +60,11 @@ class Progress:
         self.relay = mode if isinstance(mode, Relay) else None
         if mode is None:
             mode = True if sys.stderr.isatty() else DEFAULT_SECONDS
-        self.bar = tqdm(total=self.total, unit=unit, unit_scale=True, desc=desc) if mode is True else None
+        self.bar: tqdm | None = None
+        if mode is True:  # tqdm is imported only for a bar: a task log's stage starts without it
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit=unit, unit_scale=True, desc=desc)
         self.interval = None if isinstance(mode, bool | Relay) else float(mode)
         self._gap = min(FIRST_GAP, self.interval or 0)
         self._next_line = self.started  # the first line as soon as there is work to show

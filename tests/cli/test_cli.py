@@ -18,6 +18,7 @@ import pytest
 from tests.support.corpus import sample_records, write_jsonl
 from tests.support.processes import cli
 from tests.support.tokenizers import EOS
+from tokenization.formats import native
 from tokenization.output.runs import folder_for
 
 
@@ -507,5 +508,49 @@ def test_a_byte_moving_command_imports_no_tokenizer_templates_or_airflow(tmp_pat
         capture_output=True,
         text=True,
     )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+# What a command's start must not import, beside HEAVY: Arrow (~0.1 s, and a merge's units are copied by the C
+# helper) and tqdm (bars are drawn on a terminal only). An encoding command's start may load HF's tokenizers (its
+# types are in its options' modules), not gigatoken or awkward (~0.3 s together), which encoding loads.
+STARTS = {
+    **dict.fromkeys(["merge", "context-shuffle", "verify", "mds", "cache", "inspect", "report"], HEAVY),
+    **dict.fromkeys(["tokenize", "count", "build"], tuple(m for m in HEAVY if m != "tokenizers")),
+}
+START_IMPORTED = (
+    "import json, sys; from tokenization.cli import main\ntry: main(sys.argv[1:])\nexcept SystemExit: pass\n"
+    "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+)
+
+
+@pytest.mark.parametrize("command", sorted(STARTS))
+def test_a_commands_start_imports_only_what_it_needs(command: str) -> None:
+    """A command's start (its options parsed, here by --help) imports no engine, template engine, Arrow or tqdm:
+    a byte-moving command starts in well under 0.3 s with its bytecode compiled (0.56 s with them)."""
+    done = subprocess.run([sys.executable, "-c", START_IMPORTED, command, "--help"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    imported = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert imported & {*STARTS[command], "pyarrow", "tqdm"} == set()
+
+
+def test_a_merge_with_the_c_helper_imports_no_arrow(tmp_path) -> None:
+    """The C helper copies a block's units into place: a merge of local files never imports Arrow (its numpy
+    path puts them in order with Arrow's take)."""
+    if native.helper() is None:
+        pytest.skip("the C helper cannot be built here")
+    import numpy as np
+
+    from tokenization.formats.ds import TokenFileWriter
+
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "00000_00000_doc_shuffled.ds"
+    writer = TokenFileWriter(path, tokenizer="t", token_size=2, save_loss=True)
+    writer.write(np.arange(1, 3001, dtype=np.uint16), np.arange(300, 3001, 300), np.ones(3000, np.uint8))
+    writer.close()
+    command = ["merge", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--save-filename", "m", "--save-loss"]
+    probe = IMPORTED.replace(repr(HEAVY), repr(("pyarrow", "tqdm")))
+    done = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

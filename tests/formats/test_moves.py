@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenization.formats import moves
+from tokenization.formats import moves, native
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter
 from tokenization.formats.moves import SourcePool, fixed_units, permute_units
 
@@ -22,15 +22,16 @@ def _corpus(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tokens, loss, np.cumsum(lengths)
 
 
-# Every way a block reads a source: one span read, one pread a unit.
+# Every way a block reads a source: one span read, one pread a unit; and puts its units in order: the C helper's
+# copies (where it can be built), or the numpy path's (Arrow's take).
 READ_PATHS = {
     "span": {"SPAN_READ_MAX_WASTE": 10**9},
     "pread": {"SPAN_READ_MAX_WASTE": 0},
 }
-read_paths = st.sampled_from(sorted(READ_PATHS))
+read_paths = st.sampled_from([f"{read}-{put}" for read in sorted(READ_PATHS) for put in ("c", "numpy")])
 
 
-def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None, path="pread"):
+def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max_tokens=None, path="pread-c"):
     for old in tmp_path.glob("*.ds*"):
         old.unlink()
     with TokenFileWriter(tmp_path / "src.ds", tokenizer="t", token_size=2, save_loss=True) as source:
@@ -39,7 +40,9 @@ def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max
         tmp_path, lambda s: f"out{s:03d}.ds", tokenizer="t", token_size=2, save_loss=True, max_tokens=max_tokens
     )
     pool = SourcePool([str(source.written.path)], 2, with_loss=True)
-    with pool, writer, patch.multiple(moves, **READ_PATHS[path]):
+    read, put = path.split("-")
+    helper = native.helper if put == "c" else lambda: None
+    with pool, writer, patch.multiple(moves, **READ_PATHS[read]), patch.object(native, "helper", helper):
         permute_units(pool, ends, order, writer, inner_ends=inner, block_tokens=block)
     files = [TokenFile(str(w.path)) for w in writer.written]
     out_tokens = np.concatenate([np.asarray(f.tokens) for f in files])

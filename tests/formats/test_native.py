@@ -194,3 +194,46 @@ def test_a_tokenized_corpus_hashes_and_checks_alike_on_both_paths(
             results.append((hasher.result(), found if block == 4099 else None))
     assert results[0][0] == recorded and len({c for c, _ in results}) == 1
     assert results[1][1] == results[3][1]
+
+
+class _Captured:
+    """A writer that keeps what ``move_units`` gives it."""
+
+    def __init__(self) -> None:
+        self.tokens: list[np.ndarray] = []
+        self.loss: list[np.ndarray] = []
+
+    def write(self, tokens, ends, index, loss) -> None:
+        self.tokens.append(np.array(tokens))
+        self.loss.append(np.array(loss))
+
+
+@pytest.mark.usefixtures("byte_path")
+@pytest.mark.parametrize("span", [0, 10**9])
+def test_a_blocks_units_are_put_in_their_places_from_every_source(tmp_path, span, monkeypatch) -> None:
+    """``move_units`` on both paths (the helper's copies, Arrow's take), read as one span or a unit at a time: the
+    units of two sources, one given twice (a mixture's repeat), some empty, in the order given, with their loss
+    bytes."""
+    rng = np.random.default_rng(5)
+    monkeypatch.setattr(moves, "SPAN_READ_MAX_WASTE", span)
+    files = []
+    for i in range(2):
+        tokens = rng.integers(0, 60_000, 5_000).astype(np.uint16)
+        loss = rng.integers(0, 2, len(tokens)).astype(np.uint8)
+        path = tmp_path / f"{i}.ds"
+        tokens.tofile(path)
+        loss.tofile(f"{path}.loss")
+        (tmp_path / f"{i}.ds.metadata").write_text("t|2\n5000\n5.0K")
+        files.append((str(path), tokens, loss))
+    cuts = np.sort(rng.integers(0, 5_000, (2, 201)))  # each source's units: between its cuts, some empty
+    source = np.repeat([0, 1], 200)
+    starts, ends = cuts[:, :-1].ravel(), cuts[:, 1:].ravel()
+    order = rng.permutation(400)
+    order[9] = order[4]  # a unit given twice
+    source, starts, ends = source[order], starts[order], ends[order]
+    captured = _Captured()
+    with moves.SourcePool([f for f, _, _ in files], 2, with_loss=True) as pool:
+        moves.move_units(pool, source, starts, ends, captured, None, block_tokens=3_000)
+    for k, which in ((0, 1), (1, 2)):
+        expected = np.concatenate([files[f][which][s:e] for f, s, e in zip(source, starts, ends, strict=True)])
+        assert np.array_equal(np.concatenate([captured.tokens, captured.loss][k]), expected)

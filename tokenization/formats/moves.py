@@ -20,10 +20,9 @@ from functools import partial
 from itertools import repeat
 from pathlib import Path
 from types import TracebackType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import pyarrow as pa
 
 from tokenization.formats import native
 from tokenization.formats.contents import READ_BLOCK, Contents, Pieces, stream_contents, stream_uses
@@ -31,6 +30,9 @@ from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFil
 from tokenization.progress import Progress
 from tokenization.storage.concurrent import files_at_once, map_concurrently
 from tokenization.storage.folder import StorageOptions, file_at, writing
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # imported where a block is gathered: a stage's start (--help) goes without it
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output; 1 Mi-token blocks took 25% longer
 MAX_OPEN_FILES = 128
@@ -419,44 +421,80 @@ def move_units(
 
 
 def _copy_block(pool, source, starts, ends, rel_ends, writer, inner) -> None:
-    """Read one block of units, one source file at a time, then put them in output order with Arrow's ``take``
+    """Read one block of units, one source file at a time, then put them in output order: by the C helper's
+    ``tk_copy`` straight into the block's buffers (one call a source, no Python a unit), else with Arrow's ``take``
     (one memcpy a unit, looped in C: 0.2 us a unit, read included, where a Python loop of slices cost ~1 us)."""
     out_starts = rel_ends - (ends - starts)
     by_source = np.argsort(source, kind="stable")
     ids, firsts = np.unique(source[by_source], return_index=True)
-    parts, moved = [], [rel_ends]
-    for s, group in zip(ids, np.split(by_source, firsts[1:]), strict=True):
-        parts.append(_read_units(pool, int(s), starts[group], ends[group]))
-        if inner is not None:
-            moved.append(_moved_inner_ends(inner[s], starts[group], ends[group], out_starts[group]))
-    order = np.empty_like(by_source)
-    order[by_source] = np.arange(len(by_source))  # output unit j is unit order[j] of the parts, end to end
-    tokens, loss = (_in_order([p[k] for p in parts], order) for k in (0, 1))
-    if tokens is None:
-        raise RuntimeError("a block's tokens were not read")  # _read_units reads them always; loss only if kept
+    groups = list(zip(ids.tolist(), np.split(by_source, firsts[1:]), strict=True))
+    moved = [rel_ends]
+    if inner is not None:
+        moved += [_moved_inner_ends(inner[s], starts[g], ends[g], out_starts[g]) for s, g in groups]
+    lib = native.helper()
+    if lib is not None:
+        tokens, loss = _copied(lib, pool, groups, starts, ends, out_starts, int(rel_ends[-1]))
+    else:
+        tokens, loss = _taken(pool, groups, starts, ends, len(by_source))
     index = rel_ends if inner is None else np.sort(np.concatenate(moved))
     writer.write(tokens.view(pool.dtype), rel_ends, index, loss)
 
 
-def _read_units(pool, s: int, starts, ends) -> list[pa.LargeBinaryArray | None]:
-    """One source's units of a block, as [tokens, loss bytes or None], each one binary array of the units in the
-    given order: read as one span when they lie close together (a merge's interleave reads each file in order),
-    else with one ``pread`` each."""
+def _copied(lib, pool, groups, starts, ends, out_starts, total: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The block's tokens and loss bytes (or None) as uint8 arrays, each source's units copied into their places."""
+    sizes = (pool.dtype.itemsize, LOSS_DTYPE.itemsize)
+    tokens = np.empty(total * sizes[0], np.uint8)
+    outs = [tokens, np.empty(total * sizes[1], np.uint8) if pool.with_loss else None]
+    for s, group in groups:
+        found, at = _read(pool, s, starts[group], ends[group])
+        lengths, to = ends[group] - starts[group], out_starts[group]
+        for data, out, n in zip(found, outs, sizes, strict=True):
+            if data is not None and out is not None:
+                offsets = [np.ascontiguousarray(a * n, dtype=np.int64) for a in (at, lengths, to)]
+                args = (data.ctypes.data, data.nbytes, *(a.ctypes.data for a in offsets[:2]), len(group))
+                if lib.tk_copy(*args, out.ctypes.data, out.nbytes, offsets[2].ctypes.data) != 0:
+                    raise ValueError(f"a unit of source {s} lies outside what was read of it")
+    return tokens, outs[1]
+
+
+def _taken(pool, groups, starts, ends, count: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The block's tokens and loss bytes (or None) as uint8 arrays, put in order by Arrow's ``take``."""
+    parts = [_read_units(pool, s, starts[group], ends[group]) for s, group in groups]
+    flat = np.concatenate([group for _, group in groups])
+    order = np.empty(count, np.int64)
+    order[flat] = np.arange(count)  # output unit j is unit order[j] of the parts, end to end
+    tokens, loss = (_in_order([p[k] for p in parts], order) for k in (0, 1))
+    if tokens is None:
+        raise RuntimeError("a block's tokens were not read")  # _read_units reads them always; loss only if kept
+    return tokens, loss
+
+
+def _read(pool, s: int, starts, ends) -> tuple[tuple[np.ndarray, np.ndarray | None], np.ndarray]:
+    """One source's units of a block: its bytes read (tokens, loss bytes or None) and where each unit starts in
+    them, in items: read as one span when they lie close together (a merge's interleave reads each file in order),
+    else with one ``pread`` each, end to end."""
     lengths = ends - starts
     lo, hi = int(starts.min()), int(ends.max())
     if hi - lo <= SPAN_READ_MAX_WASTE * int(lengths.sum()):
-        found, starts, ends = pool.read(s, lo, hi), starts - lo, ends - lo
-    else:
-        found, ends = pool.read_each(s, starts, ends), np.cumsum(lengths)
-        starts = ends - lengths
+        return pool.read(s, lo, hi), starts - lo
+    return pool.read_each(s, starts, ends), np.cumsum(lengths) - lengths
+
+
+def _read_units(pool, s: int, starts, ends) -> list[pa.LargeBinaryArray | None]:
+    """One source's units of a block, as [tokens, loss bytes or None], each one binary array of the units in the
+    given order."""
+    found, at = _read(pool, s, starts, ends)
     sizes = (pool.dtype.itemsize, LOSS_DTYPE.itemsize)
-    return [None if d is None else _units(d, starts * n, ends * n) for d, n in zip(found, sizes, strict=True)]
+    stop = at + (ends - starts)
+    return [None if d is None else _units(d, at * n, stop * n) for d, n in zip(found, sizes, strict=True)]
 
 
 def _units(data, starts: np.ndarray, ends: np.ndarray) -> pa.LargeBinaryArray:
     """Bytes ``data[starts[k]:ends[k]]`` for every k, as one binary array: zero-copy when the units lie end to
     end in this order, else gathered by ``take``. A unit given more than once (a mixture's repeats) is gathered once
     and taken as often; Arrow trusts the offsets, so units that otherwise overlap are refused."""
+    import pyarrow as pa
+
     buffer = pa.py_buffer(data)
     if np.array_equal(starts[1:], ends[:-1]):
         return _binary(np.append(starts, ends[-1]), buffer)
@@ -478,12 +516,16 @@ def _units(data, starts: np.ndarray, ends: np.ndarray) -> pa.LargeBinaryArray:
 
 
 def _binary(offsets: np.ndarray, data: pa.Buffer) -> pa.LargeBinaryArray:
+    import pyarrow as pa
+
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
     return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), data])
 
 
 def _in_order(parts: list[pa.LargeBinaryArray | None], order: np.ndarray) -> np.ndarray | None:
     """The bytes of unit ``order[0]``, ``order[1]``, ... of the parts (end to end), as one uint8 array."""
+    import pyarrow as pa
+
     if parts[0] is None:
         return None
     whole = parts[0] if len(parts) == 1 else pa.concat_arrays(parts).take(pa.array(order))

@@ -1,7 +1,7 @@
 """The compiled helper, ``scan.c``: its one pass over a block (contents sums, id and loss checks, the token before
-each index entry) and its reads of a block's windows, loaded with ctypes. Where it cannot be had (no C compiler,
-a failed build, or ``TOKENIZATION_NO_C=1``, read once a process), the numpy path runs instead and gives the same
-values; the log says which runs.
+each index entry), its reads of a block's windows and its copies of a block's units into place, loaded with ctypes.
+Where it cannot be had (no C compiler, a failed build, or ``TOKENIZATION_NO_C=1``, read once a process), the numpy
+path runs instead (Arrow's ``take`` for the copies) and gives the same values; the log says which runs.
 
 It is built on first use, or by ``make setup`` (``python -m tokenization.formats.native``), into a cache folder,
 as a file named by the hash of its source: an editable install (``uv sync``) runs no build step when the source
@@ -80,6 +80,8 @@ def helper() -> ctypes.CDLL | None:
     lib.tk_scan.restype = ctypes.c_int
     lib.tk_pread.argtypes = [_P, _P, _P, _I64, _P]
     lib.tk_pread.restype = _I64
+    lib.tk_copy.argtypes = [_P, _I64, _P, _P, _I64, _P, _I64, _P]
+    lib.tk_copy.restype = ctypes.c_int
     log.info("byte checks: the C helper runs (%s)", lib._name)
     return lib
 

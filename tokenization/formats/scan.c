@@ -1,5 +1,6 @@
 /* One pass over a block of tokens: the sums of each piece's contents hash, the largest id and loss byte (the id-range
- * and loss-byte checks) and the token before each index entry (the EOS check); and the reads of a block's windows.
+ * and loss-byte checks) and the token before each index entry (the EOS check); the reads of a block's windows, and
+ * the copies that put a block's units in their places.
  * Loaded with ctypes by tokenization/formats/native.py; the numpy path of tokenization/formats/contents.py is the
  * reference these values must equal bit for bit (tests/formats/test_native.py).
  *
@@ -18,12 +19,19 @@
  *   short reads. Returns the bytes read in all: less than the sum of lengths when a file ended early; -errno on an
  *   error.
  *
+ * tk_copy(src, src_size, from, lengths, count, dst, dst_size, to)
+ *   Copies lengths[k] bytes from src + from[k] to dst + to[k], for k in [0, count): a block's units gathered from
+ *   what was read of one source into their places in the block's output (units may repeat; places never overlap,
+ *   which the caller's offsets ensure). Returns 0; -2, before copying unit k, when unit k lies outside src_size
+ *   or dst_size bytes.
+ *
  * No allocation, no global state: both are safe on any thread, and ctypes releases the GIL around them. Built with
  * GCC's function multi-versioning: one build runs the AVX-512, the AVX2 or the generic clone, whichever the CPU has.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 #include <unistd.h>
 
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
@@ -124,4 +132,14 @@ int64_t tk_pread(const int *fds, const int64_t *offsets, const int64_t *lengths,
         }
     }
     return total;
+}
+
+int tk_copy(const uint8_t *src, int64_t src_size, const int64_t *from, const int64_t *lengths, int64_t count,
+            uint8_t *dst, int64_t dst_size, const int64_t *to) {
+    for (int64_t k = 0; k < count; k++) {
+        int64_t n = lengths[k];
+        if (n < 0 || from[k] < 0 || to[k] < 0 || from[k] > src_size - n || to[k] > dst_size - n) return -2;
+        memcpy(dst + to[k], src + from[k], (size_t)n);
+    }
+    return 0;
 }

@@ -27,8 +27,6 @@ import re
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
-
 
 class UnreadableTokenizer(ValueError):
     """A tokenizer file of a format this project reads, which it cannot convert; the message says why."""
@@ -121,6 +119,8 @@ def as_tokenizer_json(raw: bytes) -> TokenizerSource:
 
 
 def _from_sentencepiece(raw: bytes) -> TokenizerSource:
+    from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json  # a SentencePiece model's only
+
     bos_id, eos_id = _special_ids(raw)
     try:
         converted = json.loads(sentencepiece_to_tokenizer_json(raw))

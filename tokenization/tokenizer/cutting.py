@@ -79,10 +79,15 @@ class Cutter:
     tokenizer: Tokenizer
     name: str
 
+    @staticmethod
+    def short(text: str) -> bool:
+        """Whether ``pieces`` gives the text whole, as one piece, with no cut to look for."""
+        return len(text) <= PIECE_CHARS
+
     def pieces(self, doc: int, text: str) -> list[Piece]:
         """The text as pieces of about ``PIECE_CHARS`` characters: one when it is short, or has no exact cut and is
         at most ``MAX_PIECE_CHARS`` long. Raises ``NoExactCut`` for a longer stretch with none."""
-        if len(text) <= PIECE_CHARS:
+        if self.short(text):
             return [Piece(doc, 0, len(text))]
         skip = self.continuation
         if skip is None:

@@ -564,6 +564,8 @@ def utf8_length(text: str) -> int:
     """The text's UTF-8 bytes, never holding a second copy of it whole (50 MB more for a 50 MB document)."""
     if text.isascii():
         return len(text)
+    if len(text) <= UTF8_SLICE_CHARS:  # one slice: without the generator's calls
+        return len(text.encode("utf-8"))
     return sum(len(text[k : k + UTF8_SLICE_CHARS].encode("utf-8")) for k in range(0, len(text), UTF8_SLICE_CHARS))
 
 

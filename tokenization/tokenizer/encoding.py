@@ -307,12 +307,17 @@ class Encoder:
         literals: Counter = Counter()
         literal_docs: set[int] = set()
         pieces: list[Piece] = []
+        as_special = self.policy.special_text == "special"
         for doc, text in enumerate(texts):
             spans = specials[doc] if specials else None
-            if found := self.literals.count(text, outside=spans):  # the template's own special tokens are no literals
+            # the template's own special tokens are no literals
+            if self.literals.may_hold(text) and (found := self.literals.count(text, outside=spans)):
                 literals.update(found)
                 literal_docs.add(doc)
-            pieces += self._document_pieces(doc, text, spans)
+            if (as_special or not spans) and self.cutter.short(text):  # whole: no panic guard a document
+                pieces.append(Piece(doc, 0, len(text)))
+            else:
+                pieces += self._document_pieces(doc, text, spans)
         batch = Prepared(texts, no_loss, pieces, literals, literal_docs, self._docs_prepared, self._pieces_prepared)
         self._docs_prepared += len(texts)
         self._pieces_prepared += len(pieces)

@@ -24,12 +24,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import gigatoken
 import numpy as np
 
 from tokenization.tokenizer.loading import TokenizerError, is_panic
+
+if TYPE_CHECKING:
+    import gigatoken
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,8 @@ class FastEngine:
         self._load()
 
     def _load(self) -> None:
+        import gigatoken  # here, not at the top: a command's start (its --help) goes without it (0.1-0.15 s)
+
         try:
             self._tokenizer: gigatoken.Tokenizer | None = _off_main_thread(gigatoken.Tokenizer.from_json, self._data)
             _off_main_thread(self._tokenizer.encode_batch, ["warm up"], parallel=False)  # its lazy start is loading

@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import fsspec
+import orjson
 from tokenizers import Tokenizer
 
 from tokenization.errors import TokenizationError
@@ -110,10 +111,11 @@ def top_id(name_or_path: str, tokenizer: dict) -> int:
     """The highest id of the tokenizer.json ``tokenizer`` (of its model's vocabulary and its added tokens, which
     may leave gaps: cl100k's last is 100276, past its 100,261 tokens), refused from ``MAX_TOKEN_ID`` on."""
     vocab = tokenizer["model"].get("vocab")
-    tokens = vocab.items() if isinstance(vocab, dict) else []  # a unigram model's is a list: its ids are its indices
-    added = [(t["content"], t["id"]) for t in tokenizer.get("added_tokens") or []]
-    token, top = max([*tokens, *added], key=lambda item: item[1], default=(None, -1))
+    vocab = vocab if isinstance(vocab, dict) else {}  # a unigram model's is a list: its ids are its indices
+    added = {t["content"]: t["id"] for t in tokenizer.get("added_tokens") or []}
+    top = max(max(vocab.values(), default=-1), max(added.values(), default=-1))  # in C: no call a token
     if top >= MAX_TOKEN_ID:
+        token = next(t for t, i in [*vocab.items(), *added.items()] if i == top)
         raise TokenizerError(
             f"{name_or_path}: token {token!r} has id {top:,}; token ids must be below {MAX_TOKEN_ID:,} (the largest "
             "vocabularies hold about a million tokens): give the tokenizer ids that follow its vocabulary"
@@ -225,7 +227,7 @@ class TokenizerFile:
             vocab_size, specials = known.vocab_size, known.special_tokens
         else:
             tokenizer = parse_tokenizer(name_or_path, source.data)
-            parsed = json.loads(source.data)
+            parsed = orjson.loads(source.data)  # 1.3-9 MB: orjson takes a third of json's time
             added = parsed.get("added_tokens") or []
             top = top_id(name_or_path, parsed)
             vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), top + 1)  # every id lies below

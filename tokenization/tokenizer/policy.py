@@ -111,6 +111,11 @@ class SpecialLiterals:
         pattern = re.compile("|".join(map(re.escape, special_tokens))) if special_tokens else None
         return cls(pattern, tuple(sorted({t[0] for t in special_tokens if t})))
 
+    def may_hold(self, text: str) -> bool:
+        """Whether the text may hold special-token text: it holds one of their first characters (memchr), so that a
+        document without any is ruled out with no Counter made (~3 us a document)."""
+        return self.pattern is not None and any(c in text for c in self.firsts)
+
     def count(self, text: str, *, outside: Ranges | None = None) -> Counter:
         """How often the text holds each special token's text, outside the sorted spans ``outside``."""
         found: Counter = Counter()
@@ -119,7 +124,7 @@ class SpecialLiterals:
         return found
 
     def _count(self, text: str) -> Counter:
-        if self.pattern is None or not any(c in text for c in self.firsts):
+        if self.pattern is None or not self.may_hold(text):
             return Counter()
         return Counter(self.pattern.findall(text))
 

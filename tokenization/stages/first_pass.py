@@ -26,7 +26,7 @@ import orjson
 from tokenization.formats.contents import Contents, stream_contents
 from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.moves import SourcePool
-from tokenization.inputs.sources import content_identity
+from tokenization.inputs.sources import Record, content_identity, file_format
 from tokenization.output.attempts import Attempt
 from tokenization.output.cache import Cache
 from tokenization.progress import Progress, ProgressMode
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 SEGMENTS = "segments"  # in the attempt's working folder: one folder a file, numbered in input order
 SEGMENT = "segment.ds"
 QUARANTINE = "quarantine.jsonl"
+PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``stages.hits``)
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
 
 
@@ -235,7 +236,7 @@ class FirstPass:
         counts = Counts.of(entry.counts)
         counts.contents = held.contents
         shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
-        read = self._cache.cache.signer is None  # unsigned, its input file was read to check it (``_checked``)
+        read = self._cache.cache.signer is None and (PLACES not in fetched or file_format(file.url)[1] is not None)
         served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started, read=read)
         return Segment(file, fetched[SEGMENT], counts, quarantine, served)
 
@@ -255,7 +256,7 @@ class FirstPass:
             return problem
         if self._cache.cache.signer is not None:  # its marker's signature verified: made by a build with the key
             return held
-        return self._hits(file).disagreement(entry, held.segment, quarantine, file) or held
+        return self._hits(file).disagreement(entry, held.segment, quarantine, file, fetched.get(PLACES)) or held
 
     def _against_counts(self, c: RankCounts, held: Held, quarantine: Path | None) -> str | None:
         """How a segment and its quarantine disagree with their counts, or None: every id within the vocabulary,
@@ -339,12 +340,16 @@ class FirstPass:
                 progress=shown,
                 threads=threads,
             )
+            places = []
             with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
                 for batch in batches:
                     self.attempt.lease.check()  # no request: the heartbeat found it
                     lengths = batch.encoded.lengths
                     ends = np.cumsum(lengths)[lengths > 0]  # a document of no token is counted empty, not written
                     writer.write(batch.encoded.tokens, ends, batch.encoded.loss)
+                    places.append(_places(batch.records, lengths))
+        with writing(folder / PLACES), open(folder / PLACES, "wb") as out:
+            out.write(np.concatenate(places or [np.zeros((0, 2), np.int64)]).astype("<i8").tobytes())
         self.tally.add(tally)
         written = writer.written
         if written is None:  # set when the block above closed it
@@ -356,6 +361,8 @@ class FirstPass:
         """A miss's segment into the cache, for the next build."""
         files = {f.name: segment.path.with_name(f.name) for f in written.files}
         sums = {f.name: FileSum(bytes=f.bytes, sha256=f.sha256) for f in written.files}
+        files[PLACES] = segment.path.with_name(PLACES)
+        sums[PLACES] = FileSum(bytes=files[PLACES].stat().st_size, sha256=file_sha256(files[PLACES]))
         if size := segment.quarantine.stat().st_size:
             files[QUARANTINE] = segment.quarantine
             sums[QUARANTINE] = FileSum(bytes=size, sha256=file_sha256(segment.quarantine))
@@ -439,6 +446,13 @@ def _served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: fl
         tokens=counts.tokens,
         seconds=round(seconds, 3),
     )
+
+
+def _places(records: Sequence[Record], lengths: np.ndarray) -> np.ndarray:
+    """Where the documents that a batch wrote start in their input, a row each: the offset and the line of their
+    records (``inputs.sources.Record``), for a hit to read only those it samples."""
+    texts = np.array([(r.offset, r.line) for r in records if r.text], dtype=np.int64).reshape(-1, 2)
+    return texts[lengths > 0]
 
 
 def _lines(path: Path) -> int:

@@ -225,13 +225,12 @@ class FirstPass:
             return None
         quarantine = folder / QUARANTINE
         tally = self.tally.next_file()
-        with writing(quarantine), open(quarantine, "wb") as out:
-            if QUARANTINE in fetched:
-                with open(fetched[QUARANTINE], "rb") as lines:
-                    for line in lines:
-                        item = replace(Rejected.loads(line, str(fetched[QUARANTINE])), file=file.url)
-                        out.write(_line(item))
-                        tally(item)
+        if QUARANTINE in fetched:  # else none is written: the rank's quarantine gathers those there are
+            with writing(quarantine), open(quarantine, "wb") as out, open(fetched[QUARANTINE], "rb") as lines:
+                for line in lines:
+                    item = replace(Rejected.loads(line, str(fetched[QUARANTINE])), file=file.url)
+                    out.write(_line(item))
+                    tally(item)
         self.tally.add(tally)
         counts = Counts.of(entry.counts)
         counts.contents = held.contents

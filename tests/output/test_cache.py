@@ -296,11 +296,11 @@ def test_a_cleared_rank_hits_the_cache_for_the_files_it_already_did(tmp_path, sa
     source = corpus(tmp_path / "corpus", files=6)
     encode, calls = first_pass.FirstPass._encode, []
 
-    def dies_on_the_third_file(self, file, *args):
+    def dies_on_the_third_file(self, file, *args, **kwargs):
         calls.append(file.url)
         if len(calls) == 3:
             raise RuntimeError("the worker was lost (a test fault)")
-        return encode(self, file, *args)
+        return encode(self, file, *args, **kwargs)
 
     monkeypatch.setattr(first_pass.FirstPass, "_encode", dies_on_the_third_file)
     config = BuildConfig(input=str(source), output=str(tmp_path / "out"), tokenizer=str(sample_tokenizer), num_ranks=1)

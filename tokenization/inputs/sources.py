@@ -817,20 +817,21 @@ class DocumentReader:
                 return self._rows_at(file.url, raw, places)
             stream = _decompressed(raw, compression) if compression else io.BufferedReader(raw, SAMPLE_READ)
             found: list[Record | Rejected | None] = []
-            position = 0  # in a compressed stream, which only reads forward
+            position, last = 0, b"\n"  # in a compressed stream, which only reads forward: the byte before it
             for offset, line in places:
-                before = max(offset - 1, 0)  # the newline that ends the line before
-                if compression and before >= position:
-                    _skip(stream, before - position)
-                    position = before
-                elif compression or offset < 0:
+                if offset < position or offset < 0:  # within a line read already
                     found.append(None)
                     continue
-                else:
-                    stream.seek(before)
-                starts = offset == 0 or stream.read(1) == b"\n"
-                got = next(_bounded_lines(stream, self.max_record_bytes), None) if starts else None
-                position = offset + (0 if got is None else got.size + 1 if isinstance(got, _Oversized) else len(got))
+                if offset > position or not compression:
+                    before = max(offset - 1, 0)  # the byte before the line: the newline that ends the one before
+                    if compression:
+                        _skip(stream, before - position)
+                    else:
+                        stream.seek(before)
+                    last = stream.read(1) if offset else b"\n"
+                got = next(_bounded_lines(stream, self.max_record_bytes), None) if last == b"\n" else None
+                size = 0 if got is None else got.size + 1 if isinstance(got, _Oversized) else len(got)
+                position, last = offset + size, (b"\n" if size else last)
                 found.append(None if got is None else self._line(file.url, line, got, offset))
             return found
 

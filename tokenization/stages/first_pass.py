@@ -204,7 +204,7 @@ class FirstPass:
         if entry is not None and (hit := self._from_cache(entry, file, folder, shown)) is not None:
             return replace(hit, source=source)
         started = time.perf_counter()
-        segment, written = self._encode(file, folder, shown, threads)
+        segment, written = self._encode(file, folder, shown, threads, places=key is not None)
         seconds = time.perf_counter() - started
         if key is None:
             return replace(segment, source=source)
@@ -302,10 +302,11 @@ class FirstPass:
         return self.encoder.on_hf()
 
     def _encode(
-        self, file: InputFile, folder: Path, shown: Progress, threads: Threads
+        self, file: InputFile, folder: Path, shown: Progress, threads: Threads, *, places: bool
     ) -> tuple[Segment, WrittenTokenFile]:
-        """A miss (or no cache): the file's documents encoded into the segment, rejects to its quarantine; an
-        attempt whose lease is found lost stops at the next batch (its successor does the work)."""
+        """A miss (or no cache): the file's documents encoded into the segment, rejects to its quarantine, and with
+        ``places`` (to store) where each document starts in the input (``PLACES``, a batch at a time); an attempt
+        whose lease is found lost stops at the next batch (its successor does the work)."""
         with writing(folder):
             folder.mkdir(parents=True, exist_ok=True)
         counts, tally = Counts(), self.tally.next_file()
@@ -322,7 +323,14 @@ class FirstPass:
         )
         # the writer's threads stop at the block's end on errors too: no buffered byte of a failed try may reach a
         # file that a second try reopens
-        with writing(quarantine), open(quarantine, "wb") as bad, writer:
+        where = folder / PLACES
+        with (
+            writing(quarantine),
+            open(quarantine, "wb") as bad,
+            writing(where),
+            open(where, "wb") if places else contextlib.nullcontext() as at,
+            writer,
+        ):
 
             def reject(item: Rejected) -> None:
                 bad.write(_line(item))
@@ -339,16 +347,14 @@ class FirstPass:
                 progress=shown,
                 threads=threads,
             )
-            places = []
             with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
                 for batch in batches:
                     self.attempt.lease.check()  # no request: the heartbeat found it
                     lengths = batch.encoded.lengths
                     ends = np.cumsum(lengths)[lengths > 0]  # a document of no token is counted empty, not written
                     writer.write(batch.encoded.tokens, ends, batch.encoded.loss)
-                    places.append(_places(batch.records, lengths))
-        with writing(folder / PLACES), open(folder / PLACES, "wb") as out:
-            out.write(np.concatenate(places or [np.zeros((0, 2), np.int64)]).astype("<i8").tobytes())
+                    if at is not None:
+                        at.write(_places(batch.records, lengths).astype("<i8").tobytes())
         self.tally.add(tally)
         written = writer.written
         if written is None:  # set when the block above closed it

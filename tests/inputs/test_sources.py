@@ -45,6 +45,31 @@ def test_every_format_gives_the_same_records(tmp_path, name: str) -> None:
     assert [(d.id, d.text, d.line) for d in docs] == [(r["id"], r["text"], i + 1) for i, r in enumerate(RECORDS)]
 
 
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz", "a.jsonl.zst", "a.parquet"])
+def test_records_are_read_at_their_places_alone(tmp_path, name: str) -> None:
+    """Issue 52, 2: a cache hit reads the records its sample draws where they start (``Record.offset``), in any
+    format; next to one another too (a compressed stream read the newline before the second twice: no record). A
+    place inside a line, or past the end, holds none."""
+    path = tmp_path / name
+    records = [{"id": f"d{i}", "text": f"document number {i} " * (i % 3 + 1)} for i in range(12)]
+    lines = "".join(json.dumps(r) + ("\n\n" if i == 4 else "\n") for i, r in enumerate(records)).encode()
+    if name.endswith(".gz"):
+        path.write_bytes(gzip.compress(lines))
+    elif name.endswith(".zst"):
+        path.write_bytes(zstandard.ZstdCompressor().compress(lines))
+    elif name.endswith(".parquet"):
+        pq.write_table(pa.Table.from_pylist(records), path, row_group_size=5)
+    else:
+        path.write_bytes(lines)
+    (file,) = list_input_files([str(path)]).files
+    docs = [d for d in DocumentReader([file]) if isinstance(d, Record)]
+    for drawn in ([0, 1, 2], [3, 4, 5, 11], [6, 7], [11]):
+        found = DocumentReader([file]).at(file, [(docs[k].offset, docs[k].line) for k in drawn])
+        assert [(d.id, d.text, d.line) for d in found] == [(docs[k].id, docs[k].text, docs[k].line) for k in drawn]
+    wrong = [(docs[2].offset + 1, docs[2].line), (docs[11].offset + 10_000, 99)]
+    assert DocumentReader([file]).at(file, wrong) == [None, None]
+
+
 def test_folders_globs_and_lists_are_sorted_and_skip_markers(tmp_path) -> None:
     (tmp_path / "sub").mkdir()
     for name in ["b.jsonl", "a.jsonl.gz", "sub/c.jsonl", "_SUCCESS", ".hidden.jsonl", "notes.txt"]:

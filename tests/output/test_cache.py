@@ -4,6 +4,7 @@ with an empty cache or none, in every mode; entries are written atomically, chec
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -389,11 +390,11 @@ def test_a_cleared_rank_hits_the_cache_for_the_files_it_already_did(tmp_path, sa
     source = corpus(tmp_path / "corpus", files=6)
     encode, calls = first_pass.FirstPass._encode, []
 
-    def dies_on_the_third_file(self, file, *args):
+    def dies_on_the_third_file(self, file, *args, **kwargs):
         calls.append(file.url)
         if len(calls) == 3:
             raise RuntimeError("the worker was lost (a test fault)")
-        return encode(self, file, *args)
+        return encode(self, file, *args, **kwargs)
 
     monkeypatch.setattr(first_pass.FirstPass, "_encode", dies_on_the_third_file)
     config = BuildConfig(input=str(source), output=str(tmp_path / "out"), tokenizer=str(sample_tokenizer), num_ranks=1)
@@ -829,12 +830,14 @@ def test_swapped_entries_are_caught_when_the_files_differ_in_their_first_documen
     again = run([tmp_path / "corpus"], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
     assert [f["hit"] for f in again["cache"]["files"]] == [False, False]
     assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
-    assert caplog.text.count("its document 0 is not what the input's record at line 1 encodes to") == 2
+    caught = r"its document \d+ is (not what the input's record at line \d+ encodes to|at line \d+ \(byte [\d,]+\))"
+    assert len(re.findall(caught, caplog.text)) == 2  # the other's places, or its first document
 
 
 def test_a_record_slipped_into_a_cached_quarantine_is_caught(tmp_path, sample_tokenizer, caplog) -> None:
-    """A fake rejected record added to an entry's quarantine.jsonl, with its marker and counts made to agree: the
-    input rejects no such line, so the hit is discarded, and the build's quarantine holds only the input's."""
+    """A fake rejected record added to an entry's quarantine.jsonl, with its marker and counts made to agree: a
+    document of the entry starts on that line, so the hit is discarded, and the build's quarantine holds only the
+    input's."""
     source = corpus(tmp_path / "corpus", files=8)
     cache = tmp_path / "cache"
     run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), max_reject_fraction=None)
@@ -855,7 +858,7 @@ def test_a_record_slipped_into_a_cached_quarantine_is_caught(tmp_path, sample_to
     missed = [f["url"].rsplit("/", 1)[-1] for f in again["cache"]["files"] if not f["hit"]]
     assert missed == ["part-003.jsonl"] and _quarantine(tmp_path / "again") == _quarantine(tmp_path / "clean")
     assert b"planted" not in b"".join(_quarantine(tmp_path / "again"))
-    assert "its quarantine holds line 2 (malformed_json), which the input does not reject" in caplog.text
+    assert "its quarantine holds line 2 (malformed_json), where its document 1 starts" in caplog.text
 
 
 def test_a_doctored_long_document_is_caught_without_a_key(tmp_path, sample_tokenizer, caplog) -> None:
@@ -1012,3 +1015,109 @@ def test_a_long_documents_window_is_found_past_any_number_of_its_first_tokens() 
     assert not _holds(document, None, np.array([262, 7, 8, 9, 11], dtype=np.uint16), None, whole=False)
     loss = np.ones(len(document), np.uint8)
     assert not _holds(document, loss, window, np.array([1, 1, 0, 1, 1], np.uint8), whole=False)
+
+
+class _Counting(io.RawIOBase):
+    """An opened input file that counts the bytes read through it."""
+
+    def __init__(self, raw, read: list[int]):
+        self.raw, self.read_bytes = raw, read
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(len(buffer))
+        buffer[: len(data)] = data
+        self.read_bytes.append(len(data))
+        return len(data)
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def counting_reads(monkeypatch, path: Path) -> list[int]:
+    """The sizes of every read of the local file ``path`` opened with fsspec from now on, as inputs are."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    read: list[int] = []
+    real = LocalFileSystem._open
+
+    def counted(self, name, mode="rb", **kwargs):
+        opened = real(self, name, mode, **kwargs)
+        return _Counting(opened, read) if Path(name) == path else opened
+
+    monkeypatch.setattr(LocalFileSystem, "_open", counted)
+    return read
+
+
+@pytest.mark.parametrize("name", ["big.jsonl", "big.parquet", "big.jsonl.gz"])
+def test_without_a_key_a_hit_reads_only_its_sampled_documents(tmp_path, sample_tokenizer, monkeypatch, name) -> None:
+    """Issue 52, 2: a keyless hit read its input file again, whole, to hold its counts and quarantine against it. It
+    now reads only the documents its sample draws, where the entry's places say they start: a few buffers of a
+    plain file of several MB, a few row groups of a parquet file; a compressed file up to its last drawn document."""
+    from tokenization.inputs.sources import SAMPLE_READ, DocumentReader
+
+    texts = [str(r["text"]) for r in sample_records() if isinstance(r, dict) and r.get("text")]
+    records = [{"id": f"d{k}", "text": texts[k % len(texts)][:300]} for k in range(20_000)]
+    path = tmp_path / "corpus" / name
+    if name.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path.parent.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(records), path, row_group_size=1000)
+    else:
+        write_jsonl(path, records)
+    assert path.stat().st_size > 5 * 2 * SAMPLE_DOCS * SAMPLE_READ or not name.endswith(".jsonl")
+    where = {"input": str(path.parent), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
+    config = BuildConfig(**where, num_ranks=1, seed=5)
+    first = Build.start(config, "night-1").tokenize(0, progress=False)
+    nightly = Build.start(config, "night-2")  # its plan recognises the file unchanged, without reading it
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the input was read whole")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DocumentReader, "__iter__", refused)
+        read = counting_reads(patched, path)
+        again = nightly.tokenize(0, progress=False)
+    assert [f.hit for f in again.record.cache.files] == [True] and again.record.counts == first.record.counts
+    assert file_bytes(tmp_path / "out" / "night-2" / "ranks") == file_bytes(tmp_path / "out" / "night-1" / "ranks")
+    if name.endswith(".jsonl"):
+        assert 0 < sum(read) <= 2 * SAMPLE_DOCS * SAMPLE_READ, sum(read)
+    elif name.endswith(".parquet"):  # the footer and the row groups of its sampled rows, of 1,000 rows each
+        assert 0 < sum(read) < path.stat().st_size / 2, sum(read)
+    else:  # decompressed from its start up to its last sampled document, at most once
+        assert 0 < sum(read) <= path.stat().st_size, sum(read)
+
+
+def test_an_entry_without_places_is_read_whole_as_before(tmp_path, sample_tokenizer, caplog) -> None:
+    """An entry stored by an earlier version records no places: it still hits, held against its whole input as
+    before, which still finds a document changed anywhere in a small file."""
+    source = corpus(tmp_path / "corpus", files=60)
+    cache = tmp_path / "cache"
+    run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3, max_reject_fraction=None)
+    for name in ("part-004.jsonl", "part-005.jsonl"):
+        key, folder = entry_of(cache, name)
+        (folder / "places.i64").unlink()
+        if name == "part-005.jsonl":
+            tokens = np.fromfile(folder / "segment.ds", dtype=np.uint16)
+            tokens[-2] = (int(tokens[-2]) + 1) % 4096
+            rewritten(folder / "segment.ds", tokens.tobytes())
+        restamp(cache, key)
+    caplog.set_level(logging.WARNING)
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3, max_reject_fraction=None)
+    missed = [f["url"].rsplit("/", 1)[-1] for f in again["cache"]["files"] if not f["hit"]]
+    assert missed == ["part-005.jsonl"] and file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean")
+    assert re.search(r"its document \d+ is not what the input's record at line \d+ encodes to", caplog.text)

@@ -6,9 +6,11 @@ Every line or row read ends up as exactly one of: a :class:`Record` (which may h
 
 from __future__ import annotations
 
+import bisect
 import errno
 import functools
 import io
+import itertools
 import logging
 import os
 import re
@@ -18,7 +20,7 @@ from collections.abc import Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from gzip import BadGzipFile
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import fsspec
 import orjson
@@ -33,11 +35,15 @@ from tokenization.storage.files import StorageOptions, file_sha256, is_local, ma
 from tokenization.storage.locations import GLOB_CHARS, glob_folder, resolve
 from tokenization.wording import counted
 
+if TYPE_CHECKING:
+    import pyarrow.parquet
+
 JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 PARQUET_EXTENSION = ".parquet"
 PARQUET_BATCH_ROWS = 1024
 READ_BUFFER = 1 << 20
+SAMPLE_READ = 64 << 10  # read at each place ``DocumentReader.at`` reads a plain file
 ZSTD_SLICE = 1 << 10  # compressed bytes inflated at once: <= 32 MiB out (RLE: 4 bytes, 128 KiB); 8% slower than 1 MiB
 DEFAULT_MAX_RECORD_BYTES = 64 << 20  # a line or row: a 50 MB document (1 GB to encode) passes; a few fit any worker
 RAW_HEAD_BYTES = 1 << 10  # of a record too large to keep, the bytes its quarantine entry shows
@@ -138,6 +144,7 @@ class Record:
     line: int
     data: dict | None = None  # the whole record, kept only when the reader is asked to (count --annotate)
     special_spans: list[tuple[int, int]] | None = None  # special tokens its chat template wrote (rendering.Rendered)
+    offset: int = -1  # where its line starts in the file's (decompressed) bytes, or its row in a parquet file
 
 
 def file_format(url: str) -> tuple[str, str | None]:
@@ -692,7 +699,9 @@ class DocumentReader:
             self._done_bytes += file.span_bytes
             self._raw = None
 
-    def _parse(self, obj: object, url: str, line: int, raw: bytes | bytearray | str) -> Record | Rejected:
+    def _parse(
+        self, obj: object, url: str, line: int, raw: bytes | bytearray | str, offset: int = -1
+    ) -> Record | Rejected:
         def reject(reason: str) -> Rejected:
             text = raw if isinstance(raw, str) else raw.decode("utf-8", "backslashreplace")
             return Rejected(url, line, reason, text.rstrip("\n"))
@@ -709,7 +718,30 @@ class DocumentReader:
         ranges = no_loss_ranges(rendered.loss_spans, len(text), ranges)
         doc_id = get_field(obj, self.id_key)
         doc_id = f"{url}/{line - 1}" if doc_id is MISSING or doc_id is None else str(doc_id)
-        return Record(text, doc_id, ranges, url, line, obj if self.keep_data else None, rendered.special_spans)
+        data = obj if self.keep_data else None
+        return Record(text, doc_id, ranges, url, line, data, rendered.special_spans, offset)
+
+    def _line(
+        self, url: str, line_no: int, line: bytes | bytearray | _Oversized, offset: int
+    ) -> Record | Rejected | None:
+        """The record of one line (None for a blank one, which is counted) that starts at byte ``offset``."""
+        if isinstance(line, _Oversized):
+            return _too_large(url, line_no, line.head, line.size, self.max_record_bytes)
+        if line_no == 1 and line.startswith(UTF8_BOM):  # editors on Windows write one
+            line = line[len(UTF8_BOM) :]
+        if not line.strip():
+            self.blank_lines += 1
+            return None
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            try:
+                line.decode("utf-8")
+                reason = "malformed_json"
+            except UnicodeDecodeError:
+                reason = "invalid_utf8"
+            return Rejected(url, line_no, reason, line.decode("utf-8", "backslashreplace").rstrip("\n"))
+        return self._parse(obj, url, line_no, line, offset)
 
     def _jsonl(self, file: InputFile, compression: str | None) -> Iterator[Record | Rejected]:
         url = file.url
@@ -722,26 +754,11 @@ class DocumentReader:
                 start, end, before = line_span(raw, file) if file.part else (0, file.size, 0)
                 source = Window(raw, start, end) if file.part else raw
                 stream = _decompressed(source, compression)  # (held: freeing it would close ``raw``)
+                offset = start if not compression else 0  # of the line, in the bytes the lines are read from
                 for line_no, line in enumerate(_bounded_lines(stream, limit), before + 1):
-                    if isinstance(line, _Oversized):
-                        yield _too_large(url, line_no, line.head, line.size, limit)
-                        continue
-                    if line_no == 1 and line.startswith(UTF8_BOM):  # editors on Windows write one
-                        line = line[len(UTF8_BOM) :]
-                    if not line.strip():
-                        self.blank_lines += 1
-                        continue
-                    try:
-                        obj = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        try:
-                            line.decode("utf-8")
-                            reason = "malformed_json"
-                        except UnicodeDecodeError:
-                            reason = "invalid_utf8"
-                        yield Rejected(url, line_no, reason, line.decode("utf-8", "backslashreplace").rstrip("\n"))
-                        continue
-                    yield self._parse(obj, url, line_no, line)
+                    at, offset = offset, offset + (line.size + 1 if isinstance(line, _Oversized) else len(line))
+                    if (item := self._line(url, line_no, line, at)) is not None:
+                        yield item
                 if raw.tell() < end:  # a short read must never pass for a short file
                     raise InputError(f"{url}: read {raw.tell()} of its {end} bytes, then the storage said EOF")
                 if compression and not raw.tell():  # gzip and zstd read it as empty, `gzip -t` as truncated
@@ -775,21 +792,78 @@ class DocumentReader:
                 groups, row = row_groups(parquet.metadata, file.part)
                 if groups == []:  # a part of a file with fewer row groups than parts
                     return
-                wanted = {self.text_key, self.id_key, "no_loss_ranges"}
-                wanted |= {key.split(".")[0] for key in (self.text_key, self.id_key)}
-                every = self.keep_data or self.renderer is not None  # a template may name any field
-                columns = None if every else [n for n in parquet.schema_arrow.names if n in wanted]
+                columns = self._columns(parquet)
                 batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=columns)
                 for batch in batches:
                     for obj in batch.to_pylist():
                         row += 1
-                        raw_row = orjson.dumps(obj, default=str)
-                        if len(raw_row) > self.max_record_bytes:
-                            yield _too_large(url, row, raw_row, len(raw_row), self.max_record_bytes)
-                        else:
-                            yield self._parse(obj, url, row, raw_row.decode())
+                        yield self._row(url, row, obj)
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{url}: unreadable parquet after row {row}; {type(exc).__name__}: {exc}") from exc
+
+    def _columns(self, parquet: pyarrow.parquet.ParquetFile) -> list[str] | None:
+        """The columns a parquet file's records need: all of them for a template, which may name any field."""
+        wanted = {self.text_key, self.id_key, "no_loss_ranges"}
+        wanted |= {key.split(".")[0] for key in (self.text_key, self.id_key)}
+        every = self.keep_data or self.renderer is not None
+        return None if every else [n for n in parquet.schema_arrow.names if n in wanted]
+
+    def _row(self, url: str, row: int, obj: dict) -> Record | Rejected:
+        """The record of a parquet file's row number ``row`` (from 1)."""
+        raw_row = orjson.dumps(obj, default=str)
+        if len(raw_row) > self.max_record_bytes:
+            return _too_large(url, row, raw_row, len(raw_row), self.max_record_bytes)
+        return self._parse(obj, url, row, raw_row.decode(), row - 1)
+
+    def at(self, file: InputFile, places: Sequence[tuple[int, int]]) -> list[Record | Rejected | None]:
+        """The records that start at these places of a file, as its reading gives them, without reading the rest:
+        each ``(offset, line)`` as ``Record.offset`` and ``Record.line`` give it, in order of offset. None where no
+        line starts at the offset, or it is blank. A plain JSON-lines file is read at each offset only (a
+        ``SAMPLE_READ`` buffer); a compressed one is decompressed from its start up to the last place, its bytes
+        before discarded (gzip and zstd streams cannot be entered in the middle); a parquet file's row groups that
+        hold the places are read, and only those."""
+        kind, compression = file_format(file.url)
+        fs, path = open_fs(file.url, self.storage_options)
+        with fs.open(path, "rb") as raw:
+            if kind == "parquet":
+                return self._rows_at(file.url, raw, places)
+            stream = _decompressed(raw, compression) if compression else io.BufferedReader(raw, SAMPLE_READ)
+            found: list[Record | Rejected | None] = []
+            position, last = 0, b"\n"  # in a compressed stream, which only reads forward: the byte before it
+            for offset, line in places:
+                if offset < position or offset < 0:  # within a line read already
+                    found.append(None)
+                    continue
+                if offset > position or not compression:
+                    before = max(offset - 1, 0)  # the byte before the line: the newline that ends the one before
+                    if compression:
+                        _skip(stream, before - position)
+                    else:
+                        stream.seek(before)
+                    last = stream.read(1) if offset else b"\n"
+                got = next(_bounded_lines(stream, self.max_record_bytes), None) if last == b"\n" else None
+                size = 0 if got is None else got.size + 1 if isinstance(got, _Oversized) else len(got)
+                position, last = offset + size, (b"\n" if size else last)
+                found.append(None if got is None else self._line(file.url, line, got, offset))
+            return found
+
+    def _rows_at(self, url: str, raw: IO[bytes], places: Sequence[tuple[int, int]]) -> list[Record | Rejected | None]:
+        """``at`` for a parquet file: its row groups that hold the places, read one at a time."""
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(raw)
+        rows = [parquet.metadata.row_group(g).num_rows for g in range(parquet.metadata.num_row_groups)]
+        starts = list(itertools.accumulate(rows, initial=0))
+        columns = self._columns(parquet)
+        read = functools.lru_cache(maxsize=1)(lambda group: parquet.read_row_group(group, columns=columns))
+        found: list[Record | Rejected | None] = []
+        for offset, line in places:
+            group = bisect.bisect_right(starts, offset) - 1
+            if not 0 <= group < len(rows) or line != offset + 1:
+                found.append(None)
+                continue
+            found.append(self._row(url, line, read(group).slice(offset - starts[group], 1).to_pylist()[0]))
+        return found
 
 
 def _decompressed(raw: io.RawIOBase | io.BufferedIOBase, compression: str | None) -> io.BufferedIOBase:
@@ -798,6 +872,12 @@ def _decompressed(raw: io.RawIOBase | io.BufferedIOBase, compression: str | None
     if compression == "gzip":  # ISA-L inflates ~3x faster than zlib: the reader keeps up with the encoder
         return igzip.GzipFile(fileobj=raw, mode="rb")
     return io.BufferedReader(_ZstdFrames(raw) if compression == "zstd" else raw, READ_BUFFER)
+
+
+def _skip(stream: io.BufferedIOBase, size: int) -> None:
+    """Read ``size`` bytes of a stream that cannot seek, a buffer at a time, keeping none."""
+    while size > 0 and (piece := stream.read(min(size, READ_BUFFER))):
+        size -= len(piece)
 
 
 def _whole_gzip_lines(raw: IO[bytes]) -> int:

@@ -33,7 +33,7 @@ from tokenization.formats import contents as hashed
 from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
 from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.moves import SourcePool
-from tokenization.inputs.sources import content_identity, text_bytes_about
+from tokenization.inputs.sources import Record, content_identity, file_format, text_bytes_about
 from tokenization.output.attempts import Attempt
 from tokenization.output.cache import Cache
 from tokenization.progress import Progress, ProgressMode
@@ -53,6 +53,7 @@ SEGMENTS = "segments"  # in the attempt's working folder: one folder a file, num
 SEGMENT = "segment.ds"
 LOSS = f"{SEGMENT}.loss"
 QUARANTINE = "quarantine.jsonl"
+PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``stages.hits``)
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
 
 
@@ -212,7 +213,7 @@ class FirstPass:
             return replace(hit, source=source)
         started = time.perf_counter()
         with_loss = self.save_loss or key is not None  # an entry holds its loss bytes, whatever this build saves
-        segment, written, plain = self._encode(file, folder, shown, threads, with_loss)
+        segment, written, plain = self._encode(file, folder, shown, threads, with_loss, places=key is not None)
         seconds = time.perf_counter() - started
         if key is None:
             return replace(segment, source=source)
@@ -235,20 +236,19 @@ class FirstPass:
             return None
         quarantine = folder / QUARANTINE
         tally = self.tally.next_file()
-        with writing(quarantine), open(quarantine, "wb") as out:
-            if QUARANTINE in fetched:
-                with open(fetched[QUARANTINE], "rb") as lines:
-                    for line in lines:
-                        item = replace(Rejected.loads(line, str(fetched[QUARANTINE])), file=file.url)
-                        out.write(_line(item))
-                        tally(item)
+        if QUARANTINE in fetched:  # else none is written: the rank's quarantine gathers those there are
+            with writing(quarantine), open(quarantine, "wb") as out, open(fetched[QUARANTINE], "rb") as lines:
+                for line in lines:
+                    item = replace(Rejected.loads(line, str(fetched[QUARANTINE])), file=file.url)
+                    out.write(_line(item))
+                    tally(item)
         self.tally.add(tally)
         counts = Counts.of(entry.counts)
         counts.contents = held.contents
         if held.plain is not None:  # this build saves no loss
             counts = _without_loss(counts, held.plain)
         shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
-        read = self._cache.cache.signer is None  # unsigned, its input file was read to check it (``_checked``)
+        read = self._cache.cache.signer is None and (PLACES not in fetched or file_format(file.url)[1] is not None)
         served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started, read=read)
         return Segment(file, fetched[SEGMENT], counts, quarantine, served)
 
@@ -271,7 +271,7 @@ class FirstPass:
             return problem
         if self._cache.cache.signer is not None:  # its marker's signature verified: made by a build with the key
             return held
-        return self._hits(file).disagreement(entry, held.segment, quarantine, file) or held
+        return self._hits(file).disagreement(entry, held.segment, quarantine, file, fetched.get(PLACES)) or held
 
     def _against_counts(self, c: RankCounts, held: Held, quarantine: Path | None) -> str | None:
         """How a segment and its quarantine disagree with their counts, or None: every id within the vocabulary,
@@ -318,12 +318,13 @@ class FirstPass:
         return self.encoder.on_hf()
 
     def _encode(
-        self, file: InputFile, folder: Path, shown: Progress, threads: Threads, with_loss: bool
+        self, file: InputFile, folder: Path, shown: Progress, threads: Threads, with_loss: bool, *, places: bool
     ) -> tuple[Segment, WrittenTokenFile, ContentsHasher | None]:
-        """A miss (or no cache): the file's documents encoded into the segment, rejects to its quarantine; an
-        attempt whose lease is found lost stops at the next batch (its successor does the work). ``with_loss``:
-        with loss bytes, and their counts; when this build saves none, the contents of its tokens alone are hashed
-        too (the hasher returned), on the writer's own thread, as it writes."""
+        """A miss (or no cache): the file's documents encoded into the segment, rejects to its quarantine, and with
+        ``places`` (to store) where each document starts in the input (``PLACES``, a batch at a time); an attempt
+        whose lease is found lost stops at the next batch (its successor does the work). ``with_loss``: with loss
+        bytes, and their counts; when this build saves none, the contents of its tokens alone are hashed too (the
+        hasher returned), on the writer's own thread, as it writes."""
         with writing(folder):
             folder.mkdir(parents=True, exist_ok=True)
         counts, tally = Counts(), self.tally.next_file()
@@ -347,7 +348,14 @@ class FirstPass:
         )
         # the writer's threads stop at the block's end on errors too: no buffered byte of a failed try may reach a
         # file that a second try reopens
-        with writing(quarantine), open(quarantine, "wb") as bad, writer:
+        where = folder / PLACES
+        with (
+            writing(quarantine),
+            open(quarantine, "wb") as bad,
+            writing(where),
+            open(where, "wb") if places else contextlib.nullcontext() as at,
+            writer,
+        ):
 
             def reject(item: Rejected) -> None:
                 bad.write(_line(item))
@@ -370,6 +378,8 @@ class FirstPass:
                     lengths = batch.encoded.lengths
                     ends = np.cumsum(lengths)[lengths > 0]  # a document of no token is counted empty, not written
                     writer.write(batch.encoded.tokens, ends, batch.encoded.loss)
+                    if at is not None:
+                        at.write(_places(batch.records, lengths).astype("<i8").tobytes())
         self.tally.add(tally)
         written = writer.written
         if written is None:  # set when the block above closed it
@@ -383,6 +393,8 @@ class FirstPass:
         kept = [f for f in written.files if not (ones and f.name == LOSS)]
         files = {f.name: segment.path.with_name(f.name) for f in kept}
         sums = {f.name: f.sum for f in kept}
+        files[PLACES] = segment.path.with_name(PLACES)
+        sums[PLACES] = FileSum.of(files[PLACES].stat().st_size, file_checksum(files[PLACES]), ALGORITHM)
         if size := segment.quarantine.stat().st_size:
             files[QUARANTINE] = segment.quarantine
             sums[QUARANTINE] = FileSum.of(size, file_checksum(segment.quarantine), ALGORITHM)
@@ -489,6 +501,13 @@ def _served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: fl
         tokens=counts.tokens,
         seconds=round(seconds, 3),
     )
+
+
+def _places(records: Sequence[Record], lengths: np.ndarray) -> np.ndarray:
+    """Where the documents that a batch wrote start in their input, a row each: the offset and the line of their
+    records (``inputs.sources.Record``), for a hit to read only those it samples."""
+    texts = np.array([(r.offset, r.line) for r in records if r.text], dtype=np.int64).reshape(-1, 2)
+    return texts[lengths > 0]
 
 
 def _lines(path: Path) -> int:

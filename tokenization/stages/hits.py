@@ -4,30 +4,35 @@ done).
 
 An entry's marker records each file's size and checksum, which catch an entry damaged since it was stored, never
 one written to deceive: whoever can write the cache can store another file's tokens under a key, or change an id,
-and write sizes, checksums and counts to match. So a hit is also held against what it was made from, at a small part
-of the cost of encoding it again:
+and write sizes, checksums and counts to match. So a hit is also held against what it was made from, at a cost that
+does not grow with its input file: a sample of its documents is read from the input, where the entry says they
+start, and encoded again with HF, and must be the hit's, tokens and loss bytes.
 
-- its input file is read again, as its rank reads it (decompressed, parsed, rendered, but not encoded): on the
-  shared corpora that runs at 100-240 MB/s of text on one core, where the fast engine encodes 10-80 MB/s on two.
-  What reading gives must be what the entry says: the records read, blank lines, text bytes, empty records,
-  documents and rejected records by reason, and its quarantine line by line: each line the reader's own record
-  with its line, reason and raw text, or, for a record quarantined because it cannot be cut, that very record's
-  text;
-- a sample of its documents is encoded again with HF and must be the hit's, tokens and loss bytes: the first
-  document, then others, ``SAMPLE_DOCS`` at most, drawn from the entry's key and the build's run folder: a retry
-  of a build draws the same, each new build others, so that an id changed anywhere is found, build after build.
-  They are encoded whole while ``SAMPLE_BYTES`` of text last; a drawn document beyond them, of any length, by a
-  window of its text (``_window``), whose tokens must be in it, in a row. Each is matched to its input record by
-  counting the records that were written, so the input is read once, to its end.
+- The places: a miss records, beside its segment, where each document's record starts in its input
+  (``first_pass.PLACES``: the byte offset of its line in the file's decompressed bytes, or its row in a parquet
+  file, and its line or row number). They must go forward through the file, a document each, on lines the
+  entry's quarantine does not name.
+- The sample: the first document, then others, ``SAMPLE_DOCS`` at most, drawn from the entry's key and the
+  build's run folder: a retry of a build draws the same, each new build others, so that an id changed anywhere is
+  found, build after build. Each is read where its place says (``DocumentReader.at``): a plain JSON-lines file a
+  buffer at each place, a parquet file the row groups that hold them; a gzip or zstd file cannot be entered in the
+  middle, so it is decompressed from its start up to the last drawn document (on average most of the file: set a
+  key for compressed corpora). A place where no record with text starts is a disagreement. They are encoded whole
+  while ``SAMPLE_BYTES`` of text last; a drawn document beyond them, of any length, by a window of its text
+  (``_window``), whose tokens must be in it, in a row.
 
-What this catches: another file's tokens (swapped entries) whenever the two files differ in their records, text
-bytes, blank lines or quarantine, or in their first document; a record slipped into, or changed in, a quarantine;
-a document's tokens replaced, when it is in the sample (always, in a file of at most ``SAMPLE_DOCS``); an id
-changed to another valid id in the sample's text, so with probability about ``SAMPLE_DOCS / n`` in a file of n
-documents each build, times the share of a long document its window covers. What it does not: an id changed
-outside the sample's text, nor a count that no file holds (the special-token text counted). Its cost: reading
-the input again, and loading HF's tokenizer once a rank (0.2-0.7 s), which a rank that only hits would not load
-otherwise.
+What this catches: another file's tokens (swapped entries), unless the two files have the same first document and
+the same records at the drawn places; a document's tokens replaced, when it is in the sample (always, in a file of
+at most ``SAMPLE_DOCS``); an id changed to another valid id in the sample's text, so with probability about
+``SAMPLE_DOCS / n`` in a file of n documents each build, times the share of a long document its window covers; a
+quarantined record planted on a document's line. What it does not: an id changed outside the sample's text; counts
+(records read, blank lines, text bytes, empty records, rejects by reason) and quarantined records that agree with
+the entry's own files but not with the input (a record planted on a blank line, or one removed), and documents of
+the input left out of the entry, their places skipped: these need reading the whole input, which a key makes
+unnecessary. Its cost: a few reads of the input, and loading HF's tokenizer once a rank (0.2-0.7 s).
+
+An entry stored before places were recorded has none: it is held against its whole input, read again as its rank
+reads it (``_read_again``: counts, quarantine line by line, the sample matched by counting records), as before.
 """
 
 from __future__ import annotations
@@ -82,13 +87,16 @@ class HitCheck:
     build: str  # the run folder of the build that reads the hits: each build draws its own sample
 
     def disagreement(
-        self, entry: CacheEntry, segment: TokenFile, quarantine: Path | None, file: InputFile
+        self, entry: CacheEntry, segment: TokenFile, quarantine: Path | None, file: InputFile, places: Path | None
     ) -> str | None:
-        """How the hit ``entry`` (its ``segment`` and its ``quarantine`` file, if any, both checked against its
-        marker) disagrees with the input ``file`` it stands for, or None."""
+        """How the hit ``entry`` (its ``segment``, its ``quarantine`` file, if any, and its ``places``, all checked
+        against its marker) disagrees with the input ``file`` it stands for, or None. An entry stored before places
+        were recorded has none: its input is read whole (``_read_again``)."""
         c = entry.counts
         seed = f"{self.build}\n{entry.key}"
         drawn = _drawn(seed, c.docs_written)
+        if places is not None:
+            return self._at_places(segment, quarantine, file, places, drawn, seed)
         try:
             read, problem = self._read_again(file, quarantine, set(drawn))
         except RecordError as exc:
@@ -112,6 +120,38 @@ class HitCheck:
                 f"say {c.docs_written:,} documents and {c.empty:,} empty"
             )
         return self._sample_problem(segment, read.sampled, drawn, silent, seed)
+
+    def _at_places(
+        self, segment: TokenFile, quarantine: Path | None, file: InputFile, places: Path, drawn: list[int], seed: str
+    ) -> str | None:
+        """How the drawn documents differ from the input's records where the hit's places say they start (read
+        there, and nowhere else: ``DocumentReader.at``), or None. The places must go forward through the file, a
+        document each, on lines that its quarantine does not name."""
+        table = np.fromfile(places, dtype="<i8")
+        documents = len(segment.ends)
+        if len(table) != 2 * documents:
+            return f"its places file holds {len(table) * 8:,} bytes, for {documents:,} documents"
+        offsets, lines = table.reshape(-1, 2).T
+        if documents and (
+            offsets[0] < 0 or lines[0] < 1 or (np.diff(offsets) <= 0).any() or (np.diff(lines) <= 0).any()
+        ):
+            return "its places do not go forward through its input file"
+        try:
+            named = [(item.line, item.reason) for item in _quarantined(quarantine)]
+        except RecordError as exc:
+            return f"its quarantine is not one: {exc}"
+        if named and (clash := np.flatnonzero(np.isin(lines, [line for line, _ in named]))).size:
+            line, reason = next(item for item in named if item[0] == lines[clash[0]])
+            return f"its quarantine holds line {line} ({reason}), where its document {clash[0]} starts"
+        order = sorted(drawn, key=lambda k: offsets[k])
+        found = self.options.reader([file], self.renderer).at(file, [(int(offsets[k]), int(lines[k])) for k in order])
+        sampled = {}
+        for k, item in zip(order, found, strict=True):
+            if not isinstance(item, Record) or not item.text:
+                at = f"line {lines[k]} (byte {offsets[k]:,})"
+                return f"its document {k} is at {at} of its input, which holds no record with text there"
+            sampled[k] = item
+        return self._sample_problem(segment, sampled, drawn, 0, seed)
 
     def _read_again(self, file: InputFile, quarantine: Path | None, drawn: set[int]) -> tuple[_Read, str | None]:
         """Read the input file as its rank does, checking the hit's quarantine line by line on the way; keep the

@@ -234,18 +234,21 @@ def download(fs: fsspec.AbstractFileSystem, src: str, dest: Path) -> None:
 def link_or_copy(src: Path, dest: Path) -> None:
     """``dest`` as a second name of the finished file ``src`` (a hard link: no byte is copied, and removing either
     name leaves the other whole), or, across filesystems or where links are refused, as a copy flushed to disk. A
-    missing ``src`` raises ``FileNotFoundError`` as it is; the files must never be written again through either
-    name."""
-    with writing(dest):
-        dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dest)
-        return
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        if exc.errno not in NO_LINK:
-            raise write_error(exc, dest) from exc
+    missing ``src`` raises ``FileNotFoundError`` as it is; ``dest``'s folder is made when missing. The files must
+    never be written again through either name."""
+    for made in (False, True):  # its folder made only when the link finds none: a stat and a mkdir a file saved
+        try:
+            os.link(src, dest)
+            return
+        except FileNotFoundError:
+            if made or dest.parent.is_dir():
+                raise
+            with writing(dest):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if exc.errno not in NO_LINK:
+                raise write_error(exc, dest) from exc
+            break
     with open(src, "rb") as source, writing(dest), open(dest, "wb") as target:
         shutil.copyfileobj(source, target, READ_BYTES)
         target.flush()

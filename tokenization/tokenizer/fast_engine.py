@@ -69,9 +69,9 @@ class _AwkwardUnimported:
 
     gigatoken hands a batch's ids back as an ``awkward.Array`` when it can import awkward, and else as a list of
     numpy views of one flat array (its documented fallback): the same ids, without importing awkward, which takes
-    ~0.17 s of CPU (it imports pyarrow), an eighth of a GPT-2 tokenize row. Where awkward is imported
-    already (a build's fork server preloads it) nothing changes. While a call encodes, another thread of this
-    process that imports awkward for the first time gets ``ModuleNotFoundError``: no stage does."""
+    ~0.17 s of CPU (it imports pyarrow), an eighth of a GPT-2 tokenize row. Where the caller imported awkward
+    already, nothing changes. While a call encodes, another thread of this process that imports awkward for the
+    first time gets ``ModuleNotFoundError``: no stage does."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -447,7 +447,8 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 STEP_TASKS = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}
-PRELOADED = (__name__, "awkward", "pyarrow.compute")  # what a worker imports: the stages, and what they load lazily
+PRELOADED = (__name__, "pyarrow.compute")  # what a worker imports: the stages, and what they load lazily (not awkward,
+# which the fast engine goes without: ``fast_engine.flat_batch``)
 _relayed: Queue | None = None  # in a worker process: where its step's progress goes
 
 

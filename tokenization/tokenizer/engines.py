@@ -28,14 +28,14 @@ EngineChoice = Literal["auto", "hf"]
 ENGINES: tuple[str, ...] = ("auto", "hf")
 CHECK_EVERY = 1024  # one piece in 1024 is encoded again by HF, on a few cores at ~1 MB/s: ~5% on top of the engine
 # Bytes of text below which "auto" encodes with HF when told about how many there are (a rank that takes most of
-# its files from the tokenization cache). In a rank's worker (awkward imported by the fork server) building the fast
-# engine costs 0.16 s of CPU (GPT-2) to 0.7 s (Llama 3), then ~0.03 s a MB; HF encodes 2.2-2.8 MB of text a CPU
+# its files from the tokenization cache). In a rank's worker building the fast engine (no awkward imported since
+# issue 53) costs 0.16 s of CPU (GPT-2) to 0.7 s (Llama 3), then ~0.03 s a MB; HF encodes 2.2-2.8 MB of text a CPU
 # second. So HF is sooner below 0.35-1.9 MB of text: 1 MiB costs either at most ~0.3 s more than the other. (At
 # 2 MiB of input bytes, counted compressed, a next night's rank of two changed 0.5 MB gzip files, 3.5 MB of text,
 # encoded them on HF: 1.7 s of CPU, where the first night's fast engine took 0.03-0.09 s a file.)
 FAST_ENGINE_MIN_BYTES = 1 << 20
-# A group of fewer characters is encoded by HF alone: the fast engine's fixed cost a call (~1-3 ms, building its
-# output in awkward) is what HF takes for a few kB, and ranks of many one-line files make a call a file.
+# A group of fewer characters is encoded by HF alone: the fast engine's fixed cost a call (~1-3 ms, its thread and
+# its output) is what HF takes for a few kB, and ranks of many one-line files make a call a file.
 HF_GROUP_CHARS = 4096
 
 

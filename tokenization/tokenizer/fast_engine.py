@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +62,56 @@ def _off_main_thread(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return thread.submit(call, *args, **kwargs).result()
     finally:
         thread.shutdown(wait=False)  # interrupted, the call ends on its own
+
+
+class _AwkwardUnimported:
+    """While entered (by any number of threads), ``import awkward`` fails unless awkward is imported already.
+
+    gigatoken hands a batch's ids back as an ``awkward.Array`` when it can import awkward, and else as a list of
+    numpy views of one flat array (its documented fallback): the same ids, without importing awkward, which takes
+    ~0.17 s of CPU (it imports pyarrow), an eighth of a GPT-2 tokenize row. Where the caller imported awkward
+    already, nothing changes. While a call encodes, another thread of this process that imports awkward for the
+    first time gets ``ModuleNotFoundError``: no stage does."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._blocked = False  # whether this put the None in ``sys.modules`` that makes the import fail
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._inside += 1
+            if self._inside == 1 and AWKWARD not in sys.modules:
+                sys.modules[AWKWARD] = None  # type: ignore[assignment]  # import's documented "not importable"
+                self._blocked = True
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0 and self._blocked:
+                self._blocked = False
+                if sys.modules.get(AWKWARD, ...) is None:
+                    del sys.modules[AWKWARD]
+
+
+AWKWARD = "awkward"
+_awkward_unimported = _AwkwardUnimported()
+
+
+def flat_batch(batch: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A batch from ``encode_batch`` as its ids end to end (uint32) and how many each text has: from an
+    ``awkward.Array``'s buffers, or from the numpy views that gigatoken returns without awkward (views of one flat
+    array, which is taken as it is rather than copied)."""
+    if isinstance(batch, list):
+        lengths = np.fromiter(map(len, batch), np.int64, len(batch))
+        total = int(lengths.sum())
+        base = batch[0].base if batch else None
+        if isinstance(base, np.ndarray) and base.dtype == np.uint32 and base.ndim == 1 and base.size == total:
+            return base, lengths
+        return (np.concatenate(batch) if batch else np.empty(0, np.uint32)), lengths
+    layout = batch.layout
+    offsets = np.asarray(layout.offsets)
+    return layout.content.data[offsets[0] : offsets[-1]], np.diff(offsets)
 
 
 class Unsupported(ValueError):
@@ -136,7 +187,8 @@ class FastEngine:
 
         try:
             self._tokenizer: gigatoken.Tokenizer | None = _off_main_thread(gigatoken.Tokenizer.from_json, self._data)
-            _off_main_thread(self._tokenizer.encode_batch, ["warm up"], parallel=False)  # its lazy start is loading
+            with _awkward_unimported:  # its lazy start is loading
+                _off_main_thread(self._tokenizer.encode_batch, ["warm up"], parallel=False)
         except BaseException as exc:  # gigatoken raises plain exceptions with its reason, or panics
             if not isinstance(exc, Exception) and not is_panic(exc):
                 raise
@@ -186,15 +238,14 @@ class FastEngine:
                 raise TokenizerError("the fast engine has no tokenizer after loading it")
             self._busy += 1
         try:
-            batch = _off_main_thread(tokenizer.encode_batch, texts, parallel=self._parallel())
+            with _awkward_unimported:
+                batch = _off_main_thread(tokenizer.encode_batch, texts, parallel=self._parallel())
         finally:
             del tokenizer
             with self._state:
                 self._busy -= 1
                 self._state.notify_all()
-        layout = batch.layout
-        offsets = np.asarray(layout.offsets)
-        ids = layout.content.data[offsets[0] : offsets[-1]]
+        ids, lengths = flat_batch(batch)
         with self._state:
             self._chars += sum(map(len, texts))
             if not self._draining and self.budget.exceeded(resident_bytes(), self._loaded_at, self._chars):
@@ -205,7 +256,7 @@ class FastEngine:
                 finally:
                     self._draining = False
                     self._state.notify_all()
-        return ids, np.diff(offsets)
+        return ids, lengths
 
     def _parallel(self) -> bool:
         """Whether to use the thread pool: a pool that a parent process started has no threads after a fork, and

@@ -230,7 +230,7 @@ class Build:
             bucket=bucket,
             save_loss=self.config.save_loss,
             local_working_dir=self.config.merge_working_dir or self.config.local_working_dir,
-            mixture=self.config.mixture,
+            mixture=self.config.mixed,
             choice=None if self.config.mixed is None else self.layout.run.sub(CHOICE).url,
             **self.config.shared(MergeOptions),
         )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
 
@@ -49,7 +49,7 @@ from tokenization.formats.moves import (
     sorted_union,
     uses_contents,
 )
-from tokenization.options import Options, option
+from tokenization.options import Options, option, params
 from tokenization.output import manifest
 from tokenization.output.attempts import Attempt, attempt_at
 from tokenization.output.manifest import Described, StageResult
@@ -64,6 +64,7 @@ from tokenization.records import (
     Mixture,
     PseudoEnds,
     RankManifest,
+    Record,
     RecordError,
     SizedInput,
     SourceMix,
@@ -123,8 +124,11 @@ class MergeConfig(MergeOptions):
         None, help="local folder for staging and for copies of remote inputs (default: the system's temp)"
     )
     max_open_files: int = option(MAX_OPEN_FILES, minimum=1, help="input files held open at once")
-    mixture: dict | None = option(
-        None, cli=False, help="a build's mixture: the merge chooses and interleaves its sources (tokenization.mixing)"
+    mixture: Mixture | None = option(
+        None,
+        cli=False,
+        help="a build's mixture, read and checked once by the build (``BuildConfig.mixed``): the merge chooses and "
+        "interleaves its sources (tokenization.mixing)",
     )
     choice: str | None = option(
         None,
@@ -322,7 +326,7 @@ class _Mixed:
 
 def _prepare(config: MergeConfig) -> _Prepared:
     given = config.folder(config.input)
-    mixture = None if config.mixture is None else mixing.read_mixture(config.mixture, "mixture")
+    mixture = config.mixture
     if config.bucket is None:
         urls, described = manifest.token_files(given), manifest.output_entries(given)
     else:
@@ -693,11 +697,13 @@ def _fingerprint(config: MergeConfig, inputs: MergeInputs, width: int) -> str:
     plan = {
         "inputs": [[u.rsplit("/", 1)[-1], s] for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
         "index_entries": len(inputs.ends),
-        "params": {k: v for k, v in asdict(config).items() if k not in IRRELEVANT_TO_BYTES},
+        "params": {k: v for k, v in params(config).items() if k not in IRRELEVANT_TO_BYTES},
         "width": width,
         "numpy": np.__version__,
     }
-    return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    # a record among the params (the mixture) in its JSON, as the manifest records it
+    options = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+    return hashlib.sha256(orjson.dumps(plan, default=Record.to_json, option=options)).hexdigest()
 
 
 def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerprint: str) -> list[MergeOutput]:

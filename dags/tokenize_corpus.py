@@ -52,9 +52,10 @@ run's `plan` builds it all again. Its *Build report* tab opens the report. The s
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pendulum
-from airflow.sdk import Asset, CronTriggerTimetable, TriggerRule, dag, get_current_context, task
+from airflow.sdk import Asset, Context, CronTriggerTimetable, TriggerRule, dag, get_current_context, task
 from airflow.sdk.configuration import conf as airflow_conf
 from tokenization_airflow import tasks
 from tokenization_airflow.deployment import deployment
@@ -89,10 +90,12 @@ PARAMS = build_params(DEFAULTS) | airflow_params()
     tags=["tokenization"],
     doc_md=__doc__,
 )
-def tokenize_corpus():
+def tokenize_corpus() -> None:
     @task(retries=0)
     @tasks.one_line_failures
-    def plan(params: dict | None = None, run_id: str | None = None, dag_run=None, ti=None) -> list[int]:
+    def plan(
+        params: dict[str, Any] | None = None, run_id: str | None = None, dag_run: Any = None, ti: Any = None
+    ) -> list[int]:
         """Returns the ranks to map over; the run's plan goes out first, as XCom ``spec``.
 
         Not one ``multiple_outputs`` dict of both: ``.expand()`` maps only over a task's return value (Airflow 3.3
@@ -106,7 +109,7 @@ def tokenize_corpus():
 
     @task(map_index_template="rank-{{ rank_label }}")
     @tasks.one_line_failures
-    def tokenize(spec: dict, rank: int, params: dict | None = None) -> list[str]:
+    def tokenize(spec: dict[str, Any], rank: int, params: dict[str, Any] | None = None) -> list[str]:
         """Returns the rank's file names."""
         params = tasks.passed(params, "params")
         context = get_current_context()
@@ -123,7 +126,7 @@ def tokenize_corpus():
         map_index_template="bucket-{{ bucket_label }}",
     )
     @tasks.one_line_failures
-    def merge(spec: dict, bucket: int | None, params: dict | None = None) -> list[str]:
+    def merge(spec: dict[str, Any], bucket: int | None, params: dict[str, Any] | None = None) -> list[str]:
         """Returns the merged file names: of everything (bucket None), or of one bucket."""
         params = tasks.passed(params, "params")
         context = get_current_context()
@@ -133,13 +136,15 @@ def tokenize_corpus():
 
     @task
     @tasks.one_line_failures
-    def plan_context(spec: dict, params: dict | None = None) -> list[int]:
+    def plan_context(spec: dict[str, Any], params: dict[str, Any] | None = None) -> list[int]:
         """Returns the context-shuffle shards to map over, from the merged files on storage."""
         return tasks.build_of(tasks.passed(params, "params"), spec).context_shards()
 
     @task(map_index_template="shard-{{ shard_label }}")
     @tasks.one_line_failures
-    def context_shuffle(spec: dict, shard: int, shards: list, params: dict | None = None) -> list[str]:
+    def context_shuffle(
+        spec: dict[str, Any], shard: int, shards: list[Any], params: dict[str, Any] | None = None
+    ) -> list[str]:
         """Returns the shard's file names."""
         params = tasks.passed(params, "params")
         context = get_current_context()
@@ -149,7 +154,9 @@ def tokenize_corpus():
 
     @task(trigger_rule=TriggerRule.NONE_FAILED, outlets=[DATASET])
     @tasks.one_line_failures
-    def publish(spec: dict, params=None, run_id=None, outlet_events=None) -> dict:
+    def publish(
+        spec: dict[str, Any], params: Any = None, run_id: str | None = None, outlet_events: Any = None
+    ) -> dict[str, Any]:
         """Returns the build's figures, which the builds page lists; the Asset event carries them too."""
         published = tasks.build_of(params, spec).publish(DEPLOYMENT.keep_builds).summary().to_json()
         outlet_events[DATASET].extra = published | {"run_id": run_id}
@@ -176,10 +183,10 @@ def tokenize_corpus():
     contexts >> publish(spec)
 
 
-def attempt_owner(context) -> str:
+def attempt_owner(context: Context) -> str:
     """Names this task attempt in the message that refuses a second attempt at the same output."""
     ti = context["ti"]
-    index = f"[{ti.map_index}]" if ti.map_index >= 0 else ""
+    index = f"[{ti.map_index}]" if ti.map_index is not None and ti.map_index >= 0 else ""  # None: not mapped
     return f"Airflow {ti.dag_id}/{ti.run_id}/{ti.task_id}{index} try {ti.try_number}"
 
 

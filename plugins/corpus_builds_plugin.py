@@ -3,10 +3,11 @@ a "Build report" link on the ``publish`` task. The page itself lives in ``tokeni
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
-from airflow.sdk import BaseOperatorLink
+from airflow.sdk import BaseOperator, BaseOperatorLink
+from airflow.sdk.types import TaskInstanceKey
 from tokenization_airflow.builds_page import DAG_ID, PREFIX, app, report_url
 
 
@@ -17,7 +18,7 @@ class BuildReportLink(BaseOperatorLink):
 
     name = "Build report"
 
-    def get_link(self, operator, *, ti_key) -> str:
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         publish = ti_key.dag_id == DAG_ID and ti_key.task_id == "publish"
         return report_url(ti_key.dag_id, ti_key.run_id) if publish else ""
 
@@ -26,8 +27,8 @@ class CorpusBuildsPlugin(AirflowPlugin):
     name = "corpus_builds"
     # The ignores below: AirflowPlugin annotates these class-level lists as instance variables, which mypy refuses
     # to see overridden by class variables.
-    fastapi_apps: ClassVar[list] = [{"app": app, "url_prefix": PREFIX, "name": "Corpus builds"}]  # type: ignore[misc]
-    external_views: ClassVar[list] = [  # type: ignore[misc]  # (see above)
+    fastapi_apps: ClassVar[list[Any]] = [{"app": app, "url_prefix": PREFIX, "name": "Corpus builds"}]  # type: ignore[misc]
+    external_views: ClassVar[list[Any]] = [  # type: ignore[misc]  # (see above)
         {
             "name": "Corpus builds",
             "href": f"{PREFIX}/",
@@ -42,4 +43,4 @@ class CorpusBuildsPlugin(AirflowPlugin):
             "destination": "dag_run",
         },
     ]
-    global_operator_extra_links: ClassVar[list] = [BuildReportLink()]  # type: ignore[misc]  # (see above)
+    global_operator_extra_links: ClassVar[list[Any]] = [BuildReportLink()]  # type: ignore[misc]  # (see above)

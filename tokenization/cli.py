@@ -55,7 +55,7 @@ import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tokenization.errors import TokenizationError, UsageError, external_error
 from tokenization.options import add_arguments, from_arguments
@@ -623,7 +623,9 @@ class CommandParser(argparse.ArgumentParser):
 
     _given: Sequence[str] = ()
 
-    def parse_known_args(self, args=None, namespace=None):
+    def parse_known_args(  # type: ignore[override]  # argparse's overloads, which this passes through
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         self._given = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
@@ -667,7 +669,7 @@ def interrupted(args: argparse.Namespace) -> str:
     )
 
 
-def _above_bars() -> contextlib.AbstractContextManager:
+def _above_bars() -> contextlib.AbstractContextManager[Any]:
     """Log lines above a progress bar, not through it. Bars are drawn only on a terminal (``progress``), so
     elsewhere (a task log, a pipe) nothing is redirected and tqdm is not imported: a stage starts sooner."""
     if not sys.stderr.isatty():

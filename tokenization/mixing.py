@@ -32,6 +32,7 @@ import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -146,7 +147,7 @@ def read_mixture(data: object, where: str) -> Mixture:
     return mixture
 
 
-def _too_deep(data: dict) -> bool:
+def _too_deep(data: dict[str, Any]) -> bool:
     """Whether ``data`` holds a list or a mapping below a source's fields (looked at without recursion: a spec may
     be nested past Python's stack, or hold itself, through a YAML alias)."""
     stack: list[tuple[object, int]] = [(data, 1)]
@@ -159,7 +160,7 @@ def _too_deep(data: dict) -> bool:
     return False
 
 
-def _whole_tokens(data: dict, where: str) -> dict:
+def _whole_tokens(data: dict[str, Any], where: str) -> dict[str, Any]:
     """``data`` with its budget an integer when it is a whole number written as a float (``5e4``, ``50000.0``:
     JSON and YAML read an exponent as a float); any other fraction is refused."""
     tokens = data.get("tokens")
@@ -190,7 +191,7 @@ def _check_shares(mixture: Mixture, where: str) -> None:
             )
 
 
-def _no_strangers(given: dict, kind: type, where: str) -> None:
+def _no_strangers(given: dict[str, Any], kind: type, where: str) -> None:
     """Refuse a key that is no field of ``kind``, with the field it was likely meant to be."""
     known = [f.name for f in dataclasses.fields(kind)]
     for key in given:
@@ -202,7 +203,7 @@ def _no_strangers(given: dict, kind: type, where: str) -> None:
             )
 
 
-def load_mixture_file(path: str, storage_options: StorageOptions | None = None) -> dict:
+def load_mixture_file(path: str, storage_options: StorageOptions | None = None) -> dict[str, Any]:
     """A mixture file's object, at a path or fsspec URL (opened with ``storage_options``): JSON (``.json``, read as
     JSON reads it) or YAML, its numbers read as YAML 1.2 reads them (``1e-3`` is a number; JSON is YAML too); an
     error names the file. A source's relative ``input`` is made relative to the file's folder, so that a spec means

@@ -18,7 +18,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from functools import cache
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tokenization.errors import UsageError
 from tokenization.storage.folder import Folder
@@ -44,7 +44,7 @@ class Spec:
     cli: bool = True  # offered on the command line
     param: bool = True  # offered as a DAG param
     read: Callable[[str], Any] | None = None  # how the command line reads its value from its text (a file, say)
-    schema: dict | None = None  # its JSON schema, when its type says too little (an object's fields)
+    schema: dict[str, Any] | None = None  # its JSON schema, when its type says too little (an object's fields)
 
 
 def option(default: Any = MISSING, *, help: str, **spec: Any) -> Any:
@@ -61,14 +61,14 @@ class Kind:
 
     base: type  # str, int, float, bool, list or dict
     optional: bool  # None is allowed
-    choices: tuple | None  # a Literal's values
+    choices: tuple[Any, ...] | None  # a Literal's values
 
 
 @dataclass(frozen=True, kw_only=True)
 class Options:
     """The base of every config: checks bounds and choices when an instance is made; carries storage options."""
 
-    storage_options: Mapping = option(
+    storage_options: Mapping[str, Any] = option(
         {}, cli=False, param=False, help="per protocol, the filesystem's keyword arguments: {'s3': {'key': ...}}"
     )
 
@@ -87,7 +87,7 @@ class Options:
 
 
 @cache
-def fields_of(cls: type) -> tuple[tuple[dataclasses.Field, Spec, Kind], ...]:
+def fields_of(cls: type) -> tuple[tuple[dataclasses.Field[Any], Spec, Kind], ...]:
     """The option fields of a config class: its option groups' in the order the class lists them (the stages'
     order), then its own, each in definition order."""
     hints = _hints(cls)
@@ -167,12 +167,12 @@ def _article(base: type) -> str:
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(base, base.__name__)
 
 
-def json_schema(f: dataclasses.Field, spec: Spec, kind: Kind) -> dict:
+def json_schema(f: dataclasses.Field[Any], spec: Spec, kind: Kind) -> dict[str, Any]:
     """A field's JSON schema, as Airflow's Params validate the trigger form and the run's conf."""
     if spec.schema is not None:
         return {**spec.schema, "type": ["null", spec.schema["type"]]} if kind.optional else spec.schema
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
-    schema: dict = {"enum": list(kind.choices)} if kind.choices else {"type": names[kind.base]}
+    schema: dict[str, Any] = {"enum": list(kind.choices)} if kind.choices else {"type": names[kind.base]}
     if kind.optional:
         schema = {"enum": [None, *kind.choices]} if kind.choices else {"type": ["null", names[kind.base]]}
     if kind.base is str and not kind.choices:
@@ -193,7 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def _add(
-    group: argparse.ArgumentParser | argparse._ArgumentGroup, f: dataclasses.Field, spec: Spec, kind: Kind
+    group: argparse.ArgumentParser | argparse._ArgumentGroup, f: dataclasses.Field[Any], spec: Spec, kind: Kind
 ) -> None:
     help_text = (spec.flag_help or spec.help) + _default_note(f, kind)
     if spec.flag == "":
@@ -232,8 +232,8 @@ def _reader(read: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
-def _parser(kind: Kind):
-    def parse(text: str):
+def _parser(kind: Kind) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         if kind.optional and text.lower() in NONE_WORDS:
             return None
         return kind.base(text)
@@ -242,7 +242,7 @@ def _parser(kind: Kind):
     return parse
 
 
-def _default_note(f: dataclasses.Field, kind: Kind) -> str:
+def _default_note(f: dataclasses.Field[Any], kind: Kind) -> str:
     if kind.base is bool or f.default in (MISSING, None):
         return ""
     none = f"; {NONE_WORDS[-1]} for no limit" if kind.optional else ""
@@ -267,12 +267,15 @@ def section(cls: type, name: str) -> str | None:
     return None if owner is cls else _title(owner).split(":")[0]
 
 
-def params(config: Options) -> dict:
+def params(config: Options) -> dict[str, Any]:
     """The config as manifests record it: every field but the storage options, which may hold credentials."""
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "storage_options"}
 
 
-def from_arguments(cls: type, args: argparse.Namespace, **extra: Any):
+C = TypeVar("C", bound="Options")
+
+
+def from_arguments(cls: type[C], args: argparse.Namespace, **extra: Any) -> C:
     """A config from parsed arguments (their dests are its field names) and ``extra`` fields."""
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in vars(args).items() if k in names}, **extra)

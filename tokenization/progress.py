@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -35,7 +35,7 @@ class Relay:
     """Where a worker process's ``Progress`` goes instead of a terminal: ``(key, done, total, counts)`` put on a
     queue that the parent's ``Gathered`` reads, at most every ``RELAY_SECONDS`` and once at the end."""
 
-    def __init__(self, queue: Queue, key: str):
+    def __init__(self, queue: Queue[Any], key: str):
         self.queue, self.key = queue, key
         self._sent = float("-inf")
 
@@ -60,7 +60,7 @@ class Progress:
         self.relay = mode if isinstance(mode, Relay) else None
         if mode is None:
             mode = True if sys.stderr.isatty() else DEFAULT_SECONDS
-        self.bar: tqdm | None = None
+        self.bar: tqdm[Any] | None = None
         if mode is True:  # tqdm is imported only for a bar: a task log's stage starts without it
             from tqdm import tqdm
 
@@ -125,7 +125,7 @@ class Progress:
         elif self.interval is not None and exc_type is None:
             log.info("%s (done in %.1fs)", self.line(), time.monotonic() - self.started)
 
-    def _postfix(self) -> dict:
+    def _postfix(self) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         postfix = {name: f"{n:,}" for name, n in self.counts.items()}
         if "tokens" in self.counts:
@@ -138,7 +138,7 @@ class Gathered:
     thread of its own. ``total``: all the workers' work, when known up front; else the sum of the totals they
     report, which grows as they start."""
 
-    def __init__(self, desc: str, unit: str, mode: ProgressMode, queue: Queue, total: int | None = None):
+    def __init__(self, desc: str, unit: str, mode: ProgressMode, queue: Queue[Any], total: int | None = None):
         self.queue, self.fixed = queue, total is not None
         self.progress = Progress(desc, total or 0, unit, mode)
         self._reader = threading.Thread(target=self._read, name="progress", daemon=True)
@@ -162,7 +162,7 @@ class Gathered:
             latest[key] = (done, total, counts)
             if not self.fixed:
                 self.progress.grow(sum(total for _, total, _ in latest.values()))
-            summed: Counter = Counter()
+            summed: Counter[str] = Counter()
             for _, _, each in latest.values():
                 summed.update(each)
             self.progress.update(sum(done for done, _, _ in latest.values()), **summed)

@@ -41,7 +41,7 @@ SECURITY_HEADERS = {
 app = FastAPI(title="Corpus builds", docs_url=None, redoc_url=None, openapi_url=None)
 
 
-async def authenticated_user(request: Request):
+async def authenticated_user(request: Request) -> Any:
     """The logged-in Airflow user, from a bearer token or the UI's cookie: 401 without, 403 if invalid."""
     from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
     from airflow.api_fastapi.core_api.security import resolve_user_from_token
@@ -51,7 +51,7 @@ async def authenticated_user(request: Request):
     return await resolve_user_from_token(token)
 
 
-def readable_dag(dag_id: str, user) -> None:
+def readable_dag(dag_id: str, user: Any) -> None:
     """403 unless the user may read this DAG's runs."""
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
@@ -70,7 +70,7 @@ def report_url(dag_id: str, run_id: str) -> str:
     return f"{PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
 
 
-def list_builds(dag_id: str, limit: int = RUNS_SHOWN) -> list[dict]:
+def list_builds(dag_id: str, limit: int = RUNS_SHOWN) -> list[dict[str, Any]]:
     """The DAG's runs, newest first (by when they started; those waiting to start first), with what ``publish``
     recorded of each finished build, or why a failed one failed."""
     from airflow.models.dagrun import DagRun
@@ -106,7 +106,7 @@ def list_builds(dag_id: str, limit: int = RUNS_SHOWN) -> list[dict]:
                 )
             )
         }
-        first_failures: dict[str, dict] = {}
+        first_failures: dict[str, dict[str, Any]] = {}
         for run_id, task_id, map_index in failed:  # the first task to fail is the cause; the rest follow from it
             task = task_id if map_index < 0 else f"{task_id}[{map_index}]"
             cause = causes.get((run_id, task_id, map_index)) or "no cause recorded: see the task's log"
@@ -114,7 +114,7 @@ def list_builds(dag_id: str, limit: int = RUNS_SHOWN) -> list[dict]:
         return [_build_row(run, published.get(run.run_id), first_failures.get(run.run_id)) for run in runs]
 
 
-def _build_row(run, published: dict | None, failure: dict | None) -> dict:
+def _build_row(run: Any, published: dict[str, Any] | None, failure: dict[str, Any] | None) -> dict[str, Any]:
     """A run, what its ``publish`` returned (``None`` until the build is published; a summary that cannot be
     read leaves the figures out, with a warning), and its first failed task with the cause (``None`` without)."""
     build = None
@@ -187,7 +187,7 @@ async def refusal(request: Request, exc: HTTPException) -> Response:
 
 
 @app.get("/api/builds")
-def builds_json(user: User, dag_id: str = DAG_ID) -> list[dict]:
+def builds_json(user: User, dag_id: str = DAG_ID) -> list[dict[str, Any]]:
     readable_dag(dag_id, user)
     return list_builds(dag_id)
 

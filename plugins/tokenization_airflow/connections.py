@@ -27,7 +27,7 @@ class ConnectionTypeError(TokenizationError, ValueError):
     """The connection named for storage is of another type: its login would sign S3 requests that fail slowly."""
 
 
-def storage_options(conn_id: str | None, lookup: Literal["task", "secrets"] = "task") -> dict[str, dict]:
+def storage_options(conn_id: str | None, lookup: Literal["task", "secrets"] = "task") -> dict[str, dict[str, Any]]:
     """``{"s3": options}`` from the connection: looked up through the Task SDK in a task, or from the secrets
     backends and the metadata database in the api-server (where the builds page reads reports)."""
     from airflow.sdk.exceptions import AirflowNotFoundException
@@ -41,7 +41,7 @@ def storage_options(conn_id: str | None, lookup: Literal["task", "secrets"] = "t
         from airflow.models.connection import Connection as StoredConnection
 
         get = StoredConnection.get_connection_from_secrets
-    options: dict = {"config_kwargs": {"retries": RETRIES}}
+    options: dict[str, Any] = {"config_kwargs": {"retries": RETRIES}}
     conn = None
     if conn_id:
         try:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from asgiref.sync import sync_to_async
@@ -37,7 +37,9 @@ def waiting(missing: dict[int, str], build: Build) -> str:
     return f"waiting for {len(missing)} of {build.config.num_ranks} ranks: {listed(missing)}"
 
 
-def missing_shards(build: Build, dag_id: str, run_id: str, ranks_task_id: str) -> tuple[list | None, dict]:
+def missing_shards(
+    build: Build, dag_id: str, run_id: str, ranks_task_id: str
+) -> tuple[list[int | None] | None, dict[int, str]]:
     """``(the merge's buckets, {})`` when every rank's shard of the run's ``build`` is complete, else ``(None,
     {rank: why it is missing})``. Raises ``ShardsCannotComplete`` when a missing rank's task was never created or
     can never run (a failed one can still be cleared)."""
@@ -73,13 +75,15 @@ class ShardSensor(BaseSensorOperator):
 
     template_fields = ("spec", "sensor_timeout")
 
-    def __init__(self, *, spec: dict, sensor_timeout: int | str, ranks_task_id: str = "tokenize", **kwargs):
+    def __init__(
+        self, *, spec: dict[str, Any], sensor_timeout: int | str, ranks_task_id: str = "tokenize", **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.spec = spec
         self.sensor_timeout = sensor_timeout
         self.ranks_task_id = ranks_task_id
 
-    def execute(self, context):
+    def execute(self, context: Context) -> Any:
         found = self.poke(context)
         if found.is_done:
             return found.xcom_value
@@ -96,7 +100,7 @@ class ShardSensor(BaseSensorOperator):
         self.defer(trigger=trigger, method_name="resume", timeout=timedelta(seconds=timeout + TRIGGER_GRACE))
 
     @one_line_failures
-    def poke(self, context) -> PokeReturnValue:
+    def poke(self, context: Context) -> PokeReturnValue:
         ti, build = context["ti"], build_of(context["params"], self.spec)
         buckets, missing = missing_shards(build, ti.dag_id, ti.run_id, self.ranks_task_id)
         if missing:
@@ -104,7 +108,7 @@ class ShardSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=not missing, xcom_value=buckets)
 
     @one_line_failures
-    def resume(self, context, event: dict):
+    def resume(self, context: Context, event: dict[str, Any]) -> Any:
         """Where the task goes on when ``ShardTrigger`` fires: done, hopeless, or out of time."""
         if "failure" in event:
             raise ShardsCannotComplete(event["failure"])
@@ -125,8 +129,8 @@ class ShardTrigger(BaseTrigger):
     def __init__(
         self,
         *,
-        params: dict,
-        spec: dict,
+        params: dict[str, Any],
+        spec: dict[str, Any],
         dag_id: str,
         run_id: str,
         ranks_task_id: str,
@@ -144,7 +148,7 @@ class ShardTrigger(BaseTrigger):
             "deadline": deadline,
         }
 
-    def serialize(self) -> tuple[str, dict]:
+    def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -10,7 +10,7 @@ import difflib
 import functools
 import logging
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
@@ -41,7 +41,7 @@ class PlanError(TokenizationError):
     """The run cannot start: a param or the deployment is wrong."""
 
 
-def check_conf(conf: dict, declared: set[str]) -> None:
+def check_conf(conf: dict[str, Any], declared: set[str]) -> None:
     """Refuse keys of the run's conf that are no param: a misspelled param would otherwise be ignored."""
     unknown = sorted(set(conf) - declared)
     if unknown:
@@ -53,7 +53,7 @@ def _hint(key: str, declared: set[str]) -> str:
     return f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key)
 
 
-def check_map_length(params: dict, max_map_length: int) -> None:
+def check_map_length(params: dict[str, Any], max_map_length: int) -> None:
     """Ranks and buckets are mapped tasks: Airflow refuses to create more than ``[core] max_map_length``."""
     for name in ("num_ranks", "num_buckets"):
         if (params.get(name) or 0) > max_map_length:
@@ -75,7 +75,7 @@ def check_merge_pool(merges: bool) -> None:
         )
 
 
-def config_of(params: dict) -> BuildConfig:
+def config_of(params: dict[str, Any]) -> BuildConfig:
     """The build's config: the run's params (a ``mixture_file`` read into its mixture), the storage connection they
     name, the deployment's working folders."""
     here = deployment()
@@ -88,7 +88,7 @@ def config_of(params: dict) -> BuildConfig:
     )
 
 
-def mixture_of_file(location: str, mixture: dict | None, options: StorageOptions) -> dict:
+def mixture_of_file(location: str, mixture: dict[str, Any] | None, options: StorageOptions) -> dict[str, Any]:
     """The mixture the ``mixture_file`` param names, read as ``tokenization build --mixture FILE`` reads one, once
     its location is checked as the build's own are: well formed, and within the allowed locations."""
     if mixture is not None:
@@ -99,7 +99,7 @@ def mixture_of_file(location: str, mixture: dict | None, options: StorageOptions
     return load_mixture_file(location, options)
 
 
-def plan(params: dict, run_id: str, conf: dict, declared: set[str], max_map_length: int) -> Build:
+def plan(params: dict[str, Any], run_id: str, conf: dict[str, Any], declared: set[str], max_map_length: int) -> Build:
     """Check everything that can be checked before any work, then start the build (which claims its folder)."""
     check_conf(conf, declared)
     check_map_length(params, max_map_length)
@@ -117,7 +117,7 @@ def passed(value: T | None, name: str) -> T:
     return value
 
 
-def build_of(params: dict, spec: dict) -> Build:
+def build_of(params: dict[str, Any], spec: dict[str, Any]) -> Build:
     """The run's build in a later task: its params, and the run that ``plan`` named in XCom ``spec``."""
     return Build.of(config_of(params), spec, "the plan task's spec (XCom)")
 

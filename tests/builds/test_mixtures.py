@@ -27,7 +27,8 @@ from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.inputs.sources import InputError
-from tokenization.records import Mixture, MixtureSource
+from tokenization.output.manifest import manifest_name
+from tokenization.records import MergeManifest, Mixture, MixtureSource
 
 LETTERS = {"web": "abcdefg", "code": "hijklmn", "math": "opqrstu"}
 DOCS = {"web": 2000, "code": 300, "math": 1000}  # ~120 tokens a document; code must be repeated to reach its share
@@ -531,3 +532,20 @@ def test_a_rank_sidecar_changed_to_another_valid_source_stops_the_merge(tmp_path
     with pytest.raises(TokenFileError, match=rf"{sidecar.name}: not the sidecar its rank recorded"):
         build.merge(progress=False)
     assert not list(Path(build.layout.merged.path).glob("*.ds"))
+
+
+def test_the_merge_takes_the_mixture_the_build_read_and_records_it_typed(
+    tmp_path, sample_tokenizer, monkeypatch
+) -> None:
+    """The build reads the mixture once (``BuildConfig.mixed``); the merge takes that ``Mixture`` and never parses
+    a spec again, and its manifest records the mixture as the record it is (every field the merge used)."""
+    inputs = write_sources(tmp_path / "data", {"web": 60, "code": 20, "math": 40})
+    build = Build.start(config(tmp_path, sample_tokenizer, spec(inputs, None), context_window=0), "typed")
+    for rank in build.ranks:
+        build.tokenize(rank, progress=False)
+    monkeypatch.setattr(mixing, "read_mixture", lambda *_: pytest.fail("the merge parsed the mixture again"))
+    build.merge(progress=False)
+    recorded = MergeManifest.read(build.layout.merged, manifest_name("corpus"))
+    assert build.config.mixed is not None and recorded is not None
+    assert recorded.params["mixture"] == build.config.mixed.to_json()
+    assert recorded.params["mixture"]["sources"][0]["max_repetition"] == 1  # the spec left it out: read as 1

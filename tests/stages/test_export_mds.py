@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -23,7 +24,7 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
-from tokenization.stages.export_mds import EXPORTED, SOURCES, export_mds, mds_problems
+from tokenization.stages.export_mds import EXPORTED, SOURCES, export_mds, mds_problems, window_of
 from tokenization.storage.folder import Folder
 
 WINDOW = 1025
@@ -178,6 +179,24 @@ def test_a_failed_export_leaves_no_index(run, tmp_path, monkeypatch) -> None:
     with pytest.raises(OSError, match="No space"):
         export_mds(Folder(str(run)), out, SMALL_SHARDS, progress=False)
     assert not (tmp_path / "mds" / "index.json").exists()
+
+
+def test_the_window_is_the_one_the_context_shuffle_cut(run, tmp_path) -> None:
+    """Publish and ``tokenization mds`` take the window from the same place, the context shuffle's records: a build
+    record that says another window (edited, or of a tool that records it otherwise) does not cut other samples."""
+    copy = tmp_path / "b"
+    shutil.copytree(run, copy)
+    recorded = json.loads((copy / "_BUILD.json").read_text())
+    recorded["params"]["context_window"] = 2 * WINDOW
+    (copy / "_BUILD.json").write_text(json.dumps(recorded))
+    done = export_mds(Folder(str(copy)), Folder(str(tmp_path / "mds")), progress=False)
+    assert done.windows == len(windows_in(run)) and window_of(Folder(str(copy / "context"))) == WINDOW
+    for name in (copy / "context" / "_manifests").glob("*.json"):
+        manifest = json.loads(name.read_text())
+        manifest["params"]["context_window"] = 7 if name.name.endswith("0.json") else WINDOW
+        name.write_text(json.dumps(manifest))
+    with pytest.raises(TokenFileError, match=r"context: windows of \[7, 1025\] tokens: MDS samples are the windows"):
+        window_of(Folder(str(copy / "context")))
 
 
 def test_what_is_refused_is_named(run, tmp_path, sample_corpus, sample_tokenizer) -> None:

@@ -152,7 +152,7 @@ def conservation(rank_manifests: list[RankManifest], planned: list[InputFile] | 
     """Documents in = documents out + empty + quarantined, summed over the ranks; given the ``planned`` files, the
     books hold only if the ranks read exactly those, each once (else ``inputs_problem`` says how not)."""
     counts = [m.counts for m in rank_manifests]
-    rejected: Counter = Counter()
+    rejected: Counter[str] = Counter()
     for c in counts:
         rejected.update(c.rejected)
     quarantined = sum(rejected.values())
@@ -233,7 +233,7 @@ def stage_counts(folder: Folder, kind: type[C]) -> C | None:
     return kind(**totals)
 
 
-def _total(values: list) -> int | list | ContentsSum | None:
+def _total(values: list[Any]) -> int | list[Any] | ContentsSum | None:
     """Counts summed; histograms (lists of counts) class by class; contents added (None when a task recorded none)."""
     if values and isinstance(values[0], list):  # a histogram's classes, a mixture's sources: each added
         width = max(map(len, values))
@@ -344,7 +344,7 @@ def mixture_accounts(
         return None
     accounts = []
     for number, (source, target) in enumerate(zip(mixture.sources, mixture.shares, strict=True)):
-        counted = [cast(list, rank.sources)[number] for rank in ranks if rank.sources is not None]
+        counted = [cast(list[Any], rank.sources)[number] for rank in ranks if rank.sources is not None]
         read = {f: sum(getattr(c, f) for c in counted) for f in ("docs_read", "docs_written", "empty", "quarantined")}
         tokens = sum(c.tokens for c in counted)
         mix = None if merged is None or merged.sources is None else merged.sources[number]

@@ -77,7 +77,7 @@ def _mixture_problems(dataset: Folder, build: BuildRecord, where: str) -> list[s
     shuffle keeps every token, its tail too), and, where the dataset is the merge's files (one index entry a use),
     its uses."""
     lines = []
-    accounts, merge = cast(list, build.mixture), build.stages.merge
+    accounts, merge = cast(list[Any], build.mixture), build.stages.merge
     if merge is not None and merge.sources is not None:
         for account, mix in zip(accounts, merge.sources, strict=False):
             for name in ("docs_chosen", "docs_repeated", "uses", "tokens_available", "tokens_chosen"):

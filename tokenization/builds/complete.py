@@ -50,7 +50,7 @@ from tokenization.records import (
     StageSummary,
     VerifySummary,
 )
-from tokenization.stages.export_mds import write_mds
+from tokenization.stages.export_mds import window_of, write_mds
 from tokenization.stages.verify import tokenizer_checks, verify
 from tokenization.storage.folder import Folder, StorageOptions, file_at
 from tokenization.wording import counted
@@ -221,7 +221,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         raise BuildError(f"the ranks did not read exactly the plan's input files: {balance.inputs_problem}")
     if not balance.holds:
         raise BuildError(f"documents are not conserved: {balance}")
-    mds = _write_mds(config, layout, checked.tokens) if config.mds else None
+    mds = _write_mds(layout, checked.tokens) if config.mds else None
     finished = time.time()
     tokenized = accounting.tokenize_summary(ranks, balance, len(recorded.files))
     stages = StageSummary(tokenize=tokenized, merge=merged, context_shuffle=context)
@@ -265,9 +265,9 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
     )
 
 
-def _write_mds(config: BuildConfig, layout: Layout, tokens: int) -> MdsOutput:
+def _write_mds(layout: Layout, tokens: int) -> MdsOutput:
     """The verified dataset's windows as MDS in ``{run}/mds``, holding every token verify counted."""
-    written = write_mds(layout.context, layout.mds, config.context_window)
+    written = write_mds(layout.context, layout.mds, window_of(layout.context))
     if written.tokens != tokens:
         raise BuildError(f"{written.folder} holds {written.tokens:,} tokens, the dataset {tokens:,}")
     return written

@@ -35,7 +35,7 @@ class Param:
     default: Any
     title: str | None
     help: str
-    schema: dict
+    schema: dict[str, Any]
     section: str | None
 
 
@@ -49,7 +49,7 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
         title="Input",
         help="folder, glob or fsspec URL of .jsonl[.gz|.zst] or .parquet files (a mixture's sources name their own)",
     )
-    mixture: dict | None = option(
+    mixture: dict[str, Any] | None = option(
         None,
         title="Mixture",
         help="several sources at chosen token shares, in place of the input: {tokens, sources: [{name, input, weight, "
@@ -194,7 +194,7 @@ class BuildConfig(DocumentOptions, RankOptions, MergeOptions, ContextOptions):
             allowed.check("tokenizer", tokenizer)  # anything else is a hub name: the hub is a fixed host
             allowed.check_files("tokenizer", tokenizer_files(tokenizer))
 
-    def shared(self, *groups: type) -> dict:
+    def shared(self, *groups: type) -> dict[str, Any]:
         """This config's values of the option groups a stage config shares with it."""
         return {f.name: getattr(self, f.name) for group in groups for f in fields(group)}
 

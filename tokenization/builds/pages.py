@@ -10,6 +10,7 @@ dash where there is no value.
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
@@ -19,12 +20,12 @@ from tokenization.wording import counted
 MISSING = "–"
 
 
-def integer(value) -> str:
+def integer(value: int | None) -> str:
     """``64522`` as ``64,522``."""
     return MISSING if value is None else f"{value:,}"
 
 
-def number(value, digits: int = 1, unit: str = "") -> str:
+def number(value: float | None, digits: int = 1, unit: str = "") -> str:
     """A rate with thousands separators, ``digits`` decimals and its unit: ``1,041,839 tokens/s``; below 1, two
     significant digits (``0.0034 MB/s``), so a slow or tiny build does not read as zero."""
     if value is None:
@@ -33,11 +34,11 @@ def number(value, digits: int = 1, unit: str = "") -> str:
     return f"{text} {unit}".rstrip()
 
 
-def percent(value) -> str:
+def percent(value: float | None) -> str:
     return MISSING if value is None else f"{value:.1%}"
 
 
-def size(value) -> str:
+def size(value: float | None) -> str:
     """Bytes in decimal units, as the MB/s of the rates: ``512 B``, ``23.9 kB``, ``1.2 GB``."""
     if value is None:
         return MISSING
@@ -50,7 +51,7 @@ def size(value) -> str:
     return f"{value:.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
 
 
-def duration(seconds) -> str:
+def duration(seconds: float | None) -> str:
     """``0.06 s``, ``3.4 s``, ``1 min 12 s``, ``2 h 5 min``."""
     if seconds is None:
         return MISSING
@@ -64,7 +65,7 @@ def duration(seconds) -> str:
     return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
-def date(value) -> str:
+def date(value: datetime | str | None) -> str:
     """A datetime or an ISO 8601 string in UTC to the minute: ``2026-11-30 02:00 UTC`` (naive times are UTC)."""
     if value is None:
         return MISSING
@@ -75,12 +76,12 @@ def date(value) -> str:
     return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def path(value) -> str:
+def path(value: object) -> str:
     """A path or URL that may wrap after each slash (escaped, then ``<wbr>``), so a long one fits its column."""
     return MISSING if value is None else Markup("/<wbr>").join(str(value).split("/"))
 
 
-def _finalize(value):
+def _finalize(value: object) -> object:
     """Whatever a template prints: ``None`` as the en dash of ``MISSING``, never as ``None``."""
     return MISSING if value is None else value
 
@@ -106,6 +107,6 @@ ENVIRONMENT.filters.update(
 )
 
 
-def render(template_name: str, **context) -> str:
+def render(template_name: str, **context: Any) -> str:
     """One page of ``tokenization/templates``, as text."""
     return ENVIRONMENT.get_template(template_name).render(**context)

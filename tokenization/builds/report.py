@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 from markupsafe import Markup, escape
@@ -55,12 +56,12 @@ SETTINGS = (
 RENDERING = ("template", "loss_fields", "messages_key", "chat_template", "loss_roles")  # when records are rendered
 
 
-def report_data(run: Folder, build: BuildRecord | None = None, retention: Retention | None = None) -> dict:
+def report_data(run: Folder, build: BuildRecord | None = None, retention: Retention | None = None) -> dict[str, Any]:
     """Everything the report shows: the build record itself (``build``, when it is not written yet), and what the
     run's rank manifests add to it, with the builds that retention deleted when there were any."""
     build = build or _build_record(run)
     ranks = rank_manifests(Layout(run).ranks, build.stages.tokenize.ranks)
-    lengths: Counter = Counter()
+    lengths: Counter[int] = Counter()
     for rank in ranks:
         for row in rank.counts.length_histogram:
             lengths[row.min_tokens] += row.docs
@@ -112,7 +113,7 @@ def report_data(run: Folder, build: BuildRecord | None = None, retention: Retent
     }
 
 
-def _mixture(build: BuildRecord) -> dict | None:
+def _mixture(build: BuildRecord) -> dict[str, Any] | None:
     """A mixture's books, source by source, each with whether its documents add up, and whether they all do (None:
     a build of one input)."""
     if build.mixture is None:
@@ -121,7 +122,7 @@ def _mixture(build: BuildRecord) -> dict | None:
     return {"sources": sources, "holds": all(source["holds"] for source in sources)}
 
 
-def _footprint(build: BuildRecord) -> dict | None:
+def _footprint(build: BuildRecord) -> dict[str, Any] | None:
     """What the build takes on storage: each stage folder's bytes, held and removed, their totals, and the cache's
     size with its bytes a token (None: a build made before footprints were measured)."""
     footprint = build.footprint
@@ -136,7 +137,7 @@ def _footprint(build: BuildRecord) -> dict | None:
     }
 
 
-def _packing(build: BuildRecord) -> dict | None:
+def _packing(build: BuildRecord) -> dict[str, Any] | None:
     """Packed windows' books (``context_mode`` packed): documents whole and split, padding, and windows by their
     padding (classes 0, 1, 2-3, 4-7, ... tokens)."""
     counts = build.stages.context_shuffle
@@ -161,7 +162,7 @@ def _engines(ranks: list[RankManifest]) -> list[str]:
     return sorted({r.tokenizer.engine for r in ranks} - {NO_ENGINE}) or [NO_ENGINE]
 
 
-def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | None) -> dict:
+def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | None) -> dict[str, Any]:
     """The build's rates over its wall time, and a rank's over its own time tokenizing (loading apart), of the
     text it encoded: the cache's hits aside."""
     text_bytes = sum(r.counts.text_bytes for r in ranks)
@@ -179,7 +180,7 @@ def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | No
     }
 
 
-def _inputs_summary(build: BuildRecord, input_files: list[dict]) -> dict:
+def _inputs_summary(build: BuildRecord, input_files: list[dict[str, Any]]) -> dict[str, Any]:
     """The build record's account of its inputs; for builds from before it kept one, what the ranks read."""
     if build.inputs is not None:
         return build.inputs.to_json()
@@ -187,7 +188,7 @@ def _inputs_summary(build: BuildRecord, input_files: list[dict]) -> dict:
     return read.to_json()
 
 
-def _input_files(ranks: list[RankManifest]) -> list[dict]:
+def _input_files(ranks: list[RankManifest]) -> list[dict[str, Any]]:
     """Every file (or part of one) the ranks read, with its bytes, its rank and how the cache served it (``hit``,
     ``miss``, or None without a cache: a rank's cache records its inputs in their order), by name."""
     rows = []
@@ -200,13 +201,13 @@ def _input_files(ranks: list[RankManifest]) -> list[dict]:
     return sorted(rows, key=lambda f: f["url"])
 
 
-def _settings(build: BuildRecord) -> dict:
+def _settings(build: BuildRecord) -> dict[str, Any]:
     """The settings that shape the dataset; how records were rendered, when they were."""
     shown = SETTINGS + (RENDERING if build.renders_records else ())
     return build.settings(shown) | {"seed": build.seed}
 
 
-def _loss(ranks: list[RankManifest]) -> dict:
+def _loss(ranks: list[RankManifest]) -> dict[str, Any]:
     """Tokens that carry loss, and their share of the tokens encoded; None without loss masks (or from a build
     made before ranks counted them)."""
     counted = [r.counts.loss_tokens for r in ranks if r.saves_loss and r.counts.loss_tokens is not None]
@@ -217,7 +218,7 @@ def _loss(ranks: list[RankManifest]) -> dict:
     return {"tokens": tokens, "share": tokens / encoded if encoded else None}
 
 
-def _rank_row(rank: RankManifest) -> dict:
+def _rank_row(rank: RankManifest) -> dict[str, Any]:
     c = rank.counts
     rates = rank.throughput or Throughput(text_mb_per_s=None, tokens_per_s=None)
     return {
@@ -261,7 +262,7 @@ def _build_record(run: Folder) -> BuildRecord:
     return build
 
 
-def render_html(data: dict) -> str:
+def render_html(data: dict[str, Any]) -> str:
     """The page: the verdict first, then totals, time, inputs, tokenizer, plots, tables, settings, verify notes."""
     plots = {"length": _length_plot(data["length_histogram"]), "files": _files_plot(data["files"])}
     if data.get("packing"):
@@ -273,16 +274,16 @@ def render_html(data: dict) -> str:
     return render("report.html.j2", report=data, plots=plots, inputs_shown=INPUTS_SHOWN)
 
 
-def _length_plot(rows: list[dict]) -> Markup:
+def _length_plot(rows: list[dict[str, Any]]) -> Markup:
     labels = [f"{r['min_tokens']}-{r['max_tokens']}" for r in rows]
     return _bar_svg(labels, [r["docs"] for r in rows], "tokens in a document (power-of-two buckets)", "documents")
 
 
-def _files_plot(files: list[dict]) -> Markup:
+def _files_plot(files: list[dict[str, Any]]) -> Markup:
     return _bar_svg([f["name"] for f in files], [f["tokens"] for f in files], "output file", "tokens")
 
 
-def _mixture_plot(sources: list[dict]) -> Markup:
+def _mixture_plot(sources: list[dict[str, Any]]) -> Markup:
     """Each source's share of the tokens reached, its target marked across its bar (in percent, to 0.1)."""
     return _bar_svg(
         [s["name"] for s in sources],

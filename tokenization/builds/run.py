@@ -27,7 +27,7 @@ from multiprocessing import get_context
 from multiprocessing.context import BaseContext
 from multiprocessing.queues import Queue
 from types import FrameType
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from tokenization.builds import accounting, complete
 from tokenization.builds.choice import choose_at_plan
@@ -230,7 +230,7 @@ class Build:
             bucket=bucket,
             save_loss=self.config.save_loss,
             local_working_dir=self.config.merge_working_dir or self.config.local_working_dir,
-            mixture=self.config.mixture,
+            mixture=self.config.mixed,
             choice=None if self.config.mixed is None else self.layout.run.sub(CHOICE).url,
             **self.config.shared(MergeOptions),
         )
@@ -361,7 +361,7 @@ class Build:
     def _in_processes(
         self,
         step: Literal["tokenize", "merge", "context_shuffle"],
-        calls: list[tuple],
+        calls: list[tuple[Any, ...]],
         parallel: int,
         progress: ProgressMode,
         total: int | None = None,
@@ -449,7 +449,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 STEP_TASKS = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}
 PRELOADED = (__name__, "pyarrow.compute")  # what a worker imports: the stages, and what they load lazily (not awkward,
 # which the fast engine goes without: ``fast_engine.flat_batch``)
-_relayed: Queue | None = None  # in a worker process: where its step's progress goes
+_relayed: Queue[Any] | None = None  # in a worker process: where its step's progress goes
 
 
 def _workers() -> BaseContext:
@@ -462,7 +462,7 @@ def _workers() -> BaseContext:
     return context
 
 
-def _started(queue: Queue, environ: dict[str, str]) -> None:
+def _started(queue: Queue[Any], environ: dict[str, str]) -> None:
     """A worker's start: SIGINT blocked for good, the parent's environment as it is now (the server's is that of
     when it started), and where its progress goes."""
     global _relayed
@@ -472,7 +472,7 @@ def _started(queue: Queue, environ: dict[str, str]) -> None:
     _relayed = queue
 
 
-def _run_step(build: Build, step: str, args: tuple) -> StageResult:
+def _run_step(build: Build, step: str, args: tuple[Any, ...]) -> StageResult[Any, Any]:
     """One step in a worker process, its progress relayed to the parent's bar (several would share one
     terminal); profiled when ``PROFILE`` names a folder (``profiled``)."""
     Build.entered(build.config.threads)

@@ -37,7 +37,7 @@ from tokenization.formats.ds import (
 from tokenization.formats.megatron import MegatronFile
 from tokenization.formats.names import BUCKET_FOLDER
 from tokenization.records import OutputEntry, PseudoEnds, SelfCheck
-from tokenization.storage.checksums import ALGORITHM, hasher
+from tokenization.storage.checksums import ALGORITHM, Hasher, hasher
 from tokenization.storage.concurrent import map_concurrently
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
@@ -456,7 +456,7 @@ def _check_eos(
     report.problems_at(label, f"document ends without EOS {checks.eos_id}", entries[last_tokens != checks.eos_id])
 
 
-def _blocks(folder: Folder, name: str, dtype: np.dtype, digest, items: int) -> Iterator[tuple[int, np.ndarray]]:
+def _blocks(folder: Folder, name: str, dtype: np.dtype, digest: Hasher, items: int) -> Iterator[tuple[int, np.ndarray]]:
     """The file as consecutive arrays of ``items`` items, hashing the bytes on the way: a block is hashed on a
     thread of its own (the hash releases the GIL) while it is checked and the next one read, so reading and hashing
     overlap instead of adding up."""

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -34,7 +34,9 @@ from tokenization.storage.checksums import ALGORITHM, checksum, hasher
 from tokenization.storage.files import StorageOptions, is_local, open_fs, start_writeback, writing
 
 if TYPE_CHECKING:
-    from typing import Self  # Python 3.11; annotations are not evaluated
+    from typing import Self
+
+    from fsspec import AbstractFileSystem  # Python 3.11; annotations are not evaluated
 
 INDEX_DTYPE = np.dtype("<u8")
 LOSS_DTYPE = np.dtype("u1")
@@ -216,9 +218,9 @@ class InOrder:
 
     def __init__(self, name: str):
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=name)  # starts its thread at the first submit
-        self._pending: Future | None = None
+        self._pending: Future[Any] | None = None
 
-    def run(self, size: int, call: Callable, *args: object) -> None:
+    def run(self, size: int, call: Callable[..., Any], *args: object) -> None:
         """``call(*args)``, after the calls before it; ``size``: the bytes it works on."""
         self.wait()
         if size < INLINE_BYTES:
@@ -391,7 +393,7 @@ class TokenFileWriter(FinishOrAbandon):
                 hashed.abandon()
 
 
-def map_array(fs, path: str, dtype: np.dtype, label: str, size: int | None = None) -> np.ndarray:
+def map_array(fs: AbstractFileSystem, path: str, dtype: np.dtype, label: str, size: int | None = None) -> np.ndarray:
     """A whole binary file as an array: memory-mapped when local and large, read when small or remote (``size``:
     when known). Mapping a file costs ~70 us, reading a small one ~20: a rank of 100,000 one-line files opens
     100,000 indexes."""

@@ -20,7 +20,7 @@ from functools import partial
 from itertools import repeat
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -125,7 +125,7 @@ class SourcePool:
         one ``pread`` a unit."""
         return self._both(self._source(i).pread_each, starts, ends)
 
-    def _both(self, read: Callable, *args) -> tuple:
+    def _both(self, read: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
         """``read(0, *args)`` (the tokens) here while ``read(1, *args)`` (the loss bytes) runs on the loss thread."""
         loss = self._loss_reader.submit(read, 1, *args) if self._loss_reader else None
         return read(0, *args), loss.result() if loss else None
@@ -420,7 +420,15 @@ def move_units(
         a = b
 
 
-def _copy_block(pool, source, starts, ends, rel_ends, writer, inner) -> None:
+def _copy_block(
+    pool: SourcePool,
+    source: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    rel_ends: np.ndarray,
+    writer: SplitWriter,
+    inner: Sequence[np.ndarray] | None,
+) -> None:
     """Read one block of units, one source file at a time, then put them in output order: by the C helper's
     ``tk_copy`` straight into the block's buffers (one call a source, no Python a unit), else with Arrow's ``take``
     (one memcpy a unit, looped in C: 0.2 us a unit, read included, where a Python loop of slices cost ~1 us)."""
@@ -440,7 +448,15 @@ def _copy_block(pool, source, starts, ends, rel_ends, writer, inner) -> None:
     writer.write(tokens.view(pool.dtype), rel_ends, index, loss)
 
 
-def _copied(lib, pool, groups, starts, ends, out_starts, total: int) -> tuple[np.ndarray, np.ndarray | None]:
+def _copied(
+    lib: Any,
+    pool: SourcePool,
+    groups: list[tuple[int, np.ndarray]],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    out_starts: np.ndarray,
+    total: int,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The block's tokens and loss bytes (or None) as uint8 arrays, each source's units copied into their places."""
     sizes = (pool.dtype.itemsize, LOSS_DTYPE.itemsize)
     tokens = np.empty(total * sizes[0], np.uint8)
@@ -457,7 +473,9 @@ def _copied(lib, pool, groups, starts, ends, out_starts, total: int) -> tuple[np
     return tokens, outs[1]
 
 
-def _taken(pool, groups, starts, ends, count: int) -> tuple[np.ndarray, np.ndarray | None]:
+def _taken(
+    pool: SourcePool, groups: list[tuple[int, np.ndarray]], starts: np.ndarray, ends: np.ndarray, count: int
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The block's tokens and loss bytes (or None) as uint8 arrays, put in order by Arrow's ``take``."""
     parts = [_read_units(pool, s, starts[group], ends[group]) for s, group in groups]
     flat = np.concatenate([group for _, group in groups])
@@ -469,7 +487,9 @@ def _taken(pool, groups, starts, ends, count: int) -> tuple[np.ndarray, np.ndarr
     return tokens, loss
 
 
-def _read(pool, s: int, starts, ends) -> tuple[tuple[np.ndarray, np.ndarray | None], np.ndarray]:
+def _read(
+    pool: SourcePool, s: int, starts: np.ndarray, ends: np.ndarray
+) -> tuple[tuple[np.ndarray, np.ndarray | None], np.ndarray]:
     """One source's units of a block: its bytes read (tokens, loss bytes or None) and where each unit starts in
     them, in items: read as one span when they lie close together (a merge's interleave reads each file in order),
     else with one ``pread`` each, end to end."""
@@ -480,7 +500,7 @@ def _read(pool, s: int, starts, ends) -> tuple[tuple[np.ndarray, np.ndarray | No
     return pool.read_each(s, starts, ends), np.cumsum(lengths) - lengths
 
 
-def _read_units(pool, s: int, starts, ends) -> list[pa.LargeBinaryArray | None]:
+def _read_units(pool: SourcePool, s: int, starts: np.ndarray, ends: np.ndarray) -> list[pa.LargeBinaryArray | None]:
     """One source's units of a block, as [tokens, loss bytes or None], each one binary array of the units in the
     given order."""
     found, at = _read(pool, s, starts, ends)
@@ -489,7 +509,7 @@ def _read_units(pool, s: int, starts, ends) -> list[pa.LargeBinaryArray | None]:
     return [None if d is None else _units(d, at * n, stop * n) for d, n in zip(found, sizes, strict=True)]
 
 
-def _units(data, starts: np.ndarray, ends: np.ndarray) -> pa.LargeBinaryArray:
+def _units(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.LargeBinaryArray:
     """Bytes ``data[starts[k]:ends[k]]`` for every k, as one binary array: zero-copy when the units lie end to
     end in this order, else gathered by ``take``. A unit given more than once (a mixture's repeats) is gathered once
     and taken as often; Arrow trusts the offsets, so units that otherwise overlap are refused."""
@@ -544,7 +564,15 @@ def _moved_inner_ends(inner: np.ndarray, starts: np.ndarray, ends: np.ndarray, o
     return inner[ranges(lo, counts)].astype(np.int64) + np.repeat(out_starts - starts, counts)
 
 
-def _copy_long_unit(pool, s: int, start: int, end: int, writer, inner, block_tokens: int) -> None:
+def _copy_long_unit(
+    pool: SourcePool,
+    s: int,
+    start: int,
+    end: int,
+    writer: SplitWriter,
+    inner: Sequence[np.ndarray] | None,
+    block_tokens: int,
+) -> None:
     """Stream one unit too large for a block as consecutive slices; it stays one unit for file splitting."""
     for piece_start in range(start, end, block_tokens):
         piece_end = min(end, piece_start + block_tokens)

@@ -78,7 +78,7 @@ def working_file_name(kind: RankFileKind) -> str:
     return f"{kind}{DS}"
 
 
-def rank_file_pattern(stem: str) -> re.Pattern:
+def rank_file_pattern(stem: str) -> re.Pattern[str]:
     """Every token file a rank with this stem may have written, in any order, format, family member or attempt."""
     ordered = "|".join(kind for kind in RankFileKind if kind is not RankFileKind.BUCKET)
     formats = rf"{re.escape(DS)}(\.\w+)?|{re.escape(MEGATRON)}|{re.escape(MEGATRON_INDEX)}"

@@ -18,7 +18,7 @@ however many of its parts it holds.
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenization.records import FilePart, InputFile
 
@@ -78,7 +78,7 @@ class Window(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Any) -> int:
         if self.left <= 0:
             return 0
         data = self.raw.read(min(len(buffer), self.left))

@@ -20,7 +20,7 @@ from collections.abc import Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from gzip import BadGzipFile
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import fsspec
 import orjson
@@ -142,7 +142,7 @@ class Record:
     no_loss_ranges: list[tuple[int, int]] | None
     file: str
     line: int
-    data: dict | None = None  # the whole record, kept only when the reader is asked to (count --annotate)
+    data: dict[str, Any] | None = None  # the whole record, kept only when the reader is asked to (count --annotate)
     special_spans: list[tuple[int, int]] | None = None  # special tokens its chat template wrote (rendering.Rendered)
     offset: int = -1  # where its line starts in the file's (decompressed) bytes, or its row in a parquet file
 
@@ -197,7 +197,7 @@ class _ZstdFrames(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Any) -> int:
         while not self.pending:
             if self.frame.eof:  # the next frame starts in what the last slice left over
                 self.offset -= len(self.frame.unused_data)
@@ -348,7 +348,7 @@ def _list(
     return dict(_listed(fs, p, info) for p, info in entries.items())
 
 
-def _listed(fs, path: str, info: dict) -> tuple[str, tuple[InputFile, Hashable]]:
+def _listed(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> tuple[str, tuple[InputFile, Hashable]]:
     """A listed file by its URL, with what it is (``file_key``). A local one must be a regular file, or a link to
     one (``LocalFile``)."""
     url = _url(fs, path)
@@ -360,7 +360,7 @@ def _listed(fs, path: str, info: dict) -> tuple[str, tuple[InputFile, Hashable]]
     return url, (file, file_key(fs, path, file))
 
 
-def file_key(fs, path: str, file: InputFile, local: LocalFile | None = None) -> Hashable:
+def file_key(fs: fsspec.AbstractFileSystem, path: str, file: InputFile, local: LocalFile | None = None) -> Hashable:
     """What a listed file is, however its path is spelled: locally its device and inode (``LocalFile.key``; of
     ``local``, when the listing has it already); on an object store, which has no links, its key with ``.`` and
     ``..`` resolved, and its ETag (``identity``)."""
@@ -369,14 +369,14 @@ def file_key(fs, path: str, file: InputFile, local: LocalFile | None = None) -> 
     return resolve(file.url), file.identity
 
 
-def _files_under(fs, path: str) -> dict[str, dict]:
+def _files_under(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, dict[str, Any]]:
     """Every file under the folder ``path``, as ``fs.find(path, detail=True)`` gives them. A local folder is listed
     a folder at a time from a stack, not by fsspec's ``walk``: that recurses a Python call a level (a tree 1,100
     deep raised RecursionError), and leaves out, without a word, a folder it cannot list. An object store lists
     the whole prefix at once, in pages."""
     if not is_local(fs):
         return fs.find(path, detail=True)
-    found: dict[str, dict] = {}
+    found: dict[str, dict[str, Any]] = {}
     folders = [path]
     while folders:
         folder = folders.pop()
@@ -394,7 +394,7 @@ def _files_under(fs, path: str) -> dict[str, dict]:
     return found
 
 
-def _visible(entries: dict[str, dict], root: str, hidden: set[str]) -> dict[str, dict]:
+def _visible(entries: dict[str, dict[str, Any]], root: str, hidden: set[str]) -> dict[str, dict[str, Any]]:
     """The entries with no name below ``root`` starting with ``.`` or ``_``; the others go to ``hidden``. Only
     names below ``root``: a folder the user named may itself be ``_private``."""
     shown = {}
@@ -416,7 +416,7 @@ def _check_name(path: str) -> None:
         raise InputError(f"{shown}: the file name is not valid UTF-8; rename it") from None
 
 
-def identity(fs, path: str, info: dict) -> str:
+def identity(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> str:
     """What tells this file from another one at the same path (see :class:`InputFile`), as a listing sees it: a
     plan adds the sha256 of a local file's bytes (``with_content``)."""
     if is_local(fs):
@@ -617,7 +617,7 @@ def check_unchanged(files: Sequence[InputFile], storage_options: StorageOptions 
             )
 
 
-def _url(fs, path: str) -> str:
+def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
@@ -808,7 +808,7 @@ class DocumentReader:
         every = self.keep_data or self.renderer is not None
         return None if every else [n for n in parquet.schema_arrow.names if n in wanted]
 
-    def _row(self, url: str, row: int, obj: dict) -> Record | Rejected:
+    def _row(self, url: str, row: int, obj: dict[str, Any]) -> Record | Rejected:
         """The record of a parquet file's row number ``row`` (from 1)."""
         raw_row = orjson.dumps(obj, default=str)
         if len(raw_row) > self.max_record_bytes:

@@ -53,7 +53,7 @@ def quarantine_name(stem: str) -> str:
     return f"{QUARANTINE}/{stem}.jsonl"
 
 
-def versions() -> dict:
+def versions() -> dict[str, Any]:
     """Library versions that decide the bytes: numpy's Generator streams may change between releases."""
     return {
         "corpus-tokenization": importlib.metadata.version("corpus-tokenization"),
@@ -63,7 +63,7 @@ def versions() -> dict:
     }
 
 
-def provenance(config: Options, seconds: float) -> dict:
+def provenance(config: Options, seconds: float) -> dict[str, Any]:
     """The fields every stage manifest shares (``records.StageManifest``): the library versions that decide the
     bytes, the config's params (never its storage options), how many seconds the stage took and the peak memory of
     the process that ran it (what a worker must hold for such a task)."""
@@ -106,7 +106,7 @@ class StageResult(Generic[C, R]):
     def seconds(self) -> float:
         return self.record.seconds
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return self.record.to_json()
 
 

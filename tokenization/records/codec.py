@@ -47,12 +47,12 @@ class RecordError(TokenizationError, ValueError):
 R = TypeVar("R", bound="Record")
 
 
-def json_name(name: str) -> dict:
+def json_name(name: str) -> dict[str, Any]:
     """Field metadata: the field is called ``name`` in JSON."""
     return {"json_name": name}
 
 
-def unless_none() -> dict:
+def unless_none() -> dict[str, Any]:
     """Field metadata: the field is left out of the JSON while it is None, and read as None when absent."""
     return {"unless_none": True}
 
@@ -71,7 +71,7 @@ class Record:
     def format_tag(cls) -> str:
         return f"{PROJECT}/{cls.KIND}/{cls.VERSION}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         data = _encode(self)
         return {"format": self.format_tag(), **data} if self.KIND else data
 
@@ -123,7 +123,7 @@ class _Reading:
         return RecordError(self.path, f"{at or 'the file'} {what}", self.label)
 
 
-def _version(cls: type[Record], data: dict, path: str) -> int:
+def _version(cls: type[Record], data: dict[str, Any], path: str) -> int:
     tag = data.get("format")
     family = f"{PROJECT}/{cls.KIND}"
     if tag is None and cls.UNTAGGED:
@@ -145,11 +145,11 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
-def _name(f: dataclasses.Field) -> str:
+def _name(f: dataclasses.Field[Any]) -> str:
     return f.metadata.get("json_name", f.name)
 
 
-def _decode_record(cls: type, data: dict, reading: _Reading, at: str) -> Any:
+def _decode_record(cls: type, data: dict[str, Any], reading: _Reading, at: str) -> Any:
     hints = _hints(cls)
     values = {}
     known = set()

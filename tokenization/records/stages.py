@@ -274,6 +274,14 @@ class ContextManifest(StageManifest):
     def cuts_pieces(self) -> bool:
         return True  # at the windows' edges
 
+    @property
+    def context_window(self) -> int:
+        """The tokens of each window the shuffle cut (its ``context_window`` param, which every version records)."""
+        window = self.params.get("context_window")
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ValueError(f"context_window {shown(window)} is not a window's tokens")
+        return window
+
 
 @dataclass(frozen=True, kw_only=True)
 class CountedFile(Record):

@@ -22,6 +22,7 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -68,20 +69,20 @@ class Renderer:
 
     kind: str  # "template" or "chat"
     source: str
-    render: Callable[[dict], Rendered | str]
+    render: Callable[[dict[str, Any]], Rendered | str]
     loss: tuple[str, ...]  # the fields, or the roles, whose text carries loss
-    settings: dict = field(default_factory=dict)  # how a chat template is applied, for the manifest
+    settings: dict[str, Any] = field(default_factory=dict)  # how a chat template is applied, for the manifest
 
     @property
     def sha256(self) -> str:
         """Of the template's text: a plan records it, and a rank refuses to render with another."""
         return hashlib.sha256(self.source.encode()).hexdigest()
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "text": self.source, "sha256": self.sha256, "loss": list(self.loss), **self.settings}
 
 
-def get_field(obj: dict, key: str) -> object:
+def get_field(obj: dict[str, Any], key: str) -> object:
     """``obj[key]``, or a dotted path into nested objects (``meta.text``); :data:`MISSING` when absent."""
     if key in obj:
         return obj[key]
@@ -93,7 +94,7 @@ def get_field(obj: dict, key: str) -> object:
     return value
 
 
-def string_field(obj: dict, key: str, name: str | None = None) -> str:
+def string_field(obj: dict[str, Any], key: str, name: str | None = None) -> str:
     """The field's text, or the :class:`Reason`: ``missing_{name}`` or ``{name}_not_string`` (``name``: the
     key)."""
     value = get_field(obj, key)
@@ -105,7 +106,7 @@ def string_field(obj: dict, key: str, name: str | None = None) -> str:
     return value
 
 
-def text_field(obj: dict, key: str) -> Rendered | str:
+def text_field(obj: dict[str, Any], key: str) -> Rendered | str:
     """The record's text from one field, every character with loss (``no_loss_ranges`` aside); its reasons are
     ``missing_text`` and ``text_not_string`` whatever the key."""
     text = string_field(obj, key, "text")
@@ -152,7 +153,7 @@ def field_template(template: str, loss_fields: Iterable[str] = ()) -> Renderer:
     if unknown := [name for name in loss if name not in names]:
         raise UsageError(f"loss field {unknown[0]!r} is not in the template; its fields are {', '.join(names)}")
 
-    def render(record: dict) -> Rendered | str:
+    def render(record: dict[str, Any]) -> Rendered | str:
         text: list[str] = []
         spans: Spans = []
         length = 0
@@ -255,7 +256,7 @@ def chat_template(
     ordered = sorted(set(special_tokens), key=lambda t: (-len(t), t))  # the longest first, as HF matches them
     specials = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
-    def render(record: dict) -> Rendered | str:
+    def render(record: dict[str, Any]) -> Rendered | str:
         messages = get_field(record, messages_key)
         if messages is MISSING or messages is None:
             return f"missing_{messages_key}"
@@ -290,7 +291,7 @@ def chat_template(
     return Renderer("chat", text, render, roles, settings)
 
 
-def _outside_contents(messages: list[dict], specials: re.Pattern) -> bool:
+def _outside_contents(messages: list[dict[str, Any]], specials: re.Pattern[str]) -> bool:
     """Whether a message holds special-token text outside its content (a role ``<|eot_id|>``): the template writes
     it among its own text, where it would become the special token."""
     return any(
@@ -304,9 +305,9 @@ def _outside_contents(messages: list[dict], specials: re.Pattern) -> bool:
 def _located(
     text: str,
     pieces: list[str],
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     roles: tuple[str, ...],
-    specials: re.Pattern | None,
+    specials: re.Pattern[str] | None,
     turn_end: bool,
 ) -> Rendered | None:
     """The loss and special-token spans of ``text``: the markers in ``pieces`` (literal, message index, literal,

@@ -27,7 +27,7 @@ from typing import Any, AnyStr
 
 from jinja2 import Template, nodes
 from jinja2.ext import loopcontrols
-from jinja2.runtime import LoopContext
+from jinja2.runtime import Context, LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, _PassArg, pass_context
 from jinja2.visitor import NodeTransformer
@@ -114,7 +114,7 @@ def format_size(fmt: str, args: object, cap: int) -> int:
     return total
 
 
-def _items(value: Iterable) -> Collection:
+def _items(value: Iterable[Any]) -> Collection[Any]:
     """An iterable as a collection, whose size is known before it is used (a generator is read once)."""
     return value if isinstance(value, Collection) else list(value)
 
@@ -139,7 +139,7 @@ METHOD_SIZES: dict[str, Callable[..., int]] = {
 }
 
 
-def _values(table: object) -> Iterable:
+def _values(table: object) -> Iterable[Any]:
     return table.values() if isinstance(table, Mapping) else ()
 
 
@@ -202,7 +202,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         compiles both inline, out of reach of the sandbox's hooks)."""
         return self.from_string(_Bounded().visit(self.parse(source)))
 
-    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         if operator == "+" and type(left) is str and type(right) is str:  # most of a chat template's operators
             self.charge(len(left) + len(right))
             return left + right
@@ -231,7 +231,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             raise RenderTooLarge()
         return bits // 3
 
-    def call(__self, __context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(__obj, LoopContext) and args:  # a recursive loop's next level
             args = (__self._ticking(args[0]), *args[1:])
         owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
@@ -245,7 +245,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             __self.charge(_allocated(result))
         return result
 
-    def _method_size(self, owner: object, name: str, args: tuple, kwargs: dict) -> int | None:
+    def _method_size(self, owner: object, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
         """The size of what a method returns, for the str, bytes and int methods that can build more than their
         receiver; None for the others."""
         if isinstance(owner, (str, bytes)) and name == "join" and args:
@@ -282,21 +282,21 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     # -- filters
 
-    def _bounded_filter(self, name: str, f: Callable) -> Callable:
+    def _bounded_filter(self, name: str, f: Callable[..., Any]) -> Callable[..., Any]:
         """``f``, spending a step, and charged its result's size before (when it can build more than its
         value) or after; a filter that turns its value into text is charged that text first."""
         estimate = FILTER_SIZES.get(name)
         textual = name in TEXT_FILTERS
         passed = _PassArg.from_obj(f)
 
-        def lead(context) -> tuple:  # what the filter asks for before its value
+        def lead(context: Context) -> tuple[Any, ...]:  # what the filter asks for before its value
             if passed is _PassArg.context:
                 return (context,)
             if passed is _PassArg.eval_context:
                 return (context.eval_ctx,)
             return (self,) if passed is _PassArg.environment else ()
 
-        def bounded(context, value: Any = None, *args: Any, **kwargs: Any) -> Any:
+        def bounded(context: Context, value: Any = None, *args: Any, **kwargs: Any) -> Any:
             if name in ("join", "sum"):
                 value = _items(value)
             self.tick()
@@ -312,10 +312,10 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 
         return pass_context(bounded)
 
-    def _ticking(self, iterable: Iterable) -> Iterable:
+    def _ticking(self, iterable: Iterable[Any]) -> Iterable[Any]:
         return _Ticking(iterable, self.tick)
 
-    def _joined(self, values: tuple) -> str:
+    def _joined(self, values: tuple[Any, ...]) -> str:
         """``a ~ b``: the operands' text, charged before it is built."""
         self.charge(sum(len(v) if isinstance(v, str) else text_size(v, self._cap()) for v in values))
         return "".join(map(str, values))
@@ -392,10 +392,10 @@ TEXT_FILTERS = frozenset(
 class _Ticking:
     """An iterable that spends a step before each item, and keeps its length for ``loop.length``."""
 
-    def __init__(self, iterable: Iterable, tick: Callable[[], None]):
+    def __init__(self, iterable: Iterable[Any], tick: Callable[[], None]):
         self.iterable, self.tick = iterable, tick
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Any]:
         for item in self.iterable:
             self.tick()
             yield item

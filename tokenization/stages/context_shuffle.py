@@ -168,7 +168,7 @@ def context_shuffle(
     sources = [TokenFile(url, storage_options=config.storage_options) for url, _ in files]
     rng = orderings.generator(config.seed)  # one generator for the task, drawn file after file
     described = manifest.output_entries(holder) if files else {}
-    tally: Counter = Counter()  # of ContextCounts' fields
+    tally: Counter[str] = Counter()  # of ContextCounts' fields
     histogram = np.zeros(padding_classes(config.context_window), dtype=np.int64)
     outputs: list[ContextOutput] = []
     contents_in = contents_out = Contents()

@@ -15,6 +15,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import zstandard
@@ -88,10 +89,10 @@ def _count_pass(
     tmp: Path,
     annotate: tuple[Folder, str] | None,
     progress: ProgressMode,
-) -> tuple[Counts, dict[str, Counter]]:
+) -> tuple[Counts, dict[str, Counter[str]]]:
     """One pass over the inputs: counts in total and per file, and the annotated records in ``tmp``."""
     counts = Counts()
-    per_file: dict[str, Counter] = defaultdict(Counter)
+    per_file: dict[str, Counter[str]] = defaultdict(Counter)
     tally = RejectTally("count", config.source, config.max_rejects, config.max_reject_fraction)
 
     def reject(item: Rejected) -> None:
@@ -128,7 +129,7 @@ def _count_pass(
     return counts, per_file
 
 
-def _file_counts(stats: Counter) -> dict:
+def _file_counts(stats: Counter[str]) -> dict[str, Any]:
     return {key: stats[key] for key in ("docs", "tokens", "empty", "rejected")}
 
 

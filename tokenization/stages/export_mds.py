@@ -30,7 +30,7 @@ from tokenization.output import manifest
 from tokenization.output.cache import OWN_FILE
 from tokenization.output.runs import BUILD_MANIFEST, LATEST, RUN_CLAIM, Layout, read_build
 from tokenization.progress import Progress, ProgressMode
-from tokenization.records import BuildRecord, MdsOutput
+from tokenization.records import BuildRecord, ContextManifest, MdsOutput
 from tokenization.storage.folder import Folder, file_at
 
 BLOCK_BYTES = 16 << 20  # tokens read at once: whole windows, ~16 MiB (a window's samples are encoded from it)
@@ -49,12 +49,11 @@ def export_mds(
     record = read_build(run)
     if record is None:
         raise UsageError(f"{run.url}: no published build there (no _BUILD.json): MDS is written from one")
-    window = record.params.get("context_window")
-    if not window:
+    layout = Layout(run)
+    if not record.params.get("context_window"):
         raise UsageError(
             f"{run.url}: the build has no context windows (built without --context-window): an MDS sample is one"
         )
-    layout = Layout(run)
     out = out or layout.mds
     own = out.same_as(layout.mds)
     if not own:
@@ -66,7 +65,7 @@ def export_mds(
         )
     if not own:  # before any shard: an export killed midway is this build's to write again
         out.put(EXPORTED, json.dumps({"build": run.url, "digest": record.digest}).encode())
-    written = write_mds(layout.context, out, window, size_limit, progress)
+    written = write_mds(layout.context, out, window_of(layout.context), size_limit, progress)
     if written.tokens != record.tokens:
         raise TokenFileError(f"{written.folder}: wrote {written.tokens:,} tokens; the build has {record.tokens:,}")
     return written
@@ -111,6 +110,22 @@ def _refuse_other(run: Folder, out: Folder, record: BuildRecord) -> None:
             raise UsageError(
                 f"{out.url} holds an MDS dataset {of}, not of {run.url}: remove it, or choose another --out"
             )
+
+
+def window_of(context: Folder) -> int:
+    """The window of a build's context files, as the context shuffle that cut them recorded it: publish and
+    ``tokenization mds`` both take it from here, so that a sample is always one window the files hold."""
+    windows = set()
+    for record in manifest.stage_records(context):
+        if isinstance(record, ContextManifest):
+            try:
+                windows.add(record.context_window)
+            except ValueError as exc:
+                raise TokenFileError(f"{context.url}: a context manifest's {exc}") from None
+    if len(windows) != 1:
+        what = "no context manifest" if not windows else f"windows of {sorted(windows)} tokens"
+        raise TokenFileError(f"{context.url}: {what}: MDS samples are the windows of one context shuffle")
+    return windows.pop()
 
 
 def write_mds(

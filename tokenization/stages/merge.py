@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import orjson
@@ -49,7 +50,7 @@ from tokenization.formats.moves import (
     sorted_union,
     uses_contents,
 )
-from tokenization.options import Options, option
+from tokenization.options import Options, option, params
 from tokenization.output import manifest
 from tokenization.output.attempts import Attempt, attempt_at
 from tokenization.output.manifest import Described, StageResult
@@ -64,14 +65,19 @@ from tokenization.records import (
     Mixture,
     PseudoEnds,
     RankManifest,
+    Record,
     RecordError,
     SizedInput,
+    SourceCounts,
     SourceMix,
 )
 from tokenization.storage.checksums import ALGORITHM, checksum
 from tokenization.storage.files import StorageOptions, join, list_names, map_concurrently, meanwhile
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +129,11 @@ class MergeConfig(MergeOptions):
         None, help="local folder for staging and for copies of remote inputs (default: the system's temp)"
     )
     max_open_files: int = option(MAX_OPEN_FILES, minimum=1, help="input files held open at once")
-    mixture: dict | None = option(
-        None, cli=False, help="a build's mixture: the merge chooses and interleaves its sources (tokenization.mixing)"
+    mixture: Mixture | None = option(
+        None,
+        cli=False,
+        help="a build's mixture, read and checked once by the build (``BuildConfig.mixed``): the merge chooses and "
+        "interleaves its sources (tokenization.mixing)",
     )
     choice: str | None = option(
         None,
@@ -322,7 +331,7 @@ class _Mixed:
 
 def _prepare(config: MergeConfig) -> _Prepared:
     given = config.folder(config.input)
-    mixture = None if config.mixture is None else mixing.read_mixture(config.mixture, "mixture")
+    mixture = config.mixture
     if config.bucket is None:
         urls, described = manifest.token_files(given), manifest.output_entries(given)
     else:
@@ -367,17 +376,21 @@ def _check_sidecars(inputs: MergeInputs, named: list[str], described: dict[str, 
             )
 
 
-def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: list) -> _Mixed:
+def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: Sequence[Record]) -> _Mixed:
     """The mixture's choice for this merge's documents: each source's target from every rank's tokens of it (a
     source too small is refused here, before a byte is written), or its bucket's part of it (every bucket at the
     mixture's shares: ``mixing.bucket_targets``); then the uses and their order (``tokenization.mixing``)."""
     ranks = [record for record in records if isinstance(record, RankManifest)]
     if not ranks or any(rank.sources is None for rank in ranks):
         raise TokenFileError(f"{config.input}: its ranks recorded no sources: they were not tokenized for a mixture")
-    available = [sum(cast(list, rank.sources)[s].tokens for rank in ranks) for s in range(len(mixture.sources))]
+    available = [
+        sum(cast(list[SourceCounts], rank.sources)[s].tokens for rank in ranks) for s in range(len(mixture.sources))
+    ]
     targets = mixing.budget(mixture, available)  # a source too small for its share is refused, by name
     if config.bucket is not None:
-        held = np.array([[cast(list, rank.sources)[s].bucket_tokens for rank in ranks] for s in range(len(available))])
+        held = np.array(
+            [[cast(list[SourceCounts], rank.sources)[s].bucket_tokens for rank in ranks] for s in range(len(available))]
+        )
         targets = mixing.bucket_targets(mixture, held.sum(axis=1), config.bucket)
     sources = cast(np.ndarray, inputs.sources)
     lengths = inputs.lengths()
@@ -670,7 +683,9 @@ def _commit(attempt: Attempt, config: MergeConfig, inputs: MergeInputs, record: 
     return attempt.commit(record, files)
 
 
-def _slice_units(file_ids, perm, units: _Units, cursor: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+def _slice_units(
+    file_ids: np.ndarray, perm: np.ndarray | None, units: _Units, cursor: np.ndarray, a: int, b: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Files and unit numbers within their file for ordering entries ``a..b``; advances ``cursor``."""
     if perm is not None:  # shuffle mode: a global unit id -> (file, unit in file)
         starts = np.concatenate([[0], np.cumsum(units.counts)])
@@ -693,11 +708,13 @@ def _fingerprint(config: MergeConfig, inputs: MergeInputs, width: int) -> str:
     plan = {
         "inputs": [[u.rsplit("/", 1)[-1], s] for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
         "index_entries": len(inputs.ends),
-        "params": {k: v for k, v in asdict(config).items() if k not in IRRELEVANT_TO_BYTES},
+        "params": {k: v for k, v in params(config).items() if k not in IRRELEVANT_TO_BYTES},
         "width": width,
         "numpy": np.__version__,
     }
-    return hashlib.sha256(orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    # a record among the params (the mixture) in its JSON, as the manifest records it
+    options = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+    return hashlib.sha256(orjson.dumps(plan, default=Record.to_json, option=options)).hexdigest()
 
 
 def _completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerprint: str) -> list[MergeOutput]:
@@ -733,7 +750,7 @@ def _remove_outputs(attempt: Attempt, config: MergeConfig, keep: set[str]) -> No
             attempt.remove(f"_manifests/{name}")
 
 
-def _files_intact(fs, out_path: str, entry: MergeOutput) -> bool:
+def _files_intact(fs: AbstractFileSystem, out_path: str, entry: MergeOutput) -> bool:
     for name, info in entry.files.items():
         path = join(out_path, name)
         if not fs.exists(path) or fs.size(path) != info.bytes:

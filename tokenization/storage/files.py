@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -56,7 +56,7 @@ U = TypeVar("U")
 _LIBC = ctypes.CDLL(None) if sys.platform == "linux" else None  # the C library the interpreter runs on
 
 
-StorageOptions = Mapping[str, Mapping]  # protocol -> the filesystem's keyword arguments: {"s3": {"key": ...}}
+StorageOptions = Mapping[str, Mapping[str, Any]]  # protocol -> the filesystem's keyword arguments: {"s3": {"key": ...}}
 
 
 def open_fs(url: str, options: StorageOptions | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -81,7 +81,7 @@ _S3_INSTANCES: dict[str, fsspec.AbstractFileSystem] = {}
 _S3_LOCK = threading.Lock()
 
 
-def _shared_s3(protocol: str, options: dict) -> fsspec.AbstractFileSystem:
+def _shared_s3(protocol: str, options: dict[str, Any]) -> fsspec.AbstractFileSystem:
     """One S3 filesystem a process and set of options, whichever thread asks. fsspec caches an instance a thread,
     so each of ``map_concurrently``'s threads built its own client (~0.3 s of CPU under the interpreter lock): the
     reads meant to overlap ran one after another. s3fs runs every request on its own event loop, which any thread
@@ -461,7 +461,7 @@ def list_sizes(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, int]:
     return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in fresh_listing(fs, path)}
 
 
-def fresh_listing(fs: fsspec.AbstractFileSystem, path: str) -> list[dict]:
+def fresh_listing(fs: fsspec.AbstractFileSystem, path: str) -> list[dict[str, Any]]:
     """fsspec's detailed entries directly inside a folder, listed now (not from its cache); none when it does not
     exist."""
     fs.invalidate_cache(path)

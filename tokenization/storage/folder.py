@@ -178,7 +178,7 @@ class Folder:
         """The path of ``name`` within the filesystem."""
         return join(self.path, name)
 
-    def open(self, name: str, mode: str = "rb", **options: Any) -> IO:
+    def open(self, name: str, mode: str = "rb", **options: Any) -> IO[bytes]:
         return self.fs.open(self.path_of(name), mode, **options)
 
     def read(self, name: str) -> bytes:

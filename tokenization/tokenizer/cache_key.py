@@ -17,6 +17,7 @@ import functools
 import hashlib
 import importlib.metadata
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -33,7 +34,7 @@ class CacheKey:
     """The key (``digest``) and what it covers, as the entry's marker records it for a person."""
 
     digest: str
-    described: dict
+    described: dict[str, Any]
 
 
 def cache_key(

@@ -294,5 +294,5 @@ def _byte_chars() -> dict[int, int]:
 BYTE_CHARS = _byte_chars()
 
 
-def _dumped(tokenizer: dict) -> bytes:
+def _dumped(tokenizer: dict[str, Any]) -> bytes:
     return json.dumps(tokenizer, ensure_ascii=False).encode()

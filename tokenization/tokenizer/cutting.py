@@ -145,7 +145,7 @@ class Cutter:
             begin = cut + skip
         return cuts
 
-    def _cut_after(self, text: str, begin: int, skip: int, kinds: tuple[re.Pattern, ...]) -> int | None:
+    def _cut_after(self, text: str, begin: int, skip: int, kinds: tuple[re.Pattern[str], ...]) -> int | None:
         """The first exact cut that leaves the piece from ``begin`` between ``PIECE_CHARS`` and ``MAX_PIECE_CHARS``
         long, looked for in stretches of ``CUT_SEARCH_CHARS``, each kind of cut in turn, so that a cut is found
         wherever one exists and a piece grows no longer than it must."""
@@ -157,7 +157,7 @@ class Cutter:
                     return cut
         return None
 
-    def _cut_near(self, text: str, kind: re.Pattern, start: int, stop: int, skip: int) -> int | None:
+    def _cut_near(self, text: str, kind: re.Pattern[str], start: int, stop: int, skip: int) -> int | None:
         """The first of at most ``CUT_TRIES`` candidates of a kind in ``[start, stop)`` that HF confirms on a window
         around it."""
         for match in islice(kind.finditer(text, start, stop), CUT_TRIES):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
 from queue import Full, Queue
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import orjson
@@ -264,7 +264,7 @@ class Counts:
     docs_read: int = 0
     docs_written: int = 0
     empty: int = 0
-    rejected: Counter = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
     blank_lines: int = 0
     text_bytes: int = 0
     tokens: int = 0
@@ -273,7 +273,7 @@ class Counts:
     loss_tokens: int = 0  # tokens that carry loss, when loss bytes are computed
     partial_chunk_tokens: int = 0
     longest: int = 0  # tokens in the longest document
-    special_token_literals: Counter = field(default_factory=Counter)
+    special_token_literals: Counter[str] = field(default_factory=Counter)
     length_buckets: np.ndarray = field(default_factory=lambda: np.zeros(HISTOGRAM_BUCKETS, dtype=np.int64))
     contents: Contents = field(default_factory=Contents)  # of the documents written (``formats.contents``)
 
@@ -356,7 +356,7 @@ class RejectTally:
         self.where, self.source = where, source
         self.max_rejects, self.max_fraction = max_rejects, max_fraction
         self.before = before
-        self.reasons: Counter = Counter()
+        self.reasons: Counter[str] = Counter()
         self.first: dict[str, Rejected] = {}
 
     def __call__(self, item: Rejected) -> None:
@@ -398,7 +398,7 @@ class RejectTally:
                 f"max_reject_fraction={self.max_fraction}: {self._reasons()}{self._keys_hint()}"
             )
 
-    def _all(self) -> tuple[Counter, dict[str, Rejected]]:
+    def _all(self) -> tuple[Counter[str], dict[str, Rejected]]:
         """The reasons and first examples of this file and of those before it."""
         if self.before is None:
             return self.reasons, self.first
@@ -504,7 +504,7 @@ def encoded_batches(
             own.enter_context(shown)
         threads = threads or own.enter_context(Threads())
         encoding = threads.encode
-        pending: deque[tuple[Future, int]] = deque()  # batches in the engine, with their characters
+        pending: deque[tuple[Future[Any], int]] = deque()  # batches in the engine, with their characters
         room = ENCODING_AT_ONCE * options.batch_bytes  # characters in the engine at once; a bigger batch goes alone
         small = reader.total_bytes < SMALL_INPUT_BYTES  # read and encoded on this thread: no hand-off to wait for
         ahead = (ReadInline if small else ReadAhead)(
@@ -603,7 +603,7 @@ class ReadAhead(Generic[T]):
         thread: ThreadPoolExecutor | None = None,
     ):
         self.items, self.size, self.chunk, self.where, self.thread = items, size, chunk, where, thread
-        self.queue: Queue = Queue(depth)
+        self.queue: Queue[Any] = Queue(depth)
         self.stop = threading.Event()
         self.mark = 0
 
@@ -619,7 +619,7 @@ class ReadAhead(Generic[T]):
         return False
 
     def _produce(self) -> None:
-        group: list = []
+        group: list[Any] = []
         filled = 0
         try:
             for item in self.items:
@@ -651,7 +651,7 @@ class ReadAhead(Generic[T]):
 _END = object()
 
 
-class ReadInline(ReadAhead):
+class ReadInline(ReadAhead[Any]):
     """``items`` as ``ReadAhead`` gives them, read on the caller's thread as they are consumed (``thread`` unused):
     for an input too small to pay for a thread's hand-offs."""
 

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -76,7 +76,7 @@ class Encoded:
     tokens: np.ndarray
     lengths: np.ndarray
     loss: np.ndarray | None
-    special_literals: Counter = field(default_factory=Counter)
+    special_literals: Counter[str] = field(default_factory=Counter)
     self_checked: int = 0
 
 
@@ -87,7 +87,7 @@ class Prepared(NamedTuple):
     texts: list[str]
     no_loss: list[Ranges | None] | None
     pieces: list[Piece]
-    literals: Counter
+    literals: Counter[str]
     literal_docs: set[int]
     first_doc: int
     first_piece: int
@@ -304,7 +304,7 @@ class Encoder:
         ``specials`` (one entry per text): the spans of special-token text that a chat template wrote, each
         encoded as its token whatever the policy, and not counted as special-token text of the documents."""
         self._made_engine()  # here, on the caller's thread, before a batch is encoded
-        literals: Counter = Counter()
+        literals: Counter[str] = Counter()
         literal_docs: set[int] = set()
         pieces: list[Piece] = []
         as_special = self.policy.special_text == "special"
@@ -410,7 +410,7 @@ def piece_name(batch: Prepared, piece: Piece) -> str:
 
 
 def with_special_pieces(
-    pieces: list[Piece], body: np.ndarray, lengths: np.ndarray, held_out: np.ndarray | None, no_loss: list | None
+    pieces: list[Piece], body: np.ndarray, lengths: np.ndarray, held_out: np.ndarray | None, no_loss: list[Any] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The ids, lengths and held-out tokens of all ``pieces`` from those of their text pieces: each special piece
     is its one token."""

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import fsspec
@@ -107,7 +108,7 @@ def token_of(tokenizer: Tokenizer, token_id: int) -> str:
     return token
 
 
-def top_id(name_or_path: str, tokenizer: dict) -> int:
+def top_id(name_or_path: str, tokenizer: dict[str, Any]) -> int:
     """The highest id of the tokenizer.json ``tokenizer`` (of its model's vocabulary and its added tokens, which
     may leave gaps: cl100k's last is 100276, past its 100,261 tokens), refused from ``MAX_TOKEN_ID`` on."""
     vocab = tokenizer["model"].get("vocab")
@@ -252,7 +253,7 @@ class TokenizerFile:
         """HF's tokenizer, loaded from ``data`` when first used."""
         return parse_tokenizer(self.name, self.data)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The manifest's record of the tokenizer itself."""
         return {
             "name": self.name,

@@ -7,13 +7,17 @@ never overlap a range, except one that a chat template wrote, which is a piece o
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from tokenizers import Encoding
 
 from tokenization.tokenizer.cutting import Piece, Ranges, token_spans
 
 
-def held_out(lengths: np.ndarray, encodings: dict[int, Encoding], pieces: list[Piece], no_loss: list) -> np.ndarray:
+def held_out(
+    lengths: np.ndarray, encodings: dict[int, Encoding], pieces: list[Piece], no_loss: list[Any]
+) -> np.ndarray:
     """Which of a group's tokens (``lengths`` a piece) carry no loss. ``encodings``: HF's of (at least) the pieces
     whose document has no-loss ranges, by their index in ``pieces``."""
     starts = np.cumsum(lengths) - lengths
@@ -24,7 +28,7 @@ def held_out(lengths: np.ndarray, encodings: dict[int, Encoding], pieces: list[P
     return held
 
 
-def special_held_out(specials: list[Piece], no_loss: list) -> list[bool]:
+def special_held_out(specials: list[Piece], no_loss: list[Any]) -> list[bool]:
     """Whether each special-token piece carries no loss: like any other token, when its characters overlap a
     no-loss range."""
     return [bool(no_loss[p.doc]) and bool(overlapping([(p.start, p.end)], no_loss[p.doc])[0]) for p in specials]

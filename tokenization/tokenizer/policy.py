@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
@@ -52,7 +52,7 @@ class EncodingPolicy:
         """The policy that loading the tokenizer gave a build's plan (``Encoder.facts``)."""
         return cls(facts.eos_token, facts.eos_id, facts.eos_source, facts.bos_ids, special_text, facts.tail_ids)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The manifest's record of the policy: its fields but ``tail_ids``, which the EOS and the tokenizer say."""
         described = asdict(self)
         del described["tail_ids"]
@@ -102,7 +102,7 @@ class SpecialLiterals:
     regex runs: 10x faster on the shared corpora than testing for two-character prefixes, where it was a tenth of
     a Mistral rank's CPU."""
 
-    pattern: re.Pattern | None  # the tokens longest first, so that the longest match wins
+    pattern: re.Pattern[str] | None  # the tokens longest first, so that the longest match wins
     firsts: tuple[str, ...]  # the tokens' first characters
 
     @classmethod
@@ -116,14 +116,14 @@ class SpecialLiterals:
         document without any is ruled out with no Counter made (~3 us a document)."""
         return self.pattern is not None and any(c in text for c in self.firsts)
 
-    def count(self, text: str, *, outside: Ranges | None = None) -> Counter:
+    def count(self, text: str, *, outside: Ranges | None = None) -> Counter[str]:
         """How often the text holds each special token's text, outside the sorted spans ``outside``."""
-        found: Counter = Counter()
+        found: Counter[str] = Counter()
         for begin, end in gaps(outside, len(text)):
             found.update(self._count(text[begin:end]))  # (the whole text: no copy)
         return found
 
-    def _count(self, text: str) -> Counter:
+    def _count(self, text: str) -> Counter[str]:
         if self.pattern is None or not self.may_hold(text):
             return Counter()
         return Counter(self.pattern.findall(text))

@@ -28,7 +28,7 @@ NONE_WORDS = ("none", "null", "unlimited")  # what the command line takes for "n
 INT64 = (-(2**63), 2**63 - 1)  # every integer option's range
 # The options that name a place, as every config names them, whose URLs must be well formed.
 LOCATIONS = {"input", "inputs", "output", "cache", "local_working_dir", "merge_working_dir", "tokenizer"}
-LOCATIONS |= {"chat_template", "stats_out", "annotate"}
+LOCATIONS |= {"chat_template", "stats_out", "annotate", "choice"}
 
 
 @dataclass(frozen=True)

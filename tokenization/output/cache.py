@@ -63,6 +63,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import orjson
@@ -713,7 +714,7 @@ def _in_flight(use: CacheUse, now: float) -> bool:
     return use.finished is None and now - use.started < IN_FLIGHT_SECONDS
 
 
-def _modified(info: dict) -> float:
+def _modified(info: dict[str, Any]) -> float:
     moment = info.get("LastModified") or info.get("mtime") or info.get("created") or 0
     return moment.timestamp() if hasattr(moment, "timestamp") else float(moment)
 

@@ -70,7 +70,7 @@ class _Read:
     blank_lines: int = 0
     text_bytes: int = 0
     empty: int = 0
-    rejected: Counter = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
     candidates: int = 0
     sampled: dict[int, Record] = field(default_factory=dict)
 

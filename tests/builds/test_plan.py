@@ -99,10 +99,11 @@ def rewritten(path, data: bytes) -> None:
 def test_a_planned_file_that_changes_or_vanishes_fails_its_rank_naming_it(tmp_path, inputs, sample_tokenizer):
     """Rewritten with its size and mtime kept, a file whose bytes differ is another file; so is one that is gone.
     Its plan, made the first night, knows it by its stat (no plan reads a file); the sha256 that an earlier build's
-    rank remembered of it at that very stat tells that its bytes changed."""
+    rank remembered of it at that very stat tells that its bytes changed. Without one (no cache), its stat does."""
     config = config_of(inputs, tmp_path, sample_tokenizer)
     build = Build.start(config, "b")
-    assert not any("sha256" in file.identity for file in build.plan.files)
+    uncached = Build.start(config_of(inputs, tmp_path / "off", sample_tokenizer, cache="off"), "b")
+    assert not any("sha256" in file.identity for file in build.plan.files + uncached.plan.files)
     in_process(Build.start(config, "another"))  # its ranks hash the files, and remember them
     rank_0 = inputs / "part-00000.jsonl.gz"  # rank 0 takes files 0 and 2
     data = rank_0.read_bytes()
@@ -114,6 +115,14 @@ def test_a_planned_file_that_changes_or_vanishes_fails_its_rank_naming_it(tmp_pa
         f"{rank_0}: changed since the build was planned: its content changed (sha256 "
         f"{hashlib.sha256(changed).hexdigest()[:12]}…; planned {planned[:12]}…), its size and mtime kept; a build "
         "reads exactly its plan's files, so run it under a new build id"
+    )
+    with pytest.raises(InputError) as refused:
+        uncached.tokenize(0, progress=False)
+    assert str(refused.value) == (
+        f"{rank_0}: changed since the build was planned: its inode or change time changed (a chmod, or a copy that "
+        "kept its mtime), and its plan records no sha256 of its bytes to tell whether they did (a file new to its "
+        "plan, whose rank's hash is not remembered, is known by its stat; or a plan made by an earlier version); a "
+        "build reads exactly its plan's files, so run it under a new build id"
     )
     (inputs / "part-00003.jsonl.gz").unlink()
     with pytest.raises(InputError, match=r"part-00003.jsonl.gz: gone since the build was planned"):

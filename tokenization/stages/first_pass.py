@@ -124,8 +124,9 @@ class CacheOwner:
     inputs: Sequence[str] = ()  # the build's input specs, by which the files its ranks hash are remembered
 
     def remember(self, rows: Mapping[str, str]) -> None:
-        """Leave the rows of the files this rank hashed for the next night's plan (``output.known``)."""
-        if rows and self.inputs:
+        """Leave the rows of the files this rank hashed for the next night's plan (``output.known``), unless the
+        cache was found read-only (said once already)."""
+        if rows and self.inputs and not self.cache.read_only:
             who = f"{hashlib.sha256(self.owner.encode()).hexdigest()[:16]}.{self.stem}"
             known.remember_part(self.cache, self.inputs, who, rows)
 

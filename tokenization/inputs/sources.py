@@ -487,9 +487,17 @@ def rank_hashes(files: Sequence[InputFile]) -> tuple[list[InputFile], dict[str, 
     ``stat`` is no longer its planned one gets no row: the rank refuses it (``check_unchanged``)."""
     todo = {f.url: f for f in files if for_its_rank(f)}
     stats = {url: _stat(url) for url in todo}
-    hashed_ns = time.time_ns()  # before any byte is read: a write during the hash is git's racy case
+    # ``hashed_ns``: before any byte is read, so that a write during the hash is git's racy case
+    started, hashed_ns = time.perf_counter(), time.time_ns()
     found = map_concurrently(lambda f: _sha256(f.url, f.identity), list(todo.values()), workers=os.cpu_count() or 1)
     digests = dict(zip(todo, found, strict=True))
+    if todo:
+        log.info(
+            "hashed %s new or changed since the last night, %d bytes, in %.1f s",
+            counted(len(todo), "local input file"),
+            sum(f.size for f in todo.values()),
+            time.perf_counter() - started,
+        )
     rows = {
         url: _row(st, hashed_ns, digests[url])
         for url, st in stats.items()

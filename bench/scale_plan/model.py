@@ -88,7 +88,7 @@ STREAMS_EFFICIENCY = 0.31
 # A plan of 20,000 local one-line files (``list_input_files``, then ``with_content`` with the rows of the one before):
 # 17 us of CPU a file to list, 13.5 us to recognise from its stat.
 PLAN_FILES = "measured: a plan of 20,000 local files, listed and recognised"
-SHA256_RATE = "issue 52: the plan's sha256 of local files, reading included"
+SHA256_RATE = "issue 52: the sha256 of local files, reading included"
 STATS_A_FILE = 2  # a local file's stat when it is listed, and again when the plan recognises it
 
 
@@ -180,12 +180,12 @@ class Scenario:
     list_page_s: float = arg(0.1, "a LIST page of 1,000 keys, s", ASSUMED)
     task_overhead_s: float = arg(5, "Airflow's cost of a task instance (queue, start, imports), s", ASSUMED)
     scheduler_tis_s: float = arg(10, "task instances one scheduler starts a second", ASSUMED)
-    # The plan of local inputs: a file system the workers share (``inputs.sources.with_content``)
+    # Local inputs: a file system the workers share (``inputs.sources.with_content``, ``rank_hashes``)
     plan_file_cpu_s: float = arg(
         3.1e-5, "plan, local inputs: CPU to list a file and recognise it from its stat, s", PLAN_FILES
     )
     fs_stat_s: float = arg(0.0005, "a stat on the shared file system (a metadata round trip), s", ASSUMED)
-    sha256_mb_s: float = arg(750, "plan, local inputs: sha256 of a file read, MB/s a core", SHA256_RATE)
+    sha256_mb_s: float = arg(750, "ranks, local inputs: sha256 of a file read, MB/s a core", SHA256_RATE)
     changed_share: float = arg(0.02, "a next night's input files new or changed, of all", ASSUMED)
 
     @property
@@ -528,13 +528,15 @@ def plan_cost(s: Scenario) -> TaskCost:
 
 @dataclass(frozen=True)
 class PlanReading:
-    """What a plan reads of its inputs before any rank starts, and its time (``plan_cost`` is the rest of it)."""
+    """What a plan reads of its inputs before any rank starts, and its time (``plan_cost`` is the rest of it); and
+    the hashing that each rank does of its new or changed files before it looks them up in the cache."""
 
     inputs: str  # where they are, and which night
     listed: float  # files
-    hashed: float  # files
+    hashed: float  # files, by their ranks
     bytes_hashed: float
-    seconds: float
+    seconds: float  # the plan's
+    rank_seconds: float  # a rank's hashing of its share
 
 
 def input_files(s: Scenario) -> float:
@@ -543,20 +545,20 @@ def input_files(s: Scenario) -> float:
 
 def plan_readings(s: Scenario) -> list[PlanReading]:
     """The plan's reading of the inputs, on S3 (a listing: each object's ETag identifies its bytes) and on a file
-    system the workers share, the first night (every file hashed) and a next night (``changed_share`` of them):
-    each file's stat, one after another, twice (listed, recognised), and the new or changed ones hashed on a thread
-    a core of the plan's worker (it runs alone), within what its network reads."""
+    system the workers share, the first night (every file new) and a next night (``changed_share`` of them): each
+    file's stat, one after another, twice (listed, recognised); the plan reads no file's bytes. Each rank hashes its
+    share of the new or changed ones (``inputs.sources.rank_hashes``) on a thread a core of its slot, within its
+    share of its worker's network."""
     files, plan = input_files(s), plan_cost(s)
-    cores = s.concurrency * s.slot_cores
-    hash_rate = min(cores * s.sha256_mb_s * MB, s.nic_gbit * 1e9 / 8)
+    rank_rate = min(s.slot_cores * s.sha256_mb_s * MB, s.network_share(s.concurrency))
 
     def local(label: str, share: float) -> PlanReading:
         stats = files * (STATS_A_FILE * s.fs_stat_s + s.plan_file_cpu_s)
         read = s.text_bytes * share
-        return PlanReading(label, files, files * share, read, stats + read / hash_rate + s.task_overhead_s)
+        return PlanReading(label, files, files * share, read, stats + s.task_overhead_s, read / s.ranks / rank_rate)
 
     return [
-        PlanReading("S3, any night", files, 0, 0, plan.seconds(s)),
+        PlanReading("S3, any night", files, 0, 0, plan.seconds(s), 0),
         local("file system, the first night", 1.0),
         local(f"file system, a next night ({s.changed_share:.0%} changed)", s.changed_share),
     ]

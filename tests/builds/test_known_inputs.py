@@ -1,5 +1,6 @@
-"""Issue 52, 1: the plan hashed every local input every night. It remembers each file's ``stat`` beside its sha256
-in the cache, and the next plan reads only the files that are new or changed, or whose ``stat`` cannot tell."""
+"""Issue 52, 1: the plan hashed every local input every night, in its one task. Each file's ``stat`` is remembered
+beside its sha256 in the cache; the plan reads no file, and the ranks hash theirs that are new or changed, or whose
+``stat`` cannot tell."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import time
 import orjson
 import pytest
 
-from tests.support.builds import config_of
+from tests.support.builds import config_of, in_process
 from tokenization.builds.complete import summary
 from tokenization.builds.pages import size
 from tokenization.builds.run import Build
 from tokenization.inputs import sources
-from tokenization.inputs.sources import list_input_files, with_content
+from tokenization.inputs.sources import list_input_files, rank_hashes, with_content, with_sha256
 from tokenization.output import known
 from tokenization.storage.files import file_sha256
 
@@ -46,32 +47,80 @@ def hashed(monkeypatch) -> list[str]:
     return read
 
 
-def test_the_next_plan_reads_only_new_or_changed_files(tmp_path, inputs, sample_tokenizer, hashed) -> None:
-    """The second night hashes the file that grew, the one rewritten in place with its size and mtime kept (its
-    change time tells), the one chmodded (the same bytes: the same sha256) and the new one; not the fourth. Its
-    plan is the plan of a build without a cache, byte for byte."""
+def night(config, name: str):
+    """A build of ``config`` under ``name``, its ranks in this process (their hashing is seen), published."""
+    return in_process(Build.start(config, name))
+
+
+def reading(build) -> tuple[int, int, int]:
+    """What a build's plan recorded of its local files: recognised unchanged, left to their ranks, their bytes."""
+    read = build.claimed.claim.reading
+    return read.files_recognised, read.files_hashed, read.bytes_hashed
+
+
+def test_a_first_night_plan_reads_no_file_and_its_ranks_hash_theirs(tmp_path, inputs, sample_tokenizer, hashed) -> None:
+    """The plan of 10,000 new files read them all in its one task. It reads none: each rank hashes its own files
+    before it looks them up in the cache, each once; the build's bytes are a build's without a cache, which hashes
+    no file at all."""
     config = config_of(inputs, tmp_path, sample_tokenizer)
-    Build.start(config, "first")
-    assert len(hashed) == 4
+    build = Build.start(config, "first")
+    assert hashed == []
+    assert reading(build) == (0, 4, sum(path.stat().st_size for path in inputs.iterdir()))
+    assert not any("sha256" in file.identity for file in build.plan.files)  # a new file's identity: its stat
+    published = in_process(build)
+    assert sorted(hashed) == sorted(map(str, inputs.iterdir()))
+    hashed.clear()
+    without = night(config_of(inputs, tmp_path / "off", sample_tokenizer, cache="off"), "first")
+    assert hashed == []
+    assert published.record.digest == without.record.digest
+
+
+def test_the_next_night_reads_only_new_or_changed_files(tmp_path, inputs, sample_tokenizer, hashed) -> None:
+    """The second night's ranks hash the file that grew, the one rewritten in place with its size and mtime kept
+    (its change time tells), the one chmodded (the same bytes: the same sha256, a hit) and the new one; not the
+    fourth, which the plan recognises from what the first night's ranks remembered. No plan reads a byte."""
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    night(config, "first")
     hashed.clear()
     sources._sha256_once.cache_clear()
-    grown, rewritten, chmodded, _untouched = sorted(inputs.iterdir())
-    grown.write_bytes(grown.read_bytes() + b"\n")
+    grown, rewritten, chmodded, untouched = sorted(inputs.iterdir())
+    grown.write_bytes(grown.read_bytes() + gzip.compress(b'{"text": "one more document"}\n'))
     before = rewritten.stat()
     data = rewritten.read_bytes()
-    rewritten.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    rewritten.write_bytes(data[:4] + bytes([data[4] ^ 1]) + data[5:])  # the gzip header's mtime: other bytes
     os.utime(rewritten, ns=(before.st_atime_ns, before.st_mtime_ns))
     chmodded.chmod(chmodded.stat().st_mode | stat.S_IROTH)
     new = inputs / "part-00009.jsonl"
     new.write_text('{"text": "a new document"}\n')
     nightly = Build.start(config, "next")
+    assert hashed == []
+    assert reading(nightly)[:2] == (1, 4)
+    assert [f.url for f in nightly.plan.files if "sha256" in f.identity] == [str(untouched)]
+    cache = in_process(nightly).record.cache
     assert sorted(hashed) == sorted(map(str, (grown, rewritten, chmodded, new)))
-    without = Build.start(config_of(inputs, tmp_path / "off", sample_tokenizer, cache="off"), "next")
-    assert nightly.plan.record.to_json()["inputs"] == without.plan.record.to_json()["inputs"]
+    assert (cache.files_hit, cache.files_missed) == (2, 3)  # the untouched and the chmodded
     hashed.clear()
     sources._sha256_once.cache_clear()
-    Build.start(config, "third")
+    third = Build.start(config, "third")
+    assert hashed == []
+    assert reading(third)[:2] == (3, 2)
+    in_process(third)
     assert sorted(hashed) == [str(grown), str(new)]  # written just before their hash: git's racy case
+
+
+def test_the_plan_merges_what_the_ranks_remembered(tmp_path, inputs, sample_tokenizer) -> None:
+    """Each rank leaves its rows in a record of its own (ranks run at once); the next plan merges them into the
+    input's one record and removes theirs."""
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    night(config, "first")
+    records = tmp_path / "out/.cache/inputs"
+    parts = sorted(path.name for path in records.iterdir())
+    assert [name.split(".")[1:] for name in parts] == [
+        ["rank", parts[0].split(".")[2], stem, "json"] for stem in ("00000", "00001")
+    ]
+    assert reading(Build.start(config, "next"))[:2] == (4, 0)
+    (merged,) = records.iterdir()
+    assert sorted(orjson.loads(merged.read_bytes())["files"]) == sorted(map(str, inputs.iterdir()))
 
 
 def test_a_file_modified_as_it_was_hashed_is_hashed_again(tmp_path) -> None:
@@ -81,41 +130,42 @@ def test_a_file_modified_as_it_was_hashed_is_hashed_again(tmp_path) -> None:
     path.write_text('{"text": "a"}\n')
     listing = list_input_files([str(path)])
     first = with_content(listing)
-    assert (first.hashed, first.recognised) == (1, 0)
-    second = with_content(listing, first.known)
+    assert (first.hashed, first.recognised, first.bytes_to_hash) == (1, 0, path.stat().st_size)
+    assert first.listing == listing  # the plan reads nothing: its rank will
+    files, rows = rank_hashes(first.listing.files)
+    assert files == [with_sha256(listing.files[0], file_sha256(path))]
+    second = with_content(listing, rows)
     assert (second.hashed, second.recognised) == (1, 0)
     clock = time.time_ns
     with pytest.MonkeyPatch.context() as later:
-        later.setattr(sources.time, "time_ns", lambda: clock() + sources.RACY_NS)  # a plan 2 s on
-        third = with_content(listing, first.known)
-    assert (third.hashed, third.recognised, third.bytes_read) == (1, 0, path.stat().st_size)
-    fourth = with_content(listing, third.known)
-    assert (fourth.hashed, fourth.recognised, fourth.bytes_read) == (0, 1, 0)
-    assert fourth.listing == first.listing
+        later.setattr(sources.time, "time_ns", lambda: clock() + sources.RACY_NS)  # a rank 2 s on
+        _, rows = rank_hashes(second.listing.files)
+    fourth = with_content(listing, rows)
+    assert (fourth.hashed, fourth.recognised, fourth.bytes_to_hash) == (0, 1, 0)
+    assert fourth.listing.files == files
 
 
-def test_new_files_are_hashed_at_once_and_the_unchanged_recognised(tmp_path, monkeypatch) -> None:
-    """A plan's new files are hashed on a thread a core, several at once (a plan of 10,000 new files is not one read
-    after another), and the files it remembers are still recognised without a byte read."""
-    old = [tmp_path / f"old-{k}.jsonl" for k in range(2)]
-    for path in old:
-        path.write_text('{"text": "old"}\n')
-        os.utime(path, ns=(time.time_ns() - HOUR_NS,) * 2)
-    rows = with_content(list_input_files([str(tmp_path)])).known
-    for k in range(4):
+def test_a_rank_hashes_its_new_files_at_once(tmp_path, monkeypatch) -> None:
+    """A rank's new files are hashed on a thread a core, several at once, each file once however many of its parts
+    the rank holds; a file whose plan records its sha256 is not read."""
+    for k in range(5):
         (tmp_path / f"new-{k}.jsonl").write_text(f'{{"text": "new {k}"}}\n')
     together = threading.Barrier(2, timeout=10)  # broken unless two hashes are under way at once
+    read: list[str] = []
 
     def hashed_beside_another(path, fs):
+        read.append(path)
         together.wait()
         return file_sha256(path, fs)
 
     monkeypatch.setattr(sources, "file_sha256", hashed_beside_another)
     monkeypatch.setattr(sources.os, "cpu_count", lambda: 2)
     sources._sha256_once.cache_clear()
-    found = with_content(list_input_files([str(tmp_path)]), rows)
-    assert (found.recognised, found.hashed) == (2, 4)
-    assert all(found.known[str(path)] == rows[str(path)] for path in old)
+    files = list_input_files([str(tmp_path)]).files
+    known_one = with_sha256(files[0], "0" * 64)
+    found, rows = rank_hashes([known_one, *files[1:], files[1]])
+    assert sorted(read) == sorted(f.url for f in files[1:])
+    assert found[0] == known_one and sorted(rows) == sorted(f.url for f in files[1:])
 
 
 def test_a_remembered_row_of_another_stat_is_not_used(tmp_path) -> None:
@@ -125,7 +175,7 @@ def test_a_remembered_row_of_another_stat_is_not_used(tmp_path) -> None:
     then = time.time_ns() - HOUR_NS
     os.utime(path, ns=(then, then))
     listing = list_input_files([str(path)])
-    rows = with_content(listing).known
+    _, rows = rank_hashes(listing.files)
     size, mtime, ctime, ino, dev, when, sha = rows[str(path)].split(",")
     for row in (
         f"{size},{mtime},{ctime},{ino},{int(dev) + 1},{when},{sha}",
@@ -139,7 +189,8 @@ def test_a_remembered_row_of_another_stat_is_not_used(tmp_path) -> None:
 
 
 def test_a_cache_that_cannot_be_written_only_hashes_again(tmp_path, inputs, sample_tokenizer, hashed, caplog):
-    """A read-only cache: the record is not written, the log says so, and the next plan hashes every file."""
+    """A read-only cache: the ranks' records are not written, the log says so, and the next night's ranks hash
+    every file again."""
 
     def refused(*args, **kwargs):
         raise OSError(30, "Read-only file system")
@@ -148,29 +199,30 @@ def test_a_cache_that_cannot_be_written_only_hashes_again(tmp_path, inputs, samp
     with pytest.MonkeyPatch.context() as patched:
         patched.setattr(known, "write_bytes_atomic", refused)
         with caplog.at_level(logging.WARNING, logger=known.__name__):
-            Build.start(config, "first")
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == known.__name__]
-    assert warning.startswith(f"{tmp_path}/out/.cache/inputs/") and warning.endswith(
-        ".json: not written ([Errno 30] Read-only file system); the next plan hashes every local input file again"
-    )
+            night(config, "first")
+    warnings = [r.getMessage() for r in caplog.records if r.name == known.__name__]
+    assert len(warnings) == 2  # a rank each
+    for warning in warnings:
+        assert warning.startswith(f"{tmp_path}/out/.cache/inputs/") and warning.endswith(
+            ".json: not written ([Errno 30] Read-only file system); the next night's ranks hash these files again"
+        )
+    hashed.clear()
     sources._sha256_once.cache_clear()
-    Build.start(config, "next")
-    assert len(hashed) == 8
+    assert reading(Build.start(config, "next"))[:2] == (0, 4)
 
 
-def test_a_damaged_record_is_named_and_every_file_hashed(tmp_path, inputs, sample_tokenizer, hashed, caplog):
+def test_a_damaged_record_is_named_and_its_files_hashed(tmp_path, inputs, sample_tokenizer, caplog):
+    """A rank's record damaged: named in the log, its files are hashed again; the other rank's are recognised."""
     config = config_of(inputs, tmp_path, sample_tokenizer)
-    Build.start(config, "first")
-    (record,) = (tmp_path / "out/.cache/inputs").iterdir()
+    night(config, "first")
+    record = sorted((tmp_path / "out/.cache/inputs").iterdir())[0]
     data = orjson.loads(record.read_bytes())
     record.write_bytes(orjson.dumps({**data, "files": [1]}))
-    sources._sha256_once.cache_clear()
     with caplog.at_level(logging.WARNING, logger=known.__name__):
-        Build.start(config, "next")
-    assert len(hashed) == 8
+        assert reading(Build.start(config, "next"))[:2] == (2, 2)
     (warning,) = [r.getMessage() for r in caplog.records if r.name == known.__name__]
     assert warning.startswith(f"{record}: not a valid record of known input files: ")
-    assert warning.endswith("; every local input file is hashed")
+    assert warning.endswith("; its local input files are hashed")
 
 
 def test_the_report_and_the_summary_say_what_the_next_night_read(tmp_path, inputs, sample_tokenizer) -> None:
@@ -193,7 +245,7 @@ def test_the_report_and_the_summary_say_what_the_next_night_read(tmp_path, input
     line = next(line for line in summary(record).splitlines() if line.startswith("cache: "))
     assert line.endswith(
         f"and read {size(cache.bytes_total)} of input; the plan listed 4 files: 3 recognised unchanged without a byte "
-        f"read, 1 hashed ({size(changed.stat().st_size)} read)"
+        f"read, 1 new or changed, hashed by their ranks ({size(changed.stat().st_size)})"
     )
     report = orjson.loads((tmp_path / "out" / "next" / "report.json").read_bytes())
     assert report["build"]["cache"]["plan"] == cache.plan.to_json()
@@ -201,23 +253,21 @@ def test_the_report_and_the_summary_say_what_the_next_night_read(tmp_path, input
     assert '<th>recognised unchanged, not read</th><td data-key="files_recognised">3</td>' in shown
 
 
-def test_with_a_key_a_changed_row_is_refused(tmp_path, inputs, sample_tokenizer, hashed, caplog, monkeypatch):
-    """A row made to name another sha256 would make a file another file's entry: with a cache key the record is
-    signed, and one changed since is not used (named in the log); every file is hashed."""
+def test_with_a_key_a_changed_row_is_refused(tmp_path, inputs, sample_tokenizer, caplog, monkeypatch):
+    """A row made to name another sha256 would make a file another file's entry: with a cache key the records are
+    signed, and one changed since is not used (named in the log); its files are hashed again."""
     monkeypatch.setenv("TOKENIZATION_CACHE_KEY", "a deployment's secret")
     config = config_of(inputs, tmp_path, sample_tokenizer)
-    Build.start(config, "first")
-    (record,) = (tmp_path / "out/.cache/inputs").iterdir()
+    night(config, "first")
+    record = sorted((tmp_path / "out/.cache/inputs").iterdir())[0]
     data = orjson.loads(record.read_bytes())
     first, second, *_ = sorted(data["files"])
     data["files"][first] = data["files"][first].rsplit(",", 1)[0] + "," + data["files"][second].rsplit(",", 1)[1]
     record.write_bytes(orjson.dumps(data))
-    sources._sha256_once.cache_clear()
     with caplog.at_level(logging.WARNING, logger=known.__name__):
-        Build.start(config, "next")
-    assert len(hashed) == 8
+        assert reading(Build.start(config, "next"))[:2] == (2, 2)
     (warning,) = [r.getMessage() for r in caplog.records if r.name == known.__name__]
     assert warning == (
         f"{record}: not a valid record of known input files: its signature does not verify with "
-        "TOKENIZATION_CACHE_KEY (signed with another key, or changed since); every local input file is hashed"
+        "TOKENIZATION_CACHE_KEY (signed with another key, or changed since); its local input files are hashed"
     )

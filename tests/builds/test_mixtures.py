@@ -5,10 +5,12 @@ own, so the text of any document or piece of one tells its source."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -48,6 +50,8 @@ def write_sources(root: Path, docs: dict[str, int] = DOCS, seed: int = 0) -> dic
                 for _ in range(docs[name] // 2)
             ]
             write_jsonl(root / name / f"part-{part}.jsonl", [{"text": text} for text in texts])
+            hour_ago = time.time_ns() - 3600 * 10**9  # not written as its rank hashed it (git's racy case): a
+            os.utime(root / name / f"part-{part}.jsonl", ns=(hour_ago, hour_ago))  # re-mix's plan knows its sha256
     return {name: str(root / name) for name in LETTERS}
 
 

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 import orjson
 import pytest
 
-from tests.support.builds import config_of
+from tests.support.builds import config_of, in_process
 from tokenization.builds.accounting import incomplete_ranks
 from tokenization.builds.complete import summary
 from tokenization.builds.plan import Plan, unread_or_reread
@@ -97,8 +97,14 @@ def rewritten(path, data: bytes) -> None:
 
 
 def test_a_planned_file_that_changes_or_vanishes_fails_its_rank_naming_it(tmp_path, inputs, sample_tokenizer):
-    """Rewritten with its size and mtime kept, a file whose bytes differ is another file; so is one that is gone."""
-    build = Build.start(config_of(inputs, tmp_path, sample_tokenizer), "b")
+    """Rewritten with its size and mtime kept, a file whose bytes differ is another file; so is one that is gone.
+    Its plan, made the first night, knows it by its stat (no plan reads a file); the sha256 that an earlier build's
+    rank remembered of it at that very stat tells that its bytes changed. Without one (no cache), its stat does."""
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    build = Build.start(config, "b")
+    uncached = Build.start(config_of(inputs, tmp_path / "off", sample_tokenizer, cache="off"), "b")
+    assert not any("sha256" in file.identity for file in build.plan.files + uncached.plan.files)
+    in_process(Build.start(config, "another"))  # its ranks hash the files, and remember them
     rank_0 = inputs / "part-00000.jsonl.gz"  # rank 0 takes files 0 and 2
     data = rank_0.read_bytes()
     planned, changed = hashlib.sha256(data).hexdigest(), data[:-1] + bytes([data[-1] ^ 1])
@@ -109,6 +115,14 @@ def test_a_planned_file_that_changes_or_vanishes_fails_its_rank_naming_it(tmp_pa
         f"{rank_0}: changed since the build was planned: its content changed (sha256 "
         f"{hashlib.sha256(changed).hexdigest()[:12]}…; planned {planned[:12]}…), its size and mtime kept; a build "
         "reads exactly its plan's files, so run it under a new build id"
+    )
+    with pytest.raises(InputError) as refused:
+        uncached.tokenize(0, progress=False)
+    assert str(refused.value) == (
+        f"{rank_0}: changed since the build was planned: its inode or change time changed (a chmod, or a copy that "
+        "kept its mtime), and its plan records no sha256 of its bytes to tell whether they did (a file new to its "
+        "plan, whose rank's hash is not remembered, is known by its stat; or a plan made by an earlier version); a "
+        "build reads exactly its plan's files, so run it under a new build id"
     )
     (inputs / "part-00003.jsonl.gz").unlink()
     with pytest.raises(InputError, match=r"part-00003.jsonl.gz: gone since the build was planned"):
@@ -146,9 +160,11 @@ def test_a_chmod_or_a_copy_keeping_the_mtime_is_the_same_file(tmp_path, inputs, 
 
 
 def test_a_rerun_names_how_each_planned_file_changed(tmp_path, inputs, sample_tokenizer) -> None:
-    """Issue 37, 8c: the refusal named the files only ("7 planned input files changed"); it says what changed."""
+    """Issue 37, 8c: the refusal named the files only ("7 planned input files changed"); it says what changed. (The
+    plan takes each file's sha256 from what the night before's ranks remembered.)"""
     config = config_of(inputs, tmp_path, sample_tokenizer)
-    Build.start(config, "b")
+    in_process(Build.start(config, "night before"))
+    assert all("sha256" in file.identity for file in Build.start(config, "b").plan.files)
     grown, touched, edited = (inputs / f"part-0000{i}.jsonl.gz" for i in range(3))
     size = grown.stat().st_size
     grown.write_bytes(grown.read_bytes() + b"\n")
@@ -180,10 +196,17 @@ def test_a_plan_made_before_content_hashes_cannot_tell_a_chmod_from_a_rewrite(tm
     fields = dict(field.split("=") for field in now.identity.split(","))
     old = replace(now, identity=f"mtime_ns={fields['mtime_ns']},ctime_ns=1,ino={fields['ino']}")
     assert difference(old, now) == (
-        "its inode or change time changed (a chmod, or a copy that kept its mtime), and its plan, made by an earlier "
-        "version, records no sha256 of its bytes to tell whether they did"
+        "its inode or change time changed (a chmod, or a copy that kept its mtime), and its plan records no sha256 "
+        "of its bytes to tell whether they did (a file new to its plan, whose rank's hash is not remembered, is known "
+        "by its stat; or a plan made by an earlier version)"
     )
     assert difference(replace(old, identity=now.identity), now) is None
+    sha256, st = file_sha256(path), path.stat()
+    row = f"{st.st_size},{fields['mtime_ns']},1,{fields['ino']},{st.st_dev},{st.st_mtime_ns + 1},{sha256}"
+    assert difference(old, now, lambda: {str(path): row}) is None  # a rank hashed it at its planned stat
+    other = row.replace(sha256, "0" * 64)
+    assert difference(old, now, lambda: {str(path): other}).startswith("its content changed (sha256 ")
+    assert difference(old, now, lambda: {str(path): row.replace(",1,", ",2,", 1)}).startswith("its inode or")
 
 
 def test_the_books_refuse_ranks_that_read_other_files(tmp_path, inputs, sample_tokenizer, monkeypatch) -> None:

@@ -319,7 +319,8 @@ def cache_line(cache: CacheSummary, parts: bool = False) -> str:
     if (plan := cache.plan) is not None:
         line += (
             f"; the plan listed {counted(plan.files_listed, 'file')}: {plan.files_recognised:,} recognised unchanged "
-            f"without a byte read, {plan.files_hashed:,} hashed ({size(plan.bytes_hashed)} read)"
+            f"without a byte read, {plan.files_hashed:,} new or changed, hashed by their ranks "
+            f"({size(plan.bytes_hashed)})"
         )
     return line
 

@@ -2,7 +2,8 @@
 
 A plan is what decides the dataset's bytes: the params (less the few that cannot change a byte), the seed, the
 tokenizer's and the chat template's sha256, and the exact input files, each with the identity a listing gave it
-(``sources.InputFile``) and, for a local file, the sha256 of its bytes (``sources.with_content``). It is recorded
+(``sources.InputFile``) and, for a local file an earlier night's ranks hashed, the sha256 of its bytes
+(``sources.with_content``: no plan reads a file; a new one is planned by its ``stat``). It is recorded
 in the run's claim (``runs.claim``), so it exists before any work and cannot be replaced. Ranks take their share
 of its file list, never a new listing; a re-run of the same run id resumes only when it would make the very same
 plan (files that arrived since are left out, and named; a file whose bytes did not change is the same file); the
@@ -20,7 +21,15 @@ from functools import cached_property
 
 import orjson
 
-from tokenization.inputs.sources import InputError, InputListing, difference, file_key, list_input_files, split_files
+from tokenization.inputs.sources import (
+    InputError,
+    InputListing,
+    Remembered,
+    difference,
+    file_key,
+    list_input_files,
+    split_files,
+)
 from tokenization.mixing import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
@@ -110,15 +119,20 @@ class Plan:
         source = {f.url: s for f, s in zip(self.files, sources, strict=True)}
         return [source[f.url] for f in files]
 
-    def refuse_another(self, proposed: Plan, listing: InputListing, where: str) -> list[InputFile]:
+    def refuse_another(
+        self, proposed: Plan, listing: InputListing, where: str, remembered: Remembered | None = None
+    ) -> list[InputFile]:
         """Resume this plan only if ``proposed`` (what the re-run would plan) is the same plan: same settings, and
-        each planned file still there and unchanged. Returns the files that arrived since, which the build leaves
-        out; raises :class:`PlanConflict` naming every difference otherwise."""
+        each planned file still there and unchanged (``difference``, with the rows ranks ``remembered``). Returns
+        the files that arrived since, which the build leaves out; raises :class:`PlanConflict` naming every
+        difference otherwise."""
         differences = _setting_differences(self.record, proposed.record)
         now = {f.url: f for f in listing.files}
         planned = self.files
         gone = [f.url for f in planned if f.url not in now]
-        changed = [f"{f.url}: {how}" for f in planned if f.url in now and (how := difference(f, now[f.url]))]
+        changed = [
+            f"{f.url}: {how}" for f in planned if f.url in now and (how := difference(f, now[f.url], remembered))
+        ]
         if gone:
             are = "is" if len(gone) == 1 else "are"
             differences.append(f"{counted(len(gone), 'planned input file')} {are} gone ({_named(gone)})")

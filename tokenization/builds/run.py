@@ -104,20 +104,20 @@ class Build:
         seed = resolve_seed(config.seed, run_id)
         rendering = None if renderer is None else renderer.sha256
         cache = Cache(config.cache_folder) if config.cache_folder else None
-        recalled = known.recall(cache, config.inputs, len(listing.files)) if cache else {}
-        hashed = None if read_claim(run_dir) else with_content(listing, recalled)  # a re-run hashes no file again
+        recalled = known.recall(cache, config.inputs, len(listing.files)) if cache else known.Recalled({}, [])
+        hashed = None if read_claim(run_dir) else with_content(listing, recalled.rows)  # a plan reads no file
         planned = listing if hashed is None else hashed.listing
         proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned, sources)
         if cache is not None:  # before the run's claim: a folder that is no cache is refused first
             cache.claim()
-            if hashed is not None and hashed.known != recalled:
-                known.remember(cache, config.inputs, hashed.known)
+            if hashed is not None and (hashed.known != recalled.rows or recalled.parts):
+                known.remember(cache, config.inputs, hashed.known, recalled.parts)
             if hashed is not None:  # a new plan (a re-run's was checked when it was new)
                 refuse_foreseen(config, proposed, encoder, cache)
         reading = None if hashed is None else hashed.reading(len(listing.files))
         run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts(), reading))
         if run.plan.digest != proposed.digest:
-            run.plan.refuse_another(proposed, listing, run_dir.url)
+            run.plan.refuse_another(proposed, listing, run_dir.url, lambda: recalled.rows)
         elif cache is not None and hashed is not None:  # a new plan: its choice made once, or never
             choose_at_plan(config, run.plan, encoder, cache, run_dir)
         files = run.plan.files

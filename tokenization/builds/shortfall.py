@@ -15,6 +15,7 @@ import logging
 
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import Plan
+from tokenization.inputs.sources import for_its_rank
 from tokenization.mixing import foreseen
 from tokenization.output.cache import Cache
 from tokenization.records import CacheEntry, InputFile, Mixture
@@ -34,10 +35,14 @@ def planned_entries(
     cache: Cache,
 ) -> list[CacheEntry | None]:
     """The cache's entry of each of the plan's ``shared`` files (or parts: what ranks look up), of its mixture
-    ``sources``, under the very key its rank will look up (None: a miss)."""
+    ``sources``, under the very key its rank will look up (None: a miss, or a file new to the plan, whose key its
+    rank will know once it hashed it: the plan reads no file)."""
     readings = source_readings(config, mixture, encoder)
-    keys = [file_key(file, readings[s], encoder).digest for file, s in zip(shared, sources, strict=True)]
-    return map_concurrently(cache.lookup, keys)
+    keys = [
+        None if for_its_rank(file) else file_key(file, readings[s], encoder).digest
+        for file, s in zip(shared, sources, strict=True)
+    ]
+    return map_concurrently(lambda key: None if key is None else cache.lookup(key), keys)
 
 
 def refuse_foreseen(config: BuildConfig, plan: Plan, encoder: Encoder, cache: Cache) -> None:

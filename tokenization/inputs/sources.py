@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Generator, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from gzip import BadGzipFile
@@ -418,7 +418,7 @@ def _check_name(path: str) -> None:
 
 def identity(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> str:
     """What tells this file from another one at the same path (see :class:`InputFile`), as a listing sees it: a
-    plan adds the sha256 of a local file's bytes (``with_content``)."""
+    plan adds the sha256 of a local file's bytes when an earlier night remembered it (``with_content``)."""
     if is_local(fs):
         return LocalFile.of(path).identity
     etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
@@ -430,15 +430,16 @@ def identity(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> 
 
 @dataclass(frozen=True)
 class Hashed:
-    """A plan's listing with each local file's sha256 (``with_content``), what the next plan is to remember of them
-    (``known``: a row a local file, by URL), and what it cost: files recognised unchanged without a byte read, files
-    hashed, and the bytes that hashing read."""
+    """A plan's listing with the sha256 of each local file it recognised unchanged (``with_content``), what the
+    next plan is to remember of them (``known``: a row a local file, by URL), and what the night costs: files
+    recognised unchanged without a byte read, files new or changed that their ranks hash (``rank_hashes``), and
+    their bytes. The plan reads none."""
 
     listing: InputListing
     known: dict[str, str]
     recognised: int
     hashed: int
-    bytes_read: int
+    bytes_to_hash: int
 
     def reading(self, listed: int) -> PlanReading:
         """As a build records it, of the ``listed`` files."""
@@ -446,45 +447,70 @@ class Hashed:
             files_listed=listed,
             files_recognised=self.recognised,
             files_hashed=self.hashed,
-            bytes_hashed=self.bytes_read,
+            bytes_hashed=self.bytes_to_hash,
         )
 
 
 def with_content(listing: InputListing, known: Mapping[str, str] | None = None) -> Hashed:
-    """The listing with each local file's identity ending in the sha256 of its bytes, as a plan records it: a file
-    whose inode or change time differs later (a ``chmod``, a copy that kept its mtime) is then the same file if its
-    bytes are. The tokenization cache takes the sha256 from the plan instead of reading the file again. An object
-    store's ETag is a digest of the bytes already.
-
-    A file that ``known`` (an earlier plan's rows, by URL) remembers, whose size, mtime, change time, inode and
-    device are what they were, and whose mtime is older than the moment it was hashed by ``RACY_NS`` at least, is
-    not read: its sha256 is taken from there, as git's index does. A file modified within that margin of its
-    hashing (git's "racy" case: the filesystem's clock could not tell a write during the hash) is hashed again, and
-    so is one whose change time alone differs (a ``chmod``: hashing says its bytes are the same). Files to hash are
-    read on as many threads as the machine has cores: hashlib works without the GIL."""
+    """The listing with the identity of each local file that ``known`` (an earlier night's rows, by URL)
+    recognises ending in the sha256 of its bytes, read from there: its size, mtime, change time, inode and device
+    are what they were, and its mtime is older than the moment it was hashed by ``RACY_NS`` at least, as git's index
+    does. The plan reads no file's bytes: a plan of 10,000 new files on a shared file system would be one task's
+    read of them all. A new file, a changed one, one modified within that margin of its hashing (git's "racy" case:
+    a coarse clock could not tell a write during the hash) and one whose change time alone differs (a ``chmod``)
+    keep their listed identity (their ``stat``): their ranks hash them before they look them up in the cache
+    (``rank_hashes``), and remember them for the next night. An object store's ETag is a digest of the bytes
+    already."""
     local = [f for f in listing.files if f.identity.startswith(MTIME)]
-    stats = {f.url: _stat(f.url) for f in local}
     known = known or {}
-    digests = {f.url: sha for f in local if (sha := _recognised(f, stats[f.url], known.get(f.url)))}
+    digests = {f.url: sha for f in local if (sha := _recognised(f, _stat(f.url), known.get(f.url)))}
     rows = {url: known[url] for url in digests}  # the recognised: as they were remembered
     unknown = [f for f in local if f.url not in digests]
-    started, hashed_ns = time.perf_counter(), time.time_ns()
-    found = map_concurrently(lambda f: _sha256(f.url, f.identity), unknown, workers=os.cpu_count() or 1)
-    digests.update(zip([f.url for f in unknown], found, strict=True))
     if unknown:
         log.info(
-            "plan: hashed %s, %d bytes, in %.1f s; %s recognised unchanged, not read",
-            counted(len(unknown), "local input file"),
+            "plan: %s recognised unchanged, not read; %s (%d bytes) new or changed, for their ranks to hash",
+            counted(len(rows), "local input file"),
+            counted(len(unknown), "file"),
             sum(f.size for f in unknown),
-            time.perf_counter() - started,
-            counted(len(rows), "file"),
         )
-    rows.update({f.url: _row(st, hashed_ns, digests[f.url]) for f in unknown if (st := stats[f.url]) is not None})
-    hashed = {f.url: f"{f.identity},sha256={digests[f.url]}" for f in local}
-    files = [replace(f, identity=hashed.get(f.url, f.identity)) for f in listing.files]
-    return Hashed(
-        replace(listing, files=files), rows, len(local) - len(unknown), len(unknown), sum(f.size for f in unknown)
-    )
+    files = [with_sha256(f, digests[f.url]) if f.url in digests else f for f in listing.files]
+    return Hashed(replace(listing, files=files), rows, len(rows), len(unknown), sum(f.size for f in unknown))
+
+
+def with_sha256(file: InputFile, sha256: str) -> InputFile:
+    """A local file's identity, as listed, ending in the sha256 of its bytes (``content_identity`` takes it)."""
+    return replace(file, identity=f"{file.identity},sha256={sha256}")
+
+
+def for_its_rank(file: InputFile) -> bool:
+    """Whether ``file`` is a local file whose plan records no sha256 of it: its rank hashes it (``rank_hashes``)."""
+    return file.identity.startswith(MTIME) and "sha256" not in _fields(file.identity)
+
+
+def rank_hashes(files: Sequence[InputFile]) -> tuple[list[InputFile], dict[str, str]]:
+    """A rank's ``files``, each local one whose plan records no sha256 (new or changed: ``with_content``) given
+    the sha256 of its bytes, which this rank reads here, on a thread a core (hashlib works without the GIL; a file
+    of several parts is read once); and the rows the next night is to remember of them, by URL. A file whose
+    ``stat`` is no longer its planned one gets no row: the rank refuses it (``check_unchanged``)."""
+    todo = {f.url: f for f in files if for_its_rank(f)}
+    stats = {url: _stat(url) for url in todo}
+    # ``hashed_ns``: before any byte is read, so that a write during the hash is git's racy case
+    started, hashed_ns = time.perf_counter(), time.time_ns()
+    found = map_concurrently(lambda f: _sha256(f.url, f.identity), list(todo.values()), workers=os.cpu_count() or 1)
+    digests = dict(zip(todo, found, strict=True))
+    if todo:
+        log.info(
+            "hashed %s new or changed since the last night, %d bytes, in %.1f s",
+            counted(len(todo), "local input file"),
+            sum(f.size for f in todo.values()),
+            time.perf_counter() - started,
+        )
+    rows = {
+        url: _row(st, hashed_ns, digests[url])
+        for url, st in stats.items()
+        if st is not None and _as_listed(todo[url], st)
+    }
+    return [with_sha256(f, digests[f.url]) if f.url in digests else f for f in files], rows
 
 
 RACY_NS = 2 * 10**9  # a file modified this close to its hashing is hashed again: coarse filesystems keep 1-2 s mtimes
@@ -505,34 +531,54 @@ def _row(st: os.stat_result, hashed_ns: int, sha256: str) -> str:
     return f"{st.st_size},{st.st_mtime_ns},{st.st_ctime_ns},{st.st_ino},{st.st_dev},{hashed_ns},{sha256}"
 
 
+def _as_listed(file: InputFile, st: os.stat_result) -> bool:
+    """Whether a local file's ``stat`` now (``st``) is what its listing (or its plan) recorded of it."""
+    listed = _fields(file.identity)
+    return (file.size, listed[MTIME], listed["ctime_ns"], listed["ino"]) == (
+        st.st_size,
+        str(st.st_mtime_ns),
+        str(st.st_ctime_ns),
+        str(st.st_ino),
+    )
+
+
 def _recognised(file: InputFile, st: os.stat_result | None, row: str | None) -> str | None:
     """The sha256 that ``row`` remembers of ``file``, when the file's ``stat`` now (``st``), and as it was listed,
     is what it was then, and its mtime was not racy; else None: the file is read."""
     if st is None or row is None or len(fields := row.split(",")) != KNOWN_FIELDS:
         return None
-    listed = _fields(file.identity)
-    now = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-    if (file.size, listed[MTIME], listed["ctime_ns"], listed["ino"]) != (
-        st.st_size,
-        str(st.st_mtime_ns),
-        str(st.st_ctime_ns),
-        str(st.st_ino),
-    ):
+    if not _as_listed(file, st):
         return None  # changed since it was listed
     try:
         *remembered, hashed_ns = (int(field) for field in fields[:6])
     except ValueError:
         return None
+    now = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     if tuple(remembered) != now or st.st_mtime_ns >= hashed_ns - RACY_NS:
         return None
     return fields[6] if SHA256.fullmatch(fields[6]) else None
 
 
-def difference(planned: InputFile, now: InputFile) -> str | None:
+def _remembered_sha256(planned: InputFile, row: str | None) -> str | None:
+    """The sha256 that ``row`` (a rank's, ``rank_hashes``) remembers of the file as ``planned`` (its ``stat``:
+    a plan records no sha256 of a new file), or None when the row is of another ``stat``."""
+    if row is None or len(fields := row.split(",")) != KNOWN_FIELDS or not SHA256.fullmatch(fields[6]):
+        return None
+    was = _fields(planned.identity)
+    same = fields[:4] == [str(planned.size), was[MTIME], was["ctime_ns"], was["ino"]]
+    return fields[6] if same else None
+
+
+Remembered = Callable[[], Mapping[str, str]]  # the rows ranks remembered (``rank_hashes``), by URL, read when asked
+
+
+def difference(planned: InputFile, now: InputFile, remembered: Remembered | None = None) -> str | None:
     """How the file ``now`` (a fresh listing's) differs from the one ``planned``, or None when it is the same file:
     a file whose bytes did not change is. An object store's identity is its ETag, a digest of the bytes. Locally
     the size and the mtime are the fast check; when they agree but the inode or the change time differ (a
-    ``chmod``, a copy that kept the mtime), the bytes are hashed and compared with the sha256 the plan recorded."""
+    ``chmod``, a copy that kept the mtime), the bytes are hashed and compared with the sha256 the plan recorded, or,
+    for a file new to its plan (its planned identity is its ``stat``), the one a rank remembered of it at that
+    ``stat`` (``remembered``: the rows, by URL, read only then)."""
     if now.size != planned.size:
         return f"its size changed from {planned.size:,} to {now.size:,} bytes"
     if not planned.identity.startswith(MTIME):  # an ETag, or a store's modification time
@@ -542,14 +588,16 @@ def difference(planned: InputFile, now: InputFile) -> str | None:
         return f"it was modified (mtime {_mtime(found)}; planned {_mtime(was)})"
     if (found["ino"], found["ctime_ns"]) == (was["ino"], was["ctime_ns"]):
         return None
-    if "sha256" not in was:
+    sha256 = was.get("sha256") or _remembered_sha256(planned, (remembered() if remembered else {}).get(planned.url))
+    if sha256 is None:
         return (
-            "its inode or change time changed (a chmod, or a copy that kept its mtime), and its plan, made by an "
-            "earlier version, records no sha256 of its bytes to tell whether they did"
+            "its inode or change time changed (a chmod, or a copy that kept its mtime), and its plan records no "
+            "sha256 of its bytes to tell whether they did (a file new to its plan, whose rank's hash is not "
+            "remembered, is known by its stat; or a plan made by an earlier version)"
         )
     digest = _sha256(now.url, now.identity)
-    if digest != was["sha256"]:
-        return f"its content changed (sha256 {digest[:12]}…; planned {was['sha256'][:12]}…), its size and mtime kept"
+    if digest != sha256:
+        return f"its content changed (sha256 {digest[:12]}…; planned {sha256[:12]}…), its size and mtime kept"
     return None
 
 
@@ -595,9 +643,12 @@ def _sha256_once(fs: fsspec.AbstractFileSystem, path: str, url: str, identity: s
         raise StorageError(f"{url}: could not be read to identify its content; {exc}") from exc
 
 
-def check_unchanged(files: Sequence[InputFile], storage_options: StorageOptions | None = None) -> None:
+def check_unchanged(
+    files: Sequence[InputFile], storage_options: StorageOptions | None = None, remembered: Remembered | None = None
+) -> None:
     """Raise :class:`InputError` naming the first of ``files`` that is gone or no longer the file it was when
-    listed, and how (``difference``): a build reads exactly the files it planned."""
+    listed, and how (``difference``, with the rows ranks ``remembered``): a build reads exactly the files it
+    planned."""
     for file in files:
         fs, path = open_fs(file.url, storage_options)
         fs.invalidate_cache(path)
@@ -610,7 +661,7 @@ def check_unchanged(files: Sequence[InputFile], storage_options: StorageOptions 
                 f"so run it under a new build id"
             ) from None
         now = InputFile(file.url, int(info.get("size") or 0), identity(fs, path, info), file.part)
-        if changed := difference(file, now):
+        if changed := difference(file, now, remembered):
             raise InputError(
                 f"{file.url}: changed since the build was planned: {changed}; a build reads exactly its plan's "
                 f"files, so run it under a new build id"

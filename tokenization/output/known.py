@@ -1,11 +1,14 @@
-"""What a build's plan found of its local input files, kept in the tokenization cache for the next plan.
+"""What builds found of their local input files, kept in the tokenization cache for the next plan.
 
-A plan records each local file's sha256 (``inputs.sources.with_content``); reading every byte of a corpus every
-night to find that most files did not change costs what the corpus weighs. So the plan leaves, beside the cache's
-entries, a row a file of what its ``stat`` said and the sha256 it computed (``records.KnownInputs``), and the next
-plan of the same input takes the sha256 from there for every file whose ``stat`` still says the same: git's index,
-for a corpus. The record is a memo: written whole, atomically, by each plan (the last one wins), read bounded, and
-when it is missing, damaged or cannot be written, the plan only hashes more, and says so in the log.
+A build knows each local file by the sha256 of its bytes; reading every byte of a corpus every night to find that
+most files did not change costs what the corpus weighs. So a row a file is kept, beside the cache's entries, of what
+its ``stat`` said and its sha256 (``records.KnownInputs``), and the next plan of the same input takes the sha256
+from there for every file whose ``stat`` still says the same: git's index, for a corpus. The plan reads no file:
+the ranks hash the new and changed ones (``inputs.sources.rank_hashes``), and each rank leaves its rows in a record
+of its own (``remember_part``: ranks run at once, and one record they all rewrote would lose rows). The next plan
+reads the input's record and its ranks' (``recall``), writes them back as one (``remember``) and removes the ranks'
+it merged. Every record is a memo: written whole, atomically, read bounded, and when one is missing, damaged or
+cannot be written, its files are only hashed again, by their ranks, and the log says so.
 """
 
 from __future__ import annotations
@@ -13,24 +16,62 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tokenization.errors import reaching
 from tokenization.output.cache import KNOWN, Cache
 from tokenization.output.signing import signed_part
 from tokenization.records import KnownInputs, RecordError
-from tokenization.storage.files import join, read_head, write_bytes_atomic
+from tokenization.storage.files import join, list_names, read_head, remove_files, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
 ROW_BYTES = 1 << 10  # a row's URL and its numbers, at most, as a record's bound: a larger record is damaged
 SLACK_BYTES = 1 << 20
+PART = "rank"  # a rank's record: ``{key}.rank.{who}.json`` beside its input's ``{key}.json``
 
 
-def recall(cache: Cache, inputs: Sequence[str], files: int) -> dict[str, str]:
-    """The rows the last plan of ``inputs`` left, by URL (none when there is no record or it is damaged: logged);
-    ``files``, how many the listing holds, bounds what is read."""
-    path = _path(cache, inputs)
+@dataclass(frozen=True)
+class Recalled:
+    """The rows known of an input's files, by URL, and the ranks' records they were read from (``parts``)."""
+
+    rows: dict[str, str]
+    parts: list[str]
+
+
+def recall(cache: Cache, inputs: Sequence[str], files: int) -> Recalled:
+    """The rows the last plan of ``inputs`` left, with those its ranks left since (the latest a file, by when it
+    was hashed), by URL: none of a record that is missing or damaged (logged); ``files``, how many the listing
+    holds, bounds what is read of each record."""
+    rows = _read(cache, _path(cache, inputs), inputs, files)
+    parts = _parts(cache, inputs)
+    for path in parts:
+        for url, row in _read(cache, path, inputs, files).items():
+            if url not in rows or _hashed_ns(row) >= _hashed_ns(rows[url]):
+                rows[url] = row
+    return Recalled(rows, parts)
+
+
+def remember(cache: Cache, inputs: Sequence[str], rows: Mapping[str, str], parts: Sequence[str] = ()) -> None:
+    """Leave ``rows`` for the next plan of ``inputs``, in place of the ranks' records ``parts`` it read
+    (``recall``): a rank that rewrote one meanwhile has its rows hashed again the next night, at worst. A cache
+    that cannot be written (read-only, unreachable) is logged: the next night hashes its files again."""
+    if _write(cache, _path(cache, inputs), inputs, rows, "the next night's ranks hash every local input file again"):
+        try:
+            with reaching(cache.location):
+                remove_files(cache.fs, list(parts))
+        except OSError as exc:  # read again, and merged again, by the next plan: only its time
+            log.warning("%s: the ranks' records of known input files not removed (%s)", _url(cache, parts[0]), exc)
+
+
+def remember_part(cache: Cache, inputs: Sequence[str], who: str, rows: Mapping[str, str]) -> None:
+    """Leave the ``rows`` a rank hashed (``who``: the rank of a build, a plain name) for the next plan of
+    ``inputs``, in a record of the rank's own."""
+    path = join(cache.path, KNOWN, f"{_key(inputs)}.{PART}.{who}.json")
+    _write(cache, path, inputs, rows, "the next night's ranks hash these files again")
+
+
+def _read(cache: Cache, path: str, inputs: Sequence[str], files: int) -> dict[str, str]:
     limit = files * ROW_BYTES + SLACK_BYTES
     try:
         with reaching(cache.location):
@@ -42,16 +83,14 @@ def recall(cache: Cache, inputs: Sequence[str], files: int) -> dict[str, str]:
             raise RecordError(_url(cache, path), problem, KnownInputs.LABEL)
     except FileNotFoundError:
         return {}
-    except (OSError, RecordError) as exc:  # a storage error too (StorageError): the plan reads the files instead
-        log.warning("%s; every local input file is hashed", exc)
+    except (OSError, RecordError) as exc:  # a storage error too (StorageError): the ranks hash its files instead
+        log.warning("%s; its local input files are hashed", exc)
         return {}
-    return known.files if known.inputs == list(inputs) else {}
+    return dict(known.files) if known.inputs == list(inputs) else {}
 
 
-def remember(cache: Cache, inputs: Sequence[str], rows: Mapping[str, str]) -> None:
-    """Leave ``rows`` for the next plan of ``inputs``. A cache that cannot be written (read-only, unreachable) is
-    logged: the next plan hashes its files again."""
-    path = _path(cache, inputs)
+def _write(cache: Cache, path: str, inputs: Sequence[str], rows: Mapping[str, str], otherwise: str) -> bool:
+    """Whether ``rows`` were written at ``path``; when not, the log says so and what it costs (``otherwise``)."""
     try:
         with reaching(cache.location):
             known = KnownInputs(inputs=list(inputs), files=dict(rows))
@@ -59,11 +98,35 @@ def remember(cache: Cache, inputs: Sequence[str], rows: Mapping[str, str]) -> No
                 known = replace(known, signature=cache.signer.sign(signed_part(known.to_json())))
             write_bytes_atomic(cache.fs, path, known.dumps())
     except OSError as exc:
-        log.warning("%s: not written (%s); the next plan hashes every local input file again", _url(cache, path), exc)
+        log.warning("%s: not written (%s); %s", _url(cache, path), exc, otherwise)
+        return False
+    return True
+
+
+def _parts(cache: Cache, inputs: Sequence[str]) -> list[str]:
+    """The ranks' records of ``inputs`` (``remember_part``), by path."""
+    folder, prefix = join(cache.path, KNOWN), f"{_key(inputs)}.{PART}."
+    try:
+        with reaching(cache.location):
+            names = list_names(cache.fs, folder)
+    except OSError as exc:
+        log.warning("%s: not listed (%s); the ranks' records of known input files are not read", folder, exc)
+        return []
+    return [join(folder, name) for name in sorted(names) if name.startswith(prefix) and name.endswith(".json")]
+
+
+def _hashed_ns(row: str) -> int:
+    """When a row's sha256 was computed (0 when it cannot tell: any other row of the file is preferred)."""
+    fields = row.split(",")
+    return int(fields[5]) if len(fields) > 5 and fields[5].isdigit() else 0
+
+
+def _key(inputs: Sequence[str]) -> str:
+    return hashlib.sha256(chr(10).join(inputs).encode()).hexdigest()
 
 
 def _path(cache: Cache, inputs: Sequence[str]) -> str:
-    return join(cache.path, KNOWN, f"{hashlib.sha256(chr(10).join(inputs).encode()).hexdigest()}.json")
+    return join(cache.path, KNOWN, f"{_key(inputs)}.json")
 
 
 def _url(cache: Cache, path: str) -> str:

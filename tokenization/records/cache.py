@@ -62,8 +62,10 @@ class CacheEntry(Record):
 class KnownInputs(Record):
     """``{cache}/inputs/{key}.json``: what the plans of one input (``inputs``, the specs as given) found of its local
     files: a row a file, by URL, of its size, mtime, change time, inode and device, when it was hashed, and its
-    sha256 (``inputs.sources.with_content``), so that the next plan reads only the files that changed. A memo,
-    rewritten whole by each plan: a row is used only when all it holds is what the file's ``stat`` says now."""
+    sha256 (``inputs.sources.with_content``), so that only the files that changed are read, by their ranks. A memo,
+    rewritten whole by each plan, and ``{key}.rank.{who}.json`` beside it of the rows a rank hashed, which the next
+    plan merges into it (``output.known``): a row is used only when all it holds is what the file's ``stat`` says
+    now."""
 
     KIND: ClassVar[str] = "known-inputs"
     LABEL: ClassVar[str] = "record of known input files"
@@ -100,8 +102,9 @@ class CacheFolder(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class PlanReading(Record):
-    """What a build's plan read to tell its local input files' content: the files it listed, those it recognised
-    unchanged from what an earlier plan remembered (no byte read), those it hashed, and the bytes hashing read."""
+    """How a build told its local input files' content: the files its plan listed, those it recognised unchanged
+    from what an earlier night remembered (no byte read), and those new or changed, which their ranks hashed (the
+    plan reads none), with their bytes."""
 
     files_listed: int
     files_recognised: int

@@ -17,6 +17,7 @@ a rank fails, or not, at the same record either way.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import shutil
 import time
@@ -33,7 +34,8 @@ from tokenization.formats import contents as hashed
 from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
 from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.moves import SourcePool
-from tokenization.inputs.sources import Record, content_identity, file_format, text_bytes_about
+from tokenization.inputs.sources import Record, content_identity, file_format, rank_hashes, text_bytes_about
+from tokenization.output import known
 from tokenization.output.attempts import Attempt
 from tokenization.output.cache import Cache
 from tokenization.progress import Progress, ProgressMode
@@ -120,6 +122,14 @@ class CacheOwner:
     owner: str
     keeps: str
     stem: str
+    inputs: Sequence[str] = ()  # the build's input specs, by which the files its ranks hash are remembered
+
+    def remember(self, rows: Mapping[str, str]) -> None:
+        """Leave the rows of the files this rank hashed for the next night's plan (``output.known``), unless the
+        cache was found read-only (said once already)."""
+        if rows and self.inputs and not self.cache.read_only:
+            who = f"{hashlib.sha256(self.owner.encode()).hexdigest()[:16]}.{self.stem}"
+            known.remember_part(self.cache, self.inputs, who, rows)
 
 
 class FirstPass:
@@ -166,9 +176,11 @@ class FirstPass:
         cache is recorded before it looks anything up, and lasts as long as ``held``."""
         if self.cache is None:
             return [(file, None, None) for file in files]
-        keys = [self._key(file) for file in files]
+        identified, rows = rank_hashes(files)  # the files new or changed since the last night: the plan read none
+        keys = [self._key(file) for file in identified]
         c = self.cache
         held.enter_context(c.cache.using(c.owner, c.keeps, c.stem, [key.digest for key in keys]))
+        c.remember(rows)  # once the folder is known to be a cache (``using``)
         entries = [c.cache.lookup(key.digest) for key in keys]
         missed = [f for f, entry in zip(files, entries, strict=True) if entry is None]
         hits = len(files) - len(missed)

@@ -38,10 +38,17 @@ from tokenization.formats.moves import (
     written_contents,
 )
 from tokenization.formats.names import RankFileKind
-from tokenization.inputs.sources import check_unchanged, idle_ranks, list_input_files, shard, split_files
+from tokenization.inputs.sources import (
+    Remembered,
+    check_unchanged,
+    idle_ranks,
+    list_input_files,
+    shard,
+    split_files,
+)
 from tokenization.mixing import RankChoice
 from tokenization.options import Options, option
-from tokenization.output import manifest
+from tokenization.output import known, manifest
 from tokenization.output.attempts import Attempt, attempt_at
 from tokenization.output.cache import Cache, chosen_location
 from tokenization.output.manifest import StageResult
@@ -234,6 +241,13 @@ class RankShare:
                 )
 
 
+def _remembered(cache: Cache, config: TokenizeConfig, files: int) -> Remembered:
+    """The rows ranks left of the input's files (``output.known``), read only when asked: when a file of a plan that
+    records no sha256 of it (a file new to its plan) is found chmodded or copied, to tell whether its bytes are the
+    planned ones. A rank's ``files`` bound the plan's: each rank holds every ``world_size``-th."""
+    return lambda: known.recall(cache, config.inputs, (files + 1) * config.world_size).rows
+
+
 def tokenize_rank(
     config: TokenizeConfig, progress: ProgressMode = None, owner: str | None = None, share: RankShare | None = None
 ) -> StageResult[Counts, RankManifest]:
@@ -259,7 +273,9 @@ def tokenize_rank(
         files, skipped = share.files, []
         readings = share.readings(config, encoder)
         user, keeps = share.run_dir, join(share.run_dir, RUN_CLAIM)
-    check_unchanged(files, config.storage_options)  # fails before any work on a file that is not what was listed
+    cache = Cache(config.folder(location)) if location else None
+    remembered = None if cache is None else _remembered(cache, config, len(files))
+    check_unchanged(files, config.storage_options, remembered)  # fails before any work on a file not as listed
     log.info(
         "rank %d/%d: %s, %d bytes",
         config.rank,
@@ -275,7 +291,7 @@ def tokenize_rank(
             renderer=renderer,
             attempt=attempt,
             where=f"rank {config.rank}",
-            cache=CacheOwner(Cache(config.folder(location)), user, keeps, config.stem) if location else None,
+            cache=None if cache is None else CacheOwner(cache, user, keeps, config.stem, config.inputs),
             readings=readings,
         )
         try:  # rejected records are published even when they fail the rank: they are what a user must look at
@@ -294,7 +310,7 @@ def tokenize_rank(
         log.info("rank %d: pass 2 done, %s, %s", config.rank, counted(len(written), "file"), config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
         not_chosen = None if choice is None else counts.tokens - counts.tokens_written
-        check_unchanged(files, config.storage_options)  # nor one that changed while it was read
+        check_unchanged(files, config.storage_options, remembered)  # nor one that changed while it was read
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
         encoded = total([s for s in segments if s.encoded])  # the rates are of encoding: the cache's hits aside
         record = RankManifest(

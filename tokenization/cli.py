@@ -260,7 +260,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if listed:
         print(f"{'key':12}  {'size':>9}  {'tokens':>13}  {'made':20}  {'last used':20}  {'by':24}  input file")
     for item in listed:
-        owner = item.last_owner.rstrip("/").rsplit("/", 1)[-1] if item.last_owner else pages.MISSING
+        owner = Folder(item.last_owner).name if item.last_owner else pages.MISSING
         print(
             f"{item.key[:12]}  {pages.size(item.bytes):>9}  {item.tokens:>13,}  {_when(item.created):20}  "
             f"{_when(item.last_used):20}  {owner:24}  {item.source}"
@@ -410,12 +410,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tokenization.builds.report import REPORT_HTML, write_report
-    from tokenization.storage.files import join
 
-    build = write_report(Folder(args.run_dir))
+    run = Folder(args.run_dir)
+    build = write_report(run)
     c = build.conservation
     print(
-        f"report {join(args.run_dir, REPORT_HTML)}: {build.stages.tokenize.ranks} ranks, {c.docs_in:,} docs read = "
+        f"report {run.url_of(REPORT_HTML)}: {build.stages.tokenize.ranks} ranks, {c.docs_in:,} docs read = "
         f"{c.docs_out:,} written + {c.empty:,} empty + {c.quarantined:,} quarantined, {build.tokens:,} tokens in "
         f"{counted(len(build.files), 'file')}, {c.tokens_dropped:,} dropped by tokenizing"
     )
@@ -439,7 +439,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from tokenization.formats.megatron import MegatronFile
 
     given = Folder(args.path)
-    urls = list_token_files(given) if given.fs.isdir(given.path) else [args.path]
+    urls = list_token_files(given) if given.is_folder() else [args.path]
     if not urls:
         raise TokenFileError(f"{args.path}: no .ds or .bin files")
     files = [MegatronFile(u) if u.endswith((MEGATRON, ".idx")) else TokenFile(u) for u in urls]

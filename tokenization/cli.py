@@ -52,7 +52,7 @@ import importlib
 import logging
 import re
 import shlex
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from tokenization.formats.ds import TokenFile
     from tokenization.formats.megatron import MegatronFile
     from tokenization.output.cache import Cache
-    from tokenization.records import BuildRecord, TokenizerInfo
+    from tokenization.records import TokenizerInfo
     from tokenization.tokenizer.documents import Counts
 
 EXAMPLE = """example: a whole build of a folder of JSON lines on one machine, 4 ranks, 2 at a time
@@ -260,7 +260,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if listed:
         print(f"{'key':12}  {'size':>9}  {'tokens':>13}  {'made':20}  {'last used':20}  {'by':24}  input file")
     for item in listed:
-        owner = item.last_owner.rstrip("/").rsplit("/", 1)[-1] if item.last_owner else pages.MISSING
+        owner = Folder(item.last_owner).name if item.last_owner else pages.MISSING
         print(
             f"{item.key[:12]}  {pages.size(item.bytes):>9}  {item.tokens:>13,}  {_when(item.created):20}  "
             f"{_when(item.last_used):20}  {owner:24}  {item.source}"
@@ -391,10 +391,7 @@ def cmd_count(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from tokenization.builds.audit import chain_problems
-    from tokenization.output.runs import BUILD_MANIFEST
-    from tokenization.stages.verify import verify
-    from tokenization.storage.files import join
+    from tokenization.builds.verify import verify_path
 
     if args.sample is not None and args.sample < 0:
         raise UsageError(f"--sample must be 0 or more, got {args.sample}")
@@ -403,18 +400,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"--eos-token {args.eos_token!r} needs --tokenizer, which gives its id; give neither, and a build's "
             "folders are checked against the build's own tokenizer"
         )
-    build = _build_in(Folder(args.path))
-    path = Folder(_dataset_in(args.path, build) if build else args.path)
-    report = verify(path, args.tokenizer, args.eos_token, vouched=args.sample is not None, sample=args.sample or 0)
-    if build and (build.tokens != report.tokens or build.digest not in _digests(path, build)):
-        report.problems.append(
-            f"{join(args.path, BUILD_MANIFEST)}: records {build.tokens:,} tokens and digest {build.digest}, but its "
-            f"dataset holds {report.tokens:,} tokens and digest {next(_digests(path, build))}"
-        )
-    if build:
-        report.problems.extend(chain_problems(Folder(args.path), build, report.tokens))
-    if build and build.mds:
-        report.problems.extend(_mds_problems(args.path, build, read=args.sample is None))
+    report, path = verify_path(Folder(args.path), args.tokenizer, args.eos_token, args.sample, say=print)
     for line in report.problems + report.notes:
         print(line)
     state = "OK" if report.ok else f"FAILED, {counted(len(report.problems), 'problem')}"
@@ -422,62 +408,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _digests(dataset: Folder, build: BuildRecord) -> Iterator[str]:
-    """What the build record's digest may be: the dataset's; for a build published before the digest named the
-    tokenizer by its sha256, that of the dataset's bytes themselves (``accounting.dataset_digest``)."""
-    from tokenization.builds.accounting import dataset_digest
-
-    yield dataset_digest(dataset, build.tokenizer.sha256)
-    yield dataset_digest(dataset, None)
-
-
-def _mds_problems(run_dir: str, build: BuildRecord, read: bool) -> list[str]:
-    """A build that publish also wrote as MDS: its index and shards against the record (``stages.export_mds``)."""
-    from tokenization.output.runs import Layout
-    from tokenization.stages.export_mds import mds_problems
-
-    assert build.mds is not None
-    mds = Layout(Folder(run_dir)).mds
-    problems = mds_problems(build.mds, mds, read)
-    if not problems:
-        print(f"{mds.url}: {counted(build.mds.shards, 'MDS shard')} as the build record says")
-    return problems
-
-
-def _dataset_in(run_dir: str, build: BuildRecord) -> str:
-    """The build's dataset in ``run_dir``: its record says where the build wrote it, and a run folder copied or
-    moved since would verify the original's (or none)."""
-    from tokenization.storage.files import join
-
-    return join(run_dir, build.dataset.rstrip("/").rpartition("/")[2])
-
-
-def _build_in(run: Folder) -> BuildRecord | None:
-    """The build record of a run folder, whose dataset is what to verify (and whose record must match it); None
-    for any other folder."""
-    from tokenization.output.runs import RUN_CLAIM, BuildError, Layout, read_build
-
-    if not run.exists(RUN_CLAIM):
-        return None
-    build = read_build(run)
-    if build is None:
-        stages = [stage.url for stage in Layout(run).stages.values() if stage.fs.isdir(stage.path)]
-        raise BuildError(
-            f"{run.url} is the run folder of a build not published yet: verify one of its stage folders "
-            f"({', '.join(stages) or 'none written yet'})"
-        )
-    print(f"{run.url} is a build's run folder: verifying its dataset")
-    return build
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from tokenization.builds.report import REPORT_HTML, write_report
-    from tokenization.storage.files import join
 
-    build = write_report(Folder(args.run_dir))
+    run = Folder(args.run_dir)
+    build = write_report(run)
     c = build.conservation
     print(
-        f"report {join(args.run_dir, REPORT_HTML)}: {build.stages.tokenize.ranks} ranks, {c.docs_in:,} docs read = "
+        f"report {run.url_of(REPORT_HTML)}: {build.stages.tokenize.ranks} ranks, {c.docs_in:,} docs read = "
         f"{c.docs_out:,} written + {c.empty:,} empty + {c.quarantined:,} quarantined, {build.tokens:,} tokens in "
         f"{counted(len(build.files), 'file')}, {c.tokens_dropped:,} dropped by tokenizing"
     )
@@ -501,7 +439,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from tokenization.formats.megatron import MegatronFile
 
     given = Folder(args.path)
-    urls = list_token_files(given) if given.fs.isdir(given.path) else [args.path]
+    urls = list_token_files(given) if given.is_folder() else [args.path]
     if not urls:
         raise TokenFileError(f"{args.path}: no .ds or .bin files")
     files = [MegatronFile(u) if u.endswith((MEGATRON, ".idx")) else TokenFile(u) for u in urls]

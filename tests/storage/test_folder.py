@@ -109,3 +109,39 @@ def test_a_file_is_a_folder_and_a_name(tmp_path) -> None:
     assert run.sub("ranks").sub("b").exists() and not run.sub("ranks").exists("b/x.ds")
     run.sub("ranks").remove_files(["b/_manifests/x.json"])
     assert not run.sub("ranks").exists("b/_manifests")  # left empty: removed too, locally
+
+
+def _files_in_and_out(folder: Folder, tmp_path) -> None:
+    """What the cache asks of a folder: a whole tree listed at once with sizes and times, a bounded read, a local
+    file kept while its copy is stored, and a stored file brought back to local disk."""
+    assert folder.found() == {} and not folder.exists("a/x.bin", fresh=True)
+    source = tmp_path / "x.bin"
+    source.write_bytes(b"0123456789")
+    folder.link_in(source, "a/x.bin")
+    folder.sub("a").sub("b").put("y.json", b"{}")
+    assert source.read_bytes() == b"0123456789"  # the local file stays
+    found = folder.found()
+    assert {name: size for name, (size, _) in found.items()} == {"a/x.bin": 10, "a/b/y.json": 2}
+    assert all(written > 0 for _, written in found.values())
+    assert folder.head("a/x.bin", 4) == b"0123" and folder.head("a/x.bin", 100) == b"0123456789"
+    assert folder.exists("a/x.bin", fresh=True)
+    back = tmp_path / "back" / "x.bin"
+    back.parent.mkdir()
+    folder.link_out("a/x.bin", back)
+    assert back.read_bytes() == b"0123456789"
+    folder.sub("a").sub("b").remove("y.json")
+    folder.sub("a").sub("b").remove_if_empty()
+    folder.sub("a").remove_if_empty()  # it holds x.bin: stays
+    assert set(folder.found()) == {"a/x.bin"} and not folder.exists("a/b")
+
+
+def test_a_local_folder_links_files_in_and_out(tmp_path) -> None:
+    folder = Folder(str(tmp_path / "cache"))
+    _files_in_and_out(folder, tmp_path)
+    assert (tmp_path / "x.bin").stat().st_ino == (tmp_path / "cache" / "a" / "x.bin").stat().st_ino  # no byte copied
+    assert Folder(str(tmp_path / "x.bin")).found() == {"": (10, (tmp_path / "x.bin").stat().st_mtime)}
+
+
+@ON_BOTH_STORES
+def test_an_s3_folder_copies_files_in_and_out(s3, tmp_path) -> None:
+    _files_in_and_out(Folder("s3://corpus/cache", s3.options), tmp_path)

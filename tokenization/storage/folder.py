@@ -36,15 +36,18 @@ from tokenization.storage.files import (
     is_local,
     is_s3,
     join,
+    link_or_copy,
     list_names,
     list_sizes,
     move_into_place,
     open_fs,
     put_if,
+    read_head,
     read_many,
     remove_files,
     remove_if,
     remove_tree,
+    upload,
     write_bytes_atomic,
     writing,
 )
@@ -216,13 +219,21 @@ class Folder:
         self.fs.invalidate_cache(path)
         info = self.fs.info(path)
         data = self.fs.cat_file(path)
-        modified = info.get("LastModified") or info.get("mtime") or info.get("created")
-        written = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
         version = info.get("ETag") if self.enforces_conditions else _digest(data)
-        return Stamped(data, version, written)
+        return Stamped(data, version, _written(info))
 
-    def exists(self, name: str = "") -> bool:
-        return self.fs.exists(self.path_of(name) if name else self.path)
+    def head(self, name: str, size: int) -> bytes:
+        """The first ``size`` bytes of a file, or all of it when it is smaller, in one request
+        (``files.read_head``): a small record read with a bound, never whole when it is larger."""
+        return read_head(self.fs, self.path_of(name), size)
+
+    def exists(self, name: str = "", fresh: bool = False) -> bool:
+        """Whether ``name`` (or the folder itself) is there; ``fresh``: asked of the store now, not of a listing
+        cached earlier in this process (another process may have removed it since)."""
+        path = self.path_of(name) if name else self.path
+        if fresh:
+            self.fs.invalidate_cache(path)
+        return self.fs.exists(path)
 
     def is_folder(self, name: str = "") -> bool:
         """Whether ``name`` (or this folder itself) is a folder of the store (on S3: a prefix that holds objects)."""
@@ -315,6 +326,47 @@ class Folder:
                 with contextlib.suppress(OSError):  # not empty: it holds more than these
                     os.rmdir(self.local / held)
 
+    def link_in(self, src: Path, name: str) -> None:
+        """``name`` as a copy of the finished local file ``src``, which stays: a hard link where the folder is on a
+        local filesystem (no byte is copied; neither name may be written again), else an upload."""
+        if self.local is not None:
+            link_or_copy(src, Path(self.path_of(name)))
+        else:
+            upload(src, self.fs, self.path_of(name))
+
+    def link_out(self, name: str, dest: Path) -> None:
+        """The local file ``dest`` as a copy of ``name``: a hard link where the folder is local (``link_in``), else
+        a download (``fetch``)."""
+        if self.local is not None:
+            link_or_copy(Path(self.path_of(name)), dest)
+        else:
+            self.fetch(name, dest)
+
+    def remove_if_empty(self) -> None:
+        """Remove the folder when it holds nothing, where a store has folders (an object store has none to leave
+        behind); one that holds anything, or is gone, stays as it is."""
+        if self.local is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.path)
+
+    def found(self) -> dict[str, tuple[int, float]]:
+        """Every file under the folder, by its name relative to it, with its size and when it was last written: one
+        fresh listing of the whole tree (a few requests on S3, however deep). Empty when the folder is not there; a
+        folder URL that names a file gives that file, as ``""``."""
+        self.fs.invalidate_cache(self.path)
+        try:
+            found = self.fs.find(self.path, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        root = self.path.rstrip("/")
+        # s3fs gives the folder itself when its listing was empty and a file landed in it before its second look (a
+        # folder made by another writer at that moment): a folder, never a file of it
+        return {
+            path[len(root) + 1 :]: (int(info.get("size") or 0), _written(info))
+            for path, info in found.items()
+            if info["type"] != "directory"
+        }
+
     def walk(self) -> Iterator[tuple[str, int]]:
         """Every file under the folder, by its name relative to it, with its size: one fresh listing a folder, one
         folder at a time."""
@@ -332,6 +384,12 @@ class Folder:
     def remove_all(self) -> None:
         """Delete the folder and everything in it."""
         remove_tree(self.fs, self.path)
+
+
+def _written(info: dict[str, Any]) -> float:
+    """When a file was last written, from its fsspec info (seconds since the epoch; 0 when the store says not)."""
+    modified: Any = info.get("LastModified") or info.get("mtime") or info.get("created")
+    return modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
 
 
 def _etag(mode: Condition) -> str | None:

@@ -6,9 +6,9 @@ slow); and 100,000 one-line files, none changed. Each night is a whole build (``
 process of its own, with the inputs dropped from the page cache before it (``POSIX_FADV_DONTNEED`` on each file:
 ``/proc/sys/vm/drop_caches`` needs root, and drops every other process's pages too); after the next night, the
 unchanged files' pages back in the cache (``mincore``) say how much of them it read. The 8-file corpus is built
-with and without a cache key (``TOKENIZATION_CACHE_KEY``): without one, each hit reads its input file again to be
-checked against it (``stages.hits``). Each night's CPU time, its workers' included, is measured beside its wall
-time: on a loaded machine the wall time says how busy the others were.
+with and without a cache key (``TOKENIZATION_CACHE_KEY``): without one, each hit reads its sampled documents from
+its input to be checked against them (``stages.hits``). Each night's CPU time, its workers' included, is measured
+beside its wall time: on a loaded machine the wall time says how busy the others were.
 """
 
 from __future__ import annotations

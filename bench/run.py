@@ -1112,8 +1112,9 @@ def report(
             "Each night a whole build (`tokenization build`, 2 processes at a time) in a process of its own, its "
             "input files dropped from the page cache before it (`POSIX_FADV_DONTNEED`); unchanged input read: the "
             "unchanged files' bytes in the page cache after the next night (`mincore`). Without a cache key, each "
-            "hit reads its input file again to be checked against it; with one (`TOKENIZATION_CACHE_KEY`), a "
-            "signed hit reads none. Ranks: the tokenize stage's ranks' seconds, summed, against the first night's. "
+            "hit reads its sampled documents from its input, where its entry says they start (a one-line file: all "
+            "of it); with one (`TOKENIZATION_CACHE_KEY`), a signed hit reads none. Ranks: the tokenize stage's "
+            "ranks' seconds, summed, against the first night's. "
             "CPU: the build's and its workers' user and system seconds (on a loaded machine the wall time says how "
             "busy the others were). Peak RSS: the build's own process, and the largest of its workers.",
         )

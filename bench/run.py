@@ -222,7 +222,8 @@ def link_corpus(source: Path, corpus: Path, copies: int) -> None:
 
 def text_bytes(corpus: Path, text_key: str) -> int:
     """UTF-8 bytes of text in the corpus, the unit of the tokenize and count throughputs."""
-    from tokenization.inputs.sources import DocumentReader, Record, list_input_files
+    from tokenization.inputs.listing import list_input_files
+    from tokenization.inputs.reader import DocumentReader, Record
 
     reader = DocumentReader(list_input_files([str(corpus)]).files, text_key)
     return sum(len(r.text.encode()) for r in reader if isinstance(r, Record))

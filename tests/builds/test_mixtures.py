@@ -28,7 +28,7 @@ from tokenization.builds.plan import list_inputs
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
-from tokenization.inputs.sources import InputError
+from tokenization.inputs.formats import InputError
 from tokenization.output.manifest import manifest_name
 from tokenization.records import MergeManifest, Mixture, MixtureSource
 

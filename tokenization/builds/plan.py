@@ -2,8 +2,8 @@
 
 A plan is what decides the dataset's bytes: the params (less the few that cannot change a byte), the seed, the
 tokenizer's and the chat template's sha256, and the exact input files, each with the identity a listing gave it
-(``sources.InputFile``) and, for a local file an earlier night's ranks hashed, the sha256 of its bytes
-(``sources.with_content``: no plan reads a file; a new one is planned by its ``stat``). It is recorded
+(``records.InputFile``) and, for a local file an earlier night's ranks hashed, the sha256 of its bytes
+(``inputs.content.with_content``: no plan reads a file; a new one is planned by its ``stat``). It is recorded
 in the run's claim (``runs.claim``), so it exists before any work and cannot be replaced. Ranks take their share
 of its file list, never a new listing; a re-run of the same run id resumes only when it would make the very same
 plan (files that arrived since are left out, and named; a file whose bytes did not change is the same file); the
@@ -21,15 +21,9 @@ from functools import cached_property
 
 import orjson
 
-from tokenization.inputs.sources import (
-    InputError,
-    InputListing,
-    Remembered,
-    difference,
-    file_key,
-    list_input_files,
-    split_files,
-)
+from tokenization.inputs.content import Remembered, difference
+from tokenization.inputs.formats import InputError
+from tokenization.inputs.listing import InputListing, file_key, list_input_files, split_files
 from tokenization.mixing import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
@@ -103,7 +97,7 @@ class Plan:
 
     @property
     def shared(self) -> list[InputFile]:
-        """What ranks share: the files, and with ``split_input_mb`` big ones as parts (``sources.split_files``)."""
+        """What ranks share: the files, and with ``split_input_mb`` big ones as parts (``listing.split_files``)."""
         return split_files(self.files, self.record.params.get("split_input_mb"))
 
     def share(self, rank: int, num_ranks: int) -> list[InputFile]:
@@ -231,7 +225,7 @@ def list_inputs(
 ) -> tuple[InputListing, list[int] | None]:
     """A build's input files: its input's listing; or, for a mixture (each source's ``inputs``, its ``names``), each
     source's listing in turn, with each file's source. A file that two sources reach, by one path or two (a
-    symlink, a hard link, ``..``: ``sources.file_key``), is refused: a document belongs to one."""
+    symlink, a hard link, ``..``: ``inputs.listing.file_key``), is refused: a document belongs to one."""
     if names is None:
         return list_input_files(inputs, storage_options, quiet), None
     listings = [_source_listing(spec, name, storage_options, quiet) for spec, name in zip(inputs, names, strict=True)]

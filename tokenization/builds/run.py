@@ -38,7 +38,8 @@ from tokenization.builds.shortfall import refuse_foreseen
 from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
-from tokenization.inputs.sources import idle_ranks, with_content
+from tokenization.inputs.content import with_content
+from tokenization.inputs.listing import idle_ranks
 from tokenization.mixing import CHOICE, RankChoice, read_choice
 from tokenization.output import known, manifest
 from tokenization.output.attempts import leased, new_holder

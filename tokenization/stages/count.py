@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 import zstandard
 
-from tokenization.inputs.sources import DocumentReader, list_input_files
+from tokenization.inputs.listing import list_input_files
+from tokenization.inputs.reader import DocumentReader
 from tokenization.options import option
 from tokenization.output import manifest
 from tokenization.output.manifest import StageResult

@@ -38,14 +38,8 @@ from tokenization.formats.moves import (
     written_contents,
 )
 from tokenization.formats.names import RankFileKind
-from tokenization.inputs.sources import (
-    Remembered,
-    check_unchanged,
-    idle_ranks,
-    list_input_files,
-    shard,
-    split_files,
-)
+from tokenization.inputs.content import Remembered, check_unchanged
+from tokenization.inputs.listing import idle_ranks, list_input_files, shard, split_files
 from tokenization.mixing import RankChoice
 from tokenization.options import Options, option
 from tokenization.output import known, manifest

@@ -875,7 +875,7 @@ def clone_rank(folder: Path, sample: RankManifest, marker: CompletionMarker, ran
         sample,
         rank=rank,
         world_size=ranks,
-        params=sample.params | {"rank": rank, "world_size": ranks},
+        params=replace(sample.params, extra=sample.params.extra | {"rank": rank, "world_size": ranks}),
         plan=BOOKS_PLAN,
         inputs=[replace(f, url=moved(f.url)) for f in sample.inputs],
         outputs=[replace(e, name=named(e.name), files=renamed(e.files, named)) for e in sample.outputs],

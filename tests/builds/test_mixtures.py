@@ -551,5 +551,5 @@ def test_the_merge_takes_the_mixture_the_build_read_and_records_it_typed(
     build.merge(progress=False)
     recorded = MergeManifest.read(build.layout.merged, manifest_name("corpus"))
     assert build.config.mixed is not None and recorded is not None
-    assert recorded.params["mixture"] == build.config.mixed.to_json()
-    assert recorded.params["mixture"]["sources"][0]["max_repetition"] == 1  # the spec left it out: read as 1
+    assert recorded.params.to_json()["mixture"] == build.config.mixed.to_json()
+    assert recorded.params.to_json()["mixture"]["sources"][0]["max_repetition"] == 1  # the spec left it out: read as 1

@@ -27,7 +27,15 @@ from tokenization.inputs.listing import InputListing, file_key, list_input_files
 from tokenization.mixing import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
-from tokenization.records import BuildSpec, InputFile, PlannedInputs, PlannedTokenizer, PlanRecord, RunClaim
+from tokenization.records import (
+    BuildParams,
+    BuildSpec,
+    InputFile,
+    PlannedInputs,
+    PlannedTokenizer,
+    PlanRecord,
+    RunClaim,
+)
 from tokenization.storage.files import StorageOptions, join, open_fs
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
@@ -75,7 +83,7 @@ class Plan:
         inputs = PlannedInputs(files=listing.files, skipped=listing.skipped, hidden=listing.hidden, sources=sources)
         return cls(
             PlanRecord(
-                params=planned,
+                params=BuildParams.of(planned),
                 seed=seed,
                 tokenizer=PlannedTokenizer(sha256=tokenizer_sha256, eos_token=eos_token),
                 rendering_sha256=rendering_sha256,
@@ -98,7 +106,7 @@ class Plan:
     @property
     def shared(self) -> list[InputFile]:
         """What ranks share: the files, and with ``split_input_mb`` big ones as parts (``listing.split_files``)."""
-        return split_files(self.files, self.record.params.get("split_input_mb"))
+        return split_files(self.files, self.record.params.split_input_mb)
 
     def share(self, rank: int, num_ranks: int) -> list[InputFile]:
         """Rank ``r`` of ``w`` takes files (or parts) ``r, r + w, ...`` of the sorted list, as datatrove's
@@ -186,7 +194,7 @@ class Run:
 def _setting_differences(recorded: PlanRecord, proposed: PlanRecord) -> list[str]:
     """Every setting that differs, as ``name now (planned before)``."""
     found = []
-    was, now = recorded.params, proposed.params
+    was, now = recorded.params.to_json(), proposed.params.to_json()
     for name in sorted(set(was) | set(now)):
         if was.get(name) != now.get(name):
             found.append(f"{name} {now.get(name)!r} (planned {was.get(name)!r})")

@@ -141,7 +141,7 @@ class Build:
         its JSON (``where`` it was found, for messages) and held against the run's claim. Its mixture must be the
         planned one: a step reads the mixture's file again (Airflow's ``mixture_file``), which may have changed."""
         run = Run.of(BuildSpec.from_json(spec, where), config.storage_options)
-        if config.mixture != (planned := run.plan.record.params.get("mixture")):
+        if config.mixture != (planned := run.plan.record.params.mixture):
             raise PlanConflict(
                 f"{run.run_dir} was planned with another mixture (its file changed since?): {config.mixture!r} "
                 f"(planned {planned!r}). A build id resumes only its own plan: run this mixture under a new build id"

@@ -57,6 +57,7 @@ from tokenization.records import (
     OutputEntry,
     RankCache,
     RankManifest,
+    RankParams,
     SourceCounts,
     TokenizerFacts,
 )
@@ -309,7 +310,7 @@ def tokenize_rank(
         encoded = total([s for s in segments if s.encoded])  # the rates are of encoding: the cache's hits aside
         record = RankManifest(
             stage="tokenize",
-            **manifest.provenance(config, seconds),
+            **manifest.provenance(config, seconds, RankParams),
             rank=config.rank,
             world_size=config.world_size,
             seed=config.seed,

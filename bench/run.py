@@ -222,7 +222,8 @@ def link_corpus(source: Path, corpus: Path, copies: int) -> None:
 
 def text_bytes(corpus: Path, text_key: str) -> int:
     """UTF-8 bytes of text in the corpus, the unit of the tokenize and count throughputs."""
-    from tokenization.inputs.sources import DocumentReader, Record, list_input_files
+    from tokenization.inputs.listing import list_input_files
+    from tokenization.inputs.reader import DocumentReader, Record
 
     reader = DocumentReader(list_input_files([str(corpus)]).files, text_key)
     return sum(len(r.text.encode()) for r in reader if isinstance(r, Record))
@@ -874,7 +875,7 @@ def clone_rank(folder: Path, sample: RankManifest, marker: CompletionMarker, ran
         sample,
         rank=rank,
         world_size=ranks,
-        params=sample.params | {"rank": rank, "world_size": ranks},
+        params=replace(sample.params, extra=sample.params.extra | {"rank": rank, "world_size": ranks}),
         plan=BOOKS_PLAN,
         inputs=[replace(f, url=moved(f.url)) for f in sample.inputs],
         outputs=[replace(e, name=named(e.name), files=renamed(e.files, named)) for e in sample.outputs],

@@ -333,7 +333,8 @@ def _datatrove(pipeline: list, inputs: Inputs) -> None:
 def _encode(inputs: Inputs, load: Callable[[], Any], encode: Callable[[Any, list[str]], Any]) -> OwnTimes:
     """The texts in memory first (read as the stages read them), then loading and encoding timed apart: a stage
     pays the load once per process, so it is reported on its own rather than hidden in the limit."""
-    from tokenization.inputs.sources import DocumentReader, Record, list_input_files
+    from tokenization.inputs.listing import list_input_files
+    from tokenization.inputs.reader import DocumentReader, Record
 
     reader = DocumentReader(list_input_files([inputs.corpus]).files, inputs.text_key)
     texts = [r.text for r in reader if isinstance(r, Record) and r.text]

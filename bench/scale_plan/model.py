@@ -180,7 +180,7 @@ class Scenario:
     list_page_s: float = arg(0.1, "a LIST page of 1,000 keys, s", ASSUMED)
     task_overhead_s: float = arg(5, "Airflow's cost of a task instance (queue, start, imports), s", ASSUMED)
     scheduler_tis_s: float = arg(10, "task instances one scheduler starts a second", ASSUMED)
-    # Local inputs: a file system the workers share (``inputs.sources.with_content``, ``rank_hashes``)
+    # Local inputs: a file system the workers share (``inputs.content.with_content``, ``rank_hashes``)
     plan_file_cpu_s: float = arg(
         3.1e-5, "plan, local inputs: CPU to list a file and recognise it from its stat, s", PLAN_FILES
     )
@@ -547,7 +547,7 @@ def plan_readings(s: Scenario) -> list[PlanReading]:
     """The plan's reading of the inputs, on S3 (a listing: each object's ETag identifies its bytes) and on a file
     system the workers share, the first night (every file new) and a next night (``changed_share`` of them): each
     file's stat, one after another, twice (listed, recognised); the plan reads no file's bytes. Each rank hashes its
-    share of the new or changed ones (``inputs.sources.rank_hashes``) on a thread a core of its slot, within its
+    share of the new or changed ones (``inputs.content.rank_hashes``) on a thread a core of its slot, within its
     share of its worker's network."""
     files, plan = input_files(s), plan_cost(s)
     rank_rate = min(s.slot_cores * s.sha256_mb_s * MB, s.network_share(s.concurrency))

@@ -20,7 +20,7 @@ def _errors() -> tuple[list[BaseException], list[BaseException]]:
 
     from tokenization.errors import AttemptConflict, LeaseLost, StorageError, UsageError
     from tokenization.formats.ds import TokenFileError
-    from tokenization.inputs.sources import InputError
+    from tokenization.inputs.formats import InputError
     from tokenization.output.runs import BuildError
     from tokenization.records import RecordError
     from tokenization.storage.locations import LocationError
@@ -130,7 +130,7 @@ def test_a_corrupt_gz_fails_its_rank_once_with_the_cause_as_the_last_log_line(
     )
     traceback, after = logged_failure(out, f"airflow.sdk.exceptions.AirflowFailException: {cause}")
     assert len(after) == 2 and "::group::Post Execute" in after[0] and "::endgroup::" in after[1]  # an empty group
-    assert not [line for line in traceback if "tokenization/inputs/sources.py" in line]  # the library's frames stay out
+    assert not [line for line in traceback if "tokenization/inputs/reader.py" in line]  # the library's frames stay out
     logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR]
     assert ("tokenization_airflow.tasks", "ERROR", f"{cause} (a data error: the task fails without retries)") in logged
     row = next(r for r in list_builds(dag.dag_id) if r["run_id"] == run.run_id)  # the "Corpus builds" page's

@@ -128,7 +128,7 @@ def test_a_mixture_file_is_read_as_the_mixture_param_within_the_allowed_location
     file = Path(deployment["input"]).parent / "mix.yaml"
     file.write_text(f"tokens: 3\nsources:\n  - {{name: web, input: {deployment['input']}, weight: 1}}\n")
     build = planned(dag, deployment | {"mixture_file": str(file)})
-    assert build.config.mixture == spec and build.plan.record.params["mixture"] == spec
+    assert build.config.mixture == spec and build.plan.record.params.mixture == spec
     assert build.config.described_input == f"web={deployment['input']}"
     params = dict(dag.params.dump()) | deployment | {"mixture_file": str(file)}
     assert tasks.build_of(params, build.claimed.spec.to_json()).config.mixture == spec  # a later task's

@@ -64,8 +64,9 @@ def test_unpausing_with_a_schedule_starts_a_run_that_builds_the_defaults(tmp_pat
 
         run_dir = folder_for("s3://corpus/builds", first["dag_run_id"])
         build = BuildRecord.loads(s3.cat_file(f"{run_dir}/_BUILD.json"), f"{run_dir}/_BUILD.json")
-        assert build.params["input"] == str(ROOT / "sample" / "corpus")  # the deployment's defaults
-        assert build.params["output"] == "s3://corpus/builds"
+        recorded = build.params.to_json()
+        assert recorded["input"] == str(ROOT / "sample" / "corpus")  # the deployment's defaults
+        assert recorded["output"] == "s3://corpus/builds"
         assert build.verify.ok and build.conservation.holds
         assert s3.cat_file("corpus/builds/LATEST").decode() == f"{run_dir.rsplit('/', 1)[1]}\n"
 

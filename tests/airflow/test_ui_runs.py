@@ -151,8 +151,9 @@ def test_trigger_from_the_form_then_clear_the_failed_rank_in_the_grid(tmp_path, 
 
         record_path = f"{folder_for('s3://corpus/builds', run_id)}/_BUILD.json"
         build = BuildRecord.loads(s3.cat_file(record_path), record_path)
-    assert (build.params["num_ranks"], build.params["seed"]) == (3, 4321)
-    assert build.params["input"] == str(SAMPLE_CORPUS) and build.params["tokenizer"] == str(SAMPLE_TOKENIZER)
+    recorded = build.params.to_json()
+    assert (recorded["num_ranks"], recorded["seed"]) == (3, 4321)
+    assert recorded["input"] == str(SAMPLE_CORPUS) and recorded["tokenizer"] == str(SAMPLE_TOKENIZER)
     same_params = BuildConfig(  # the form's two params; the rest are the DAG's defaults, which are BuildConfig's
         input=str(SAMPLE_CORPUS),
         output=str(tmp_path / "local"),

@@ -33,6 +33,7 @@ from tokenization.output import manifest
 from tokenization.output.attempts import leased, new_holder
 from tokenization.output.runs import BuildError, Layout, claim, folder_for
 from tokenization.records import (
+    BuildParams,
     ContextCounts,
     MergeCounts,
     PlannedInputs,
@@ -78,7 +79,7 @@ def test_run_ids_map_to_folders_one_to_one() -> None:
 def plan_of(seed: int) -> PlanRecord:
     """A plan of no input files, told apart by its seed."""
     return PlanRecord(
-        params={},
+        params=BuildParams.of({}),
         seed=seed,
         tokenizer=PlannedTokenizer(sha256="x", eos_token=None),
         rendering_sha256=None,

@@ -19,8 +19,9 @@ from tests.support.builds import config_of, in_process
 from tokenization.builds.complete import summary
 from tokenization.builds.pages import size
 from tokenization.builds.run import Build
-from tokenization.inputs import sources
-from tokenization.inputs.sources import list_input_files, rank_hashes, with_content, with_sha256
+from tokenization.inputs import content
+from tokenization.inputs.content import rank_hashes, with_content, with_sha256
+from tokenization.inputs.listing import list_input_files
 from tokenization.output import known
 from tokenization.storage.files import file_sha256
 
@@ -42,8 +43,8 @@ def inputs(tmp_path, sample_corpus):
 def hashed(monkeypatch) -> list[str]:
     """The paths the plan reads to hash them, in the order it does."""
     read: list[str] = []
-    monkeypatch.setattr(sources, "file_sha256", lambda path, fs: read.append(path) or file_sha256(path, fs))
-    sources._sha256_once.cache_clear()
+    monkeypatch.setattr(content, "file_sha256", lambda path, fs: read.append(path) or file_sha256(path, fs))
+    content._sha256_once.cache_clear()
     return read
 
 
@@ -82,7 +83,7 @@ def test_the_next_night_reads_only_new_or_changed_files(tmp_path, inputs, sample
     config = config_of(inputs, tmp_path, sample_tokenizer)
     night(config, "first")
     hashed.clear()
-    sources._sha256_once.cache_clear()
+    content._sha256_once.cache_clear()
     grown, rewritten, chmodded, untouched = sorted(inputs.iterdir())
     grown.write_bytes(grown.read_bytes() + gzip.compress(b'{"text": "one more document"}\n'))
     before = rewritten.stat()
@@ -100,7 +101,7 @@ def test_the_next_night_reads_only_new_or_changed_files(tmp_path, inputs, sample
     assert sorted(hashed) == sorted(map(str, (grown, rewritten, chmodded, new)))
     assert (cache.files_hit, cache.files_missed) == (2, 3)  # the untouched and the chmodded
     hashed.clear()
-    sources._sha256_once.cache_clear()
+    content._sha256_once.cache_clear()
     third = Build.start(config, "third")
     assert hashed == []
     assert reading(third)[:2] == (3, 2)
@@ -138,7 +139,7 @@ def test_a_file_modified_as_it_was_hashed_is_hashed_again(tmp_path) -> None:
     assert (second.hashed, second.recognised) == (1, 0)
     clock = time.time_ns
     with pytest.MonkeyPatch.context() as later:
-        later.setattr(sources.time, "time_ns", lambda: clock() + sources.RACY_NS)  # a rank 2 s on
+        later.setattr(content.time, "time_ns", lambda: clock() + content.RACY_NS)  # a rank 2 s on
         _, rows = rank_hashes(second.listing.files)
     fourth = with_content(listing, rows)
     assert (fourth.hashed, fourth.recognised, fourth.bytes_to_hash) == (0, 1, 0)
@@ -158,9 +159,9 @@ def test_a_rank_hashes_its_new_files_at_once(tmp_path, monkeypatch) -> None:
         together.wait()
         return file_sha256(path, fs)
 
-    monkeypatch.setattr(sources, "file_sha256", hashed_beside_another)
-    monkeypatch.setattr(sources.os, "cpu_count", lambda: 2)
-    sources._sha256_once.cache_clear()
+    monkeypatch.setattr(content, "file_sha256", hashed_beside_another)
+    monkeypatch.setattr(content.os, "cpu_count", lambda: 2)
+    content._sha256_once.cache_clear()
     files = list_input_files([str(tmp_path)]).files
     known_one = with_sha256(files[0], "0" * 64)
     found, rows = rank_hashes([known_one, *files[1:], files[1]])
@@ -207,7 +208,7 @@ def test_a_cache_that_cannot_be_written_only_hashes_again(tmp_path, inputs, samp
             ".json: not written ([Errno 30] Read-only file system); the next night's ranks hash these files again"
         )
     hashed.clear()
-    sources._sha256_once.cache_clear()
+    content._sha256_once.cache_clear()
     assert reading(Build.start(config, "next"))[:2] == (0, 4)
 
 

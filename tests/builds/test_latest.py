@@ -30,6 +30,7 @@ from tokenization.builds.report import report_data
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.records import (
+    BuildParams,
     BuildRecord,
     BuildTokenizer,
     Conservation,
@@ -54,7 +55,7 @@ def build_record(run_id: str, started: object) -> dict:
         input="",
         seed=1,
         tokenizer=BuildTokenizer(name="tokenizer.json", sha256="x", eos=None),
-        params={},
+        params=BuildParams.of({}),
         started="",
         conservation=nothing,
         tokens=0,

@@ -28,7 +28,7 @@ from tokenization.builds.plan import list_inputs
 from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
-from tokenization.inputs.sources import InputError
+from tokenization.inputs.formats import InputError
 from tokenization.output.manifest import manifest_name
 from tokenization.records import MergeManifest, Mixture, MixtureSource
 
@@ -551,5 +551,5 @@ def test_the_merge_takes_the_mixture_the_build_read_and_records_it_typed(
     build.merge(progress=False)
     recorded = MergeManifest.read(build.layout.merged, manifest_name("corpus"))
     assert build.config.mixed is not None and recorded is not None
-    assert recorded.params["mixture"] == build.config.mixed.to_json()
-    assert recorded.params["mixture"]["sources"][0]["max_repetition"] == 1  # the spec left it out: read as 1
+    assert recorded.params.to_json()["mixture"] == build.config.mixed.to_json()
+    assert recorded.params.to_json()["mixture"]["sources"][0]["max_repetition"] == 1  # the spec left it out: read as 1

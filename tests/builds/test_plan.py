@@ -18,8 +18,10 @@ from tokenization.builds.accounting import incomplete_ranks
 from tokenization.builds.complete import summary
 from tokenization.builds.plan import Plan, unread_or_reread
 from tokenization.builds.run import Build
-from tokenization.inputs import sources
-from tokenization.inputs.sources import InputError, difference, list_input_files
+from tokenization.inputs import content
+from tokenization.inputs.content import difference
+from tokenization.inputs.formats import InputError
+from tokenization.inputs.listing import list_input_files
 from tokenization.output.runs import BuildError, PlanConflict
 from tokenization.records import InputFile, RecordError
 from tokenization.storage.files import file_sha256
@@ -150,8 +152,8 @@ def test_a_chmod_or_a_copy_keeping_the_mtime_is_the_same_file(tmp_path, inputs, 
         assert now.st_mtime_ns == before[path].st_mtime_ns
         assert (now.st_ino, now.st_ctime_ns) != (before[path].st_ino, before[path].st_ctime_ns)
     hashed = []
-    monkeypatch.setattr(sources, "file_sha256", lambda path, fs: hashed.append(path) or file_sha256(path, fs))
-    sources._sha256_once.cache_clear()
+    monkeypatch.setattr(content, "file_sha256", lambda path, fs: hashed.append(path) or file_sha256(path, fs))
+    content._sha256_once.cache_clear()
     assert Build.start(config, "b").run().record == published.record
     assert sorted(hashed) == sorted(map(str, (copied, *chmodded)))  # part-00002, untouched, is not read
     again = Build.start(config, "r")

@@ -19,6 +19,7 @@ from tokenization.builds.report import INPUTS_SHOWN, _bar_svg, render_html, repo
 from tokenization.records import (
     Arrived,
     BuildInputs,
+    BuildParams,
     BuildRecord,
     BuildTokenizer,
     MergeCounts,
@@ -61,7 +62,9 @@ def small_build(tmp_path_factory) -> tuple[str, BuildRecord]:
         input=str(SAMPLE_CORPUS),
         seed=5,
         tokenizer=BuildTokenizer(name=str(SAMPLE_TOKENIZER), sha256=ranks[0].tokenizer.sha256, eos=None),
-        params={"input": str(SAMPLE_CORPUS), "tokenizer": str(SAMPLE_TOKENIZER), "num_ranks": 2, "seed": 5},
+        params=BuildParams.of(
+            {"input": str(SAMPLE_CORPUS), "tokenizer": str(SAMPLE_TOKENIZER), "num_ranks": 2, "seed": 5}
+        ),
         started="2026-11-29T02:00:00+00:00",
         conservation=balance,
         tokens=tokens,

@@ -33,4 +33,4 @@ def test_a_packed_build_from_the_cache_reports_its_mode_and_no_tokenizer_loading
     assert re.search(r'<th><code>context_mode</code></th><td data-key="context_mode">packed</td>', html)
     ranks = html[html.index('<table id="ranks">') :]
     assert "no tokenizer engine loaded" in ranks[: ranks.index("</table>")]
-    assert again.record.params["context_mode"] == "packed"
+    assert again.record.params.to_json()["context_mode"] == "packed"

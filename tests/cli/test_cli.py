@@ -181,7 +181,7 @@ def test_a_hub_name_without_the_hub_fails_at_once_in_one_line(tmp_path, sample_c
 def test_a_project_error_is_one_line_and_any_other_error_shows_its_traceback(tmp_path, sample_corpus) -> None:
     failing = (
         "import sys, tokenization.cli as cli, tokenization.stages.count as counting\n"
-        "from tokenization.inputs.sources import InputError\n"
+        "from tokenization.inputs.formats import InputError\n"
         "def count(config): raise {}\n"
         "counting.count_tokens = count\n"
         "sys.exit(cli.main(['count', sys.argv[1], '--tokenizer', 'unused.json']))"

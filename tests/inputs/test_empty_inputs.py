@@ -19,7 +19,6 @@ from tests.support.builds import config_of
 from tests.support.corpus import write_jsonl
 from tests.support.stages import run
 from tokenization.builds.run import Build
-from tokenization.inputs import sources
 
 EMPTY = {
     "zero bytes": "",
@@ -94,7 +93,7 @@ def test_a_text_of_no_token_is_counted_empty_not_written(tmp_path, sample_tokeni
 
 def test_empty_parts_of_a_split_file_change_no_byte(tmp_path, sample_tokenizer, monkeypatch) -> None:
     """One line longer than a part, and a parquet file of one row group, leave parts that hold no record."""
-    monkeypatch.setattr(sources, "MB", 1 << 10)  # split_input_mb counts kB here
+    monkeypatch.setattr("tokenization.inputs.listing.MB", 1 << 10)  # split_input_mb counts kB here
     folder = tmp_path / "in"
     write_jsonl(folder / "a.jsonl", [DOCUMENTS[0], {"text": "long " * 800}, DOCUMENTS[1]])  # ~4 kB in one line
     rows = [{"text": " ".join(f"r{i}w{j}" for j in range(i % 40))} for i in range(300)]

@@ -18,7 +18,9 @@ from tests.support.corpus import write_jsonl
 from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.inputs.sources import ONLY_REGULAR, InputError, LocalFile, list_input_files
+from tokenization.inputs.formats import InputError
+from tokenization.inputs.listing import list_input_files
+from tokenization.inputs.local import ONLY_REGULAR, LocalFile
 from tokenization.mixing import MixtureError
 
 

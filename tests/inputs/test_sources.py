@@ -18,8 +18,9 @@ import zstandard
 from tests.support.corpus import write_jsonl
 from tests.support.paths import SAMPLE_TOKENIZER
 from tokenization.errors import StorageError
-from tokenization.inputs import sources
-from tokenization.inputs.sources import DocumentReader, InputError, Record, list_input_files, shard
+from tokenization.inputs.formats import InputError
+from tokenization.inputs.listing import list_input_files, shard
+from tokenization.inputs.reader import DocumentReader, Record
 from tokenization.records import Rejected
 
 RECORDS = [{"id": f"d{i}", "text": f"document number {i}"} for i in range(5)]
@@ -264,7 +265,7 @@ def _line(size: int) -> str:
 def test_a_line_above_max_record_bytes_is_rejected_and_reading_goes_on(tmp_path, monkeypatch, name: str) -> None:
     """Lines are read in pieces of ``READ_BUFFER`` (lowered here): a line within the limit is whole, one above it is
     rejected with its start and size, and the line after it is the next record, also at the end of the file."""
-    monkeypatch.setattr(sources, "READ_BUFFER", 16)
+    monkeypatch.setattr("tokenization.inputs.lines.READ_BUFFER", 16)
     sizes = [20, 100, 101, 60, 5000, 30, 150]  # the limit is 100; the last line has no newline
     lines = [_line(n) for n in sizes]
     path = tmp_path / name
@@ -306,7 +307,7 @@ def test_a_storage_failure_while_reading_is_a_storage_error_not_bad_data(tmp_pat
                 raise ConnectionResetError("connection reset by peer")
             return super().readline(size)
 
-    monkeypatch.setattr(sources, "_decompressed", lambda raw, compression: Reset(path.read_bytes()))
+    monkeypatch.setattr("tokenization.inputs.reader.decompressed", lambda raw, compression: Reset(path.read_bytes()))
     with pytest.raises(StorageError) as info:
         _read([path])
     assert str(info.value) == f"{path}: read failed after line 1; ConnectionResetError: connection reset by peer"

@@ -20,8 +20,9 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import unread_or_reread
 from tokenization.builds.report import report_data
 from tokenization.builds.run import Build
-from tokenization.inputs import sources
-from tokenization.inputs.sources import DocumentReader, list_input_files, split_files
+from tokenization.inputs.formats import InputError
+from tokenization.inputs.listing import idle_ranks, list_input_files, split_files
+from tokenization.inputs.reader import DocumentReader
 from tokenization.records import FilePart, InputFile
 from tokenization.storage.folder import Folder
 
@@ -52,7 +53,7 @@ def _read(files: list[InputFile]) -> list[tuple]:
 
 @pytest.mark.parametrize("part_kb", [1, 3, 16, 1000])
 def test_parts_read_every_record_once_numbered_as_the_whole_file(tmp_path, monkeypatch, part_kb: int) -> None:
-    monkeypatch.setattr(sources, "MB", KB)  # split_input_mb counts kB here
+    monkeypatch.setattr("tokenization.inputs.listing.MB", KB)  # split_input_mb counts kB here
     _awkward_jsonl(tmp_path / "a.jsonl")
     rows = [{"id": f"r{i}", "text": "row " * (i % 30)} for i in range(1000)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "b.parquet", row_group_size=90)  # 12 row groups
@@ -74,13 +75,13 @@ def test_parts_read_every_record_once_numbered_as_the_whole_file(tmp_path, monke
 
 
 def test_a_part_that_ends_short_is_an_error(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(sources, "MB", KB)
+    monkeypatch.setattr("tokenization.inputs.listing.MB", KB)
     path = _awkward_jsonl(tmp_path / "a.jsonl")
     (last,) = [f for f in split_files(list_input_files([str(path)]).files, 4) if f.part.index == f.part.count - 1]
     with open(path, "r+b") as shrunk:
         shrunk.truncate(last.span[0] + 10)
     with pytest.raises(
-        sources.InputError,
+        InputError,
         match=r"a\.jsonl: corrupt or truncated file data before its first line; "
         r"EOFError: the file ends at byte \d+, before the \d+ bytes it was listed with",
     ):
@@ -99,8 +100,8 @@ def test_idle_ranks_are_told_how_to_share_big_files(tmp_path, caplog) -> None:
     write_jsonl(tmp_path / "a.jsonl", [{"text": "x" * 1000}] * 3000)  # 3 MB
     files = list_input_files([str(tmp_path)]).files
     caplog.set_level(logging.WARNING)
-    sources.idle_ranks(4, split_files(files, None), None)
-    sources.idle_ranks(5, split_files(files, 1), 1)
+    idle_ranks(4, split_files(files, None), None)
+    idle_ranks(5, split_files(files, 1), 1)
     assert [r.getMessage() for r in caplog.records] == [
         "4 ranks for 1 input file: a rank takes whole files, so 3 ranks will have nothing to tokenize; use at most "
         "1 rank, or let ranks share big files: --split-input-mb 1 splits those above 1 MB",
@@ -112,7 +113,7 @@ def test_idle_ranks_are_told_how_to_share_big_files(tmp_path, caplog) -> None:
 def test_one_big_file_keeps_every_rank_busy_and_the_books_balance(tmp_path, sample_tokenizer, monkeypatch) -> None:
     """The same documents as an unsplit build, every one once; ranks read about a quarter each; a second build
     takes every part from the cache."""
-    monkeypatch.setattr(sources, "MB", 10 * KB)  # split_input_mb counts 10 kB here
+    monkeypatch.setattr("tokenization.inputs.listing.MB", 10 * KB)  # split_input_mb counts 10 kB here
     records = sample_records()
     write_jsonl(tmp_path / "in" / "big.jsonl", records[:200])
     pq.write_table(pa.Table.from_pylist(records[200:]), tmp_path / "in" / "big.parquet", row_group_size=10)

@@ -932,7 +932,7 @@ def test_with_a_key_a_rank_that_only_hits_reads_no_input_and_loads_no_tokenizer(
 ) -> None:
     """Issue 52, 2 and 3: a signed hit is trusted at the cost of its own bytes (its sha256s, its counts): its input
     file is not read again, and no sample is encoded, so the rank never loads a tokenizer library's tokenizer."""
-    from tokenization.inputs.sources import DocumentReader
+    from tokenization.inputs.reader import DocumentReader
     from tokenization.tokenizer import loading
 
     monkeypatch.setenv("TOKENIZATION_CACHE_KEY", "a deployment's secret")
@@ -1066,7 +1066,7 @@ def test_without_a_key_a_hit_reads_only_its_sampled_documents(tmp_path, sample_t
     """Issue 52, 2: a keyless hit read its input file again, whole, to hold its counts and quarantine against it. It
     now reads only the documents its sample draws, where the entry's places say they start: a few buffers of a
     plain file of several MB, a few row groups of a parquet file; a compressed file up to its last drawn document."""
-    from tokenization.inputs.sources import SAMPLE_READ, DocumentReader
+    from tokenization.inputs.reader import SAMPLE_READ, DocumentReader
 
     texts = [str(r["text"]) for r in sample_records() if isinstance(r, dict) and r.get("text")]
     records = [{"id": f"d{k}", "text": texts[k % len(texts)][:300]} for k in range(20_000)]

@@ -25,7 +25,7 @@ from tests.support.tokenizers import EOS
 from tokenization.errors import LeaseLost, WriteError
 from tokenization.output import attempts
 from tokenization.output.attempts import Attempt, FileLease, ObjectLease, attempt_at, new_holder
-from tokenization.records import StageManifest
+from tokenization.records import StageManifest, StageParams
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.stages.verify import verify
 from tokenization.storage.files import put_if
@@ -35,7 +35,9 @@ OUT = "corpus/out"
 LEASE = f"{OUT}/_leases/00000.json"
 MARKER = "_completions/00000.json"
 MANIFEST = "_manifests/00000.json"
-MANIFEST_RECORD = StageManifest(stage="tokenize", versions={}, params={}, seconds=0.0, peak_rss_mb=0.0, seed=7)
+MANIFEST_RECORD = StageManifest(
+    stage="tokenize", versions={}, params=StageParams(), seconds=0.0, peak_rss_mb=0.0, seed=7
+)
 REQUEST = re.compile(r'"(?:\x1b\[[\d;]*m)*(PUT|POST|DELETE) (\S+) HTTP/1\.1(?:\x1b\[[\d;]*m)*" (\d{3})')
 
 

@@ -3,6 +3,7 @@ foreign or newer one is one line naming the file and the field, whoever reads it
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import pkgutil
@@ -11,11 +12,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
 
 from tests.support.paths import ROOT
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
+from tokenization.builds.plan import Plan
 from tokenization.builds.run import Build
 from tokenization.output.runs import read_build
 from tokenization.records import (
@@ -121,6 +124,12 @@ def _damaged(path: Path, edit) -> None:
             r"\(corpus-tokenization/merge-manifest/5\): upgrade to read it",
         ),
         (
+            "ranks/_manifests/00001.json",
+            RankManifest,
+            lambda r: r["params"].__setitem__("num_buckets", "4"),
+            r'params\.num_buckets is "4", not an integer',
+        ),
+        (
             "_BUILD.json",
             BuildRecord,
             lambda r: r.__setitem__("format", "datatrove/build/1"),
@@ -168,6 +177,38 @@ def test_an_older_record_is_read_with_the_fields_it_did_not_have(published: Path
     assert CompletionMarker.from_json(marker, "untagged").to_json() == marker | {
         "format": CompletionMarker.format_tag()
     }
+
+
+def test_params_an_older_version_wrote_read_typed_and_write_back_unchanged(published: Path) -> None:
+    """A plan's params and a stage's are open records: an option the version that wrote them had and this one has
+    not is kept, one it did not have yet reads as its default and is not written back. So an old build's plan has
+    the digest its manifests name, and its manifests write back byte for byte."""
+    claim = json.loads((published / "_RUN.json").read_text())
+    params = claim["plan"]["params"]
+    del params["split_input_mb"], params["output_format"]  # options it did not have yet
+    params["retired_option"] = [1, 2]  # one since removed
+    old = RunClaim.from_json(claim, "an older claim")
+    assert old.plan is not None and old.to_json() == claim
+    digest = hashlib.sha256(orjson.dumps(claim["plan"], option=orjson.OPT_SORT_KEYS)).hexdigest()
+    assert Plan(old.plan).digest == digest
+    assert (old.plan.params.split_input_mb, old.plan.params.output_format) == (None, None)
+    assert old.plan.params.context_window == 1025 and old.plan.params.extra["retired_option"] == [1, 2]
+    new = RunClaim.loads((published / "_RUN.json").read_bytes(), "new")
+    assert new.plan is not None and new.plan.params.output_format == "ds"
+    named = RankManifest.loads((published / "ranks/_manifests/00000.json").read_bytes(), "a rank manifest").plan
+    assert Plan(new.plan).digest == named
+    rank = json.loads((published / "ranks/_manifests/00000.json").read_text())
+    del rank["params"]["num_buckets"], rank["params"]["save_loss"]
+    rank["params"]["retired_option"] = "kept"
+    data = orjson.dumps(rank, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    record = RankManifest.loads(data, "an older rank manifest")
+    assert record.dumps() == data
+    assert (record.num_buckets, record.saves_loss, record.prefix) == (None, False, rank["params"]["save_filename"])
+    context = json.loads((published / "context/_manifests/context_00000.json").read_text())
+    assert ContextManifest.from_json(context, "").context_window == 1025
+    del context["params"]["context_window"]
+    with pytest.raises(ValueError, match=r"^context_window null is not a window's tokens$"):
+        _ = ContextManifest.from_json(context, "").context_window
 
 
 def test_verify_names_a_damaged_record_in_one_line(published: Path, tmp_path: Path) -> None:
@@ -233,7 +274,7 @@ def test_every_record_kind_is_defined_once_and_exported_by_the_package() -> None
     import tokenization.records as records
 
     topics = sorted(info.name for info in pkgutil.iter_modules(records.__path__))
-    assert topics == ["builds", "cache", "codec", "contents", "inputs", "mixtures", "stages", "tokenizer"]
+    assert topics == ["builds", "cache", "codec", "contents", "inputs", "mixtures", "params", "stages", "tokenizer"]
     kinds: dict[str, type] = {}
     for topic in topics:
         module = importlib.import_module(f"tokenization.records.{topic}")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenization.inputs.sources import InputError, list_input_files
+from tokenization.inputs.formats import InputError
+from tokenization.inputs.listing import list_input_files
 from tokenization.storage.locations import (
     AllowedLocations,
     LocationError,

@@ -390,7 +390,7 @@ def test_a_lone_document_is_framed_in_place_and_like_any_other() -> None:
 
 
 def test_a_record_larger_than_a_batch_is_a_batch_of_its_own() -> None:
-    from tokenization.inputs.sources import Record
+    from tokenization.inputs.reader import Record
     from tokenization.tokenizer.documents import Counts, DocumentOptions, _record_batches
 
     def record(text: str) -> Record:

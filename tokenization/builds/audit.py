@@ -38,7 +38,7 @@ def chain_problems(run: Folder, build: BuildRecord, dataset_tokens: int) -> list
             check_records_alone(Listing.of(folder), report)
     try:
         derived = _stage_books(layout, build)
-        accounting.contents_flow(derived.tokenize, derived, chunked=bool(build.params.get("shuffle_chunk_size")))
+        accounting.contents_flow(derived.tokenize, derived, chunked=bool(build.params.shuffle_chunk_size))
         flow = accounting.token_flow(derived.tokenize.tokens, derived, dataset_tokens)
     except RecordError as exc:  # it names its file
         return [*report.problems, str(exc)]

@@ -25,7 +25,7 @@ from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.errors import TokenizationError
 from tokenization.formats import MEGATRON, names, token_file_names
 from tokenization.formats.checks import Checks
-from tokenization.inputs.sources import InputError
+from tokenization.inputs.formats import InputError
 from tokenization.options import params
 from tokenization.output import manifest
 from tokenization.output.attempts import remove_staging
@@ -34,6 +34,7 @@ from tokenization.output.runs import BUILD_MANIFEST, BuildError, Layout, read_bu
 from tokenization.records import (
     Arrived,
     BuildInputs,
+    BuildParams,
     BuildRecord,
     BuildSummary,
     BuildTokenizer,
@@ -238,7 +239,7 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         tokenizer=BuildTokenizer(
             name=config.tokenizer, sha256=recorded.record.tokenizer.sha256, eos=recorded.record.tokenizer.eos_token
         ),
-        params=params(config),
+        params=BuildParams.of(params(config)),
         inputs=BuildInputs(
             spec=config.described_input,
             files=len(recorded.files),
@@ -379,7 +380,7 @@ def summary(build: BuildRecord) -> str:
         *_kept(build),
         f"verify: {'passed' if build.verify.ok else 'FAILED'} ({counted(build.verify.files, 'file')})",
     ]
-    inputs, split_mb = build.inputs, build.params.get("split_input_mb")
+    inputs, split_mb = build.inputs, build.params.split_input_mb
     if inputs and inputs.arrived_after_plan:  # builds since plans were fixed
         arrived = inputs.arrived_after_plan.files
         later = f"; {arrived:,} arrived after the plan, left for the next build" if arrived else ""
@@ -391,7 +392,7 @@ def summary(build: BuildRecord) -> str:
         lines.append(f"storage: {footprint.described(build.footprint)}")
     folder, _ = file_at(build.dataset)  # the run folder: it holds the dataset's folder, the report and the data path
     run_dir = folder.url
-    if build.params.get("output_format") == "megatron":  # Megatron may run from another folder: absolute prefixes
+    if build.params.output_format == "megatron":  # Megatron may run from another folder: absolute prefixes
         where = str(folder.local.resolve()) if folder.local is not None else run_dir
         lines.append(f"megatron: --data-path $({absolute_data_path(where)})  (each prefix, weighted by tokens)")
     if build.mds:

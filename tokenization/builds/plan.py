@@ -2,8 +2,8 @@
 
 A plan is what decides the dataset's bytes: the params (less the few that cannot change a byte), the seed, the
 tokenizer's and the chat template's sha256, and the exact input files, each with the identity a listing gave it
-(``sources.InputFile``) and, for a local file an earlier night's ranks hashed, the sha256 of its bytes
-(``sources.with_content``: no plan reads a file; a new one is planned by its ``stat``). It is recorded
+(``records.InputFile``) and, for a local file an earlier night's ranks hashed, the sha256 of its bytes
+(``inputs.content.with_content``: no plan reads a file; a new one is planned by its ``stat``). It is recorded
 in the run's claim (``runs.claim``), so it exists before any work and cannot be replaced. Ranks take their share
 of its file list, never a new listing; a re-run of the same run id resumes only when it would make the very same
 plan (files that arrived since are left out, and named; a file whose bytes did not change is the same file); the
@@ -21,19 +21,21 @@ from functools import cached_property
 
 import orjson
 
-from tokenization.inputs.sources import (
-    InputError,
-    InputListing,
-    Remembered,
-    difference,
-    file_key,
-    list_input_files,
-    split_files,
-)
+from tokenization.inputs.content import Remembered, difference
+from tokenization.inputs.formats import InputError
+from tokenization.inputs.listing import InputListing, file_key, list_input_files, split_files
 from tokenization.mixing import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
-from tokenization.records import BuildSpec, InputFile, PlannedInputs, PlannedTokenizer, PlanRecord, RunClaim
+from tokenization.records import (
+    BuildParams,
+    BuildSpec,
+    InputFile,
+    PlannedInputs,
+    PlannedTokenizer,
+    PlanRecord,
+    RunClaim,
+)
 from tokenization.storage.files import StorageOptions, join, open_fs
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
@@ -81,7 +83,7 @@ class Plan:
         inputs = PlannedInputs(files=listing.files, skipped=listing.skipped, hidden=listing.hidden, sources=sources)
         return cls(
             PlanRecord(
-                params=planned,
+                params=BuildParams.of(planned),
                 seed=seed,
                 tokenizer=PlannedTokenizer(sha256=tokenizer_sha256, eos_token=eos_token),
                 rendering_sha256=rendering_sha256,
@@ -103,8 +105,8 @@ class Plan:
 
     @property
     def shared(self) -> list[InputFile]:
-        """What ranks share: the files, and with ``split_input_mb`` big ones as parts (``sources.split_files``)."""
-        return split_files(self.files, self.record.params.get("split_input_mb"))
+        """What ranks share: the files, and with ``split_input_mb`` big ones as parts (``listing.split_files``)."""
+        return split_files(self.files, self.record.params.split_input_mb)
 
     def share(self, rank: int, num_ranks: int) -> list[InputFile]:
         """Rank ``r`` of ``w`` takes files (or parts) ``r, r + w, ...`` of the sorted list, as datatrove's
@@ -192,7 +194,7 @@ class Run:
 def _setting_differences(recorded: PlanRecord, proposed: PlanRecord) -> list[str]:
     """Every setting that differs, as ``name now (planned before)``."""
     found = []
-    was, now = recorded.params, proposed.params
+    was, now = recorded.params.to_json(), proposed.params.to_json()
     for name in sorted(set(was) | set(now)):
         if was.get(name) != now.get(name):
             found.append(f"{name} {now.get(name)!r} (planned {was.get(name)!r})")
@@ -231,7 +233,7 @@ def list_inputs(
 ) -> tuple[InputListing, list[int] | None]:
     """A build's input files: its input's listing; or, for a mixture (each source's ``inputs``, its ``names``), each
     source's listing in turn, with each file's source. A file that two sources reach, by one path or two (a
-    symlink, a hard link, ``..``: ``sources.file_key``), is refused: a document belongs to one."""
+    symlink, a hard link, ``..``: ``inputs.listing.file_key``), is refused: a document belongs to one."""
     if names is None:
         return list_input_files(inputs, storage_options, quiet), None
     listings = [_source_listing(spec, name, storage_options, quiet) for spec, name in zip(inputs, names, strict=True)]

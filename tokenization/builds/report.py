@@ -203,7 +203,7 @@ def _input_files(ranks: list[RankManifest]) -> list[dict[str, Any]]:
 
 def _settings(build: BuildRecord) -> dict[str, Any]:
     """The settings that shape the dataset; how records were rendered, when they were."""
-    shown = SETTINGS + (RENDERING if build.renders_records else ())
+    shown = SETTINGS + (RENDERING if build.params.renders_records else ())
     return build.settings(shown) | {"seed": build.seed}
 
 

@@ -38,7 +38,8 @@ from tokenization.builds.shortfall import refuse_foreseen
 from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
-from tokenization.inputs.sources import idle_ranks, with_content
+from tokenization.inputs.content import with_content
+from tokenization.inputs.listing import idle_ranks
 from tokenization.mixing import CHOICE, RankChoice, read_choice
 from tokenization.output import known, manifest
 from tokenization.output.attempts import leased, new_holder
@@ -140,7 +141,7 @@ class Build:
         its JSON (``where`` it was found, for messages) and held against the run's claim. Its mixture must be the
         planned one: a step reads the mixture's file again (Airflow's ``mixture_file``), which may have changed."""
         run = Run.of(BuildSpec.from_json(spec, where), config.storage_options)
-        if config.mixture != (planned := run.plan.record.params.get("mixture")):
+        if config.mixture != (planned := run.plan.record.params.mixture):
             raise PlanConflict(
                 f"{run.run_dir} was planned with another mixture (its file changed since?): {config.mixture!r} "
                 f"(planned {planned!r}). A build id resumes only its own plan: run this mixture under a new build id"

@@ -15,7 +15,7 @@ import logging
 
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.plan import Plan
-from tokenization.inputs.sources import for_its_rank
+from tokenization.inputs.content import for_its_rank
 from tokenization.mixing import foreseen
 from tokenization.output.cache import Cache
 from tokenization.records import CacheEntry, InputFile, Mixture

@@ -4,7 +4,7 @@ A build knows each local file by the sha256 of its bytes; reading every byte of 
 most files did not change costs what the corpus weighs. So a row a file is kept, beside the cache's entries, of what
 its ``stat`` said and its sha256 (``records.KnownInputs``), and the next plan of the same input takes the sha256
 from there for every file whose ``stat`` still says the same: git's index, for a corpus. The plan reads no file:
-the ranks hash the new and changed ones (``inputs.sources.rank_hashes``), and each rank leaves its rows in a record
+the ranks hash the new and changed ones (``inputs.content.rank_hashes``), and each rank leaves its rows in a record
 of its own (``remember_part``: ranks run at once, and one record they all rewrote would lose rows). The next plan
 reads the input's record and its ranks' (``recall``), writes them back as one (``remember``) and removes the ranks'
 it merged. Every record is a memo: written whole, atomically, read bounded, and when one is missing, damaged or

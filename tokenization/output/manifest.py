@@ -31,6 +31,7 @@ from tokenization.records import (
     PseudoEnds,
     RankManifest,
     StageManifest,
+    StageParams,
     StageRecord,
     Throughput,
     stage_manifest,
@@ -63,13 +64,13 @@ def versions() -> dict[str, Any]:
     }
 
 
-def provenance(config: Options, seconds: float) -> dict[str, Any]:
+def provenance(config: Options, seconds: float, kind: type[StageParams]) -> dict[str, Any]:
     """The fields every stage manifest shares (``records.StageManifest``): the library versions that decide the
-    bytes, the config's params (never its storage options), how many seconds the stage took and the peak memory of
-    the process that ran it (what a worker must hold for such a task)."""
+    bytes, the config's params as the stage's ``kind`` of params (never its storage options), how many seconds the
+    stage took and the peak memory of the process that ran it (what a worker must hold for such a task)."""
     return {
         "versions": versions(),
-        "params": params(config),
+        "params": kind.of(params(config)),
         "seconds": round(seconds, 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux counts KiB
     }

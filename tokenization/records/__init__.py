@@ -3,7 +3,7 @@ readers (accounting, the report, publishing, the sensor, XCom, the builds page, 
 
 The bottom layer beside ``errors``: every other layer may import it, and it imports none of them. The codec is
 ``codec``; each other module is one topic (``contents``, ``inputs``, ``tokenizer``, ``stages``, ``cache``,
-``mixtures``, ``builds``), and every kind is importable from here.
+``mixtures``, ``params``, ``builds``), and every kind is importable from here.
 """
 
 from __future__ import annotations
@@ -39,10 +39,20 @@ from tokenization.records.cache import (
     PlanReading,
     RankCache,
 )
-from tokenization.records.codec import JSON_TYPES, PROJECT, Record, RecordError, json_name, shown, unless_none
+from tokenization.records.codec import (
+    JSON_TYPES,
+    PROJECT,
+    OpenRecord,
+    Record,
+    RecordError,
+    json_name,
+    shown,
+    unless_none,
+)
 from tokenization.records.contents import MASK, Contents, ContentsSum
 from tokenization.records.inputs import FilePart, FileSum, HistogramRow, InputFile, RankCounts, Rejected, SizedInput
 from tokenization.records.mixtures import Mixture, MixtureSource, SourceAccount, SourceCounts, SourceMix, SourceShare
+from tokenization.records.params import BuildParams, ContextParams, MergeParams, RankParams, StageParams
 from tokenization.records.stages import (
     STAGE_MANIFESTS,
     CompletionMarker,
@@ -79,6 +89,7 @@ __all__ = [
     "STAGE_MANIFESTS",
     "Arrived",
     "BuildInputs",
+    "BuildParams",
     "BuildRecord",
     "BuildSpec",
     "BuildSummary",
@@ -97,6 +108,7 @@ __all__ = [
     "ContextCounts",
     "ContextManifest",
     "ContextOutput",
+    "ContextParams",
     "CountStats",
     "CountedFile",
     "FilePart",
@@ -110,9 +122,11 @@ __all__ = [
     "MergeCounts",
     "MergeManifest",
     "MergeOutput",
+    "MergeParams",
     "MergeTokenizer",
     "Mixture",
     "MixtureSource",
+    "OpenRecord",
     "OutputEntry",
     "PadToken",
     "PlanReading",
@@ -123,6 +137,7 @@ __all__ = [
     "RankCache",
     "RankCounts",
     "RankManifest",
+    "RankParams",
     "Record",
     "RecordError",
     "Rejected",
@@ -136,6 +151,7 @@ __all__ = [
     "SourceMix",
     "SourceShare",
     "StageManifest",
+    "StageParams",
     "StageRecord",
     "StageSummary",
     "Throughput",

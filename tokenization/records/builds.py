@@ -11,6 +11,7 @@ from tokenization.records.codec import Record, unless_none
 from tokenization.records.contents import ContentsSum
 from tokenization.records.inputs import InputFile
 from tokenization.records.mixtures import SourceAccount, SourceShare
+from tokenization.records.params import BuildParams
 from tokenization.records.stages import ContextCounts, MergeCounts
 from tokenization.records.tokenizer import BuildTokenizer, PlannedTokenizer, TokenizerFacts
 
@@ -27,7 +28,7 @@ class PlannedInputs(Record):
 class PlanRecord(Record):
     """What decides a build's bytes, fixed once (``tokenization.builds.plan``): its digest is in every rank manifest."""
 
-    params: dict[str, Any]
+    params: BuildParams
     seed: int
     tokenizer: PlannedTokenizer
     rendering_sha256: str | None
@@ -188,7 +189,7 @@ class BuildRecord(Record):
     input: str
     seed: int
     tokenizer: BuildTokenizer
-    params: dict[str, Any]
+    params: BuildParams
     inputs: BuildInputs | None = None
     started: str
     finished: str | None = None
@@ -208,13 +209,10 @@ class BuildRecord(Record):
     mds: MdsOutput | None = field(default=None, metadata=unless_none())  # where the build also wrote MDS
 
     def settings(self, names: tuple[str, ...]) -> dict[str, Any]:
-        """The values of these params (None for one that the version which made the build did not have)."""
-        return {name: self.params.get(name) for name in names}
-
-    @property
-    def renders_records(self) -> bool:
-        """Whether records were rendered (by a template, or as chat messages) before they were encoded."""
-        return bool(self.params.get("template") or self.params.get("messages_key"))
+        """The values of these params, as recorded (None for one that the version which made the build did not
+        have)."""
+        recorded = self.params.to_json()
+        return {name: recorded.get(name) for name in names}
 
 
 @dataclass(frozen=True, kw_only=True)

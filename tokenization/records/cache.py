@@ -62,7 +62,7 @@ class CacheEntry(Record):
 class KnownInputs(Record):
     """``{cache}/inputs/{key}.json``: what the plans of one input (``inputs``, the specs as given) found of its local
     files: a row a file, by URL, of its size, mtime, change time, inode and device, when it was hashed, and its
-    sha256 (``inputs.sources.with_content``), so that only the files that changed are read, by their ranks. A memo,
+    sha256 (``inputs.content.with_content``), so that only the files that changed are read, by their ranks. A memo,
     rewritten whole by each plan, and ``{key}.rank.{who}.json`` beside it of the rows a rank hashed, which the next
     plan merges into it (``output.known``): a row is used only when all it holds is what the file's ``stat`` says
     now."""

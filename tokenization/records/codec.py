@@ -11,13 +11,19 @@ Nested records (a manifest's output entries, its counts) carry no tag of their o
 of its own (a merge output entry is its checkpoint) carries one there. A field whose JSON name differs from its
 Python name says so in its metadata (``json_name``); a field added where its absence must keep meaning what it
 meant (a plan's digest is of its JSON) is written only when it is not None (``unless_none``).
+
+An open record (``OpenRecord``: a stage's params) names the keys its readers use, typed, and keeps every other key
+as it read it: a key it does not name is no error, and a field its JSON did not hold reads as its default and is
+not written back, so that a record an older version wrote is written back byte for byte (a plan's digest is of its
+JSON).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import types
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -113,6 +119,43 @@ class Record:
         folder.put(name, self.dumps(), mode)
 
 
+P = TypeVar("P", bound="OpenRecord")
+OPEN = {"open": True}  # the metadata of an open record's own fields, which are not keys of its JSON
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenRecord(Record):
+    """A record whose JSON holds keys beyond its typed fields (a stage's params: every option of its config, as the
+    version that wrote it had them). Each field is a key some reader uses, with a default; ``extra`` holds every
+    other key as read, and ``absent`` the fields the JSON did not hold, which are written back only once they hold
+    another value than their default: a record read is written back exactly as it was read."""
+
+    extra: dict[str, Any] = field(default_factory=dict, metadata=OPEN)
+    absent: frozenset[str] = field(default=frozenset(), metadata=OPEN)
+
+    def __post_init__(self) -> None:
+        named = {_name(f) for f in _typed(type(self))}
+        if clash := sorted(named & set(self.extra)):
+            raise ValueError(f"{clash[0]} is a field, not an extra key")
+        if unknown := sorted(self.absent - {f.name for f in _typed(type(self))}):
+            raise ValueError(f"{unknown[0]} is not a field that can be absent")
+
+    @classmethod
+    def of(cls: type[P], values: Mapping[str, Any]) -> P:
+        """The record of these values (a config's params, by name): the fields it names, the rest as ``extra``."""
+        typed = {_name(f): f.name for f in _typed(cls)}
+        return cls(
+            **{typed[k]: v for k, v in values.items() if k in typed},
+            extra={k: v for k, v in values.items() if k not in typed},
+            absent=frozenset(name for key, name in typed.items() if key not in values),
+        )
+
+
+def _typed(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    """A record's fields that are keys of its JSON (all but an open record's own)."""
+    return tuple(f for f in dataclasses.fields(cls) if not f.metadata.get("open"))
+
+
 @dataclass(frozen=True)
 class _Reading:
     path: str
@@ -151,9 +194,11 @@ def _name(f: dataclasses.Field[Any]) -> str:
 
 def _decode_record(cls: type, data: dict[str, Any], reading: _Reading, at: str) -> Any:
     hints = _hints(cls)
-    values = {}
+    values: dict[str, Any] = {}
     known = set()
-    for f in dataclasses.fields(cls):
+    is_open = issubclass(cls, OpenRecord)
+    absent = set()
+    for f in _typed(cls):
         key = _name(f)
         known.add(key)
         where = f"{at}.{key}" if at else key
@@ -161,9 +206,13 @@ def _decode_record(cls: type, data: dict[str, Any], reading: _Reading, at: str) 
             values[f.name] = _decode(hints[f.name], data[key], reading, where)
         elif f.metadata.get("unless_none"):
             values[f.name] = None
-        elif reading.strict or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING):
+        elif is_open and _has_default(f):
+            absent.add(f.name)  # an open record's field that the version which wrote it did not have
+        elif reading.strict or not _has_default(f):
             raise reading.error(where, "is missing")
-    if reading.strict and (unknown := sorted(set(data) - known)):
+    if is_open:
+        values |= {"extra": {k: v for k, v in data.items() if k not in known}, "absent": frozenset(absent)}
+    elif reading.strict and (unknown := sorted(set(data) - known)):
         raise reading.error(f"{at}.{unknown[0]}" if at else unknown[0], "is not a field of this format")
     try:
         return cls(**values)
@@ -223,6 +272,12 @@ def _fits(hint: Any, value: object) -> bool:
 
 
 def _encode(value: object) -> Any:
+    if isinstance(value, OpenRecord):
+        return _encode(value.extra) | {
+            _name(f): _encode(getattr(value, f.name))
+            for f in _typed(type(value))
+            if not (f.name in value.absent and getattr(value, f.name) == _default(f))
+        }
     if dataclasses.is_dataclass(value):
         return {
             _name(f): _encode(getattr(value, f.name))
@@ -234,6 +289,14 @@ def _encode(value: object) -> Any:
     if isinstance(value, dict):
         return {k: _encode(v) for k, v in value.items()}
     return value
+
+
+def _has_default(f: dataclasses.Field[Any]) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def shown(value: object) -> str:

@@ -57,7 +57,7 @@ class InputFile(Record):
     still the same file: ``etag=...`` on an object store (S3's ETag is a digest of the content),
     ``mtime_ns=...,ctime_ns=...,ino=...`` locally, to which a plan adds ``,sha256=...`` of the bytes (plans made
     before have none): a file whose inode or change time differs, its size and mtime kept, is the same file if its
-    bytes are (``sources.difference``)."""
+    bytes are (``inputs.content.difference``)."""
 
     url: str
     size: int = field(metadata=json_name("bytes"))

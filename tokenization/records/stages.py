@@ -14,6 +14,7 @@ from tokenization.records.codec import PROJECT, Record, RecordError, shown, unle
 from tokenization.records.contents import ContentsSum
 from tokenization.records.inputs import FileSum, HistogramRow, InputFile, RankCounts, SizedInput
 from tokenization.records.mixtures import SourceCounts, SourceMix
+from tokenization.records.params import ContextParams, MergeParams, RankParams, StageParams
 from tokenization.records.tokenizer import MergeTokenizer, PadToken, TokenizerInfo
 
 
@@ -71,11 +72,11 @@ class Throughput(Record):
 @dataclass(frozen=True, kw_only=True)
 class StageRecord(Record):
     """What every stage's record holds: its stage, the library versions that decide the bytes, the config's params
-    (never its storage options), how long it took and the peak memory of its process."""
+    (never its storage options; each stage's of its own kind), how long it took and the peak memory of its process."""
 
     stage: str
     versions: dict[str, str]
-    params: dict[str, Any]
+    params: StageParams
     seconds: float
     peak_rss_mb: float
 
@@ -114,7 +115,7 @@ class StageManifest(StageRecord):
     @property
     def prefix(self) -> str | None:
         """What its files' names start with (the ``save_filename`` param), when they have one."""
-        return self.params.get("save_filename")
+        return None
 
     @property
     def tokenizer_sha256(self) -> str | None:
@@ -135,7 +136,7 @@ class StageManifest(StageRecord):
     def cuts_pieces(self) -> bool:
         """Whether the stage cut its input's pieces (into chunks or windows): a stage that moves them whole wrote
         exactly the pieces it read."""
-        return bool(self.params.get("shuffle_chunk_size"))
+        return False
 
     @property
     def writes_what_it_read(self) -> bool:
@@ -151,6 +152,7 @@ class RankManifest(StageManifest):
     # /6 named sha256 checksums; /5 had no contents; /4 no tokenizer format; /3 no self-check; /2 no cache; /1 was /2
     # without the checks on reading
     VERSION: ClassVar[int] = 7
+    params: RankParams
     rank: int
     world_size: int
     tokenizer: TokenizerInfo
@@ -170,6 +172,14 @@ class RankManifest(StageManifest):
         return self.counts.tokens_written
 
     @property
+    def prefix(self) -> str | None:
+        return self.params.save_filename
+
+    @property
+    def cuts_pieces(self) -> bool:
+        return bool(self.params.shuffle_chunk_size)
+
+    @property
     def writes_what_it_read(self) -> bool:
         """A rank of a mixture whose plan chose its documents writes the chosen ones, each once, and holds the
         others (its own check proved which, against what it read: ``stages.tokenize``)."""
@@ -178,11 +188,11 @@ class RankManifest(StageManifest):
     @property
     def num_buckets(self) -> int | None:
         """The buckets the rank scattered its documents into, from its params."""
-        return self.params.get("num_buckets")
+        return self.params.num_buckets
 
     @property
     def saves_loss(self) -> bool:
-        return bool(self.params.get("save_loss"))
+        return self.params.save_loss
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,6 +223,7 @@ class MergeManifest(StageManifest):
 
     KIND: ClassVar[str] = "merge-manifest"
     VERSION: ClassVar[int] = 5  # /4 named sha256 checksums, /3 had no contents, /2 no self-check
+    params: MergeParams
     save_filename: str
     bucket: int | None = None
     fingerprint: str
@@ -224,6 +235,14 @@ class MergeManifest(StageManifest):
     @property
     def tokens_written(self) -> int:
         return self.counts.tokens
+
+    @property
+    def prefix(self) -> str | None:
+        return self.save_filename
+
+    @property
+    def cuts_pieces(self) -> bool:
+        return bool(self.params.shuffle_chunk_size)
 
     @property
     def writes_what_it_read(self) -> bool:
@@ -261,6 +280,7 @@ class ContextManifest(StageManifest):
 
     KIND: ClassVar[str] = "context-manifest"
     VERSION: ClassVar[int] = 6  # /5 named sha256 checksums, /4 had no contents, /3 no packing, /2 no self-check
+    params: ContextParams
     inputs: list[str]
     counts: ContextCounts
     outputs: list[ContextOutput]
@@ -277,8 +297,8 @@ class ContextManifest(StageManifest):
     @property
     def context_window(self) -> int:
         """The tokens of each window the shuffle cut (its ``context_window`` param, which every version records)."""
-        window = self.params.get("context_window")
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        window = self.params.context_window
+        if window is None or window < 1:
             raise ValueError(f"context_window {shown(window)} is not a window's tokens")
         return window
 

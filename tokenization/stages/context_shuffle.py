@@ -68,6 +68,7 @@ from tokenization.records import (
     ContextCounts,
     ContextManifest,
     ContextOutput,
+    ContextParams,
     PadToken,
     PseudoEnds,
 )
@@ -217,7 +218,7 @@ def context_shuffle(
         )
         record = ContextManifest(
             stage="context_shuffle",
-            **manifest.provenance(config, time.time() - started),
+            **manifest.provenance(config, time.time() - started, ContextParams),
             seed=config.seed,
             inputs=[url for url, _ in files],
             counts=counts,

@@ -20,12 +20,13 @@ from typing import Any
 import orjson
 import zstandard
 
-from tokenization.inputs.sources import DocumentReader, list_input_files
+from tokenization.inputs.listing import list_input_files
+from tokenization.inputs.reader import DocumentReader
 from tokenization.options import option
 from tokenization.output import manifest
 from tokenization.output.manifest import StageResult
 from tokenization.progress import ProgressMode
-from tokenization.records import CountedFile, CountStats, Rejected
+from tokenization.records import CountedFile, CountStats, Rejected, StageParams
 from tokenization.storage.folder import Folder, file_at
 from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, encoded_batches
 from tokenization.tokenizer.encoding import Encoder
@@ -60,7 +61,7 @@ def count_tokens(config: CountConfig, progress: ProgressMode = None) -> StageRes
     seconds = round(time.time() - started, 3)
     stats = CountStats(
         stage="count",
-        **manifest.provenance(config, seconds),
+        **manifest.provenance(config, seconds, StageParams),
         tokenizer=encoder.describe(),
         rendering=None if renderer is None else renderer.describe(),
         docs=c.docs_written,

@@ -50,7 +50,7 @@ def export_mds(
     if record is None:
         raise UsageError(f"{run.url}: no published build there (no _BUILD.json): MDS is written from one")
     layout = Layout(run)
-    if not record.params.get("context_window"):
+    if not record.params.context_window:
         raise UsageError(
             f"{run.url}: the build has no context windows (built without --context-window): an MDS sample is one"
         )

@@ -34,7 +34,9 @@ from tokenization.formats import contents as hashed
 from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
 from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.moves import SourcePool
-from tokenization.inputs.sources import Record, content_identity, file_format, rank_hashes, text_bytes_about
+from tokenization.inputs.content import content_identity, rank_hashes
+from tokenization.inputs.formats import file_format, text_bytes_about
+from tokenization.inputs.reader import Record
 from tokenization.output import known
 from tokenization.output.attempts import Attempt
 from tokenization.output.cache import Cache
@@ -517,7 +519,7 @@ def _served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: fl
 
 def _places(records: Sequence[Record], lengths: np.ndarray) -> np.ndarray:
     """Where the documents that a batch wrote start in their input, a row each: the offset and the line of their
-    records (``inputs.sources.Record``), for a hit to read only those it samples."""
+    records (``inputs.reader.Record``), for a hit to read only those it samples."""
     texts = np.array([(r.offset, r.line) for r in records if r.text], dtype=np.int64).reshape(-1, 2)
     return texts[lengths > 0]
 

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenization.formats.ds import TokenFile
-from tokenization.inputs.sources import Record
+from tokenization.inputs.reader import Record
 from tokenization.records import CacheEntry, InputFile, RecordError, Rejected
 from tokenization.rendering.renderer import Renderer
 from tokenization.tokenizer.cutting import NO_EXACT_CUT

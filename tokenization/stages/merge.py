@@ -61,6 +61,7 @@ from tokenization.records import (
     MergeCounts,
     MergeManifest,
     MergeOutput,
+    MergeParams,
     MergeTokenizer,
     Mixture,
     PseudoEnds,
@@ -554,7 +555,7 @@ def merge(
         inputs = prepared.inputs
         record = MergeManifest(
             stage="merge",
-            **manifest.provenance(config, time.time() - started),
+            **manifest.provenance(config, time.time() - started, MergeParams),
             save_filename=config.save_filename,
             bucket=config.bucket,
             seed=config.seed,

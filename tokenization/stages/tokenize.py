@@ -38,14 +38,8 @@ from tokenization.formats.moves import (
     written_contents,
 )
 from tokenization.formats.names import RankFileKind
-from tokenization.inputs.sources import (
-    Remembered,
-    check_unchanged,
-    idle_ranks,
-    list_input_files,
-    shard,
-    split_files,
-)
+from tokenization.inputs.content import Remembered, check_unchanged
+from tokenization.inputs.listing import idle_ranks, list_input_files, shard, split_files
 from tokenization.mixing import RankChoice
 from tokenization.options import Options, option
 from tokenization.output import known, manifest
@@ -63,6 +57,7 @@ from tokenization.records import (
     OutputEntry,
     RankCache,
     RankManifest,
+    RankParams,
     SourceCounts,
     TokenizerFacts,
 )
@@ -315,7 +310,7 @@ def tokenize_rank(
         encoded = total([s for s in segments if s.encoded])  # the rates are of encoding: the cache's hits aside
         record = RankManifest(
             stage="tokenize",
-            **manifest.provenance(config, seconds),
+            **manifest.provenance(config, seconds, RankParams),
             rank=config.rank,
             world_size=config.world_size,
             seed=config.seed,

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from tokenization.inputs.sources import file_format
+from tokenization.inputs.formats import file_format
 from tokenization.rendering.renderer import Renderer
 from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.encoding import Encoder
@@ -45,7 +45,7 @@ def cache_key(
     renderer: Renderer | None,
     options: DocumentOptions,
 ) -> CacheKey:
-    """The key of the file at ``url`` whose bytes ``content`` identifies (``sources.content_identity``), read and
+    """The key of the file at ``url`` whose bytes ``content`` identifies (``inputs.content.content_identity``), read and
     encoded with these options, encoder and renderer."""
     policy = encoder.policy
     described = {

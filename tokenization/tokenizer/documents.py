@@ -22,7 +22,7 @@ import orjson
 
 from tokenization.errors import TokenizationError, UsageError
 from tokenization.formats.contents import Contents
-from tokenization.inputs.sources import DEFAULT_MAX_RECORD_BYTES, DocumentReader, Record
+from tokenization.inputs.reader import DEFAULT_MAX_RECORD_BYTES, DocumentReader, Record
 from tokenization.options import Options, option
 from tokenization.progress import Progress, ProgressMode
 from tokenization.records import ContentsSum, HistogramRow, InputFile, RankCounts, Rejected, TokenizerFacts

@@ -1,0 +1,262 @@
+"""The input files of a build: folders searched, globs expanded, each file once however many paths reach it, with
+what tells it from another file at its path (``identity``); and how ranks share them (``split_files``, ``shard``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import fsspec
+
+from tokenization.errors import reaching
+from tokenization.inputs.formats import InputError, file_format
+from tokenization.inputs.local import LocalFile
+from tokenization.records import FilePart, InputFile
+from tokenization.storage.files import StorageOptions, is_local, open_fs
+from tokenization.storage.locations import GLOB_CHARS, glob_folder, resolve
+from tokenization.wording import counted
+
+MB = 1_000_000  # of split_input_mb
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InputListing:
+    """The input files, sorted by URL, the files of unsupported types that folders held (named, not read), and how
+    many files folders and globs held under names starting with ``.`` or ``_`` (counted, not read)."""
+
+    files: list[InputFile]
+    skipped: list[str]
+    hidden: int
+
+
+def list_input_files(
+    inputs: Sequence[str], storage_options: StorageOptions | None = None, quiet: bool = False
+) -> InputListing:
+    """Every input file, sorted by URL: folders are searched recursively, globs expanded, files taken as named.
+
+    Below the folder named (or a glob's fixed part), names starting with ``.`` or ``_`` (markers, temp files, a
+    build's own ``_manifests/``), and everything inside folders so named, are ignored and counted in ``hidden``.
+    Inside folders, files of other formats are skipped and listed in ``skipped``, and a file reached by several
+    paths is listed once (``_once_each``), each logged unless ``quiet`` (a build says so once, when it plans); a
+    named or globbed file of another format is an error, and so is a file name that is not UTF-8, or anything but a
+    regular file (``LocalFile``). ``storage_options`` open the URLs.
+    """
+    found: dict[str, tuple[InputFile, Hashable]] = {}
+    skipped: list[str] = []
+    hidden: set[str] = set()
+    for spec in inputs:
+        with reaching(spec):
+            try:
+                found.update(_list(spec, skipped, hidden, storage_options))
+            except RecursionError:  # fsspec's glob (and walk, on some stores) recurses a Python call a folder level
+                raise InputError(
+                    f"{spec}: its folders nest too deep for fsspec to search (a Python call a level, past the "
+                    f"interpreter's limit): name a folder, which is listed without that limit, or flatten the tree"
+                ) from None
+    if skipped and not quiet:
+        log.warning("skipped %s of unsupported types: %s", counted(len(skipped), "input file"), ", ".join(skipped))
+    if hidden and not quiet:
+        log.info("ignored %s under names starting with . or _", counted(len(hidden), "input file"))
+    if not found:
+        unsupported = f" (skipped as unsupported: {', '.join(skipped)})" if skipped else ""
+        ignored = f" ({len(hidden)} ignored under names starting with . or _)" if hidden else ""
+        raise InputError(f"no input files found in {', '.join(inputs)}{unsupported}{ignored}")
+    kept = _once_each(found, quiet)
+    return InputListing([kept[url] for url in sorted(kept)], skipped, len(hidden))
+
+
+def _once_each(found: dict[str, tuple[InputFile, Hashable]], quiet: bool) -> dict[str, InputFile]:
+    """Each file once: a file that the input reaches by several paths (a symlink, a hard link, a folder named
+    twice, once through ``..``) is read by its real path (no link or ``..`` in it) if one is, else by the first in
+    sorted order, and each other path is logged (unless ``quiet``)."""
+    paths: dict[Hashable, list[str]] = {}
+    for url in sorted(found):
+        paths.setdefault(found[url][1], []).append(url)
+    kept = {}
+    for urls in paths.values():
+        chosen = min(urls, key=lambda url: (len(urls) > 1 and resolve(url) != url, url))
+        kept[chosen] = found[chosen][0]
+        for other in urls:
+            if other != chosen and not quiet:
+                log.warning("%s and %s are one file: it is read once, as %s", chosen, other, chosen)
+    return kept
+
+
+def split_files(files: Sequence[InputFile], split_mb: int | None) -> list[InputFile]:
+    """What ranks share, in order: each file whole, or, with ``split_mb``, each splittable file (uncompressed JSON
+    lines, parquet) of more than that many MB as parts of about that size (``parts``: how they are read)."""
+    if not split_mb:
+        return list(files)
+    shared = []
+    for file in files:
+        count = -(-file.size // (split_mb * MB))
+        if count > 1 and _splittable(file.url):
+            shared += [replace(file, part=FilePart(index, count)) for index in range(count)]
+        else:
+            shared.append(file)
+    return shared
+
+
+def _splittable(url: str) -> bool:
+    """Whether a file can be read in parts: a compressed stream must be read from its start."""
+    return file_format(url)[1] is None
+
+
+def idle_ranks(ranks: int, shared: Sequence[InputFile], split_mb: int | None) -> None:
+    """Warn, with the numbers, when ranks outnumber what they share (``split_files``): the others get nothing."""
+    if ranks <= len(shared):
+        return
+    files = len({f.url for f in shared})
+    if split_mb:
+        what = f"{counted(files, 'input file')} in {counted(len(shared), 'part')}:"
+        advice = "or a smaller --split-input-mb (only uncompressed JSON lines and parquet files are split)"
+    else:
+        what = f"{counted(files, 'input file')}: a rank takes whole files, so"
+        part_mb = max(1, -(-sum(f.size for f in shared) // (ranks * MB)))
+        advice = (
+            f"or let ranks share big files: --split-input-mb {part_mb} splits those above {part_mb} MB"
+            if any(_splittable(f.url) for f in shared)
+            else "or split the input into more files (ranks cannot share a compressed file)"
+        )
+    idle = ranks - len(shared)
+    log.warning(
+        "%d ranks for %s %s will have nothing to tokenize; use at most %s, %s",
+        ranks,
+        what,
+        counted(idle, "rank"),
+        counted(len(shared), "rank"),
+        advice,
+    )
+
+
+def _list(
+    spec: str, skipped: list[str], hidden: set[str], storage_options: StorageOptions | None
+) -> dict[str, tuple[InputFile, Hashable]]:
+    """One input spec's files with their sizes and identities, and what each is (``file_key``), by URL;
+    unsupported files of folders go to ``skipped``, hidden ones to ``hidden``. A local file to be read must be a
+    regular file (``LocalFile.of``)."""
+    fs, path = open_fs(spec, storage_options)
+    globbed = any(ch in path for ch in GLOB_CHARS) and not fs.exists(path)  # `data [v2]/` may be a real folder
+    folder = not globbed and fs.isdir(path)
+    if globbed:
+        matched = {p: i for p, i in fs.glob(path, detail=True).items() if i["type"] != "directory"}
+        entries = _visible(matched, glob_folder(path), hidden)
+    elif folder:
+        entries = _visible(_files_under(fs, path), path, hidden)
+    elif fs.exists(path):
+        entries = {path: fs.info(path)}
+    else:
+        if is_local(fs) and os.path.islink(path):
+            LocalFile.of(path)  # a link loop or a dangling link: raises, saying which
+        raise InputError(f"{spec}: no such file or folder")
+    for p in entries:
+        _check_name(p)
+    if folder:
+        skipped += sorted(_url(fs, p) for p in entries if not _is_supported(p))
+        entries = {p: i for p, i in entries.items() if _is_supported(p)}
+    for p in entries:
+        file_format(_url(fs, p))  # a named or globbed file of another format is an error
+    return dict(_listed(fs, p, info) for p, info in entries.items())
+
+
+def _listed(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> tuple[str, tuple[InputFile, Hashable]]:
+    """A listed file by its URL, with what it is (``file_key``). A local one must be a regular file, or a link to
+    one (``LocalFile``)."""
+    url = _url(fs, path)
+    if is_local(fs):
+        local = LocalFile.of(path)
+        file = InputFile(url, local.size, local.identity)
+        return url, (file, file_key(fs, path, file, local))
+    file = InputFile(url, int(info.get("size") or 0), identity(fs, path, info))
+    return url, (file, file_key(fs, path, file))
+
+
+def file_key(fs: fsspec.AbstractFileSystem, path: str, file: InputFile, local: LocalFile | None = None) -> Hashable:
+    """What a listed file is, however its path is spelled: locally its device and inode (``LocalFile.key``; of
+    ``local``, when the listing has it already); on an object store, which has no links, its key with ``.`` and
+    ``..`` resolved, and its ETag (``identity``)."""
+    if is_local(fs):
+        return (local or LocalFile.of(path)).key
+    return resolve(file.url), file.identity
+
+
+def _files_under(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, dict[str, Any]]:
+    """Every file under the folder ``path``, as ``fs.find(path, detail=True)`` gives them. A local folder is listed
+    a folder at a time from a stack, not by fsspec's ``walk``: that recurses a Python call a level (a tree 1,100
+    deep raised RecursionError), and leaves out, without a word, a folder it cannot list. An object store lists
+    the whole prefix at once, in pages."""
+    if not is_local(fs):
+        return fs.find(path, detail=True)
+    found: dict[str, dict[str, Any]] = {}
+    folders = [path]
+    while folders:
+        folder = folders.pop()
+        try:
+            listing = fs.ls(folder, detail=True)
+        except OSError as exc:
+            raise InputError(
+                f"{folder}: cannot be listed ({exc.strerror or exc}): make it readable, or move it out of the input"
+            ) from None
+        for info in listing:
+            if info["type"] == "directory":
+                folders.append(info["name"])
+            else:
+                found[info["name"]] = info
+    return found
+
+
+def _visible(entries: dict[str, dict[str, Any]], root: str, hidden: set[str]) -> dict[str, dict[str, Any]]:
+    """The entries with no name below ``root`` starting with ``.`` or ``_``; the others go to ``hidden``. Only
+    names below ``root``: a folder the user named may itself be ``_private``."""
+    shown = {}
+    for p, info in entries.items():
+        if any(name.startswith((".", "_")) for name in p[len(root) :].split("/")):
+            hidden.add(p)
+        else:
+            shown[p] = info
+    return shown
+
+
+def _check_name(path: str) -> None:
+    """Refuse a name that is not UTF-8 (a local listing gives its bytes as surrogate escapes), shown with
+    backslash escapes: manifests and reports are UTF-8 JSON, and would fail to record it after all the work."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise InputError(f"{shown}: the file name is not valid UTF-8; rename it") from None
+
+
+def _is_supported(url: str) -> bool:
+    try:
+        file_format(url)
+    except InputError:
+        return False
+    return True
+
+
+def identity(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> str:
+    """What tells this file from another one at the same path (see :class:`InputFile`), as a listing sees it: a
+    plan adds the sha256 of a local file's bytes when an earlier night remembered it (``with_content``)."""
+    if is_local(fs):
+        return LocalFile.of(path).identity
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
+    if etag:
+        return f"etag={str(etag).strip(chr(34))}"
+    modified = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    return f"modified={modified}" if modified else ""
+
+
+def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    return path if is_local(fs) else fs.unstrip_protocol(path)
+
+
+def shard(files: Sequence[InputFile], rank: int, world_size: int) -> list[InputFile]:
+    """Rank ``r`` of ``w`` takes ``files[r::w]`` of the sorted list, as datatrove's ``get_shard`` does."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+    return list(files[rank::world_size])

@@ -121,3 +121,17 @@ def test_some_pieces_hash_as_a_stream_of_them_alone(tmp_path_factory, lengths, s
         found = moves.pieces_contents(pool, 0, starts[chosen], ends[chosen], sources, block=block)
         (expected,) = moves.contents_of(pool, 1, (np.cumsum([len(p) for p in parts]), len(alone)), sources=[sources])
     assert found == expected and found.pieces == len(chosen)
+
+
+def test_a_block_buffer_is_given_again_only_once_nothing_holds_it() -> None:
+    """A block's bytes go to a buffer no writer thread still writes or hashes: while any view of it lives (a slice,
+    another dtype, a memoryview), another block gets another buffer; once none does, its buffer serves again."""
+    blocks = moves.Blocks()
+    first = blocks.take(1000)
+    address = first.ctypes.data
+    held = [first.view(np.uint16)[3:], memoryview(first[10:])]
+    del first
+    while held:
+        assert blocks.take(800).ctypes.data != address
+        held.pop()
+    assert blocks.take(800).ctypes.data == address

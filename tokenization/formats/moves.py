@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -41,6 +42,35 @@ MAX_OPEN_FILES = 128
 # cheaper than one call a unit as soon as units are a few hundred bytes. (Memory maps cost more here: ~6-20 us a
 # scattered unit in faults and in dropping the pages again to keep resident memory flat.)
 SPAN_READ_MAX_WASTE = 2
+BLOCK_ROUND = 1 << 20  # block buffers are made in whole MiB, so that one serves blocks of slightly other sizes
+
+
+class Blocks:
+    """Buffers of blocks of bytes, each used again once nothing holds it (no view of it is alive: its reference
+    count says so), so that a block's bytes go to pages already mapped. A new buffer of a few MiB costs the
+    kernel's faults and the zeroing of its pages (huge pages here): ~7% of a context shuffle's CPU, and on the
+    thread that moves the bytes. A writer holds a block until its threads have written and hashed it: a few are in
+    use at once; past ``keep`` buffers, a block gets a new one."""
+
+    def __init__(self, keep: int = 4):
+        self.keep = keep
+        self._made: list[np.ndarray] = []
+        self._idle = _references([np.empty(0, np.uint8)])[0]  # a buffer only the list holds, on this Python
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` uint8 bytes nothing else holds (their content left as it was)."""
+        for buffer, references in zip(self._made, _references(self._made), strict=True):
+            if references == self._idle and buffer.nbytes >= nbytes:
+                return buffer[:nbytes]
+        buffer = np.empty(-(-nbytes // BLOCK_ROUND) * BLOCK_ROUND, np.uint8)
+        if len(self._made) < self.keep:
+            self._made.append(buffer)
+        return buffer[:nbytes]
+
+
+def _references(arrays: list[np.ndarray]) -> list[int]:
+    """Each array's reference count, as counted here (``Blocks`` compares it with an idle buffer's)."""
+    return [sys.getrefcount(a) for a in arrays]
 
 
 class Units(NamedTuple):
@@ -97,6 +127,7 @@ class SourcePool:
         self._checked: set[int] = set()  # sources whose files were checked once: opening one again is two opens
         self._fetching = threading.Lock()  # a remote source is copied once, whichever thread asks first
         self._loss_reader = ThreadPoolExecutor(1, thread_name_prefix="read-loss") if with_loss else None
+        self.blocks = (Blocks(), Blocks())  # for the tokens and the loss bytes of the blocks gathered
 
     def _source(self, i: int) -> _Source:
         if i in self._open:
@@ -124,6 +155,13 @@ class SourcePool:
         """Tokens (and loss bytes) of every unit ``[starts[k], ends[k])`` of source ``i``, end to end in this order,
         one ``pread`` a unit."""
         return self._both(self._source(i).pread_each, starts, ends)
+
+    def read_into(
+        self, i: int, starts: np.ndarray, ends: np.ndarray, outs: Sequence[np.ndarray | None], to: np.ndarray
+    ) -> None:
+        """Tokens (and loss bytes) of every unit ``[starts[k], ends[k])`` of source ``i`` into the bytes ``outs[0]``
+        (and ``outs[1]``) at item ``to[k]``, one ``pread`` a unit straight into its place."""
+        self._both(self._source(i).pread_into, starts, ends, outs, to)
 
     def _both(self, read: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
         """``read(0, *args)`` (the tokens) here while ``read(1, *args)`` (the loss bytes) runs on the loss thread."""
@@ -190,28 +228,37 @@ class _Source:
         return out
 
     def pread_each(self, which: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Items ``[starts[k], ends[k])`` of file ``which`` (0 tokens, 1 loss) end to end, as bytes, each read
-        straight into its place in one buffer: by the C helper's ``tk_pread``, the block's reads in one call without
-        the GIL, else one ``preadv`` each looped by ``map`` in C (2.5 us a 4 kB unit, where a ``pread`` a unit and
-        joining their bytes took 9 us); a short file is an error."""
-        size = self.dtypes[which].itemsize
-        lengths = (ends - starts) * size
-        bounds = np.concatenate([[0], np.cumsum(lengths)])
-        out = np.empty(int(bounds[-1]), np.uint8)
+        """Items ``[starts[k], ends[k])`` of file ``which`` (0 tokens, 1 loss) end to end, as bytes (``pread_into``)."""
+        lengths = ends - starts
+        outs = [np.empty(int(lengths.sum()) * self.dtypes[which].itemsize, np.uint8)] * 2
+        self.pread_into(which, starts, ends, outs, np.cumsum(lengths) - lengths)
+        return outs[which]
+
+    def pread_into(
+        self, which: int, starts: np.ndarray, ends: np.ndarray, outs: Sequence[np.ndarray | None], to: np.ndarray
+    ) -> None:
+        """Items ``[starts[k], ends[k])`` of file ``which`` (0 tokens, 1 loss) into the bytes ``outs[which]`` at item
+        ``to[k]``, each read straight into its place: by the C helper's ``tk_pread``, a block's reads in one call
+        without the GIL, else one ``preadv`` each looped by ``map`` in C (2.5 us a 4 kB unit, where a ``pread`` a
+        unit and joining their bytes took 9 us); a short file is an error."""
+        out, size = outs[which], self.dtypes[which].itemsize
+        if out is None:
+            raise ValueError(f"{self.paths[which]}: no buffer to read into")
+        places, lengths = (np.ascontiguousarray(a * size, dtype=np.int64) for a in (to, ends - starts))
         lib = native.helper()
         if lib is not None:
             fds = np.full(len(starts), self.fds[which], np.intc)
-            offsets, lengths = (np.ascontiguousarray(a, dtype=np.int64) for a in (starts * size, lengths))
-            got = lib.tk_pread(fds.ctypes.data, offsets.ctypes.data, lengths.ctypes.data, len(fds), out.ctypes.data)
+            offsets = np.ascontiguousarray(starts * size, dtype=np.int64)
+            args = (a.ctypes.data for a in (fds, offsets, lengths, places))
+            got = lib.tk_pread(*args, len(fds), out.ctypes.data)
             if got < 0:
                 raise OSError(-got, os.strerror(-got), self.paths[which])
         else:
             # numpy declares ndarray's buffer protocol (__buffer__) for Python 3.12 and later only
-            places = map(memoryview(out).__getitem__, map(slice, bounds[:-1].tolist(), bounds[1:].tolist()))  # type: ignore[arg-type]
-            got = sum(map(os.preadv, repeat(self.fds[which]), zip(places), (starts * size).tolist()))
-        if got != len(out):
+            views = map(memoryview(out).__getitem__, map(slice, places.tolist(), (places + lengths).tolist()))  # type: ignore[arg-type]
+            got = sum(map(os.preadv, repeat(self.fds[which]), zip(views), (starts * size).tolist()))
+        if got != int(lengths.sum()):
             raise TokenFileError(f"{self.paths[which]}: ends before byte {int(ends.max()) * size}")
-        return out
 
     def close(self) -> None:
         for fd in self.fds:
@@ -457,16 +504,22 @@ def _copied(
     out_starts: np.ndarray,
     total: int,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The block's tokens and loss bytes (or None) as uint8 arrays, each source's units copied into their places."""
+    """The block's tokens and loss bytes (or None) as uint8 arrays of the pool's ``blocks``, each source's units
+    in their places: read straight there, one ``pread`` a unit, or read as one span where they lie close together
+    (``_spanned``) and copied there by ``tk_copy``."""
     sizes = (pool.dtype.itemsize, LOSS_DTYPE.itemsize)
-    tokens = np.empty(total * sizes[0], np.uint8)
-    outs = [tokens, np.empty(total * sizes[1], np.uint8) if pool.with_loss else None]
+    tokens = pool.blocks[0].take(total * sizes[0])
+    outs = [tokens, pool.blocks[1].take(total * sizes[1]) if pool.with_loss else None]
     for s, group in groups:
-        found, at = _read(pool, s, starts[group], ends[group])
-        lengths, to = ends[group] - starts[group], out_starts[group]
-        for data, out, n in zip(found, outs, sizes, strict=True):
+        first, last, to = starts[group], ends[group], out_starts[group]
+        if not _spanned(first, last):
+            pool.read_into(s, first, last, outs, to)
+            continue
+        lo = int(first.min())
+        lengths = last - first
+        for data, out, n in zip(pool.read(s, lo, int(last.max())), outs, sizes, strict=True):
             if data is not None and out is not None:
-                offsets = [np.ascontiguousarray(a * n, dtype=np.int64) for a in (at, lengths, to)]
+                offsets = [np.ascontiguousarray(a * n, dtype=np.int64) for a in (first - lo, lengths, to)]
                 args = (data.ctypes.data, data.nbytes, *(a.ctypes.data for a in offsets[:2]), len(group))
                 if lib.tk_copy(*args, out.ctypes.data, out.nbytes, offsets[2].ctypes.data) != 0:
                     raise ValueError(f"a unit of source {s} lies outside what was read of it")
@@ -493,11 +546,17 @@ def _read(
     """One source's units of a block: its bytes read (tokens, loss bytes or None) and where each unit starts in
     them, in items: read as one span when they lie close together (a merge's interleave reads each file in order),
     else with one ``pread`` each, end to end."""
+    if _spanned(starts, ends):
+        lo = int(starts.min())
+        return pool.read(s, lo, int(ends.max())), starts - lo
     lengths = ends - starts
-    lo, hi = int(starts.min()), int(ends.max())
-    if hi - lo <= SPAN_READ_MAX_WASTE * int(lengths.sum()):
-        return pool.read(s, lo, hi), starts - lo
     return pool.read_each(s, starts, ends), np.cumsum(lengths) - lengths
+
+
+def _spanned(starts: np.ndarray, ends: np.ndarray) -> bool:
+    """Whether one source's units of a block are read as one span: when it holds at most ``SPAN_READ_MAX_WASTE``
+    times their tokens (a merge's interleave reads each file in order; a shuffle's units lie far apart)."""
+    return int(ends.max()) - int(starts.min()) <= SPAN_READ_MAX_WASTE * int((ends - starts).sum())
 
 
 def _read_units(pool: SourcePool, s: int, starts: np.ndarray, ends: np.ndarray) -> list[pa.LargeBinaryArray | None]:

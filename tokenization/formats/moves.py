@@ -14,14 +14,14 @@ import shutil
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from functools import partial
 from itertools import repeat
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -43,6 +43,8 @@ MAX_OPEN_FILES = 128
 # scattered unit in faults and in dropping the pages again to keep resident memory flat.)
 SPAN_READ_MAX_WASTE = 2
 BLOCK_ROUND = 1 << 20  # block buffers are made in whole MiB, so that one serves blocks of slightly other sizes
+
+T = TypeVar("T")
 
 
 class Blocks:
@@ -448,8 +450,36 @@ def move_units(
 
     ``inner[s]`` (sorted) are the index entries of source ``s`` to carry along, such as document ends inside
     chunks. A unit longer than ``block_tokens`` is copied in slices, so memory is bounded by the block size,
-    not by the largest unit.
+    not by the largest unit. Each block is gathered on a thread of its own while the caller hands the one before
+    to the writer (``_ahead``): the reads, one a unit in a shuffle, are most of the caller's work, and they release
+    the GIL.
     """
+    for block in _ahead(_blocks(pool, source, starts, ends, inner, block_tokens)):
+        writer.write(block.tokens, block.unit_ends, block.entries, block.loss)
+        if progress is not None:
+            progress.advance(len(block.tokens), units=block.units, tokens=len(block.tokens))
+
+
+class _Block(NamedTuple):
+    """What ``move_units`` hands its writer at once: tokens, the unit ends and index entries in them, loss bytes
+    (or None), and how many units end in it."""
+
+    tokens: np.ndarray
+    unit_ends: np.ndarray
+    entries: np.ndarray
+    loss: np.ndarray | None
+    units: int
+
+
+def _blocks(
+    pool: SourcePool,
+    source: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    inner: Sequence[np.ndarray] | None,
+    block_tokens: int,
+) -> Iterator[_Block]:
+    """``move_units``' blocks, in order: whole units of at most ``block_tokens`` tokens, or slices of a longer one."""
     source = np.asarray(source)  # any integer type: packed windows name their two sources in a byte
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
@@ -459,23 +489,30 @@ def move_units(
         base = int(out_ends[a - 1]) if a else 0
         b = max(a + 1, int(np.searchsorted(out_ends, base + block_tokens, side="right")))
         if b == a + 1 and out_ends[a] - base > block_tokens:
-            _copy_long_unit(pool, int(source[a]), int(starts[a]), int(ends[a]), writer, inner, block_tokens)
+            yield from _long_unit(pool, int(source[a]), int(starts[a]), int(ends[a]), inner, block_tokens)
         else:
-            _copy_block(pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, writer, inner)
-        if progress is not None:
-            progress.advance(int(out_ends[b - 1]) - base, units=b - a, tokens=int(out_ends[b - 1]) - base)
+            yield _gathered(pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, inner)
         a = b
 
 
-def _copy_block(
+def _ahead(items: Iterator[T]) -> Iterator[T]:
+    """``items``, each made on a thread of its own while the caller uses the one before (at most one ahead); an
+    error making one is raised where the caller asks for it."""
+    with ThreadPoolExecutor(1, thread_name_prefix="gather") as thread:
+        following = thread.submit(next, items, None)
+        while (item := following.result()) is not None:
+            following = thread.submit(next, items, None)
+            yield item
+
+
+def _gathered(
     pool: SourcePool,
     source: np.ndarray,
     starts: np.ndarray,
     ends: np.ndarray,
     rel_ends: np.ndarray,
-    writer: SplitWriter,
     inner: Sequence[np.ndarray] | None,
-) -> None:
+) -> _Block:
     """Read one block of units, one source file at a time, then put them in output order: by the C helper's
     ``tk_copy`` straight into the block's buffers (one call a source, no Python a unit), else with Arrow's ``take``
     (one memcpy a unit, looped in C: 0.2 us a unit, read included, where a Python loop of slices cost ~1 us)."""
@@ -492,7 +529,7 @@ def _copy_block(
     else:
         tokens, loss = _taken(pool, groups, starts, ends, len(by_source))
     index = rel_ends if inner is None else np.sort(np.concatenate(moved))
-    writer.write(tokens.view(pool.dtype), rel_ends, index, loss)
+    return _Block(tokens.view(pool.dtype), rel_ends, index, loss, len(starts))
 
 
 def _copied(
@@ -623,16 +660,10 @@ def _moved_inner_ends(inner: np.ndarray, starts: np.ndarray, ends: np.ndarray, o
     return inner[ranges(lo, counts)].astype(np.int64) + np.repeat(out_starts - starts, counts)
 
 
-def _copy_long_unit(
-    pool: SourcePool,
-    s: int,
-    start: int,
-    end: int,
-    writer: SplitWriter,
-    inner: Sequence[np.ndarray] | None,
-    block_tokens: int,
-) -> None:
-    """Stream one unit too large for a block as consecutive slices; it stays one unit for file splitting."""
+def _long_unit(
+    pool: SourcePool, s: int, start: int, end: int, inner: Sequence[np.ndarray] | None, block_tokens: int
+) -> Iterator[_Block]:
+    """One unit too large for a block as consecutive slices; it stays one unit for file splitting."""
     for piece_start in range(start, end, block_tokens):
         piece_end = min(end, piece_start + block_tokens)
         entries = np.empty(0, dtype=np.int64)
@@ -642,7 +673,7 @@ def _copy_long_unit(
             entries = entries[entries < end] - piece_start
         unit_ends = np.array([piece_end - piece_start] if piece_end == end else [], dtype=np.int64)
         tokens, loss = pool.read(s, piece_start, piece_end)
-        writer.write(tokens, unit_ends, np.concatenate([entries, unit_ends]), loss)
+        yield _Block(tokens, unit_ends, np.concatenate([entries, unit_ends]), loss, len(unit_ends))
 
 
 def permute_units(

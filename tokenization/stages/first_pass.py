@@ -33,7 +33,7 @@ import orjson
 from tokenization.formats import contents as hashed
 from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
 from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
-from tokenization.formats.moves import SourcePool
+from tokenization.formats.source_pool import SourcePool
 from tokenization.inputs.sources import Record, content_identity, file_format, rank_hashes, text_bytes_about
 from tokenization.output import known
 from tokenization.output.attempts import Attempt

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenization.formats.ds import HashedFile
+from tokenization.formats.hashed_file import HashedFile
 from tokenization.storage.checksums import ALGORITHM, Hasher, hasher
 
 BLOCK = 64 << 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenization.formats.ds import WRITE_PIECE, HashedFile
+from tokenization.formats.hashed_file import WRITE_PIECE, HashedFile
 from tokenization.storage.checksums import BLAKE3, checksum
 
 

@@ -8,9 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenization.formats import moves, native
+from tokenization.formats import moves, native, source_pool
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter
-from tokenization.formats.moves import SourcePool, fixed_units, permute_units
+from tokenization.formats.moves import fixed_units, permute_units
+from tokenization.formats.source_pool import SourcePool
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=60)
 
@@ -118,6 +119,22 @@ def test_some_pieces_hash_as_a_stream_of_them_alone(tmp_path_factory, lengths, s
     with TokenFileWriter(tmp_path / "alone.ds", tokenizer="t", token_size=2, save_loss=True) as only:
         only.write(tokens[alone], np.cumsum([len(p) for p in parts]).astype(np.int64), loss[alone])
     with SourcePool([str(source.written.path), str(only.written.path)], 2, with_loss=True) as pool:
-        found = moves.pieces_contents(pool, 0, starts[chosen], ends[chosen], sources, block=block)
-        (expected,) = moves.contents_of(pool, 1, (np.cumsum([len(p) for p in parts]), len(alone)), sources=[sources])
+        found = source_pool.pieces_contents(pool, 0, starts[chosen], ends[chosen], sources, block=block)
+        (expected,) = source_pool.contents_of(
+            pool, 1, (np.cumsum([len(p) for p in parts]), len(alone)), sources=[sources]
+        )
     assert found == expected and found.pieces == len(chosen)
+
+
+def test_a_block_buffer_is_given_again_only_once_nothing_holds_it() -> None:
+    """A block's bytes go to a buffer no writer thread still writes or hashes: while any view of it lives (a slice,
+    another dtype, a memoryview), another block gets another buffer; once none does, its buffer serves again."""
+    blocks = source_pool.Blocks()
+    first = blocks.take(1000)
+    address = first.ctypes.data
+    held = [first.view(np.uint16)[3:], memoryview(first[10:])]
+    del first
+    while held:
+        assert blocks.take(800).ctypes.data != address
+        held.pop()
+    assert blocks.take(800).ctypes.data == address

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.support.stages import run
-from tokenization.formats import moves, native
+from tokenization.formats import moves, native, source_pool
 from tokenization.formats.contents import ContentsHasher, hash_parts, within
 from tokenization.formats.ds import TokenFileError
 from tokenization.records import ContentsSum
@@ -150,7 +150,7 @@ def test_a_blocks_windows_are_read_in_one_call_into_their_places(tmp_path, with_
     starts = rng.integers(0, len(tokens) - 300, 500)
     ends = starts + rng.integers(0, 300, 500)
     starts[7], ends[7] = starts[3], ends[3]
-    source = moves._Source(str(path), 2, with_loss)
+    source = source_pool._Source(str(path), 2, with_loss)
     try:
         expected = [np.concatenate([a[s:e] for s, e in zip(starts, ends, strict=True)]) for a in (tokens, loss)]
         assert np.array_equal(source.pread_each(0, starts, ends).view(np.uint16), expected[0])
@@ -232,7 +232,7 @@ def test_a_blocks_units_are_put_in_their_places_from_every_source(tmp_path, span
     order[9] = order[4]  # a unit given twice
     source, starts, ends = source[order], starts[order], ends[order]
     captured = _Captured()
-    with moves.SourcePool([f for f, _, _ in files], 2, with_loss=True) as pool:
+    with source_pool.SourcePool([f for f, _, _ in files], 2, with_loss=True) as pool:
         moves.move_units(pool, source, starts, ends, captured, None, block_tokens=3_000)
     for k, which in ((0, 1), (1, 2)):
         expected = np.concatenate([files[f][which][s:e] for f, s, e in zip(source, starts, ends, strict=True)])

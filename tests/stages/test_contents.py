@@ -17,7 +17,7 @@ from tests.support.tokenizers import EOS
 from tokenization.builds.accounting import contents_flow
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.formats import moves
+from tokenization.formats import moves, rejoin
 from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheckFailed, stream_contents
 from tokenization.formats.ds import TokenFileError
 from tokenization.output.runs import BuildError
@@ -217,7 +217,7 @@ def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents() -> None
 
     def shuffled(order: np.ndarray, swap: bool = False):
         starts, ends = edges[order] - window, edges[order]
-        parts = moves.cut_pieces(cuts, starts, ends, index)
+        parts = rejoin.cut_pieces(cuts, starts, ends, index)
         assert len(parts) <= 2 * len(order)
         hasher = ContentsHasher(keep=parts)
         for a, b in zip(starts, ends, strict=True):  # the windows in order, each cut at the cuts inside it
@@ -230,7 +230,7 @@ def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents() -> None
     tail.result()
 
     def rejoined(written: Contents, parts, chosen, starts: np.ndarray, ends: np.ndarray) -> Contents | None:
-        return moves.rejoined_contents(written, parts, chosen, cuts, starts, ends, tail.kept_pieces(), index)
+        return rejoin.rejoined_contents(written, parts, chosen, cuts, starts, ends, tail.kept_pieces(), index)
 
     order = rng.permutation(len(edges))
     written, parts, chosen, starts, ends = shuffled(order)

@@ -9,7 +9,7 @@ import numpy as np
 from tests.support.references import run_datatrove_context_shuffler
 from tests.support.stages import merged, shuffled, synthetic_ranks
 from tokenization.formats.ds import TokenFile
-from tokenization.formats.moves import contents_of
+from tokenization.formats.source_pool import contents_of
 from tokenization.stages import context_shuffle as stage
 
 

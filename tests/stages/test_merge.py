@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.references import run_datatrove_merger
 from tests.support.stages import documents, file_bytes, merged, run, synthetic_ranks
-from tokenization.formats import moves
+from tokenization.formats import moves, source_pool
 from tokenization.formats.ds import TokenFileError
 from tokenization.storage.folder import Folder
 
@@ -120,7 +120,7 @@ def test_open_files_stay_bounded(tmp_path, monkeypatch) -> None:
     inputs = synthetic_ranks(tmp_path / "in", 6, 40)
     merged(inputs, tmp_path / "wide", seed=5, save_loss=True)
     peak = 0
-    real_source = moves.SourcePool._source
+    real_source = source_pool.SourcePool._source
 
     def counting_source(self, i):
         nonlocal peak
@@ -128,7 +128,7 @@ def test_open_files_stay_bounded(tmp_path, monkeypatch) -> None:
         peak = max(peak, self.open_count)
         return source
 
-    monkeypatch.setattr(moves.SourcePool, "_source", counting_source)
+    monkeypatch.setattr(source_pool.SourcePool, "_source", counting_source)
     merged(inputs, tmp_path / "narrow", seed=5, save_loss=True, max_open_files=2)
     assert peak == 2
     assert file_bytes(tmp_path / "narrow") == file_bytes(tmp_path / "wide")

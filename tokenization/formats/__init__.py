@@ -1,6 +1,7 @@
 """The token-file formats: datatrove's ``.ds`` family (``ds.py``), Megatron's ``.bin/.idx`` (``megatron.py``) and
 mosaicml streaming's MDS (``mds.py``); and what they share: file names (``names.py``), the byte-moving engine of
-every shuffle and the merge (``moves.py``), the permutation proof (``contents.py``), packing into windows
+every shuffle and the merge (``moves.py``, reading through ``source_pool.py``), the permutation proof
+(``contents.py``; a one-file shuffle's from its source's record, ``rejoin.py``), packing into windows
 (``packing.py``), a mixture's ``.ds.source`` sidecar (``sidecar.py``) and the checks of a family that verify and the
 stages share (``checks.py``).
 

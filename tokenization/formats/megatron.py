@@ -15,14 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from tokenization.formats.contents import ContentsHasher
-from tokenization.formats.ds import (
-    FinishOrAbandon,
-    HashedFile,
-    TokenFileError,
-    WrittenTokenFile,
-    map_array,
-    written_whole,
-)
+from tokenization.formats.ds import TokenFileError, WrittenTokenFile, map_array
+from tokenization.formats.hashed_file import FinishOrAbandon, HashedFile, written_whole
 from tokenization.storage.files import StorageOptions, open_fs
 
 MAGIC = b"MMIDIDX\x00\x00"

@@ -9,38 +9,29 @@ moved unit move with it. No Python runs per unit or per token.
 
 from __future__ import annotations
 
-import os
-import shutil
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
-from functools import partial
-from itertools import repeat
-from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from tokenization.formats import native
-from tokenization.formats.contents import READ_BLOCK, Contents, Pieces, stream_contents, stream_uses
-from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, TokenFileError, WrittenTokenFile, token_dtype
+from tokenization.formats.contents import Contents
+from tokenization.formats.ds import LOSS_DTYPE, SplitWriter, TokenFile, WrittenTokenFile
+from tokenization.formats.source_pool import SourcePool
 from tokenization.progress import Progress
-from tokenization.storage.concurrent import files_at_once, map_concurrently
-from tokenization.storage.folder import StorageOptions, file_at, writing
 
 if TYPE_CHECKING:
     import pyarrow as pa  # imported where a block is gathered: a stage's start (--help) goes without it
 
 BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output; 1 Mi-token blocks took 25% longer
-MAX_OPEN_FILES = 128
 # A source's units in a block are read as one span when it is at most this many times what they hold, else with
 # one pread each: a pread costs ~2 us (a page-cache lookup) plus its copy, so reading 2x the bytes in one call is
 # cheaper than one call a unit as soon as units are a few hundred bytes. (Memory maps cost more here: ~6-20 us a
 # scattered unit in faults and in dropping the pages again to keep resident memory flat.)
 SPAN_READ_MAX_WASTE = 2
+
+T = TypeVar("T")
 
 
 class Units(NamedTuple):
@@ -64,283 +55,6 @@ class Units(NamedTuple):
     def take(self, order: np.ndarray) -> Units:
         """The units in ``order``."""
         return Units(self.source[order], self.starts[order], self.ends[order])
-
-
-class SourcePool:
-    """Source token files, opened on demand, at most ``max_open`` at a time (least recently used first out), so
-    the number of open files stays bounded whatever the number of inputs. Remote files are copied to
-    ``cache_dir`` once, with large sequential reads, because the moves read them at random.
-
-    Units are read with ``pread`` into private buffers, never mapped: resident memory stays that of a block. Loss
-    bytes are read on a thread of their own while the tokens are read (``pread`` releases the GIL): scattered
-    units cost ~2 us a call, and this halves the wait for them. Used with ``with``, which closes every file, stops
-    the thread and deletes the cache, on errors too.
-    """
-
-    def __init__(
-        self,
-        urls: Sequence[str],
-        token_size: int,
-        with_loss: bool,
-        max_open: int = MAX_OPEN_FILES,
-        cache_dir: Path | None = None,
-        storage_options: StorageOptions | None = None,
-    ):
-        self.urls = list(urls)
-        self.storage_options = storage_options
-        self.token_size = token_size
-        self.dtype = token_dtype(token_size)
-        self.with_loss = with_loss
-        self.max_open = max_open
-        self.cache_dir = cache_dir
-        self._open: OrderedDict[int, _Source] = OrderedDict()
-        self._checked: set[int] = set()  # sources whose files were checked once: opening one again is two opens
-        self._fetching = threading.Lock()  # a remote source is copied once, whichever thread asks first
-        self._loss_reader = ThreadPoolExecutor(1, thread_name_prefix="read-loss") if with_loss else None
-
-    def _source(self, i: int) -> _Source:
-        if i in self._open:
-            self._open.move_to_end(i)
-            return self._open[i]
-        while len(self._open) >= self.max_open:
-            self._open.popitem(last=False)[1].close()
-        self._open[i] = self.private(i)
-        return self._open[i]
-
-    def private(self, i: int) -> _Source:
-        """Source ``i`` opened with descriptors of its own, outside the pool's: the caller closes it. A thread may
-        read it while another moves units through the pool, which closes its least recently used files."""
-        path = self._local(i)
-        if i not in self._checked:
-            TokenFile(path, self.token_size)  # raises when the file is missing or its metadata gives another size
-            self._checked.add(i)
-        return _Source(path, self.token_size, self.with_loss)
-
-    def read(self, i: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Tokens (and loss bytes) ``[start, stop)`` of source ``i``, read into new arrays."""
-        return self._both(self._source(i).pread_span, start, stop)
-
-    def read_each(self, i: int, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Tokens (and loss bytes) of every unit ``[starts[k], ends[k])`` of source ``i``, end to end in this order,
-        one ``pread`` a unit."""
-        return self._both(self._source(i).pread_each, starts, ends)
-
-    def _both(self, read: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
-        """``read(0, *args)`` (the tokens) here while ``read(1, *args)`` (the loss bytes) runs on the loss thread."""
-        loss = self._loss_reader.submit(read, 1, *args) if self._loss_reader else None
-        return read(0, *args), loss.result() if loss else None
-
-    @property
-    def open_count(self) -> int:
-        return len(self._open)
-
-    def fetch(self, sizes: Sequence[int]) -> None:
-        """Copy every remote source to the cache now (``sizes``: their ``.ds`` bytes), several at once
-        (``files_at_once``)."""
-        map_concurrently(self._local, range(len(self.urls)), workers=files_at_once(max(sizes, default=1)))
-
-    def _local(self, i: int) -> str:
-        folder, name = file_at(self.urls[i], self.storage_options)
-        if folder.local is not None:
-            return folder.path_of(name)
-        if self.cache_dir is None:
-            raise ValueError(f"{self.urls[i]} is remote: a local cache_dir is needed to read it at random")
-        local = self.cache_dir / f"{i:06d}" / name
-        with self._fetching:
-            if not local.exists():  # the tokens and loss bytes: the pool is given the token size, not the metadata
-                for suffix in [""] + [".loss"] * self.with_loss:
-                    with writing(f"{local}{suffix}"):
-                        local.parent.mkdir(parents=True, exist_ok=True)
-                        folder.fetch(name + suffix, Path(f"{local}{suffix}"))
-        return str(local)
-
-    def __enter__(self) -> SourcePool:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._loss_reader is not None:
-            self._loss_reader.shutdown()
-        for source in self._open.values():
-            source.close()
-        self._open.clear()
-        if self.cache_dir is not None:
-            shutil.rmtree(self.cache_dir, ignore_errors=True)
-
-
-class _Source:
-    """One open source: a descriptor for its tokens and one for its loss bytes."""
-
-    def __init__(self, path: str, token_size: int, with_loss: bool):
-        self.paths = [path] + ([path + ".loss"] if with_loss else [])
-        self.dtypes = [token_dtype(token_size), LOSS_DTYPE]
-        self.fds = [os.open(p, os.O_RDONLY) for p in self.paths]
-
-    def pread_span(self, which: int, start: int, stop: int) -> np.ndarray:
-        """Items ``[start, stop)`` of file ``which`` (0 tokens, 1 loss) in a new array; a short file is an error."""
-        out = np.empty(stop - start, self.dtypes[which])
-        # numpy declares ndarray's buffer protocol (__buffer__) for Python 3.12 and later only
-        view, offset = memoryview(out).cast("B"), start * out.itemsize  # type: ignore[arg-type]
-        while len(view):
-            got = os.preadv(self.fds[which], [view], offset)
-            if got == 0:
-                raise TokenFileError(f"{self.paths[which]}: ends before byte {offset + len(view)}")
-            view, offset = view[got:], offset + got
-        return out
-
-    def pread_each(self, which: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Items ``[starts[k], ends[k])`` of file ``which`` (0 tokens, 1 loss) end to end, as bytes, each read
-        straight into its place in one buffer: by the C helper's ``tk_pread``, the block's reads in one call without
-        the GIL, else one ``preadv`` each looped by ``map`` in C (2.5 us a 4 kB unit, where a ``pread`` a unit and
-        joining their bytes took 9 us); a short file is an error."""
-        size = self.dtypes[which].itemsize
-        lengths = (ends - starts) * size
-        bounds = np.concatenate([[0], np.cumsum(lengths)])
-        out = np.empty(int(bounds[-1]), np.uint8)
-        lib = native.helper()
-        if lib is not None:
-            fds = np.full(len(starts), self.fds[which], np.intc)
-            offsets, lengths = (np.ascontiguousarray(a, dtype=np.int64) for a in (starts * size, lengths))
-            got = lib.tk_pread(fds.ctypes.data, offsets.ctypes.data, lengths.ctypes.data, len(fds), out.ctypes.data)
-            if got < 0:
-                raise OSError(-got, os.strerror(-got), self.paths[which])
-        else:
-            # numpy declares ndarray's buffer protocol (__buffer__) for Python 3.12 and later only
-            places = map(memoryview(out).__getitem__, map(slice, bounds[:-1].tolist(), bounds[1:].tolist()))  # type: ignore[arg-type]
-            got = sum(map(os.preadv, repeat(self.fds[which]), zip(places), (starts * size).tolist()))
-        if got != len(out):
-            raise TokenFileError(f"{self.paths[which]}: ends before byte {int(ends.max()) * size}")
-        return out
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
-
-
-def contents_of(
-    pool: SourcePool, i: int, *spans: tuple[np.ndarray, int], sources: Sequence[np.ndarray | None] | None = None
-) -> list[Contents]:
-    """The contents of source ``i`` for each span ``(cuts, tokens)``: its first ``tokens`` tokens cut at ``cuts``
-    (``formats.contents.stream_contents``; each piece of its mixture source where ``sources`` gives a span's, one a
-    cut), read once in large ``pread`` blocks with descriptors of its own, so that a stage hashes its inputs on a
-    thread of their own while it moves their units (``SourcePool.private``)."""
-    with closing(pool.private(i)) as source:
-        return stream_contents(partial(_read_both, pool, source), spans, sources=sources)
-
-
-def uses_contents(
-    pool: SourcePool, i: int, cuts: np.ndarray, tokens: int, uses: np.ndarray, sources: np.ndarray | None = None
-) -> tuple[Contents, Contents]:
-    """Source ``i``'s contents cut at ``cuts``, and those of its pieces each taken ``uses`` times, each piece of its
-    mixture source where ``sources`` gives them (``formats.contents.stream_uses``), read as ``contents_of`` reads."""
-    with closing(pool.private(i)) as source:
-        return stream_uses(partial(_read_both, pool, source), cuts, tokens, uses, sources=sources)
-
-
-def pieces_contents(
-    pool: SourcePool,
-    i: int,
-    starts: np.ndarray,
-    ends: np.ndarray,
-    sources: np.ndarray | None = None,
-    block: int = READ_BLOCK,
-) -> Contents:
-    """The contents of these pieces of source ``i`` (piece ``k`` its tokens ``[starts[k], ends[k])``, of the mixture
-    source ``sources[k]`` where given), as if they stood end to end: read in blocks, these pieces only, with
-    descriptors of its own (a rank that moves a mixture's chosen documents hashes them, never the others)."""
-    lengths = np.asarray(ends, dtype=np.int64) - starts
-    cuts = np.cumsum(lengths)
-
-    def read(start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
-        k = np.arange(np.searchsorted(cuts, start, side="right"), np.searchsorted(cuts, stop, side="left") + 1)
-        k = k[k < len(cuts)]
-        before = cuts[k] - lengths[k]
-        spans = starts[k] + np.maximum(start - before, 0), starts[k] + np.minimum(stop - before, lengths[k])
-        tokens = source.pread_each(0, *spans).view(source.dtypes[0])
-        return tokens, source.pread_each(1, *spans).view(source.dtypes[1]) if pool.with_loss else None
-
-    with closing(pool.private(i)) as source:
-        total = int(cuts[-1]) if len(cuts) else 0
-        (contents,) = stream_contents(read, [(cuts, total)], block, None if sources is None else [sources])
-    return contents
-
-
-def _read_both(pool: SourcePool, source: _Source, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """Tokens ``[start, stop)`` of a private source, and their loss bytes when the pool moves them."""
-    return source.pread_span(0, start, stop), source.pread_span(1, start, stop) if pool.with_loss else None
-
-
-def cut_pieces(cuts: np.ndarray, starts: np.ndarray, ends: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """The numbers, in the stream they are written to, of the pieces of units ``[starts[i], ends[i])`` (in this
-    order, each cut at ``cuts``) that are parts of a document a unit's edge cuts: a unit's first piece when it
-    starts inside a document, its last when it ends inside one (at most two a unit). The other pieces are whole
-    documents of the source cut at ``index``."""
-    by = np.argsort(starts, kind="stable")
-    lo, hi = unit_pieces(cuts, starts, ends, by)
-    first = np.cumsum(hi - lo) - (hi - lo)
-    inside = [(e > 0) & ~_entries(index, e, by) for e in (starts, ends)]  # 0 and the index entries start documents
-    return sorted_union(first[inside[0]], (first + hi - lo - 1)[inside[1]])
-
-
-def unit_pieces(cuts: np.ndarray, starts: np.ndarray, ends: np.ndarray, by: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The number of each unit's first piece, and of the first piece after it, of a stream cut at ``cuts``; units
-    that do not overlap, in any order (windows in their shuffled order), searched in the order ``by`` sorts them:
-    a key in random order misses the caches at each of its ~20 steps (2.8 s for 1.9 M windows over 3 M cuts), where
-    sorted keys find each step near the last."""
-    lo, hi = np.empty(len(starts), np.int64), np.empty(len(ends), np.int64)
-    lo[by] = np.searchsorted(cuts, starts[by], side="right")
-    hi[by] = np.searchsorted(cuts, ends[by], side="right")
-    return lo, hi
-
-
-def _entries(index: np.ndarray, positions: np.ndarray, by: np.ndarray) -> np.ndarray:
-    """Whether each position is an entry of the sorted ``index`` (searched in the order ``by`` sorts them)."""
-    if not len(index):
-        return np.zeros(len(positions), bool)
-    at = np.empty(len(positions), np.int64)
-    at[by] = np.searchsorted(index, positions[by])
-    return np.asarray(index[np.minimum(at, len(index) - 1)]) == positions
-
-
-def rejoined_contents(
-    written: Contents,
-    parts: Pieces,
-    chosen: np.ndarray,
-    cuts: np.ndarray,
-    starts: np.ndarray,
-    ends: np.ndarray,
-    tail: Pieces,
-    index: np.ndarray,
-) -> Contents | None:
-    """What a source held, cut at its ``index``, from what a one-file shuffle wrote: ``written``, the contents of
-    its units ``[starts[i], ends[i])`` in this order, each cut at ``cuts`` (sorted, unique, positive, every unit edge
-    and index entry among them, to the source's end); ``parts``, the written pieces ``chosen``, which ``cut_pieces``
-    names; ``tail``,
-    the source's pieces after its last unit (a dropped tail). The parts and the tail go back to the source's order
-    and are joined into its documents, which take the parts' place: the proof reads no byte of the source again,
-    and holds two pieces a unit, not one a document. None when what was written cannot be these units' pieces."""
-    lo, hi = unit_pieces(cuts, starts, ends, np.argsort(starts, kind="stable"))
-    ahead = np.cumsum(hi - lo)  # the written pieces up to each unit's end
-    del hi
-    kept = int(ends.max()) if len(ends) else 0
-    if written.pieces != (int(ahead[-1]) if len(ahead) else 0) or len(parts) != len(chosen):
-        return None
-    if len(tail) != len(cuts) - np.searchsorted(cuts, kept, side="right"):
-        return None
-    unit = np.searchsorted(ahead, chosen, side="right")
-    numbers = lo[unit] + (chosen - np.concatenate([[0], ahead])[unit])  # each part's number in the source
-    del lo, ahead, unit  # arrays of a unit or a part each: what the join holds at its peak is what bounds it
-    numbers = np.concatenate([numbers, len(cuts) - np.arange(len(tail), 0, -1)])
-    by_number = np.argsort(numbers, kind="stable")
-    numbers, pieces = numbers[by_number], Pieces.concatenate([parts, tail]).take(by_number)
-    del by_number
-    if np.any(numbers[1:] == numbers[:-1]):
-        return None
-    document = np.searchsorted(index, cuts[numbers], side="left")  # each part's document (its id, up to a shift)
-    del numbers
-    return pieces.joined(np.flatnonzero(np.diff(document, prepend=-1))).replacing(written, parts)
 
 
 def written_contents(written: Sequence[WrittenTokenFile]) -> Contents:
@@ -401,8 +115,36 @@ def move_units(
 
     ``inner[s]`` (sorted) are the index entries of source ``s`` to carry along, such as document ends inside
     chunks. A unit longer than ``block_tokens`` is copied in slices, so memory is bounded by the block size,
-    not by the largest unit.
+    not by the largest unit. Each block is gathered on a thread of its own while the caller hands the one before
+    to the writer (``_ahead``): the reads, one a unit in a shuffle, are most of the caller's work, and they release
+    the GIL.
     """
+    for block in _ahead(_blocks(pool, source, starts, ends, inner, block_tokens)):
+        writer.write(block.tokens, block.unit_ends, block.entries, block.loss)
+        if progress is not None:
+            progress.advance(len(block.tokens), units=block.units, tokens=len(block.tokens))
+
+
+class _Block(NamedTuple):
+    """What ``move_units`` hands its writer at once: tokens, the unit ends and index entries in them, loss bytes
+    (or None), and how many units end in it."""
+
+    tokens: np.ndarray
+    unit_ends: np.ndarray
+    entries: np.ndarray
+    loss: np.ndarray | None
+    units: int
+
+
+def _blocks(
+    pool: SourcePool,
+    source: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    inner: Sequence[np.ndarray] | None,
+    block_tokens: int,
+) -> Iterator[_Block]:
+    """``move_units``' blocks, in order: whole units of at most ``block_tokens`` tokens, or slices of a longer one."""
     source = np.asarray(source)  # any integer type: packed windows name their two sources in a byte
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
@@ -412,23 +154,30 @@ def move_units(
         base = int(out_ends[a - 1]) if a else 0
         b = max(a + 1, int(np.searchsorted(out_ends, base + block_tokens, side="right")))
         if b == a + 1 and out_ends[a] - base > block_tokens:
-            _copy_long_unit(pool, int(source[a]), int(starts[a]), int(ends[a]), writer, inner, block_tokens)
+            yield from _long_unit(pool, int(source[a]), int(starts[a]), int(ends[a]), inner, block_tokens)
         else:
-            _copy_block(pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, writer, inner)
-        if progress is not None:
-            progress.advance(int(out_ends[b - 1]) - base, units=b - a, tokens=int(out_ends[b - 1]) - base)
+            yield _gathered(pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, inner)
         a = b
 
 
-def _copy_block(
+def _ahead(items: Iterator[T]) -> Iterator[T]:
+    """``items``, each made on a thread of its own while the caller uses the one before (at most one ahead); an
+    error making one is raised where the caller asks for it."""
+    with ThreadPoolExecutor(1, thread_name_prefix="gather") as thread:
+        following = thread.submit(next, items, None)
+        while (item := following.result()) is not None:
+            following = thread.submit(next, items, None)
+            yield item
+
+
+def _gathered(
     pool: SourcePool,
     source: np.ndarray,
     starts: np.ndarray,
     ends: np.ndarray,
     rel_ends: np.ndarray,
-    writer: SplitWriter,
     inner: Sequence[np.ndarray] | None,
-) -> None:
+) -> _Block:
     """Read one block of units, one source file at a time, then put them in output order: by the C helper's
     ``tk_copy`` straight into the block's buffers (one call a source, no Python a unit), else with Arrow's ``take``
     (one memcpy a unit, looped in C: 0.2 us a unit, read included, where a Python loop of slices cost ~1 us)."""
@@ -445,7 +194,7 @@ def _copy_block(
     else:
         tokens, loss = _taken(pool, groups, starts, ends, len(by_source))
     index = rel_ends if inner is None else np.sort(np.concatenate(moved))
-    writer.write(tokens.view(pool.dtype), rel_ends, index, loss)
+    return _Block(tokens.view(pool.dtype), rel_ends, index, loss, len(starts))
 
 
 def _copied(
@@ -457,16 +206,22 @@ def _copied(
     out_starts: np.ndarray,
     total: int,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The block's tokens and loss bytes (or None) as uint8 arrays, each source's units copied into their places."""
+    """The block's tokens and loss bytes (or None) as uint8 arrays of the pool's ``blocks``, each source's units
+    in their places: read straight there, one ``pread`` a unit, or read as one span where they lie close together
+    (``_spanned``) and copied there by ``tk_copy``."""
     sizes = (pool.dtype.itemsize, LOSS_DTYPE.itemsize)
-    tokens = np.empty(total * sizes[0], np.uint8)
-    outs = [tokens, np.empty(total * sizes[1], np.uint8) if pool.with_loss else None]
+    tokens = pool.blocks[0].take(total * sizes[0])
+    outs = [tokens, pool.blocks[1].take(total * sizes[1]) if pool.with_loss else None]
     for s, group in groups:
-        found, at = _read(pool, s, starts[group], ends[group])
-        lengths, to = ends[group] - starts[group], out_starts[group]
-        for data, out, n in zip(found, outs, sizes, strict=True):
+        first, last, to = starts[group], ends[group], out_starts[group]
+        if not _spanned(first, last):
+            pool.read_into(s, first, last, outs, to)
+            continue
+        lo = int(first.min())
+        lengths = last - first
+        for data, out, n in zip(pool.read(s, lo, int(last.max())), outs, sizes, strict=True):
             if data is not None and out is not None:
-                offsets = [np.ascontiguousarray(a * n, dtype=np.int64) for a in (at, lengths, to)]
+                offsets = [np.ascontiguousarray(a * n, dtype=np.int64) for a in (first - lo, lengths, to)]
                 args = (data.ctypes.data, data.nbytes, *(a.ctypes.data for a in offsets[:2]), len(group))
                 if lib.tk_copy(*args, out.ctypes.data, out.nbytes, offsets[2].ctypes.data) != 0:
                     raise ValueError(f"a unit of source {s} lies outside what was read of it")
@@ -493,11 +248,17 @@ def _read(
     """One source's units of a block: its bytes read (tokens, loss bytes or None) and where each unit starts in
     them, in items: read as one span when they lie close together (a merge's interleave reads each file in order),
     else with one ``pread`` each, end to end."""
+    if _spanned(starts, ends):
+        lo = int(starts.min())
+        return pool.read(s, lo, int(ends.max())), starts - lo
     lengths = ends - starts
-    lo, hi = int(starts.min()), int(ends.max())
-    if hi - lo <= SPAN_READ_MAX_WASTE * int(lengths.sum()):
-        return pool.read(s, lo, hi), starts - lo
     return pool.read_each(s, starts, ends), np.cumsum(lengths) - lengths
+
+
+def _spanned(starts: np.ndarray, ends: np.ndarray) -> bool:
+    """Whether one source's units of a block are read as one span: when it holds at most ``SPAN_READ_MAX_WASTE``
+    times their tokens (a merge's interleave reads each file in order; a shuffle's units lie far apart)."""
+    return int(ends.max()) - int(starts.min()) <= SPAN_READ_MAX_WASTE * int((ends - starts).sum())
 
 
 def _read_units(pool: SourcePool, s: int, starts: np.ndarray, ends: np.ndarray) -> list[pa.LargeBinaryArray | None]:
@@ -564,16 +325,10 @@ def _moved_inner_ends(inner: np.ndarray, starts: np.ndarray, ends: np.ndarray, o
     return inner[ranges(lo, counts)].astype(np.int64) + np.repeat(out_starts - starts, counts)
 
 
-def _copy_long_unit(
-    pool: SourcePool,
-    s: int,
-    start: int,
-    end: int,
-    writer: SplitWriter,
-    inner: Sequence[np.ndarray] | None,
-    block_tokens: int,
-) -> None:
-    """Stream one unit too large for a block as consecutive slices; it stays one unit for file splitting."""
+def _long_unit(
+    pool: SourcePool, s: int, start: int, end: int, inner: Sequence[np.ndarray] | None, block_tokens: int
+) -> Iterator[_Block]:
+    """One unit too large for a block as consecutive slices; it stays one unit for file splitting."""
     for piece_start in range(start, end, block_tokens):
         piece_end = min(end, piece_start + block_tokens)
         entries = np.empty(0, dtype=np.int64)
@@ -583,7 +338,7 @@ def _copy_long_unit(
             entries = entries[entries < end] - piece_start
         unit_ends = np.array([piece_end - piece_start] if piece_end == end else [], dtype=np.int64)
         tokens, loss = pool.read(s, piece_start, piece_end)
-        writer.write(tokens, unit_ends, np.concatenate([entries, unit_ends]), loss)
+        yield _Block(tokens, unit_ends, np.concatenate([entries, unit_ends]), loss, len(unit_ends))
 
 
 def permute_units(

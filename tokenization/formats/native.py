@@ -78,7 +78,7 @@ def helper() -> ctypes.CDLL | None:
         return None
     lib.tk_scan.argtypes = [_P, ctypes.c_int, _P, _I64, _P, _I64, _P, _P, _P, _P]
     lib.tk_scan.restype = ctypes.c_int
-    lib.tk_pread.argtypes = [_P, _P, _P, _I64, _P]
+    lib.tk_pread.argtypes = [_P, _P, _P, _P, _I64, _P]
     lib.tk_pread.restype = _I64
     lib.tk_copy.argtypes = [_P, _I64, _P, _P, _I64, _P, _I64, _P]
     lib.tk_copy.restype = ctypes.c_int

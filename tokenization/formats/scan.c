@@ -14,10 +14,11 @@
  *   n < 2 ** 32. Returns 0; -1 for a token size other than 2 or 4; -2 for cuts out of order or out of [0, n]
  *   (nothing is read past them).
  *
- * tk_pread(fds, offsets, lengths, count, out)
- *   Reads lengths[k] bytes at offsets[k] of descriptor fds[k] into out, end to end, for k in [0, count), retrying
- *   short reads. Returns the bytes read in all: less than the sum of lengths when a file ended early; -errno on an
- *   error.
+ * tk_pread(fds, offsets, lengths, to, count, out)
+ *   Reads lengths[k] bytes at offsets[k] of descriptor fds[k] into out + to[k], for k in [0, count), retrying
+ *   short reads: a block's units straight into their places in its buffer (places never overlap, which the
+ *   caller's offsets ensure). Returns the bytes read in all: less than the sum of lengths when a file ended early
+ *   (the units after it unread); -errno on an error.
  *
  * tk_copy(src, src_size, from, lengths, count, dst, dst_size, to)
  *   Copies lengths[k] bytes from src + from[k] to dst + to[k], for k in [0, count): a block's units gathered from
@@ -116,12 +117,13 @@ CLONES int tk_scan(const void *tokens, int token_size, const uint8_t *loss, int6
     return 0;
 }
 
-int64_t tk_pread(const int *fds, const int64_t *offsets, const int64_t *lengths, int64_t count, uint8_t *out) {
+int64_t tk_pread(const int *fds, const int64_t *offsets, const int64_t *lengths, const int64_t *to, int64_t count,
+                 uint8_t *out) {
     int64_t total = 0;
     for (int64_t k = 0; k < count; k++) {
         int64_t done = 0;
         while (done < lengths[k]) {
-            ssize_t got = pread(fds[k], out + total, (size_t)(lengths[k] - done), offsets[k] + done);
+            ssize_t got = pread(fds[k], out + to[k] + done, (size_t)(lengths[k] - done), offsets[k] + done);
             if (got < 0) {
                 if (errno == EINTR) continue;
                 return -errno;

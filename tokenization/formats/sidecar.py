@@ -15,7 +15,8 @@ from dataclasses import replace
 import numpy as np
 
 from tokenization.formats.contents import of_sources
-from tokenization.formats.ds import SOURCE, SOURCE_DTYPE, Metadata, TokenFileError, WrittenTokenFile, written_whole
+from tokenization.formats.ds import SOURCE, SOURCE_DTYPE, Metadata, TokenFileError, WrittenTokenFile
+from tokenization.formats.hashed_file import written_whole
 from tokenization.storage.folder import Folder
 
 

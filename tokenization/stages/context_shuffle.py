@@ -27,7 +27,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -38,26 +37,15 @@ from tokenization.formats import sidecar
 from tokenization.formats.checks import Checks, OwnCheck
 from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept, within
 from tokenization.formats.ds import (
-    LOSS_DTYPE,
     SplitWriter,
     TokenFile,
     TokenFileError,
-    TokenFileWriter,
     WrittenTokenFile,
 )
-from tokenization.formats.moves import (
-    BLOCK_TOKENS,
-    SourcePool,
-    contents_of,
-    cut_pieces,
-    fixed_units,
-    move_units,
-    prefix_end,
-    rejoined_contents,
-    sorted_union,
-    starts_of,
-)
+from tokenization.formats.moves import fixed_units, move_units, prefix_end, sorted_union, starts_of
 from tokenization.formats.packing import PackedFile, pack
+from tokenization.formats.rejoin import cut_pieces, rejoined_contents
+from tokenization.formats.source_pool import SourcePool, contents_of
 from tokenization.options import Options, option
 from tokenization.output import manifest
 from tokenization.output.attempts import Attempt, attempt_at
@@ -71,6 +59,13 @@ from tokenization.records import (
     ContextParams,
     PadToken,
     PseudoEnds,
+)
+from tokenization.stages.context_padding import (
+    packed_counts,
+    padding_class,
+    padding_classes,
+    padding_contents,
+    padding_file,
 )
 from tokenization.storage.concurrent import meanwhile
 from tokenization.storage.folder import Folder, file_at
@@ -268,7 +263,7 @@ def _one_file(
         if source.sources is not None:
             raise UsageError(f"{url}: a mixture's file; packed windows do not carry its documents' sources yet")
         packed = _packed(config, url, source, ends, rng)
-        padding = _padding_file(attempt.work / "padding" / "pad.ds", source, config.padding_id, packed.padding_tokens)
+        padding = padding_file(attempt.work / "padding" / "pad.ds", source, config.padding_id, packed.padding_tokens)
         urls, units, inner, full = [url, padding], (packed.source, packed.starts, packed.ends), None, packed.windows
         kept, cuts = total, np.asarray(packed.pieces.ends, dtype=np.int64)  # the pieces in stream order
     else:
@@ -314,7 +309,7 @@ def _one_file(
             read, expected = contents.result()
     written = _with_sources(writer.written, source, ends, units[1], config.context_window)
     if packed is not None:
-        expected += _padding_contents(packed.padding, config.padding_id, source.dtype)
+        expected += padding_contents(packed.padding, config.padding_id, source.dtype)
     check_kept(f"context shuffle of {url}", expected, written.contents if written else Contents())
     return _Shuffled(written, full, packed, read, pseudo)
 
@@ -368,7 +363,7 @@ def _rejoined(
     sources: np.ndarray | None,
 ) -> Contents:
     """The file's contents, from its windows as written (None: no window), the pieces ``chosen`` of them that
-    window edges cut, and its dropped tail, read alone (``formats.moves.rejoined_contents``), each piece of its
+    window edges cut, and its dropped tail, read alone (``formats.rejoin.rejoined_contents``), each piece of its
     mixture source where the file has ``sources`` (one a document). When they are not its
     record, the file is read to tell a bug of the shuffle (refused here) from a file that is not the one its stage
     wrote (its contents returned, which the caller refuses)."""
@@ -396,17 +391,6 @@ def _rejoined(
     return held
 
 
-def _padding_contents(padding: np.ndarray, pad_id: int, dtype: np.dtype) -> Contents:
-    """What the padding of packed windows holds: a piece of pad ids at loss 0 in each window that has some."""
-    lengths, windows = np.unique(padding[padding > 0], return_counts=True)
-    each = Contents()
-    for n, times in zip(lengths.tolist(), windows.tolist(), strict=True):
-        hasher = ContentsHasher()
-        hasher.add(np.full(n, pad_id, dtype), np.array([n]), np.zeros(n, LOSS_DTYPE))
-        each += hasher.result().times(times)
-    return each
-
-
 def _packed(
     config: ContextShuffleConfig, url: str, source: TokenFile, ends: np.ndarray, rng: np.random.Generator
 ) -> PackedFile:
@@ -419,35 +403,3 @@ def _packed(
     if config.padding_id > np.iinfo(source.dtype).max:
         raise UsageError(f"--pad-id {config.pad_id} does not fit {url}'s {source.token_size}-byte tokens")
     return pack(ends, config.context_window, rng)
-
-
-def _padding_file(path: Path, source: TokenFile, pad_id: int, tokens: int) -> str:
-    """A token file of ``tokens`` pad ids at loss 0, which the packed windows' padding is read from."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with TokenFileWriter(path, tokenizer=source.tokenizer, token_size=source.token_size, save_loss=True) as w:
-        for start in range(0, tokens, BLOCK_TOKENS):
-            n = min(BLOCK_TOKENS, tokens - start)
-            w.write(np.full(n, pad_id, dtype=source.dtype), np.array([n]), np.zeros(n, dtype=LOSS_DTYPE))
-    return str(path)
-
-
-def packed_counts(packed: PackedFile) -> dict[str, int]:
-    """A packed file's documents, whole or split (with their pieces), and its padding."""
-    pieces = packed.pieces
-    return {
-        "documents_whole": pieces.whole,
-        "documents_split": pieces.split,
-        "split_pieces": pieces.split_pieces,
-        "padding_tokens": packed.padding_tokens,
-    }
-
-
-def padding_classes(window: int) -> int:
-    """Classes of the padding histogram: 0, 1, 2-3, 4-7, ..., up to a window."""
-    return int(window).bit_length() + 1
-
-
-def padding_class(padding: np.ndarray) -> np.ndarray:
-    """Each window's class: 0 for no padding, else 1 + floor(log2(padding))."""
-    padding = np.asarray(padding, dtype=np.int64)
-    return np.where(padding > 0, np.floor(np.log2(np.maximum(padding, 1))).astype(np.int64) + 1, 0)

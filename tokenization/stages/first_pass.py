@@ -33,7 +33,7 @@ import orjson
 from tokenization.formats import contents as hashed
 from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
 from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
-from tokenization.formats.moves import SourcePool
+from tokenization.formats.source_pool import SourcePool
 from tokenization.inputs.content import content_identity, rank_hashes
 from tokenization.inputs.formats import file_format, text_bytes_about
 from tokenization.inputs.reader import Record

@@ -42,14 +42,8 @@ from tokenization.formats.ds import (
     TokenFileError,
     WrittenTokenFile,
 )
-from tokenization.formats.moves import (
-    MAX_OPEN_FILES,
-    SourcePool,
-    contents_of,
-    move_units,
-    sorted_union,
-    uses_contents,
-)
+from tokenization.formats.moves import move_units, sorted_union
+from tokenization.formats.source_pool import MAX_OPEN_FILES, SourcePool, contents_of, uses_contents
 from tokenization.options import Options, option, params
 from tokenization.output import manifest
 from tokenization.output.attempts import Attempt, attempt_at

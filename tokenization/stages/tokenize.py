@@ -26,18 +26,16 @@ from tokenization.formats.contents import Contents, check_kept, sourced
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.megatron import MegatronWriter
 from tokenization.formats.moves import (
-    SourcePool,
     Units,
-    contents_of,
     fixed_units,
     move_units,
     permute_units,
-    pieces_contents,
     prefix_end,
     sorted_union,
     written_contents,
 )
 from tokenization.formats.names import RankFileKind
+from tokenization.formats.source_pool import SourcePool, contents_of, pieces_contents
 from tokenization.inputs.content import Remembered, check_unchanged
 from tokenization.inputs.listing import idle_ranks, list_input_files, shard, split_files
 from tokenization.mixing import RankChoice

@@ -183,7 +183,8 @@ def recorded_ranks(folder: Path, files: int, lengths: Lengths) -> int:
     records hold their contents, so that the stage after it proves its shuffle from the records, as in a build,
     not by reading its input again (datatrove's files have no records: ours then read them twice); their token
     bytes."""
-    from tokenization.stages.merge import MergeConfig, merge
+    from tokenization.stages.merge import merge
+    from tokenization.stages.merge.config import MergeConfig
 
     raw = folder.with_name(folder.name + "-raw")
     size = synthetic_ranks(raw, files, lengths)

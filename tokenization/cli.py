@@ -340,7 +340,8 @@ def _loss_share(c: Counts) -> str:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from tokenization.stages.merge import MergeConfig, merge
+    from tokenization.stages.merge import merge
+    from tokenization.stages.merge.config import MergeConfig
 
     config = from_arguments(MergeConfig, args)
     result = merge(config)
@@ -523,7 +524,7 @@ COMMANDS = {
     ),
     "merge": Command(
         "merge every rank file of a folder into globally reordered files (one task)",
-        _options("tokenization.stages.merge", "MergeConfig"),
+        _options("tokenization.stages.merge.config", "MergeConfig"),
         cmd_merge,
     ),
     "context-shuffle": Command(

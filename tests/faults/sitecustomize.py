@@ -66,9 +66,9 @@ if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FRE
 if os.environ.get("FAULT_STALL_MERGE"):
     import time
 
-    from tokenization.stages import merge
+    from tokenization.stages.merge import resume
 
-    _checkpoint = merge._Checkpoints.__call__
+    _checkpoint = resume.Checkpoints.__call__
 
     def checkpoint_then_stall(self, *args, **kwargs):
         _checkpoint(self, *args, **kwargs)
@@ -77,4 +77,4 @@ if os.environ.get("FAULT_STALL_MERGE"):
             stalled.touch()
             time.sleep(3600)
 
-    merge._Checkpoints.__call__ = checkpoint_then_stall
+    resume.Checkpoints.__call__ = checkpoint_then_stall

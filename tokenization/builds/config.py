@@ -15,7 +15,7 @@ from tokenization.options import fields_of, json_schema, option, section
 from tokenization.output.cache import DEFAULT_FOLDER, OFF, chosen_location
 from tokenization.records import Mixture
 from tokenization.stages.context_shuffle import ContextOptions
-from tokenization.stages.merge import MergeOptions
+from tokenization.stages.merge.config import MergeOptions
 from tokenization.stages.tokenize import RankOptions
 from tokenization.storage import locations
 from tokenization.storage.folder import Folder

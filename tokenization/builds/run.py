@@ -57,7 +57,8 @@ from tokenization.output.runs import (
 from tokenization.progress import Gathered, ProgressMode, Relay
 from tokenization.records import BuildSpec, ContextCounts, ContextManifest, MergeCounts, MergeManifest, RankManifest
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
-from tokenization.stages.merge import MergeConfig, MergeOptions, merge
+from tokenization.stages.merge import merge
+from tokenization.stages.merge.config import MergeConfig, MergeOptions
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
 from tokenization.storage.folder import Folder
 from tokenization.storage.locations import AllowedLocations, check_disjoint, inside

@@ -243,6 +243,10 @@ class Folder:
         """Whether ``name`` (or what this folder's URL names) is a file."""
         return self.fs.isfile(self.path_of(name) if name else self.path)
 
+    def size(self, name: str) -> int:
+        """A file's size in bytes; FileNotFoundError when it is not there."""
+        return self.fs.size(self.path_of(name))
+
     def make(self) -> None:
         """Make the folder, where a store has folders (an object store needs none)."""
         self.fs.makedirs(self.path, exist_ok=True)

@@ -22,7 +22,7 @@ from tokenization.records import RankManifest
 from tokenization.stages.merge.config import MergeConfig
 from tokenization.storage.checksums import checksum
 from tokenization.storage.files import StorageOptions, map_concurrently
-from tokenization.storage.folder import Folder
+from tokenization.storage.folder import file_at
 
 
 @dataclass
@@ -65,7 +65,7 @@ def validate_inputs(
     (``sources``: its names) each hold a ``.source`` sidecar naming those sources, read too."""
     if not urls:
         raise TokenFileError("no .ds files to merge")
-    listing = Folder(urls[0].rsplit("/", 1)[0], storage_options).sizes()  # the sizes of every file, not a HEAD each
+    listing = file_at(urls[0], storage_options)[0].sizes()  # the sizes of every file, not a HEAD each
 
     def opened(url: str) -> tuple[TokenFile, np.ndarray]:  # raises when a .metadata is missing: never assumed
         f = TokenFile(url, listing=listing, storage_options=storage_options)

@@ -27,6 +27,7 @@ from tokenization.records import (
 )
 from tokenization.stages.merge.config import IRRELEVANT_TO_BYTES, MergeConfig
 from tokenization.stages.merge.inputs import MergeInputs, bucket_inputs, check_sidecars, validate_inputs
+from tokenization.storage.folder import file_at
 
 
 @dataclass
@@ -101,7 +102,7 @@ def prepare(config: MergeConfig) -> Prepared:
         urls, described = manifest.token_files(given), manifest.output_entries(given)
     else:
         urls, described = bucket_inputs(config, config.bucket)
-    named = [url.removeprefix(given.url.rstrip("/") + "/") for url in urls]
+    named = [url.removeprefix(given.location + "/") for url in urls]
     entries = [described[name] for name in named if name in described]
     source_names = mixture.names if mixture else None
     inputs = validate_inputs(urls, config.save_loss, entries, config.storage_options, source_names)
@@ -184,7 +185,7 @@ def _recorded(described: Described | None, save_loss: bool) -> ContentsSum | Non
 def _fingerprint(config: MergeConfig, inputs: MergeInputs, width: int) -> str:
     """Everything that decides the output bytes: a resumed run must agree on all of it."""
     plan = {
-        "inputs": [[u.rsplit("/", 1)[-1], s] for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
+        "inputs": [[file_at(u)[1], s] for u, s in zip(inputs.urls, inputs.sizes, strict=True)],
         "index_entries": len(inputs.ends),
         "params": {k: v for k, v in params(config).items() if k not in IRRELEVANT_TO_BYTES},
         "width": width,

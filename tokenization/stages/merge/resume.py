@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, cast
 
 from tokenization.formats import sidecar
 from tokenization.formats.checks import OwnCheck
@@ -25,10 +25,7 @@ from tokenization.records import (
 )
 from tokenization.stages.merge.config import MergeConfig
 from tokenization.stages.merge.plan import Prepared
-from tokenization.storage.files import join, list_names
-
-if TYPE_CHECKING:
-    from fsspec import AbstractFileSystem
+from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +89,15 @@ class Checkpoints:
 def completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerprint: str) -> list[MergeOutput]:
     """The output files a previous run of this same merge finished, in order; everything after them (and all of
     a different merge's files under this name) is removed. A damaged checkpoint is where the merge resumes."""
-    fs, out_path = attempt.fs, attempt.out_path
     done: list[MergeOutput] = []
     while True:
         name = config.file_name(len(done), width)
         try:
-            entry = MergeOutput.read(fs, join(out_path, manifest.manifest_name(name[: -len(".ds")])))
+            entry = MergeOutput.read(attempt.output, manifest.manifest_name(name[: -len(".ds")]))
         except RecordError as exc:
             log.warning("%s: the merge resumes here", exc)
             break
-        if not entry or entry.fingerprint != fingerprint or not _files_intact(fs, out_path, entry):
+        if not entry or entry.fingerprint != fingerprint or not _files_intact(attempt.output, entry):
             break
         if entry.contents is None:  # written before contents were recorded: done again, so they are checked
             break
@@ -112,19 +108,14 @@ def completed_files(attempt: Attempt, config: MergeConfig, width: int, fingerpri
 
 def remove_outputs(attempt: Attempt, config: MergeConfig, keep: set[str]) -> None:
     """Remove every file and checkpoint of this merge's outputs (of any attempt) but those in ``keep``."""
-    fs, out_path = attempt.fs, attempt.out_path
-    for name in list_names(fs, out_path):
+    for name in attempt.output.list():
         if config.owns(name) and name not in keep:
             attempt.remove(name)
-    for name in list_names(fs, join(out_path, "_manifests")):
+    for name in attempt.output.sub("_manifests").list():
         family = name.removesuffix(".json") + ".ds"
         if config.owns(family) and family not in keep:
             attempt.remove(f"_manifests/{name}")
 
 
-def _files_intact(fs: AbstractFileSystem, out_path: str, entry: MergeOutput) -> bool:
-    for name, info in entry.files.items():
-        path = join(out_path, name)
-        if not fs.exists(path) or fs.size(path) != info.bytes:
-            return False
-    return True
+def _files_intact(output: Folder, entry: MergeOutput) -> bool:
+    return all(output.exists(name) and output.size(name) == info.bytes for name, info in entry.files.items())

@@ -28,7 +28,7 @@ from tokenization.output.attempts import Attempt, FileLease, ObjectLease, attemp
 from tokenization.records import StageManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.stages.verify import verify
-from tokenization.storage.files import put_if
+from tokenization.storage.conditions import put_if
 from tokenization.storage.folder import Folder
 
 OUT = "corpus/out"

@@ -19,7 +19,7 @@ from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.inputs.sources import ONLY_REGULAR, InputError, LocalFile, list_input_files
-from tokenization.mixing import MixtureError
+from tokenization.mixing.spec import MixtureError
 
 
 def _corpus(root: Path) -> Path:

@@ -30,7 +30,7 @@ from tokenization.inputs.sources import (
     list_input_files,
     split_files,
 )
-from tokenization.mixing import MixtureError
+from tokenization.mixing.spec import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
 from tokenization.records import BuildSpec, InputFile, PlannedInputs, PlannedTokenizer, PlanRecord, RunClaim

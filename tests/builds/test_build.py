@@ -30,7 +30,7 @@ from tokenization.builds.run import BUILD_LEASE, Build
 from tokenization.errors import AttemptConflict, UsageError
 from tokenization.formats.ds import TokenFileError
 from tokenization.output import manifest
-from tokenization.output.attempts import leased, new_holder
+from tokenization.output.leases import leased, new_holder
 from tokenization.output.runs import BuildError, Layout, claim, folder_for
 from tokenization.records import (
     ContextCounts,

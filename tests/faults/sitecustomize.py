@@ -36,10 +36,10 @@ if RANKS:
     Build.tokenize = tokenize
 
 if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FREEZE_AT:
-    from tokenization.output import attempts
+    from tokenization.output import attempts, leases
 
-    attempts.LEASE_TTL_SECONDS = float(os.environ.get("FAULT_LEASE_TTL", attempts.LEASE_TTL_SECONDS))
-    attempts.HEARTBEAT_SECONDS = float(os.environ.get("FAULT_HEARTBEAT", attempts.HEARTBEAT_SECONDS))
+    leases.LEASE_TTL_SECONDS = float(os.environ.get("FAULT_LEASE_TTL", leases.LEASE_TTL_SECONDS))
+    leases.HEARTBEAT_SECONDS = float(os.environ.get("FAULT_HEARTBEAT", leases.HEARTBEAT_SECONDS))
     _frozen: set[str] = set()
 
     def stop_once(step: str) -> None:
@@ -60,7 +60,7 @@ if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FRE
 
         return frozen
 
-    attempts.ObjectLease.acquire = freezing("lease", attempts.ObjectLease.acquire, after=True)
+    leases.ObjectLease.acquire = freezing("lease", leases.ObjectLease.acquire, after=True)
     attempts.Attempt.place_families = freezing("publish", attempts.Attempt.place_families, after=False)
 
 if os.environ.get("FAULT_STALL_MERGE"):

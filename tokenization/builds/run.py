@@ -41,8 +41,8 @@ from tokenization.formats.names import rank_stem
 from tokenization.inputs.sources import idle_ranks, with_content
 from tokenization.mixing import CHOICE, RankChoice, read_choice
 from tokenization.output import known, manifest
-from tokenization.output.attempts import leased, new_holder
 from tokenization.output.cache import OFF, Cache
+from tokenization.output.leases import leased, new_holder
 from tokenization.output.manifest import StageResult
 from tokenization.output.runs import (
     BUILD_MANIFEST,

@@ -32,7 +32,8 @@ from tokenization.formats import DS, MEGATRON, token_file_names
 from tokenization.formats.checks import Checks, Listing, Report, verify_dataset_metadata, verify_ds, verify_megatron
 from tokenization.formats.names import rank_stem
 from tokenization.output import manifest
-from tokenization.output.attempts import LEASES, STAGING
+from tokenization.output.attempts import STAGING
+from tokenization.output.leases import LEASES
 from tokenization.output.manifest import Described
 from tokenization.output.runs import BUILD_MANIFEST, RUN_CLAIM, Layout
 from tokenization.records import (

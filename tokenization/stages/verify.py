@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar, cast
 
 from tokenization.formats import DS, MEGATRON, token_file_names
-from tokenization.formats.checks import Checks, Listing, Report, verify_dataset_metadata, verify_ds, verify_megatron
+from tokenization.formats.block_checks import Checks, Report
+from tokenization.formats.checks import Listing, verify_dataset_metadata, verify_ds, verify_megatron
 from tokenization.formats.names import rank_stem
 from tokenization.output import manifest
 from tokenization.output.attempts import STAGING

@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-from tokenization.formats.checks import Checks, OwnCheck
+from tokenization.formats.block_checks import Checks
+from tokenization.formats.checks import OwnCheck
 from tokenization.formats.contents import ShuffleCheckFailed
 from tokenization.formats.ds import Metadata
 from tokenization.output import manifest

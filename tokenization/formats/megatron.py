@@ -23,8 +23,7 @@ from tokenization.formats.ds import (
     map_array,
     written_whole,
 )
-from tokenization.storage.files import StorageOptions
-from tokenization.storage.folder import file_at
+from tokenization.storage.folder import StorageOptions, file_at
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

@@ -17,7 +17,7 @@ from tokenization.errors import UsageError
 from tokenization.formats.names import SOURCE_NAME
 from tokenization.mixing import apportioned
 from tokenization.records import Mixture, MixtureSource, RecordError
-from tokenization.storage.files import StorageOptions, open_fs
+from tokenization.storage.folder import StorageOptions, file_at
 from tokenization.wording import counted
 
 MAX_SOURCES = 256  # a document's source is one byte in the ``.ds.source`` sidecar
@@ -180,9 +180,9 @@ def load_mixture_file(path: str, storage_options: StorageOptions | None = None) 
     the same files wherever it is run from."""
     import yaml  # a mixture file is the only YAML the project reads
 
+    holder, name = file_at(path, storage_options)
     try:
-        fs, at = open_fs(path, storage_options)
-        with fs.open(at, "rb") as file:
+        with holder.open(name, "rb") as file:
             text = file.read().decode("utf-8")
         data = json.loads(text) if path.endswith(".json") else yaml.load(text, Loader=_loader())  # a SafeLoader
     except json.JSONDecodeError as exc:
@@ -198,7 +198,7 @@ def load_mixture_file(path: str, storage_options: StorageOptions | None = None) 
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise MixtureError(f"{path}: cannot be read as a mixture ({type(exc).__name__}: {exc})") from None
     read_mixture(data, path)  # its errors name the file
-    folder = path.rsplit("/", 1)[0] if "://" in path else os.path.dirname(os.path.abspath(path))
+    folder = holder.url if "://" in path else os.path.dirname(os.path.abspath(path))
     return {
         **_whole_tokens(data, path),
         "sources": [{**s, "input": _located(s["input"], folder)} for s in data["sources"]],

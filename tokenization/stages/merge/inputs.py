@@ -21,8 +21,8 @@ from tokenization.output.manifest import Described
 from tokenization.records import RankManifest
 from tokenization.stages.merge.config import MergeConfig
 from tokenization.storage.checksums import checksum
-from tokenization.storage.files import StorageOptions, map_concurrently
-from tokenization.storage.folder import file_at
+from tokenization.storage.concurrent import map_concurrently
+from tokenization.storage.folder import StorageOptions, file_at
 
 
 @dataclass

@@ -19,7 +19,7 @@ from tokenization.progress import Progress, ProgressMode
 from tokenization.stages.merge.config import MergeConfig
 from tokenization.stages.merge.plan import Mixed, Prepared, Units, plan_ordering
 from tokenization.stages.merge.resume import Checkpoints
-from tokenization.storage.files import meanwhile
+from tokenization.storage.concurrent import meanwhile
 
 UNITS_PER_SLICE = 1 << 20  # ordering entries turned into byte moves at a time
 

@@ -98,11 +98,3 @@ def _gone(fs: fsspec.AbstractFileSystem, path: str) -> bool:
     """Whether an object whose ``If-Match`` failed is missing rather than changed: one HEAD, after the refusal. An
     object made again since is found changed, as it is; one removed since, gone, as it is."""
     return current_etag(fs, path) is None
-
-
-def read_with_etag(fs: fsspec.AbstractFileSystem, path: str) -> tuple[bytes, str | None]:
-    """A small object's bytes and the ETag to ``put_if`` a change of it with (None where the store has none). The
-    ETag is read first, so the bytes are at least as new: a ``put_if`` with it fails if they changed since."""
-    etag = current_etag(fs, path) if is_s3(fs) else None
-    fs.invalidate_cache(path)
-    return fs.cat_file(path), etag

@@ -2,7 +2,7 @@
 mosaicml streaming's MDS (``mds.py``); and what they share: file names (``names.py``), the byte-moving engine of
 every shuffle and the merge (``moves.py``), the permutation proof (``contents.py``), packing into windows
 (``packing.py``), a mixture's ``.ds.source`` sidecar (``sidecar.py``) and the checks of a family that verify and the
-stages share (``checks.py``).
+stages share (``checks.py``, and what a block is held to: ``block_checks.py``).
 
 A family is named by its first file; this is the one place that says which names in a folder are token files.
 """

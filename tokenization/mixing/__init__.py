@@ -34,7 +34,7 @@ import numpy as np
 
 from tokenization import orderings
 from tokenization.errors import TokenizationError
-from tokenization.records import Mixture, MixtureSource, SourceMix
+from tokenization.records import Mixture, MixtureSource, SourceCounts, SourceMix
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
 
@@ -97,6 +97,18 @@ def _no_tokens(source: MixtureSource) -> MixtureShortfall:
         f"mixture source {source.name!r} has no tokens: the ranks kept none of its documents (its files are "
         "empty, or every document in them was empty or rejected)"
     )
+
+
+def merge_targets(mixture: Mixture, counts: Sequence[Sequence[SourceCounts]], bucket: int | None) -> list[int]:
+    """Each source's target in a merge, from what every rank counted of it (``counts``: a rank's, a source each):
+    its share of the budget (a source too small for it is refused here, by name, before a byte is written), or in
+    the task of ``bucket`` its bucket's part of it (every bucket at the mixture's shares: ``bucket_targets``)."""
+    available = [sum(rank[s].tokens for rank in counts) for s in range(len(mixture.sources))]
+    targets = budget(mixture, available)
+    if bucket is not None:
+        held = np.array([[rank[s].bucket_tokens for rank in counts] for s in range(len(available))])
+        targets = bucket_targets(mixture, held.sum(axis=1), bucket)
+    return targets
 
 
 def bucket_targets(mixture: Mixture, held: np.ndarray, bucket: int) -> list[int]:

@@ -128,21 +128,13 @@ def prepare(config: MergeConfig) -> Prepared:
 
 
 def _mixed(config: MergeConfig, mixture: Mixture, inputs: MergeInputs, records: Sequence[Record]) -> Mixed:
-    """The mixture's choice for this merge's documents: each source's target from every rank's tokens of it (a
-    source too small is refused here, before a byte is written), or its bucket's part of it (every bucket at the
-    mixture's shares: ``mixing.bucket_targets``); then the uses and their order (``tokenization.mixing``)."""
+    """The mixture's choice for this merge's documents: each source's target (``mixing.merge_targets``), then the
+    uses and their order (``tokenization.mixing``)."""
     ranks = [record for record in records if isinstance(record, RankManifest)]
     if not ranks or any(rank.sources is None for rank in ranks):
         raise TokenFileError(f"{config.input}: its ranks recorded no sources: they were not tokenized for a mixture")
-    available = [
-        sum(cast(list[SourceCounts], rank.sources)[s].tokens for rank in ranks) for s in range(len(mixture.sources))
-    ]
-    targets = mixing.budget(mixture, available)  # a source too small for its share is refused, by name
-    if config.bucket is not None:
-        held = np.array(
-            [[cast(list[SourceCounts], rank.sources)[s].bucket_tokens for rank in ranks] for s in range(len(available))]
-        )
-        targets = mixing.bucket_targets(mixture, held.sum(axis=1), config.bucket)
+    counts = [cast(list[SourceCounts], rank.sources) for rank in ranks]
+    targets = mixing.merge_targets(mixture, counts, config.bucket)
     sources = cast(np.ndarray, inputs.sources)
     lengths = inputs.lengths()
     part = 0 if config.bucket is None else config.bucket + 1

@@ -52,6 +52,7 @@ from bench.workloads import Workload
 from tokenization import mixing
 from tokenization.formats import DS
 from tokenization.formats.names import rank_stem
+from tokenization.mixing import spec as mixture_spec
 from tokenization.output import manifest
 from tokenization.records import CompletionMarker, FileSum, InputFile, RankManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
@@ -183,7 +184,8 @@ def recorded_ranks(folder: Path, files: int, lengths: Lengths) -> int:
     records hold their contents, so that the stage after it proves its shuffle from the records, as in a build,
     not by reading its input again (datatrove's files have no records: ours then read them twice); their token
     bytes."""
-    from tokenization.stages.merge import MergeConfig, merge
+    from tokenization.stages.merge import merge
+    from tokenization.stages.merge.config import MergeConfig
 
     raw = folder.with_name(folder.name + "-raw")
     size = synthetic_ranks(raw, files, lengths)
@@ -708,7 +710,7 @@ def same_budget(accounts: list[dict], mixture: dict) -> int:
     those weights cannot reach it within each source's ``max_repetition`` (sources of a few hundred documents vary
     in tokens a byte: the smoke run's), the most they allow."""
     available = [account["tokens_available"] for account in accounts]
-    most = sum(mixing.budget(mixing.read_mixture(mixture, "mixture"), available))
+    most = sum(mixing.budget(mixture_spec.read_mixture(mixture, "mixture"), available))
     return min(sum(account["tokens_chosen"] for account in accounts), most)
 
 
@@ -724,7 +726,7 @@ def mixture_build(builds: Path, build_id: str, base: dict, mixture: dict) -> dic
     tokenized = cache["files_missed"]
     if tokenized != (cache["files_hit"] + tokenized if build_id == "first" else 0):
         raise RuntimeError(f"mixture build {build_id}: {tokenized} files tokenized, of {cache}")
-    targets = mixing.budget(mixing.read_mixture(mixture, "mixture"), [a["tokens_available"] for a in accounts])
+    targets = mixing.budget(mixture_spec.read_mixture(mixture, "mixture"), [a["tokens_available"] for a in accounts])
     merged = sum(account["tokens_chosen"] for account in accounts)
     mean = merged / sum(account["uses"] for account in accounts)  # tokens a document written, EOS included
     miss = max(abs(account["tokens_chosen"] - target) / mean for account, target in zip(accounts, targets, strict=True))

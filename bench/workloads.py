@@ -110,7 +110,8 @@ def datatrove_count(inputs: Inputs) -> None:
 
 
 def ours_merge(inputs: Inputs) -> None:
-    from tokenization.stages.merge import MergeConfig, merge
+    from tokenization.stages.merge import merge
+    from tokenization.stages.merge.config import MergeConfig
 
     merge(MergeConfig(input=inputs.ranks, output=inputs.out, save_filename="m", seed=1))
 
@@ -183,7 +184,8 @@ def datatrove_context(inputs: Inputs) -> None:
 
 def s3_merge(inputs: Inputs) -> None:
     """The merge, its inputs and output on S3 (``endpoint``)."""
-    from tokenization.stages.merge import MergeConfig, merge
+    from tokenization.stages.merge import merge
+    from tokenization.stages.merge.config import MergeConfig
 
     options = {"s3": {"endpoint_url": inputs.endpoint}}
     merge(MergeConfig(input=inputs.ranks, output=inputs.out, save_filename="m", seed=1, storage_options=options))

@@ -17,7 +17,7 @@ PUBLIC = {  # name -> the module that defines it
     "Published": "tokenization.builds.complete",
     "TokenizeConfig": "tokenization.stages.tokenize",
     "tokenize_rank": "tokenization.stages.tokenize",
-    "MergeConfig": "tokenization.stages.merge",
+    "MergeConfig": "tokenization.stages.merge.config",
     "merge": "tokenization.stages.merge",
     "ContextShuffleConfig": "tokenization.stages.context_shuffle",
     "context_shuffle": "tokenization.stages.context_shuffle",

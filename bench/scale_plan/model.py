@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, replace
 from tokenization.builds.run import DATASET_NAME
 from tokenization.formats.checks import BLOCK_BYTES
 from tokenization.formats.ds import INDEX_DTYPE
-from tokenization.output.attempts import CONFIRM_AFTER, HEARTBEAT_SECONDS, LEASE_TTL_SECONDS
+from tokenization.output.leases import CONFIRM_AFTER, HEARTBEAT_SECONDS, LEASE_TTL_SECONDS
 from tokenization.stages.context_shuffle import DEFAULT_WINDOW
-from tokenization.stages.merge import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig
+from tokenization.stages.merge.config import DEFAULT_MAX_TOKENS_PER_FILE, MergeConfig
 from tokenization.stages.tokenize import TokenizeConfig
 from tokenization.storage.files import (  # what the transfers really use
     CONCURRENT_READS,

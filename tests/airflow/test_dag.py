@@ -44,7 +44,7 @@ def test_shape(dag) -> None:
 def test_every_param_has_a_title_a_description_and_a_section(dag) -> None:
     """The trigger form is made from the library's BuildConfig: nothing untitled, defaults from one place."""
     from tokenization.builds.config import BuildConfig
-    from tokenization.stages.merge import DEFAULT_MAX_TOKENS_PER_FILE
+    from tokenization.stages.merge.config import DEFAULT_MAX_TOKENS_PER_FILE
 
     params = {name: dag.params.get_param(name) for name in dag.params}
     schemas = {name: param.schema for name, param in params.items()}

@@ -30,7 +30,7 @@ from tokenization.builds.run import BUILD_LEASE, Build
 from tokenization.errors import AttemptConflict, UsageError
 from tokenization.formats.ds import TokenFileError
 from tokenization.output import manifest
-from tokenization.output.attempts import leased, new_holder
+from tokenization.output.leases import leased, new_holder
 from tokenization.output.runs import BuildError, Layout, claim, folder_for
 from tokenization.records import (
     BuildParams,
@@ -48,15 +48,15 @@ from tokenization.storage.folder import Folder
 def test_a_worker_writes_its_profile_where_asked(tmp_path, sample_corpus, sample_tokenizer, monkeypatch) -> None:
     """Issue 52, 6: with TOKENIZATION_PROFILE naming a folder, each step a worker process runs leaves its cProfile
     statistics there (py-spy does not follow the fork server's workers); the bytes are a build's without it."""
-    from tokenization.builds import run as runs
+    from tokenization.builds import workers
 
-    monkeypatch.setenv(runs.PROFILE, str(tmp_path / "profiles"))
+    monkeypatch.setenv(workers.PROFILE, str(tmp_path / "profiles"))
     profiled = Build.start(config_of(sample_corpus, tmp_path, sample_tokenizer), "profiled").run(parallel=2)
     names = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "profiles").glob("*.prof"))
     assert names == ["tokenize-0", "tokenize-1"]  # the ranks' workers (a context window of 0: no shards)
     (rank,) = (tmp_path / "profiles").glob("tokenize-0-*.prof")
     assert any(name == "tokenize_rank" for _, _, name in pstats.Stats(str(rank)).stats)
-    monkeypatch.delenv(runs.PROFILE)
+    monkeypatch.delenv(workers.PROFILE)
     plain = Build.start(config_of(sample_corpus, tmp_path / "plain", sample_tokenizer), "plain").run(parallel=2)
     assert profiled.record.digest == plain.record.digest
 

@@ -23,7 +23,9 @@ from tokenization.inputs import content
 from tokenization.inputs.content import rank_hashes, with_content, with_sha256
 from tokenization.inputs.listing import list_input_files
 from tokenization.output import known
+from tokenization.output.cache import KNOWN, Cache
 from tokenization.storage.files import file_sha256
+from tokenization.storage.folder import Folder
 
 HOUR_NS = 3600 * 10**9
 
@@ -193,12 +195,13 @@ def test_a_cache_that_cannot_be_written_only_hashes_again(tmp_path, inputs, samp
     """A read-only cache: the ranks' records are not written, the log says so, and the next night's ranks hash
     every file again."""
 
-    def refused(*args, **kwargs):
-        raise OSError(30, "Read-only file system")
+    class ReadOnly(Folder):
+        def put(self, *args, **kwargs):
+            raise OSError(30, "Read-only file system")
 
     config = config_of(inputs, tmp_path, sample_tokenizer)
     with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(known, "write_bytes_atomic", refused)
+        patched.setattr(known, "_folder", lambda cache: ReadOnly(cache.at.sub(KNOWN).url, cache.at.options))
         with caplog.at_level(logging.WARNING, logger=known.__name__):
             night(config, "first")
     warnings = [r.getMessage() for r in caplog.records if r.name == known.__name__]
@@ -224,6 +227,25 @@ def test_a_damaged_record_is_named_and_its_files_hashed(tmp_path, inputs, sample
     (warning,) = [r.getMessage() for r in caplog.records if r.name == known.__name__]
     assert warning.startswith(f"{record}: not a valid record of known input files: ")
     assert warning.endswith("; its local input files are hashed")
+
+
+def test_a_record_gone_before_it_is_read_is_no_failure_on_s3(s3, caplog, monkeypatch) -> None:
+    """Plans and ranks run at once: a rank's record listed by one plan may be merged and removed by another before
+    the first reads it. On S3 the read fails with the store's NoSuchKey; that record is gone, as a local one would
+    be, and no warning is logged: its rows are the other plan's now."""
+    cache, inputs = Cache(Folder("s3://corpus/cache", s3.options)), ["s3://corpus/in"]
+    known.remember_part(cache, inputs, "0", {"s3://corpus/in/a.jsonl": "1,2,3,4,sha,5"})
+    head = Folder.head
+
+    def removed_first(folder: Folder, name: str, size: int) -> bytes:
+        folder.remove(name)  # the other plan merged it into its record and removed it
+        return head(folder, name, size)
+
+    monkeypatch.setattr(Folder, "head", removed_first)
+    with caplog.at_level(logging.WARNING, logger=known.__name__):
+        recalled = known.recall(cache, inputs, 1)
+    assert recalled.rows == {} and len(recalled.parts) == 1
+    assert [r.getMessage() for r in caplog.records if r.name == known.__name__] == []
 
 
 def test_the_report_and_the_summary_say_what_the_next_night_read(tmp_path, inputs, sample_tokenizer) -> None:

@@ -29,6 +29,7 @@ from tokenization.builds.run import Build
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.inputs.formats import InputError
+from tokenization.mixing import spec as mixture_spec
 from tokenization.output.manifest import manifest_name
 from tokenization.records import MergeManifest, Mixture, MixtureSource
 
@@ -257,7 +258,7 @@ def test_a_spec_files_relative_inputs_are_relative_to_its_folder(tmp_path, sampl
     )
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    data = mixing.load_mixture_file("../specs/mix.yaml")
+    data = mixture_spec.load_mixture_file("../specs/mix.yaml")
     specs = tmp_path / "specs"
     assert [source["input"] for source in data["sources"]] == [
         f"{specs}/data/web/",
@@ -281,7 +282,7 @@ def test_a_spec_at_a_url_has_its_relative_inputs_under_its_folder() -> None:
     """A mixture file on a store (the DAG's ``mixture_file``): its relative inputs are URLs under its folder."""
     fs = fsspec.filesystem("memory")
     fs.pipe_file("/specs/night/mix.yaml", b"sources:\n  - {name: web, input: ../data/web/, weight: 1e-1}\n")
-    data = mixing.load_mixture_file("memory://specs/night/mix.yaml")
+    data = mixture_spec.load_mixture_file("memory://specs/night/mix.yaml")
     assert data["sources"] == [{"name": "web", "input": "memory://specs/data/web/", "weight": 0.1}]
 
 
@@ -346,7 +347,7 @@ def test_a_file_in_two_sources_is_refused(tmp_path, sample_tokenizer) -> None:
     inputs = write_sources(tmp_path / "data")
     overlapping = spec(inputs | {"math": str(tmp_path / "data")}, 1000)  # math's folder holds code's files too
     twice = r"code/part-0.jsonl is in mixture sources 'code' and 'math': a file belongs"
-    with pytest.raises(mixing.MixtureError, match=twice):
+    with pytest.raises(mixture_spec.MixtureError, match=twice):
         Build.start(config(tmp_path, sample_tokenizer, overlapping), "twice")
 
 
@@ -369,8 +370,8 @@ def test_a_file_in_two_sources_is_refused(tmp_path, sample_tokenizer) -> None:
 def test_a_bad_mixture_file_is_one_line_naming_the_file(tmp_path, text, message) -> None:
     path = tmp_path / "mix.yaml"
     path.write_text(text)
-    with pytest.raises(mixing.MixtureError, match=rf"^{tmp_path}/mix.yaml: .*{message}"):
-        mixing.load_mixture_file(str(path))
+    with pytest.raises(mixture_spec.MixtureError, match=rf"^{tmp_path}/mix.yaml: .*{message}"):
+        mixture_spec.load_mixture_file(str(path))
 
 
 @pytest.mark.parametrize(
@@ -394,12 +395,12 @@ def test_mixture_numbers_are_read_as_json_and_yaml_1_2_read_them(tmp_path, name,
     path = tmp_path / name
     path.write_text(text)
     if message is not None:
-        with pytest.raises(mixing.MixtureError) as refused:
-            mixing.load_mixture_file(str(path))
+        with pytest.raises(mixture_spec.MixtureError) as refused:
+            mixture_spec.load_mixture_file(str(path))
         assert str(refused.value) == f"{path}: {message}"
         return
-    data = mixing.load_mixture_file(str(path))
-    mixture = mixing.read_mixture(data, name)
+    data = mixture_spec.load_mixture_file(str(path))
+    mixture = mixture_spec.read_mixture(data, name)
     assert mixture.sources[0].weight in (0.1, 0.001, 100.0)
     assert data.get("tokens") in (None, 50_000) and isinstance(data.get("tokens", 0), int)
 
@@ -447,16 +448,16 @@ def test_a_mixture_past_its_bounds_is_one_line_where_it_is_read(tmp_path, text, 
     naming the file, before any work."""
     path = tmp_path / "mix.yaml"
     path.write_text(text)
-    with pytest.raises(mixing.MixtureError) as refused:
-        mixing.load_mixture_file(str(path))
+    with pytest.raises(mixture_spec.MixtureError) as refused:
+        mixture_spec.load_mixture_file(str(path))
     assert str(refused.value) == f"{path}: {message}"
 
 
 def test_a_deep_json_mixture_is_one_line(tmp_path) -> None:
     path = tmp_path / "mix.json"
     path.write_text('{"sources": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    with pytest.raises(mixing.MixtureError) as refused:
-        mixing.load_mixture_file(str(path))
+    with pytest.raises(mixture_spec.MixtureError) as refused:
+        mixture_spec.load_mixture_file(str(path))
     assert str(refused.value) == f"{path}: {DEEP}"
 
 
@@ -547,7 +548,7 @@ def test_the_merge_takes_the_mixture_the_build_read_and_records_it_typed(
     build = Build.start(config(tmp_path, sample_tokenizer, spec(inputs, None), context_window=0), "typed")
     for rank in build.ranks:
         build.tokenize(rank, progress=False)
-    monkeypatch.setattr(mixing, "read_mixture", lambda *_: pytest.fail("the merge parsed the mixture again"))
+    monkeypatch.setattr(mixture_spec, "read_mixture", lambda *_: pytest.fail("the merge parsed the mixture again"))
     build.merge(progress=False)
     recorded = MergeManifest.read(build.layout.merged, manifest_name("corpus"))
     assert build.config.mixed is not None and recorded is not None

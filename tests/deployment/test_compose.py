@@ -113,7 +113,7 @@ def test_a_dead_workers_tasks_come_back_in_minutes_in_compose_and_in_the_tests(m
     """Airflow fails, then retries, a task whose heartbeats stopped after this timeout: 300 s by default. The
     retry must find the dead attempt's S3 lease expired, or it fails on it until its retries run out."""
     from plugins.tokenization_airflow.deployment import Deployment
-    from tokenization.output.attempts import LEASE_TTL_SECONDS
+    from tokenization.output.leases import LEASE_TTL_SECONDS
 
     env = COMPOSE["x-airflow-common"]["environment"]
     timeout = env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"]

@@ -36,10 +36,10 @@ if RANKS:
     Build.tokenize = tokenize
 
 if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FREEZE_AT:
-    from tokenization.output import attempts
+    from tokenization.output import attempts, leases
 
-    attempts.LEASE_TTL_SECONDS = float(os.environ.get("FAULT_LEASE_TTL", attempts.LEASE_TTL_SECONDS))
-    attempts.HEARTBEAT_SECONDS = float(os.environ.get("FAULT_HEARTBEAT", attempts.HEARTBEAT_SECONDS))
+    leases.LEASE_TTL_SECONDS = float(os.environ.get("FAULT_LEASE_TTL", leases.LEASE_TTL_SECONDS))
+    leases.HEARTBEAT_SECONDS = float(os.environ.get("FAULT_HEARTBEAT", leases.HEARTBEAT_SECONDS))
     _frozen: set[str] = set()
 
     def stop_once(step: str) -> None:
@@ -60,15 +60,15 @@ if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FRE
 
         return frozen
 
-    attempts.ObjectLease.acquire = freezing("lease", attempts.ObjectLease.acquire, after=True)
+    leases.ObjectLease.acquire = freezing("lease", leases.ObjectLease.acquire, after=True)
     attempts.Attempt.place_families = freezing("publish", attempts.Attempt.place_families, after=False)
 
 if os.environ.get("FAULT_STALL_MERGE"):
     import time
 
-    from tokenization.stages import merge
+    from tokenization.stages.merge import resume
 
-    _checkpoint = merge._Checkpoints.__call__
+    _checkpoint = resume.Checkpoints.__call__
 
     def checkpoint_then_stall(self, *args, **kwargs):
         _checkpoint(self, *args, **kwargs)
@@ -77,4 +77,4 @@ if os.environ.get("FAULT_STALL_MERGE"):
             stalled.touch()
             time.sleep(3600)
 
-    merge._Checkpoints.__call__ = checkpoint_then_stall
+    resume.Checkpoints.__call__ = checkpoint_then_stall

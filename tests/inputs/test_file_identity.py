@@ -21,7 +21,7 @@ from tokenization.builds.run import Build
 from tokenization.inputs.formats import InputError
 from tokenization.inputs.listing import list_input_files
 from tokenization.inputs.local import ONLY_REGULAR, LocalFile
-from tokenization.mixing import MixtureError
+from tokenization.mixing.spec import MixtureError
 
 
 def _corpus(root: Path) -> Path:

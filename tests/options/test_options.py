@@ -13,7 +13,7 @@ from tokenization.errors import UsageError
 from tokenization.options import LOCATIONS, fields_of, json_schema, section
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig
 from tokenization.stages.count import CountConfig
-from tokenization.stages.merge import MergeConfig, MergeOptions
+from tokenization.stages.merge.config import MergeConfig, MergeOptions
 from tokenization.stages.tokenize import RankOptions, TokenizeConfig
 from tokenization.tokenizer.documents import DocumentOptions
 

@@ -19,8 +19,9 @@ from tests.support.s3 import ON_BOTH_STORES
 from tests.support.stages import file_bytes
 from tests.support.tokenizers import EOS
 from tokenization.errors import AttemptConflict, LeaseLost
-from tokenization.output import attempts
-from tokenization.output.attempts import FileLease, ObjectLease, attempt_at, new_holder
+from tokenization.output import leases
+from tokenization.output.attempts import attempt_at
+from tokenization.output.leases import FileLease, ObjectLease, new_holder
 from tokenization.stages.verify import verify
 from tokenization.storage.folder import Folder
 
@@ -175,7 +176,7 @@ def test_the_s3_lease_is_conditional_and_taken_over_only_when_stale(s3, monkeypa
     first.acquire(new_holder("first"))
     with pytest.raises(AttemptConflict, match=r"_leases/00000.json: attempt .* \(first, .*renewed \d+ s ago"):
         second.acquire(new_holder("second"))
-    monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 0.0)  # the first attempt stalls past the TTL
+    monkeypatch.setattr(leases, "LEASE_TTL_SECONDS", 0.0)  # the first attempt stalls past the TTL
     second.acquire(new_holder("second"))
     with pytest.raises(LeaseLost, match="this attempt lost its lease and must not publish"):
         first.confirm()

@@ -23,12 +23,13 @@ from tests.support.processes import wait_for
 from tests.support.s3 import ON_BOTH_STORES
 from tests.support.tokenizers import EOS
 from tokenization.errors import LeaseLost, WriteError
-from tokenization.output import attempts
-from tokenization.output.attempts import Attempt, FileLease, ObjectLease, attempt_at, new_holder
+from tokenization.output import leases
+from tokenization.output.attempts import Attempt, attempt_at
+from tokenization.output.leases import FileLease, ObjectLease, new_holder
 from tokenization.records import StageManifest, StageParams
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.stages.verify import verify
-from tokenization.storage.files import put_if
+from tokenization.storage.conditions import put_if
 from tokenization.storage.folder import Folder
 
 OUT = "corpus/out"
@@ -143,10 +144,10 @@ def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committe
     over by a successor that commits: on waking, every change it tries is refused and its successor's output
     stays as committed."""
     config = rank_config(sample_corpus, sample_tokenizer, s3.options)
-    monkeypatch.setattr(attempts, "HEARTBEAT_SECONDS", 3600.0)  # no beat during the test: the freeze is total
+    monkeypatch.setattr(leases, "HEARTBEAT_SECONDS", 3600.0)  # no beat during the test: the freeze is total
     # The test lapses the lease by setting its TTL to 0 during a freeze of seconds, not by waiting a TTL; a
     # confirmation must not take a renewal of seconds ago for a fresh one.
-    monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)
+    monkeypatch.setattr(leases, "CONFIRM_AFTER", 0.0)
     tokenize_rank(config)  # an earlier build: the frozen attempt finds its marker and manifest
     where, reason = FREEZES[step]
     freeze = Freeze(monkeypatch, *where)
@@ -162,9 +163,9 @@ def test_an_attempt_frozen_past_its_lease_changes_nothing_its_successor_committe
     first = threading.Thread(target=frozen_attempt, name="frozen", daemon=True)
     first.start()
     assert freeze.stopped.wait(60)
-    monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 0.0)  # the frozen attempt is now past its TTL
+    monkeypatch.setattr(leases, "LEASE_TTL_SECONDS", 0.0)  # the frozen attempt is now past its TTL
     successor = tokenize_rank(config)
-    monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 300.0)
+    monkeypatch.setattr(leases, "LEASE_TTL_SECONDS", 300.0)
     committed = stored(s3.fs)
     assert f"{OUT}/{MARKER}" in committed and LEASE not in committed
     forget(s3, caplog)
@@ -220,7 +221,7 @@ def test_a_stopped_command_woken_after_its_successor_committed_fails_and_changes
 
 @ON_BOTH_STORES
 def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(s3, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(attempts, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(leases, "HEARTBEAT_SECONDS", 0.05)
     with attempt_at(Folder(f"s3://{OUT}", s3.options), "00000") as attempt:
         s3.fs.rm_file(LEASE)  # as the attempt that took it over does when it is done
         wait_for(lambda: attempt.lease.lost is not None, 30)  # the heartbeat found it: lost, not a warning
@@ -241,7 +242,7 @@ def test_a_renewal_that_finds_the_lease_deleted_loses_it_and_stops_every_change(
 @ON_BOTH_STORES
 def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) -> None:
     """Renewals that fail for a while are warnings; past a TTL a contender may hold the lease: lost."""
-    monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)  # every confirmation renews
+    monkeypatch.setattr(leases, "CONFIRM_AFTER", 0.0)  # every confirmation renews
     lease = ObjectLease(Folder(f"s3://{OUT}", s3.options), "00000")
     lease.acquire(new_holder("first"))
 
@@ -252,7 +253,7 @@ def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) ->
     with pytest.raises(WriteError, match=rf"^{LEASE}: connection reset by peer$"):
         lease.confirm()  # within the TTL: this change is not made, but the lease is not lost
     assert lease.lost is None
-    monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 0.0)
+    monkeypatch.setattr(leases, "LEASE_TTL_SECONDS", 0.0)
     with pytest.raises(LeaseLost, match=r"it was not renewed for \d+ s \(\[Errno 5\] connection reset by peer\)"):
         lease.confirm()
     lease.release()
@@ -263,7 +264,7 @@ def test_a_lease_the_store_failed_to_renew_for_a_ttl_is_lost(s3, monkeypatch) ->
 def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one_fails(s3, monkeypatch) -> None:
     """A contender reads a stale-looking lease, the holder renews, then the contender writes with If-Match on what
     it read: the renewal must have changed the ETag, or the contender wins a lease that is alive."""
-    monkeypatch.setattr(attempts, "CONFIRM_AFTER", 0.0)  # every confirmation renews
+    monkeypatch.setattr(leases, "CONFIRM_AFTER", 0.0)  # every confirmation renews
     lease = ObjectLease(Folder(f"s3://{OUT}", s3.options), "00000")
     lease.acquire(new_holder("holder"))
     read_by_contender = lease.etag
@@ -277,7 +278,7 @@ def test_every_renewal_changes_the_leases_etag_so_a_takeover_based_on_an_old_one
 
 @ON_BOTH_STORES
 def test_a_confirmation_renews_only_a_lease_last_renewed_over_a_tenth_of_its_ttl_ago(s3, monkeypatch) -> None:
-    monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 10.0)  # a confirmation within 1 s of a renewal is free
+    monkeypatch.setattr(leases, "LEASE_TTL_SECONDS", 10.0)  # a confirmation within 1 s of a renewal is free
     lease = ObjectLease(Folder(f"s3://{OUT}", s3.options), "00000")
     lease.acquire(new_holder("holder"))
     taken = lease.etag
@@ -300,8 +301,8 @@ def test_a_rank_placing_many_files_writes_its_lease_once_or_twice_not_once_a_fil
     """A rank of 16 buckets places every bucket file, several at once, then its manifest and marker: its lease is
     written when taken (and renewed at most once more), where each change used to renew it. (A TTL ten times the
     usual: a loaded machine's rank may take longer than a tenth of one, after which a renewal is due anyway.)"""
-    monkeypatch.setattr(attempts, "LEASE_TTL_SECONDS", 10 * attempts.LEASE_TTL_SECONDS)
-    monkeypatch.setattr(attempts, "HEARTBEAT_SECONDS", 10 * attempts.HEARTBEAT_SECONDS)
+    monkeypatch.setattr(leases, "LEASE_TTL_SECONDS", 10 * leases.LEASE_TTL_SECONDS)
+    monkeypatch.setattr(leases, "HEARTBEAT_SECONDS", 10 * leases.HEARTBEAT_SECONDS)
     config = replace(rank_config(sample_corpus, sample_tokenizer, s3.options), num_buckets=16)
     forget(s3, caplog)
     result = tokenize_rank(config)

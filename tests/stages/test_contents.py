@@ -22,8 +22,9 @@ from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheck
 from tokenization.formats.ds import TokenFileError
 from tokenization.output.runs import BuildError
 from tokenization.records import BuildRecord, ContentsSum
-from tokenization.stages import context_shuffle, merge, tokenize
+from tokenization.stages import context_shuffle, tokenize
 from tokenization.stages.context_shuffle import ContextShuffleConfig
+from tokenization.stages.merge import moves as merge_moves
 from tokenization.stages.verify import verify
 from tokenization.storage.folder import Folder
 
@@ -114,7 +115,7 @@ def test_pass_2_that_loses_a_document_publishes_nothing(tmp_path, monkeypatch, s
 def test_a_merge_that_loses_a_document_publishes_nothing(tmp_path, monkeypatch, sample_corpus, sample_tokenizer):
     for rank in range(2):
         run([sample_corpus], tmp_path / "ranks", sample_tokenizer, rank=rank, world_size=2, seed=1, save_loss=True)
-    monkeypatch.setattr(merge, "move_units", duplicating(merge.move_units))
+    monkeypatch.setattr(merge_moves, "move_units", duplicating(merge_moves.move_units))
     with pytest.raises(ShuffleCheckFailed, match=r"^merge merged wrote other pieces than it read"):
         merged(tmp_path / "ranks", tmp_path / "merged", seed=2, save_loss=True, merge_max_tokens_per_file=5_000)
     assert not list((tmp_path / "merged").glob("*.ds*")) and not list((tmp_path / "merged").glob("_manifests/*"))

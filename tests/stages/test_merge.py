@@ -215,7 +215,7 @@ def test_checking_the_inputs_asks_storage_no_size_and_no_existence(ranks, storag
     """On S3 each size or existence question is a HEAD request: a bucket merge of a thousand rank files would wait
     for ten thousand of them. The inputs' sizes come from one listing of their folder instead."""
     from tokenization.output.manifest import output_entries, token_files
-    from tokenization.stages.merge import validate_inputs
+    from tokenization.stages.merge.inputs import validate_inputs
 
     urls = token_files(Folder(str(ranks)))
     inputs = validate_inputs(urls, save_loss=True, entries=list(output_entries(Folder(str(ranks))).values()))

@@ -13,7 +13,7 @@ from tokenization import orderings
 from tokenization.builds.accounting import incomplete_ranks
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFileError
-from tokenization.stages.merge import MergeConfig
+from tokenization.stages.merge.config import MergeConfig
 from tokenization.stages.verify import verify
 from tokenization.storage.folder import Folder
 

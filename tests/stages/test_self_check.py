@@ -15,8 +15,10 @@ from tests.support.processes import cli
 from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
+from tokenization.formats import block_checks
 from tokenization.formats import checks as checking
-from tokenization.formats.checks import Checks, OwnCheck, SelfCheckFailed
+from tokenization.formats.block_checks import Checks
+from tokenization.formats.checks import OwnCheck, SelfCheckFailed
 from tokenization.formats.ds import TokenFileWriter
 from tokenization.output import manifest
 from tokenization.records import CompletionMarker, ContextManifest, MergeManifest, PseudoEnds, stage_manifest
@@ -39,13 +41,13 @@ def started(tmp_path, corpus, tokenizer) -> Build:
 
 def reading_no_token_file(monkeypatch) -> None:
     """From here on, reading a token file's bytes fails the test (a dataset's ``.ds.metadata`` text may be read)."""
-    blocks = checking._blocks
+    blocks = block_checks.blocks
 
     def guarded(folder, name: str, *args):
         assert name.endswith(".metadata"), f"read {folder.url_of(name)}"
         return blocks(folder, name, *args)
 
-    monkeypatch.setattr(checking, "_blocks", guarded)
+    monkeypatch.setattr(checking, "blocks", guarded)
 
 
 def test_each_context_task_checks_its_files_as_it_writes_them_and_publish_reads_no_token_byte(
@@ -166,7 +168,7 @@ def test_the_check_made_while_writing_finds_what_reading_the_file_finds(tmp_path
     """Blocks cut anywhere, an index entry at a block's edge given to the block before or the one after: the
     problems the writer's blocks show are those verify finds reading the family back (ids beyond the vocabulary,
     loss bytes past 1, documents ending without EOS, window ends aside), and the check names them."""
-    monkeypatch.setattr(checking, "MAX_REPORTED", 10**6)  # every problem listed, by position
+    monkeypatch.setattr(block_checks, "MAX_REPORTED", 10**6)  # every problem listed, by position
     rng = np.random.default_rng(7)
     size, eos, pseudo = 6000, 7, PseudoEnds(every=50, until=4000)
     tokens = rng.integers(0, 103, size).astype(np.uint16)  # ids of 100 and more are beyond a vocabulary of 100
@@ -185,7 +187,7 @@ def test_the_check_made_while_writing_finds_what_reading_the_file_finds(tmp_path
         writer.write(tokens[start:stop], ends[given:taken] - start, loss[start:stop])
         given = taken
     entry = manifest.output_entry(writer.close(), pseudo_ends=pseudo)
-    read = checking.Report()
+    read = block_checks.Report()
     checking.verify_ds(checking.Listing.of(Folder(str(tmp_path))), path.name, entry, checks, read)
     seen = own._watched[path.name].report
     kinds = ("beyond the vocabulary", "neither 0 nor 1", "without EOS")

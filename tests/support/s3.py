@@ -3,7 +3,7 @@
 server as users would run one.
 
 A test runs on moto alone unless it asks for both with ``@ON_BOTH_STORES``. Where the two differ, the library
-handles both (``tokenization.storage.files``); what differs for the tests is said here.
+handles both (``tokenization.storage.conditions``); what differs for the tests is said here.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import numpy as np
 from tests.support.tokenizers import EOS
 from tokenization.formats.ds import TokenFile, TokenFileWriter
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
-from tokenization.stages.merge import MergeConfig, merge
+from tokenization.stages.merge import merge
+from tokenization.stages.merge.config import MergeConfig
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 
 

@@ -13,7 +13,8 @@ from tests.support.corpus import write_jsonl
 from tests.support.tokenizers import EOS
 from tokenization import progress
 from tokenization.stages.count import CountConfig, count_tokens
-from tokenization.stages.merge import MergeConfig, merge
+from tokenization.stages.merge import merge
+from tokenization.stages.merge.config import MergeConfig
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.tokenizer import documents
 from tokenization.tokenizer.documents import ReadAhead, TooManyRejects

@@ -19,7 +19,8 @@ from typing import Any, cast
 import numpy as np
 
 from tokenization.builds import accounting
-from tokenization.formats.checks import Listing, Report
+from tokenization.formats.block_checks import Report
+from tokenization.formats.checks import Listing
 from tokenization.formats.ds import TokenFile, TokenFileError
 from tokenization.output import manifest
 from tokenization.output.runs import BUILD_MANIFEST, BuildError, Layout

@@ -24,7 +24,7 @@ from tokenization.builds.plan import Plan, Run, list_inputs
 from tokenization.builds.report import REPORT_HTML, REPORT_JSON, write_report
 from tokenization.errors import TokenizationError
 from tokenization.formats import MEGATRON, names, token_file_names
-from tokenization.formats.checks import Checks
+from tokenization.formats.block_checks import Checks
 from tokenization.inputs.formats import InputError
 from tokenization.options import params
 from tokenization.output import manifest

@@ -10,12 +10,12 @@ from functools import cached_property
 from typing import Any, cast
 
 from tokenization.errors import UsageError
-from tokenization.mixing import MIXTURE_SCHEMA, load_mixture_file, read_mixture
+from tokenization.mixing.spec import MIXTURE_SCHEMA, load_mixture_file, read_mixture
 from tokenization.options import fields_of, json_schema, option, section
 from tokenization.output.cache import DEFAULT_FOLDER, OFF, chosen_location
 from tokenization.records import Mixture
 from tokenization.stages.context_shuffle import ContextOptions
-from tokenization.stages.merge import MergeOptions
+from tokenization.stages.merge.config import MergeOptions
 from tokenization.stages.tokenize import RankOptions
 from tokenization.storage import locations
 from tokenization.storage.folder import Folder

@@ -24,7 +24,7 @@ import orjson
 from tokenization.inputs.content import Remembered, difference
 from tokenization.inputs.formats import InputError
 from tokenization.inputs.listing import InputListing, file_key, list_input_files, split_files
-from tokenization.mixing import MixtureError
+from tokenization.mixing.spec import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
 from tokenization.records import (

@@ -17,55 +17,38 @@ The run folder's layout is in ``tokenization.output.runs``; the books that publi
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
-from collections.abc import Iterator
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
-from contextlib import contextmanager
-from multiprocessing import get_context
-from multiprocessing.context import BaseContext
-from multiprocessing.queues import Queue
-from types import FrameType
-from typing import Any, Literal, TypeVar
+from typing import TypeVar
 
 from tokenization.builds import accounting, complete
-from tokenization.builds.choice import choose_at_plan
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
-from tokenization.builds.plan import Plan, Run, list_inputs
-from tokenization.builds.shortfall import refuse_foreseen
-from tokenization.errors import UsageError
+from tokenization.builds.plan import Run
+from tokenization.builds.start import claimed_run
+from tokenization.builds.workers import in_processes
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
-from tokenization.inputs.content import with_content
-from tokenization.inputs.listing import idle_ranks
 from tokenization.mixing import CHOICE, RankChoice, read_choice
-from tokenization.output import known, manifest
-from tokenization.output.attempts import leased, new_holder
-from tokenization.output.cache import OFF, Cache
+from tokenization.output import manifest
+from tokenization.output.cache import OFF
+from tokenization.output.leases import leased, new_holder
 from tokenization.output.manifest import StageResult
 from tokenization.output.runs import (
     BUILD_MANIFEST,
     BuildError,
     Layout,
     PlanConflict,
-    claim,
-    folder_for,
-    read_claim,
-    resolve_seed,
 )
-from tokenization.progress import Gathered, ProgressMode, Relay
+from tokenization.progress import ProgressMode
 from tokenization.records import BuildSpec, ContextCounts, ContextManifest, MergeCounts, MergeManifest, RankManifest
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
-from tokenization.stages.merge import MergeConfig, MergeOptions, merge
+from tokenization.stages.merge import merge
+from tokenization.stages.merge.config import MergeConfig, MergeOptions
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
 from tokenization.storage.folder import Folder
-from tokenization.storage.locations import AllowedLocations, check_disjoint, inside
+from tokenization.storage.locations import AllowedLocations
 from tokenization.tokenizer.documents import Counts, DocumentOptions
 from tokenization.tokenizer.encoding import limit_hf_threads
 from tokenization.tokenizer.loading import TokenizerFile
-from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -86,54 +69,9 @@ class Build:
 
     @classmethod
     def start(cls, config: BuildConfig, run_id: str, allowed: AllowedLocations | None = None) -> Build:
-        """Check what can be checked before any work (every location within the ``allowed`` ones when given, an
-        output apart from the input, the input files, the tokenizer and its EOS, a chat template), then make the
-        plan and claim the run's folder with it. A retry or a resume of the same run finds its own claim, and goes
-        on only if it would plan the very same build (``Plan.refuse_another``)."""
-        if allowed is not None:
-            config.check_locations(allowed)
-        run_dir = config.folder(folder_for(config.output, run_id))
-        check_disjoint(config.inputs, config.output)
-        if config.cache_location:
-            check_disjoint(config.inputs, config.cache_location, "cache")
-            _check_apart(run_id, run_dir.url, config.cache_location)
-        listing, sources = list_inputs(config.inputs, config.source_names, config.storage_options)
-        if allowed is not None:
-            allowed.check_files("input", [f.url for f in listing.files])
-        encoder = config.encoder()
-        renderer = config.renderer(encoder)
-        seed = resolve_seed(config.seed, run_id)
-        rendering = None if renderer is None else renderer.sha256
-        cache = Cache(config.cache_folder) if config.cache_folder else None
-        recalled = known.recall(cache, config.inputs, len(listing.files)) if cache else known.Recalled({}, [])
-        hashed = None if read_claim(run_dir) else with_content(listing, recalled.rows)  # a plan reads no file
-        planned = listing if hashed is None else hashed.listing
-        proposed = Plan.make(config, seed, encoder.sha256, encoder.eos_token, rendering, planned, sources)
-        if cache is not None:  # before the run's claim: a folder that is no cache is refused first
-            cache.claim()
-            if hashed is not None and (hashed.known != recalled.rows or recalled.parts):
-                known.remember(cache, config.inputs, hashed.known, recalled.parts)
-            if hashed is not None:  # a new plan (a re-run's was checked when it was new)
-                refuse_foreseen(config, proposed, encoder, cache)
-        reading = None if hashed is None else hashed.reading(len(listing.files))
-        run = Run(run_dir.url, claim(run_dir, run_id, proposed.record, encoder.facts(), reading))
-        if run.plan.digest != proposed.digest:
-            run.plan.refuse_another(proposed, listing, run_dir.url, lambda: recalled.rows)
-        elif cache is not None and hashed is not None:  # a new plan: its choice made once, or never
-            choose_at_plan(config, run.plan, encoder, cache, run_dir)
-        files = run.plan.files
-        log.info(
-            "plan %s: %s (%d bytes), %s, seed %d; in %s",
-            run.plan.digest[:12],
-            counted(len(files), "input file"),
-            sum(f.size for f in files),
-            counted(config.num_ranks, "rank"),
-            run.plan.seed,
-            run_dir.url,
-        )
-        log.debug("plan: %s", run.plan.record)
-        idle_ranks(config.num_ranks, run.plan.shared, config.split_input_mb)
-        return cls(config, run)
+        """The build of ``config`` under ``run_id``, its plan made and its run folder claimed (``start.claimed_run``:
+        what is checked first, within the ``allowed`` locations when given)."""
+        return cls(config, claimed_run(config, run_id, allowed))
 
     @classmethod
     def of(cls, config: BuildConfig, spec: object, where: str) -> Build:
@@ -348,161 +286,13 @@ class Build:
             ranks = sorted(incomplete)
             shares = [self.plan.share(rank, self.config.num_ranks) for rank in ranks]
             text = sum(f.span_bytes for share in shares for f in share)
-            self._in_processes("tokenize", [(rank,) for rank in ranks], parallel, progress, text)
+            in_processes(self, "tokenize", [(rank,) for rank in ranks], parallel, progress, text)
             tokenized |= set(ranks)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")
         if self.config.num_buckets:
-            self._in_processes("merge", [(bucket,) for bucket in self.merge_buckets], parallel, progress)
+            in_processes(self, "merge", [(bucket,) for bucket in self.merge_buckets], parallel, progress)
         elif self.merges:
             self.merge(None, progress)
         shards = self.context_shards()
-        self._in_processes("context_shuffle", [(shard, len(shards)) for shard in shards], parallel, progress)
-
-    def _in_processes(
-        self,
-        step: Literal["tokenize", "merge", "context_shuffle"],
-        calls: list[tuple[Any, ...]],
-        parallel: int,
-        progress: ProgressMode,
-        total: int | None = None,
-    ) -> None:
-        """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (``_workers``), logging each
-        as it completes; the first failure cancels what has not started. Their progress is shown summed, as one
-        bar (``total``: their work, in the step's unit, when known). The workers never see Ctrl-C (a terminal sends
-        it to every process of the group, and each would print its traceback): interrupted, this process stops
-        them, mid-step."""
-        if not calls:
-            return
-        context = _workers()
-        queue = context.Queue()
-        unit = "B" if step == "tokenize" else "tok"
-        desc = f"{step.replace('_', ' ')}: {len(calls)} {STEP_TASKS[step]}{'s' * (len(calls) > 1)}"
-        with (
-            Gathered(desc, unit, progress, queue, total),
-            ProcessPoolExecutor(
-                min(parallel, len(calls)), mp_context=context, initializer=_started, initargs=(queue, dict(os.environ))
-            ) as pool,
-        ):
-            try:
-                with _interrupts_blocked():  # the workers start as the calls are submitted
-                    futures = {pool.submit(_run_step, self, step, args): args for args in calls}
-                done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-            except KeyboardInterrupt:
-                _stop(pool)
-                raise
-            for future in pending:
-                future.cancel()
-            for future in list(done) + list(pending):
-                if not future.cancelled():
-                    result = future.result()  # raises the step's error
-                    log.info(
-                        "%s %s: %s tokens in %s, %.1fs",
-                        step,
-                        futures[future][0],
-                        f"{result.tokens:,}",
-                        counted(len(result.outputs), "file"),
-                        result.seconds,
-                    )
-
-
-def _check_apart(run_id: str, run_dir: str, cache: str) -> None:
-    """Refuse a build id whose folder is the tokenization cache's, or holds it: the run's files and the cache's
-    would mix, and retention would delete the cache with the build."""
-    if inside(cache, run_dir):
-        raise UsageError(
-            f"build id {run_id!r} names {run_dir}, which holds the tokenization cache {cache}: choose another "
-            f"build id, or another cache"
-        )
-
-
-@contextmanager
-def _interrupts_blocked() -> Iterator[None]:
-    """SIGINT held back meanwhile, while the workers start, and handled once the block ends. Blocked in this
-    thread, so the fork server started here, and every worker it forks, is born with it blocked (``_started``
-    blocks it again). And deferred: the pool's other threads do not block it, and one that takes it would have the
-    KeyboardInterrupt raised here mid-start, a worker forked but not yet the pool's, which no stop ends and which
-    then fails to read the semaphores of a parent gone (a FileNotFoundError traceback after Ctrl-C)."""
-    handler = signal.getsignal(signal.SIGINT)  # a Python handler is set in the main thread only
-    deferred = handler if callable(handler) and threading.current_thread() is threading.main_thread() else None
-    caught: list[tuple[int, FrameType | None]] = []
-    if deferred is not None:
-        signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        if deferred is not None:
-            signal.signal(signal.SIGINT, deferred)
-            if caught:
-                deferred(*caught[0])
-
-
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """Stop the workers at once, in the middle of their steps: their attempts' files stay for the next run of
-    the build, which resumes or clears them (``tokenization.output.attempts``)."""
-    for process in list(pool._processes.values()):  # Python 3.14's terminate_workers(), before it
-        process.terminate()
-    pool.shutdown(cancel_futures=True)
-
-
-STEP_TASKS = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}
-PRELOADED = (__name__, "pyarrow.compute")  # what a worker imports: the stages, and what they load lazily (not awkward,
-# which the fast engine goes without: ``fast_engine.flat_batch``)
-_relayed: Queue[Any] | None = None  # in a worker process: where its step's progress goes
-
-
-def _workers() -> BaseContext:
-    """Processes forked from a server that imported the stages once, when the first was asked for: a worker starts
-    in milliseconds, where a spawned one imported them again (0.5-1 s a process; a build starts two for its ranks
-    and two for its context shards). The server is a process of its own, started fresh, so no thread pool of this
-    one is inherited; it imports, and holds no tokenizer (a pool of HF's inherited by a fork would deadlock)."""
-    context = get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOADED))
-    return context
-
-
-def _started(queue: Queue[Any], environ: dict[str, str]) -> None:
-    """A worker's start: SIGINT blocked for good, the parent's environment as it is now (the server's is that of
-    when it started), and where its progress goes."""
-    global _relayed
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    os.environ.clear()
-    os.environ.update(environ)
-    _relayed = queue
-
-
-def _run_step(build: Build, step: str, args: tuple[Any, ...]) -> StageResult[Any, Any]:
-    """One step in a worker process, its progress relayed to the parent's bar (several would share one
-    terminal); profiled when ``PROFILE`` names a folder (``profiled``)."""
-    Build.entered(build.config.threads)
-    progress = Relay(_relayed, f"{step} {args}") if _relayed is not None else False
-    with profiled(os.environ.get(PROFILE), f"{step}-{'-'.join(map(str, args))}"):
-        return getattr(build, step)(*args, progress=progress)
-
-
-PROFILE = "TOKENIZATION_PROFILE"
-
-
-@contextmanager
-def profiled(folder: str | None, name: str) -> Iterator[None]:
-    """The block under cProfile, its statistics written to ``{folder}/{name}-{pid}.prof`` (``pstats`` reads it)
-    when ``folder`` is given. A build's workers are forked from a fork server: py-spy, which follows children,
-    does not reach them, and their threads' waits are all a sampler of the parent would see."""
-    if not folder:
-        yield
-        return
-    import cProfile  # only when asked for
-
-    profiler = cProfile.Profile()
-    profiler.enable()
-    try:
-        yield
-    finally:
-        profiler.disable()
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"{name}-{os.getpid()}.prof")
-        profiler.dump_stats(f"{path}.tmp")
-        os.replace(f"{path}.tmp", path)
-        log.info("%s: profile written to %s", name, path)
+        in_processes(self, "context_shuffle", [(shard, len(shards)) for shard in shards], parallel, progress)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 from tokenization.builds.accounting import dataset_digest
 from tokenization.builds.audit import chain_problems
-from tokenization.formats.checks import Report
+from tokenization.formats.block_checks import Report
 from tokenization.output.runs import BUILD_MANIFEST, RUN_CLAIM, BuildError, Layout, read_build
 from tokenization.records import BuildRecord
 from tokenization.stages.export_mds import mds_problems

@@ -3,7 +3,7 @@ mosaicml streaming's MDS (``mds.py``); and what they share: file names (``names.
 every shuffle and the merge (``moves.py``, reading through ``source_pool.py``), the permutation proof
 (``contents.py``; a one-file shuffle's from its source's record, ``rejoin.py``), packing into windows
 (``packing.py``), a mixture's ``.ds.source`` sidecar (``sidecar.py``) and the checks of a family that verify and the
-stages share (``checks.py``).
+stages share (``checks.py``, and what a block is held to: ``block_checks.py``).
 
 A family is named by its first file; this is the one place that says which names in a folder are token files.
 """

@@ -6,14 +6,14 @@ below the vocabulary size, every document ends in EOS (chunk and window boundari
 bytes are 0 or 1, one a token, and what it holds (``contents``) is what its writer recorded. A Megatron pair: its
 pointers agree with its lengths, which add up to its ``.bin``. Files are streamed in blocks of ``BLOCK_BYTES``,
 hashed on the way, so memory stays bounded by the block size and the index arrays. Every problem is reported with
-its file and, where it has one, the token offset.
+its file and, where it has one, the token offset. What a block is held to, wherever it is read, is
+``block_checks``; this module reads the families and their records.
 """
 
 from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
@@ -22,7 +22,20 @@ from typing import Literal
 import numpy as np
 
 from tokenization.errors import TokenizationError
-from tokenization.formats.contents import Contents, ContentsHasher, Found, within
+from tokenization.formats.block_checks import (
+    MAX_REPORTED,
+    Checks,
+    Report,
+    blocks,
+    check_counts,
+    check_eos,
+    check_held,
+    check_ids,
+    check_index,
+    check_loss,
+    check_tokens,
+)
+from tokenization.formats.contents import ContentsHasher, Found, within
 from tokenization.formats.ds import (
     INDEX_DTYPE,
     LOSS_DTYPE,
@@ -37,53 +50,12 @@ from tokenization.formats.ds import (
 from tokenization.formats.megatron import MegatronFile
 from tokenization.formats.names import BUCKET_FOLDER
 from tokenization.records import OutputEntry, PseudoEnds, SelfCheck
-from tokenization.storage.checksums import ALGORITHM, Hasher, hasher
+from tokenization.storage.checksums import ALGORITHM, hasher
 from tokenization.storage.concurrent import map_concurrently
 from tokenization.storage.folder import Folder
 from tokenization.wording import counted
 
 BLOCK_BYTES = 64 << 20  # read, checked and hashed at a time: memory stays bounded whatever a file's size
-MAX_REPORTED = 10  # problems of one kind reported per file, then a count
-
-
-@dataclass
-class Report:
-    """What checks found: the families and tokens read, the problems (each naming its file and, where it has one,
-    the token offset), and notes on what was not checked and why."""
-
-    files: int = 0
-    tokens: int = 0
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def problem(self, where: str, message: str, offset: int | None = None) -> None:
-        self.problems.append(f"{where}{f' @ token {offset}' if offset is not None else ''}: {message}")
-
-    def problems_at(self, where: str, message: str, offsets: np.ndarray) -> None:
-        """Report the first few offsets where a check failed, and how many there were."""
-        for offset in offsets[:MAX_REPORTED].tolist():
-            self.problem(where, message, offset)
-        if len(offsets) > MAX_REPORTED:
-            self.problem(where, f"{message}: {len(offsets) - MAX_REPORTED} more like this")
-
-
-@dataclass(frozen=True)
-class Checks:
-    """What a tokenizer lets verify check: ids below the vocabulary size, EOS at document ends (None: unchecked)."""
-
-    vocab_size: int | None = None
-    eos_id: int | None = None
-
-    def made_by(self, check: SelfCheck) -> bool:
-        """Whether a stage's own check checked at least what these checks ask."""
-        return all(
-            want is None or want == made
-            for want, made in ((self.vocab_size, check.vocab_size), (self.eos_id, check.eos_id))
-        )
 
 
 class SelfCheckFailed(TokenizationError):
@@ -153,15 +125,15 @@ class _Watched:
 
     def __call__(self, tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: Found) -> None:
         offset, checks, report = self.tokens, self.checks, self.report
-        _check_ids(tokens, offset, self.label, checks, report, found)
+        check_ids(tokens, offset, self.label, checks, report, found)
         if loss is not None:
-            _check_loss(loss, offset, self.label, report, found)
+            check_loss(loss, offset, self.label, report, found)
         if checks.eos_id is not None:
             before = found.before
             if offset == 0:  # an entry at 0 ends no document (the index check reports it)
                 before, ends = before[ends > 0], ends[ends > 0]
             before = np.where(ends > 0, before, self._last[0])
-            _check_eos(offset + ends, before, self.pseudo, offset == 0, self.label, checks, report)
+            check_eos(offset + ends, before, self.pseudo, offset == 0, self.label, checks, report)
         if len(tokens):
             self._last = tokens[-1:].astype(np.int64)
         self.tokens += len(tokens)
@@ -211,7 +183,7 @@ class Listing:
         bounded) unless it was taken already, as its family was checked."""
         if (name, algorithm) not in self.digests:
             digest = hasher(algorithm)
-            for _ in _blocks(self.folder, name, np.dtype(np.uint8), digest, BLOCK_BYTES):
+            for _ in blocks(self.folder, name, np.dtype(np.uint8), digest, BLOCK_BYTES):
                 pass
             self.digests[name, algorithm] = digest.hexdigest()
         return self.digests[name, algorithm]
@@ -264,8 +236,8 @@ def _ds_frame(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
         report.problem(label, f"{size} bytes of {token_size}-byte tokens, but the index ends at token {last}")
     if meta and meta.token_count != tokens:
         report.problem(f"{label}.metadata", f"says {meta.token_count} tokens, the file holds {tokens}")
-    _check_index(ends, label, checks, report)
-    _check_counts(entry, tokens, len(ends), label, report)
+    check_index(ends, label, checks, report)
+    check_counts(entry, tokens, len(ends), label, report)
     sources = None
     if name + SOURCE in sizes or (meta and meta.sources):
         sources = _check_sources(listed, name, len(ends), meta, report)
@@ -307,26 +279,26 @@ def verify_ds(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
     items = BLOCK_BYTES // frame.token_size  # tokens a block, and loss bytes
     algorithm, loss_algorithm = _algorithm(entry, name), _algorithm(entry, name + ".loss")
     digest, loss_digest, held = hasher(algorithm), hasher(loss_algorithm), ContentsHasher(sources=frame.sources)
-    token_blocks = _blocks(listed.folder, name, token_dtype(frame.token_size), digest, items)
+    token_blocks = blocks(listed.folder, name, token_dtype(frame.token_size), digest, items)
     loss_blocks: Iterator[tuple[int, np.ndarray | None]]
     if frame.has_loss and aligned:
-        loss_blocks = _blocks(listed.folder, name + ".loss", LOSS_DTYPE, loss_digest, items)
+        loss_blocks = blocks(listed.folder, name + ".loss", LOSS_DTYPE, loss_digest, items)
     else:
         loss_blocks = repeat((0, None), -(-listed.sizes[name] // (items * frame.token_size)))
     for (offset, block), (_, loss) in zip(token_blocks, loss_blocks, strict=True):
         cuts = within(ends, offset, offset + len(block))
         found = held.checked(block, cuts, loss)
-        _check_tokens(block, offset, cuts, found, pseudo, label, checks, report)
+        check_tokens(block, offset, cuts, found, pseudo, label, checks, report)
         if loss is not None:
-            _check_loss(loss, offset, label, report, found)
+            check_loss(loss, offset, label, report, found)
     listed.digests[name, algorithm] = digest.hexdigest()
     if frame.has_loss and not aligned:  # read on its own, for its checksum and values
-        for offset, loss in _blocks(listed.folder, name + ".loss", LOSS_DTYPE, loss_digest, items):
-            _check_loss(loss, offset, label, report, None)
+        for offset, loss in blocks(listed.folder, name + ".loss", LOSS_DTYPE, loss_digest, items):
+            check_loss(loss, offset, label, report, None)
     if frame.has_loss:
         listed.digests[name + ".loss", loss_algorithm] = loss_digest.hexdigest()
     if aligned:
-        _check_held(entry, held.result(), label, report)
+        check_held(entry, held.result(), label, report)
     report.tokens += frame.tokens
 
 
@@ -351,15 +323,15 @@ def verify_megatron(listed: Listing, name: str, entry: OutputEntry | None, check
     if len(doc) == 0 or doc[0] != 0 or doc[-1] != len(lengths) or np.any(np.diff(doc) < 0):
         report.problem(mg.url + ".idx", "document indices do not run from 0 to the sequence count")
     report.problems_at(label, "negative sequence length", np.flatnonzero(lengths < 0))
-    _check_counts(entry, total, len(lengths), label, report)
+    check_counts(entry, total, len(lengths), label, report)
     algorithm = _algorithm(entry, name)
     digest, held = hasher(algorithm), ContentsHasher()
-    for offset, block in _blocks(listed.folder, name, mg.dtype, digest, BLOCK_BYTES // mg.dtype.itemsize):
+    for offset, block in blocks(listed.folder, name, mg.dtype, digest, BLOCK_BYTES // mg.dtype.itemsize):
         cuts = within(ends, offset, offset + len(block))
         found = held.checked(block, cuts)
-        _check_tokens(block, offset, cuts, found, None if entry is None else entry.pseudo_ends, label, checks, report)
+        check_tokens(block, offset, cuts, found, None if entry is None else entry.pseudo_ends, label, checks, report)
     listed.digests[name, algorithm] = digest.hexdigest()
-    _check_held(entry, held.result(), label, report)
+    check_held(entry, held.result(), label, report)
     report.tokens += size // mg.dtype.itemsize
 
 
@@ -368,111 +340,6 @@ def _algorithm(entry: OutputEntry | None, name: str) -> str:
     version's where no record lists it."""
     listed = entry.files.get(name) if entry is not None else None
     return ALGORITHM if listed is None else listed.algorithm
-
-
-def _check_counts(entry: OutputEntry | None, tokens: int, entries: int, label: str, report: Report) -> None:
-    """The tokens and index entries that the manifest records for this family, against the files."""
-    if entry is None:
-        return
-    if entry.tokens != tokens:
-        report.problem(label, f"holds {tokens} tokens, its manifest says {entry.tokens}")
-    if entry.index_entries != entries:
-        report.problem(label, f"its index holds {entries} entries, its manifest says {entry.index_entries}")
-
-
-def _check_loss(loss: np.ndarray, offset: int, label: str, report: Report, found: Found | None) -> None:
-    """Loss bytes of 0 or 1, in a block that starts at ``offset``; ``found``: what the pass that hashed it counted
-    (None: not hashed), the offsets looked for only where its largest is above 1."""
-    if found is None or found.loss_top > 1:
-        report.problems_at(f"{label}.loss", "loss byte is neither 0 nor 1", offset + np.flatnonzero(loss > 1))
-
-
-def _check_held(entry: OutputEntry | None, held: Contents, label: str, report: Report) -> None:
-    """The pieces a family holds, hashed from its bytes, against those its writer recorded (when its record has
-    them): a piece changed, lost or duplicated since, even with the sizes and checksums rewritten to match."""
-    if entry is not None and entry.contents is not None and entry.contents.value != held:
-        report.problem(label, f"holds {held.describe()}, its manifest records {entry.contents.value.describe()}")
-
-
-def _check_index(ends: np.ndarray, label: str, checks: Checks, report: Report) -> None:
-    if len(ends) and ends[0] < 0:
-        report.problem(f"{label}.index", "negative first entry", 0)
-    steps = np.diff(ends)
-    report.problems_at(f"{label}.index", "entry smaller than the one before", ends[1:][steps < 0])
-    if checks.eos_id is not None:
-        report.problems_at(f"{label}.index", "empty document", ends[1:][steps == 0])
-
-
-def _check_tokens(
-    block: np.ndarray,
-    offset: int,
-    cuts: np.ndarray,
-    found: Found,
-    pseudo: PseudoEnds | Literal["unknown"] | None,
-    label: str,
-    checks: Checks,
-    report: Report,
-) -> None:
-    """A block of a family read from its file, at token ``offset``, with the family's index entries among it
-    (``cuts``, relative to it) and what the pass that hashed it found: its ids, and the EOS before each document
-    end (the entries above its start)."""
-    _check_ids(block, offset, label, checks, report, found)
-    inside = cuts > 0
-    _check_eos(offset + cuts[inside], found.before[inside], pseudo, offset == 0, label, checks, report)
-
-
-def _check_ids(block: np.ndarray, offset: int, label: str, checks: Checks, report: Report, found: Found) -> None:
-    """Ids below the vocabulary size, in a block of tokens that starts at token ``offset``; the offsets are looked
-    for only where the largest id the pass that hashed it found (``found``) is beyond."""
-    if checks.vocab_size is not None and found.id_top >= checks.vocab_size:
-        report.problems_at(
-            label,
-            f"id beyond the vocabulary of {checks.vocab_size}",
-            offset + np.flatnonzero(block >= checks.vocab_size),
-        )
-
-
-def _check_eos(
-    entries: np.ndarray,
-    last_tokens: np.ndarray,
-    pseudo: PseudoEnds | Literal["unknown"] | None,
-    first: bool,
-    label: str,
-    checks: Checks,
-    report: Report,
-) -> None:
-    """EOS before every index entry that ends a document (``last_tokens``: the token before each of ``entries``);
-    ``pseudo``: the entries that are chunk or window boundaries, or "unknown"; ``first``: of a family's first
-    block, which notes an unchecked family once."""
-    if checks.eos_id is None:
-        return
-    if pseudo == "unknown":
-        if first:
-            report.notes.append(f"{label}: EOS not checked (its index mixes document ends with moved chunk ends)")
-        return
-    if pseudo:  # chunk or window boundaries are not document ends
-        real = (entries % pseudo.every != 0) | (entries > pseudo.until)
-        entries, last_tokens = entries[real], last_tokens[real]
-    report.problems_at(label, f"document ends without EOS {checks.eos_id}", entries[last_tokens != checks.eos_id])
-
-
-def _blocks(folder: Folder, name: str, dtype: np.dtype, digest: Hasher, items: int) -> Iterator[tuple[int, np.ndarray]]:
-    """The file as consecutive arrays of ``items`` items, hashing the bytes on the way: a block is hashed on a
-    thread of its own (the hash releases the GIL) while it is checked and the next one read, so reading and hashing
-    overlap instead of adding up."""
-    step = items * dtype.itemsize
-    offset = 0
-    with folder.open(name, block_size=step) as handle, ThreadPoolExecutor(1, thread_name_prefix="hash") as hashing:
-        hashed = None
-        while data := handle.read(step):
-            if hashed is not None:
-                hashed.result()  # in order: one block at a time
-            hashed = hashing.submit(digest.update, data)
-            usable = len(data) // dtype.itemsize * dtype.itemsize
-            yield offset, np.frombuffer(memoryview(data)[:usable], dtype)  # a view: no copy of the block
-            offset += usable // dtype.itemsize
-        if hashed is not None:
-            hashed.result()
 
 
 def verify_dataset_metadata(listed: Listing, report: Report) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from tokenization.formats.contents import ContentsHasher
 from tokenization.formats.ds import TokenFileError, WrittenTokenFile, map_array
 from tokenization.formats.hashed_file import FinishOrAbandon, HashedFile, written_whole
-from tokenization.storage.files import StorageOptions, open_fs
+from tokenization.storage.folder import StorageOptions, file_at
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -101,12 +101,11 @@ class MegatronFile:
 
     def __init__(self, url: str, storage_options: StorageOptions | None = None):
         self.url = url.removesuffix(".bin").removesuffix(".idx")
-        self.fs, path = open_fs(self.url, storage_options)
-        self.bin_path, self.idx_path = path + ".bin", path + ".idx"
-        for p in (self.bin_path, self.idx_path):
-            if not self.fs.exists(p):
-                raise TokenFileError(f"{self.url}{p[len(path) :]} is missing")
-        data = self.fs.cat_file(self.idx_path)
+        self.folder, self.name = file_at(self.url, storage_options)
+        for suffix in (".bin", ".idx"):
+            if not self.folder.exists(self.name + suffix):
+                raise TokenFileError(f"{self.url}{suffix} is missing")
+        data = self.folder.read(self.name + ".idx")
         if len(data) < HEADER.size:
             raise TokenFileError(f"{self.url}.idx: {len(data)} bytes is shorter than the header")
         magic, version, code, n, d = HEADER.unpack_from(data)
@@ -124,8 +123,8 @@ class MegatronFile:
 
     @property
     def num_tokens(self) -> int:
-        return self.fs.size(self.bin_path) // self.dtype.itemsize
+        return self.folder.size(self.name + ".bin") // self.dtype.itemsize
 
     @property
     def tokens(self) -> np.ndarray:
-        return map_array(self.fs, self.bin_path, self.dtype, self.url + ".bin")
+        return map_array(self.folder.fs, self.folder.path_of(self.name + ".bin"), self.dtype, self.url + ".bin")

@@ -22,7 +22,7 @@ from tokenization.errors import reaching
 from tokenization.output.cache import KNOWN, Cache
 from tokenization.output.signing import signed_part
 from tokenization.records import KnownInputs, RecordError
-from tokenization.storage.files import join, list_names, read_head, remove_files, write_bytes_atomic
+from tokenization.storage.folder import Folder
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,10 @@ def recall(cache: Cache, inputs: Sequence[str], files: int) -> Recalled:
     """The rows the last plan of ``inputs`` left, with those its ranks left since (the latest a file, by when it
     was hashed), by URL: none of a record that is missing or damaged (logged); ``files``, how many the listing
     holds, bounds what is read of each record."""
-    rows = _read(cache, _path(cache, inputs), inputs, files)
+    rows = _read(cache, _name(inputs), inputs, files)
     parts = _parts(cache, inputs)
-    for path in parts:
-        for url, row in _read(cache, path, inputs, files).items():
+    for name in parts:
+        for url, row in _read(cache, name, inputs, files).items():
             if url not in rows or _hashed_ns(row) >= _hashed_ns(rows[url]):
                 rows[url] = row
     return Recalled(rows, parts)
@@ -56,10 +56,10 @@ def remember(cache: Cache, inputs: Sequence[str], rows: Mapping[str, str], parts
     """Leave ``rows`` for the next plan of ``inputs``, in place of the ranks' records ``parts`` it read
     (``recall``): a rank that rewrote one meanwhile has its rows hashed again the next night, at worst. A cache
     that cannot be written (read-only, unreachable) is logged: the next night hashes its files again."""
-    if _write(cache, _path(cache, inputs), inputs, rows, "the next night's ranks hash every local input file again"):
+    if _write(cache, _name(inputs), inputs, rows, "the next night's ranks hash every local input file again"):
         try:
             with reaching(cache.location):
-                remove_files(cache.fs, list(parts))
+                _folder(cache).remove_files(list(parts))
         except OSError as exc:  # read again, and merged again, by the next plan: only its time
             log.warning("%s: the ranks' records of known input files not removed (%s)", _url(cache, parts[0]), exc)
 
@@ -67,52 +67,61 @@ def remember(cache: Cache, inputs: Sequence[str], rows: Mapping[str, str], parts
 def remember_part(cache: Cache, inputs: Sequence[str], who: str, rows: Mapping[str, str]) -> None:
     """Leave the ``rows`` a rank hashed (``who``: the rank of a build, a plain name) for the next plan of
     ``inputs``, in a record of the rank's own."""
-    path = join(cache.path, KNOWN, f"{_key(inputs)}.{PART}.{who}.json")
-    _write(cache, path, inputs, rows, "the next night's ranks hash these files again")
+    _write(cache, f"{_key(inputs)}.{PART}.{who}.json", inputs, rows, "the next night's ranks hash these files again")
 
 
-def _read(cache: Cache, path: str, inputs: Sequence[str], files: int) -> dict[str, str]:
+def _read(cache: Cache, name: str, inputs: Sequence[str], files: int) -> dict[str, str]:
     limit = files * ROW_BYTES + SLACK_BYTES
     try:
         with reaching(cache.location):
-            data = read_head(cache.fs, path, limit + 1)
+            data = _head(_folder(cache), name, limit + 1)
+        if data is None:
+            return {}
         if len(data) > limit:
-            raise RecordError(_url(cache, path), f"it holds more than {limit:,} bytes", KnownInputs.LABEL)
-        known = KnownInputs.loads(data, _url(cache, path))
+            raise RecordError(_url(cache, name), f"it holds more than {limit:,} bytes", KnownInputs.LABEL)
+        known = KnownInputs.loads(data, _url(cache, name))
         if cache.signer is not None and (problem := cache.signer.problem(data)):
-            raise RecordError(_url(cache, path), problem, KnownInputs.LABEL)
-    except FileNotFoundError:
-        return {}
+            raise RecordError(_url(cache, name), problem, KnownInputs.LABEL)
     except (OSError, RecordError) as exc:  # a storage error too (StorageError): the ranks hash its files instead
         log.warning("%s; its local input files are hashed", exc)
         return {}
     return dict(known.files) if known.inputs == list(inputs) else {}
 
 
-def _write(cache: Cache, path: str, inputs: Sequence[str], rows: Mapping[str, str], otherwise: str) -> bool:
-    """Whether ``rows`` were written at ``path``; when not, the log says so and what it costs (``otherwise``)."""
+def _head(folder: Folder, name: str, size: int) -> bytes | None:
+    """A record's first ``size`` bytes, None when it is not there: on S3 too, where the store's NoSuchKey comes with
+    the FileNotFoundError and ``reaching`` would make it a storage error (a rank's record that a plan run at the
+    same time merged and removed between its listing and this read is gone, not a failure)."""
+    try:
+        return folder.head(name, size)
+    except FileNotFoundError:
+        return None
+
+
+def _write(cache: Cache, name: str, inputs: Sequence[str], rows: Mapping[str, str], otherwise: str) -> bool:
+    """Whether ``rows`` were written as ``name``; when not, the log says so and what it costs (``otherwise``)."""
     try:
         with reaching(cache.location):
             known = KnownInputs(inputs=list(inputs), files=dict(rows))
             if cache.signer is not None:
                 known = replace(known, signature=cache.signer.sign(signed_part(known.to_json())))
-            write_bytes_atomic(cache.fs, path, known.dumps())
+            _folder(cache).put(name, known.dumps())
     except OSError as exc:
-        log.warning("%s: not written (%s); %s", _url(cache, path), exc, otherwise)
+        log.warning("%s: not written (%s); %s", _url(cache, name), exc, otherwise)
         return False
     return True
 
 
 def _parts(cache: Cache, inputs: Sequence[str]) -> list[str]:
-    """The ranks' records of ``inputs`` (``remember_part``), by path."""
-    folder, prefix = join(cache.path, KNOWN), f"{_key(inputs)}.{PART}."
+    """The ranks' records of ``inputs`` (``remember_part``), by name."""
+    folder, prefix = _folder(cache), f"{_key(inputs)}.{PART}."
     try:
         with reaching(cache.location):
-            names = list_names(cache.fs, folder)
+            names = folder.list()
     except OSError as exc:
-        log.warning("%s: not listed (%s); the ranks' records of known input files are not read", folder, exc)
+        log.warning("%s: not listed (%s); the ranks' records of known input files are not read", folder.url, exc)
         return []
-    return [join(folder, name) for name in sorted(names) if name.startswith(prefix) and name.endswith(".json")]
+    return [name for name in sorted(names) if name.startswith(prefix) and name.endswith(".json")]
 
 
 def _hashed_ns(row: str) -> int:
@@ -125,9 +134,13 @@ def _key(inputs: Sequence[str]) -> str:
     return hashlib.sha256(chr(10).join(inputs).encode()).hexdigest()
 
 
-def _path(cache: Cache, inputs: Sequence[str]) -> str:
-    return join(cache.path, KNOWN, f"{_key(inputs)}.json")
+def _name(inputs: Sequence[str]) -> str:
+    return f"{_key(inputs)}.json"
 
 
-def _url(cache: Cache, path: str) -> str:
-    return cache.location + path[len(cache.path.rstrip("/")) :]
+def _folder(cache: Cache) -> Folder:
+    return cache.at.sub(KNOWN)
+
+
+def _url(cache: Cache, name: str) -> str:
+    return _folder(cache).url_of(name)

@@ -25,15 +25,12 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import orjson
 
 from tokenization.errors import TokenizationError
 from tokenization.storage.folder import Condition, Folder, PutMode
-
-if TYPE_CHECKING:
-    from fsspec import AbstractFileSystem
 
 PROJECT = "corpus-tokenization"
 
@@ -103,14 +100,11 @@ class Record:
         return cls.from_json(parsed, path)
 
     @classmethod
-    def read(cls: type[R], folder: Folder | AbstractFileSystem, name: str, label: str | None = None) -> R | None:
+    def read(cls: type[R], folder: Folder, name: str, label: str | None = None) -> R | None:
         """The record ``name`` of ``folder`` (``label``: the location messages name; by default its URL), or None
-        when there is no such file. (An fsspec filesystem and a path in it: the merge's resume, until it keeps a
-        Folder.)"""
+        when there is no such file."""
         try:
-            if isinstance(folder, Folder):
-                return cls.loads(folder.read(name), label or folder.url_of(name))
-            return cls.loads(folder.cat_file(name), label or name)
+            return cls.loads(folder.read(name), label or folder.url_of(name))
         except FileNotFoundError:
             return None
 

@@ -1,4 +1,4 @@
 """The stages, each a plain function of its config: ``tokenize`` (a rank, with its first pass and its hits),
-``merge``, ``context_shuffle``, ``count``, ``export_mds`` (a build's windows as MDS) and ``verify`` (the audit of a
-folder's records against its files and each other).
+``merge`` (a package: its config, inputs, plan, moves and resume), ``context_shuffle``, ``count``, ``export_mds``
+(a build's windows as MDS) and ``verify`` (the audit of a folder's records against its files and each other).
 """

@@ -34,7 +34,8 @@ import numpy as np
 from tokenization import orderings
 from tokenization.errors import UsageError
 from tokenization.formats import sidecar
-from tokenization.formats.checks import Checks, OwnCheck
+from tokenization.formats.block_checks import Checks
+from tokenization.formats.checks import OwnCheck
 from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept, within
 from tokenization.formats.ds import (
     SplitWriter,

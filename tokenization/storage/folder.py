@@ -27,10 +27,10 @@ from typing import IO, Any
 
 import fsspec
 
+from tokenization.storage.conditions import current_etag, put_if, remove_if
 from tokenization.storage.files import (
     TEMPORARY_MARK,
     StorageOptions,
-    current_etag,
     download,
     fresh_listing,
     is_local,
@@ -41,11 +41,9 @@ from tokenization.storage.files import (
     list_sizes,
     move_into_place,
     open_fs,
-    put_if,
     read_head,
     read_many,
     remove_files,
-    remove_if,
     remove_tree,
     upload,
     write_bytes_atomic,
@@ -242,6 +240,10 @@ class Folder:
     def is_file(self, name: str = "") -> bool:
         """Whether ``name`` (or what this folder's URL names) is a file."""
         return self.fs.isfile(self.path_of(name) if name else self.path)
+
+    def size(self, name: str) -> int:
+        """A file's size in bytes; FileNotFoundError when it is not there."""
+        return self.fs.size(self.path_of(name))
 
     def make(self) -> None:
         """Make the folder, where a store has folders (an object store needs none)."""

@@ -59,8 +59,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-import fsspec
-
 from tokenization.errors import reaching
 from tokenization.output.cache import cleaning
 from tokenization.output.cache.claim import check, claim
@@ -119,16 +117,6 @@ class Cache:
     def read_only(self) -> bool:
         """Set by the first write that fails: storing is best effort, reading goes on."""
         return self.store.read_only
-
-    @property
-    def fs(self) -> fsspec.AbstractFileSystem:
-        """The folder's filesystem, for ``output.known`` until it takes the Folder."""
-        return self.at.fs
-
-    @property
-    def path(self) -> str:
-        """The folder's path in its filesystem, for ``output.known`` until it takes the Folder."""
-        return self.at.path
 
     # The folder: made a cache before the first write, checked before any listing or cleaning.
 

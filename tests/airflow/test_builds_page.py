@@ -149,8 +149,18 @@ def test_a_builds_duration_is_its_records_not_the_airflow_runs() -> None:
         run_after=cleared,
     )
     published = BuildSummary(
-        **{"dataset": "/b/r/context", "digest": "ab" * 32, "tokens": 1, "docs": 1, "rejects": 0, "files": 1},
-        **{"verified": True, "latest": "/b/r", "deleted": [], "seed": 7, "tokenizer": "t", "input": "/in"},
+        dataset="/b/r/context",
+        digest="ab" * 32,
+        tokens=1,
+        docs=1,
+        rejects=0,
+        files=1,
+        verified=True,
+        latest="/b/r",
+        deleted=[],
+        seed=7,
+        tokenizer="t",
+        input="/in",
         started="2026-12-05T10:00:00+00:00",
         wall_seconds=69.04,
     )

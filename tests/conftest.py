@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """pytest-xdist's file-at-a-time scheduling (``--dist loadfile``), with the deployment tests as one unit."""
     if config.getoption("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadFileScheduling
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]  # pytest-xdist ships no types
 
     class DeploymentsTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -93,7 +94,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 @pytest.fixture(params=["c", "numpy"])
-def byte_path(request, monkeypatch) -> str:
+def byte_path(request, monkeypatch) -> Iterator[str]:
     """Runs a test on the C helper's path and on the numpy path (``TOKENIZATION_NO_C=1``), which must give the same
     values; the C one skips where the helper cannot be built."""
     if request.param == "numpy":

@@ -46,6 +46,13 @@ def build(airflow_db, dag) -> tuple[str, Path, dict]:
     return run.run_id, folder, manifest
 
 
+def summary(**fields: Any) -> BuildSummary:
+    """A published build's summary as the page gets it: ``fields``, the others a small verified build's."""
+    small: dict[str, Any] = dict(dataset="/b/r/context", digest="ab" * 32, tokens=1, docs=1, rejects=0, files=1)
+    small |= dict(verified=True, latest="/b/r", deleted=[], seed=7, tokenizer="t", input="/in")
+    return BuildSummary(**small | fields)
+
+
 @pytest.fixture(scope="module")
 def client(build):
     from airflow.api_fastapi.app import create_app
@@ -109,17 +116,11 @@ def test_a_mixture_builds_row_carries_each_sources_share() -> None:
     from tokenization_airflow.builds_page import _build_row
 
     shares = [SourceShare(name="web", target=0.6, share=0.59999), SourceShare(name="code", target=0.4, share=0.40001)]
-    published = BuildSummary(
+    published = summary(
         dataset="/builds/mix/context",
-        digest="ab" * 32,
         tokens=1_000,
         docs=10,
-        rejects=0,
-        files=1,
-        verified=True,
         latest="/builds/mix",
-        deleted=[],
-        seed=7,
         tokenizer="tokenizer.json",
         input="web=/data/web, code=/data/code",
         mixture=shares,
@@ -148,12 +149,7 @@ def test_a_builds_duration_is_its_records_not_the_airflow_runs() -> None:
         logical_date=None,
         run_after=cleared,
     )
-    published = BuildSummary(
-        **{"dataset": "/b/r/context", "digest": "ab" * 32, "tokens": 1, "docs": 1, "rejects": 0, "files": 1},
-        **{"verified": True, "latest": "/b/r", "deleted": [], "seed": 7, "tokenizer": "t", "input": "/in"},
-        started="2026-12-05T10:00:00+00:00",
-        wall_seconds=69.04,
-    )
+    published = summary(started="2026-12-05T10:00:00+00:00", wall_seconds=69.04)
     row = _build_row(run, published.to_json(), None)
     assert (row["started"], row["seconds"]) == ("2026-12-05T10:00:00+00:00", 69.0)
     running = SimpleNamespace(**vars(run) | {"state": "running", "end_date": None})

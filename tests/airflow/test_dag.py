@@ -6,6 +6,7 @@ import json
 import os
 import re
 import time
+from typing import Any
 
 import pytest
 
@@ -148,6 +149,7 @@ def test_a_bucketed_run_maps_the_merge_over_buckets(airflow_db, dag, tmp_path, s
     assert build["mds"]["tokens"] == 64_522 and (folder / "mds" / "index.json").is_file()
     config = BuildConfig(input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), **conf)
     by_hand = Build.start(config, "by-hand").run(parallel=2).record
+    assert by_hand.mds is not None
     assert (by_hand.digest, by_hand.mds.index_sha256) == (build["digest"], build["mds"]["index_sha256"])
 
 
@@ -159,7 +161,7 @@ def test_a_mixture_run_takes_each_source_at_its_share(airflow_db, dag, tmp_path,
     from tokenization.builds.run import Build
 
     corpus = f"{sample_corpus}/part-0000"
-    mixture = {
+    mixture: dict[str, Any] = {
         "tokens": 50_000,
         "sources": [
             {"name": "web", "input": f"{corpus}[01].jsonl.gz", "weight": 5},  # 32,323 tokens for 25,000
@@ -336,7 +338,7 @@ def test_unpausing_starts_the_most_recent_nightly_slot(monkeypatch) -> None:
     first = timetable.next_dagrun_info(
         last_automated_data_interval=None, restriction=TimeRestriction(dag.start_date, None, catchup=False)
     )
-    assert first.run_after == pendulum.datetime(2026, 11, 30, 2, 0, tz="UTC")
+    assert first is not None and first.run_after == pendulum.datetime(2026, 11, 30, 2, 0, tz="UTC")
 
 
 def test_the_sensor_fails_at_once_when_plan_failed_after_recording_the_run(airflow_db, dag, monkeypatch) -> None:

@@ -26,7 +26,7 @@ def _errors() -> tuple[list[BaseException], list[BaseException]]:
     from tokenization.storage.locations import LocationError
     from tokenization.tokenizer.documents import TooManyRejects
 
-    data = [
+    data: list[BaseException] = [
         InputError("a.jsonl.gz: corrupt"),
         UsageError("rank 3 is outside 0..1"),
         LocationError("param output: /etc is outside"),
@@ -36,7 +36,7 @@ def _errors() -> tuple[list[BaseException], list[BaseException]]:
         BuildError("verify found 1 problems"),
         PlanError("unknown params"),
     ]
-    transient = [
+    transient: list[BaseException] = [
         StorageError("s3://bucket/a.jsonl: EndpointConnectionError"),
         ConnectionResetError("connection reset by peer"),
         AttemptConflict("another attempt is alive"),

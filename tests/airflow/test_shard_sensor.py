@@ -10,25 +10,29 @@ import importlib
 import re
 import time
 from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
 
+from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, TaskDeferred
 from tokenization_airflow import sensors
 from tokenization_airflow.sensors import ShardsCannotComplete, ShardSensor, ShardTrigger
 
+from tokenization.builds.run import Build
 from tokenization.errors import StorageError
 
 RUN = {"dag_id": "tokenize_corpus", "run_id": "manual__1", "ranks_task_id": "tokenize"}
 MISSING = {1: "no completion marker"}
 
 
-def checks(monkeypatch, *answers) -> list[tuple]:
+def checks(monkeypatch, *answers) -> list[Any]:
     """``missing_shards`` gives ``answers`` in turn, then the last one again and again (an exception is raised);
     returns the arguments it got, the build being what a call of ``build_of`` made (of a 3-rank plan)."""
-    asked, answers = [], list(answers)
+    asked: list[Any] = []
+    pending = list(answers)
 
     def build_of(params, spec):
         asked.append("build_of")
@@ -38,7 +42,7 @@ def checks(monkeypatch, *answers) -> list[tuple]:
 
     def missing_shards(*args):
         asked.append(args)
-        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        answer = pending.pop(0) if len(pending) > 1 else pending[0]
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -97,7 +101,7 @@ def sensor() -> ShardSensor:
 
 
 def test_the_sensor_returns_at_once_when_the_shards_are_there_and_defers_otherwise(monkeypatch) -> None:
-    context = {"ti": TaskInstance(), "params": {"seed": 1}}
+    context = cast(Context, {"ti": TaskInstance(), "params": {"seed": 1}})  # what the sensor reads of it
     checks(monkeypatch, ([None], {}), (None, MISSING))
     assert sensor().execute(context) == [None]
     before = time.time()
@@ -132,7 +136,7 @@ def test_the_sensor_goes_on_from_the_triggers_event() -> None:
 def test_the_check_waits_only_for_ranks_that_can_still_finish(monkeypatch, missing, states, expected) -> None:
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-    build = SimpleNamespace(incomplete_ranks=lambda: missing, merge_buckets=[3, 4])
+    build = cast(Build, SimpleNamespace(incomplete_ranks=lambda: missing, merge_buckets=[3, 4]))  # what it reads
     asked = []
 
     def get_task_states(**query):

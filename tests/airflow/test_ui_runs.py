@@ -41,7 +41,9 @@ def browser():
     from selenium import webdriver
 
     options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
+    chromium = shutil.which("chromium")
+    assert chromium is not None  # the module is skipped without it
+    options.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(shutil.which("chromedriver")))

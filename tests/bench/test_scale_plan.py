@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields, replace
 from itertools import pairwise
+from typing import Any
 
 import pytest
 
@@ -126,7 +127,8 @@ def test_every_field_is_a_flag_and_the_report_is_written_between_markers(tmp_pat
             argv, expected = [f"--no-{name}" if value else f"--{name}"], not value
         else:
             argv, expected = [f"--{name}", str(value)], value
-        assert report.parse_args(argv)[0] == replace(DEFAULT, **{f.name: expected}), name
+        changed: dict[str, Any] = {f.name: expected}
+        assert report.parse_args(argv)[0] == replace(DEFAULT, **changed), name
     argv = ["--tokenize-mb-s", "36", "--bucket-prefixes", "--ranks", "2048", "--out", str(tmp_path / "x.md")]
     assert report.parse_args(argv) == (
         replace(DEFAULT, tokenize_mb_s=36, bucket_prefixes=True, ranks=2048),

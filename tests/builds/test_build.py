@@ -55,7 +55,8 @@ def test_a_worker_writes_its_profile_where_asked(tmp_path, sample_corpus, sample
     names = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "profiles").glob("*.prof"))
     assert names == ["tokenize-0", "tokenize-1"]  # the ranks' workers (a context window of 0: no shards)
     (rank,) = (tmp_path / "profiles").glob("tokenize-0-*.prof")
-    assert any(name == "tokenize_rank" for _, _, name in pstats.Stats(str(rank)).stats)
+    profile = pstats.Stats(str(rank)).stats  # type: ignore[attr-defined]  # typeshed leaves out Stats' table
+    assert any(name == "tokenize_rank" for _, _, name in profile)
     monkeypatch.delenv(workers.PROFILE)
     plain = Build.start(config_of(sample_corpus, tmp_path / "plain", sample_tokenizer), "plain").run(parallel=2)
     assert profiled.record.digest == plain.record.digest
@@ -172,6 +173,7 @@ def test_a_whole_build_without_airflow(tmp_path, sample_corpus, sample_tokenizer
     )
     caplog.set_level(logging.INFO, logger="tokenization.progress")
     first = Build.start(config, "first").run(parallel=2, progress=1e-9)
+    assert first.record.footprint is not None
     done = [r.getMessage() for r in caplog.records if r.name == "tokenization.progress" and "done in" in r.message]
     assert [line.split(", ")[:3] for line in done] == [  # every rank's documents and tokens, relayed and summed
         ["tokenize: 3 ranks: 100.0% of 93.2 kB", "308 docs", "64,522 tokens"],

@@ -45,7 +45,12 @@ def inputs(tmp_path, sample_corpus):
 def hashed(monkeypatch) -> list[str]:
     """The paths the plan reads to hash them, in the order it does."""
     read: list[str] = []
-    monkeypatch.setattr(content, "file_sha256", lambda path, fs: read.append(path) or file_sha256(path, fs))
+
+    def hashing(path, fs):
+        read.append(path)
+        return file_sha256(path, fs)
+
+    monkeypatch.setattr(content, "file_sha256", hashing)
     content._sha256_once.cache_clear()
     return read
 

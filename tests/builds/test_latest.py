@@ -11,6 +11,7 @@ import sys
 import threading
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -238,14 +239,14 @@ def test_a_malformed_sibling_never_blocks_a_publish(tmp_path, caplog, run_claim,
     assert warnings and all(reason in m for m in warnings), caplog.messages
 
 
-def racing_publishes(monkeypatch, output: str, first: str, second: str, make, options=None) -> str:
+def racing_publishes(monkeypatch, output: str, first: str, second: str, make, options=None) -> str | None:
     """Two publishes of ``output`` at once: ``first`` completes and lists the builds, then waits (at most
     ``WIDENED_SECONDS``) in the window before its write while ``second`` completes and points ``LATEST``; ``make``
     completes a build. Returns what ``LATEST`` names at the end."""
     in_window, second_done = threading.Event(), threading.Event()
     listing = latest.complete_builds
 
-    def widened(folder: str) -> list:
+    def widened(folder: Folder) -> list:
         builds = listing(folder)
         if threading.current_thread().name == first and not in_window.is_set():
             in_window.set()
@@ -385,7 +386,12 @@ def test_publish_into_outputs_with_glob_characters(tmp_path, sample_corpus, samp
     fake_build(tmp_path / "outA", "night-0", DAY1)
     fake_build(tmp_path / "outA", "night-1", DAY2)
     kept = files_of(tmp_path / "outA")
-    config = {"input": str(sample_corpus), "tokenizer": str(sample_tokenizer), "num_ranks": 1, "context_window": 0}
+    config: dict[str, Any] = {
+        "input": str(sample_corpus),
+        "tokenizer": str(sample_tokenizer),
+        "num_ranks": 1,
+        "context_window": 0,
+    }
     for name in ("out?", "other path [x]"):
         output = tmp_path / name
         fake_build(output, "night-0", DAY1)
@@ -401,9 +407,9 @@ def test_publish_into_outputs_with_glob_characters(tmp_path, sample_corpus, samp
 def test_retention_on_s3_takes_the_output_literally(s3) -> None:
     """Finding 5 on S3, where fsspec globs in ``rm(recursive=True)`` too: retention in ``out?`` lists and deletes
     only its own builds, never ``outA``'s of the same names."""
-    for output in ("corpus/out?", "corpus/outA"):
-        s3_build(s3.fs, output, "night-1", DAY1)
-        s3_build(s3.fs, output, "night-2", DAY2)
+    for name in ("corpus/out?", "corpus/outA"):
+        s3_build(s3.fs, name, "night-1", DAY1)
+        s3_build(s3.fs, name, "night-2", DAY2)
     kept = {p: s3.fs.cat_file(p) for p in s3.fs.find("corpus/outA")}
     output = Folder("s3://corpus/out?", s3.options)
     assert [b.run_dir for b in complete_builds(output)] == ["s3://corpus/out?/night-2", "s3://corpus/out?/night-1"]

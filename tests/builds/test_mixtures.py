@@ -84,7 +84,7 @@ def source_of(text: str) -> str | None:
 def decoded(paths: list[Path], tokenizer: Tokenizer) -> list[tuple[str | None, str | None, str, int]]:
     """Every index entry of these ``.ds`` files, in order: (its source by its text, by its sidecar, its text, its
     tokens)."""
-    entries = []
+    entries: list[tuple[str | None, str | None, str, int]] = []
     eos = tokenizer.token_to_id(EOS)
     for path in paths:
         file = TokenFile(str(path))
@@ -167,7 +167,11 @@ def test_a_source_too_small_for_its_share_is_refused_by_name(tmp_path, sample_to
     build = Build.start(config(tmp_path, sample_tokenizer, mixture), "small")
     for rank in build.ranks:
         build.tokenize(rank, progress=False)
-    has = sum(rank.sources[1].tokens for rank in (build.tokenize(r, progress=False).record for r in build.ranks))
+    has = 0
+    for r in build.ranks:
+        sources = build.tokenize(r, progress=False).record.sources
+        assert sources is not None
+        has += sources[1].tokens
     refusal = (
         f"mixture source 'code' has {has:,} tokens, used at most 3 times: {3 * has:,}; its 0.6 of the weights needs "
         "120,000 of the 200,000: lower its weight or the budget, or raise its max_repetition"

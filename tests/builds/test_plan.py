@@ -58,6 +58,7 @@ def test_a_resume_after_new_input_reads_exactly_the_plan(tmp_path, inputs, sampl
     assert published.record.digest == clean.record.digest
     books = published.record.conservation
     assert (books.docs_in, books.holds, books.inputs_problem) == (309, True, None)
+    assert published.record.inputs is not None and published.record.inputs.arrived_after_plan is not None
     assert published.record.inputs.arrived_after_plan.to_json() == {"files": 1, "first": [late]}
     assert "inputs: the plan's 4 files, each read once; 1 arrived after the plan, left for the next build" in (
         summary(published.record)
@@ -152,7 +153,12 @@ def test_a_chmod_or_a_copy_keeping_the_mtime_is_the_same_file(tmp_path, inputs, 
         assert now.st_mtime_ns == before[path].st_mtime_ns
         assert (now.st_ino, now.st_ctime_ns) != (before[path].st_ino, before[path].st_ctime_ns)
     hashed = []
-    monkeypatch.setattr(content, "file_sha256", lambda path, fs: hashed.append(path) or file_sha256(path, fs))
+
+    def hashing(path, fs):
+        hashed.append(path)
+        return file_sha256(path, fs)
+
+    monkeypatch.setattr(content, "file_sha256", hashing)
     content._sha256_once.cache_clear()
     assert Build.start(config, "b").run().record == published.record
     assert sorted(hashed) == sorted(map(str, (copied, *chmodded)))  # part-00002, untouched, is not read
@@ -207,8 +213,10 @@ def test_a_plan_made_before_content_hashes_cannot_tell_a_chmod_from_a_rewrite(tm
     row = f"{st.st_size},{fields['mtime_ns']},1,{fields['ino']},{st.st_dev},{st.st_mtime_ns + 1},{sha256}"
     assert difference(old, now, lambda: {str(path): row}) is None  # a rank hashed it at its planned stat
     other = row.replace(sha256, "0" * 64)
-    assert difference(old, now, lambda: {str(path): other}).startswith("its content changed (sha256 ")
-    assert difference(old, now, lambda: {str(path): row.replace(",1,", ",2,", 1)}).startswith("its inode or")
+    changed = difference(old, now, lambda: {str(path): other})
+    assert changed is not None and changed.startswith("its content changed (sha256 ")
+    changed = difference(old, now, lambda: {str(path): row.replace(",1,", ",2,", 1)})
+    assert changed is not None and changed.startswith("its inode or")
 
 
 def test_the_books_refuse_ranks_that_read_other_files(tmp_path, inputs, sample_tokenizer, monkeypatch) -> None:

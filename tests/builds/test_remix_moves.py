@@ -85,7 +85,7 @@ def test_a_remix_moves_only_the_documents_it_chooses_and_makes_the_bytes_of_a_bu
     ]
     written = [TokenFile(str(path)) for path in sorted((tmp_path / "out" / "remix" / "ranks").glob("*.ds"))]
     assert sum(file.num_tokens for file in written) == moved
-    distinct = sum(a.tokens_chosen for a in remix.mixture or []) - remix.stages.merge.tokens_repeated  # type: ignore[union-attr,operator]
+    distinct = sum(a.tokens_chosen for a in remix.mixture or []) - remix.stages.merge.tokens_repeated
     assert moved == distinct < held
     assert remix.stages.merge is not None and remix.stages.merge.tokens_dropped == 0  # nothing left to leave out
     assert remix.conservation.tokens_not_chosen == held - moved

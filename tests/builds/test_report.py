@@ -8,6 +8,7 @@ import re
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ from tokenization.records import (
 from tokenization.storage.folder import Folder
 
 HOSTILE = "<script>alert(1)</script>"
-NEW_FIELDS = {
+NEW_FIELDS: dict[str, Any] = {
     "started": "2026-11-30T02:00:07.25+00:00",
     "finished": "2026-11-30T02:01:19.65+00:00",
     "wall_seconds": 72.4,

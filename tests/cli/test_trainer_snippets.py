@@ -58,7 +58,9 @@ def builds(tokenizer, tmp_path_factory, sample_corpus, sample_tokenizer) -> Path
     path = sample_tokenizer if tokenizer == "sample" else shared_path("tokenizers", tokenizer, "tokenizer.json")
     (here / "tokenizer.json").symlink_to(path)
     write_mixture(here)
-    commands = re.search(r"```bash\n(tokenization build .*?)```", SECTION, flags=re.DOTALL).group(1).splitlines()
+    section = re.search(r"```bash\n(tokenization build .*?)```", SECTION, flags=re.DOTALL)
+    assert section is not None
+    commands = section.group(1).splitlines()
     assert len(commands) == 3
     for command in commands:
         words = shlex.split(command)
@@ -96,6 +98,7 @@ def printed(builds: Path, name: str) -> list[str]:
 def test_datatroves_reader_gives_windows_positions_and_the_loss_mask(builds, tokenizer) -> None:
     files, loss = read_by_datatrove(builds, "nightly")
     assert {f.token_size for f in files} == {TOKEN_SIZES[tokenizer]}
+    assert files[0].loss is not None
     assert loss == int(np.asarray(files[0].loss[:WINDOW]).sum()) > 0
 
 
@@ -117,7 +120,9 @@ def read_by_datatrove(builds: Path, build: str) -> tuple[list[TokenFile], int]:
     ends = np.asarray(files[0].ends, dtype=np.int64)
     doc_starts = np.concatenate([[0], ends[ends < 8]])
     positions = [i - int(doc_starts[doc_starts <= i].max()) for i in range(8)]
-    count, ids, where, loss = re.fullmatch(r"(\d+) (\[.*?\]) (\[.*?\]) (\d+)", line).groups()
+    shown = re.fullmatch(r"(\d+) (\[.*?\]) (\[.*?\]) (\d+)", line)
+    assert shown is not None, line
+    count, ids, where, loss = shown.groups()
     assert int(count) == sum(f.num_tokens // WINDOW for f in files) > 0
     assert (json.loads(ids), json.loads(where)) == (first[:8].tolist(), positions)
     return files, int(loss)
@@ -130,6 +135,7 @@ def test_numpy_reads_whole_windows_and_their_loss(builds) -> None:
     for line, path in zip(lines, paths, strict=True):
         ours = TokenFile(str(path))
         full = ours.num_tokens // WINDOW
+        assert ours.loss is not None
         loss = int(np.asarray(ours.loss[: full * WINDOW]).sum())
         assert line == f"builds/nightly/context/{path.name} ({full}, {WINDOW}) {loss} {len(ours.ends)}"
 
@@ -141,6 +147,7 @@ def test_streaming_reads_the_mds_windows(builds, tokenizer) -> None:
     ends = np.asarray(first.ends, dtype=np.int64)
     windows = sum(-(-f.num_tokens // WINDOW) for f in files)
     ids = np.asarray(first.tokens[:8]).tolist()
+    assert first.loss is not None
     loss = int(np.asarray(first.loss[:WINDOW]).sum())
     assert line == f"{windows} {ids} {ends[ends <= WINDOW].tolist()} {loss}" and loss > 0
 
@@ -157,7 +164,9 @@ def test_a_moved_megatron_build_is_read_by_its_data_path(builds, tokenizer, tmp_
     shutil.move(builds / "builds/nightly-megatron", moved)
     try:
         megatron_reads(builds, str(moved), MEGATRON_TOKENS[tokenizer])
-        command = re.search(r"<!-- megatron data path -->\n```bash\n(.*?)```", SECTION, flags=re.DOTALL).group(1)
+        snippet = re.search(r"<!-- megatron data path -->\n```bash\n(.*?)```", SECTION, flags=re.DOTALL)
+        assert snippet is not None
+        command = snippet.group(1)
         assert "builds/nightly-megatron" in command
         script = "python() { printf '%s\\n' \"$@\"; }\n" + command.replace("builds/nightly-megatron", str(moved))
         done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True)
@@ -200,6 +209,7 @@ def test_a_mixtures_sources_are_read_a_piece_at_a_time(builds) -> None:
     totals = dict.fromkeys(WORDS, 0)
     for line, path in zip(lines, paths, strict=True):
         ours = TokenFile(str(path))
+        assert ours.metadata is not None
         names = list(ours.metadata.sources)
         assert names == list(WORDS)
         tokens, ends = np.asarray(ours.tokens), np.asarray(ours.ends, dtype=np.int64)

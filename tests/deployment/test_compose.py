@@ -112,7 +112,9 @@ def test_the_stack_refuses_to_start_with_the_placeholder_secrets() -> None:
 def test_a_dead_workers_tasks_come_back_in_minutes_in_compose_and_in_the_tests(monkeypatch) -> None:
     """Airflow fails, then retries, a task whose heartbeats stopped after this timeout: 300 s by default. The
     retry must find the dead attempt's S3 lease expired, or it fails on it until its retries run out."""
-    from plugins.tokenization_airflow.deployment import Deployment
+    monkeypatch.syspath_prepend(ROOT / "plugins")  # where Airflow finds the plugins
+    from tokenization_airflow.deployment import Deployment
+
     from tokenization.output.leases import LEASE_TTL_SECONDS
 
     env = COMPOSE["x-airflow-common"]["environment"]

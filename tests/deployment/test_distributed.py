@@ -15,6 +15,7 @@ import json
 import shutil
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -22,7 +23,7 @@ import pytest
 from harness.cluster import Cluster, services_missing
 from tests.support.builds import in_process
 from tests.support.corpus import write_jsonl
-from tests.support.stages import file_bytes, merged, run, shuffled
+from tests.support.stages import cache_of, file_bytes, merged, run, shuffled
 from tests.support.tokenizers import EOS
 from tokenization.builds.accounting import stage_counts
 from tokenization.builds.config import BuildConfig
@@ -36,7 +37,7 @@ pytestmark = [pytest.mark.skipif(reason is not None, reason=f"distributed test: 
 
 DAG = "tokenize_corpus"
 SEED = 99
-CONF = {
+CONF: dict[str, Any] = {
     "input": "s3://corpus/input",
     "num_ranks": 4,
     "seed": SEED,
@@ -93,7 +94,11 @@ def test_celery_deployment_with_s3_a_cleared_rank_a_killed_merge_worker_and_one_
         s3.mkdir("corpus")
         upload(s3, sample_corpus)
         params = {k: v for k, v in CONF.items() if k != "sensor_timeout"}  # the DAG's own params, an Airflow one aside
-        where = {"output": "s3://corpus/builds", "tokenizer": str(sample_tokenizer), "storage_options": {"s3": options}}
+        where: dict[str, Any] = {
+            "output": "s3://corpus/builds",
+            "tokenizer": str(sample_tokenizer),
+            "storage_options": {"s3": options},
+        }
         last_night = BuildConfig(**where, **params)
         in_process(Build.start(last_night, "last_night"))  # what tonight's runs find in the cache
         tonight = next_night(sample_corpus, tmp_path / "tonight")
@@ -120,8 +125,8 @@ def test_celery_deployment_with_s3_a_cleared_rank_a_killed_merge_worker_and_one_
             clear = {"dry_run": False, "dag_run_id": run_id, "task_ids": [["tokenize", 1]], "only_failed": False}
             if run_id == "run_b":  # as the Grid's Clear dialog sends it: the sensor too, refused were it running
                 clear |= {"include_downstream": True, "prevent_running_task": True}
-            cleared = cluster.api("POST", f"/dags/{DAG}/clearTaskInstances", clear)
-            cleared = {(t["task_id"], t["map_index"]) for t in cleared["task_instances"]}
+            answer = cluster.api("POST", f"/dags/{DAG}/clearTaskInstances", clear)
+            cleared = {(t["task_id"], t["map_index"]) for t in answer["task_instances"]}
             assert {k for k in cleared if k[0] == "tokenize"} == {("tokenize", 1)}, cleared  # not the other ranks
             assert (("wait_for_shards", -1) in cleared) == (run_id == "run_b"), cleared
 
@@ -151,19 +156,20 @@ def test_celery_deployment_with_s3_a_cleared_rank_a_killed_merge_worker_and_one_
             merges.append((datetime.fromisoformat(m["start_date"]), datetime.fromisoformat(m["end_date"])))
         first, second = sorted(merges)
         assert first[1] <= second[0], f"two merges ran at once: {merges}"
-        assert cluster.proxy.injected > 0, "no 503 was injected"
+        assert cluster.proxy is not None and cluster.proxy.injected > 0, "no 503 was injected"
 
         s3.invalidate_cache()
         served = {
             f.url.rsplit("/", 1)[1]: f.hit
             for p in s3.find("corpus/builds/run_a/ranks/_manifests")
-            for f in RankManifest.loads(s3.cat_file(p), p).cache.files
+            for f in cache_of(RankManifest.loads(s3.cat_file(p), p)).files
         }
         assert sorted(name for name, hit in served.items() if not hit) == ["part-00001.jsonl.gz", "part-00004.jsonl.gz"]
         assert len(served) == 4
         # the retry kept the dead attempt's file, and its records describe no mix
         merged = Folder(f"s3://corpus/builds/{killed}/merged", {"s3": options})
-        assert stage_counts(merged, MergeCounts).resumed_files == 1
+        counts = stage_counts(merged, MergeCounts)
+        assert counts is not None and counts.resumed_files == 1
         records_alone = verify(merged, str(sample_tokenizer), EOS)  # its files went once published
         assert records_alone.ok and records_alone.files == 0
         s3.invalidate_cache()
@@ -179,6 +185,7 @@ def test_celery_deployment_with_s3_a_cleared_rank_a_killed_merge_worker_and_one_
             built[run_id] = {
                 p.rsplit("/", 1)[1]: s3.cat_file(p) for p in s3.find(dataset[5:]) if p.endswith(DATA_FILES)
             }
+        assert cluster.proxy is not None
         injected = cluster.proxy.injected
     reference = local_reference(tmp_path / "local", tonight, sample_tokenizer)
     assert built["run_a"] == built["run_b"] == reference and len(reference) >= 8

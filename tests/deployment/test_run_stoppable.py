@@ -105,6 +105,7 @@ def test_it_stops_everything_when_no_one_reads_its_messages_any_more(tmp_path) -
     stopping raised BrokenPipeError, and the runner died, leaving the command running."""
     wrapper = start(tmp_path, "leader")
     tree = pids(tmp_path, ("leader", "component", "task", "stubborn"))
+    assert wrapper.stderr is not None
     wrapper.stderr.close()
     wrapper.send_signal(signal.SIGTERM)
     wrapper.wait(timeout=30)

@@ -33,7 +33,7 @@ if RANKS:
             raise RuntimeError(f"rank {rank}: failing its first attempt on purpose (tests/faults)")
         return _tokenize(self, rank, *args, **kwargs)
 
-    Build.tokenize = tokenize
+    Build.tokenize = tokenize  # type: ignore[method-assign]  # the fault, planted in the process under test
 
 if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FREEZE_AT:
     from tokenization.output import attempts, leases
@@ -60,8 +60,9 @@ if os.environ.get("FAULT_LEASE_TTL") or os.environ.get("FAULT_HEARTBEAT") or FRE
 
         return frozen
 
-    leases.ObjectLease.acquire = freezing("lease", leases.ObjectLease.acquire, after=True)
-    attempts.Attempt.place_families = freezing("publish", attempts.Attempt.place_families, after=False)
+    # the faults, planted in the process under test
+    leases.ObjectLease.acquire = freezing("lease", leases.ObjectLease.acquire, after=True)  # type: ignore[method-assign]
+    attempts.Attempt.place_families = freezing("publish", attempts.Attempt.place_families, after=False)  # type: ignore[method-assign]
 
 if os.environ.get("FAULT_STALL_MERGE"):
     import time
@@ -77,4 +78,4 @@ if os.environ.get("FAULT_STALL_MERGE"):
             stalled.touch()
             time.sleep(3600)
 
-    resume.Checkpoints.__call__ = checkpoint_then_stall
+    resume.Checkpoints.__call__ = checkpoint_then_stall  # type: ignore[method-assign]  # the fault, planted

@@ -76,6 +76,7 @@ def test_writer_bytes_are_little_endian_and_headerless(tmp_path, token_size: int
     assert (tmp_path / "x.ds.index").read_bytes() == np.array([2, 3, 4], dtype="<u8").tobytes()
     assert (tmp_path / "x.ds.loss").read_bytes() == b"\x01\x00\x01\x01"
     assert (tmp_path / "x.ds.metadata").read_text() == f"tok|{token_size}\n4\n4.00 T"
+    assert written is not None
     assert written.tokens == 4 and written.index_entries == 3
     checksums = {f.name: f.sum for f in written.files}
     for name in ("x.ds", "x.ds.index", "x.ds.loss", "x.ds.metadata"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from unittest.mock import patch
 
 import numpy as np
@@ -25,7 +26,7 @@ def _corpus(lengths: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 # Every way a block reads a source: one span read, one pread a unit; and puts its units in order: the C helper's
 # copies (where it can be built), or the numpy path's (Arrow's take).
-READ_PATHS = {
+READ_PATHS: dict[str, dict[str, Any]] = {
     "span": {"SPAN_READ_MAX_WASTE": 10**9},
     "pread": {"SPAN_READ_MAX_WASTE": 0},
 }
@@ -40,6 +41,7 @@ def _permute(tmp_path, tokens, loss, ends, order, inner=None, block=1 << 20, max
     writer = SplitWriter(
         tmp_path, lambda s: f"out{s:03d}.ds", tokenizer="t", token_size=2, save_loss=True, max_tokens=max_tokens
     )
+    assert source.written is not None
     pool = SourcePool([str(source.written.path)], 2, with_loss=True)
     read, put = path.split("-")
     helper = native.helper if put == "c" else lambda: None
@@ -118,6 +120,7 @@ def test_some_pieces_hash_as_a_stream_of_them_alone(tmp_path_factory, lengths, s
     alone = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     with TokenFileWriter(tmp_path / "alone.ds", tokenizer="t", token_size=2, save_loss=True) as only:
         only.write(tokens[alone], np.cumsum([len(p) for p in parts]).astype(np.int64), loss[alone])
+    assert source.written is not None and only.written is not None
     with SourcePool([str(source.written.path), str(only.written.path)], 2, with_loss=True) as pool:
         found = source_pool.pieces_contents(pool, 0, starts[chosen], ends[chosen], sources, block=block)
         (expected,) = source_pool.contents_of(
@@ -132,7 +135,7 @@ def test_a_block_buffer_is_given_again_only_once_nothing_holds_it() -> None:
     blocks = source_pool.Blocks()
     first = blocks.take(1000)
     address = first.ctypes.data
-    held = [first.view(np.uint16)[3:], memoryview(first[10:])]
+    held = [first.view(np.uint16)[3:], memoryview(first[10:].data)]
     del first
     while held:
         assert blocks.take(800).ctypes.data != address

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import cast
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from tests.support.stages import run
 from tokenization.formats import moves, native, source_pool
 from tokenization.formats.contents import ContentsHasher, hash_parts, within
-from tokenization.formats.ds import TokenFileError
+from tokenization.formats.ds import SplitWriter, TokenFileError
 from tokenization.records import ContentsSum
 
 SIZES = [0, 1, 7, 1000, 300_000]  # past a numpy sub-block
@@ -34,7 +35,7 @@ def on_path(monkeypatch, path: str) -> None:
 
 def block(rng: np.random.Generator, size: int, dtype: type, with_loss: bool):
     top = np.iinfo(dtype).max
-    tokens = rng.integers(0, top, size, endpoint=True, dtype=np.int64).astype(dtype)
+    tokens: np.ndarray = rng.integers(0, top, size, endpoint=True, dtype=np.int64).astype(dtype)
     tokens[rng.random(size) < 0.01] = top  # the largest id: its square wraps around 2^64 in 4 bytes
     loss = None
     if with_loss:
@@ -233,7 +234,7 @@ def test_a_blocks_units_are_put_in_their_places_from_every_source(tmp_path, span
     source, starts, ends = source[order], starts[order], ends[order]
     captured = _Captured()
     with source_pool.SourcePool([f for f, _, _ in files], 2, with_loss=True) as pool:
-        moves.move_units(pool, source, starts, ends, captured, None, block_tokens=3_000)
+        moves.move_units(pool, source, starts, ends, cast(SplitWriter, captured), None, block_tokens=3_000)
     for k, which in ((0, 1), (1, 2)):
         expected = np.concatenate([files[f][which][s:e] for f, s, e in zip(source, starts, ends, strict=True)])
         assert np.array_equal(np.concatenate([captured.tokens, captured.loss][k]), expected)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -227,7 +228,7 @@ def test_datatroves_reader_returns_one_packed_window_a_sample_each_document_from
 
 
 def test_packing_needs_a_pad_and_loss_bytes_and_leaves_no_tail_to_drop(tmp_path) -> None:
-    common = {"input": str(tmp_path), "output": str(tmp_path / "out"), "context_mode": "packed"}
+    common: dict[str, Any] = {"input": str(tmp_path), "output": str(tmp_path / "out"), "context_mode": "packed"}
     with pytest.raises(UsageError, match="give --pad-id"):
         ContextShuffleConfig(**common)
     with pytest.raises(UsageError, match="no tail to drop"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +27,7 @@ EMPTY = {
     "empty texts": '{"text": ""}\n{"text": ""}\n',
     "rejects only": '{"txt": "no text key"}\n{"text": 5}\nnot json\n',
 }
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "shuffled": {},
     "input order": {"shuffle_documents": False},
     "chunks": {"shuffle_chunk_size": 7},
@@ -121,4 +122,5 @@ def test_a_build_with_an_empty_file_holds_each_document_once(tmp_path, sample_to
         built[folder] = Build.start(config, "b").run().record
     assert built["holes"].digest == built["plain"].digest
     assert built["holes"].tokens == built["plain"].tokens
-    assert built["holes"].stages.tokenize.contents_in.pieces == 3
+    read = built["holes"].stages.tokenize.contents_in
+    assert read is not None and read.pieces == 3

@@ -65,8 +65,11 @@ def test_records_are_read_at_their_places_alone(tmp_path, name: str) -> None:
     (file,) = list_input_files([str(path)]).files
     docs = [d for d in DocumentReader([file]) if isinstance(d, Record)]
     for drawn in ([0, 1, 2], [3, 4, 5, 11], [6, 7], [11]):
-        found = DocumentReader([file]).at(file, [(docs[k].offset, docs[k].line) for k in drawn])
-        assert [(d.id, d.text, d.line) for d in found] == [(docs[k].id, docs[k].text, docs[k].line) for k in drawn]
+        found = list(DocumentReader([file]).at(file, [(docs[k].offset, docs[k].line) for k in drawn]))
+        assert all(isinstance(d, Record) for d in found), found
+        assert [(d.id, d.text, d.line) for d in found if isinstance(d, Record)] == [
+            (docs[k].id, docs[k].text, docs[k].line) for k in drawn
+        ]
     wrong = [(docs[2].offset + 1, docs[2].line), (docs[11].offset + 10_000, 99)]
     assert DocumentReader([file]).at(file, wrong) == [None, None]
 
@@ -192,7 +195,7 @@ def test_truncated_compressed_file_names_file_and_last_good_line(tmp_path, compr
     path = tmp_path / f"cut.jsonl.{compression}"
     path.write_bytes(data[: len(data) // 2])
     reader = DocumentReader(list_input_files([str(path)]).files)
-    seen = []
+    seen: list[Record | Rejected] = []
     with pytest.raises(InputError) as info:
         seen.extend(reader)
     message = str(info.value)
@@ -302,7 +305,7 @@ def test_a_storage_failure_while_reading_is_a_storage_error_not_bad_data(tmp_pat
     path = write_jsonl(tmp_path / "a.jsonl", RECORDS)
 
     class Reset(io.BytesIO):
-        def readline(self, size: int = -1) -> bytes:
+        def readline(self, size: int | None = -1) -> bytes:
             if self.tell():
                 raise ConnectionResetError("connection reset by peer")
             return super().readline(size)

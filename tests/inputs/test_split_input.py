@@ -77,7 +77,8 @@ def test_parts_read_every_record_once_numbered_as_the_whole_file(tmp_path, monke
 def test_a_part_that_ends_short_is_an_error(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("tokenization.inputs.listing.MB", KB)
     path = _awkward_jsonl(tmp_path / "a.jsonl")
-    (last,) = [f for f in split_files(list_input_files([str(path)]).files, 4) if f.part.index == f.part.count - 1]
+    parts = split_files(list_input_files([str(path)]).files, 4)
+    (last,) = [f for f in parts if f.part is not None and f.part.index == f.part.count - 1]
     with open(path, "r+b") as shrunk:
         shrunk.truncate(last.span[0] + 10)
     with pytest.raises(
@@ -129,6 +130,7 @@ def test_one_big_file_keeps_every_rank_busy_and_the_books_balance(tmp_path, samp
     split_config = replace(config, split_input_mb=3)
     split = in_process(Build.start(split_config, "split"))
     ranks = rank_manifests(Folder(str(tmp_path / "out" / "split" / "ranks")), 4)
+    assert config.input is not None
     sizes = {f.url: f.size for f in list_input_files([config.input]).files}
     for rank in ranks:
         assert rank.inputs and all(f.part is not None for f in rank.inputs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from tokenization.stages.merge.config import MergeConfig, MergeOptions
 from tokenization.stages.tokenize import RankOptions, TokenizeConfig
 from tokenization.tokenizer.documents import DocumentOptions
 
-MINIMAL = {  # each config with only what it requires
+MINIMAL: dict[type, dict[str, Any]] = {  # each config with only what it requires
     BuildConfig: {"input": "i", "output": "o", "tokenizer": "t"},
     TokenizeConfig: {"inputs": ["i"], "output": "o", "tokenizer": "t"},
     MergeConfig: {"input": "i", "output": "o", "save_filename": "m"},
@@ -103,11 +104,11 @@ def test_configs_check_themselves_naming_the_field() -> None:
     with pytest.raises(UsageError, match="num_ranks must be at most 4096, got 5000"):
         BuildConfig(input="i", output="o", tokenizer="t", num_ranks=5000)
     with pytest.raises(UsageError, match="merge_mode must be one of interleave, shuffle, bucketed, got 'random'"):
-        MergeConfig(input="i", output="o", save_filename="m", merge_mode="random")
+        MergeConfig(input="i", output="o", save_filename="m", merge_mode="random")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="num_ranks must be an integer, got '4'"):
-        BuildConfig(input="i", output="o", tokenizer="t", num_ranks="4")
+        BuildConfig(input="i", output="o", tokenizer="t", num_ranks="4")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="save_loss must be true or false, got 1"):
-        BuildConfig(input="i", output="o", tokenizer="t", save_loss=1)
+        BuildConfig(input="i", output="o", tokenizer="t", save_loss=1)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="save_filename must not be empty"):
         MergeConfig(input="i", output="o", save_filename="")
     with pytest.raises(UsageError, match="Megatron's indexed dataset has no loss mask"):

@@ -38,7 +38,7 @@ def corpus(tmp_path_factory) -> Path:
     return folder
 
 
-def tokenize(corpus: Path, output: Path, tokenizer: Path, **popen) -> subprocess.Popen:
+def tokenize(corpus: Path, output: Path, tokenizer: Path, **popen) -> subprocess.Popen[str]:
     command = [
         sys.executable,
         "-m",
@@ -54,6 +54,12 @@ def tokenize(corpus: Path, output: Path, tokenizer: Path, **popen) -> subprocess
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
+def errors_of(process: subprocess.Popen[str]) -> str:
+    """What a rank started by ``tokenize`` wrote to its stderr."""
+    assert process.stderr is not None
+    return process.stderr.read()
+
+
 def leftovers(output: Path) -> list[str]:
     """Anything temporary in an output folder: staging folders, temporary files, lock files."""
     return sorted(
@@ -67,7 +73,7 @@ def leftovers(output: Path) -> list[str]:
 def clean(corpus, sample_tokenizer, tmp_path_factory) -> dict[str, bytes]:
     output = tmp_path_factory.mktemp("clean")
     done = tokenize(corpus, output, sample_tokenizer)
-    assert done.wait() == 0, done.stderr.read()
+    assert done.wait() == 0, errors_of(done)
     return file_bytes(output)
 
 
@@ -77,7 +83,7 @@ def test_two_attempts_at_once_never_mix(tmp_path, corpus, sample_tokenizer, clea
     first = tokenize(corpus, tmp_path, sample_tokenizer)
     time.sleep(delay)
     second = tokenize(corpus, tmp_path, sample_tokenizer)
-    results = [(p.wait(), p.stderr.read()) for p in (first, second)]
+    results = [(p.wait(), errors_of(p)) for p in (first, second)]
     assert [code for code, _ in results].count(0) >= 1, results
     for code, stderr in results:
         if code:
@@ -97,7 +103,7 @@ def test_a_second_attempt_is_refused_naming_the_first(tmp_path, corpus, sample_t
     second = tokenize(corpus, tmp_path, sample_tokenizer)
     assert second.wait() == 1
     first.send_signal(signal.SIGCONT)
-    refusal = second.stderr.read().strip().splitlines()[-1]
+    refusal = errors_of(second).strip().splitlines()[-1]
     assert refusal.startswith(f"error: {tmp_path}/.00000.lock: attempt ") and f"pid {first.pid}" in refusal
     assert first.wait() == 0 and file_bytes(tmp_path) == clean and leftovers(tmp_path) == []
 
@@ -109,7 +115,7 @@ def test_a_killed_attempts_leftovers_go_with_the_next_attempt(tmp_path, corpus, 
     first.wait()
     assert [p.name.split(".")[0] for p in (tmp_path / ".staging").iterdir()] == ["00000"]  # what it left
     second = tokenize(corpus, tmp_path, sample_tokenizer)  # the lock died with the process
-    assert second.wait() == 0, second.stderr.read()
+    assert second.wait() == 0, errors_of(second)
     assert file_bytes(tmp_path) == clean and leftovers(tmp_path) == []
 
 
@@ -125,7 +131,7 @@ def test_a_write_error_names_the_file_and_leaves_nothing(tmp_path, corpus, sampl
     """Finding 10: a disk that fills up mid-rank."""
     failed = tokenize(corpus, tmp_path, sample_tokenizer, preexec_fn=_file_size_limit(200_000))
     assert failed.wait() == 1
-    error = failed.stderr.read().strip().splitlines()[-1]
+    error = errors_of(failed).strip().splitlines()[-1]
     assert error.startswith(f"error: {tmp_path}/.staging/00000.attempt-"), error
     assert "File too large (filesystem " in error and " MiB free of " in error
     assert leftovers(tmp_path) == [] and not (tmp_path / "_completions").exists()

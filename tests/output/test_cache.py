@@ -16,6 +16,7 @@ import time
 import tracemalloc
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from tests.support.corpus import sample_records, write_jsonl
 from tests.support.paths import shared_path
 from tests.support.processes import cli
 from tests.support.s3 import ON_BOTH_STORES
-from tests.support.stages import file_bytes, run
+from tests.support.stages import cache_of, file_bytes, run
 from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.pages import size
@@ -46,7 +47,7 @@ def corpus(folder: Path, files: int = FILES) -> Path:
     """The bundled sample's records in ``files`` plain JSON-lines files, a few with records to quarantine."""
     records = sample_records()
     for k in range(files):
-        part = records[k::files]
+        part: list[dict | str] = list(records[k::files])
         if k % 7 == 3:
             part = [*part[:2], "{not json", {"id": f"bad-{k}", "txt": "no text field"}, *part[2:]]
         write_jsonl(folder / f"part-{k:03d}.jsonl", part)
@@ -57,7 +58,7 @@ def build(
     corpus: Path, output: Path, build_id: str, tokenizer: Path, keep: int | None = None, **options
 ) -> tuple[dict, dict[str, bytes]]:
     """A whole build on this machine (two processes at a time): its build record and its dataset's bytes."""
-    settings = {
+    settings: dict[str, Any] = {
         "eos_token": EOS,
         "num_ranks": 3,
         "seed": 11,
@@ -75,10 +76,10 @@ def build(
 
 def served(run_dir: Path) -> dict[str, bool]:
     """How the cache served each input file of a build, by name: hit (True) or miss (False)."""
-    found = {}
+    found: dict[str, bool] = {}
     for path in sorted((run_dir / "ranks" / "_manifests").glob("*.json")):
         rank = RankManifest.loads(path.read_bytes(), str(path))
-        found |= {f.url.rsplit("/", 1)[-1]: f.hit for f in rank.cache.files}
+        found |= {f.url.rsplit("/", 1)[-1]: f.hit for f in cache_of(rank).files}
     return found
 
 
@@ -136,7 +137,7 @@ def _quarantined(run_dir: Path) -> list[dict]:
     return sorted(lines, key=lambda r: (r["file"], r["line"]))
 
 
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "doc shuffle, loss": {"save_loss": True},
     "input order, split files": {"shuffle_documents": False, "max_tokens_per_file": 4000},
     "chunks, tail dropped": {"shuffle_chunk_size": 1000, "drop_last_chunk": True},
@@ -353,10 +354,13 @@ def test_two_writers_of_one_entry_store_it_once(tmp_path, sample_tokenizer) -> N
     run([source], tmp_path / "a", sample_tokenizer, cache=str(first))
     cache = Cache(Folder(str(first)))
     entry = cache.lookup(cache.entries()[0].key)
+    assert entry is not None
     fetched = cache.fetch(entry, tmp_path / "fetched")
+    assert fetched is not None
     assert cache.commit(entry, fetched) is None  # a second writer of the same key
     assert len(list((first / DATA / entry.key).iterdir())) == 1  # its folder went with its loss
-    assert cache.fetch(cache.lookup(entry.key), tmp_path / "again") is not None
+    again = cache.lookup(entry.key)
+    assert again is not None and cache.fetch(again, tmp_path / "again") is not None
 
 
 def test_a_renamed_file_hits_and_its_records_name_it_as_it_is_now(tmp_path, sample_tokenizer) -> None:
@@ -402,8 +406,9 @@ def test_a_cleared_rank_hits_the_cache_for_the_files_it_already_did(tmp_path, sa
     with pytest.raises(RuntimeError, match="a test fault"):
         started.tokenize(0, progress=False)
     result = started.tokenize(0, progress=False)
-    assert [f.hit for f in result.record.cache.files] == [True, True, False, False, False, False]
+    assert [f.hit for f in cache_of(result.record).files] == [True, True, False, False, False, False]
     engine = result.record.tokenizer  # four small files: not worth building the fast engine for
+    assert engine.engine_note is not None
     assert engine.engine == "hf" and "HF encodes sooner than the fast engine is built" in engine.engine_note
 
 
@@ -418,7 +423,7 @@ def test_a_rank_weighs_a_compressed_miss_by_its_text(tmp_path, sample_tokenizer)
     (source / web.name).symlink_to(web)
     config = BuildConfig(input=str(source), output=str(tmp_path / "out"), tokenizer=str(sample_tokenizer), num_ranks=1)
     result = Build.start(config, "nightly").tokenize(0, progress=False)
-    assert [f.hit for f in result.record.cache.files] == [False]
+    assert [f.hit for f in cache_of(result.record).files] == [False]
     assert (result.record.tokenizer.engine, result.record.tokenizer.engine_note) == ("gigatoken", None)
 
 
@@ -498,6 +503,7 @@ def test_the_command_line_lists_and_prunes(tmp_path, sample_tokenizer) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    assert closed.stdout is not None and closed.stderr is not None
     closed.stdout.close()
     assert closed.wait() == 1 and b"Traceback" not in closed.stderr.read()
     pruned = cli("cache", "prune", str(out / ".cache"), "--max-size", "0")  # a plain number: bytes
@@ -512,8 +518,12 @@ def test_on_s3_a_changed_object_misses_and_a_corrupt_entry_is_tokenized_again(tm
     for path in sorted(source.iterdir()):
         s3.fs.put_file(str(path), f"corpus/input/{path.name}")
     s3.fs.invalidate_cache()
-    options = {"input": "s3://corpus/input", "output": "s3://corpus/builds", "storage_options": s3.options}
-    settings = {"num_ranks": 2, "seed": 3, "context_window": 0, "max_reject_fraction": None}
+    options: dict[str, Any] = {
+        "input": "s3://corpus/input",
+        "output": "s3://corpus/builds",
+        "storage_options": s3.options,
+    }
+    settings: dict[str, Any] = {"num_ranks": 2, "seed": 3, "context_window": 0, "max_reject_fraction": None}
     config = BuildConfig(tokenizer=str(sample_tokenizer), **settings, **options)
     in_process(Build.start(config, "night-1"))
 
@@ -523,7 +533,7 @@ def test_on_s3_a_changed_object_misses_and_a_corrupt_entry_is_tokenized_again(tm
     s3.fs.pipe_file("corpus/input/part-200.jsonl", b'{"text": "arrived on S3 today"}\n')
     s3.fs.invalidate_cache()
     second = in_process(Build.start(config, "night-2")).record
-    files = {f.url.rsplit("/", 1)[-1]: f for r in _rank_manifests_on_s3(s3, "night-2") for f in r.cache.files}
+    files = {f.url.rsplit("/", 1)[-1]: f for r in _rank_manifests_on_s3(s3, "night-2") for f in cache_of(r).files}
     assert {name for name, f in files.items() if not f.hit} == {"part-001.jsonl", "part-200.jsonl"} and len(files) == 6
     assert second.cache.location == "s3://corpus/builds/.cache" and second.cache.files_hit == 4
 
@@ -555,7 +565,7 @@ def test_a_rank_that_takes_every_file_from_the_cache_builds_no_engine_and_loads_
     from tokenization.tokenizer import loading
 
     source = corpus(tmp_path / "corpus", files=4)
-    where = {"input": str(source), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
+    where: dict[str, Any] = {"input": str(source), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
     config = BuildConfig(**where, num_ranks=1, seed=5)
     Build.start(config, "night-1").tokenize(0, progress=False)
     nightly = Build.start(config, "night-2")
@@ -570,7 +580,7 @@ def test_a_rank_that_takes_every_file_from_the_cache_builds_no_engine_and_loads_
     monkeypatch.setattr(loading, "Tokenizer", Counted)
     result = nightly.tokenize(0, progress=False)
     assert len(loaded) == 1 and result.record.tokenizer.engine == "none"
-    assert [f.hit for f in result.record.cache.files] == [True] * 4
+    assert [f.hit for f in cache_of(result.record).files] == [True] * 4
     monkeypatch.undo()
     assert file_bytes(tmp_path / "out" / "night-2" / "ranks") == file_bytes(tmp_path / "out" / "night-1" / "ranks")
 
@@ -937,7 +947,7 @@ def test_with_a_key_a_rank_that_only_hits_reads_no_input_and_loads_no_tokenizer(
 
     monkeypatch.setenv("TOKENIZATION_CACHE_KEY", "a deployment's secret")
     source = corpus(tmp_path / "corpus", files=4)
-    where = {"input": str(source), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
+    where: dict[str, Any] = {"input": str(source), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
     config = BuildConfig(**where, num_ranks=1, seed=5)
     Build.start(config, "night-1").tokenize(0, progress=False)
     nightly = Build.start(config, "night-2")
@@ -948,7 +958,7 @@ def test_with_a_key_a_rank_that_only_hits_reads_no_input_and_loads_no_tokenizer(
     monkeypatch.setattr(loading, "Tokenizer", refused)
     monkeypatch.setattr(DocumentReader, "__iter__", refused)
     result = nightly.tokenize(0, progress=False)
-    assert [f.hit for f in result.record.cache.files] == [True] * 4 and result.record.tokenizer.engine == "none"
+    assert [f.hit for f in cache_of(result.record).files] == [True] * 4 and result.record.tokenizer.engine == "none"
     monkeypatch.undo()
     assert file_bytes(tmp_path / "out" / "night-2" / "ranks") == file_bytes(tmp_path / "out" / "night-1" / "ranks")
 
@@ -1080,7 +1090,11 @@ def test_without_a_key_a_hit_reads_only_its_sampled_documents(tmp_path, sample_t
     else:
         write_jsonl(path, records)
     assert path.stat().st_size > 5 * 2 * SAMPLE_DOCS * SAMPLE_READ or not name.endswith(".jsonl")
-    where = {"input": str(path.parent), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
+    where: dict[str, Any] = {
+        "input": str(path.parent),
+        "output": str(tmp_path / "out"),
+        "tokenizer": str(sample_tokenizer),
+    }
     config = BuildConfig(**where, num_ranks=1, seed=5)
     first = Build.start(config, "night-1").tokenize(0, progress=False)
     nightly = Build.start(config, "night-2")  # its plan recognises the file unchanged, without reading it
@@ -1092,7 +1106,7 @@ def test_without_a_key_a_hit_reads_only_its_sampled_documents(tmp_path, sample_t
         patched.setattr(DocumentReader, "__iter__", refused)
         read = counting_reads(patched, path)
         again = nightly.tokenize(0, progress=False)
-    assert [f.hit for f in again.record.cache.files] == [True] and again.record.counts == first.record.counts
+    assert [f.hit for f in cache_of(again.record).files] == [True] and again.record.counts == first.record.counts
     assert file_bytes(tmp_path / "out" / "night-2" / "ranks") == file_bytes(tmp_path / "out" / "night-1" / "ranks")
     if name.endswith(".jsonl"):
         assert 0 < sum(read) <= 2 * SAMPLE_DOCS * SAMPLE_READ, sum(read)

@@ -31,6 +31,7 @@ from tokenization.records import (
     MergeManifest,
     MergeOutput,
     RankManifest,
+    Record,
     RecordError,
     RunClaim,
     stage_manifest,
@@ -60,14 +61,14 @@ def _config(out: Path, corpus: Path, tokenizer: Path, **options) -> BuildConfig:
     )
 
 
-def _records(run: Path) -> dict[Path, type]:
-    kinds = {run / "_RUN.json": RunClaim, run / "_BUILD.json": BuildRecord}
+def _records(run: Path) -> dict[Path, type[Record]]:
+    kinds: dict[Path, type[Record]] = {run / "_RUN.json": RunClaim, run / "_BUILD.json": BuildRecord}
     cache = run.parent / ".cache"
     kinds |= dict.fromkeys(sorted(cache.glob("entries/*.json")), CacheEntry)
     kinds |= dict.fromkeys(sorted(cache.glob("uses/*/*.json")), CacheUse)
     for path in sorted(run.glob("*/_completions/*.json")):
         kinds[path] = CompletionMarker
-    stages = {"ranks": RankManifest, "merged": MergeManifest, "context": ContextManifest}
+    stages: dict[str, type[Record]] = {"ranks": RankManifest, "merged": MergeManifest, "context": ContextManifest}
     for path in sorted(run.glob("*/_manifests/*.json")):
         stage = stages[path.parent.parent.name]
         kinds[path] = MergeOutput if stage is MergeManifest and path.stem != "corpus" else stage
@@ -144,7 +145,7 @@ def _damaged(path: Path, edit) -> None:
     ],
 )
 def test_a_damaged_record_is_one_line_naming_the_file_and_the_field(
-    published: Path, tmp_path: Path, name: str, kind: type, edit, message: str
+    published: Path, tmp_path: Path, name: str, kind: type[Record], edit, message: str
 ) -> None:
     path = tmp_path / "record.json"
     path.write_bytes((published / name).read_bytes())
@@ -249,7 +250,8 @@ def test_the_summary_command_names_a_damaged_build_record(published: Path, tmp_p
     )
     assert run.returncode == 1
     assert run.stderr.startswith(f"error: {record}: not a valid build record: not JSON") and run.stderr.count("\n") == 1
-    assert read_build(Folder(str(published))).tokens > 0  # the original is untouched
+    original = read_build(Folder(str(published)))
+    assert original is not None and original.tokens > 0  # the original is untouched
 
 
 def test_a_resumed_build_tokenizes_again_a_rank_whose_marker_is_damaged(
@@ -264,7 +266,8 @@ def test_a_resumed_build_tokenizes_again_a_rank_whose_marker_is_damaged(
     marker.write_bytes(marker.read_bytes()[:25])
     why = f"{marker}: not a valid completion marker: not JSON (unexpected end of data: line 1 column 26 (char 25))"
     assert build.incomplete_ranks() == {1: why}
-    assert build.run().record.digest == read_build(Folder(str(published))).digest
+    original = read_build(Folder(str(published)))
+    assert original is not None and build.run().record.digest == original.digest
     assert build.incomplete_ranks() == {}
 
 

@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from tests.support.stages import run
 from tests.support.tokenizers import EOS
 from tokenization.errors import UsageError
 from tokenization.formats.ds import TokenFile
-from tokenization.rendering.renderer import chat_template, field_template, no_loss_ranges
+from tokenization.rendering.renderer import Rendered, chat_template, field_template, no_loss_ranges
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.tokenize import TokenizeConfig
 from tokenization.storage.folder import Folder
@@ -158,7 +159,9 @@ def test_loss_roles_and_a_tokenizer_config_template(tmp_path, sample_tokenizer) 
         special_tokens=["<s>"],
     )
     rendered = renderer.render({"messages": messages})
+    assert isinstance(rendered, Rendered), rendered
     assert rendered.text.startswith("<s><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>")
+    assert rendered.loss_spans is not None
     assert [rendered.text[a:b] for a, b in rendered.loss_spans] == ["Name a module.", "argparse"]
     assert renderer.describe()["text"] == LLAMA3
 
@@ -174,13 +177,15 @@ def test_loss_roles_and_a_tokenizer_config_template(tmp_path, sample_tokenizer) 
 def test_field_templates_render_fields_and_their_loss_spans(template, record, text, loss) -> None:
     renderer = field_template(template, [template.rsplit("{", 1)[1].rstrip("}").strip()])
     rendered = renderer.render(record)
+    assert isinstance(rendered, Rendered), rendered
     assert rendered.text == text
+    assert rendered.loss_spans is not None
     assert [rendered.text[a:b] for a, b in rendered.loss_spans] == loss
 
 
 def test_without_loss_fields_every_token_carries_loss_and_no_loss_ranges_still_apply() -> None:
     rendered = field_template(INSTRUCTION).render({"prompt": "Q?", "response": "A."})
-    assert rendered.loss_spans is None
+    assert isinstance(rendered, Rendered) and rendered.loss_spans is None
     assert no_loss_ranges(None, 6, None) is None and no_loss_ranges(None, 6, [(0, 2)]) == [(0, 2)]
     assert no_loss_ranges([(4, 6)], 6, None) == [(0, 4)]
     assert no_loss_ranges([(1, 2), (4, 5)], 6, [(0, 1)]) == [(0, 1), (0, 1), (2, 4), (5, 6)]
@@ -217,7 +222,11 @@ def test_conflicting_options_fail_before_any_data(options, message, sample_token
 
 def test_records_that_cannot_be_rendered_are_quarantined_with_their_reason(tmp_path, sample_tokenizer) -> None:
     good = [{"id": str(i), "prompt": f"Question {i}?", "response": f"Answer {i}."} for i in range(400)]
-    bad = [{"id": "a", "prompt": "Q?"}, {"id": "b", "prompt": "Q?", "response": 7}, {"id": "c", "response": None}]
+    bad: list[dict[str, Any]] = [
+        {"id": "a", "prompt": "Q?"},
+        {"id": "b", "prompt": "Q?", "response": 7},
+        {"id": "c", "response": None},
+    ]
     corpus = write_jsonl(tmp_path / "in.jsonl", good + bad)
     result = run(
         [corpus], tmp_path / "out", sample_tokenizer, template=INSTRUCTION, loss_fields="response", save_loss=True
@@ -301,12 +310,12 @@ def test_special_token_text_in_the_template_carries_no_loss(tmp_path, sample_tok
 def test_count_renders_the_same_documents_and_counts_their_loss(tmp_path, sample_tokenizer) -> None:
     records = [{"id": str(i), "prompt": f"Question {i}?", "response": f"Answer number {i}."} for i in range(50)]
     corpus = write_jsonl(tmp_path / "in.jsonl", records)
-    options = {"template": INSTRUCTION, "loss_fields": "response"}
+    options: dict[str, Any] = {"template": INSTRUCTION, "loss_fields": "response"}
     counted = count_tokens(CountConfig(inputs=[str(corpus)], tokenizer=str(sample_tokenizer), eos_token=EOS, **options))
     tokenized = run([corpus], tmp_path / "out", sample_tokenizer, save_loss=True, **options)
     assert counted.counts.tokens == tokenized["counts"]["tokens"]
     assert counted.counts.loss_tokens == tokenized["counts"]["loss_tokens"] > 0
-    assert counted.record.rendering["text"] == INSTRUCTION
+    assert counted.record.rendering is not None and counted.record.rendering["text"] == INSTRUCTION
 
 
 def test_a_build_carries_the_mask_through_its_shuffles_and_reports_the_share_with_loss(
@@ -406,6 +415,7 @@ def test_a_chat_template_cannot_read_the_clock() -> None:
     rendered = chat_template(dated, "llama31.jinja", "messages", ["assistant"]).render(
         {"messages": [{"role": "assistant", "content": "x"}]}
     )
+    assert isinstance(rendered, Rendered), rendered
     assert rendered.text == "Today: 26 Jul 2024\nx" and rendered.loss_spans == [(19, 20)]
 
 
@@ -612,9 +622,12 @@ def test_special_token_text_outside_the_contents_is_quarantined() -> None:
     for _ in range(5000):
         deep = [deep]
     nested = renderer.render({"messages": [{"role": "user", "content": "x", "meta": deep}]})
-    assert nested.startswith("chat_template_error: maximum recursion depth exceeded")  # quarantined, no traceback
+    assert isinstance(nested, str), nested  # quarantined, no traceback
+    assert nested.startswith("chat_template_error: maximum recursion depth exceeded")
     rendered = renderer.render({"messages": [{"role": "assistant", "content": "x <|eot_id|>"}]})
+    assert isinstance(rendered, Rendered), rendered
     assert rendered.text.endswith("\n\nx <|eot_id|><|eot_id|>")
+    assert rendered.special_spans is not None and rendered.loss_spans is not None
     assert [rendered.text[a:b] for a, b in rendered.special_spans] == ["<|eot_id|>"]  # the template's only
     assert [rendered.text[a:b] for a, b in rendered.loss_spans] == ["x <|eot_id|><|eot_id|>"]
 

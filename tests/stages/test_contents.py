@@ -32,7 +32,7 @@ from tokenization.storage.folder import Folder
 pytestmark = pytest.mark.usefixtures("byte_path")
 
 
-def contents(tokens: np.ndarray, ends: list[int], loss: np.ndarray | None = None) -> Contents:
+def contents(tokens: np.ndarray, ends: list[int] | np.ndarray, loss: np.ndarray | None = None) -> Contents:
     hasher = ContentsHasher()
     hasher.add(np.asarray(tokens), np.asarray(ends, dtype=np.int64), loss)
     return hasher.result()
@@ -181,6 +181,8 @@ def test_the_books_link_the_stages(tmp_path, sample_corpus, sample_tokenizer) ->
     record: BuildRecord = Build.start(config, "books").run().record
     stages = record.stages
     read = stages.tokenize.contents_in
+    assert read is not None and stages.merge is not None and stages.context_shuffle is not None
+    assert stages.context_shuffle.contents_out is not None
     assert read.pieces == record.conservation.docs_out and read.tokens == record.stages.tokenize.tokens
     assert stages.tokenize.contents_out == read == stages.merge.contents_in == stages.merge.contents_out
     assert stages.context_shuffle.contents_in == read and stages.context_shuffle.contents_out.tokens == read.tokens

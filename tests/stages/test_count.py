@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,7 @@ def test_counts_equal_what_tokenize_writes(tmp_path, sample_corpus, sample_token
 
 def test_eos_policy_and_bad_records_are_counted(tmp_path, sample_tokenizer) -> None:
     inputs = write_jsonl(tmp_path / "in.jsonl", [{"text": "one two"}, "{bad", {"text": ""}, {"text": "three"}])
-    options = {"inputs": [str(inputs)], "tokenizer": str(sample_tokenizer), "max_reject_fraction": None}
+    options: dict[str, Any] = {"inputs": [str(inputs)], "tokenizer": str(sample_tokenizer), "max_reject_fraction": None}
     without = count_tokens(CountConfig(**options, no_eos=True)).record
     with_eos = count_tokens(CountConfig(**options)).record  # the tokenizer's own EOS
     assert with_eos.tokenizer.eos_token == EOS

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ MIXTURE = {
         {"name": "math", "input": PARTS.format(3), "weight": 1},
     ]
 }
-BUILDS = {
+BUILDS: dict[str, tuple[str, dict[str, Any]]] = {
     "windows": ("sample", {}),
     "llama3": ("llama3", {}),
     "packed": ("sample", {"context_mode": "packed"}),
@@ -113,7 +114,8 @@ def encodings(sample: dict[str, np.ndarray]) -> str:
 
 
 def saved(samples: list[dict[str, np.ndarray]], path: Path) -> Path:
-    np.savez(path, **{f"{key}_{i}": value for i, sample in enumerate(samples) for key, value in sample.items()})
+    arrays: dict[str, Any] = {f"{key}_{i}": value for i, sample in enumerate(samples) for key, value in sample.items()}
+    np.savez(path, **arrays)
     return path
 
 
@@ -136,7 +138,9 @@ def test_the_bytes_are_those_streamings_own_writer_writes(run, tmp_path) -> None
     """In 64 MiB shards (one) and in small ones (several): every file, index.json too, byte for byte; a mixture's
     source names beside them, in sources.json."""
     expected = windows_in(run)
-    named = list(TokenFile(str(run / "context" / "000_corpus.ds")).metadata.sources)
+    metadata = TokenFile(str(run / "context" / "000_corpus.ds")).metadata
+    assert metadata is not None
+    named = list(metadata.sources)
     limits = {"large": 1 << 26, "small": SMALL_SHARDS}
     theirs = [str(word) for name, limit in limits.items() for word in (tmp_path / f"theirs-{name}", limit)]
     in_streaming_env(WRITE, str(saved(expected, tmp_path / "s.npz")), encodings(expected[0]), *theirs)
@@ -243,7 +247,9 @@ def test_the_command_writes_into_the_run_folder(run) -> None:
 def test_a_build_with_mds_publishes_it_and_verify_holds_it_to_the_record(tmp_path, sample_corpus, sample_tokenizer):
     """``mds``: publish writes the windows as MDS before the build record, which names the index's sha256; verify of
     the run folder then checks the index and each shard's sha1 against it."""
-    options = dict(input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), seed=5)
+    options: dict[str, Any] = dict(
+        input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), seed=5
+    )
     config = BuildConfig(**options, save_loss=True, context_window=WINDOW, num_ranks=2, mds=True)
     record = Build.start(config, "b").run(progress=False).record
     run = tmp_path / "b"
@@ -253,6 +259,7 @@ def test_a_build_with_mds_publishes_it_and_verify_holds_it_to_the_record(tmp_pat
     assert {p.name: p.read_bytes() for p in (run / "mds").iterdir()} == {
         p.name: p.read_bytes() for p in (tmp_path / "again").iterdir() if p.name != EXPORTED
     }
+    assert record.footprint is not None
     assert "mds" in [folder.name for folder in record.footprint.folders]
     with pytest.raises(UsageError, match=r"holds the MDS that publish wrote in 67,108,864-byte shards"):
         export_mds(Folder(str(run)), size_limit=SMALL_SHARDS)
@@ -278,11 +285,12 @@ def test_a_build_with_mds_publishes_it_and_verify_holds_it_to_the_record(tmp_pat
 @ON_BOTH_STORES
 def test_a_build_on_s3_writes_the_same_mds(tmp_path, s3, sample_corpus, sample_tokenizer) -> None:
     """A build whose output is on S3 writes its MDS there, byte for byte the local build's; verify reads it back."""
-    settings = dict(input=str(sample_corpus), tokenizer=str(sample_tokenizer), seed=5, num_ranks=2, mds=True)
-    settings |= dict(save_loss=True, context_window=WINDOW)
+    settings: dict[str, Any] = dict(input=str(sample_corpus), tokenizer=str(sample_tokenizer), seed=5, num_ranks=2)
+    settings |= dict(mds=True, save_loss=True, context_window=WINDOW)
     local = Build.start(BuildConfig(output=str(tmp_path), **settings), "b").run(progress=False).record
     remote = BuildConfig(output="s3://corpus/builds", storage_options=s3.options, **settings)
     record = Build.start(remote, "b").run(progress=False).record
+    assert local.mds is not None and record.mds is not None
     assert record.mds == replace(local.mds, folder="s3://corpus/builds/b/mds")
     s3.fs.invalidate_cache()
     for path in (tmp_path / "b" / "mds").iterdir():

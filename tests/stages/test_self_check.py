@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,12 @@ from tokenization.stages.context_shuffle import ContextShuffleConfig, context_sh
 from tokenization.stages.verify import verify
 from tokenization.storage.folder import Folder
 
-SETTINGS = {"num_ranks": 2, "num_context_shards": 2, "context_window": 257, "merge_max_tokens_per_file": 20000}
+SETTINGS: dict[str, Any] = {
+    "num_ranks": 2,
+    "num_context_shards": 2,
+    "context_window": 257,
+    "merge_max_tokens_per_file": 20000,
+}
 
 # The C helper and the numpy path, on the same inputs: the proofs and checks must find the same.
 pytestmark = pytest.mark.usefixtures("byte_path")
@@ -58,6 +64,7 @@ def test_each_context_task_checks_its_files_as_it_writes_them_and_publish_reads_
     until_publish(build)
     context = Path(build.layout.context.path)
     facts = build.claimed.claim.tokenizer
+    assert facts is not None
     files = tokens = 0
     for shard in range(2):
         stem = f"context_{shard:05d}"
@@ -105,6 +112,7 @@ def test_a_marker_without_the_check_gets_its_files_read(tmp_path, sample_corpus,
     flipped[10] ^= 0xFF
     data.write_bytes(bytes(flipped))
     facts = build.claimed.claim.tokenizer
+    assert facts is not None
     checks = Checks(facts.vocab_size, facts.eos_id)
     assert verify(Folder(str(context)), checks=checks, vouched=True).ok  # trusted: not read
     assert not verify(Folder(str(context)), checks=checks).ok  # read

@@ -112,6 +112,7 @@ def test_loss_bytes_stay_aligned_with_their_documents(tmp_path, sample_corpus, s
     tokenizer = Tokenizer.from_file(str(sample_tokenizer))
     ends = np.asarray(f.ends, dtype=np.int64)
     starts = np.concatenate([[0], ends[:-1]])
+    assert f.loss is not None
     masked = [(s, e) for s, e in zip(starts, ends, strict=True) if not f.loss[s:e].all()]
     prompts = [r for r in sample_records() if r.get("no_loss_ranges")]
     assert len(masked) == len(prompts)
@@ -195,7 +196,7 @@ def test_a_failed_rerun_leaves_no_marker(tmp_path, sample_tokenizer) -> None:
 
 def test_bad_records_are_quarantined_and_good_ones_match_a_clean_run(tmp_path, sample_tokenizer) -> None:
     clean = [{"id": str(i), "text": f"record {i} " * (i + 1)} for i in range(40)]
-    dirty = list(clean)
+    dirty: list[dict | str] = list(clean)
     dirty[3:3] = ["{oops", '{"id": "n", "text": null}']
     dirty[20:20] = [{"id": "t", "text": 5}, "[]"]
     write_jsonl(tmp_path / "clean" / "a.jsonl", clean)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -34,7 +35,7 @@ def check(folder, sample_tokenizer):
 
 
 def test_every_pipeline_output_passes(tmp_path, sample_corpus, sample_tokenizer) -> None:
-    outputs = {
+    outputs: dict[str, dict[str, Any]] = {
         "doc": {"save_loss": True},
         "chunk": {"shuffle_chunk_size": 333, "save_loss": True, "max_tokens_per_file": 20_000},
         "plain": {"shuffle_documents": False, "max_tokens_per_file": 9000},

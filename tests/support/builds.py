@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from tests.support.tokenizers import EOS
 from tokenization.builds.config import BuildConfig
 
 
 def config_of(inputs, tmp_path, tokenizer, **options) -> BuildConfig:
-    settings = {"seed": 3, "num_ranks": 2, "context_window": 0, "eos_token": EOS} | options
+    settings: dict[str, Any] = {"seed": 3, "num_ranks": 2, "context_window": 0, "eos_token": EOS} | options
     return BuildConfig(input=str(inputs), output=str(tmp_path / "out"), tokenizer=str(tokenizer), **settings)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tests.support.paths import SAMPLE_CORPUS, shared_path
 
 
-def write_jsonl(path: Path, records: list[dict | str]) -> Path:
+def write_jsonl(path: Path, records: Sequence[dict[str, Any] | str]) -> Path:
     """Records as JSON lines (strings are written verbatim), gzip-compressed when the name ends in .gz."""
     data = "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in records).encode()
     if path.suffix == ".gz":
@@ -20,7 +22,7 @@ def write_jsonl(path: Path, records: list[dict | str]) -> Path:
 
 
 def sample_records() -> list[dict]:
-    records = []
+    records: list[dict] = []
     for path in sorted(SAMPLE_CORPUS.glob("*.jsonl.gz")):
         with gzip.open(path, "rt", encoding="utf-8") as handle:
             records.extend(json.loads(line) for line in handle)

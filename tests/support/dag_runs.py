@@ -7,11 +7,12 @@ import copy
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 # SimpleAuthManager keeps its generated passwords in the test home; an existing entry is kept, so the tests know it.
 ADMIN_PASSWORD = "corpus-admin"
 MERGE_POOL = "tokenization_merge"
-DAG_CONF = {
+DAG_CONF: dict[str, Any] = {
     "num_ranks": 3,
     "seed": 1234,
     "context_window": 1025,

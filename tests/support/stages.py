@@ -8,10 +8,17 @@ import numpy as np
 
 from tests.support.tokenizers import EOS
 from tokenization.formats.ds import TokenFile, TokenFileWriter
+from tokenization.records import RankCache, RankManifest
 from tokenization.stages.context_shuffle import ContextShuffleConfig, context_shuffle
 from tokenization.stages.merge import merge
 from tokenization.stages.merge.config import MergeConfig
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
+
+
+def cache_of(rank: RankManifest) -> RankCache:
+    """A rank's account of its cache (a rank run with one)."""
+    assert rank.cache is not None, "the rank ran without a cache"
+    return rank.cache
 
 
 def run(inputs, output, tokenizer, **options) -> dict:
@@ -21,7 +28,7 @@ def run(inputs, output, tokenizer, **options) -> dict:
     return tokenize_rank(config).to_json()
 
 
-def merged(inputs: Path, output: Path, **options) -> dict:
+def merged(inputs: Path | str, output: Path | str, **options) -> dict:
     options.setdefault("save_filename", "merged")
     return merge(MergeConfig(input=str(inputs), output=str(output), **options)).to_json()
 

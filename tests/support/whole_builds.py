@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator
 from types import CodeType, ModuleType
-from typing import Any
+from typing import Any, TypeGuard
 
 # Helpers that run a whole build, by their qualified names (no import of the library here: collecting a layer's
 # unit tests loads only what they import).
@@ -61,7 +61,7 @@ def referred(code: CodeType, names: dict[str, Any]) -> Iterator[tuple[str, objec
                 yield qualified(vars(module)[name]), vars(module)[name]
 
 
-def helper(value: object) -> bool:
+def helper(value: object) -> TypeGuard[Callable[..., Any]]:
     """A function of the tests, which the reading follows (not this module's own, which names the entry points)."""
     module = getattr(value, "__module__", None) or ""
     return inspect.isfunction(value) and module.startswith("tests") and module != __name__

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from typing import Any
 
 import pytest
 
@@ -111,7 +112,7 @@ def test_too_many_rejects_still_names_the_text_key_and_the_fields_the_records_ha
 @pytest.mark.parametrize("stage", ["tokenize", "count"])
 def test_max_record_bytes_reaches_the_reader(tmp_path, sample_tokenizer, stage: str) -> None:
     path = write_jsonl(tmp_path / "in.jsonl", [{"text": "short"}] * 200 + [{"text": "too long " * 10}])
-    options = {"inputs": [str(path)], "tokenizer": str(sample_tokenizer), "max_record_bytes": 50}
+    options: dict[str, Any] = {"inputs": [str(path)], "tokenizer": str(sample_tokenizer), "max_record_bytes": 50}
     if stage == "tokenize":
         counts = tokenize_rank(TokenizeConfig(output=str(tmp_path / "out"), eos_token=EOS, **options)).to_json()
         rejected, written = counts["counts"]["rejected"], counts["counts"]["docs_written"]

@@ -19,7 +19,7 @@ from tests.support.tokenizers import EOS, big_vocab_tokenizer
 from tokenization.tokenizer import cutting
 from tokenization.tokenizer.cutting import Piece
 from tokenization.tokenizer.encoding import Encoder, framed
-from tokenization.tokenizer.engines import HF_GROUP_CHARS
+from tokenization.tokenizer.engines import HF_GROUP_CHARS, CheckedEngine
 from tokenization.tokenizer.loading import EOS_CANDIDATES, TokenizerError
 from tokenization.tokenizer.loss_masks import no_loss_mask
 
@@ -272,7 +272,7 @@ def test_a_fast_engine_panic_is_one_line_or_declines_it(panicking_tokenizer, sam
             raise panic("table index out of bounds")
 
     encoder = Encoder(str(sample_tokenizer), eos_token=EOS)
-    assert encoder.engine.name == "gigatoken"
+    assert encoder.engine.name == "gigatoken" and isinstance(encoder.engine, CheckedEngine)
     monkeypatch.setattr(encoder.engine.fast, "_tokenizer", Panicking())
     with pytest.raises(TokenizerError) as raised:
         encoder.encode(["hello " * HF_GROUP_CHARS])  # a smaller group goes to HF alone
@@ -349,6 +349,7 @@ def test_loss_mask_zeroes_overlapping_tokens_keeps_eos_and_never_crops(sample_to
     text = head + answer
     encoded = encoder.encode([text, text, text], [[(0, len(head))], [(len(head), len(text))], None])
     n = encoded.lengths[0]
+    assert encoded.loss is not None
     loss = encoded.loss.reshape(3, n)
     plain = encoder.tokenizer.encode(text)
     overlaps_head = np.array([s < len(head) and e > s for s, e in plain.offsets[:-1]] + [False])

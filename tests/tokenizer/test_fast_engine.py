@@ -22,6 +22,7 @@ from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.tokenizer import engines
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.fast_engine import FastEngine, Unsupported
+from tokenization.tokenizer.policy import SpecialTextPolicy
 
 CLAIMED = {"gpt2", "llama3", "mistral-7b", "deepseek-v4"}
 DECLINED = {"falcon-7b": "Byte remapping failed: no single-byte vocab entry for byte 0x03"}
@@ -72,7 +73,9 @@ def test_same_ids_as_hf_on_every_shared_corpus(name: str, texts: list[str]) -> N
 
 @pytest.mark.parametrize("name", sorted(CLAIMED))
 @pytest.mark.parametrize("policy", ["text", "special"])
-def test_literal_special_tokens_follow_the_policy_as_hf_does(name: str, policy: str, texts: list[str]) -> None:
+def test_literal_special_tokens_follow_the_policy_as_hf_does(
+    name: str, policy: SpecialTextPolicy, texts: list[str]
+) -> None:
     """The Encoder on the fast engine writes HF's ids under both policies; under "text" the documents holding
     special-token text are HF's alone, and the run stays on the fast engine."""
     mixed = zip(texts[::40], cycle(LITERALS), strict=False)

@@ -28,7 +28,7 @@ from tokenization.formats.ds import TokenFile
 from tokenization.tokenizer import cutting, documents, engines, fast_engine
 from tokenization.tokenizer.cutting import CUT_PROBE, NO_EXACT_CUT, Cutter, NoExactCut, Piece
 from tokenization.tokenizer.encoding import Encoder
-from tokenization.tokenizer.engines import EngineMismatch
+from tokenization.tokenizer.engines import EngineChoice, EngineMismatch
 from tokenization.tokenizer.fast_engine import FastEngine
 from tokenization.tokenizer.loading import TokenizerError
 
@@ -88,7 +88,7 @@ def document_ids(encoded) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(("name", "engine"), [*((name, "hf") for name in NAMES), *((name, "auto") for name in FAST)])
-def test_cut_documents_get_hfs_ids_for_the_whole(name: str, engine: str, long_docs, pieces) -> None:
+def test_cut_documents_get_hfs_ids_for_the_whole(name: str, engine: EngineChoice, long_docs, pieces) -> None:
     path = str(shared_path("tokenizers", name, "tokenizer.json"))
     encoder = Encoder(path, engine=engine)
     got = document_ids(encoder.encode(long_docs))
@@ -135,6 +135,7 @@ def test_cut_documents_get_the_loss_bytes_of_a_whole_one(name, engine, long_docs
     np.testing.assert_array_equal(split.tokens, unsplit.tokens)
     np.testing.assert_array_equal(split.lengths, unsplit.lengths)
     np.testing.assert_array_equal(split.loss, unsplit.loss)
+    assert split.loss is not None
     assert min(cuts) > 10 and sum(map(len, ranges)) < len(split.loss) - int(split.loss.sum()) < len(split.loss) // 2
     assert split.loss[np.cumsum(split.lengths) - 1].tolist() == [1, 1, 1]  # the EOS keeps its loss
     assert encoder.checked_docs == (0 if engine == "hf" else sum(cuts) + len(texts))  # every piece that needs offsets
@@ -148,7 +149,8 @@ def test_the_fast_engines_self_check_samples_pieces(long_docs, pieces, monkeypat
     encoder.encode([long_docs[1]])
     assert len(pieces) > 1 and encoder.checked_docs == 1 + (len(pieces) - 1) // engines.CHECK_EVERY
     monkeypatch.setattr(cutting, "PIECE_CHARS", PIECE_CHARS // 4)
-    original, seen = FastEngine.encode, []
+    original = FastEngine.encode
+    seen: list[str] = []
 
     def wrong_on_one(self, texts):
         ids, lengths = original(self, texts)
@@ -247,7 +249,7 @@ def script_text(kind: str, size: int) -> str:
 
 
 @functools.cache
-def loaded(path: str, engine: str) -> Encoder:
+def loaded(path: str, engine: EngineChoice) -> Encoder:
     """One encoder a tokenizer and engine for the module's tests (Llama-3 takes seconds to load)."""
     return Encoder(path, engine=engine)
 
@@ -403,12 +405,13 @@ def test_a_reload_waits_for_the_calls_under_way(monkeypatch) -> None:
             if len(calls) == 1:
                 held.set()
                 go_on.wait(10)
+            assert loaded is not None
             return loaded.encode_batch(texts, parallel=parallel)
 
-    engine._tokenizer = Held()
+    monkeypatch.setattr(engine, "_tokenizer", Held())
     monkeypatch.setattr(fast_engine.MemoryBudget, "exceeded", lambda *args: True)
     texts = [[script_text("base64", 500 + n)] for n in range(3)]
-    results = [None] * 3
+    results: list[tuple[np.ndarray, np.ndarray] | None] = [None] * 3
 
     def encode(n: int) -> None:
         results[n] = engine.encode(texts[n])
@@ -426,7 +429,9 @@ def test_a_reload_waits_for_the_calls_under_way(monkeypatch) -> None:
     for thread in threads:
         thread.join(10)
     assert engine.reloads >= 1 and len(calls) == 2  # the third call was the new tokenizer's
-    for n, (ids, lengths) in enumerate(results):
+    for n, result in enumerate(results):
+        assert result is not None, f"call {n} did not end"
+        ids, lengths = result
         expected, expected_lengths = fresh.encode(texts[n])
         np.testing.assert_array_equal(ids, expected)
         np.testing.assert_array_equal(lengths, expected_lengths)

@@ -22,7 +22,7 @@ import sentencepiece
 import tiktoken
 from sentencepiece import sentencepiece_model_pb2
 from tiktoken.load import load_tiktoken_bpe
-from tiktoken_ext import openai_public
+from tiktoken_ext import openai_public  # type: ignore[import-untyped]  # tiktoken ships no types for it
 from tokenizers import Tokenizer
 
 from tests.support.corpus import corpus_texts
@@ -33,10 +33,11 @@ from tokenization.records import RankManifest
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.tokenizer.conversion import BYTE_CHARS, MAX_PIECE_CHARS, as_tokenizer_json
 from tokenization.tokenizer.encoding import Encoder
+from tokenization.tokenizer.engines import EngineChoice
 from tokenization.tokenizer.loading import TokenizerError
 
 TEXT_CHARS = 1000  # of each document: 3.1 MB of the corpora's text, which keeps each tokenizer's test short
-ENGINES = {"auto": "gigatoken", "hf": "hf"}  # the engine asked for, and the one that encodes
+ENGINES: dict[EngineChoice, str] = {"auto": "gigatoken", "hf": "hf"}  # the engine asked for, and the one that encodes
 SP_SPECIALS = ["<s>[INST] hello </s>", r"x = re.compile(r'(?P<s>\d{2})')"]
 SPECIALS = ["a<|endoftext|>b", "<|endofprompt|> x <|fim_prefix|><|fim_suffix|>", "not <|endoftext| quite"]
 
@@ -132,7 +133,7 @@ def test_a_tiktoken_file_gives_tiktokens_ids(name: str, texts: list[str], r50k: 
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_special_token_text_can_be_the_special_tokens_as_tiktoken_allows(engine: str) -> None:
+def test_special_token_text_can_be_the_special_tokens_as_tiktoken_allows(engine: EngineChoice) -> None:
     """With --special-tokens-in-text special, as tiktoken's ``encode`` with every special allowed: cl100k's
     special tokens leave gaps in its ids (<|endofprompt|> is 100276), which stay theirs."""
     path = fetched("cl100k_base.tiktoken")
@@ -224,8 +225,9 @@ def test_a_truncated_sentencepiece_model_is_reported_as_truncated(tmp_path, cut:
     """Issue 37, finding 6: a truncated Mistral model was refused as "got model_type 'unigram'": the converter's
     reader took the cut field for a short one, and the missing trainer spec for the proto's defaults."""
     raw = fetched("mistral-v1/tokenizer.model").read_bytes()
-    model = sentencepiece_model_pb2.ModelProto.FromString(raw)
-    pieces_only = sentencepiece_model_pb2.ModelProto(pieces=model.pieces).SerializeToString()
+    # protobuf's generated module makes its classes at import, and sentencepiece ships no stub of them
+    model = sentencepiece_model_pb2.ModelProto.FromString(raw)  # type: ignore[attr-defined]
+    pieces_only = sentencepiece_model_pb2.ModelProto(pieces=model.pieces).SerializeToString()  # type: ignore[attr-defined]
     path = tmp_path / "tokenizer.model"
     path.write_bytes(raw[: len(raw) // 2] if cut == "in a field" else pieces_only)
     with pytest.raises(TokenizerError) as raised:
@@ -242,7 +244,7 @@ def test_a_sentencepiece_piece_past_the_limit_is_refused_at_once(tmp_path) -> No
     """Issue 37, finding 6: converting a piece takes time that grows with the square of its length (200,000
     characters: 20 s; 2,000,000: more than 120 s). A piece of the limit's length is converted; a longer one is
     refused, in well under a second."""
-    model = sentencepiece_model_pb2.ModelProto.FromString(trained("bpe", 300, byte_fallback=True))
+    model = sentencepiece_model_pb2.ModelProto.FromString(trained("bpe", 300, byte_fallback=True))  # type: ignore[attr-defined]
     model.pieces.add(piece="a" * MAX_PIECE_CHARS, score=-1e9)
     path = tmp_path / "tokenizer.model"
     path.write_bytes(model.SerializeToString())

@@ -37,6 +37,7 @@ def test_windows_follow_datatrove_and_nothing_is_lost(tmp_path) -> None:
         position[windows] = np.arange(len(windows))  # where each source token went
         moved = {int(position[e - 1]) + 1 for e in src_ends}  # where each document now ends
         assert out_ends == moved | {(j + 1) * 1000 for j in range(full)}
+        assert out.metadata is not None
         assert out.metadata.token_count == src.num_tokens and out.metadata.tokenizer == "tok"
     assert result["counts"]["tail_tokens_kept"] == sum(TokenFile(str(p)).num_tokens % 1000 for p in inputs.glob("*.ds"))
     manifest = json.loads((tmp_path / "ours" / "_manifests" / "context_00000.json").read_text())
@@ -70,9 +71,12 @@ def test_a_proof_from_records_gives_the_bytes_and_books_of_one_read_again(tmp_pa
     """Files with records are proved from them, reading no byte again; the same files without records are read
     again: the same bytes and the same books either way, the tail kept or dropped."""
     reread = []
-    monkeypatch.setattr(
-        stage, "contents_of", lambda *args, **kw: reread.append(args[0].urls) or contents_of(*args, **kw)
-    )
+
+    def recorded(*args, **kw):
+        reread.append(args[0].urls)
+        return contents_of(*args, **kw)
+
+    monkeypatch.setattr(stage, "contents_of", recorded)
     merged(synthetic_ranks(tmp_path / "in", 3, 200), tmp_path / "recorded", seed=3, merge_max_tokens_per_file=30_000)
     bare = tmp_path / "bare"
     bare.mkdir()

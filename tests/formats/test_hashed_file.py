@@ -17,6 +17,7 @@ def test_blocks_larger_than_a_write_piece_arrive_whole_and_hashed(tmp_path) -> N
             hashed.write(block)
     expected = b"".join(b.tobytes() for b in blocks)
     assert (tmp_path / "f.bin").read_bytes() == expected
+    assert hashed.written is not None
     assert (hashed.written.bytes, hashed.written.checksum) == (len(expected), checksum(expected, BLAKE3))
 
 

@@ -34,7 +34,14 @@ from tokenization.formats import contents as hashed
 from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
 from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.moves import SourcePool
-from tokenization.inputs.sources import Record, content_identity, file_format, rank_hashes, text_bytes_about
+from tokenization.inputs.sources import (
+    DocumentReader,
+    Record,
+    content_identity,
+    file_format,
+    rank_hashes,
+    text_bytes_about,
+)
 from tokenization.output import known
 from tokenization.output.attempts import Attempt
 from tokenization.output.cache import Cache
@@ -45,7 +52,15 @@ from tokenization.stages.hits import HitCheck
 from tokenization.storage.checksums import ALGORITHM, file_checksum
 from tokenization.storage.files import writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
-from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, Threads, encoded_batches
+from tokenization.tokenizer.documents import (
+    Counts,
+    DocumentOptions,
+    ReadAhead,
+    RejectTally,
+    Threads,
+    encoded_batches,
+    read_ahead,
+)
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.wording import counted
 
@@ -79,6 +94,7 @@ class Segment:
 
 
 Found = tuple[InputFile, CacheKey | None, CacheEntry | None]  # a file, its key and its cache entry, when it has them
+Read = tuple[DocumentReader, ReadAhead[Record | Rejected]]  # a file's reader, and the read-ahead of its records
 
 
 @dataclass(frozen=True)
@@ -152,6 +168,8 @@ class FirstPass:
         self.attempt, self.where, self.cache = attempt, where, cache
         self.readings = readings or {}
         self._checks: dict[int, HitCheck] = {}  # what each source's hits are held against, made at its first hit
+        self._found: list[Found] = []  # the files of the try under way (``_pass``)
+        self._next: dict[int, Read] = {}  # a file's reading, started while the file before it still encoded
         self.tally: RejectTally  # of a try at the rank's files (``_pass``), with the entries it stored
         self.stored: list[CacheEntry] = []
 
@@ -197,10 +215,33 @@ class FirstPass:
             self.where, self.options.source, self.options.max_rejects, self.options.max_reject_fraction
         )
         self.stored = []
-        with Progress(self.where, sum(file.span_bytes for file, _, _ in found), "B", progress) as shown:
-            segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
+        self._found = found
+        try:
+            with Progress(self.where, sum(file.span_bytes for file, _, _ in found), "B", progress) as shown:
+                segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
+        finally:  # a file's reading started ahead, and never reached: a failed try's
+            for _, ahead in self._next.values():
+                ahead.close()
+            self._next.clear()
         self.tally.check(total(segments))
         return segments
+
+    def _read(self, i: int, threads: Threads) -> Read:
+        """File ``i``'s reader and the read-ahead of its records: started already when the file before it was read
+        to its end (``_read_next``), else new."""
+        if (started := self._next.pop(i, None)) is not None:
+            return started
+        file = self._found[i][0]
+        reading = self._reading(file)
+        reader = reading.options.reader([file], reading.renderer)
+        return reader, read_ahead(reader, threads)
+
+    def _read_next(self, i: int, threads: Threads) -> None:
+        """Start reading file ``i`` + 1 while file ``i``'s last batches encode, when it has no cache entry (a hit
+        is not read): its first batch is then ready as soon as file ``i`` is written."""
+        if i + 1 < len(self._found) and self._found[i + 1][2] is None:
+            self._next[i + 1] = read = self._read(i + 1, threads)
+            read[1].start()
 
     def _reading(self, file: InputFile) -> Reading:
         return self.readings.get(file.url) or Reading(self.options, self.renderer)
@@ -225,7 +266,7 @@ class FirstPass:
             return replace(hit, source=source)
         started = time.perf_counter()
         with_loss = self.save_loss or key is not None  # an entry holds its loss bytes, whatever this build saves
-        segment, written, plain = self._encode(file, folder, shown, threads, with_loss, places=key is not None)
+        segment, written, plain = self._encode(file, folder, shown, threads, with_loss, places=key is not None, index=i)
         seconds = time.perf_counter() - started
         if key is None:
             return replace(segment, source=source)
@@ -330,20 +371,27 @@ class FirstPass:
         return self.encoder.on_hf()
 
     def _encode(
-        self, file: InputFile, folder: Path, shown: Progress, threads: Threads, with_loss: bool, *, places: bool
+        self,
+        file: InputFile,
+        folder: Path,
+        shown: Progress,
+        threads: Threads,
+        with_loss: bool,
+        *,
+        places: bool,
+        index: int,
     ) -> tuple[Segment, WrittenTokenFile, ContentsHasher | None]:
-        """A miss (or no cache): the file's documents encoded into the segment, rejects to its quarantine, and with
-        ``places`` (to store) where each document starts in the input (``PLACES``, a batch at a time); an attempt
-        whose lease is found lost stops at the next batch (its successor does the work). ``with_loss``: with loss
-        bytes, and their counts; when this build saves none, the contents of its tokens alone are hashed too (the
-        hasher returned), on the writer's own thread, as it writes."""
+        """A miss (or no cache): the file's documents (file ``index`` of the pass) encoded into the segment, rejects
+        to its quarantine, and with ``places`` (to store) where each document starts in the input (``PLACES``, a
+        batch at a time); an attempt whose lease is found lost stops at the next batch (its successor does the
+        work). ``with_loss``: with loss bytes, and their counts; when this build saves none, the contents of its
+        tokens alone are hashed too (the hasher returned), on the writer's own thread, as it writes."""
         with writing(folder):
             folder.mkdir(parents=True, exist_ok=True)
         counts, tally = Counts(), self.tally.next_file()
         quarantine = folder / QUARANTINE
-        reading = self._reading(file)
-        o = reading.options
-        reader = o.reader([file], reading.renderer)
+        o = self._reading(file).options
+        reader, ahead = self._read(index, threads)
         plain = ContentsHasher() if with_loss and not self.save_loss else None
 
         def observe(tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: hashed.Found) -> None:
@@ -383,6 +431,8 @@ class FirstPass:
                 save_loss=with_loss,
                 progress=shown,
                 threads=threads,
+                ahead=ahead,
+                then=lambda: self._read_next(index, threads),
             )
             with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
                 for batch in batches:

@@ -450,14 +450,19 @@ def encoded_batches(
     save_loss: bool = False,
     progress: ProgressMode | Progress = None,
     threads: Threads | None = None,
+    ahead: ReadAhead[Record | Rejected] | None = None,
+    then: Callable[[], None] | None = None,
 ) -> Generator[Batch, None, None]:
     """Encode the reader's documents in batches bounded by ``options.batch_size`` documents and
     ``options.batch_bytes`` bytes of text, with loss bytes when ``save_loss``.
 
     Three things overlap: a thread reads, decompresses and parses the input; another encodes one batch (the engine
     releases the GIL) while the caller writes the previous one and prepares the next (``Encoder.prepare``). Those
-    two are ``threads``, when a caller that encodes many files gives them, else threads of its own. Progress: see
-    ``tokenization.progress``; a ``Progress`` given is advanced (a rank's, over all its files), not closed."""
+    two are ``threads``, when a caller that encodes many files gives them, else threads of its own. Such a caller
+    may give the reader's read-ahead (``read_ahead``), started already, and ``then``, called once the reader is
+    read to its end while the last batches still encode: there it starts its next file's reading, so that no file
+    waits for its first batch to be read. Progress: see ``tokenization.progress``; a ``Progress`` given is advanced
+    (a rank's, over all its files), not closed."""
     shown = progress if isinstance(progress, Progress) else Progress(desc, reader.total_bytes, "B", progress)
     shown_bytes = 0  # of the reader's, shown so far
 
@@ -496,7 +501,7 @@ def encoded_batches(
             counts.loss_tokens += int(np.count_nonzero(batch.encoded.loss))
         counts.add_lengths(batch.encoded.lengths)
         counts.special_token_literals.update(batch.encoded.special_literals)
-        show(ahead.mark, len(batch.encoded.lengths), len(batch.encoded.tokens))
+        show(items.mark, len(batch.encoded.lengths), len(batch.encoded.tokens))
         return batch
 
     with contextlib.ExitStack() as own:
@@ -506,12 +511,10 @@ def encoded_batches(
         encoding = threads.encode
         pending: deque[tuple[Future[Any], int]] = deque()  # batches in the engine, with their characters
         room = ENCODING_AT_ONCE * options.batch_bytes  # characters in the engine at once; a bigger batch goes alone
-        small = reader.total_bytes < SMALL_INPUT_BYTES  # read and encoded on this thread: no hand-off to wait for
-        ahead = (ReadInline if small else ReadAhead)(
-            reader, _text_length, chunk=READ_AHEAD_CHARS, where=lambda: reader.bytes_read, thread=threads.read
-        )
+        items = ahead or read_ahead(reader, threads)
+        small = isinstance(items, ReadInline)  # read and encoded on this thread: no hand-off to wait for
         try:
-            for records in _record_batches(ahead, counts, options, reject):
+            for records in _record_batches(items, counts, options, reject):
                 records, ready = prepared(records)  # while the engine encodes the batches before
                 if small:
                     yield done(encode(records, ready))
@@ -520,12 +523,23 @@ def encoded_batches(
                 while pending and sum(c for _, c in pending) + chars > room:
                     yield done(pending.popleft()[0].result())
                 pending.append((encoding.submit(encode, records, ready), chars))
+            if then is not None:
+                then()
             while pending:
                 yield done(pending.popleft()[0].result())
         finally:  # stopped early: the batches in the engine end here, not during the next file's
             wait([future for future, _ in pending])
         counts.blank_lines += reader.blank_lines
         show(reader.total_bytes, 0, 0)
+
+
+def read_ahead(reader: DocumentReader, threads: Threads) -> ReadAhead[Record | Rejected]:
+    """The reader's items as ``encoded_batches`` reads them: ahead, on the threads' reading thread, or on the
+    caller's for an input too small to pay for the hand-offs (``SMALL_INPUT_BYTES``)."""
+    small = reader.total_bytes < SMALL_INPUT_BYTES
+    return (ReadInline if small else ReadAhead)(
+        reader, _text_length, chunk=READ_AHEAD_CHARS, where=lambda: reader.bytes_read, thread=threads.read
+    )
 
 
 def _record_batches(
@@ -606,6 +620,21 @@ class ReadAhead(Generic[T]):
         self.queue: Queue[Any] = Queue(depth)
         self.stop = threading.Event()
         self.mark = 0
+        self._producing: Future[None] | None = None
+
+    def start(self) -> None:
+        """Start producing on the ``thread`` given, before the items are iterated (which would start it): a caller
+        that never iterates them must ``close`` it."""
+        if self.thread is None:
+            raise ValueError("a read-ahead started before it is iterated needs a thread that outlives it")
+        if self._producing is None:
+            self._producing = self.thread.submit(self._produce)
+
+    def close(self) -> None:
+        """Stop producing, and wait for the producer to end (its errors reach the queue, never this)."""
+        self.stop.set()
+        if self._producing is not None:
+            self._producing.result()
 
     def _put(self, item: object) -> bool:
         """Queue ``item`` once there is room; False when the consumer stopped, or is gone with the main thread (a
@@ -635,8 +664,9 @@ class ReadAhead(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         with contextlib.ExitStack() as own:
-            thread = self.thread or own.enter_context(ThreadPoolExecutor(1, thread_name_prefix="read"))
-            producing = thread.submit(self._produce)
+            if self._producing is None:
+                thread = self.thread or own.enter_context(ThreadPoolExecutor(1, thread_name_prefix="read"))
+                self._producing = thread.submit(self._produce)
             try:
                 while (got := self.queue.get()) is not _END:
                     if isinstance(got, BaseException):
@@ -644,8 +674,7 @@ class ReadAhead(Generic[T]):
                     group, self.mark = got
                     yield from group
             finally:
-                self.stop.set()
-                producing.result()  # its errors reach the queue, never this
+                self.close()
 
 
 _END = object()
@@ -654,6 +683,9 @@ _END = object()
 class ReadInline(ReadAhead[Any]):
     """``items`` as ``ReadAhead`` gives them, read on the caller's thread as they are consumed (``thread`` unused):
     for an input too small to pay for a thread's hand-offs."""
+
+    def start(self) -> None:
+        """Nothing to start: its items are read as they are consumed."""
 
     def __iter__(self) -> Iterator[T]:
         for item in self.items:

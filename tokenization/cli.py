@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from tokenization.formats.megatron import MegatronFile
     from tokenization.output.cache import Cache
     from tokenization.records import TokenizerInfo
-    from tokenization.tokenizer.documents import Counts
+    from tokenization.tokenizer.counts import Counts
 
 EXAMPLE = """example: a whole build of a folder of JSON lines on one machine, 4 ranks, 2 at a time
 

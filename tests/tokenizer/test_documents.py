@@ -20,7 +20,8 @@ from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.merge import MergeConfig, merge
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.tokenizer import documents
-from tokenization.tokenizer.documents import ReadAhead, TooManyRejects
+from tokenization.tokenizer.counts import TooManyRejects
+from tokenization.tokenizer.pipeline import ReadAhead
 
 
 def test_prefetched_keeps_order_and_raises_the_producers_error() -> None:

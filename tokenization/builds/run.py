@@ -61,7 +61,8 @@ from tokenization.stages.merge import MergeConfig, MergeOptions, merge
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
 from tokenization.storage.folder import Folder
 from tokenization.storage.locations import AllowedLocations, check_disjoint, inside
-from tokenization.tokenizer.documents import Counts, DocumentOptions
+from tokenization.tokenizer.counts import Counts
+from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.encoding import limit_hf_threads
 from tokenization.tokenizer.loading import TokenizerFile
 from tokenization.wording import counted

@@ -24,7 +24,7 @@ def _errors() -> tuple[list[BaseException], list[BaseException]]:
     from tokenization.output.runs import BuildError
     from tokenization.records import RecordError
     from tokenization.storage.locations import LocationError
-    from tokenization.tokenizer.documents import TooManyRejects
+    from tokenization.tokenizer.counts import TooManyRejects
 
     data: list[BaseException] = [
         InputError("a.jsonl.gz: corrupt"),

@@ -38,7 +38,7 @@ from tokenization.stages.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
 from tokenization.storage.checksums import BLAKE3, SHA256, checksum
 from tokenization.storage.files import file_sha256
 from tokenization.storage.folder import Folder
-from tokenization.tokenizer.documents import TooManyRejects
+from tokenization.tokenizer.counts import TooManyRejects
 
 FILES = 24  # the sample's records dealt into this many input files
 

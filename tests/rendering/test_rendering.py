@@ -24,7 +24,7 @@ from tokenization.rendering.renderer import Rendered, chat_template, field_templ
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.tokenize import TokenizeConfig
 from tokenization.storage.folder import Folder
-from tokenization.tokenizer.documents import TooManyRejects
+from tokenization.tokenizer.counts import TooManyRejects
 
 GPT2_EOS = "<|endoftext|>"
 INSTRUCTION = "{prompt}\n\n{response}"

@@ -17,7 +17,7 @@ from tokenization.formats.ds import TokenFile
 from tokenization.records import CompletionMarker
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.storage.checksums import BLAKE3, checksum
-from tokenization.tokenizer.documents import TooManyRejects
+from tokenization.tokenizer.counts import TooManyRejects
 
 
 def test_every_document_is_written_once_and_decodes_to_its_text(tmp_path, sample_corpus, sample_tokenizer) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -13,12 +15,15 @@ import pytest
 from tests.support.corpus import write_jsonl
 from tests.support.tokenizers import EOS
 from tokenization import progress
+from tokenization.errors import LeaseLost
+from tokenization.output.attempts import FileLease
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.merge import merge
 from tokenization.stages.merge.config import MergeConfig
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
 from tokenization.tokenizer import documents
-from tokenization.tokenizer.documents import ReadAhead, TooManyRejects
+from tokenization.tokenizer.counts import TooManyRejects
+from tokenization.tokenizer.pipeline import ReadAhead
 
 
 def test_prefetched_keeps_order_and_raises_the_producers_error() -> None:
@@ -46,6 +51,55 @@ def test_stopping_early_stops_the_reader() -> None:
             break
     assert not [t for t in threading.enumerate() if t.name == "read"]
     assert len(produced) < 100
+
+
+def test_a_read_ahead_started_and_never_read_stops_when_closed() -> None:
+    """A rank starts its next file's reading before it is consumed: closed unread, its producer ends, though the
+    queue it fills is full."""
+    produced = []
+
+    def items():
+        for i in range(10**9):
+            produced.append(i)
+            yield i
+
+    with ThreadPoolExecutor(1, thread_name_prefix="read") as thread:
+        ahead = ReadAhead(items(), chunk=4, depth=2, thread=thread)
+        ahead.start()
+        while len(produced) < 8:  # two chunks queued: the producer now waits for room
+            time.sleep(0.01)
+        ahead.close()
+        assert thread.submit(lambda: "free").result(timeout=10) == "free"
+    assert len(produced) < 100
+
+
+def test_a_rank_reads_its_next_file_while_one_encodes_and_stops_reading_it_when_it_fails(
+    tmp_path, sample_corpus, sample_tokenizer, monkeypatch
+) -> None:
+    """The next file's reading starts once a file is read to its end; a rank that then fails (here its lease is
+    found lost) stops that reading too, rather than waiting for it forever, and raises its own error."""
+    monkeypatch.setattr(documents, "SMALL_INPUT_BYTES", 0)  # every sample file is read ahead
+    monkeypatch.setattr(documents, "READ_AHEAD_CHARS", 100)  # and its queue is full long before it is read
+    started = []
+    real_start = ReadAhead.start
+
+    def start(self) -> None:
+        started.append(self)
+        real_start(self)
+
+    def lost(self) -> None:
+        if started:
+            raise LeaseLost(f"{self.path}: taken over")
+
+    monkeypatch.setattr(ReadAhead, "start", start)
+    monkeypatch.setattr(FileLease, "check", lost)
+    config = TokenizeConfig(
+        inputs=[str(sample_corpus)], output=str(tmp_path), tokenizer=str(sample_tokenizer), eos_token=EOS
+    )
+    with pytest.raises(LeaseLost, match="taken over"):
+        tokenize_rank(config)
+    assert len(started) == 1 and started[0].stop.is_set()
+    assert not [t for t in threading.enumerate() if t.name.startswith("read")]
 
 
 def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer, caplog, monkeypatch) -> None:

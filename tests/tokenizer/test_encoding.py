@@ -18,8 +18,9 @@ from tests.support.paths import shared_path
 from tests.support.tokenizers import EOS, big_vocab_tokenizer
 from tokenization.tokenizer import cutting
 from tokenization.tokenizer.cutting import Piece
-from tokenization.tokenizer.encoding import Encoder, framed
+from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.engines import HF_GROUP_CHARS, CheckedEngine
+from tokenization.tokenizer.framing import framed
 from tokenization.tokenizer.loading import EOS_CANDIDATES, TokenizerError
 from tokenization.tokenizer.loss_masks import no_loss_mask
 
@@ -392,7 +393,8 @@ def test_a_lone_document_is_framed_in_place_and_like_any_other() -> None:
 
 def test_a_record_larger_than_a_batch_is_a_batch_of_its_own() -> None:
     from tokenization.inputs.reader import Record
-    from tokenization.tokenizer.documents import Counts, DocumentOptions, _record_batches
+    from tokenization.tokenizer.counts import Counts
+    from tokenization.tokenizer.documents import DocumentOptions, _record_batches
 
     def record(text: str) -> Record:
         return Record(text, "id", None, "f", 1)

@@ -46,7 +46,8 @@ from tokenization.stages.merge.config import MergeConfig, MergeOptions
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
 from tokenization.storage.folder import Folder
 from tokenization.storage.locations import AllowedLocations
-from tokenization.tokenizer.documents import Counts, DocumentOptions
+from tokenization.tokenizer.counts import Counts
+from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.encoding import limit_hf_threads
 from tokenization.tokenizer.loading import TokenizerFile
 

@@ -14,7 +14,7 @@ from tokenization.wording import counted
 
 if TYPE_CHECKING:
     from tokenization.records import TokenizerInfo
-    from tokenization.tokenizer.documents import Counts
+    from tokenization.tokenizer.counts import Counts
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -28,7 +28,8 @@ from tokenization.output.manifest import StageResult
 from tokenization.progress import ProgressMode
 from tokenization.records import CountedFile, CountStats, Rejected, StageParams
 from tokenization.storage.folder import Folder, file_at
-from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, encoded_batches
+from tokenization.tokenizer.counts import Counts, RejectTally
+from tokenization.tokenizer.documents import DocumentOptions, encoded_batches
 from tokenization.tokenizer.encoding import Encoder
 
 

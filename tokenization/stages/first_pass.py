@@ -17,13 +17,12 @@ a rank fails, or not, at the same record either way.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import shutil
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
@@ -31,24 +30,35 @@ import numpy as np
 import orjson
 
 from tokenization.formats import contents as hashed
-from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
-from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
-from tokenization.formats.source_pool import SourcePool
-from tokenization.inputs.content import content_identity, rank_hashes
+from tokenization.formats.contents import ContentsHasher
+from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
+from tokenization.inputs.content import rank_hashes
 from tokenization.inputs.formats import file_format, text_bytes_about
 from tokenization.inputs.reader import Record
-from tokenization.output import known
 from tokenization.output.attempts import Attempt
-from tokenization.output.cache import Cache
 from tokenization.progress import Progress, ProgressMode
-from tokenization.records import CachedInput, CacheEntry, FileSum, InputFile, Mixture, RankCounts, Rejected
+from tokenization.records import CachedInput, CacheEntry, FileSum, InputFile, RankCounts, Rejected
 from tokenization.rendering.renderer import Renderer
 from tokenization.stages.hits import HitCheck
+from tokenization.stages.segments import (
+    CacheOwner,
+    Found,
+    Held,
+    Read,
+    Reading,
+    Segment,
+    file_key,
+    ones_file,
+    total,
+    without_loss,
+)
 from tokenization.storage.checksums import ALGORITHM, file_checksum
 from tokenization.storage.files import writing
-from tokenization.tokenizer.cache_key import CacheKey, cache_key
-from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, Threads, encoded_batches
+from tokenization.tokenizer.cache_key import CacheKey
+from tokenization.tokenizer.counts import Counts, RejectTally
+from tokenization.tokenizer.documents import DocumentOptions, encoded_batches, read_ahead
 from tokenization.tokenizer.encoding import Encoder
+from tokenization.tokenizer.pipeline import Threads
 from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
@@ -59,79 +69,6 @@ LOSS = f"{SEGMENT}.loss"
 QUARANTINE = "quarantine.jsonl"
 PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``stages.hits``)
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One input file's first pass: its documents' ``.ds`` family (``path``), its counts, and its rejected records
-    (``quarantine``: one JSON line each, naming the file as this rank reads it); ``cached``: how the cache served
-    it (None without a cache)."""
-
-    file: InputFile
-    path: Path
-    counts: Counts
-    quarantine: Path
-    cached: CachedInput | None
-    source: int = 0  # a mixture's source of the file
-
-    @property
-    def encoded(self) -> bool:
-        """Whether this rank encoded the file (a miss, or no cache), rather than taking it from the cache."""
-        return self.cached is None or not self.cached.hit
-
-
-Found = tuple[InputFile, CacheKey | None, CacheEntry | None]  # a file, its key and its cache entry, when it has them
-
-
-@dataclass(frozen=True)
-class Reading:
-    """How a file is read: with its source's options (keys, template) and renderer; ``source``, its number in a
-    mixture (0 without one)."""
-
-    options: DocumentOptions
-    renderer: Renderer | None
-    source: int = 0
-
-
-def source_readings(options: DocumentOptions, mixture: Mixture, encoder: Encoder) -> list[Reading]:
-    """How each of a mixture's sources is read: with its own text key and template, where it sets them."""
-    readings = []
-    for number, source in enumerate(mixture.sources):
-        own = replace(
-            options, text_key=source.text_key or options.text_key, template=source.template or options.template
-        )
-        readings.append(Reading(own, own.renderer(encoder), number))
-    return readings
-
-
-def file_key(file: InputFile, reading: Reading, encoder: Encoder) -> CacheKey:
-    """The cache key of ``file`` (or part) read as ``reading`` says (with or without ``save_loss``: one entry)."""
-    return cache_key(
-        content_identity(file, reading.options.storage_options),
-        file.url,
-        encoder=encoder,
-        renderer=reading.renderer,
-        options=reading.options,
-    )
-
-
-@dataclass(frozen=True)
-class CacheOwner:
-    """Who uses the cache: a rank (``stem``) of a build (``owner``, its run folder), whose entries stay while
-    ``keeps`` (the build's ``_RUN.json``) exists."""
-
-    cache: Cache
-    owner: str
-    keeps: str
-    stem: str
-    inputs: Sequence[str] = ()  # the build's input specs, by which the files its ranks hash are remembered
-
-    def remember(self, rows: Mapping[str, str]) -> None:
-        """Leave the rows of the files this rank hashed for the next night's plan (``output.known``), unless the
-        cache was found read-only (said once already)."""
-        if rows and self.inputs and not self.cache.read_only:
-            who = f"{hashlib.sha256(self.owner.encode()).hexdigest()[:16]}.{self.stem}"
-            known.remember_part(self.cache, self.inputs, who, rows)
 
 
 class FirstPass:
@@ -154,6 +91,8 @@ class FirstPass:
         self.attempt, self.where, self.cache = attempt, where, cache
         self.readings = readings or {}
         self._checks: dict[int, HitCheck] = {}  # what each source's hits are held against, made at its first hit
+        self._found: list[Found] = []  # the files of the try under way (``_pass``)
+        self._next: dict[int, Read] = {}  # a file's reading, started while the file before it still encoded
         self.tally: RejectTally  # of a try at the rank's files (``_pass``), with the entries it stored
         self.stored: list[CacheEntry] = []
 
@@ -199,10 +138,33 @@ class FirstPass:
             self.where, self.options.source, self.options.max_rejects, self.options.max_reject_fraction
         )
         self.stored = []
-        with Progress(self.where, sum(file.span_bytes for file, _, _ in found), "B", progress) as shown:
-            segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
+        self._found = found
+        try:
+            with Progress(self.where, sum(file.span_bytes for file, _, _ in found), "B", progress) as shown:
+                segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
+        finally:  # a file's reading started ahead, and never reached: a failed try's
+            for _, ahead in self._next.values():
+                ahead.close()
+            self._next.clear()
         self.tally.check(total(segments))
         return segments
+
+    def _read(self, i: int, threads: Threads) -> Read:
+        """File ``i``'s reader and the read-ahead of its records: started already when the file before it was read
+        to its end (``_read_next``), else new."""
+        if (started := self._next.pop(i, None)) is not None:
+            return started
+        file = self._found[i][0]
+        reading = self._reading(file)
+        reader = reading.options.reader([file], reading.renderer)
+        return reader, read_ahead(reader, threads)
+
+    def _read_next(self, i: int, threads: Threads) -> None:
+        """Start reading file ``i`` + 1 while file ``i``'s last batches encode, when it has no cache entry (a hit
+        is not read): its first batch is then ready as soon as file ``i`` is written."""
+        if i + 1 < len(self._found) and self._found[i + 1][2] is None:
+            self._next[i + 1] = read = self._read(i + 1, threads)
+            read[1].start()
 
     def _reading(self, file: InputFile) -> Reading:
         return self.readings.get(file.url) or Reading(self.options, self.renderer)
@@ -227,13 +189,13 @@ class FirstPass:
             return replace(hit, source=source)
         started = time.perf_counter()
         with_loss = self.save_loss or key is not None  # an entry holds its loss bytes, whatever this build saves
-        segment, written, plain = self._encode(file, folder, shown, threads, with_loss, places=key is not None)
+        segment, written, plain = self._encode(file, folder, shown, threads, with_loss, places=key is not None, index=i)
         seconds = time.perf_counter() - started
         if key is None:
             return replace(segment, source=source)
         self._store(segment, written, key, seconds)  # its counts with loss, as every entry's
         if plain is not None:  # this build saves no loss: its counts as it counts them
-            segment = replace(segment, counts=_without_loss(segment.counts, plain.result()))
+            segment = replace(segment, counts=without_loss(segment.counts, plain.result()))
         served = _served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
         return replace(segment, cached=served, source=source)
 
@@ -260,7 +222,7 @@ class FirstPass:
         counts = Counts.of(entry.counts)
         counts.contents = held.contents
         if held.plain is not None:  # this build saves no loss
-            counts = _without_loss(counts, held.plain)
+            counts = without_loss(counts, held.plain)
         shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
         read = self._cache.cache.signer is None and (PLACES not in fetched or file_format(file.url)[1] is not None)
         served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started, read=read)
@@ -276,7 +238,7 @@ class FirstPass:
         try:
             if self.save_loss and LOSS not in fetched:  # every byte 1 (its counts must say so: ``_against_counts``)
                 size = TokenFile(str(fetched[SEGMENT]), self.encoder.token_size).num_tokens
-                fetched[LOSS] = _ones(fetched[SEGMENT].with_name(LOSS), size)
+                fetched[LOSS] = ones_file(fetched[SEGMENT].with_name(LOSS), size)
             held = Held.read(TokenFile(str(fetched[SEGMENT]), self.encoder.token_size), plain=not self.save_loss)
         except TokenFileError as exc:
             return str(exc)
@@ -332,20 +294,27 @@ class FirstPass:
         return self.encoder.on_hf()
 
     def _encode(
-        self, file: InputFile, folder: Path, shown: Progress, threads: Threads, with_loss: bool, *, places: bool
+        self,
+        file: InputFile,
+        folder: Path,
+        shown: Progress,
+        threads: Threads,
+        with_loss: bool,
+        *,
+        places: bool,
+        index: int,
     ) -> tuple[Segment, WrittenTokenFile, ContentsHasher | None]:
-        """A miss (or no cache): the file's documents encoded into the segment, rejects to its quarantine, and with
-        ``places`` (to store) where each document starts in the input (``PLACES``, a batch at a time); an attempt
-        whose lease is found lost stops at the next batch (its successor does the work). ``with_loss``: with loss
-        bytes, and their counts; when this build saves none, the contents of its tokens alone are hashed too (the
-        hasher returned), on the writer's own thread, as it writes."""
+        """A miss (or no cache): the file's documents (file ``index`` of the pass) encoded into the segment, rejects
+        to its quarantine, and with ``places`` (to store) where each document starts in the input (``PLACES``, a
+        batch at a time); an attempt whose lease is found lost stops at the next batch (its successor does the
+        work). ``with_loss``: with loss bytes, and their counts; when this build saves none, the contents of its
+        tokens alone are hashed too (the hasher returned), on the writer's own thread, as it writes."""
         with writing(folder):
             folder.mkdir(parents=True, exist_ok=True)
         counts, tally = Counts(), self.tally.next_file()
         quarantine = folder / QUARANTINE
-        reading = self._reading(file)
-        o = reading.options
-        reader = o.reader([file], reading.renderer)
+        o = self._reading(file).options
+        reader, ahead = self._read(index, threads)
         plain = ContentsHasher() if with_loss and not self.save_loss else None
 
         def observe(tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: hashed.Found) -> None:
@@ -385,6 +354,8 @@ class FirstPass:
                 save_loss=with_loss,
                 progress=shown,
                 threads=threads,
+                ahead=ahead,
+                then=lambda: self._read_next(index, threads),
             )
             with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
                 for batch in batches:
@@ -425,72 +396,6 @@ class FirstPass:
         )
         if (stored := self._cache.cache.commit(entry, files)) is not None:
             self.stored.append(stored)
-
-
-@dataclass(frozen=True)
-class Held:
-    """What a cache hit's segment holds, read once, in blocks: its index, its highest id, its loss bytes' highest
-    value and how many are 1, and its contents (``formats.contents``) with its loss bytes, as its counts record
-    them; ``plain``: the contents of its tokens alone, when asked (a build that saves no loss)."""
-
-    segment: TokenFile
-    ends: np.ndarray
-    top: int
-    loss_top: int
-    loss_ones: int
-    contents: Contents
-    plain: Contents | None
-
-    @classmethod
-    def read(cls, segment: TokenFile, *, plain: bool) -> Held:
-        """The segment's facts; its loss bytes are its ``.loss`` file's, or every one 1 without one (an entry's
-        whose bytes are all 1). A loss file that does not cover its tokens is a ``TokenFileError``."""
-        with_file = segment.exists(".loss")
-        if with_file and segment.size(".loss") != segment.num_tokens:
-            raise TokenFileError(
-                f"its loss file holds {segment.size('.loss'):,} bytes for {segment.num_tokens:,} tokens"
-            )
-        ends = np.asarray(segment.ends, dtype=np.int64)
-        seen = {"top": -1, "loss_top": 0, "loss_ones": 0}
-        alone = ContentsHasher() if plain else None
-
-        def read(start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-            tokens, loss = pool.read(0, start, stop)
-            loss = np.ones(len(tokens), dtype=LOSS_DTYPE) if loss is None else loss
-            seen["top"] = max(seen["top"], int(tokens.max()))
-            seen["loss_top"] = max(seen["loss_top"], int(loss.max()))
-            seen["loss_ones"] += int(np.count_nonzero(loss))
-            if alone is not None:
-                alone.add(tokens, within(ends, start, stop))
-            return tokens, loss
-
-        with SourcePool([segment.path], segment.token_size, with_file) as pool:
-            (contents,) = stream_contents(read, [(ends, segment.num_tokens)])
-        return cls(segment, ends, contents=contents, plain=None if alone is None else alone.result(), **seen)
-
-
-def _ones(path: Path, tokens: int) -> Path:
-    """A loss file of ``tokens`` bytes, every one 1: an entry's that it left out as such (``FirstPass._store``),
-    written a block at a time."""
-    block = np.ones(max(1, min(tokens, 1 << 24)), dtype=LOSS_DTYPE)
-    with writing(path), open(path, "wb") as out:  # a file of no token: an empty one
-        for start in range(0, tokens, len(block)):
-            out.write(block[: min(len(block), tokens - start)].tobytes())
-    return path
-
-
-def _without_loss(counts: Counts, plain: Contents) -> Counts:
-    """A file's counts, as a build that saves no loss counts them: no token with loss, the contents of its tokens
-    alone."""
-    return replace(counts, loss_tokens=0, contents=plain)
-
-
-def total(segments: Sequence[Segment]) -> Counts:
-    """A rank's counts: its files'."""
-    counts = Counts()
-    for segment in segments:
-        counts.add(segment.counts)
-    return counts
 
 
 def quarantined(work: Path) -> Path:

@@ -18,10 +18,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import NamedTuple, TypeVar, cast
 
 import numpy as np
-import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from tokenization.formats.ds import token_dtype
@@ -39,8 +38,9 @@ from tokenization.tokenizer.engines import (
     chosen_engine,
 )
 from tokenization.tokenizer.fast_engine import DEFAULT_MEMORY_BUDGET_MB, FastEngine, MemoryBudget
+from tokenization.tokenizer.framing import framed, joined, with_special_pieces
 from tokenization.tokenizer.loading import TokenizerError, TokenizerFile, engine_panics
-from tokenization.tokenizer.loss_masks import held_out, special_held_out
+from tokenization.tokenizer.loss_masks import held_out
 from tokenization.tokenizer.policy import SPECIAL_TEXT_POLICIES, EncodingPolicy, SpecialLiterals, SpecialTextPolicy
 
 log = logging.getLogger(__name__)
@@ -409,30 +409,6 @@ def piece_name(batch: Prepared, piece: Piece) -> str:
     return f"document {batch.first_doc + piece.doc} of this run{part}"
 
 
-def with_special_pieces(
-    pieces: list[Piece], body: np.ndarray, lengths: np.ndarray, held_out: np.ndarray | None, no_loss: list[Any] | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The ids, lengths and held-out tokens of all ``pieces`` from those of their text pieces: each special piece
-    is its one token."""
-    special = np.fromiter((p.token is not None for p in pieces), dtype=bool, count=len(pieces))
-    every = np.ones(len(pieces), dtype=np.int64)
-    every[~special] = lengths
-    places = np.zeros(int(every.sum()), dtype=bool)
-    places[(np.cumsum(every) - every)[special]] = True
-    specials = [p for p in pieces if p.token is not None]
-    ids = np.empty(len(places), dtype=body.dtype)
-    ids[places] = [p.token for p in specials]
-    ids[~places] = body
-    if held_out is None:
-        return ids, every, None
-    if no_loss is None:
-        raise ValueError("held-out tokens without the no-loss ranges that hold them out")
-    held = np.empty(len(places), dtype=bool)
-    held[~places] = held_out
-    held[places] = special_held_out(specials, no_loss)
-    return ids, every, held
-
-
 def piece_groups(pieces: list[Piece], by_hf: Callable[[Piece], bool]) -> Iterator[range]:
     """Runs of consecutive pieces (at least one each) of about ``GROUP_CHARS`` characters that HF encodes whole
     (``by_hf``), and ``FAST_GROUP_CHARS`` in all."""
@@ -446,30 +422,3 @@ def piece_groups(pieces: list[Piece], by_hf: Callable[[Piece], bool]) -> Iterato
             begin, size, hf_size = k + 1, 0, 0
     if begin < len(pieces):
         yield range(begin, len(pieces))
-
-
-def joined(arrays: list[np.ndarray], dtype: npt.DTypeLike) -> np.ndarray:
-    """``arrays`` end to end, as ``dtype``, also when there are none."""
-    return np.concatenate(arrays, dtype=dtype, casting="same_kind") if arrays else np.empty(0, dtype=dtype)
-
-
-def framed(body: np.ndarray, body_lengths: np.ndarray, head: list[int], tail: list[int]) -> np.ndarray:
-    """Each document's run of ``body`` between ``head`` and ``tail``. The body's places are marked in a byte mask
-    and filled in one masked copy (~1 ns a token; index arrays would cost 16 bytes a token)."""
-    if not head and not tail:
-        return body
-    if not head and len(body_lengths) == 1 and body.flags.owndata:  # one document (a huge one is a batch alone):
-        body.resize(len(body) + len(tail), refcheck=False)  # its tail goes after it, in place (realloc: no copy)
-        body[len(body) - len(tail) :] = tail
-        return body
-    lengths = body_lengths + len(head) + len(tail)
-    ends = np.cumsum(lengths)
-    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=body.dtype)
-    body_places = np.ones(len(out), dtype=bool)
-    starts = ends - lengths
-    places = [(starts + k, v) for k, v in enumerate(head)] + [(ends - len(tail) + k, v) for k, v in enumerate(tail)]
-    for where, value in places:
-        out[where] = value
-        body_places[where] = False
-    out[body_places] = body
-    return out

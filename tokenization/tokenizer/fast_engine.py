@@ -41,7 +41,7 @@ _pool_pid: int | None = None  # the process that started gigatoken's process-wid
 # (GPT-2 to Llama 3), batches in flight ~100 MB; what is left of 1 GiB holds the fast engine's cache.
 DEFAULT_MEMORY_BUDGET_MB = 1024
 # What the cache may grow by a character encoded, at most (random 5-12 letter words: 12.5; base64: ~7), and the
-# characters that may be in the engine between two looks at the process's memory (``documents.ENCODING_AT_ONCE``
+# characters that may be in the engine between two looks at the process's memory (``pipeline.ENCODING_AT_ONCE``
 # calls of ``encoding.FAST_GROUP_CHARS``): the budget keeps that much room, ~110 MB.
 CACHE_BYTES_PER_CHAR = 13
 CHARS_BETWEEN_LOOKS = 2 << 22

@@ -490,6 +490,18 @@ IMPORTED = (
 )
 
 
+@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("4", "4")])
+def test_the_program_holds_openblas_to_one_thread_unless_told(given: str | None, expected: str) -> None:
+    """numpy's import starts OpenBLAS's threads, which spin in every process and worker and serve nothing here."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | (
+        {"OPENBLAS_NUM_THREADS": given} if given else {}
+    )
+    code = "import os, sys; sys.argv[0] = 'tokenization'; import tokenization.cli; print(os.environ[%r])"
+    code %= "OPENBLAS_NUM_THREADS"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == expected
+
+
 def test_a_tokenize_without_a_template_imports_no_template_engine(tmp_path, sample_corpus, sample_tokenizer) -> None:
     """Jinja2 (~0.3 s to import) is for chat templates: a tokenize of plain text never imports it."""
     command = ["tokenize", str(sample_corpus), "--output", str(tmp_path / "out"), "--tokenizer", str(sample_tokenizer)]

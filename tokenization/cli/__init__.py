@@ -38,13 +38,16 @@ def _stopped_starting(signum: int, frame: FrameType | None) -> None:
     os._exit(INTERRUPTED)
 
 
+_AS_PROGRAM = os.path.basename(sys.argv[0]) in ("tokenization", "-m")
 # As the program (not as a module others import), Ctrl-C is one line from here on, before any other import: where
 # a shell left SIGINT ignored (a background job) it stays so; ``main`` hands it to KeyboardInterrupt as it runs.
 # ``python -m tokenization.cli`` imports this package while its ``sys.argv[0]`` is ``-m``, before ``__main__`` runs.
-if os.path.basename(sys.argv[0]) in ("tokenization", "-m") and (
-    signal.getsignal(signal.SIGINT) is signal.default_int_handler
-):
+if _AS_PROGRAM and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _stopped_starting)
+# Nothing the program runs multiplies matrices: OpenBLAS's threads, which numpy's import starts in every process and
+# worker and which spin 20-60 ms of CPU there, are held to the calling thread (a setting of the caller's own stands).
+if _AS_PROGRAM:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import contextlib

@@ -19,17 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from contextlib import contextmanager
-from multiprocessing import get_context
-from multiprocessing.context import BaseContext
 from multiprocessing.queues import Queue
-from types import FrameType
 from typing import Any, Literal, TypeVar
 
-from tokenization.builds import accounting, complete
+from tokenization.builds import accounting, complete, workers
 from tokenization.builds.choice import choose_at_plan
 from tokenization.builds.complete import Published
 from tokenization.builds.config import BuildConfig
@@ -38,7 +34,7 @@ from tokenization.builds.shortfall import refuse_foreseen
 from tokenization.errors import UsageError
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
-from tokenization.inputs.sources import idle_ranks, with_content
+from tokenization.inputs.sources import for_its_rank, idle_ranks, with_content
 from tokenization.mixing import CHOICE, RankChoice, read_choice
 from tokenization.output import known, manifest
 from tokenization.output.attempts import leased, new_holder
@@ -55,7 +51,15 @@ from tokenization.output.runs import (
     resolve_seed,
 )
 from tokenization.progress import Gathered, ProgressMode, Relay
-from tokenization.records import BuildSpec, ContextCounts, ContextManifest, MergeCounts, MergeManifest, RankManifest
+from tokenization.records import (
+    BuildSpec,
+    ContextCounts,
+    ContextManifest,
+    InputFile,
+    MergeCounts,
+    MergeManifest,
+    RankManifest,
+)
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
 from tokenization.stages.merge import MergeConfig, MergeOptions, merge
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
@@ -344,11 +348,10 @@ class Build:
             for rank, why in sorted(incomplete.items()):
                 if why != accounting.UNMARKED:  # a shard done once, damaged since: said, then made again
                     log.warning("rank %d is tokenized again: %s", rank, why)
-            ranks = sorted(incomplete)
-            shares = [self.plan.share(rank, self.config.num_ranks) for rank in ranks]
-            text = sum(f.span_bytes for share in shares for f in share)
-            self._in_processes("tokenize", [(rank,) for rank in ranks], parallel, progress, text)
-            tokenized |= set(ranks)
+            shares = {rank: self.plan.share(rank, self.config.num_ranks) for rank in incomplete}
+            text = sum(f.span_bytes for share in shares.values() for f in share)
+            self._in_processes("tokenize", [(rank,) for rank in _longest_first(shares)], parallel, progress, text)
+            tokenized |= set(shares)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")
         if self.config.num_buckets:
@@ -366,14 +369,14 @@ class Build:
         progress: ProgressMode,
         total: int | None = None,
     ) -> None:
-        """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (``_workers``), logging each
+        """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (``workers``), logging each
         as it completes; the first failure cancels what has not started. Their progress is shown summed, as one
         bar (``total``: their work, in the step's unit, when known). The workers never see Ctrl-C (a terminal sends
         it to every process of the group, and each would print its traceback): interrupted, this process stops
         them, mid-step."""
         if not calls:
             return
-        context = _workers()
+        context = workers.context()
         queue = context.Queue()
         unit = "B" if step == "tokenize" else "tok"
         desc = f"{step.replace('_', ' ')}: {len(calls)} {STEP_TASKS[step]}{'s' * (len(calls) > 1)}"
@@ -384,7 +387,7 @@ class Build:
             ) as pool,
         ):
             try:
-                with _interrupts_blocked():  # the workers start as the calls are submitted
+                with workers.interrupts_blocked():  # the workers start as the calls are submitted
                     futures = {pool.submit(_run_step, self, step, args): args for args in calls}
                 done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             except KeyboardInterrupt:
@@ -405,6 +408,19 @@ class Build:
                     )
 
 
+def _longest_first(shares: dict[int, list[InputFile]]) -> list[int]:
+    """The ranks in the order their processes start: the most bytes to tokenize first (of files the plan did not
+    recognise unchanged, which the cache is unlikely to hold), then the most bytes. With fewer processes than ranks,
+    the rank that holds a night's changed files then starts at once, and the ranks whose files are all hits share the
+    other processes meanwhile, rather than it starting last and running alone at the end."""
+
+    def work(rank: int) -> tuple[int, int, int]:
+        files = shares[rank]
+        return -sum(f.span_bytes for f in files if for_its_rank(f)), -sum(f.span_bytes for f in files), rank
+
+    return sorted(shares, key=work)
+
+
 def _check_apart(run_id: str, run_dir: str, cache: str) -> None:
     """Refuse a build id whose folder is the tokenization cache's, or holds it: the run's files and the cache's
     would mix, and retention would delete the cache with the build."""
@@ -413,29 +429,6 @@ def _check_apart(run_id: str, run_dir: str, cache: str) -> None:
             f"build id {run_id!r} names {run_dir}, which holds the tokenization cache {cache}: choose another "
             f"build id, or another cache"
         )
-
-
-@contextmanager
-def _interrupts_blocked() -> Iterator[None]:
-    """SIGINT held back meanwhile, while the workers start, and handled once the block ends. Blocked in this
-    thread, so the fork server started here, and every worker it forks, is born with it blocked (``_started``
-    blocks it again). And deferred: the pool's other threads do not block it, and one that takes it would have the
-    KeyboardInterrupt raised here mid-start, a worker forked but not yet the pool's, which no stop ends and which
-    then fails to read the semaphores of a parent gone (a FileNotFoundError traceback after Ctrl-C)."""
-    handler = signal.getsignal(signal.SIGINT)  # a Python handler is set in the main thread only
-    deferred = handler if callable(handler) and threading.current_thread() is threading.main_thread() else None
-    caught: list[tuple[int, FrameType | None]] = []
-    if deferred is not None:
-        signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        if deferred is not None:
-            signal.signal(signal.SIGINT, deferred)
-            if caught:
-                deferred(*caught[0])
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
@@ -447,19 +440,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 STEP_TASKS = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}
-PRELOADED = (__name__, "pyarrow.compute")  # what a worker imports: the stages, and what they load lazily (not awkward,
-# which the fast engine goes without: ``fast_engine.flat_batch``)
 _relayed: Queue[Any] | None = None  # in a worker process: where its step's progress goes
-
-
-def _workers() -> BaseContext:
-    """Processes forked from a server that imported the stages once, when the first was asked for: a worker starts
-    in milliseconds, where a spawned one imported them again (0.5-1 s a process; a build starts two for its ranks
-    and two for its context shards). The server is a process of its own, started fresh, so no thread pool of this
-    one is inherited; it imports, and holds no tokenizer (a pool of HF's inherited by a fork would deadlock)."""
-    context = get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOADED))
-    return context
 
 
 def _started(queue: Queue[Any], environ: dict[str, str]) -> None:

@@ -14,7 +14,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from multiprocessing import forkserver, get_context
+from multiprocessing import forkserver, get_context, resource_tracker
 from multiprocessing.context import BaseContext
 from types import FrameType
 
@@ -32,19 +32,24 @@ def context() -> BaseContext:
 
 def start() -> None:
     """Start the fork server now, without waiting for its imports: the first worker asked for waits for them (if
-    the server is running already, nothing happens). Ctrl-C meanwhile is handled once it has started."""
+    the server is running already, nothing happens). Ctrl-C meanwhile is handled once it has started. The server is
+    born with SIGINT blocked, and ignores it once it has imported: a Ctrl-C during its imports printed their
+    KeyboardInterrupt. Multiprocessing's resource tracker is started first, since starting it unblocks SIGINT in
+    the thread that does."""
     context()
+    resource_tracker.ensure_running()
     with interrupts_blocked():
         forkserver.ensure_running()
 
 
 @contextmanager
 def interrupts_blocked() -> Iterator[None]:
-    """SIGINT held back meanwhile, while the workers (or their server) start, and handled once the block ends. The
-    server ignores it itself, and each worker blocks it as it starts (``run._started``). Deferred: the pool's other
-    threads do not block it, and one that takes it would have the KeyboardInterrupt raised here mid-start, a worker
-    forked but not yet the pool's, which no stop ends and which then fails to read the semaphores of a parent gone
-    (a FileNotFoundError traceback after Ctrl-C)."""
+    """SIGINT held back meanwhile, while the workers (or their server) start, and handled once the block ends.
+    Blocked in this thread, so the fork server started here is born with it blocked until it ignores it, and each
+    worker blocks it again as it starts (``run._started``). Deferred: the pool's other threads do not block it, and
+    one that takes it would have the KeyboardInterrupt raised here mid-start, a worker forked but not yet the
+    pool's, which no stop ends and which then fails to read the semaphores of a parent gone (a FileNotFoundError
+    traceback after Ctrl-C)."""
     handler = signal.getsignal(signal.SIGINT)  # a Python handler is set in the main thread only
     deferred = handler if callable(handler) and threading.current_thread() is threading.main_thread() else None
     caught: list[tuple[int, FrameType | None]] = []

@@ -96,20 +96,17 @@ Measure = Callable[[Workload, dict, dict[str, str] | None], dict]  # ``bench.run
 def next_night_rows(work: Path, base: dict, repeats: int, measure: Measure, smoke: bool = False) -> list[dict]:
     """The 8-file corpus without a key and with one, the 24-file corpus, then the 100,000-file corpus: each the best
     of ``repeats``, each night a whole build that ``measure`` runs in a process of its own."""
-    files, text_bytes = SMOKE_LARGE if smoke else LARGE
-    large = work / "next-night-large"
-    _made(large, files, lambda path, k: write_file(path, 52, k, text_bytes))
+    large, changed, large_label = _large(work, smoke)
     many, many_bytes = SMOKE_MANY if smoke else MANY
     spread = work / "next-night-many"
     _made(spread, many, lambda path, k: write_file(path, 52, k, many_bytes))
     small = work / "next-night-small"
     count = SMOKE_SMALL_FILES if smoke else SMALL_FILES
     _made(small, count, lambda path, k: path.write_bytes(orjson.dumps({"text": f"document {k}: {k * 7919 % 10007}"})))
-    changed = [sorted(large.iterdir())[files // 2]]
     one_rank = [sorted(spread.iterdir())[k] for k in (RANKS, many - RANKS)]  # rank 0's second and last files
     label = f"{many} files of {many_bytes / 1e6:g} MB, two of a rank changed"
     rows = [
-        _nights(work, base, large, repeats, measure, f"{files} files of {text_bytes / 1e6:g} MB, one changed", changed),
+        _nights(work, base, large, repeats, measure, large_label, changed),
         _nights(work, base, large, repeats, measure, "the same, with a cache key", changed, key=KEY),
         _nights(work, base, spread, repeats, measure, label, one_rank),
         _nights(work, base, small, repeats, measure, f"{count:,} one-line files, none changed", []),
@@ -117,6 +114,34 @@ def next_night_rows(work: Path, base: dict, repeats: int, measure: Measure, smok
     for row in rows:
         print(row, flush=True)
     return rows
+
+
+def _large(work: Path, smoke: bool) -> tuple[Path, list[Path], str]:
+    """The 8-file corpus, made once; the file that changes the next night; the row's label."""
+    files, text_bytes = SMOKE_LARGE if smoke else LARGE
+    large = work / "next-night-large"
+    _made(large, files, lambda path, k: write_file(path, 52, k, text_bytes))
+    return large, [sorted(large.iterdir())[files // 2]], f"{files} files of {text_bytes / 1e6:g} MB, one changed"
+
+
+def main() -> None:
+    """The first row alone (8 files, one changed, no cache key), a pair of nights at a time, each pair printed:
+    ``python -m bench.nights [--repeats N] [--work DIR]`` (the corpus is kept in DIR for the next call)."""
+    import argparse
+
+    from bench.run import EOS, SHARED, measure  # which imports this module
+
+    parser = argparse.ArgumentParser(prog="python -m bench.nights", description=main.__doc__)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--work", default="/tmp/tokenization-bench-nights")
+    parser.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2" / "tokenizer.json"))
+    parser.add_argument("--smoke", action="store_true", help="4 files of 200 kB")
+    args = parser.parse_args()
+    work = Path(args.work)
+    base = {"tokenizer": args.tokenizer, "eos": EOS, "text_key": "text"}
+    corpus, changed, label = _large(work, args.smoke)
+    for _ in range(args.repeats):
+        print(orjson.dumps(_nights(work, base, corpus, 1, measure, label, changed)).decode(), flush=True)
 
 
 def _made(folder: Path, files: int, write: Callable[[Path, int], object]) -> None:
@@ -195,3 +220,7 @@ def _missing_ranks(build: Path) -> set[str]:
     """The ranks of a build that tokenized a file (a miss), by their manifests' names."""
     manifests = (build / "ranks" / "_manifests").glob("*.json")
     return {p.stem for p in manifests if not all(f["hit"] for f in orjson.loads(p.read_bytes())["cache"]["files"])}
+
+
+if __name__ == "__main__":
+    main()

@@ -209,7 +209,11 @@ def ours_verify(inputs: Inputs) -> None:
 
 
 def ours_build(inputs: Inputs) -> None:
-    """A whole build on this machine, with the tokenization cache of ``builds`` (its default, ``builds/.cache``)."""
+    """A whole build on this machine, with the tokenization cache of ``builds`` (its default, ``builds/.cache``), as
+    ``tokenization build`` runs it: its workers' server started first."""
+    from tokenization.builds import forkserver
+
+    forkserver.start()
     _build(inputs).run(parallel=2, progress=False)
 
 

@@ -299,3 +299,31 @@ def test_with_a_key_a_changed_row_is_refused(tmp_path, inputs, sample_tokenizer,
         f"{record}: not a valid record of known input files: its signature does not verify with "
         "TOKENIZATION_CACHE_KEY (signed with another key, or changed since); its local input files are hashed"
     )
+
+
+def test_the_rank_that_holds_a_changed_file_starts_first(tmp_path, inputs, sample_tokenizer, monkeypatch) -> None:
+    """A next night of 4 ranks on 2 processes started them in rank order: the rank of the one changed file, when last,
+    started once a process was free and ran alone at the end while the other core idled. The ranks start with the most
+    bytes the plan did not recognise unchanged, then the most bytes: the first night, the largest shares first."""
+    started: list[list[int]] = []
+
+    def in_order(build, step, calls, parallel, progress, total=None) -> None:  # ``_in_processes``, in this process
+        if step == "tokenize":
+            started.append([rank for (rank,) in calls])
+        for call in calls:
+            getattr(build, step)(*call, progress=False)
+
+    monkeypatch.setattr(Build, "_in_processes", in_order)
+    config = config_of(inputs, tmp_path, sample_tokenizer, num_ranks=4)
+    first = Build.start(config, "first")
+    shares = {rank: first.plan.share(rank, 4) for rank in first.ranks}
+    assert all(len(files) == 1 for files in shares.values())
+    first.run()
+    assert started == [sorted(shares, key=lambda rank: (-shares[rank][0].size, rank))]
+    last = started[0][-1]  # the smallest share
+    grown = shares[last][0].url
+    with open(grown, "ab") as out:
+        out.write(gzip.compress(b'{"text": "one more document"}\n'))
+    first_order = started.pop()
+    Build.start(config, "next").run()
+    assert started == [[last] + [rank for rank in first_order if rank != last]]

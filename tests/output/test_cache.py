@@ -562,7 +562,7 @@ def test_a_rank_that_takes_every_file_from_the_cache_builds_no_engine_and_loads_
     """The plan loaded it and tells its ranks what loading said: building the fast engine (~1 s) is a rank's fixed
     cost, which only a rank that encodes pays. HF's tokenizer (0.2-0.7 s) is loaded once, to encode the hits'
     samples again (``stages.hits``)."""
-    from tokenization.tokenizer import loading
+    from tokenization.tokenizer import loading, reused
 
     source = corpus(tmp_path / "corpus", files=4)
     where: dict[str, Any] = {"input": str(source), "output": str(tmp_path / "out"), "tokenizer": str(sample_tokenizer)}
@@ -578,6 +578,7 @@ def test_a_rank_that_takes_every_file_from_the_cache_builds_no_engine_and_loads_
             return real.from_str(text)
 
     monkeypatch.setattr(loading, "Tokenizer", Counted)
+    monkeypatch.setattr(reused, "_last", None)  # as in a worker of its own: not the one night 1's rank loaded here
     result = nightly.tokenize(0, progress=False)
     assert len(loaded) == 1 and result.record.tokenizer.engine == "none"
     assert [f.hit for f in cache_of(result.record).files] == [True] * 4

@@ -27,6 +27,7 @@ from tokenization.builds.start import claimed_run
 from tokenization.builds.workers import in_processes
 from tokenization.formats import DS, list_token_files
 from tokenization.formats.names import rank_stem
+from tokenization.inputs.content import for_its_rank
 from tokenization.mixing import CHOICE, RankChoice, read_choice
 from tokenization.output import manifest
 from tokenization.output.cache import OFF
@@ -39,7 +40,15 @@ from tokenization.output.runs import (
     PlanConflict,
 )
 from tokenization.progress import ProgressMode
-from tokenization.records import BuildSpec, ContextCounts, ContextManifest, MergeCounts, MergeManifest, RankManifest
+from tokenization.records import (
+    BuildSpec,
+    ContextCounts,
+    ContextManifest,
+    InputFile,
+    MergeCounts,
+    MergeManifest,
+    RankManifest,
+)
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
 from tokenization.stages.merge import merge
 from tokenization.stages.merge.config import MergeConfig, MergeOptions
@@ -284,11 +293,10 @@ class Build:
             for rank, why in sorted(incomplete.items()):
                 if why != accounting.UNMARKED:  # a shard done once, damaged since: said, then made again
                     log.warning("rank %d is tokenized again: %s", rank, why)
-            ranks = sorted(incomplete)
-            shares = [self.plan.share(rank, self.config.num_ranks) for rank in ranks]
-            text = sum(f.span_bytes for share in shares for f in share)
-            in_processes(self, "tokenize", [(rank,) for rank in ranks], parallel, progress, text)
-            tokenized |= set(ranks)
+            shares = {rank: self.plan.share(rank, self.config.num_ranks) for rank in incomplete}
+            text = sum(f.span_bytes for share in shares.values() for f in share)
+            in_processes(self, "tokenize", [(rank,) for rank in _longest_first(shares)], parallel, progress, text)
+            tokenized |= set(shares)
         if missing := self.incomplete_ranks():
             raise BuildError(f"ranks not complete after tokenizing: {missing}")
         if self.config.num_buckets:
@@ -297,3 +305,16 @@ class Build:
             self.merge(None, progress)
         shards = self.context_shards()
         in_processes(self, "context_shuffle", [(shard, len(shards)) for shard in shards], parallel, progress)
+
+
+def _longest_first(shares: dict[int, list[InputFile]]) -> list[int]:
+    """The ranks in the order their processes start: the most bytes to tokenize first (of files the plan did not
+    recognise unchanged, which the cache is unlikely to hold), then the most bytes. With fewer processes than ranks,
+    the rank that holds a night's changed files then starts at once, and the ranks whose files are all hits share the
+    other processes meanwhile, rather than it starting last and running alone at the end."""
+
+    def work(rank: int) -> tuple[int, int, int]:
+        files = shares[rank]
+        return -sum(f.span_bytes for f in files if for_its_rank(f)), -sum(f.span_bytes for f in files), rank
+
+    return sorted(shares, key=work)

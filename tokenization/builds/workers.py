@@ -7,16 +7,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from contextlib import contextmanager
-from multiprocessing import get_context
-from multiprocessing.context import BaseContext
 from multiprocessing.queues import Queue
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
+from tokenization.builds import forkserver
 from tokenization.output.manifest import StageResult
 from tokenization.progress import Gathered, ProgressMode, Relay
 from tokenization.wording import counted
@@ -35,14 +32,14 @@ def in_processes(
     progress: ProgressMode,
     total: int | None = None,
 ) -> None:
-    """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (``_workers``), logging each
+    """Run ``step`` once per argument tuple in up to ``parallel`` fresh processes (``forkserver``), logging each
     as it completes; the first failure cancels what has not started. Their progress is shown summed, as one
     bar (``total``: their work, in the step's unit, when known). The workers never see Ctrl-C (a terminal sends
     it to every process of the group, and each would print its traceback): interrupted, this process stops
     them, mid-step."""
     if not calls:
         return
-    context = _workers()
+    context = forkserver.context()
     queue = context.Queue()
     unit = "B" if step == "tokenize" else "tok"
     desc = f"{step.replace('_', ' ')}: {len(calls)} {STEP_TASKS[step]}{'s' * (len(calls) > 1)}"
@@ -53,7 +50,7 @@ def in_processes(
         ) as pool,
     ):
         try:
-            with _interrupts_blocked():  # the workers start as the calls are submitted
+            with forkserver.interrupts_blocked():  # the workers start as the calls are submitted
                 futures = {pool.submit(_run_step, build, step, args): args for args in calls}
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         except KeyboardInterrupt:
@@ -74,29 +71,6 @@ def in_processes(
                 )
 
 
-@contextmanager
-def _interrupts_blocked() -> Iterator[None]:
-    """SIGINT held back meanwhile, while the workers start, and handled once the block ends. Blocked in this
-    thread, so the fork server started here, and every worker it forks, is born with it blocked (``_started``
-    blocks it again). And deferred: the pool's other threads do not block it, and one that takes it would have the
-    KeyboardInterrupt raised here mid-start, a worker forked but not yet the pool's, which no stop ends and which
-    then fails to read the semaphores of a parent gone (a FileNotFoundError traceback after Ctrl-C)."""
-    handler = signal.getsignal(signal.SIGINT)  # a Python handler is set in the main thread only
-    deferred = handler if callable(handler) and threading.current_thread() is threading.main_thread() else None
-    caught: list[tuple[int, FrameType | None]] = []
-    if deferred is not None:
-        signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        if deferred is not None:
-            signal.signal(signal.SIGINT, deferred)
-            if caught:
-                deferred(*caught[0])
-
-
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Stop the workers at once, in the middle of their steps: their attempts' files stay for the next run of
     the build, which resumes or clears them (``tokenization.output.attempts``)."""
@@ -106,20 +80,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 STEP_TASKS = {"tokenize": "rank", "merge": "bucket", "context_shuffle": "shard"}
-# What a worker imports: the build and its stages, and what they load lazily (not awkward, which the fast engine goes
-# without: ``fast_engine.flat_batch``).
-PRELOADED = ("tokenization.builds.run", "pyarrow.compute")
 _relayed: Queue[Any] | None = None  # in a worker process: where its step's progress goes
-
-
-def _workers() -> BaseContext:
-    """Processes forked from a server that imported the stages once, when the first was asked for: a worker starts
-    in milliseconds, where a spawned one imported them again (0.5-1 s a process; a build starts two for its ranks
-    and two for its context shards). The server is a process of its own, started fresh, so no thread pool of this
-    one is inherited; it imports, and holds no tokenizer (a pool of HF's inherited by a fork would deadlock)."""
-    context = get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOADED))
-    return context
 
 
 def _started(queue: Queue[Any], environ: dict[str, str]) -> None:

@@ -18,14 +18,17 @@ if TYPE_CHECKING:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    if args.input and args.mixture:
+        raise UsageError("give the input or --mixture, not both: a mixture's sources name their inputs")
+    from tokenization.builds import forkserver
+
+    forkserver.start()  # its imports on another core, while this process imports and plans
     from tokenization.builds.complete import summary
     from tokenization.builds.config import BuildConfig
     from tokenization.builds.run import Build
     from tokenization.tokenizer.encoding import limit_hf_threads
 
     limit_hf_threads(args.threads)
-    if args.input and args.mixture:
-        raise UsageError("give the input or --mixture, not both: a mixture's sources name their inputs")
     args.build_id = args.build_id or f"cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"  # a safe folder name as it is
     published = Build.start(from_arguments(BuildConfig, args), args.build_id).run(args.parallel, keep=args.keep_builds)
     print(summary(published.record))

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 from tokenization.formats.ds import token_dtype
 from tokenization.records import TokenizerFacts, TokenizerInfo
 from tokenization.storage.files import StorageOptions
+from tokenization.tokenizer import reused
 from tokenization.tokenizer.cutting import Cutter, Piece, Ranges
 from tokenization.tokenizer.engines import (
     ENGINES,
@@ -135,7 +136,8 @@ class Encoder:
             raise TokenizerError(f"an EOS token ({eos_token!r}) and no EOS were both asked for: choose one")
         started = time.perf_counter()
         self.file = TokenizerFile.load(name_or_path, known, storage_options)
-        if known is not None and known.sha256 == self.file.sha256:
+        self._planned = known is not None and known.sha256 == self.file.sha256  # a build's rank: ``reused``
+        if known is not None and self._planned:
             self.policy = EncodingPolicy.known(known, special_text)
         else:
             self.policy = EncodingPolicy.choose(
@@ -185,8 +187,11 @@ class Encoder:
         """HF's tokenizer, following the policy (its post-processor appends the EOS, its special-token text reads as
         the policy says), loaded when first used; loading counts as loading."""
         started = time.perf_counter()
-        tokenizer = self.file.tokenizer
-        self.policy.apply_to(tokenizer)
+        if self._planned:  # the one an earlier rank of this process loaded
+            tokenizer = reused.policy_applied(self.file, self.policy)
+        else:
+            tokenizer = self.file.tokenizer
+            self.policy.apply_to(tokenizer)
         self._loaded(started)
         return tokenizer
 

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from tests.support.builds import config_of, in_process
+from tokenization.builds import run
 from tokenization.builds.complete import summary
 from tokenization.builds.pages import size
 from tokenization.builds.run import Build
@@ -307,13 +308,13 @@ def test_the_rank_that_holds_a_changed_file_starts_first(tmp_path, inputs, sampl
     bytes the plan did not recognise unchanged, then the most bytes: the first night, the largest shares first."""
     started: list[list[int]] = []
 
-    def in_order(build, step, calls, parallel, progress, total=None) -> None:  # ``_in_processes``, in this process
+    def in_order(build, step, calls, parallel, progress, total=None) -> None:  # ``in_processes``, in this process
         if step == "tokenize":
             started.append([rank for (rank,) in calls])
         for call in calls:
             getattr(build, step)(*call, progress=False)
 
-    monkeypatch.setattr(Build, "_in_processes", in_order)
+    monkeypatch.setattr(run, "in_processes", in_order)
     config = config_of(inputs, tmp_path, sample_tokenizer, num_ranks=4)
     first = Build.start(config, "first")
     shares = {rank: first.plan.share(rank, 4) for rank in first.ranks}

@@ -26,6 +26,7 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import orjson
@@ -41,9 +42,9 @@ from tokenization.output.cache import Cache
 from tokenization.progress import Progress, ProgressMode
 from tokenization.records import CachedInput, CacheEntry, FileSum, InputFile, Mixture, RankCounts, Rejected
 from tokenization.rendering.renderer import Renderer
-from tokenization.stages.hits import HitCheck
+from tokenization.stages.hits import HitCheck, Sample
 from tokenization.storage.checksums import ALGORITHM, file_checksum
-from tokenization.storage.files import writing
+from tokenization.storage.files import map_concurrently, writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
 from tokenization.tokenizer.documents import Counts, DocumentOptions, RejectTally, Threads, encoded_batches
 from tokenization.tokenizer.encoding import Encoder
@@ -57,6 +58,7 @@ LOSS = f"{SEGMENT}.loss"
 QUARANTINE = "quarantine.jsonl"
 PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``stages.hits``)
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
+AHEAD = 1024  # hits checked together, their samples encoded in one batch (``_check_ahead``): ~45 MB of text at most
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Segment:
 
 
 Found = tuple[InputFile, CacheKey | None, CacheEntry | None]  # a file, its key and its cache entry, when it has them
+_Checked = tuple[dict[str, Path], "Held", float]  # a hit checked ahead: its files, what they hold, its seconds
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,8 @@ class FirstPass:
         self.attempt, self.where, self.cache = attempt, where, cache
         self.readings = readings or {}
         self._checks: dict[int, HitCheck] = {}  # what each source's hits are held against, made at its first hit
+        self._found: list[Found] = []  # the files of a try (``_pass``), and its hits checked ahead, by number
+        self._ahead: dict[int, _Checked | None] = {}
         self.tally: RejectTally  # of a try at the rank's files (``_pass``), with the entries it stored
         self.stored: list[CacheEntry] = []
 
@@ -197,6 +202,7 @@ class FirstPass:
             self.where, self.options.source, self.options.max_rejects, self.options.max_reject_fraction
         )
         self.stored = []
+        self._found, self._ahead = found, {}
         with Progress(self.where, sum(file.span_bytes for file, _, _ in found), "B", progress) as shown:
             segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
         self.tally.check(total(segments))
@@ -219,10 +225,10 @@ class FirstPass:
     ) -> Segment:
         """The file's segment: its cache ``entry``'s, checked, or else encoded (then stored, under ``key``)."""
         folder = self.attempt.work / SEGMENTS / f"{i:05d}"
-        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
         source = self._reading(file).source
-        if entry is not None and (hit := self._from_cache(entry, file, folder, shown)) is not None:
+        if entry is not None and (hit := self._from_cache(i, entry, file, shown)) is not None:
             return replace(hit, source=source)
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's, or an entry's found unfit
         started = time.perf_counter()
         with_loss = self.save_loss or key is not None  # an entry holds its loss bytes, whatever this build saves
         segment, written, plain = self._encode(file, folder, shown, threads, with_loss, places=key is not None)
@@ -235,17 +241,17 @@ class FirstPass:
         served = _served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
         return replace(segment, cached=served, source=source)
 
-    def _from_cache(self, entry: CacheEntry, file: InputFile, folder: Path, shown: Progress) -> Segment | None:
-        """A hit, checked, or None. Its rejected records, naming the file as this rank reads it, count as they
-        would if it were read again; its contents are hashed from its bytes, as pass 2 will read them."""
+    def _from_cache(self, i: int, entry: CacheEntry, file: InputFile, shown: Progress) -> Segment | None:
+        """Hit ``i``, checked (``_check_ahead``), or None. Its rejected records, naming the file as this rank reads
+        it, count as they would if it were read again; its contents are hashed from its bytes, as pass 2 will read
+        them."""
+        if i not in self._ahead:
+            self._check_ahead(i)
+        if (checked := self._ahead.pop(i)) is None:
+            return None
+        fetched, held, seconds = checked
         started = time.perf_counter()
-        fetched = self._cache.cache.fetch(entry, folder / CACHED)
-        if fetched is None:
-            return None
-        held = self._checked(entry, fetched, file)
-        if isinstance(held, str):
-            self._cache.cache.discard(entry, held)
-            return None
+        folder = fetched[SEGMENT].parent.parent
         quarantine = folder / QUARANTINE
         tally = self.tally.next_file()
         if QUARANTINE in fetched:  # else none is written: the rank's quarantine gathers those there are
@@ -261,13 +267,78 @@ class FirstPass:
             counts = _without_loss(counts, held.plain)
         shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
         read = self._cache.cache.signer is None and (PLACES not in fetched or file_format(file.url)[1] is not None)
-        served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started, read=read)
+        seconds += time.perf_counter() - started
+        served = _served(file, entry.key, counts, hit=True, seconds=seconds, read=read)
         return Segment(file, fetched[SEGMENT], counts, quarantine, served)
 
-    def _checked(self, entry: CacheEntry, fetched: dict[str, Path], file: InputFile) -> Held | str:
-        """What a hit's segment holds (``Held``), or how its files, each as its marker records them, disagree with
-        its counts (a marker edited by hand, ``_against_counts``) or with the input ``file`` (an entry written to
-        deceive: ``stages.hits``)."""
+    def _check_ahead(self, i: int) -> None:
+        """Hit ``i`` and the next ones, ``AHEAD`` at most, fetched and checked together: each hit's files against
+        its marker and its counts; then, without a key, their samples read from their inputs at once (a read of an
+        input out of the page cache waits for the disk, and one-line files are as many reads as hits) and encoded in
+        one batch a source (``stages.hits``): a hit of a small file costs its bytes, not an encoder's call and a
+        disk's wait. A hit found unfit is removed from the cache (its file is tokenized again, in its turn)."""
+        hits = [k for k in range(i, len(self._found)) if self._found[k][2] is not None][:AHEAD]
+        for k in hits:
+            entry = self._found[k][2]
+            started = time.perf_counter()
+            self._ahead[k] = self._checked(cast("CacheEntry", entry), self.attempt.work / SEGMENTS / f"{k:05d}")
+            self._spent(k, time.perf_counter() - started)
+        if self._cache.cache.signer is not None:  # their markers' signatures verified: made by a build with the key
+            return
+        held = [k for k in hits if self._ahead[k] is not None]
+        checks = {k: self._hits(self._found[k][0]) for k in held}  # here: the first loads HF's tokenizer
+        started = time.perf_counter()
+        samples = map_concurrently(lambda k: self._sample(k, checks[k]), held)
+        share = (time.perf_counter() - started) / max(1, len(held))
+        by_source: dict[int, list[tuple[int, Sample]]] = {}
+        for k, sample in zip(held, samples, strict=True):
+            self._spent(k, share)
+            if isinstance(sample, str):
+                self._unfit(k, sample)
+            else:
+                by_source.setdefault(self._reading(self._found[k][0]).source, []).append((k, sample))
+        for source, sampled in by_source.items():
+            started = time.perf_counter()
+            verdicts = self._checks[source].verdicts([sample for _, sample in sampled])
+            share = (time.perf_counter() - started) / len(sampled)
+            for (k, _), problem in zip(sampled, verdicts, strict=True):
+                self._spent(k, share)
+                if problem is not None:
+                    self._unfit(k, problem)
+
+    def _sample(self, k: int, check: HitCheck) -> Sample | str:
+        """Hit ``k``'s sample, read from its input (``HitCheck.sample``), or how the hit disagrees with it."""
+        file, _, entry = self._found[k]
+        fetched, held, _ = cast("_Checked", self._ahead[k])
+        quarantine, places = fetched.get(QUARANTINE), fetched.get(PLACES)
+        return check.sample(cast("CacheEntry", entry), held.segment, quarantine, file, places)
+
+    def _unfit(self, k: int, problem: str) -> None:
+        """Hit ``k`` found unfit: its entry removed, its file to be tokenized in its turn."""
+        self._cache.cache.discard(cast("CacheEntry", self._found[k][2]), problem)
+        self._ahead[k] = None
+
+    def _spent(self, k: int, seconds: float) -> None:
+        """Seconds more that checking hit ``k`` took, as its manifest counts them."""
+        if (checked := self._ahead.get(k)) is not None:
+            self._ahead[k] = (checked[0], checked[1], checked[2] + seconds)
+
+    def _checked(self, entry: CacheEntry, folder: Path) -> _Checked | None:
+        """A hit's files fetched into ``folder`` (an earlier try's removed) and what its segment holds (``Held``);
+        or None when its files disagree with its marker or with its counts (a marker edited by hand,
+        ``_against_counts``), and the entry is removed."""
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
+        fetched = self._cache.cache.fetch(entry, folder / CACHED)
+        if fetched is None:
+            return None
+        held = self._held(entry, fetched)
+        if isinstance(held, str):
+            self._cache.cache.discard(entry, held)
+            return None
+        return fetched, held, 0.0
+
+    def _held(self, entry: CacheEntry, fetched: dict[str, Path]) -> Held | str:
+        """What a fetched hit's segment holds, or how it disagrees with its counts."""
         family = [SEGMENT, f"{SEGMENT}.index", f"{SEGMENT}.metadata"]
         if missing := [name for name in family if name not in fetched]:
             return f"it holds no {missing[0]}"
@@ -278,12 +349,7 @@ class FirstPass:
             held = Held.read(TokenFile(str(fetched[SEGMENT]), self.encoder.token_size), plain=not self.save_loss)
         except TokenFileError as exc:
             return str(exc)
-        quarantine = fetched.get(QUARANTINE)
-        if problem := self._against_counts(entry.counts, held, quarantine):
-            return problem
-        if self._cache.cache.signer is not None:  # its marker's signature verified: made by a build with the key
-            return held
-        return self._hits(file).disagreement(entry, held.segment, quarantine, file, fetched.get(PLACES)) or held
+        return self._against_counts(entry.counts, held, fetched.get(QUARANTINE)) or held
 
     def _against_counts(self, c: RankCounts, held: Held, quarantine: Path | None) -> str | None:
         """How a segment and its quarantine disagree with their counts, or None: every id within the vocabulary,

@@ -186,7 +186,7 @@ class FirstPass:
         c = self.cache
         held.enter_context(c.cache.using(c.owner, c.keeps, c.stem, [key.digest for key in keys]))
         c.remember(rows)  # once the folder is known to be a cache (``using``)
-        entries = [c.cache.lookup(key.digest) for key in keys]
+        entries = map_concurrently(lambda key: c.cache.lookup(key.digest), keys)  # reads that wait, at once
         missed = [f for f, entry in zip(files, entries, strict=True) if entry is None]
         hits = len(files) - len(missed)
         listed = counted(len(files), "input file")
@@ -272,30 +272,24 @@ class FirstPass:
         return Segment(file, fetched[SEGMENT], counts, quarantine, served)
 
     def _check_ahead(self, i: int) -> None:
-        """Hit ``i`` and the next ones, ``AHEAD`` at most, fetched and checked together: each hit's files against
-        its marker and its counts; then, without a key, their samples read from their inputs at once (a read of an
-        input out of the page cache waits for the disk, and one-line files are as many reads as hits) and encoded in
-        one batch a source (``stages.hits``): a hit of a small file costs its bytes, not an encoder's call and a
-        disk's wait. A hit found unfit is removed from the cache (its file is tokenized again, in its turn)."""
+        """Hit ``i`` and the next ones, ``AHEAD`` at most, checked together: each fetched and held against its
+        marker and its counts, and, without a key, its sample read from its input, on threads (each a few small
+        reads that wait for the disk, for the cache's files as for an input out of the page cache: one-line files
+        are as many waits as hits); then their samples encoded in one batch a source (``stages.hits``), not one
+        encoder call a hit. A hit found unfit is removed from the cache (its file is tokenized again, in its
+        turn)."""
         hits = [k for k in range(i, len(self._found)) if self._found[k][2] is not None][:AHEAD]
-        for k in hits:
-            entry = self._found[k][2]
-            started = time.perf_counter()
-            self._ahead[k] = self._checked(cast("CacheEntry", entry), self.attempt.work / SEGMENTS / f"{k:05d}")
-            self._spent(k, time.perf_counter() - started)
-        if self._cache.cache.signer is not None:  # their markers' signatures verified: made by a build with the key
-            return
-        held = [k for k in hits if self._ahead[k] is not None]
-        checks = {k: self._hits(self._found[k][0]) for k in held}  # here: the first loads HF's tokenizer
+        signed = self._cache.cache.signer is not None  # markers whose signatures verified: no sample is read
+        checks = {} if signed else {k: self._hits(self._found[k][0]) for k in hits}  # the first loads HF's tokenizer
         started = time.perf_counter()
-        samples = map_concurrently(lambda k: self._sample(k, checks[k]), held)
-        share = (time.perf_counter() - started) / max(1, len(held))
+        found = map_concurrently(lambda k: self._one_ahead(k, checks.get(k)), hits)
+        share = (time.perf_counter() - started) / max(1, len(hits))
         by_source: dict[int, list[tuple[int, Sample]]] = {}
-        for k, sample in zip(held, samples, strict=True):
-            self._spent(k, share)
+        for k, (checked, sample) in zip(hits, found, strict=True):
+            self._ahead[k] = None if checked is None else (checked[0], checked[1], share)
             if isinstance(sample, str):
                 self._unfit(k, sample)
-            else:
+            elif sample is not None:
                 by_source.setdefault(self._reading(self._found[k][0]).source, []).append((k, sample))
         for source, sampled in by_source.items():
             started = time.perf_counter()
@@ -306,12 +300,16 @@ class FirstPass:
                 if problem is not None:
                     self._unfit(k, problem)
 
-    def _sample(self, k: int, check: HitCheck) -> Sample | str:
-        """Hit ``k``'s sample, read from its input (``HitCheck.sample``), or how the hit disagrees with it."""
+    def _one_ahead(self, k: int, check: HitCheck | None) -> tuple[_Checked | None, Sample | str | None]:
+        """Hit ``k`` fetched and held against its marker and counts (``_checked``), with its sample read from its
+        input when ``check`` is given (``HitCheck.sample``: or how the hit disagrees with its input)."""
         file, _, entry = self._found[k]
-        fetched, held, _ = cast("_Checked", self._ahead[k])
+        checked = self._checked(cast("CacheEntry", entry), self.attempt.work / SEGMENTS / f"{k:05d}")
+        if checked is None or check is None:
+            return checked, None
+        fetched, held, _ = checked
         quarantine, places = fetched.get(QUARANTINE), fetched.get(PLACES)
-        return check.sample(cast("CacheEntry", entry), held.segment, quarantine, file, places)
+        return checked, check.sample(cast("CacheEntry", entry), held.segment, quarantine, file, places)
 
     def _unfit(self, k: int, problem: str) -> None:
         """Hit ``k`` found unfit: its entry removed, its file to be tokenized in its turn."""

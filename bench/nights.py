@@ -100,16 +100,13 @@ def next_night_rows(work: Path, base: dict, repeats: int, measure: Measure, smok
     many, many_bytes = SMOKE_MANY if smoke else MANY
     spread = work / "next-night-many"
     _made(spread, many, lambda path, k: write_file(path, 52, k, many_bytes))
-    small = work / "next-night-small"
-    count = SMOKE_SMALL_FILES if smoke else SMALL_FILES
-    _made(small, count, lambda path, k: path.write_bytes(orjson.dumps({"text": f"document {k}: {k * 7919 % 10007}"})))
     one_rank = [sorted(spread.iterdir())[k] for k in (RANKS, many - RANKS)]  # rank 0's second and last files
     label = f"{many} files of {many_bytes / 1e6:g} MB, two of a rank changed"
     rows = [
         _nights(work, base, large, repeats, measure, large_label, changed),
         _nights(work, base, large, repeats, measure, "the same, with a cache key", changed, key=KEY),
         _nights(work, base, spread, repeats, measure, label, one_rank),
-        _nights(work, base, small, repeats, measure, f"{count:,} one-line files, none changed", []),
+        small_files_row(work, base, repeats, measure, smoke),
     ]
     for row in rows:
         print(row, flush=True)
@@ -142,6 +139,15 @@ def main() -> None:
     corpus, changed, label = _large(work, args.smoke)
     for _ in range(args.repeats):
         print(orjson.dumps(_nights(work, base, corpus, 1, measure, label, changed)).decode(), flush=True)
+
+
+def small_files_row(work: Path, base: dict, repeats: int, measure: Measure, smoke: bool = False) -> dict:
+    """The 100,000-file corpus's row alone (``--only small-files``): a next night of one-line files, none changed,
+    where a hit costs what a file costs, whatever its bytes."""
+    small = work / "next-night-small"
+    count = SMOKE_SMALL_FILES if smoke else SMALL_FILES
+    _made(small, count, lambda path, k: path.write_bytes(orjson.dumps({"text": f"document {k}: {k * 7919 % 10007}"})))
+    return _nights(work, base, small, repeats, measure, f"{count:,} one-line files, none changed", [])
 
 
 def _made(folder: Path, files: int, write: Callable[[Path, int], object]) -> None:

@@ -8,8 +8,8 @@ and the context shuffle of the 4 GB one's output) read web-like text generated b
 keeps growing as web text's does, and so do the three sources of the ``mixture`` rows (a mixture build, then a
 re-mix of it at other weights from the tokenization cache), each of its own seed, and so do the ``next-night`` rows
 (``bench.nights``: a next night with one file changed, and one of 100,000 one-line files none changed, their inputs
-out of the page cache, and what of them they read); the ``1gb`` and ``amortized`` rows
-repeat the real corpus, to compare with datatrove and the engines alone on real text.
+out of the page cache, and what of them they read; ``small-files`` runs the last alone); the ``1gb`` and
+``amortized`` rows repeat the real corpus, to compare with datatrove and the engines alone on real text.
 
 A full run (20-30 minutes, most of it datatrove on the GB row and the simulated S3 rows, plus the books row's,
 which makes ~3 million sparse files at its 4,096 ranks) rewrites bench/RESULTS.md;
@@ -79,6 +79,7 @@ ROWS = (
     "scale",
     "nightly",
     "next-night",
+    "small-files",
     "mixture",
     "publish",
     "s3",
@@ -1007,6 +1008,8 @@ def main() -> None:
     scale = scale_rows(work, base, SCALE_GB if not args.smoke else SMOKE_SCALE_GB) if "scale" in wanted else []
     nightly = nightly_rows(work, Path(args.corpora), base, args.repeats) if "nightly" in wanted else []
     next_night = nights.next_night_rows(work, base, args.repeats, measure, args.smoke) if "next-night" in wanted else []
+    if "small-files" in wanted and "next-night" not in wanted:  # the last next-night row alone
+        next_night = [nights.small_files_row(work, base, args.repeats, measure, args.smoke)]
     mixture_scale = SMOKE_MIXTURE_SCALE if args.smoke else 1.0
     mixture = mixture_rows(work, base, args.repeats, mixture_scale) if "mixture" in wanted else []
     s3 = s3_rows(work, docs, args.repeats) if "s3" in wanted else []

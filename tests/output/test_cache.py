@@ -34,6 +34,7 @@ from tokenization.builds.run import Build
 from tokenization.errors import TokenizationError
 from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
 from tokenization.records import RankManifest
+from tokenization.stages import first_pass
 from tokenization.stages.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
 from tokenization.storage.checksums import BLAKE3, SHA256, checksum
 from tokenization.storage.files import file_sha256
@@ -897,6 +898,28 @@ def test_a_doctored_long_document_is_caught_without_a_key(tmp_path, sample_token
     assert "its document 1 is not what the input's record at line 2 encodes to" in caplog.text
     later = run([tmp_path / "corpus"], tmp_path / "later", sample_tokenizer, cache=str(cache), seed=3)
     assert [f["hit"] for f in later["cache"]["files"]] == [True]  # an honest long entry is no false alarm
+
+
+def test_a_doctored_small_file_among_many_hits_is_the_one_caught(tmp_path, sample_tokenizer, caplog, monkeypatch):
+    """Issue 52, 5: a rank checks its hits a batch at a time, their samples read at once and encoded in one call;
+    a doctored entry among them (a token changed, every checksum rewritten) is still the one that misses and is
+    named, whichever batch holds it, and the build is that of an empty cache."""
+    monkeypatch.setattr(first_pass, "AHEAD", 4)  # 12 hits in three batches
+    for k in range(12):
+        write_jsonl(tmp_path / "corpus" / f"line-{k:02d}.jsonl", [{"text": f"document {k}: {k * 7919 % 10007} words"}])
+    cache = tmp_path / "cache"
+    clean = run([tmp_path / "corpus"], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    key, folder = entry_of(cache, "line-06.jsonl")
+    tokens = np.fromfile(folder / "segment.ds", dtype=np.uint16)
+    tokens[0] = (int(tokens[0]) + 1) % 4096
+    rewritten(folder / "segment.ds", tokens.tobytes())
+    restamp(cache, key)
+    caplog.set_level(logging.WARNING)
+    again = run([tmp_path / "corpus"], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [k != 6 for k in range(12)]
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
+    assert f"{key}.json (of {tmp_path / 'corpus' / 'line-06.jsonl'}): its document 0 is not what" in caplog.text
+    assert caplog.text.count("is not what the input's record") == 1
 
 
 def test_with_a_key_a_doctored_entry_is_a_miss_named_in_the_log(tmp_path, sample_tokenizer, caplog, monkeypatch):

@@ -25,6 +25,7 @@ from contextlib import closing
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import orjson
@@ -34,12 +35,11 @@ from tokenization.formats.contents import ContentsHasher
 from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.inputs.content import rank_hashes
 from tokenization.inputs.formats import file_format, text_bytes_about
-from tokenization.inputs.reader import Record
 from tokenization.output.attempts import Attempt
 from tokenization.progress import Progress, ProgressMode
-from tokenization.records import CachedInput, CacheEntry, FileSum, InputFile, RankCounts, Rejected
+from tokenization.records import CacheEntry, FileSum, InputFile, Rejected
 from tokenization.rendering.renderer import Renderer
-from tokenization.stages.hits import HitCheck
+from tokenization.stages.hits import HitCheck, Sample
 from tokenization.stages.segments import (
     CacheOwner,
     Found,
@@ -49,11 +49,13 @@ from tokenization.stages.segments import (
     Segment,
     file_key,
     ones_file,
+    places_of,
+    served,
     total,
     without_loss,
 )
 from tokenization.storage.checksums import ALGORITHM, file_checksum
-from tokenization.storage.files import writing
+from tokenization.storage.files import map_concurrently, writing
 from tokenization.tokenizer.cache_key import CacheKey
 from tokenization.tokenizer.counts import Counts, RejectTally
 from tokenization.tokenizer.documents import DocumentOptions, encoded_batches, read_ahead
@@ -69,6 +71,8 @@ LOSS = f"{SEGMENT}.loss"
 QUARANTINE = "quarantine.jsonl"
 PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``stages.hits``)
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
+AHEAD = 1024  # hits checked together, their samples encoded in one batch (``_check_ahead``): ~45 MB of text at most
+_Checked = tuple[dict[str, Path], Held, float]  # a hit checked ahead: its files, what they hold, its seconds
 
 
 class FirstPass:
@@ -92,6 +96,7 @@ class FirstPass:
         self.readings = readings or {}
         self._checks: dict[int, HitCheck] = {}  # what each source's hits are held against, made at its first hit
         self._found: list[Found] = []  # the files of the try under way (``_pass``)
+        self._ahead: dict[int, _Checked | None] = {}  # its hits checked ahead, by number (``_check_ahead``)
         self._next: dict[int, Read] = {}  # a file's reading, started while the file before it still encoded
         self.tally: RejectTally  # of a try at the rank's files (``_pass``), with the entries it stored
         self.stored: list[CacheEntry] = []
@@ -122,7 +127,7 @@ class FirstPass:
         c = self.cache
         held.enter_context(c.cache.using(c.owner, c.keeps, c.stem, [key.digest for key in keys]))
         c.remember(rows)  # once the folder is known to be a cache (``using``)
-        entries = [c.cache.lookup(key.digest) for key in keys]
+        entries = map_concurrently(lambda key: c.cache.lookup(key.digest), keys)  # reads that wait, at once
         missed = [f for f, entry in zip(files, entries, strict=True) if entry is None]
         hits = len(files) - len(missed)
         listed = counted(len(files), "input file")
@@ -138,7 +143,7 @@ class FirstPass:
             self.where, self.options.source, self.options.max_rejects, self.options.max_reject_fraction
         )
         self.stored = []
-        self._found = found
+        self._found, self._ahead = found, {}
         try:
             with Progress(self.where, sum(file.span_bytes for file, _, _ in found), "B", progress) as shown:
                 segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
@@ -183,10 +188,10 @@ class FirstPass:
     ) -> Segment:
         """The file's segment: its cache ``entry``'s, checked, or else encoded (then stored, under ``key``)."""
         folder = self.attempt.work / SEGMENTS / f"{i:05d}"
-        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
         source = self._reading(file).source
-        if entry is not None and (hit := self._from_cache(entry, file, folder, shown)) is not None:
+        if entry is not None and (hit := self._from_cache(i, entry, file, shown)) is not None:
             return replace(hit, source=source)
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's, or an entry's found unfit
         started = time.perf_counter()
         with_loss = self.save_loss or key is not None  # an entry holds its loss bytes, whatever this build saves
         segment, written, plain = self._encode(file, folder, shown, threads, with_loss, places=key is not None, index=i)
@@ -196,20 +201,20 @@ class FirstPass:
         self._store(segment, written, key, seconds)  # its counts with loss, as every entry's
         if plain is not None:  # this build saves no loss: its counts as it counts them
             segment = replace(segment, counts=without_loss(segment.counts, plain.result()))
-        served = _served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
-        return replace(segment, cached=served, source=source)
+        how = served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
+        return replace(segment, cached=how, source=source)
 
-    def _from_cache(self, entry: CacheEntry, file: InputFile, folder: Path, shown: Progress) -> Segment | None:
-        """A hit, checked, or None. Its rejected records, naming the file as this rank reads it, count as they
-        would if it were read again; its contents are hashed from its bytes, as pass 2 will read them."""
+    def _from_cache(self, i: int, entry: CacheEntry, file: InputFile, shown: Progress) -> Segment | None:
+        """Hit ``i``, checked (``_check_ahead``), or None. Its rejected records, naming the file as this rank reads
+        it, count as they would if it were read again; its contents are hashed from its bytes, as pass 2 will read
+        them."""
+        if i not in self._ahead:
+            self._check_ahead(i)
+        if (checked := self._ahead.pop(i)) is None:
+            return None
+        fetched, held, seconds = checked
         started = time.perf_counter()
-        fetched = self._cache.cache.fetch(entry, folder / CACHED)
-        if fetched is None:
-            return None
-        held = self._checked(entry, fetched, file)
-        if isinstance(held, str):
-            self._cache.cache.discard(entry, held)
-            return None
+        folder = fetched[SEGMENT].parent.parent
         quarantine = folder / QUARANTINE
         tally = self.tally.next_file()
         if QUARANTINE in fetched:  # else none is written: the rank's quarantine gathers those there are
@@ -225,59 +230,87 @@ class FirstPass:
             counts = without_loss(counts, held.plain)
         shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
         read = self._cache.cache.signer is None and (PLACES not in fetched or file_format(file.url)[1] is not None)
-        served = _served(file, entry.key, counts, hit=True, seconds=time.perf_counter() - started, read=read)
-        return Segment(file, fetched[SEGMENT], counts, quarantine, served)
+        seconds += time.perf_counter() - started
+        how = served(file, entry.key, counts, hit=True, seconds=seconds, read=read)
+        return Segment(file, fetched[SEGMENT], counts, quarantine, how)
 
-    def _checked(self, entry: CacheEntry, fetched: dict[str, Path], file: InputFile) -> Held | str:
-        """What a hit's segment holds (``Held``), or how its files, each as its marker records them, disagree with
-        its counts (a marker edited by hand, ``_against_counts``) or with the input ``file`` (an entry written to
-        deceive: ``stages.hits``)."""
+    def _check_ahead(self, i: int) -> None:
+        """Hit ``i`` and the next ones, ``AHEAD`` at most, checked together: each fetched and held against its
+        marker and its counts, and, without a key, its sample read from its input, on threads (each a few small
+        reads that wait for the disk, for the cache's files as for an input out of the page cache: one-line files
+        are as many waits as hits); then their samples encoded in one batch a source (``stages.hits``), not one
+        encoder call a hit. A hit found unfit is removed from the cache (its file is tokenized again, in its
+        turn)."""
+        hits = [k for k in range(i, len(self._found)) if self._found[k][2] is not None][:AHEAD]
+        signed = self._cache.cache.signer is not None  # markers whose signatures verified: no sample is read
+        checks = {} if signed else {k: self._hits(self._found[k][0]) for k in hits}  # the first loads HF's tokenizer
+        started = time.perf_counter()
+        found = map_concurrently(lambda k: self._one_ahead(k, checks.get(k)), hits)
+        share = (time.perf_counter() - started) / max(1, len(hits))
+        by_source: dict[int, list[tuple[int, Sample]]] = {}
+        for k, (checked, sample) in zip(hits, found, strict=True):
+            self._ahead[k] = None if checked is None else (checked[0], checked[1], share)
+            if isinstance(sample, str):
+                self._unfit(k, sample)
+            elif sample is not None:
+                by_source.setdefault(self._reading(self._found[k][0]).source, []).append((k, sample))
+        for source, sampled in by_source.items():
+            started = time.perf_counter()
+            verdicts = self._checks[source].verdicts([sample for _, sample in sampled])
+            share = (time.perf_counter() - started) / len(sampled)
+            for (k, _), problem in zip(sampled, verdicts, strict=True):
+                self._spent(k, share)
+                if problem is not None:
+                    self._unfit(k, problem)
+
+    def _one_ahead(self, k: int, check: HitCheck | None) -> tuple[_Checked | None, Sample | str | None]:
+        """Hit ``k`` fetched and held against its marker and counts (``_checked``), with its sample read from its
+        input when ``check`` is given (``HitCheck.sample``: or how the hit disagrees with its input)."""
+        file, _, entry = self._found[k]
+        checked = self._checked(cast("CacheEntry", entry), self.attempt.work / SEGMENTS / f"{k:05d}")
+        if checked is None or check is None:
+            return checked, None
+        fetched, held, _ = checked
+        quarantine, places = fetched.get(QUARANTINE), fetched.get(PLACES)
+        return checked, check.sample(cast("CacheEntry", entry), held.segment, quarantine, file, places)
+
+    def _unfit(self, k: int, problem: str) -> None:
+        """Hit ``k`` found unfit: its entry removed, its file to be tokenized in its turn."""
+        self._cache.cache.discard(cast("CacheEntry", self._found[k][2]), problem)
+        self._ahead[k] = None
+
+    def _spent(self, k: int, seconds: float) -> None:
+        """Seconds more that checking hit ``k`` took, as its manifest counts them."""
+        if (checked := self._ahead.get(k)) is not None:
+            self._ahead[k] = (checked[0], checked[1], checked[2] + seconds)
+
+    def _checked(self, entry: CacheEntry, folder: Path) -> _Checked | None:
+        """A hit's files fetched into ``folder`` (an earlier try's removed) and what its segment holds (``Held``);
+        or None when its files disagree with its marker or with its counts (a marker edited by hand,
+        ``Held.against``), and the entry is removed."""
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
+        fetched = self._cache.cache.fetch(entry, folder / CACHED)
+        if fetched is None:
+            return None
+        held = self._held(entry, fetched)
+        if isinstance(held, str):
+            self._cache.cache.discard(entry, held)
+            return None
+        return fetched, held, 0.0
+
+    def _held(self, entry: CacheEntry, fetched: dict[str, Path]) -> Held | str:
+        """What a fetched hit's segment holds, or how it disagrees with its counts."""
         family = [SEGMENT, f"{SEGMENT}.index", f"{SEGMENT}.metadata"]
         if missing := [name for name in family if name not in fetched]:
             return f"it holds no {missing[0]}"
         try:
-            if self.save_loss and LOSS not in fetched:  # every byte 1 (its counts must say so: ``_against_counts``)
+            if self.save_loss and LOSS not in fetched:  # every byte 1 (its counts must say so: ``Held.against``)
                 size = TokenFile(str(fetched[SEGMENT]), self.encoder.token_size).num_tokens
                 fetched[LOSS] = ones_file(fetched[SEGMENT].with_name(LOSS), size)
             held = Held.read(TokenFile(str(fetched[SEGMENT]), self.encoder.token_size), plain=not self.save_loss)
         except TokenFileError as exc:
             return str(exc)
-        quarantine = fetched.get(QUARANTINE)
-        if problem := self._against_counts(entry.counts, held, quarantine):
-            return problem
-        if self._cache.cache.signer is not None:  # its marker's signature verified: made by a build with the key
-            return held
-        return self._hits(file).disagreement(entry, held.segment, quarantine, file, fetched.get(PLACES)) or held
-
-    def _against_counts(self, c: RankCounts, held: Held, quarantine: Path | None) -> str | None:
-        """How a segment and its quarantine disagree with their counts, or None: every id within the vocabulary,
-        every loss byte 0 or 1, every document of a token at least, and the documents, tokens, lengths, contents
-        and quarantined records the counts say."""
-        if held.top >= self.encoder.vocab_size:
-            return f"its documents hold id {held.top:,}, outside the tokenizer's {self.encoder.vocab_size:,}"
-        if held.loss_top > 1:
-            return f"its loss bytes hold {held.loss_top}, where each is 0 or 1"
-        ends = held.ends
-        lengths = np.diff(ends, prepend=0)
-        shape = Counts()
-        shape.add_lengths(lengths)
-        found = {
-            "documents": (len(ends), c.docs_written),
-            "tokens": (held.segment.num_tokens, c.tokens),
-            "index end": (int(ends[-1]) if len(ends) else 0, c.tokens),
-            "documents of no token (its index goes back)": (int(np.count_nonzero(lengths <= 0)), 0),
-            "tokens in its longest document": (shape.longest, c.longest),
-            "tokens with loss": (held.loss_ones, c.loss_tokens),
-            "quarantined records": (_lines(quarantine) if quarantine else 0, c.rejected_total),
-        }
-        for what, (value, said) in found.items():
-            if said is not None and value != said:
-                return f"its files hold {value:,} {what}, its counts say {said:,}"
-        if not np.array_equal(shape.length_buckets, Counts.of(c).length_buckets):
-            return "its documents' lengths are not those its counts' histogram says"
-        if c.contents_in is not None and c.contents_in.value != held.contents:
-            return f"its files hold {held.contents.describe()}, its counts say {c.contents_in.value.describe()}"
-        return None
+        return held.against(entry.counts, fetched.get(QUARANTINE), self.encoder.vocab_size) or held
 
     def _hits(self, file: InputFile) -> HitCheck:
         """What the hits of ``file``'s source are held against, made at its first hit: it loads HF's tokenizer, to
@@ -364,7 +397,7 @@ class FirstPass:
                     ends = np.cumsum(lengths)[lengths > 0]  # a document of no token is counted empty, not written
                     writer.write(batch.encoded.tokens, ends, batch.encoded.loss)
                     if at is not None:
-                        at.write(_places(batch.records, lengths).astype("<i8").tobytes())
+                        at.write(places_of(batch.records, lengths).astype("<i8").tobytes())
         self.tally.add(tally)
         written = writer.written
         if written is None:  # set when the block above closed it
@@ -407,31 +440,6 @@ def quarantined(work: Path) -> Path:
             with open(part, "rb") as lines:
                 shutil.copyfileobj(lines, out)
     return whole
-
-
-def _served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: float, read: bool) -> CachedInput:
-    return CachedInput(
-        input_read=read,
-        url=file.url,
-        key=key,
-        hit=hit,
-        bytes=file.span_bytes,
-        text_bytes=counts.text_bytes,
-        tokens=counts.tokens,
-        seconds=round(seconds, 3),
-    )
-
-
-def _places(records: Sequence[Record], lengths: np.ndarray) -> np.ndarray:
-    """Where the documents that a batch wrote start in their input, a row each: the offset and the line of their
-    records (``inputs.reader.Record``), for a hit to read only those it samples."""
-    texts = np.array([(r.offset, r.line) for r in records if r.text], dtype=np.int64).reshape(-1, 2)
-    return texts[lengths > 0]
-
-
-def _lines(path: Path) -> int:
-    with open(path, "rb") as lines:
-        return sum(1 for _ in lines)
 
 
 def _line(item: Rejected) -> bytes:

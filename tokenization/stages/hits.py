@@ -29,7 +29,9 @@ quarantined record planted on a document's line. What it does not: an id changed
 (records read, blank lines, text bytes, empty records, rejects by reason) and quarantined records that agree with
 the entry's own files but not with the input (a record planted on a blank line, or one removed), and documents of
 the input left out of the entry, their places skipped: these need reading the whole input, which a key makes
-unnecessary. Its cost: a few reads of the input, and loading HF's tokenizer once a rank (0.2-0.7 s).
+unnecessary. Its cost: a few reads of the input, and loading HF's tokenizer once a rank (0.2-0.7 s). A rank reads
+the samples of many hits (``sample``), then encodes them in one batch (``verdicts``): a hit of a one-line file is a
+document of a few tokens, which encoding alone cost more than the rest of its check.
 
 An entry stored before places were recorded has none: it is held against its whole input, read again as its rank
 reads it (``_read_again``: counts, quarantine line by line, the sample matched by counting records), as before.
@@ -40,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,7 +55,7 @@ from tokenization.records import CacheEntry, InputFile, RecordError, Rejected
 from tokenization.rendering.renderer import Renderer
 from tokenization.tokenizer.cutting import NO_EXACT_CUT
 from tokenization.tokenizer.documents import DocumentOptions, utf8_length
-from tokenization.tokenizer.encoding import Encoder
+from tokenization.tokenizer.encoding import Encoded, Encoder
 
 SAMPLE_DOCS = 8  # documents a hit's sample holds at most: every document of a smaller file
 SAMPLE_BYTES = 16 << 10  # of text encoded whole: ~10 ms of HF (1-2 MB/s) a file at most
@@ -86,12 +88,13 @@ class HitCheck:
     save_loss: bool
     build: str  # the run folder of the build that reads the hits: each build draws its own sample
 
-    def disagreement(
+    def sample(
         self, entry: CacheEntry, segment: TokenFile, quarantine: Path | None, file: InputFile, places: Path | None
-    ) -> str | None:
-        """How the hit ``entry`` (its ``segment``, its ``quarantine`` file, if any, and its ``places``, all checked
-        against its marker) disagrees with the input ``file`` it stands for, or None. An entry stored before places
-        were recorded has none: its input is read whole (``_read_again``)."""
+    ) -> Sample | str:
+        """The sample of the hit ``entry`` (its ``segment``, its ``quarantine`` file, if any, and its ``places``, all
+        checked against its marker), read from the input ``file`` it stands for, to be encoded with the rank's
+        others (``verdicts``); or how the hit already disagrees with its input. An entry stored before places were
+        recorded has none: its input is read whole (``_read_again``)."""
         c = entry.counts
         seed = f"{self.build}\n{entry.key}"
         drawn = _drawn(seed, c.docs_written)
@@ -119,14 +122,14 @@ class HitCheck:
                 f"its input file has {read.candidates:,} records with text and {read.empty:,} without, its counts "
                 f"say {c.docs_written:,} documents and {c.empty:,} empty"
             )
-        return self._sample_problem(segment, read.sampled, drawn, silent, seed)
+        return _chosen(segment, read.sampled, drawn, silent, seed)
 
     def _at_places(
         self, segment: TokenFile, quarantine: Path | None, file: InputFile, places: Path, drawn: list[int], seed: str
-    ) -> str | None:
-        """How the drawn documents differ from the input's records where the hit's places say they start (read
-        there, and nowhere else: ``DocumentReader.at``), or None. The places must go forward through the file, a
-        document each, on lines that its quarantine does not name."""
+    ) -> Sample | str:
+        """The drawn documents' records, read from the input where the hit's places say they start (there, and
+        nowhere else: ``DocumentReader.at``), or how the places disagree with it. The places must go forward
+        through the file, a document each, on lines that its quarantine does not name."""
         table = np.fromfile(places, dtype="<i8")
         documents = len(segment.ends)
         if len(table) != 2 * documents:
@@ -151,7 +154,7 @@ class HitCheck:
                 at = f"line {lines[k]} (byte {offsets[k]:,})"
                 return f"its document {k} is at {at} of its input, which holds no record with text there"
             sampled[k] = item
-        return self._sample_problem(segment, sampled, drawn, 0, seed)
+        return _chosen(segment, sampled, drawn, 0, seed)
 
     def _read_again(self, file: InputFile, quarantine: Path | None, drawn: set[int]) -> tuple[_Read, str | None]:
         """Read the input file as its rank does, checking the hit's quarantine line by line on the way; keep the
@@ -191,36 +194,37 @@ class HitCheck:
         read.blank_lines = reader.blank_lines
         return read, None
 
-    def _sample_problem(
-        self, segment: TokenFile, sampled: dict[int, Record], drawn: list[int], silent: int, seed: str
-    ) -> str | None:
-        """How the sampled records, encoded again, differ from the hit's documents, or None. Record ``k`` is
-        document ``k`` of the hit, or, when ``silent`` texts encoded to no token, one of the ``silent`` before it.
-        Records are encoded whole while ``SAMPLE_BYTES`` of text last; a record beyond them, of any length, by a
-        window of ``WINDOW_CHARS`` or so drawn by ``seed`` (``_window``), whose tokens but ``WINDOW_SLACK`` at each
-        end must be in the document, in a row, with their loss bytes."""
-        chosen, room = [], SAMPLE_BYTES
-        for k in drawn:
-            if k not in sampled:
-                continue
-            if (size := utf8_length(sampled[k].text)) <= room:
-                chosen.append((k, sampled[k], False))
-                room -= size
-            elif (piece := _window(sampled[k], f"{seed}\n{k}")) is not None:
-                chosen.append((k, piece, True))
-        if not chosen:
-            return None
-        records = [record for _, record, _ in chosen]
+    def verdicts(self, samples: Sequence[Sample]) -> list[str | None]:
+        """How each hit's sampled records, encoded again, differ from its documents, or None: the samples of many
+        hits encoded in one batch, since a hit of a one-line file is a document of a few tokens, and encoding it
+        alone cost more than the rest of its check. Record ``k`` of a sample is document ``k`` of its hit, or, when
+        ``silent`` texts encoded to no token, one of the ``silent`` before it. A window's tokens but
+        ``WINDOW_SLACK`` at each end must be in the document, in a row, with their loss bytes; a whole record's
+        must be the document."""
+        records = [record for sample in samples for _, record, _ in sample.chosen]
+        if not records:
+            return [None] * len(samples)
         no_loss = [r.no_loss_ranges for r in records] if self.save_loss else None
         prepared = self.encoder.prepare([r.text for r in records], no_loss, [r.special_spans for r in records])
         encoded = self.encoder.encode_prepared(prepared)
+        if self.save_loss and encoded.loss is None:  # encoding with no_loss gives loss bytes
+            raise RuntimeError("the sampled records were encoded without loss bytes")
+        offsets = np.cumsum(encoded.lengths) - encoded.lengths
+        found: list[str | None] = []
+        first = 0
+        for sample in samples:
+            last = first + len(sample.chosen)
+            found.append(self._problem(sample, encoded, offsets[first:last], encoded.lengths[first:last]))
+            first = last
+        return found
+
+    def _problem(self, sample: Sample, encoded: Encoded, offsets: np.ndarray, lengths: np.ndarray) -> str | None:
+        """How one hit's sample, encoded at ``offsets`` of ``encoded``, differs from its documents, or None."""
+        segment, silent = sample.segment, sample.silent
         ends = np.asarray(segment.ends, dtype=np.int64)
         starts = np.concatenate([[0], ends[:-1]])
         tokens, loss = segment.tokens, segment.loss if self.save_loss else None
-        if loss is not None and encoded.loss is None:  # encoding with no_loss gives loss bytes
-            raise RuntimeError("the sampled records were encoded without loss bytes")
-        offsets = np.cumsum(encoded.lengths) - encoded.lengths
-        for (k, record, window), offset, length in zip(chosen, offsets, encoded.lengths, strict=True):
+        for (k, record, window), offset, length in zip(sample.chosen, offsets, lengths, strict=True):
             first, last = (
                 (offset + WINDOW_SLACK, offset + length - WINDOW_SLACK) if window else (offset, offset + length)
             )
@@ -242,6 +246,32 @@ class HitCheck:
                 continue
             return f"its document {k} is not what the input's record at line {record.line} encodes to"
         return None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What a hit's sample holds, read from its input, before it is encoded with the rank's others: the hit's
+    ``segment``, and the records ``chosen`` (``(k, record, window)``: record ``k``, whole or a window of it), of
+    which ``silent`` texts before each may have encoded to no token."""
+
+    segment: TokenFile
+    chosen: list[tuple[int, Record, bool]]
+    silent: int
+
+
+def _chosen(segment: TokenFile, sampled: dict[int, Record], drawn: list[int], silent: int, seed: str) -> Sample:
+    """The sampled records to encode, in order of preference: whole while ``SAMPLE_BYTES`` of text last, and a
+    record beyond them, of any length, by a window of ``WINDOW_CHARS`` or so drawn by ``seed`` (``_window``)."""
+    chosen, room = [], SAMPLE_BYTES
+    for k in drawn:
+        if k not in sampled:
+            continue
+        if (size := utf8_length(sampled[k].text)) <= room:
+            chosen.append((k, sampled[k], False))
+            room -= size
+        elif (piece := _window(sampled[k], f"{seed}\n{k}")) is not None:
+            chosen.append((k, piece, True))
+    return Sample(segment, chosen, silent)
 
 
 def _window(record: Record, seed: str) -> Record | None:

@@ -19,7 +19,7 @@ from tokenization.inputs.content import content_identity
 from tokenization.inputs.reader import DocumentReader, Record
 from tokenization.output import known
 from tokenization.output.cache import Cache
-from tokenization.records import CachedInput, CacheEntry, InputFile, Mixture, Rejected
+from tokenization.records import CachedInput, CacheEntry, InputFile, Mixture, RankCounts, Rejected
 from tokenization.rendering.renderer import Renderer
 from tokenization.storage.files import writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
@@ -144,6 +144,36 @@ class Held:
             (contents,) = stream_contents(read, [(ends, segment.num_tokens)])
         return cls(segment, ends, contents=contents, plain=None if alone is None else alone.result(), **seen)
 
+    def against(self, c: RankCounts, quarantine: Path | None, vocab_size: int) -> str | None:
+        """How the segment and its ``quarantine`` disagree with their counts ``c``, or None: every id within the
+        vocabulary, every loss byte 0 or 1, every document of a token at least, and the documents, tokens, lengths,
+        contents and quarantined records the counts say."""
+        if self.top >= vocab_size:
+            return f"its documents hold id {self.top:,}, outside the tokenizer's {vocab_size:,}"
+        if self.loss_top > 1:
+            return f"its loss bytes hold {self.loss_top}, where each is 0 or 1"
+        ends = self.ends
+        lengths = np.diff(ends, prepend=0)
+        shape = Counts()
+        shape.add_lengths(lengths)
+        found = {
+            "documents": (len(ends), c.docs_written),
+            "tokens": (self.segment.num_tokens, c.tokens),
+            "index end": (int(ends[-1]) if len(ends) else 0, c.tokens),
+            "documents of no token (its index goes back)": (int(np.count_nonzero(lengths <= 0)), 0),
+            "tokens in its longest document": (shape.longest, c.longest),
+            "tokens with loss": (self.loss_ones, c.loss_tokens),
+            "quarantined records": (lines_in(quarantine) if quarantine else 0, c.rejected_total),
+        }
+        for what, (value, said) in found.items():
+            if said is not None and value != said:
+                return f"its files hold {value:,} {what}, its counts say {said:,}"
+        if not np.array_equal(shape.length_buckets, Counts.of(c).length_buckets):
+            return "its documents' lengths are not those its counts' histogram says"
+        if c.contents_in is not None and c.contents_in.value != self.contents:
+            return f"its files hold {self.contents.describe()}, its counts say {c.contents_in.value.describe()}"
+        return None
+
 
 def ones_file(path: Path, tokens: int) -> Path:
     """A loss file of ``tokens`` bytes, every one 1: an entry's that it left out as such (``FirstPass._store``),
@@ -167,3 +197,29 @@ def total(segments: Sequence[Segment]) -> Counts:
     for segment in segments:
         counts.add(segment.counts)
     return counts
+
+
+def served(file: InputFile, key: str, counts: Counts, *, hit: bool, seconds: float, read: bool) -> CachedInput:
+    """How the cache served ``file``, as its rank's manifest lists it."""
+    return CachedInput(
+        input_read=read,
+        url=file.url,
+        key=key,
+        hit=hit,
+        bytes=file.span_bytes,
+        text_bytes=counts.text_bytes,
+        tokens=counts.tokens,
+        seconds=round(seconds, 3),
+    )
+
+
+def places_of(records: Sequence[Record], lengths: np.ndarray) -> np.ndarray:
+    """Where the documents that a batch wrote start in their input, a row each: the offset and the line of their
+    records (``inputs.reader.Record``), for a hit to read only those it samples."""
+    texts = np.array([(r.offset, r.line) for r in records if r.text], dtype=np.int64).reshape(-1, 2)
+    return texts[lengths > 0]
+
+
+def lines_in(path: Path) -> int:
+    with open(path, "rb") as lines:
+        return sum(1 for _ in lines)

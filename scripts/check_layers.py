@@ -60,7 +60,7 @@ KNOWN = {
     # The glue's task checks read a mixture file (load_mixture_file), a type of the storage options (StorageOptions)
     # and the URL check of the allowed locations (malformed_url) below the build, not through its config.
     ("plugins.tokenization_airflow.tasks", "tokenization.mixing.spec"),
-    ("plugins.tokenization_airflow.tasks", "tokenization.storage.files"),
+    ("plugins.tokenization_airflow.tasks", "tokenization.storage.folder"),
     ("plugins.tokenization_airflow.tasks", "tokenization.storage.locations"),
 }
 DOC = Path("docs") / "architecture.md"

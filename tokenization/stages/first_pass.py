@@ -53,7 +53,7 @@ from tokenization.stages.segments import (
     without_loss,
 )
 from tokenization.storage.checksums import ALGORITHM, file_checksum
-from tokenization.storage.files import writing
+from tokenization.storage.folder import writing
 from tokenization.tokenizer.cache_key import CacheKey
 from tokenization.tokenizer.counts import Counts, RejectTally
 from tokenization.tokenizer.documents import DocumentOptions, encoded_batches, read_ahead

@@ -33,7 +33,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenization.errors import StorageError, WriteError
-from tokenization.storage.checksums import READ_BYTES, SHA256, file_checksum
+from tokenization.storage.checksums import READ_BYTES
 from tokenization.storage.locations import LOCAL_SCHEMES
 
 MIB = 1 << 20
@@ -253,11 +253,6 @@ def link_or_copy(src: Path, dest: Path) -> None:
         shutil.copyfileobj(source, target, READ_BYTES)
         target.flush()
         os.fsync(target.fileno())
-
-
-def file_sha256(path: str | Path, fs: fsspec.AbstractFileSystem | None = None) -> str:
-    """The sha256 of a file's bytes, as an input's identity names it (``storage.checksums`` says why not BLAKE3)."""
-    return file_checksum(path, fs, SHA256)
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:

@@ -7,8 +7,8 @@ removes its temporary file and raises :class:`WriteError`, which names the file 
 does not say: the filesystem and its free space when it is full (a bare ``[Errno 28] No space left on device`` names
 neither), or that the location is on one of the kernel's virtual filesystems, where no build can write.
 
-Private to ``storage``: the layers above reach a store through ``folder.Folder`` (and ``concurrent``); the modules
-not moved yet that still import this one are listed in docs/architecture.md.
+Private to ``storage``: the layers above reach a store through ``folder.Folder`` (and ``concurrent``); ``make lint``
+fails on an import of this module from outside the package (``scripts/check_layers.py``).
 """
 
 from __future__ import annotations

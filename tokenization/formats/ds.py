@@ -248,7 +248,7 @@ def map_array(folder: Folder, name: str, dtype: np.dtype, label: str, size: int 
         raise TokenFileError(f"{label}: {size} bytes is not a whole number of {dtype.itemsize}-byte items")
     if size == 0:
         return np.empty(0, dtype)
-    if folder.local is None:
+    if not folder.on_disk:
         return np.frombuffer(folder.read(name), dtype=dtype)
     path = folder.path_of(name)
     if size < MAP_BYTES:
@@ -274,7 +274,7 @@ class TokenFile:
     ):
         self.url = url
         self.folder, self.name = file_at(url, storage_options)
-        self._local = self.folder.local is not None
+        self._local = self.folder.on_disk
         self.listing = listing
         if not self.exists(""):
             raise TokenFileError(f"{url}: no such token file")

@@ -261,7 +261,7 @@ def check_unchanged(
         now = InputFile(
             file.url,
             int(info.get("size") or 0),
-            identity(folder.path_of(name), info, folder.local is not None),
+            identity(folder.path_of(name), info, folder.on_disk),
             file.part,
         )
         if changed := difference(file, now, remembered):

@@ -186,7 +186,7 @@ def file_key(file: InputFile, local: LocalFile | None) -> Hashable:
 def key_of(file: InputFile, storage_options: StorageOptions | None) -> Hashable:
     """``file_key`` of a file listed before, found again by its URL."""
     folder, name = file_at(file.url, storage_options)
-    return file_key(file, None if folder.local is None else LocalFile.of(folder.path_of(name)))
+    return file_key(file, LocalFile.of(folder.path_of(name)) if folder.on_disk else None)
 
 
 def _files_under(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, dict[str, Any]]:

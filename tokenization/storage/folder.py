@@ -121,7 +121,13 @@ class Folder:
     def local(self) -> Path | None:
         """The folder as a local path, None on a remote store: what only a local file has (an ``flock``, a rename
         into place, a ``file://`` link) asks for it."""
-        return Path(self.path) if is_local(self.fs) else None
+        return Path(self.path) if self.on_disk else None
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the folder is on the local filesystem: ``local``'s question without its ``Path``, which costs
+        more than the question where it is asked for each file (a reader of many small token files)."""
+        return is_local(self.fs)
 
     @property
     def enforces_conditions(self) -> bool:

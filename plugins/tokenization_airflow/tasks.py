@@ -19,7 +19,7 @@ from tokenization.builds.config import BuildConfig, offered_params
 from tokenization.builds.run import Build
 from tokenization.errors import RETRIABLE, TokenizationError, external_error
 from tokenization.mixing.spec import load_mixture_file
-from tokenization.storage.files import StorageOptions
+from tokenization.storage.folder import StorageOptions
 from tokenization.storage.locations import malformed_url
 from tokenization_airflow.connections import storage_options
 from tokenization_airflow.deployment import deployment

@@ -28,7 +28,7 @@ from tests.support.processes import cli
 from tokenization.builds.pages import size
 from tokenization.formats.ds import TokenFile
 from tokenization.records import BuildSummary, SourceShare
-from tokenization.storage.files import list_names, open_fs
+from tokenization.storage.folder import Folder
 from tokenization.wording import counted
 
 pytest.importorskip("airflow", reason="Airflow is in the 'airflow' dependency group (make test installs it)")
@@ -85,7 +85,7 @@ def test_report_numbers_are_the_manifests_and_the_datas(build) -> None:
     c = report["build"]["conservation"]
     assert (c["docs_in"], c["docs_out"], c["empty"], c["quarantined"], c["holds"]) == (309, 308, 1, 0, True)
     dataset = folder / "context"
-    names = sorted(n for n in list_names(*open_fs(str(dataset))) if n.endswith(".ds"))
+    names = sorted(n for n in Folder(str(dataset)).list() if n.endswith(".ds"))
     recounted = {n: TokenFile(str(dataset / n)).num_tokens for n in names}
     assert {f["name"]: f["tokens"] for f in report["files"]} == recounted
     assert report["build"]["tokens"] == sum(recounted.values()) == manifest["tokens"]

@@ -96,6 +96,22 @@ def test_todays_code_keeps_the_picture_and_the_table_is_true(capsys: pytest.Capt
             "and the errors",
             id="glue-below-the-build",
         ),
+        pytest.param(
+            "tokenization/formats/planted.py",
+            "from tokenization.storage import files\n",
+            "tokenization/formats/planted.py:1: tokenization.formats.planted imports tokenization.storage.files: "
+            "tokenization.storage.files is private to tokenization.storage: reach a store through a Folder "
+            "(storage.folder)",
+            id="storage-files-from-above",
+        ),
+        pytest.param(
+            "plugins/tokenization_airflow/planted.py",
+            "from tokenization.storage.files import open_fs\n",
+            "plugins/tokenization_airflow/planted.py:1: plugins.tokenization_airflow.planted imports "
+            "tokenization.storage.files: tokenization.storage.files is private to tokenization.storage: reach a "
+            "store through a Folder (storage.folder)",
+            id="storage-files-from-the-glue",
+        ),
     ],
 )
 def test_a_planted_import_that_breaks_a_rule_is_named(

@@ -25,8 +25,10 @@ from tokenization.inputs.content import rank_hashes, with_content, with_sha256
 from tokenization.inputs.listing import list_input_files
 from tokenization.output import known
 from tokenization.output.cache import KNOWN, Cache
-from tokenization.storage.files import file_sha256
+from tokenization.storage.checksums import SHA256, file_checksum
 from tokenization.storage.folder import Folder
+
+checksum = Folder.checksum  # the real one, which the counting stand-ins call
 
 HOUR_NS = 3600 * 10**9
 
@@ -47,11 +49,11 @@ def hashed(monkeypatch) -> list[str]:
     """The paths the plan reads to hash them, in the order it does."""
     read: list[str] = []
 
-    def hashing(path, fs):
-        read.append(path)
-        return file_sha256(path, fs)
+    def hashing(folder, name, algorithm):
+        read.append(folder.path_of(name))
+        return checksum(folder, name, algorithm)
 
-    monkeypatch.setattr(content, "file_sha256", hashing)
+    monkeypatch.setattr(Folder, "checksum", hashing)
     content._sha256_once.cache_clear()
     return read
 
@@ -142,7 +144,7 @@ def test_a_file_modified_as_it_was_hashed_is_hashed_again(tmp_path) -> None:
     assert (first.hashed, first.recognised, first.bytes_to_hash) == (1, 0, path.stat().st_size)
     assert first.listing == listing  # the plan reads nothing: its rank will
     files, rows = rank_hashes(first.listing.files)
-    assert files == [with_sha256(listing.files[0], file_sha256(path))]
+    assert files == [with_sha256(listing.files[0], file_checksum(path, algorithm=SHA256))]
     second = with_content(listing, rows)
     assert (second.hashed, second.recognised) == (1, 0)
     clock = time.time_ns
@@ -162,12 +164,12 @@ def test_a_rank_hashes_its_new_files_at_once(tmp_path, monkeypatch) -> None:
     together = threading.Barrier(2, timeout=10)  # broken unless two hashes are under way at once
     read: list[str] = []
 
-    def hashed_beside_another(path, fs):
-        read.append(path)
+    def hashed_beside_another(folder, name, algorithm):
+        read.append(folder.path_of(name))
         together.wait()
-        return file_sha256(path, fs)
+        return checksum(folder, name, algorithm)
 
-    monkeypatch.setattr(content, "file_sha256", hashed_beside_another)
+    monkeypatch.setattr(Folder, "checksum", hashed_beside_another)
     monkeypatch.setattr(content.os, "cpu_count", lambda: 2)
     content._sha256_once.cache_clear()
     files = list_input_files([str(tmp_path)]).files

@@ -36,8 +36,7 @@ from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Ca
 from tokenization.records import RankManifest
 from tokenization.stages import first_pass
 from tokenization.stages.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
-from tokenization.storage.checksums import BLAKE3, SHA256, checksum
-from tokenization.storage.files import file_sha256
+from tokenization.storage.checksums import BLAKE3, SHA256, checksum, file_checksum
 from tokenization.storage.folder import Folder
 from tokenization.tokenizer.counts import TooManyRejects
 
@@ -327,7 +326,8 @@ def test_an_entry_of_either_checksum_hits_and_a_flipped_byte_in_it_misses(
             record["format"] = record["format"].replace("/3", "/2")
             folder = cache / DATA / marker.stem / record["data"]
             record["files"] = {
-                n: {"bytes": f["bytes"], SHA256: file_sha256(folder / n)} for n, f in record["files"].items()
+                n: {"bytes": f["bytes"], SHA256: file_checksum(folder / n, algorithm=SHA256)}
+                for n, f in record["files"].items()
             }
             marker.write_text(json.dumps(record))
     again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)

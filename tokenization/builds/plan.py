@@ -23,7 +23,7 @@ import orjson
 
 from tokenization.inputs.content import Remembered, difference
 from tokenization.inputs.formats import InputError
-from tokenization.inputs.listing import InputListing, file_key, list_input_files, split_files
+from tokenization.inputs.listing import InputListing, key_of, list_input_files, split_files
 from tokenization.mixing.spec import MixtureError
 from tokenization.options import Options, params
 from tokenization.output.runs import RUN_CLAIM, BuildError, PlanConflict, read_claim
@@ -36,8 +36,7 @@ from tokenization.records import (
     PlanRecord,
     RunClaim,
 )
-from tokenization.storage.files import StorageOptions, join, open_fs
-from tokenization.storage.folder import Folder
+from tokenization.storage.folder import Folder, StorageOptions
 from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
@@ -169,7 +168,7 @@ class Run:
     @cached_property
     def plan(self) -> Plan:
         if self.claim.plan is None:  # read_claim refuses such a claim (an older version's) before it gets here
-            raise BuildError(f"{join(self.run_dir, RUN_CLAIM)}: records no plan")
+            raise BuildError(f"{Folder(self.run_dir).url_of(RUN_CLAIM)}: records no plan")
         return Plan(self.claim.plan)
 
     @property
@@ -181,11 +180,12 @@ class Run:
         """The run ``spec`` names, read from its claim (opened with ``storage_options``), when the claim records the
         plan with the spec's digest (the plan the run was started with); else an error saying the run folder was
         replaced since."""
-        claimed = read_claim(Folder(spec.run_dir, storage_options))
+        run_dir = Folder(spec.run_dir, storage_options)
+        claimed = read_claim(run_dir)
         run = None if claimed is None else cls(spec.run_dir, claimed)
         if run is None or run.plan.digest != spec.digest:
             raise BuildError(
-                f"{join(spec.run_dir, RUN_CLAIM)}: {'missing' if run is None else f'records plan {run.plan.digest}'}, "
+                f"{run_dir.url_of(RUN_CLAIM)}: {'missing' if run is None else f'records plan {run.plan.digest}'}, "
                 f"not this run's plan {spec.digest}: the run folder was replaced after the run started"
             )
         return run
@@ -240,7 +240,7 @@ def list_inputs(
     owner: dict[Hashable, tuple[int, str]] = {}
     for source, listing in enumerate(listings):
         for file in listing.files:
-            first, url = owner.setdefault(file_key(*open_fs(file.url, storage_options), file), (source, file.url))
+            first, url = owner.setdefault(key_of(file, storage_options), (source, file.url))
             if first != source:
                 where = (
                     f"{url} is in mixture sources {names[first]!r} and {names[source]!r}"

@@ -219,9 +219,7 @@ def _ds_frame(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
         report.problem(f"{label}.index", "missing")
         return None
     try:
-        index = map_array(
-            folder.fs, folder.path_of(name + ".index"), INDEX_DTYPE, f"{label}.index", sizes[name + ".index"]
-        )
+        index = map_array(folder, name + ".index", INDEX_DTYPE, f"{label}.index", sizes[name + ".index"])
         ends = np.asarray(index, dtype=np.int64)
     except TokenFileError as exc:
         report.problem(f"{label}.index", str(exc))

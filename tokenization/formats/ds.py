@@ -20,17 +20,14 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
 from tokenization.errors import TokenizationError
 from tokenization.formats.contents import Contents, ContentsHasher, Found, Pieces
 from tokenization.formats.hashed_file import FinishOrAbandon, HashedFile, InOrder, WrittenFile, written_whole
-from tokenization.storage.files import StorageOptions, is_local, open_fs, writing
-
-if TYPE_CHECKING:
-    from fsspec import AbstractFileSystem  # Python 3.11; annotations are not evaluated
+from tokenization.storage.folder import Folder, StorageOptions, file_at, writing
 
 INDEX_DTYPE = np.dtype("<u8")
 LOSS_DTYPE = np.dtype("u1")
@@ -242,17 +239,18 @@ class TokenFileWriter(FinishOrAbandon):
                 hashed.abandon()
 
 
-def map_array(fs: AbstractFileSystem, path: str, dtype: np.dtype, label: str, size: int | None = None) -> np.ndarray:
+def map_array(folder: Folder, name: str, dtype: np.dtype, label: str, size: int | None = None) -> np.ndarray:
     """A whole binary file as an array: memory-mapped when local and large, read when small or remote (``size``:
     when known). Mapping a file costs ~70 us, reading a small one ~20: a rank of 100,000 one-line files opens
     100,000 indexes."""
-    size = fs.size(path) if size is None else size
+    size = folder.size(name) if size is None else size
     if size % dtype.itemsize:
         raise TokenFileError(f"{label}: {size} bytes is not a whole number of {dtype.itemsize}-byte items")
     if size == 0:
         return np.empty(0, dtype)
-    if not is_local(fs):
-        return np.frombuffer(fs.cat_file(path), dtype=dtype)
+    if not folder.on_disk:
+        return np.frombuffer(folder.read(name), dtype=dtype)
+    path = folder.path_of(name)
     if size < MAP_BYTES:
         return np.fromfile(path, dtype=dtype, count=size // dtype.itemsize)
     return np.memmap(path, dtype=dtype, mode="r")
@@ -275,7 +273,9 @@ class TokenFile:
         storage_options: StorageOptions | None = None,
     ):
         self.url = url
-        self.fs, self.path = open_fs(url, storage_options)
+        self.folder, self.name = file_at(url, storage_options)
+        self._local = self.folder.on_disk
+        self._path = self.folder.path_of(self.name)  # its files' paths, made once: a rank may open 100,000
         self.listing = listing
         if not self.exists(""):
             raise TokenFileError(f"{url}: no such token file")
@@ -301,26 +301,26 @@ class TokenFile:
     def _read_metadata(self) -> Metadata | None:
         if not self.exists(".metadata"):
             return None
-        path = self.path + ".metadata"
-        data = Path(path).read_bytes() if is_local(self.fs) else self.fs.cat_file(path)
+        suffix = ".metadata"
+        data = Path(self._path + suffix).read_bytes() if self._local else self.folder.read(self.name + suffix)
         return Metadata.parse(data.decode("utf-8"), f"{self.url}.metadata")
 
     def exists(self, suffix: str) -> bool:
         """Whether the family's file ``suffix`` (``""``, ``".index"``, ...) exists. (Locally asked of the OS:
         fsspec's answer takes 10x longer, and a rank of 100,000 one-line files asks 300,000 times.)"""
         if self.listing is not None:
-            return self.path.rsplit("/", 1)[-1] + suffix in self.listing
-        return os.path.exists(self.path + suffix) if is_local(self.fs) else self.fs.exists(self.path + suffix)
+            return self.name + suffix in self.listing
+        return os.path.exists(self._path + suffix) if self._local else self.folder.exists(self.name + suffix)
 
     def size(self, suffix: str) -> int:
         """Bytes of the family's file ``suffix``."""
         if self.listing is not None:
-            return self.listing[self.path.rsplit("/", 1)[-1] + suffix]
-        return os.path.getsize(self.path + suffix) if is_local(self.fs) else self.fs.size(self.path + suffix)
+            return self.listing[self.name + suffix]
+        return os.path.getsize(self._path + suffix) if self._local else self.folder.size(self.name + suffix)
 
     def _array(self, suffix: str, dtype: np.dtype) -> np.ndarray:
         size = self.size(suffix) if self.listing is not None else None
-        return map_array(self.fs, self.path + suffix, dtype, self.url + suffix, size)
+        return map_array(self.folder, self.name + suffix, dtype, self.url + suffix, size)
 
     @property
     def tokens(self) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 
 from tokenization.records.inputs import FileSum
 from tokenization.storage.checksums import ALGORITHM, checksum, hasher
-from tokenization.storage.files import start_writeback, writing
+from tokenization.storage.folder import start_writeback, writing
 
 if TYPE_CHECKING:
     from typing import Self

@@ -127,4 +127,4 @@ class MegatronFile:
 
     @property
     def tokens(self) -> np.ndarray:
-        return map_array(self.folder.fs, self.folder.path_of(self.name + ".bin"), self.dtype, self.url + ".bin")
+        return map_array(self.folder, self.name + ".bin", self.dtype, self.url + ".bin")

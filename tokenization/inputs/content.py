@@ -14,14 +14,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-import fsspec
-
 from tokenization.errors import StorageError, reaching
 from tokenization.inputs.formats import InputError
 from tokenization.inputs.listing import InputListing, identity
 from tokenization.inputs.local import MTIME
 from tokenization.records import InputFile, PlanReading
-from tokenization.storage.files import StorageOptions, file_sha256, map_concurrently, open_fs
+from tokenization.storage import checksums
+from tokenization.storage.concurrent import map_concurrently
+from tokenization.storage.folder import Folder, StorageOptions, file_at
 from tokenization.wording import counted
 
 log = logging.getLogger(__name__)
@@ -228,14 +228,14 @@ def content_identity(file: InputFile, storage_options: StorageOptions | None = N
 def _sha256(url: str, identity: str, storage_options: StorageOptions | None = None) -> str:
     """A file's sha256, once a process however many of its parts a rank holds (``identity``: a changed file's is
     another)."""
-    return _sha256_once(*open_fs(url, storage_options), url, identity)
+    return _sha256_once(*file_at(url, storage_options), url, identity)
 
 
 @functools.lru_cache(maxsize=64)
-def _sha256_once(fs: fsspec.AbstractFileSystem, path: str, url: str, identity: str) -> str:
+def _sha256_once(folder: Folder, name: str, url: str, identity: str) -> str:
     try:
         with reaching(url):
-            return file_sha256(path, fs)
+            return folder.checksum(name, checksums.SHA256)
     except StorageError:
         raise
     except OSError as exc:
@@ -249,17 +249,21 @@ def check_unchanged(
     listed, and how (``difference``, with the rows ranks ``remembered``): a build reads exactly the files it
     planned."""
     for file in files:
-        fs, path = open_fs(file.url, storage_options)
-        fs.invalidate_cache(path)
+        folder, name = file_at(file.url, storage_options)
         try:
             with reaching(file.url):
-                info = fs.info(path)
+                info = folder.info(name)
         except FileNotFoundError:
             raise InputError(
                 f"{file.url}: gone since the build was planned; a build reads exactly its plan's files, "
                 f"so run it under a new build id"
             ) from None
-        now = InputFile(file.url, int(info.get("size") or 0), identity(fs, path, info), file.part)
+        now = InputFile(
+            file.url,
+            int(info.get("size") or 0),
+            identity(folder.path_of(name), info, folder.on_disk),
+            file.part,
+        )
         if changed := difference(file, now, remembered):
             raise InputError(
                 f"{file.url}: changed since the build was planned: {changed}; a build reads exactly its plan's "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posixpath
+
 from tokenization.errors import TokenizationError
 from tokenization.records import InputFile
 
@@ -16,7 +18,7 @@ class InputError(TokenizationError, ValueError):
 
 def file_format(url: str) -> tuple[str, str | None]:
     """``("jsonl"|"parquet", compression)`` from the name, or raise :class:`InputError`."""
-    name = url.rsplit("/", 1)[-1].lower()
+    name = posixpath.basename(url).lower()
     compression = next((c for ext, c in COMPRESSIONS.items() if name.endswith(ext)), None)
     if compression:
         name = name.rsplit(".", 1)[0]

@@ -15,7 +15,8 @@ from tokenization.errors import reaching
 from tokenization.inputs.formats import InputError, file_format
 from tokenization.inputs.local import LocalFile
 from tokenization.records import FilePart, InputFile
-from tokenization.storage.files import StorageOptions, is_local, open_fs
+from tokenization.storage.files import is_local, open_fs
+from tokenization.storage.folder import StorageOptions, file_at
 from tokenization.storage.locations import GLOB_CHARS, glob_folder, resolve
 from tokenization.wording import counted
 
@@ -170,18 +171,22 @@ def _listed(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> t
     if is_local(fs):
         local = LocalFile.of(path)
         file = InputFile(url, local.size, local.identity)
-        return url, (file, file_key(fs, path, file, local))
-    file = InputFile(url, int(info.get("size") or 0), identity(fs, path, info))
-    return url, (file, file_key(fs, path, file))
+        return url, (file, file_key(file, local))
+    file = InputFile(url, int(info.get("size") or 0), identity(path, info, local=False))
+    return url, (file, file_key(file, None))
 
 
-def file_key(fs: fsspec.AbstractFileSystem, path: str, file: InputFile, local: LocalFile | None = None) -> Hashable:
-    """What a listed file is, however its path is spelled: locally its device and inode (``LocalFile.key``; of
-    ``local``, when the listing has it already); on an object store, which has no links, its key with ``.`` and
-    ``..`` resolved, and its ETag (``identity``)."""
-    if is_local(fs):
-        return (local or LocalFile.of(path)).key
-    return resolve(file.url), file.identity
+def file_key(file: InputFile, local: LocalFile | None) -> Hashable:
+    """What a listed file is, however its path is spelled: locally (``local``: as the OS sees it) its device and
+    inode (``LocalFile.key``); on an object store (None), which has no links, its key with ``.`` and ``..``
+    resolved, and its ETag (``identity``)."""
+    return local.key if local is not None else (resolve(file.url), file.identity)
+
+
+def key_of(file: InputFile, storage_options: StorageOptions | None) -> Hashable:
+    """``file_key`` of a file listed before, found again by its URL."""
+    folder, name = file_at(file.url, storage_options)
+    return file_key(file, LocalFile.of(folder.path_of(name)) if folder.on_disk else None)
 
 
 def _files_under(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, dict[str, Any]]:
@@ -239,10 +244,11 @@ def _is_supported(url: str) -> bool:
     return True
 
 
-def identity(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> str:
-    """What tells this file from another one at the same path (see :class:`InputFile`), as a listing sees it: a
-    plan adds the sha256 of a local file's bytes when an earlier night remembered it (``with_content``)."""
-    if is_local(fs):
+def identity(path: str, info: dict[str, Any], local: bool) -> str:
+    """What tells the file at ``path`` from another one there (see :class:`InputFile`), as a listing sees it
+    (``info``; ``local``: a file of the local filesystem): a plan adds the sha256 of a local file's bytes when an
+    earlier night remembered it (``with_content``)."""
+    if local:
         return LocalFile.of(path).identity
     etag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation")
     if etag:

@@ -22,7 +22,7 @@ from tokenization.inputs.lines import Oversized, bounded_lines, decompressed, sk
 from tokenization.inputs.parts import Window, line_span, row_groups
 from tokenization.records import InputFile, Rejected
 from tokenization.rendering.renderer import MISSING, Renderer, get_field, no_loss_ranges, text_field
-from tokenization.storage.files import StorageOptions, open_fs
+from tokenization.storage.folder import Folder, StorageOptions, file_at
 
 if TYPE_CHECKING:
     import pyarrow.parquet
@@ -163,10 +163,10 @@ class DocumentReader:
 
     def _jsonl(self, file: InputFile, compression: str | None) -> Iterator[Record | Rejected]:
         url = file.url
-        fs, path = open_fs(url, self.storage_options)
+        folder, name = file_at(url, self.storage_options)
         line_no = 0
         limit = self.max_record_bytes
-        with fs.open(path, "rb") as raw:
+        with _open(folder, name) as raw:
             self._raw = raw
             try:
                 start, end, before = line_span(raw, file) if file.part else (0, file.size, 0)
@@ -187,7 +187,7 @@ class DocumentReader:
             # isal's stubs declare ``isal_zlib.error`` an Exception instance; it is a class (igzip_lib.IsalError)
             except (EOFError, BadGzipFile, isal_zlib.error, zstandard.ZstdError) as exc:  # type: ignore[misc]
                 if compression == "gzip":  # the read that failed lost the lines it inflated before the fault
-                    with fs.open(path, "rb") as again:
+                    with _open(folder, name) as again:
                         line_no = max(line_no, whole_gzip_lines(again))
                 where = f"after line {line_no} (the last good line)" if line_no else "before its first line"
                 raise InputError(
@@ -201,10 +201,10 @@ class DocumentReader:
         import pyarrow.parquet as pq
 
         url = file.url
-        fs, path = open_fs(url, self.storage_options)
+        folder, name = file_at(url, self.storage_options)
         row = 0
         try:
-            with fs.open(path, "rb") as raw:
+            with _open(folder, name) as raw:
                 self._raw = raw
                 parquet = pq.ParquetFile(raw)
                 groups, row = row_groups(parquet.metadata, file.part)
@@ -241,8 +241,8 @@ class DocumentReader:
         before discarded (gzip and zstd streams cannot be entered in the middle); a parquet file's row groups that
         hold the places are read, and only those."""
         kind, compression = file_format(file.url)
-        fs, path = open_fs(file.url, self.storage_options)
-        with fs.open(path, "rb") as raw:
+        folder, name = file_at(file.url, self.storage_options)
+        with _open(folder, name) as raw:
             if kind == "parquet":
                 return self._rows_at(file.url, raw, places)
             stream = decompressed(raw, compression) if compression else io.BufferedReader(raw, SAMPLE_READ)
@@ -282,3 +282,9 @@ class DocumentReader:
                 continue
             found.append(self._row(url, line, read(group).slice(offset - starts[group], 1).to_pylist()[0]))
         return found
+
+
+def _open(folder: Folder, name: str) -> Any:
+    """A file opened for reading as fsspec gives it: an ``io.IOBase`` of the store's own kind (raw or buffered),
+    which the readers of parts and compressed streams take as it is."""
+    return folder.open(name, "rb")

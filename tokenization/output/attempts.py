@@ -54,7 +54,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from tokenization.formats.ds import WrittenTokenFile
 from tokenization.output import manifest
@@ -62,9 +62,6 @@ from tokenization.output.leases import FileLease, Holder, ObjectLease, leased, n
 from tokenization.records import CompletionMarker, FileSum, StageManifest
 from tokenization.storage.concurrent import files_at_once, map_concurrently
 from tokenization.storage.folder import Folder, writing
-
-if TYPE_CHECKING:
-    from fsspec import AbstractFileSystem
 
 M = TypeVar("M", bound=StageManifest)  # a stage's own manifest
 
@@ -90,16 +87,6 @@ class Attempt:
     @property
     def id(self) -> str:
         return self.holder.attempt
-
-    @property
-    def fs(self) -> AbstractFileSystem:
-        """The output's filesystem, for the stages that still list it so (tokenize, merge): use ``output``."""
-        return self.output.fs
-
-    @property
-    def out_path(self) -> str:
-        """The output's path in ``fs``, for the stages that still list it so (tokenize, merge): use ``output``."""
-        return self.output.path
 
     def place(self, src: Path, name: str) -> None:
         """Move a finished local file to ``name`` (relative to the output folder), as the lease holder."""

@@ -55,7 +55,8 @@ from tokenization.stages.segments import (
     without_loss,
 )
 from tokenization.storage.checksums import ALGORITHM, file_checksum
-from tokenization.storage.files import map_concurrently, writing
+from tokenization.storage.concurrent import map_concurrently
+from tokenization.storage.folder import writing
 from tokenization.tokenizer.cache_key import CacheKey
 from tokenization.tokenizer.counts import Counts, RejectTally
 from tokenization.tokenizer.documents import DocumentOptions, encoded_batches, read_ahead

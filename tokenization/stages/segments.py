@@ -21,7 +21,7 @@ from tokenization.output import known
 from tokenization.output.cache import Cache
 from tokenization.records import CachedInput, CacheEntry, InputFile, Mixture, RankCounts, Rejected
 from tokenization.rendering.renderer import Renderer
-from tokenization.storage.files import writing
+from tokenization.storage.folder import writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
 from tokenization.tokenizer.counts import Counts
 from tokenization.tokenizer.documents import DocumentOptions
@@ -140,7 +140,7 @@ class Held:
                 alone.add(tokens, within(ends, start, stop))
             return tokens, loss
 
-        with SourcePool([segment.path], segment.token_size, with_file) as pool:
+        with SourcePool([segment.url], segment.token_size, with_file) as pool:
             (contents,) = stream_contents(read, [(ends, segment.num_tokens)])
         return cls(segment, ends, contents=contents, plain=None if alone is None else alone.result(), **seen)
 

@@ -54,7 +54,6 @@ from tokenization.stages.first_pass import FirstPass, quarantined
 from tokenization.stages.second_pass import second_pass
 from tokenization.stages.segments import CacheOwner, Reading, Segment, source_readings, total
 from tokenization.storage.checksums import ALGORITHM, file_checksum
-from tokenization.storage.files import join, list_names
 from tokenization.storage.locations import check_disjoint
 from tokenization.tokenizer.counts import Counts, TooManyRejects
 from tokenization.tokenizer.documents import DocumentOptions
@@ -245,12 +244,12 @@ def tokenize_rank(
         shared = split_files(listing.files, config.split_input_mb)
         idle_ranks(config.world_size, shared, config.split_input_mb)
         files, skipped = shard(shared, config.rank, config.world_size), listing.skipped
-        user, keeps = config.output, join(config.output, manifest.manifest_name(config.stem))
+        user, keeps = config.output, config.folder(config.output).url_of(manifest.manifest_name(config.stem))
     else:
         share.check(encoder, renderer)
         files, skipped = share.files, []
         readings = share.readings(config, encoder)
-        user, keeps = share.run_dir, join(share.run_dir, RUN_CLAIM)
+        user, keeps = share.run_dir, config.folder(share.run_dir).url_of(RUN_CLAIM)
     cache = Cache(config.folder(location)) if location else None
     remembered = None if cache is None else _remembered(cache, config, len(files))
     check_unchanged(files, config.storage_options, remembered)  # fails before any work on a file not as listed
@@ -367,7 +366,7 @@ def _publish(
     that no marker lists, which the bucket's merge refuses, naming it."""
     keep = {w.published(f.name) for w in written for f in w.files}
     pattern = names.rank_file_pattern(config.stem)
-    for name in list_names(attempt.fs, attempt.out_path):
+    for name in attempt.output.list():
         if pattern.fullmatch(name) and name not in keep:
             attempt.remove(name)
     attempt.place_families(written)

@@ -7,8 +7,8 @@ removes its temporary file and raises :class:`WriteError`, which names the file 
 does not say: the filesystem and its free space when it is full (a bare ``[Errno 28] No space left on device`` names
 neither), or that the location is on one of the kernel's virtual filesystems, where no build can write.
 
-Private to ``storage``: the layers above reach a store through ``folder.Folder`` (and ``concurrent``); the modules
-not moved yet that still import this one are listed in docs/architecture.md.
+Private to ``storage``: the layers above reach a store through ``folder.Folder`` (and ``concurrent``); ``make lint``
+fails on an import of this module from outside the package (``scripts/check_layers.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from tokenization.errors import StorageError, WriteError
-from tokenization.storage.checksums import READ_BYTES, SHA256, file_checksum
+from tokenization.storage.checksums import READ_BYTES
 from tokenization.storage.locations import LOCAL_SCHEMES
 
 MIB = 1 << 20
@@ -253,11 +253,6 @@ def link_or_copy(src: Path, dest: Path) -> None:
         shutil.copyfileobj(source, target, READ_BYTES)
         target.flush()
         os.fsync(target.fileno())
-
-
-def file_sha256(path: str | Path, fs: fsspec.AbstractFileSystem | None = None) -> str:
-    """The sha256 of a file's bytes, as an input's identity names it (``storage.checksums`` says why not BLAKE3)."""
-    return file_checksum(path, fs, SHA256)
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:

@@ -27,6 +27,7 @@ from typing import IO, Any
 
 import fsspec
 
+from tokenization.storage.checksums import file_checksum
 from tokenization.storage.conditions import current_etag, put_if, remove_if
 from tokenization.storage.files import (
     TEMPORARY_MARK,
@@ -45,6 +46,7 @@ from tokenization.storage.files import (
     read_many,
     remove_files,
     remove_tree,
+    start_writeback,
     upload,
     write_bytes_atomic,
     writing,
@@ -59,6 +61,7 @@ __all__ = [
     "StorageOptions",
     "UpdateIf",
     "file_at",
+    "start_writeback",
     "writing",
 ]
 
@@ -118,7 +121,13 @@ class Folder:
     def local(self) -> Path | None:
         """The folder as a local path, None on a remote store: what only a local file has (an ``flock``, a rename
         into place, a ``file://`` link) asks for it."""
-        return Path(self.path) if is_local(self.fs) else None
+        return Path(self.path) if self.on_disk else None
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the folder is on the local filesystem: ``local``'s question without its ``Path``, which costs
+        more than the question where it is asked for each file (a reader of many small token files)."""
+        return is_local(self.fs)
 
     @property
     def enforces_conditions(self) -> bool:
@@ -219,6 +228,17 @@ class Folder:
         data = self.fs.cat_file(path)
         version = info.get("ETag") if self.enforces_conditions else _digest(data)
         return Stamped(data, version, _written(info))
+
+    def info(self, name: str) -> dict[str, Any]:
+        """What the store says of a file now (fsspec's ``info``: its size, and its ETag or times), asked fresh;
+        FileNotFoundError when it is not there."""
+        path = self.path_of(name)
+        self.fs.invalidate_cache(path)
+        return self.fs.info(path)
+
+    def checksum(self, name: str, algorithm: str) -> str:
+        """The checksum of a file's bytes (``checksums``: read in bounded pieces)."""
+        return file_checksum(self.path_of(name), self.fs, algorithm)
 
     def head(self, name: str, size: int) -> bytes:
         """The first ``size`` bytes of a file, or all of it when it is smaller, in one request

@@ -24,7 +24,7 @@ from tokenization.progress import Progress, ProgressMode
 from tokenization.records import InputFile, Rejected, TokenizerFacts
 from tokenization.rendering import renderer
 from tokenization.rendering.renderer import Renderer
-from tokenization.storage.files import open_fs
+from tokenization.storage.folder import file_at
 from tokenization.tokenizer.counts import DEFAULT_MAX_REJECT_FRACTION, DEFAULT_MAX_REJECTS, Counts
 from tokenization.tokenizer.cutting import NO_EXACT_CUT, NoExactCut
 from tokenization.tokenizer.encoding import Encoded, Encoder, Prepared
@@ -192,9 +192,9 @@ class DocumentOptions(Options):
             return renderer.field_template(self.template, _names(self.loss_fields))
         if not self.chat_template or not self.messages_key:  # (given together, as made configs check)
             return None
-        fs, path = open_fs(self.chat_template, self.storage_options)
+        folder, name = file_at(self.chat_template, self.storage_options)
         try:
-            source = fs.cat_file(path).decode("utf-8")
+            source = folder.read(name).decode("utf-8")
         except (FileNotFoundError, UnicodeDecodeError) as exc:
             raise UsageError(f"chat_template {self.chat_template}: {exc}") from None
         if problem := encoder.special_split_problem():

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 
 from tokenization.formats.ds import token_dtype
 from tokenization.records import TokenizerFacts, TokenizerInfo
-from tokenization.storage.files import StorageOptions
+from tokenization.storage.folder import StorageOptions
 from tokenization.tokenizer import reused
 from tokenization.tokenizer.cutting import Cutter, Piece, Ranges
 from tokenization.tokenizer.engines import (

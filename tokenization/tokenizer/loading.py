@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import posixpath
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,14 +23,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import fsspec
 import orjson
 from tokenizers import Tokenizer
 
 from tokenization.errors import TokenizationError
 from tokenization.formats.ds import token_size_for_vocab
 from tokenization.records import TokenizerFacts
-from tokenization.storage.files import StorageOptions, is_local, open_fs
+from tokenization.storage.folder import Folder, StorageOptions, file_at
 from tokenization.tokenizer.conversion import TokenizerSource, UnreadableTokenizer, as_tokenizer_json
 
 log = logging.getLogger(__name__)
@@ -60,21 +58,18 @@ class TokenizerError(TokenizationError, ValueError):
     """The tokenizer cannot be loaded or does not fit the requested policy."""
 
 
-def tokenizer_location(
-    name_or_path: str, storage_options: StorageOptions | None = None
-) -> tuple[fsspec.AbstractFileSystem, str] | None:
+def tokenizer_location(name_or_path: str, storage_options: StorageOptions | None = None) -> tuple[Folder, str] | None:
     """Where the tokenizer file of a path, a folder holding one (its ``tokenizer.json``, else its
     ``tokenizer.model``, as Meta's Llama 2 download has only that), or any fsspec URL is; None for a HuggingFace hub
     name."""
-    fs, path = open_fs(name_or_path, storage_options)
-    if is_local(fs) and not os.path.exists(path):
+    where = Folder(name_or_path, storage_options)
+    if where.local is not None and not os.path.exists(where.path):
         if name_or_path.endswith(FILE_SUFFIXES) or name_or_path.startswith(("/", ".", "~")):
             raise TokenizerError(f"{name_or_path}: no such tokenizer file")
         return None
-    if fs.isdir(path):
-        inside = [path.rstrip("/") + "/" + name for name in FOLDER_FILES]
-        path = next((file for file in inside if fs.exists(file)), inside[0])
-    return fs, path
+    if where.is_folder():
+        return where, next((name for name in FOLDER_FILES if where.exists(name)), FOLDER_FILES[0])
+    return file_at(name_or_path, storage_options)
 
 
 def read_tokenizer(name_or_path: str, storage_options: StorageOptions | None = None) -> TokenizerSource:
@@ -170,9 +165,9 @@ def _from_hub(name: str) -> bytes:
         raise TokenizerError(f"{name}: no such local tokenizer file, nor a HuggingFace hub tokenizer ({exc})") from exc
 
 
-def _read(name_or_path: str, fs: fsspec.AbstractFileSystem, path: str) -> bytes:
+def _read(name_or_path: str, folder: Folder, name: str) -> bytes:
     try:
-        return fs.cat_file(path)
+        return folder.read(name)
     except FileNotFoundError as exc:
         raise TokenizerError(f"{name_or_path}: no {' nor '.join(FOLDER_FILES)} found") from exc
 
@@ -184,10 +179,10 @@ def configured_token(name_or_path: str, key: str, storage_options: StorageOption
     location = tokenizer_location(name_or_path, storage_options)
     if location is None:
         return None
-    fs, path = location
-    config_path = posixpath.join(posixpath.dirname(path), "tokenizer_config.json")
+    folder = location[0]
+    config_path = folder.path_of("tokenizer_config.json")
     try:
-        config = json.loads(fs.cat_file(config_path))
+        config = json.loads(folder.read("tokenizer_config.json"))
     except FileNotFoundError:
         return None
     except ValueError as exc:

@@ -65,9 +65,6 @@ KNOWN = {
     ("plugins.tokenization_airflow.tasks", "tokenization.mixing.spec"),
     ("plugins.tokenization_airflow.tasks", "tokenization.storage.folder"),
     ("plugins.tokenization_airflow.tasks", "tokenization.storage.locations"),
-    # The input listing globs a spec and lists a tree with each file's fsspec info (size, ETag or stat); Folder
-    # offers neither yet.
-    ("tokenization.inputs.listing", "tokenization.storage.files"),
 }
 DOC = Path("docs") / "architecture.md"
 ROW = re.compile(r"^\| `(?P<layer>\w+)(?:\.py|/)` \|(?P<holds>.*)\|(?P<imports>[^|]*)\|\s*$")

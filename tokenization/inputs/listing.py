@@ -7,17 +7,14 @@ import logging
 import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-import fsspec
 
 from tokenization.errors import reaching
 from tokenization.inputs.formats import InputError, file_format
 from tokenization.inputs.local import LocalFile
 from tokenization.records import FilePart, InputFile
-from tokenization.storage.files import is_local, open_fs
 from tokenization.storage.folder import StorageOptions, file_at
-from tokenization.storage.locations import GLOB_CHARS, glob_folder, resolve
+from tokenization.storage.locations import resolve
+from tokenization.storage.matching import Info, Matched, Unlistable, matched
 from tokenization.wording import counted
 
 MB = 1_000_000  # of split_input_mb
@@ -140,35 +137,32 @@ def _list(
     """One input spec's files with their sizes and identities, and what each is (``file_key``), by URL;
     unsupported files of folders go to ``skipped``, hidden ones to ``hidden``. A local file to be read must be a
     regular file (``LocalFile.of``)."""
-    fs, path = open_fs(spec, storage_options)
-    globbed = any(ch in path for ch in GLOB_CHARS) and not fs.exists(path)  # `data [v2]/` may be a real folder
-    folder = not globbed and fs.isdir(path)
-    if globbed:
-        matched = {p: i for p, i in fs.glob(path, detail=True).items() if i["type"] != "directory"}
-        entries = _visible(matched, glob_folder(path), hidden)
-    elif folder:
-        entries = _visible(_files_under(fs, path), path, hidden)
-    elif fs.exists(path):
-        entries = {path: fs.info(path)}
-    else:
-        if is_local(fs) and os.path.islink(path):
-            LocalFile.of(path)  # a link loop or a dangling link: raises, saying which
+    try:
+        found = matched(spec, storage_options)
+    except Unlistable as exc:
+        raise InputError(
+            f"{exc.folder}: cannot be listed ({exc.strerror}): make it readable, or move it out of the input"
+        ) from None
+    if found.kind == "missing":
+        if found.link:
+            LocalFile.of(found.root)  # a link loop or a dangling link: raises, saying which
         raise InputError(f"{spec}: no such file or folder")
+    entries = found.files if found.kind == "file" else _visible(found.files, found.root, hidden)
     for p in entries:
         _check_name(p)
-    if folder:
-        skipped += sorted(_url(fs, p) for p in entries if not _is_supported(p))
+    if found.kind == "folder":
+        skipped += sorted(found.url(p) for p in entries if not _is_supported(p))
         entries = {p: i for p, i in entries.items() if _is_supported(p)}
     for p in entries:
-        file_format(_url(fs, p))  # a named or globbed file of another format is an error
-    return dict(_listed(fs, p, info) for p, info in entries.items())
+        file_format(found.url(p))  # a named or globbed file of another format is an error
+    return dict(_listed(found, p, info) for p, info in entries.items())
 
 
-def _listed(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> tuple[str, tuple[InputFile, Hashable]]:
+def _listed(found: Matched, path: str, info: Info) -> tuple[str, tuple[InputFile, Hashable]]:
     """A listed file by its URL, with what it is (``file_key``). A local one must be a regular file, or a link to
     one (``LocalFile``)."""
-    url = _url(fs, path)
-    if is_local(fs):
+    url = found.url(path)
+    if found.local:
         local = LocalFile.of(path)
         file = InputFile(url, local.size, local.identity)
         return url, (file, file_key(file, local))
@@ -189,32 +183,7 @@ def key_of(file: InputFile, storage_options: StorageOptions | None) -> Hashable:
     return file_key(file, LocalFile.of(folder.path_of(name)) if folder.on_disk else None)
 
 
-def _files_under(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, dict[str, Any]]:
-    """Every file under the folder ``path``, as ``fs.find(path, detail=True)`` gives them. A local folder is listed
-    a folder at a time from a stack, not by fsspec's ``walk``: that recurses a Python call a level (a tree 1,100
-    deep raised RecursionError), and leaves out, without a word, a folder it cannot list. An object store lists
-    the whole prefix at once, in pages."""
-    if not is_local(fs):
-        return fs.find(path, detail=True)
-    found: dict[str, dict[str, Any]] = {}
-    folders = [path]
-    while folders:
-        folder = folders.pop()
-        try:
-            listing = fs.ls(folder, detail=True)
-        except OSError as exc:
-            raise InputError(
-                f"{folder}: cannot be listed ({exc.strerror or exc}): make it readable, or move it out of the input"
-            ) from None
-        for info in listing:
-            if info["type"] == "directory":
-                folders.append(info["name"])
-            else:
-                found[info["name"]] = info
-    return found
-
-
-def _visible(entries: dict[str, dict[str, Any]], root: str, hidden: set[str]) -> dict[str, dict[str, Any]]:
+def _visible(entries: dict[str, Info], root: str, hidden: set[str]) -> dict[str, Info]:
     """The entries with no name below ``root`` starting with ``.`` or ``_``; the others go to ``hidden``. Only
     names below ``root``: a folder the user named may itself be ``_private``."""
     shown = {}
@@ -244,7 +213,7 @@ def _is_supported(url: str) -> bool:
     return True
 
 
-def identity(path: str, info: dict[str, Any], local: bool) -> str:
+def identity(path: str, info: Info, local: bool) -> str:
     """What tells the file at ``path`` from another one there (see :class:`InputFile`), as a listing sees it
     (``info``; ``local``: a file of the local filesystem): a plan adds the sha256 of a local file's bytes when an
     earlier night remembered it (``with_content``)."""
@@ -255,10 +224,6 @@ def identity(path: str, info: dict[str, Any], local: bool) -> str:
         return f"etag={str(etag).strip(chr(34))}"
     modified = info.get("LastModified") or info.get("mtime") or info.get("updated")
     return f"modified={modified}" if modified else ""
-
-
-def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
 def shard(files: Sequence[InputFile], rank: int, world_size: int) -> list[InputFile]:

@@ -16,6 +16,7 @@ import pytest
 from tests.support.builds import config_of, in_process
 from tokenization.builds.accounting import incomplete_ranks
 from tokenization.builds.complete import summary
+from tokenization.builds.config import tokenizer_folder
 from tokenization.builds.plan import Plan, unread_or_reread
 from tokenization.builds.run import Build
 from tokenization.inputs import content
@@ -305,3 +306,20 @@ def test_a_damaged_rank_manifest_stops_publish_in_one_line(tmp_path, inputs, sam
     with pytest.raises(RecordError, match=r"ranks/_manifests/00001.json: not a valid manifest: counts.docs_read is mi"):
         build.publish()
     assert not (tmp_path / "out" / "b" / "_BUILD.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "folder"),
+    [
+        ("tok.json", "."),
+        ("a/b/tok.json", "a/b"),
+        ("/x/tok.model", "/x"),
+        ("s3://bucket/t/tok.json", "s3://bucket/t"),
+        ("s3://bucket/tok.tiktoken", "s3://bucket"),
+        ("s3://bucket/tokenizer-folder", "s3://bucket/tokenizer-folder"),
+    ],
+)
+def test_a_tokenizer_files_folder_is_the_one_that_holds_it(tokenizer: str, folder: str) -> None:
+    """A deployment allows its default tokenizer's folder (the tokenizer_config.json beside the file names its
+    EOS): a bare file name's was the name itself, so nothing beside it was allowed."""
+    assert tokenizer_folder(tokenizer) == folder

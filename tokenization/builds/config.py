@@ -18,7 +18,7 @@ from tokenization.stages.context_shuffle import ContextOptions
 from tokenization.stages.merge.config import MergeOptions
 from tokenization.stages.tokenize import RankOptions
 from tokenization.storage import locations
-from tokenization.storage.folder import Folder
+from tokenization.storage.folder import Folder, file_at
 from tokenization.storage.locations import AllowedLocations, tokenizer_files
 from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.loading import FILE_SUFFIXES
@@ -206,9 +206,9 @@ def allowed_locations(defaults: list[str]) -> AllowedLocations:
 
 def tokenizer_folder(tokenizer: str) -> str:
     """Where a build reads the tokenizer: a tokenizer file's folder, whatever its format (the tokenizer_config.json
-    beside it names its EOS), or the tokenizer itself, a folder."""
+    beside it names its EOS; a bare file name's is the working folder), or the tokenizer itself, a folder."""
     is_file = tokenizer.endswith(FILE_SUFFIXES) or os.path.isfile(tokenizer)
-    return tokenizer.rsplit("/", 1)[0] if is_file else tokenizer
+    return file_at(tokenizer)[0].location if is_file else tokenizer
 
 
 def offered_params() -> list[Param]:

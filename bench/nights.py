@@ -7,8 +7,8 @@ process of its own, with the inputs dropped from the page cache before it (``POS
 ``/proc/sys/vm/drop_caches`` needs root, and drops every other process's pages too); after the next night, the
 unchanged files' pages back in the cache (``mincore``) say how much of them it read. The 8-file corpus is built
 with and without a cache key (``TOKENIZATION_CACHE_KEY``): without one, each hit reads its sampled documents from
-its input to be checked against them (``stages.hits``). Each night's CPU time, its workers' included, is measured
-beside its wall time: on a loaded machine the wall time says how busy the others were.
+its input to be checked against them (``stages.tokenize.hits``). Each night's CPU time, its workers' included, is
+measured beside its wall time: on a loaded machine the wall time says how busy the others were.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ from tokenization.builds.run import Build
 from tokenization.errors import TokenizationError
 from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
 from tokenization.records import RankManifest
-from tokenization.stages import first_pass
-from tokenization.stages.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
+from tokenization.stages.tokenize import first_pass
+from tokenization.stages.tokenize.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
 from tokenization.storage.checksums import BLAKE3, SHA256, checksum, file_checksum
 from tokenization.storage.folder import Folder
 from tokenization.tokenizer.counts import TooManyRejects
@@ -390,7 +390,7 @@ def test_cached_rejects_count_towards_the_limits_as_if_read_again(tmp_path, samp
 def test_a_cleared_rank_hits_the_cache_for_the_files_it_already_did(tmp_path, sample_tokenizer, monkeypatch) -> None:
     """A rank killed after its first files: its retry (Airflow's Clear, or the same build id again) takes them
     from the cache and tokenizes only the rest."""
-    from tokenization.stages import first_pass
+    from tokenization.stages.tokenize import first_pass
 
     source = corpus(tmp_path / "corpus", files=6)
     encode, calls = first_pass.FirstPass._encode, []
@@ -562,7 +562,7 @@ def test_a_rank_that_takes_every_file_from_the_cache_builds_no_engine_and_loads_
 ) -> None:
     """The plan loaded it and tells its ranks what loading said: building the fast engine (~1 s) is a rank's fixed
     cost, which only a rank that encodes pays. HF's tokenizer (0.2-0.7 s) is loaded once, to encode the hits'
-    samples again (``stages.hits``)."""
+    samples again (``stages.tokenize.hits``)."""
     from tokenization.tokenizer import loading, reused
 
     source = corpus(tmp_path / "corpus", files=4)

@@ -349,7 +349,7 @@ def test_an_attempt_whose_lease_is_found_lost_stops_at_the_next_batch(
     tmp_path, sample_corpus, sample_tokenizer, monkeypatch
 ) -> None:
     """Lost is for good: the rank does not encode the rest of its share for nothing."""
-    from tokenization.stages import first_pass
+    from tokenization.stages.tokenize import first_pass
 
     real, batches = first_pass.encoded_batches, []
 

@@ -22,9 +22,10 @@ from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheck
 from tokenization.formats.ds import TokenFileError
 from tokenization.output.runs import BuildError
 from tokenization.records import BuildRecord, ContentsSum
-from tokenization.stages import context_shuffle, second_pass
+from tokenization.stages import context_shuffle
 from tokenization.stages.context_shuffle import ContextShuffleConfig
 from tokenization.stages.merge import moves as merge_moves
+from tokenization.stages.tokenize import document_shuffle
 from tokenization.stages.verify import verify
 from tokenization.storage.folder import Folder
 
@@ -105,7 +106,7 @@ def duplicating(move):
 
 @pytest.mark.parametrize("chunks", [None, 512])
 def test_pass_2_that_loses_a_document_publishes_nothing(tmp_path, monkeypatch, sample_corpus, sample_tokenizer, chunks):
-    module = moves if chunks else second_pass
+    module = moves if chunks else document_shuffle
     monkeypatch.setattr(module, "move_units", duplicating(module.move_units))
     with pytest.raises(ShuffleCheckFailed, match=r"^rank 0: (pass 2|the chunk shuffle) wrote other pieces than it"):
         run([sample_corpus], tmp_path, sample_tokenizer, seed=1, shuffle_chunk_size=chunks)

@@ -37,7 +37,7 @@ from tokenization.builds.shortfall import planned_entries
 from tokenization.formats.ds import INDEX_DTYPE
 from tokenization.formats.names import rank_stem
 from tokenization.output.cache import Cache
-from tokenization.stages.first_pass import SEGMENT
+from tokenization.stages.tokenize.first_pass import SEGMENT
 from tokenization.storage.concurrent import map_concurrently
 from tokenization.storage.folder import Folder
 from tokenization.tokenizer.encoding import Encoder
@@ -86,7 +86,7 @@ def _documents(index: bytes, source: int) -> mixing.RankChoice:
 
 def _rank_documents(config: BuildConfig, seed: int, files: list[mixing.RankChoice]) -> mixing.RankChoice:
     """A rank's documents as its files will hold them: those of its ``files`` (``Plan.share``'s, in order) end to
-    end, then in its shuffle's order (``stages.second_pass``); each one's tokens and source."""
+    end, then in its shuffle's order (``stages.tokenize.document_shuffle``); each one's tokens and source."""
     documents = mixing.joined(files)
     if config.shuffle_documents and len(documents.lengths):
         order = orderings.shuffled(orderings.generator(seed), len(documents.lengths))

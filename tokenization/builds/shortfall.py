@@ -19,7 +19,7 @@ from tokenization.inputs.content import for_its_rank
 from tokenization.mixing import foreseen
 from tokenization.output.cache import Cache
 from tokenization.records import CacheEntry, InputFile, Mixture
-from tokenization.stages.segments import file_key, source_readings
+from tokenization.stages.tokenize.segments import file_key, source_readings
 from tokenization.storage.concurrent import map_concurrently
 from tokenization.tokenizer.encoding import Encoder
 

@@ -5,7 +5,7 @@ entry whose files, sha256s and counts agree. A signature cannot be written witho
 from ``TOKENIZATION_CACHE_KEY`` in their environment (set it on every worker, from the deployment's secrets: an
 Airflow connection's password, a secrets backend), the way Nix signs what its binary caches serve. With a key, a
 marker that is not signed with it is a miss, named in the log; without one, markers are neither signed nor
-checked, and a hit is held against its input file instead (``stages.hits``).
+checked, and a hit is held against its input file instead (``stages.tokenize.hits``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The engine is not part of it either: the fast engine is exact (HF checks a sampl
 compare both on the shared corpora), so both give the same ids. ``ENCODING_RULES`` is raised whenever this project
 changes how a file is read or encoded, so that no entry made under other rules is ever used; the version of HF
 ``tokenizers``, whose rules decide the ids, is part of the key for the same reason. Nor is ``save_loss``: an entry
-holds its documents' loss bytes whatever the build that made it saved (``stages.first_pass``), so a build with
+holds its documents' loss bytes whatever the build that made it saved (``stages.tokenize.first_pass``), so a build with
 ``--save-loss`` and one without share it.
 """
 

@@ -265,7 +265,7 @@ class Encoder:
 
     def on_hf(self) -> Encoder:
         """A copy of this encoder that encodes with HF alone and counts on its own, sharing the loaded tokenizer:
-        the reference a cache hit's sample is encoded again with (``stages.hits``). This one's engine stays
+        the reference a cache hit's sample is encoded again with (``stages.tokenize.hits``). This one's engine stays
         unbuilt, and its counts and run numbers stay this run's."""
         engine = HFEngine(self.tokenizer)  # loaded here first, so that the copy holds it too
         reference = copy.copy(self)

@@ -27,14 +27,14 @@ is ``IN_FLIGHT_SECONDS`` old.
 
 **Readers.** A rank that hits copies (or links) the entry's files into its working folder and checks every size
 and checksum (of the algorithm the marker names) against the marker before it uses any; its first pass then checks
-the files against the marker's counts and against the input file (``stages.hits``). A missing, partial or corrupt
-entry (a marker of more than ``MARKER_BYTES``, which is never read whole; a file that is a folder) is logged and
-removed, and its file is tokenized again (and stored anew): it is never used.
+the files against the marker's counts and against the input file (``stages.tokenize.hits``). A missing, partial or
+corrupt entry (a marker of more than ``MARKER_BYTES``, which is never read whole; a file that is a folder) is logged
+and removed, and its file is tokenized again (and stored anew): it is never used.
 
 **What it trusts.** Anyone who can write the cache's folder can write an entry whose files, checksums and counts agree
 with one another: the checksums catch damage, not intent. With a key (``output.signing``), markers are signed and
 only those signed with it are used; without one, what such a writer can and cannot do to a build is
-``stages.hits``'s to say: a hit is held against its input file (read again, not encoded) and a sample of its
+``stages.tokenize.hits``'s to say: a hit is held against its input file (read again, not encoded) and a sample of its
 documents is encoded again. Reads are bounded (a marker at ``MARKER_BYTES``, a use at ``USE_BYTES``), and
 cleaning touches only what the cache's own names describe, under a folder its own file identifies.
 

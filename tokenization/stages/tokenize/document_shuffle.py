@@ -31,7 +31,7 @@ from tokenization.formats.names import RankFileKind
 from tokenization.formats.source_pool import SourcePool, contents_of, pieces_contents
 from tokenization.mixing import RankChoice
 from tokenization.output.runs import PlanConflict
-from tokenization.stages.segments import Segment
+from tokenization.stages.tokenize.segments import Segment
 from tokenization.storage.concurrent import meanwhile
 from tokenization.tokenizer.counts import Counts
 from tokenization.tokenizer.encoding import Encoder

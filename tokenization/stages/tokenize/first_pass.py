@@ -39,8 +39,8 @@ from tokenization.output.attempts import Attempt
 from tokenization.progress import Progress, ProgressMode
 from tokenization.records import CacheEntry, FileSum, InputFile, Rejected
 from tokenization.rendering.renderer import Renderer
-from tokenization.stages.hits import HitCheck, Sample
-from tokenization.stages.segments import (
+from tokenization.stages.tokenize.hits import HitCheck, Sample
+from tokenization.stages.tokenize.segments import (
     CacheOwner,
     Found,
     Held,
@@ -70,7 +70,7 @@ SEGMENTS = "segments"  # in the attempt's working folder: one folder a file, num
 SEGMENT = "segment.ds"
 LOSS = f"{SEGMENT}.loss"
 QUARANTINE = "quarantine.jsonl"
-PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``stages.hits``)
+PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``hits``)
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
 AHEAD = 1024  # hits checked together, their samples encoded in one batch (``_check_ahead``): ~45 MB of text at most
 _Checked = tuple[dict[str, Path], Held, float]  # a hit checked ahead: its files, what they hold, its seconds
@@ -239,7 +239,7 @@ class FirstPass:
         """Hit ``i`` and the next ones, ``AHEAD`` at most, checked together: each fetched and held against its
         marker and its counts, and, without a key, its sample read from its input, on threads (each a few small
         reads that wait for the disk, for the cache's files as for an input out of the page cache: one-line files
-        are as many waits as hits); then their samples encoded in one batch a source (``stages.hits``), not one
+        are as many waits as hits); then their samples encoded in one batch a source (``stages.tokenize.hits``), not one
         encoder call a hit. A hit found unfit is removed from the cache (its file is tokenized again, in its
         turn)."""
         hits = [k for k in range(i, len(self._found)) if self._found[k][2] is not None][:AHEAD]

@@ -50,9 +50,9 @@ from tokenization.records import (
     TokenizerFacts,
 )
 from tokenization.rendering.renderer import Renderer
-from tokenization.stages.first_pass import FirstPass, quarantined
-from tokenization.stages.second_pass import second_pass
-from tokenization.stages.segments import CacheOwner, Reading, Segment, source_readings, total
+from tokenization.stages.tokenize.document_shuffle import second_pass
+from tokenization.stages.tokenize.first_pass import FirstPass, quarantined
+from tokenization.stages.tokenize.segments import CacheOwner, Reading, Segment, source_readings, total
 from tokenization.storage.checksums import ALGORITHM, file_checksum
 from tokenization.storage.locations import check_disjoint
 from tokenization.tokenizer.counts import Counts, TooManyRejects

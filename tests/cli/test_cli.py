@@ -438,11 +438,14 @@ def test_ctrl_c_stops_a_build_and_its_workers_in_one_line(tmp_path, sample_corpu
     ("after", "delay"),
     [*(("start", d) for d in (0.1, 0.2, 0.35, 0.5, 0.7, 0.9)), *(("plan", d) for d in (0, 0.05, 0.1))],
 )
-def test_ctrl_c_at_any_moment_of_a_build_is_one_line(tmp_path, sample_corpus, sample_tokenizer, after, delay) -> None:
+def test_ctrl_c_at_any_moment_of_a_build_is_one_line(tmp_path, sample_tokenizer, after, delay) -> None:
     """Issue 51: Ctrl-C ~0.15 s after the start printed the imports' KeyboardInterrupt traceback; at 0.5-0.7 s, as
     the workers started (just after the plan), a worker forked but not yet the pool's outlived its parent, and
-    printed a FileNotFoundError traceback (its semaphores gone with the parent)."""
-    command = ["build", str(sample_corpus), "--output", "out", "--tokenizer", str(sample_tokenizer), "--seed", "1"]
+    printed a FileNotFoundError traceback (its semaphores gone with the parent). The corpus, 4 files of ~14 MB,
+    keeps the build going past the last moment (the sample corpus's whole build now ends within 0.9 s)."""
+    for k in range(4):
+        write_jsonl(tmp_path / "corpus" / f"part-{k}.jsonl", sample_records() * 50)
+    command = ["build", "corpus", "--output", "out", "--tokenizer", str(sample_tokenizer), "--seed", "1"]
     command += ["--num-ranks", "4", "--parallel", "2", "--context-window", "1025", "--build-id", "b"]
     begun: list[float] = []
 

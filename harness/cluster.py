@@ -522,14 +522,19 @@ def _redis_flush(db: int) -> None:
 
 
 def _redis_session(*commands: list[str]) -> bytes:
-    """Send several commands on one connection (SELECT lasts only for its connection)."""
+    """Send several commands on one connection (SELECT lasts only for its connection); their replies, read until
+    each has come (each is one line: these commands' are), not what the first read happened to hold."""
     payload = b"".join(
         f"*{len(c)}\r\n".encode() + b"".join(f"${len(p)}\r\n{p}\r\n".encode() for p in c) for c in commands
     )
+    reply = b""
     with socket.create_connection(REDIS, timeout=5) as sock:
         sock.sendall(payload)
-        time.sleep(0.05)
-        return sock.recv(4096)
+        while reply.count(b"\r\n") < len(commands):
+            if not (received := sock.recv(4096)):
+                raise ConnectionError(f"Redis closed the connection after {reply!r}")
+            reply += received
+    return reply
 
 
 if __name__ == "__main__":  # python -m harness.cluster TARGET_PORT PORT BANDWIDTH LATENCY: a proxy alone, no faults

@@ -119,16 +119,18 @@ class FaultProxy:
     gets a 503 SlowDown instead (None: none does); each request waits ``latency`` seconds first (S3's first byte
     takes 20-50 ms); and a connection moves its body at most ``bandwidth`` bytes a second each way (None: no cap),
     so that several connections at once move more than one, as on S3. Every request is logged (``log``) so that a
-    benchmark can say which stage asked S3 for what."""
+    benchmark can say which stage asked S3 for what; once its answer is sent, which its client may have read
+    already: ``settled`` waits for the requests under way."""
 
     def __init__(
         self, target_port: int, every: int | None, bandwidth: float | None = None, latency: float = 0.0, port: int = 0
     ):
         self.target_port, self.every = target_port, every
         self.bandwidth, self.latency = bandwidth, latency
-        self.requests = self.injected = 0
+        self.requests = self.injected = self.in_flight = 0
         self.log: list[Request] = []
         self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)  # notified as the requests under way reach none
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -138,6 +140,16 @@ class FaultProxy:
                 pass
 
             def _any(self) -> None:
+                with proxy.lock:  # before its answer, so before its client can have read one
+                    proxy.in_flight += 1
+                try:
+                    self._forward()
+                finally:
+                    with proxy.idle:
+                        proxy.in_flight -= 1
+                        proxy.idle.notify_all()
+
+            def _forward(self) -> None:
                 arrived, started = time.time(), time.perf_counter()
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 proxy.pace(started + proxy.latency, len(body))  # the upload, at the connection's rate
@@ -207,6 +219,13 @@ class FaultProxy:
         due = since + (sent / self.bandwidth if self.bandwidth else 0.0)
         if (wait := due - time.perf_counter()) > 0:
             time.sleep(wait)
+
+    def settled(self, seconds: float = 30) -> list[Request]:
+        """The log once no request is under way: every request whose answer a client has read is in it."""
+        with self.idle:
+            if not self.idle.wait_for(lambda: self.in_flight == 0, seconds):
+                raise TimeoutError(f"{self.in_flight} request(s) still under way after {seconds:.0f} s")
+            return list(self.log)
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -58,7 +58,7 @@ def changes(s3, caplog) -> list[tuple[str, str, str]]:
     """The requests that could change the store since ``forget``: method, path, status. moto's server logs them
     (through ``werkzeug``); SeaweedFS is reached through a proxy that does."""
     if s3.proxy is not None:
-        return [(r.method, r.path, str(r.status)) for r in s3.proxy.log if r.method in ("PUT", "POST", "DELETE")]
+        return [(r.method, r.path, str(r.status)) for r in s3.proxy.settled() if r.method in ("PUT", "POST", "DELETE")]
     return [hit for r in caplog.records if r.name == "werkzeug" for hit in REQUEST.findall(r.getMessage())]
 
 
@@ -67,6 +67,7 @@ def forget(s3, caplog) -> None:
     caplog.set_level(logging.INFO, logger="werkzeug")
     caplog.clear()
     if s3.proxy is not None:
+        s3.proxy.settled()  # the last requests before are logged first, not after the clear
         s3.proxy.log.clear()
 
 

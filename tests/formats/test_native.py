@@ -238,3 +238,42 @@ def test_a_blocks_units_are_put_in_their_places_from_every_source(tmp_path, span
     for k, which in ((0, 1), (1, 2)):
         expected = np.concatenate([files[f][which][s:e] for f, s, e in zip(source, starts, ends, strict=True)])
         assert np.array_equal(np.concatenate([captured.tokens, captured.loss][k]), expected)
+
+
+@pytest.mark.usefixtures("byte_path")
+@pytest.mark.parametrize("span", [0, 10**9])
+def test_a_merges_runs_of_units_are_read_straight_into_their_places(tmp_path, span, monkeypatch) -> None:
+    """A merge's block: each source's units end to end in its order (some empty), the sources interleaved, runs
+    longer than the helper's preadv takes at once (1,024 places): on both paths, read one span or a unit at a time,
+    the block holds every unit in the order given, with its loss bytes; a run past a file's end names the file."""
+    rng = np.random.default_rng(8)
+    monkeypatch.setattr(moves, "SPAN_READ_MAX_WASTE", span)
+    files, sources, starts, ends = [], [], [], []
+    for i in range(3):
+        lengths = rng.integers(0, 9, 2_500)
+        cuts = np.cumsum(lengths)
+        tokens = rng.integers(0, 60_000, int(cuts[-1])).astype(np.uint16)
+        loss = rng.integers(0, 2, len(tokens)).astype(np.uint8)
+        path = tmp_path / f"{i}.ds"
+        tokens.tofile(path)
+        loss.tofile(f"{path}.loss")
+        (tmp_path / f"{i}.ds.metadata").write_text(f"t|2\n{len(tokens)}\n-")
+        files.append((str(path), tokens, loss))
+        sources.append(np.full(len(cuts), i))
+        starts.append(cuts - lengths)
+        ends.append(cuts)
+    order = np.argsort(rng.random(sum(map(len, sources))), kind="stable")  # interleaved...
+    source = np.concatenate(sources)[order]
+    by_source = np.argsort(source, kind="stable")  # ...each source's units in its own order, as a merge takes them
+    start, end = np.empty_like(source), np.empty_like(source)
+    start[by_source], end[by_source] = np.concatenate(starts), np.concatenate(ends)
+    captured = _Captured()
+    with source_pool.SourcePool([f for f, _, _ in files], 2, with_loss=True) as pool:
+        moves.move_units(pool, source, start, end, cast(SplitWriter, captured), None, block_tokens=20_000)
+        for k, which in ((0, 1), (1, 2)):
+            expected = np.concatenate([files[f][which][s:e] for f, s, e in zip(source, start, end, strict=True)])
+            assert np.array_equal(np.concatenate([captured.tokens, captured.loss][k]), expected)
+        size = len(files[0][1])
+        past = np.array([size - 5, size]), np.array([size, size + 3])
+        with pytest.raises(TokenFileError, match=rf"{files[0][0]}: ends before byte {2 * (size + 3)}"):
+            moves.move_units(pool, np.zeros(2, np.int64), *past, cast(SplitWriter, captured), None)

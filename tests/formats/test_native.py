@@ -209,6 +209,29 @@ class _Captured:
         self.loss.append(np.array(loss))
 
 
+def _sources(tmp_path, rng: np.random.Generator, sizes: list[int]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Token files of these many random tokens each, with their loss bytes: (path, tokens, loss) each."""
+    files = []
+    for i, size in enumerate(sizes):
+        tokens = rng.integers(0, 60_000, size).astype(np.uint16)
+        loss = rng.integers(0, 2, size).astype(np.uint8)
+        path = tmp_path / f"{i}.ds"
+        tokens.tofile(path)
+        loss.tofile(f"{path}.loss")
+        (tmp_path / f"{i}.ds.metadata").write_text(f"t|2\n{size}\n-")
+        files.append((str(path), tokens, loss))
+    return files
+
+
+def _assert_moved(pool, files, source, starts, ends, block_tokens: int) -> None:
+    """``move_units`` gives its writer every unit in the order given, with its loss bytes."""
+    captured = _Captured()
+    moves.move_units(pool, source, starts, ends, cast(SplitWriter, captured), None, block_tokens=block_tokens)
+    for k, which in ((0, 1), (1, 2)):
+        expected = np.concatenate([files[f][which][s:e] for f, s, e in zip(source, starts, ends, strict=True)])
+        assert np.array_equal(np.concatenate([captured.tokens, captured.loss][k]), expected)
+
+
 @pytest.mark.usefixtures("byte_path")
 @pytest.mark.parametrize("span", [0, 10**9])
 def test_a_blocks_units_are_put_in_their_places_from_every_source(tmp_path, span, monkeypatch) -> None:
@@ -217,24 +240,34 @@ def test_a_blocks_units_are_put_in_their_places_from_every_source(tmp_path, span
     bytes."""
     rng = np.random.default_rng(5)
     monkeypatch.setattr(moves, "SPAN_READ_MAX_WASTE", span)
-    files = []
-    for i in range(2):
-        tokens = rng.integers(0, 60_000, 5_000).astype(np.uint16)
-        loss = rng.integers(0, 2, len(tokens)).astype(np.uint8)
-        path = tmp_path / f"{i}.ds"
-        tokens.tofile(path)
-        loss.tofile(f"{path}.loss")
-        (tmp_path / f"{i}.ds.metadata").write_text("t|2\n5000\n5.0K")
-        files.append((str(path), tokens, loss))
+    files = _sources(tmp_path, rng, [5_000, 5_000])
     cuts = np.sort(rng.integers(0, 5_000, (2, 201)))  # each source's units: between its cuts, some empty
     source = np.repeat([0, 1], 200)
     starts, ends = cuts[:, :-1].ravel(), cuts[:, 1:].ravel()
     order = rng.permutation(400)
     order[9] = order[4]  # a unit given twice
-    source, starts, ends = source[order], starts[order], ends[order]
-    captured = _Captured()
     with source_pool.SourcePool([f for f, _, _ in files], 2, with_loss=True) as pool:
-        moves.move_units(pool, source, starts, ends, cast(SplitWriter, captured), None, block_tokens=3_000)
-    for k, which in ((0, 1), (1, 2)):
-        expected = np.concatenate([files[f][which][s:e] for f, s, e in zip(source, starts, ends, strict=True)])
-        assert np.array_equal(np.concatenate([captured.tokens, captured.loss][k]), expected)
+        _assert_moved(pool, files, source[order], starts[order], ends[order], block_tokens=3_000)
+
+
+@pytest.mark.usefixtures("byte_path")
+@pytest.mark.parametrize("span", [0, 10**9])
+def test_a_merges_runs_of_units_are_read_straight_into_their_places(tmp_path, span, monkeypatch) -> None:
+    """A merge's block: each source's units end to end in its order (some empty), the sources interleaved, runs
+    longer than the helper's preadv takes at once (1,024 places): on both paths, read one span or a unit at a time,
+    the block holds every unit in the order given, with its loss bytes; a run past a file's end names the file."""
+    rng = np.random.default_rng(8)
+    monkeypatch.setattr(moves, "SPAN_READ_MAX_WASTE", span)
+    lengths = rng.integers(0, 9, (3, 2_500))
+    cuts = np.cumsum(lengths, axis=1)
+    files = _sources(tmp_path, rng, cuts[:, -1].tolist())
+    source = np.repeat(np.arange(3), 2_500)[np.argsort(rng.random(3 * 2_500))]  # the sources interleaved...
+    by_source = np.argsort(source, kind="stable")  # ...each source's units in its own order, as a merge takes them
+    starts, ends = np.empty_like(source), np.empty_like(source)
+    starts[by_source], ends[by_source] = (cuts - lengths).ravel(), cuts.ravel()
+    with source_pool.SourcePool([f for f, _, _ in files], 2, with_loss=True) as pool:
+        _assert_moved(pool, files, source, starts, ends, block_tokens=20_000)
+        size = len(files[0][1])
+        past = np.array([size - 5, size]), np.array([size, size + 3])
+        with pytest.raises(TokenFileError, match=rf"{files[0][0]}: ends before byte {2 * (size + 3)}"):
+            moves.move_units(pool, np.zeros(2, np.int64), *past, cast(SplitWriter, _Captured()), None)

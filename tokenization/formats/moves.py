@@ -207,14 +207,15 @@ def _copied(
     total: int,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The block's tokens and loss bytes (or None) as uint8 arrays of the pool's ``blocks``, each source's units
-    in their places: read straight there, one ``pread`` a unit, or read as one span where they lie close together
+    in their places: read straight there by ``tk_pread`` (one ``preadv`` a run of units that lie end to end, as a
+    merge's do: no copy but the kernel's), or read as one span where they lie close together but apart
     (``_spanned``) and copied there by ``tk_copy``."""
     sizes = (pool.dtype.itemsize, LOSS_DTYPE.itemsize)
     tokens = pool.blocks[0].take(total * sizes[0])
     outs = [tokens, pool.blocks[1].take(total * sizes[1]) if pool.with_loss else None]
     for s, group in groups:
         first, last, to = starts[group], ends[group], out_starts[group]
-        if not _spanned(first, last):
+        if np.array_equal(first[1:], last[:-1]) or not _spanned(first, last):
             pool.read_into(s, first, last, outs, to)
             continue
         lo = int(first.min())

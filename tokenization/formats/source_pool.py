@@ -122,7 +122,8 @@ class SourcePool:
         self, i: int, starts: np.ndarray, ends: np.ndarray, outs: Sequence[np.ndarray | None], to: np.ndarray
     ) -> None:
         """Tokens (and loss bytes) of every unit ``[starts[k], ends[k])`` of source ``i`` into the bytes ``outs[0]``
-        (and ``outs[1]``) at item ``to[k]``, one ``pread`` a unit straight into its place."""
+        (and ``outs[1]``) at item ``to[k]``, each straight into its place: one ``pread`` a unit, or on the C
+        helper's path one ``preadv`` a run of units that lie end to end (a merge's)."""
         self._both(self._source(i).pread_into, starts, ends, outs, to)
 
     def _both(self, read: Callable[..., Any], *args: Any) -> tuple[Any, ...]:

@@ -15,7 +15,7 @@ import pytest
 from tests.support.paths import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.support.stages import merged, run
 from tokenization.builds.accounting import conservation, rank_manifests, stage_counts
-from tokenization.builds.pages import ENVIRONMENT, date, duration, integer, number, render, size
+from tokenization.builds.pages import date, duration, environment, integer, number, render, size
 from tokenization.builds.report import INPUTS_SHOWN, _bar_svg, render_html, report_data, write_report
 from tokenization.formats.native import CACHE
 from tokenization.records import (
@@ -237,15 +237,15 @@ def test_a_page_from_its_kept_compile_is_the_page_compiled_again(small_build, tm
     run_dir, build = small_build
     data = report_data(Folder(str(run_dir)), build)
     monkeypatch.setenv(CACHE, str(tmp_path / "kept"))
-    ENVIRONMENT.cache.clear()  # (this process's own, in memory)
+    environment.cache_clear()  # (a new environment: none of this process's compiled templates in memory)
     page = render_html(data)
     kept = sorted(p.name for p in (tmp_path / "kept").iterdir())
     assert len(kept) == 3 and all(re.fullmatch(r"page-[0-9a-f]{40}\.jinja", name) for name in kept)  # with base, css
-    ENVIRONMENT.cache.clear()
+    environment.cache_clear()
     assert render_html(data) == page
     (tmp_path / "blocked").write_text("")
     monkeypatch.setenv(CACHE, str(tmp_path / "blocked"))
-    ENVIRONMENT.cache.clear()
+    environment.cache_clear()
     assert render_html(data) == page
 
 

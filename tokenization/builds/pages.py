@@ -9,18 +9,16 @@ dash where there is no value.
 
 from __future__ import annotations
 
-import contextlib
-import os
+import functools
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jinja2 import BytecodeCache, Environment, PackageLoader, StrictUndefined
-from jinja2.bccache import Bucket
 from markupsafe import Markup
 
-from tokenization.formats.native import cache_folder
 from tokenization.wording import counted
+
+if TYPE_CHECKING:
+    from jinja2 import Environment
 
 MISSING = "–"
 
@@ -91,55 +89,37 @@ def _finalize(value: object) -> object:
     return MISSING if value is None else value
 
 
-class CompiledOnce(BytecodeCache):
-    """The templates' compiled code, kept in the machine's cache folder beside the C helper's build
-    (``native.cache_folder``): compiling them took 0.05-0.1 s of every publish, a tenth of a next night's. Jinja
-    takes a kept one only for the very source it was compiled from (and this Jinja and Python); a folder that
-    cannot be read or written is no cache, and the page is compiled as before."""
+@functools.cache
+def environment() -> Environment:
+    """The pages' Jinja2 environment, made when a page is first rendered: importing Jinja2 costs 0.05-0.1 s of CPU,
+    which a build's plan and its workers (the fork server imports what they use) go without."""
+    from jinja2 import Environment, PackageLoader, StrictUndefined
 
-    def load_bytecode(self, bucket: Bucket) -> None:
-        with contextlib.suppress(OSError), open(self._path(bucket), "rb") as kept:
-            bucket.load_bytecode(kept)
+    from tokenization.builds.compiled_pages import CompiledOnce
 
-    def dump_bytecode(self, bucket: Bucket) -> None:
-        path = self._path(bucket)
-        scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # another process may write it meanwhile
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(scratch, "wb") as out:
-                bucket.write_bytecode(out)
-            os.replace(scratch, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                scratch.unlink()
-
-    @staticmethod
-    def _path(bucket: Bucket) -> Path:
-        return cache_folder() / f"page-{bucket.key}.jinja"
-
-
-ENVIRONMENT = Environment(
-    loader=PackageLoader("tokenization", "templates"),
-    bytecode_cache=CompiledOnce(),
-    autoescape=True,
-    undefined=StrictUndefined,  # a misspelt name in a template fails the render, not the reader
-    finalize=_finalize,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-)
-ENVIRONMENT.filters.update(
-    counted=lambda value, noun, plural=None: MISSING if value is None else counted(value, noun, plural),
-    integer=integer,
-    number=number,
-    percent=percent,
-    size=size,
-    duration=duration,
-    date=date,
-    path=path,
-)
+    made = Environment(
+        loader=PackageLoader("tokenization", "templates"),
+        bytecode_cache=CompiledOnce(),
+        autoescape=True,
+        undefined=StrictUndefined,  # a misspelt name in a template fails the render, not the reader
+        finalize=_finalize,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    made.filters.update(
+        counted=lambda value, noun, plural=None: MISSING if value is None else counted(value, noun, plural),
+        integer=integer,
+        number=number,
+        percent=percent,
+        size=size,
+        duration=duration,
+        date=date,
+        path=path,
+    )
+    return made
 
 
 def render(template_name: str, **context: Any) -> str:
     """One page of ``tokenization/templates``, as text."""
-    return ENVIRONMENT.get_template(template_name).render(**context)
+    return environment().get_template(template_name).render(**context)

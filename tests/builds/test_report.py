@@ -15,8 +15,9 @@ import pytest
 from tests.support.paths import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.support.stages import merged, run
 from tokenization.builds.accounting import conservation, rank_manifests, stage_counts
-from tokenization.builds.pages import date, duration, integer, number, render, size
+from tokenization.builds.pages import date, duration, environment, integer, number, render, size
 from tokenization.builds.report import INPUTS_SHOWN, _bar_svg, render_html, report_data, write_report
+from tokenization.formats.native import CACHE
 from tokenization.records import (
     Arrived,
     BuildInputs,
@@ -227,6 +228,25 @@ def test_the_builds_page_escapes_and_formats() -> None:
     assert all(line in page for line in storage) and page.count('data-key="storage">') == 2
     assert '<td data-key="storage">–</td>' in page  # the failed run's
     assert 'data-key="mixture"' not in page  # builds of one input each
+
+
+def test_a_page_from_its_kept_compile_is_the_page_compiled_again(small_build, tmp_path, monkeypatch) -> None:
+    """Publish takes the templates' compiled code from the machine's cache folder, where the first publish left it
+    (compiling them was a tenth of a next night's build): the report is the same from it, and where nothing can be
+    kept (a file in the folder's place), compiled each time, as before."""
+    run_dir, build = small_build
+    data = report_data(Folder(str(run_dir)), build)
+    monkeypatch.setenv(CACHE, str(tmp_path / "kept"))
+    environment.cache_clear()  # (a new environment: none of this process's compiled templates in memory)
+    page = render_html(data)
+    kept = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert len(kept) == 3 and all(re.fullmatch(r"page-[0-9a-f]{40}\.jinja", name) for name in kept)  # with base, css
+    environment.cache_clear()
+    assert render_html(data) == page
+    (tmp_path / "blocked").write_text("")
+    monkeypatch.setenv(CACHE, str(tmp_path / "blocked"))
+    environment.cache_clear()
+    assert render_html(data) == page
 
 
 def test_a_chart_is_svg_with_a_bar_and_a_tooltip_for_each_value() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenization.builds.pages import ENVIRONMENT
+from tokenization.builds.pages import environment
 from tokenization.wording import counted
 
 
@@ -14,7 +14,7 @@ def test_one_is_singular_and_every_other_count_plural() -> None:
 
 
 def test_the_pages_count_the_same_way() -> None:
-    template = ENVIRONMENT.from_string(
+    template = environment().from_string(
         '{{ 1 | counted("file") }}; {{ 4 | counted("file") }}; {{ none | counted("file") }}'
     )
     assert template.render() == "1 file; 4 files; –"

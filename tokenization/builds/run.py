@@ -274,11 +274,11 @@ class Build:
 
     def run(self, parallel: int = 1, progress: ProgressMode = None, keep: int | None = None) -> Published:
         """The whole build on this machine: the ranks as up to ``parallel`` processes at once, the merge, the
-        context shards (as processes too), then publish (keeping ``keep`` complete builds, when given). A step
-        that fails stops the build; running it again with the same build id keeps the complete ranks, resumes the
-        merge after its last published file, and redoes the rest, with the same bytes; a build already published
-        is returned as it is (``publish``). One run of a build at a time: a second one started meanwhile steps aside
-        at once, naming the first (``BUILD_LEASE``), where the two would each undo the other's ranks."""
+        context shards (as processes too, but a lone one here), then publish (keeping ``keep`` complete builds, when
+        given). A step that fails stops the build; running it again with the same build id keeps the complete ranks,
+        resumes the merge after its last published file, and redoes the rest, with the same bytes; a build already
+        published is returned as it is (``publish``). One run of a build at a time: a second one started meanwhile
+        steps aside at once, naming the first (``BUILD_LEASE``), where the two would each undo the other's ranks."""
         with leased(self.layout.run, BUILD_LEASE, new_holder("tokenization build")):
             if self.published() is None:
                 self._steps(parallel, progress)
@@ -289,22 +289,27 @@ class Build:
         damaged shows only once every rank has its marker (``incomplete_ranks`` reads the shards then), so the ranks
         found then are tokenized too; a rank is tokenized once at most."""
         tokenized: set[int] = set()
-        while incomplete := {rank: why for rank, why in self.incomplete_ranks().items() if rank not in tokenized}:
-            for rank, why in sorted(incomplete.items()):
+        missing = self.incomplete_ranks()
+        while todo := {rank: why for rank, why in missing.items() if rank not in tokenized}:
+            for rank, why in sorted(todo.items()):
                 if why != accounting.UNMARKED:  # a shard done once, damaged since: said, then made again
                     log.warning("rank %d is tokenized again: %s", rank, why)
-            shares = {rank: self.plan.share(rank, self.config.num_ranks) for rank in incomplete}
+            shares = {rank: self.plan.share(rank, self.config.num_ranks) for rank in todo}
             text = sum(f.span_bytes for share in shares.values() for f in share)
             in_processes(self, "tokenize", [(rank,) for rank in _longest_first(shares)], parallel, progress, text)
             tokenized |= set(shares)
-        if missing := self.incomplete_ranks():
+            missing = self.incomplete_ranks()  # what ends the loop is what is checked after it: read once
+        if missing:
             raise BuildError(f"ranks not complete after tokenizing: {missing}")
         if self.config.num_buckets:
             in_processes(self, "merge", [(bucket,) for bucket in self.merge_buckets], parallel, progress)
         elif self.merges:
             self.merge(None, progress)
         shards = self.context_shards()
-        in_processes(self, "context_shuffle", [(shard, len(shards)) for shard in shards], parallel, progress)
+        if len(shards) == 1:  # one shard runs here, as one merge does: a worker to start cost more than it did
+            self.context_shuffle(shards[0], 1, progress)
+        else:
+            in_processes(self, "context_shuffle", [(shard, len(shards)) for shard in shards], parallel, progress)
 
 
 def _longest_first(shares: dict[int, list[InputFile]]) -> list[int]:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import fsspec
+from typing import TYPE_CHECKING, Any, Literal
 
 from tokenization.storage.files import StorageOptions, is_local, open_fs
 from tokenization.storage.locations import GLOB_CHARS, glob_folder
+
+if TYPE_CHECKING:
+    import fsspec
 
 Info = dict[str, Any]  # what a store says of a file: fsspec's ``info``
 

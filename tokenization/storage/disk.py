@@ -12,8 +12,9 @@ import contextlib
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from os import PathLike
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 Info = dict[str, Any]  # what fsspec's ``info`` says of a path
 
@@ -91,9 +92,13 @@ class Disk:
                     entries.append(self.info(entry) if detail else self._strip_protocol(entry.path))
         return entries
 
-    def find(self, path: str, detail: bool = True) -> dict[str, Info]:
-        """Every file under a folder (a file's own), by path, sorted; a folder that cannot be listed is left out,
-        as fsspec's ``walk`` leaves it."""
+    def find(
+        self, path: str, detail: Literal[True] = True, unlistable: Callable[[str, OSError], object] | None = None
+    ) -> dict[str, Info]:
+        """Every file under a folder (a file's own), by path, sorted, as fsspec's ``find(detail=True)`` gives them;
+        listed a folder at a time from a stack, not by fsspec's ``walk``, which recurses a Python call a level (a
+        tree 1,100 deep raised RecursionError). A folder that cannot be listed is left out, as ``walk`` leaves it,
+        or handed to ``unlistable`` (which may raise)."""
         path = self._strip_protocol(path)
         found: dict[str, Info] = {}
         folders = [path]
@@ -101,7 +106,9 @@ class Disk:
             folder = folders.pop()
             try:
                 listing = self.ls(folder, detail=True)
-            except OSError:
+            except OSError as exc:
+                if unlistable is not None:
+                    unlistable(folder, exc)
                 continue
             for info in listing:
                 name = info["name"].rstrip("/")

@@ -143,17 +143,17 @@ def dag():
 def storage_questions(monkeypatch) -> Counter:
     """Counts the size and existence questions asked of local storage: on S3 each is a HEAD request, one after
     another. (A local listing asks ``info`` of each entry, so that is not counted: on S3 a listing is one request.)"""
-    from fsspec.implementations.local import LocalFileSystem
+    from tokenization.storage.disk import Disk
 
     asked: Counter = Counter()
     for name in ("exists", "size"):
-        real = getattr(LocalFileSystem, name)
+        real = getattr(Disk, name)
 
         def counted(self, path, *args, _name=name, _real=real, **kwargs):
             asked[_name] += 1
             return _real(self, path, *args, **kwargs)
 
-        monkeypatch.setattr(LocalFileSystem, name, counted)
+        monkeypatch.setattr(Disk, name, counted)
     return asked
 
 

@@ -1082,17 +1082,17 @@ class _Counting(io.RawIOBase):
 
 
 def counting_reads(monkeypatch, path: Path) -> list[int]:
-    """The sizes of every read of the local file ``path`` opened with fsspec from now on, as inputs are."""
-    from fsspec.implementations.local import LocalFileSystem
+    """The sizes of every read of the local file ``path`` opened from now on through storage, as inputs are."""
+    from tokenization.storage.disk import Disk
 
     read: list[int] = []
-    real = LocalFileSystem._open
+    real = Disk.open
 
     def counted(self, name, mode="rb", **kwargs):
         opened = real(self, name, mode, **kwargs)
         return _Counting(opened, read) if Path(name) == path else opened
 
-    monkeypatch.setattr(LocalFileSystem, "_open", counted)
+    monkeypatch.setattr(Disk, "open", counted)
     return read
 
 

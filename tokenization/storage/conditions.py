@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import errno
 import os
-
-import fsspec
+from typing import TYPE_CHECKING
 
 from tokenization.storage.files import is_local, is_s3, remove_if_exists, write_bytes_atomic, writing
+
+if TYPE_CHECKING:
+    import fsspec
 
 
 def put_if(

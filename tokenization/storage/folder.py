@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import IO, Any
-
-import fsspec
+from typing import IO, TYPE_CHECKING, Any
 
 from tokenization.storage.checksums import file_checksum
 from tokenization.storage.conditions import current_etag, put_if, remove_if
@@ -51,6 +49,9 @@ from tokenization.storage.files import (
     write_bytes_atomic,
     writing,
 )
+
+if TYPE_CHECKING:
+    import fsspec
 
 __all__ = [
     "TEMPORARY_MARK",

@@ -19,8 +19,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import fsspec
-
 from tokenization.errors import TokenizationError
 
 ALLOWED_SCHEMES = ("s3",)  # besides local paths
@@ -69,13 +67,29 @@ def resolve(url: str) -> str:
     return posixpath.join(f"{scheme}://{bucket}", *parts) if parts else f"{scheme}://{bucket}"
 
 
+def split_protocol(url: str) -> tuple[str | None, str]:
+    """A URL's protocol (``s3``; None for a plain path) and the rest, as fsspec's ``split_protocol`` reads them (a
+    single letter before ``://`` is a Windows drive), without importing fsspec."""
+    if "://" in url:
+        protocol, path = url.split("://", 1)
+        if len(protocol) > 1:
+            return protocol, path
+    if url.startswith("data:"):
+        return "data", url[len("data:") :]
+    return None, url
+
+
 def intended_url(location: str) -> str | None:
     """The URL meant by a location that starts with a storage's name and a colon but not ``://`` (``s3:/b/x``,
     ``s3:b/x``), which fsspec takes for a local path (``./s3:/b/x``) and a build would write there; None for
     anything else. ``file:/x``, which fsspec reads as ``/x`` but this project's own path checks do not, means
     ``file:///x``. fsspec's ``data:`` URLs hold no slashes."""
     match = SCHEME_WITHOUT_SLASHES.match(location)
-    if match is None or (scheme := match.group(1).lower()) == "data" or scheme not in fsspec.available_protocols():
+    if match is None or (scheme := match.group(1).lower()) == "data":
+        return None
+    import fsspec  # only for a location that reads like a URL: a plain path's command starts without it
+
+    if scheme not in fsspec.available_protocols():
         return None
     rest = location[match.end() :]
     return f"{scheme}://{rest if scheme in LOCAL_SCHEMES else rest.lstrip('/')}"

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import fsspec
-
+from tokenization.storage.disk import DISK
 from tokenization.storage.files import StorageOptions, is_local, open_fs
 from tokenization.storage.locations import GLOB_CHARS, glob_folder
+
+if TYPE_CHECKING:
+    import fsspec
 
 Info = dict[str, Any]  # what a store says of a file: fsspec's ``info``
 
@@ -60,22 +62,10 @@ def matched(spec: str, storage_options: StorageOptions | None) -> Matched:
 
 def _files_under(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Info]:
     """Every file under the folder ``path``, as ``fs.find(path, detail=True)`` gives them. A local folder is listed
-    a folder at a time from a stack, not by fsspec's ``walk``: that recurses a Python call a level (a tree 1,100
-    deep raised RecursionError), and leaves out, without a word, a folder it cannot list (``Unlistable``). An
-    object store lists the whole prefix at once, in pages."""
-    if not is_local(fs):
-        return fs.find(path, detail=True)
-    found: dict[str, Info] = {}
-    folders = [path]
-    while folders:
-        folder = folders.pop()
-        try:
-            listing = fs.ls(folder, detail=True)
-        except OSError as exc:
-            raise Unlistable(folder, exc) from None
-        for info in listing:
-            if info["type"] == "directory":
-                folders.append(info["name"])
-            else:
-                found[info["name"]] = info
-    return found
+    by ``Disk.find``, which never recurses a Python call a level, and a folder it cannot list is an error
+    (``Unlistable``), not left out without a word. An object store lists the whole prefix at once, in pages."""
+    return DISK.find(path, unlistable=_unlistable) if is_local(fs) else fs.find(path, detail=True)
+
+
+def _unlistable(folder: str, exc: OSError) -> None:
+    raise Unlistable(folder, exc) from None

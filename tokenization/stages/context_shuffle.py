@@ -293,7 +293,8 @@ def _one_file(
         keep_tail = total > full * config.context_window and not config.drop_tail
         order = orderings.with_tail(orderings.shuffled(rng, full), full, keep_tail)
         starts = starts_of(windows)
-        urls, units, inner = [url], (np.zeros(len(order), np.int64), starts[order], windows[order]), [ends]
+        of_source = np.zeros(len(order), np.uint8)  # every window's source, 0: a byte each, not 8
+        urls, units, inner = [url], (of_source, starts[order], windows[order]), [ends]
         kept = prefix_end(windows, len(order))  # the dropped tail aside
         cuts = sorted_union(ends, windows[: len(order)])  # every piece's end: its document's or its window's
         cuts = cuts[cuts > 0]

@@ -77,7 +77,10 @@ class SourcePool:
         max_open: int = MAX_OPEN_FILES,
         cache_dir: Path | None = None,
         storage_options: StorageOptions | None = None,
+        blocks: tuple[Blocks, Blocks] | None = None,
     ):
+        """``blocks``: the buffers for the tokens and the loss bytes of the blocks gathered, given where pools of
+        one stage follow each other (a file's buffers serve the next; new ones by default)."""
         self.urls = list(urls)
         self.storage_options = storage_options
         self.token_size = token_size
@@ -89,7 +92,7 @@ class SourcePool:
         self._checked: set[int] = set()  # sources whose files were checked once: opening one again is two opens
         self._fetching = threading.Lock()  # a remote source is copied once, whichever thread asks first
         self._loss_reader = ThreadPoolExecutor(1, thread_name_prefix="read-loss") if with_loss else None
-        self.blocks = (Blocks(), Blocks())  # for the tokens and the loss bytes of the blocks gathered
+        self.blocks = blocks or (Blocks(), Blocks())
 
     def _source(self, i: int) -> _Source:
         if i in self._open:

@@ -25,6 +25,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Literal
@@ -46,7 +49,7 @@ from tokenization.formats.ds import (
 from tokenization.formats.moves import fixed_units, move_units, prefix_end, sorted_union, starts_of
 from tokenization.formats.packing import PackedFile, pack
 from tokenization.formats.rejoin import cut_pieces, rejoined_contents
-from tokenization.formats.source_pool import SourcePool, contents_of
+from tokenization.formats.source_pool import Blocks, SourcePool, contents_of
 from tokenization.options import Options, option
 from tokenization.output import manifest
 from tokenization.output.attempts import Attempt, attempt_at
@@ -170,8 +173,41 @@ def context_shuffle(
     outputs: list[ContextOutput] = []
     contents_in = contents_out = Contents()
     with attempt_at(output, config.stem, config.local_working_dir, owner) as attempt:
+
+        def tally_file(url: str, source: TokenFile, recorded: Contents | None, shuffled: _Shuffled) -> None:
+            """Count a file's shuffle, once its windows are proved, and place its family in the attempt."""
+            nonlocal contents_in, contents_out, histogram
+            written, full, packed, read = shuffled.written, shuffled.full, shuffled.packed, shuffled.read
+            if recorded is not None and recorded != read:
+                raise TokenFileError(
+                    f"{url}: holds {read.describe()}, its manifest records {recorded.describe()}: it is not "
+                    "the file its stage wrote"
+                )
+            contents_in += read
+            grid = full * config.context_window  # whole windows' ends are not documents' ends
+            if packed is not None:
+                tally.update(packed_counts(packed))
+                histogram += np.bincount(padding_class(packed.padding), minlength=len(histogram))
+            else:
+                tail = source.num_tokens - grid
+                tally["tokens_dropped" if config.drop_tail else "tail_tokens_kept"] += tail
+            if written is None:  # shorter than a window, its tail dropped: no file, the tokens counted
+                return
+            contents_out += written.contents
+            entry = manifest.output_entry(written, ContextOutput, source=url, pseudo_ends=shuffled.pseudo)
+            own.family(attempt.work, entry)
+            attempt.place_families([written])
+            outputs.append(entry)
+            tally.update(windows=full, tokens=written.tokens)
+            log.info("context shuffle %s: %d windows of %d", written.name, full, config.context_window)
+
         total = sum(s.num_tokens for s in sources)
-        with Progress(f"context shuffle {config.stem}", total, "tok", progress) as shown:
+        # A file's proof runs on a thread of its own while the next file's windows move: one core would otherwise
+        # wait for it, file after file. Each is counted once the next has moved: one proof at a time beside moves.
+        proving = ThreadPoolExecutor(1, thread_name_prefix="prove")
+        blocks = Blocks(), Blocks()  # the block buffers of each file's moves, used again by the next file's
+        with Progress(f"context shuffle {config.stem}", total, "tok", progress) as shown, proving:
+            proved: tuple[str, TokenFile, Contents | None, Future[_Shuffled]] | None = None
             for (url, name), source in zip(files, sources, strict=True):
                 if source.num_tokens == 0:  # nothing to cut; datatrove's empty files stay behind
                     continue
@@ -180,30 +216,13 @@ def context_shuffle(
                 if nested and config.context_mode == "packed":
                     raise TokenFileError(f"{url}: its index holds chunk ends, not documents: nothing to pack")
                 recorded = found.contents.value if found is not None and found.contents is not None else None
-                shuffled = _one_file(config, url, name, source, rng, attempt, shown, own, nested, recorded)
-                written, full, packed, read = shuffled.written, shuffled.full, shuffled.packed, shuffled.read
-                if recorded is not None and recorded != read:
-                    raise TokenFileError(
-                        f"{url}: holds {read.describe()}, its manifest records {recorded.describe()}: it is not "
-                        "the file its stage wrote"
-                    )
-                contents_in += read
-                grid = full * config.context_window  # whole windows' ends are not documents' ends
-                if packed is not None:
-                    tally.update(packed_counts(packed))
-                    histogram += np.bincount(padding_class(packed.padding), minlength=len(histogram))
-                else:
-                    tail = source.num_tokens - grid
-                    tally["tokens_dropped" if config.drop_tail else "tail_tokens_kept"] += tail
-                if written is None:  # shorter than a window, its tail dropped: no file, the tokens counted
-                    continue
-                contents_out += written.contents
-                entry = manifest.output_entry(written, ContextOutput, source=url, pseudo_ends=shuffled.pseudo)
-                own.family(attempt.work, entry)
-                attempt.place_families([written])
-                outputs.append(entry)
-                tally.update(windows=full, tokens=written.tokens)
-                log.info("context shuffle %s: %d windows of %d", written.name, full, config.context_window)
+                moved = _one_file(config, url, name, source, rng, attempt, shown, own, nested, recorded, blocks)
+                proof = proving.submit(moved)
+                if proved is not None:  # the file before, proved while this one moved
+                    tally_file(*proved[:3], proved[3].result())
+                proved = url, source, recorded, proof
+            if proved is not None:
+                tally_file(*proved[:3], proved[3].result())
         packed_mode = config.context_mode == "packed"
         counts = ContextCounts(
             files=len(files),
@@ -250,11 +269,13 @@ def _one_file(
     own: OwnCheck,
     nested: bool,
     recorded: Contents | None,
-) -> _Shuffled:
+    blocks: tuple[Blocks, Blocks],
+) -> Callable[[], _Shuffled]:
     """One file's windows in a permuted order: cut from the file (the tail last, unless dropped), or packed with
-    its documents and padded to their end, checked by ``own`` as they are written, then checked again: the
-    windows hold the file's pieces, cut at their edges, each once. Cut windows of a file whose contents are
-    ``recorded`` are joined again into its documents (``_rejoined``); others are proved by reading the file again."""
+    its documents and padded to their end, checked by ``own`` as they are written; and the call that checks them
+    again, which the caller makes: the windows hold the file's pieces, cut at their edges, each once. Cut windows
+    of a file whose contents are ``recorded`` are joined again into its documents (``_rejoined``), by that call,
+    which closes the file's sources; others are proved by reading the file again as they move, before it returns."""
     ends = np.asarray(source.ends, dtype=np.int64)
     total = int(ends[-1]) if len(ends) else 0
     if source.num_tokens != total:
@@ -272,7 +293,8 @@ def _one_file(
         keep_tail = total > full * config.context_window and not config.drop_tail
         order = orderings.with_tail(orderings.shuffled(rng, full), full, keep_tail)
         starts = starts_of(windows)
-        urls, units, inner = [url], (np.zeros(len(order), np.int64), starts[order], windows[order]), [ends]
+        of_source = np.zeros(len(order), np.uint8)  # every window's source, 0: a byte each, not 8
+        urls, units, inner = [url], (of_source, starts[order], windows[order]), [ends]
         kept = prefix_end(windows, len(order))  # the dropped tail aside
         cuts = sorted_union(ends, windows[: len(order)])  # every piece's end: its document's or its window's
         cuts = cuts[cuts > 0]
@@ -292,16 +314,23 @@ def _one_file(
         keep_pieces=parts,
         keep_hashes=source.sources is not None,  # a mixture's: its sidecar gives them their sources
     )
+    inputs = attempt.work / "inputs" / name  # a file's own: its proof, which deletes it, runs beside the next's moves
     pool = SourcePool(
-        urls, source.token_size, with_loss, cache_dir=attempt.work / "inputs", storage_options=config.storage_options
+        urls, source.token_size, with_loss, cache_dir=inputs, storage_options=config.storage_options, blocks=blocks
     )
-    with pool:
+    with ExitStack() as opened:
+        opened.enter_context(pool)
         if parts is not None and recorded is not None:  # (rejoin)
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
-            written = _with_sources(writer.written, source, ends, units[1], config.context_window, parts)
-            read = _rejoined(url, pool, written, parts, cuts, units, kept, ends, recorded, source.sources)
-            return _Shuffled(written, full, packed, read, pseudo)
+
+            def prove(held: ExitStack, parts: np.ndarray, recorded: Contents) -> _Shuffled:
+                with held:
+                    written = _with_sources(writer.written, source, ends, units[1], config.context_window, parts)
+                    read = _rejoined(url, pool, written, parts, cuts, units, kept, ends, recorded, source.sources)
+                return _Shuffled(written, full, packed, read, pseudo)
+
+            return partial(prove, opened.pop_all(), parts, recorded)
         spans = (ends, total), (cuts[cuts <= kept], kept)
         sourced = None if source.sources is None else [_of_pieces(source.sources, ends, c) for c, _ in spans]
         with meanwhile(partial(contents_of, sources=sourced), pool, 0, *spans) as contents:  # read again
@@ -312,7 +341,7 @@ def _one_file(
     if packed is not None:
         expected += padding_contents(packed.padding, config.padding_id, source.dtype)
     check_kept(f"context shuffle of {url}", expected, written.contents if written else Contents())
-    return _Shuffled(written, full, packed, read, pseudo)
+    return partial(_Shuffled, written, full, packed, read, pseudo)
 
 
 def _of_pieces(sources: np.ndarray, ends: np.ndarray, cuts: np.ndarray) -> np.ndarray:

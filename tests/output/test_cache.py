@@ -3,6 +3,7 @@ with an empty cache or none, in every mode; entries are written atomically, chec
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from tokenization.builds.config import BuildConfig
 from tokenization.builds.pages import size
 from tokenization.builds.run import Build
 from tokenization.errors import TokenizationError
-from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache
+from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache, names
 from tokenization.records import RankManifest
 from tokenization.stages.tokenize import first_pass
 from tokenization.stages.tokenize.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
@@ -41,6 +43,13 @@ from tokenization.storage.folder import Folder
 from tokenization.tokenizer.counts import TooManyRejects
 
 FILES = 24  # the sample's records dealt into this many input files
+
+
+@pytest.fixture
+def entries_on_disk(monkeypatch) -> None:
+    """Entries stored as a large one is, and as every one was before markers held small ones (``INLINE_BYTES``):
+    their files in a data folder, which the tests that use this doctor."""
+    monkeypatch.setattr(names, "INLINE_BYTES", -1)
 
 
 def corpus(folder: Path, files: int = FILES) -> Path:
@@ -263,6 +272,7 @@ def entry_files(cache: Path) -> list[Path]:
     return sorted(p for p in (cache / DATA).rglob("*") if p.is_file())
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 @pytest.mark.parametrize(
     "damage",
     [
@@ -310,6 +320,7 @@ def test_a_corrupt_entry_is_never_used(tmp_path, sample_tokenizer, caplog, damag
     assert [f["hit"] for f in third["cache"]["files"]] == [True, True, True]  # stored anew, checked, used
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 @pytest.mark.parametrize("algorithm", [BLAKE3, SHA256])
 def test_an_entry_of_either_checksum_hits_and_a_flipped_byte_in_it_misses(
     tmp_path, sample_tokenizer, caplog, algorithm
@@ -428,6 +439,7 @@ def test_a_rank_weighs_a_compressed_miss_by_its_text(tmp_path, sample_tokenizer)
     assert (result.record.tokenizer.engine, result.record.tokenizer.engine_note) == ("gigatoken", None)
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 def test_retention_removes_the_entries_that_only_deleted_builds_used(tmp_path, sample_tokenizer) -> None:
     source = corpus(tmp_path / "corpus", files=6)
     out = tmp_path / "builds"
@@ -511,6 +523,7 @@ def test_the_command_line_lists_and_prunes(tmp_path, sample_tokenizer) -> None:
     assert pruned.returncode == 0 and pruned.stdout.startswith(f"cache {out}/.cache: removed 3 entries, ")
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 @ON_BOTH_STORES
 def test_on_s3_a_changed_object_misses_and_a_corrupt_entry_is_tokenized_again(tmp_path, s3, sample_tokenizer):
     """On S3 a file's content is known by its ETag and size: an object rewritten with other bytes of the same size
@@ -775,6 +788,7 @@ def entry_of(cache: Path, name: str) -> tuple[str, Path]:
     raise AssertionError(f"no entry of {name}")
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 @pytest.mark.parametrize("damage", ["an id outside the vocabulary", "an index that goes back", "a length misstated"])
 def test_an_entry_restamped_over_files_that_break_the_rules_is_never_used(tmp_path, sample_tokenizer, damage) -> None:
     """Files that no encoding gives, their marker's sha256s rewritten to match: read whole, and refused."""
@@ -797,6 +811,7 @@ def test_an_entry_restamped_over_files_that_break_the_rules_is_never_used(tmp_pa
     assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 def test_a_changed_id_is_caught_and_the_file_tokenized_again(tmp_path, sample_tokenizer, caplog) -> None:
     """One id of the last document changed to another valid id, with the marker's sha256s rewritten to match: the
     file's documents are all in its sample, so the hit is caught, discarded and tokenized again."""
@@ -820,6 +835,7 @@ def test_a_changed_id_is_caught_and_the_file_tokenized_again(tmp_path, sample_to
     assert re.search(rf"{key}\.json \(of .*part-005\.jsonl\): {shown}, and the file tokenized again", caplog.text)
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 def test_swapped_entries_are_caught_when_the_files_differ_in_their_first_document(
     tmp_path, sample_tokenizer, caplog
 ) -> None:
@@ -846,6 +862,7 @@ def test_swapped_entries_are_caught_when_the_files_differ_in_their_first_documen
     assert len(re.findall(caught, caplog.text)) == 2  # the other's places, or its first document
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 def test_a_record_slipped_into_a_cached_quarantine_is_caught(tmp_path, sample_tokenizer, caplog) -> None:
     """A fake rejected record added to an entry's quarantine.jsonl, with its marker and counts made to agree: a
     document of the entry starts on that line, so the hit is discarded, and the build's quarantine holds only the
@@ -873,6 +890,7 @@ def test_a_record_slipped_into_a_cached_quarantine_is_caught(tmp_path, sample_to
     assert "its quarantine holds line 2 (malformed_json), where its document 1 starts" in caplog.text
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 def test_a_doctored_long_document_is_caught_without_a_key(tmp_path, sample_tokenizer, caplog) -> None:
     """Issue 52, 4: a cached entry whose documents are all over ``SAMPLE_BYTES`` was never sampled, so its tokens,
     doctored with every sha256 and count rewritten, were served build after build. A drawn document beyond the
@@ -900,26 +918,78 @@ def test_a_doctored_long_document_is_caught_without_a_key(tmp_path, sample_token
     assert [f["hit"] for f in later["cache"]["files"]] == [True]  # an honest long entry is no false alarm
 
 
-def test_a_doctored_small_file_among_many_hits_is_the_one_caught(tmp_path, sample_tokenizer, caplog, monkeypatch):
+def doctored(cache: Path, key: str, name: str, edit: Callable[[bytes], bytes], *, stamp: bool = True) -> None:
+    """Change file ``name`` of an entry by ``edit``, where it is (in its marker, a small entry's, or in its data
+    folder), and, with ``stamp``, rewrite every size and checksum of its marker to match, as whoever can write the
+    cache can (``restamp``)."""
+    marker = cache / ENTRIES / f"{key}.json"
+    record = json.loads(marker.read_text())
+    if record.get("inline") is None:
+        path = cache / DATA / key / record["data"] / name
+        rewritten(path, edit(path.read_bytes()))
+        if stamp:
+            restamp(cache, key)
+        return
+    files = {n: base64.b64decode(data) for n, data in record["inline"].items()}
+    files[name] = edit(files[name])
+    record["inline"][name] = base64.b64encode(files[name]).decode()
+    if stamp:
+        record["files"] = {n: {"bytes": len(data), "blake3": checksum(data, BLAKE3)} for n, data in files.items()}
+        record["counts"]["contents_in"] = None
+    marker.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("where", ["in its marker", "in a data folder"])
+def test_a_doctored_small_file_among_many_hits_is_the_one_caught(
+    tmp_path, sample_tokenizer, caplog, monkeypatch, where
+):
     """Issue 52, 5: a rank checks its hits a batch at a time, their samples read at once and encoded in one call;
     a doctored entry among them (a token changed, every checksum rewritten) is still the one that misses and is
-    named, whichever batch holds it, and the build is that of an empty cache."""
+    named, whichever batch holds it, and the build is that of an empty cache: a small entry's files held in its
+    marker, as a one-line file's are, or in a data folder, as a large one's (and every one of an earlier version)."""
     monkeypatch.setattr(first_pass, "AHEAD", 4)  # 12 hits in three batches
+    if where == "in a data folder":
+        monkeypatch.setattr(names, "INLINE_BYTES", -1)
     for k in range(12):
         write_jsonl(tmp_path / "corpus" / f"line-{k:02d}.jsonl", [{"text": f"document {k}: {k * 7919 % 10007} words"}])
     cache = tmp_path / "cache"
     clean = run([tmp_path / "corpus"], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
-    key, folder = entry_of(cache, "line-06.jsonl")
-    tokens = np.fromfile(folder / "segment.ds", dtype=np.uint16)
-    tokens[0] = (int(tokens[0]) + 1) % 4096
-    rewritten(folder / "segment.ds", tokens.tobytes())
-    restamp(cache, key)
+    key, _ = entry_of(cache, "line-06.jsonl")
+    assert (json.loads((cache / ENTRIES / f"{key}.json").read_text()).get("inline") is None) == (
+        where != "in its marker"
+    )
+
+    def changed(data: bytes) -> bytes:
+        tokens = np.frombuffer(data, dtype=np.uint16).copy()
+        tokens[0] = (int(tokens[0]) + 1) % 4096
+        return tokens.tobytes()
+
+    doctored(cache, key, "segment.ds", changed)
     caplog.set_level(logging.WARNING)
     again = run([tmp_path / "corpus"], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
     assert [f["hit"] for f in again["cache"]["files"]] == [k != 6 for k in range(12)]
     assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
     assert f"{key}.json (of {tmp_path / 'corpus' / 'line-06.jsonl'}): its document 0 is not what" in caplog.text
     assert caplog.text.count("is not what the input's record") == 1
+
+
+def test_a_byte_flipped_in_a_small_entrys_marker_is_never_used(tmp_path, sample_tokenizer, caplog) -> None:
+    """A small entry's files are held in its marker, each with its size and checksum: a byte of one flipped there
+    is found before any is used, the entry removed and its file tokenized again, and the build is that of an empty
+    cache; the entry stored anew hits the night after."""
+    source = corpus(tmp_path / "corpus", files=3)
+    cache = tmp_path / "cache"
+    clean = run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    key, folder = entry_of(cache, "part-001.jsonl")
+    assert not folder.exists()  # its marker alone holds it
+    doctored(cache, key, "segment.ds.index", lambda data: data[:3] + bytes([data[3] ^ 0x40]) + data[4:], stamp=False)
+    caplog.set_level(logging.WARNING, logger="tokenization.output.cache")
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True, False, True]
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
+    assert f"{key}.json (of " in caplog.text and "segment.ds.index does not have the blake3" in caplog.text
+    third = run([source], tmp_path / "third", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in third["cache"]["files"]] == [True, True, True]
 
 
 def test_with_a_key_a_doctored_entry_is_a_miss_named_in_the_log(tmp_path, sample_tokenizer, caplog, monkeypatch):
@@ -1141,6 +1211,7 @@ def test_without_a_key_a_hit_reads_only_its_sampled_documents(tmp_path, sample_t
         assert 0 < sum(read) <= path.stat().st_size, sum(read)
 
 
+@pytest.mark.usefixtures("entries_on_disk")
 def test_an_entry_without_places_is_read_whole_as_before(tmp_path, sample_tokenizer, caplog) -> None:
     """An entry stored by an earlier version records no places: it still hits, held against its whole input as
     before, which still finds a document changed anywhere in a small file."""

@@ -37,10 +37,11 @@ class RankCache(Record):
 class CacheEntry(Record):
     """``{cache}/entries/{key}.json``, an entry's marker, written last and only where none is: the data folder that
     holds the entry's files, each file's size and checksum (a reader checks them all before it uses any), the input
-    file's counts, and what the entry was made from (``described``: what its key covers)."""
+    file's counts, and what the entry was made from (``described``: what its key covers); ``inline``: a small
+    entry's files again, by name (base64), so that a hit of it is this one read (/3 and older have none)."""
 
     KIND: ClassVar[str] = "cache-entry"
-    VERSION: ClassVar[int] = 3  # /2 named sha256 checksums, /1's counts had no contents
+    VERSION: ClassVar[int] = 4  # /3 held no file inline, /2 named sha256 checksums, /1's counts had no contents
     LABEL: ClassVar[str] = "cache entry"
     key: str
     data: str
@@ -52,6 +53,7 @@ class CacheEntry(Record):
     created: float
     encode_seconds: float
     signature: str | None = field(default=None, metadata=unless_none())  # with a key only (``output.signing``)
+    inline: dict[str, str] | None = field(default=None, metadata=unless_none())
 
     @property
     def bytes(self) -> int:

@@ -142,6 +142,9 @@ class Cache:
     def fetch(self, entry: CacheEntry, into: Path) -> dict[str, Path] | None:
         return self._entries.fetch(entry, into)
 
+    def load(self, entry: CacheEntry) -> dict[str, bytes] | None:
+        return self._entries.load(entry)
+
     def read(self, entry: CacheEntry, name: str) -> bytes | None:
         return self._entries.read(entry, name)
 

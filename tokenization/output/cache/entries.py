@@ -4,6 +4,7 @@ none is). An entry found damaged is logged and removed (``discard``): its file i
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import logging
@@ -15,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tokenization.errors import reaching
+from tokenization.output.cache import names
 from tokenization.output.cache.names import FILE_NAME, MARKER_BYTES, NOT_THERE, WRITER, marker_name
 from tokenization.output.cache.store import Store
 from tokenization.output.signing import Signer, signed_part
@@ -77,22 +79,55 @@ class Entries:
         shutil.rmtree(into, ignore_errors=True)
         return None
 
+    def load(self, entry: CacheEntry) -> dict[str, bytes] | None:
+        """A small entry's files in memory, by name, from its marker (``inline``; a larger entry is ``fetch``ed),
+        each checked against its marker's
+        size and checksum before any is used. None when one is missing, is no file, or differs: the entry is
+        logged and removed, and its file must be tokenized again."""
+        found, problem = {}, None
+        for name in sorted(entry.files):
+            data = self._file(entry, name)
+            if isinstance(data, str):
+                problem = data
+                break
+            found[name] = data
+        if problem is None:
+            return found
+        self.discard(entry, problem)
+        return None
+
     def read(self, entry: CacheEntry, name: str) -> bytes | None:
         """One small file of an entry (its index, which a plan reads to choose a mixture's documents), checked
         against its marker's size and checksum; None when it is missing, is no file, or differs (the rank that
         fetches the entry finds the same, and removes it)."""
-        recorded = entry.files.get(name)
-        if recorded is None:
+        if name not in entry.files:
             return None
-        try:
-            with reaching(self.store.location):
-                data = self.store.file_or_none(self.store.data.sub(entry.key, entry.data), name, recorded.bytes)
-        except OSError as exc:
-            if exc.errno not in NOT_THERE:
-                raise
-            return None
-        if data is None or len(data) != recorded.bytes or checksum(data, recorded.algorithm) != recorded.checksum:
-            return None
+        data = self._file(entry, name)
+        return None if isinstance(data, str) else data
+
+    def _file(self, entry: CacheEntry, name: str) -> bytes | str:
+        """One file of an entry, from its marker (``inline``) or its data folder, checked against its marker's
+        size and checksum; or how it is missing or differs."""
+        recorded = entry.files[name]
+        if entry.inline is not None and name in entry.inline:
+            try:
+                data: bytes | None = base64.b64decode(entry.inline[name], validate=True)
+            except ValueError:
+                return f"its marker holds {name} in no base64"
+        else:
+            try:
+                with reaching(self.store.location):
+                    data = self.store.file_or_none(self.store.data.sub(entry.key, entry.data), name, recorded.bytes)
+            except OSError as exc:
+                if exc.errno not in NOT_THERE:
+                    raise
+                return f"{name} is {'missing' if exc.errno == errno.ENOENT else 'a folder, or under a file'}"
+        if data is None:
+            return f"{name} is missing"
+        if len(data) != recorded.bytes:
+            return f"{name} holds {len(data)} bytes, its marker {recorded.bytes}"
+        if checksum(data, recorded.algorithm) != recorded.checksum:
+            return f"{name} does not have the {recorded.algorithm} its marker records"
         return data
 
     def discard(self, entry: CacheEntry, problem: str) -> None:
@@ -113,13 +148,13 @@ class Entries:
         store = self.store
         if store.read_only:
             return None
-        entry = replace(entry, data=uuid.uuid4().hex[:12], created=time.time())
+        entry = replace(entry, data=uuid.uuid4().hex[:12], created=time.time(), inline=_inline(entry, files))
         if self.signer is not None:
             entry = replace(entry, signature=self.signer.sign(signed_part(entry.to_json())))
         folder = store.data.sub(entry.key, entry.data)
         try:
             with reaching(store.location):
-                for name, path in files.items():
+                for name, path in files.items() if entry.inline is None else ():  # a small entry: its marker alone
                     folder.link_in(path, name)
                 store.entries.put(marker_name(entry.key), entry.dumps(), PutMode.CREATE)
             return entry
@@ -155,6 +190,14 @@ def forget(store: Store, key: str, data: str | None) -> None:
         pass
     except OSError as exc:  # it stays, and is found damaged again by the next reader
         log.warning("%s: could not remove it (%s)", url, exc)
+
+
+def _inline(entry: CacheEntry, files: Mapping[str, Path]) -> dict[str, str] | None:
+    """A small entry's files, to be held in its marker (base64), in place of a data folder: a hit of it is then one
+    read."""
+    if entry.bytes > names.INLINE_BYTES:
+        return None
+    return {name: base64.b64encode(path.read_bytes()).decode("ascii") for name, path in sorted(files.items())}
 
 
 def _differences(local: Mapping[str, Path], recorded: Mapping[str, FileSum]) -> str | None:

@@ -15,6 +15,8 @@ DEFAULT_FOLDER = ".cache"  # under a build's output: a dot name, which no run's 
 OFF = "off"  # the cache setting that turns it off
 IN_FLIGHT_SECONDS = 24 * 3600  # a rank's first pass takes less; a use unfinished after this belongs to a dead rank
 MARKER_BYTES = 4 << 20  # a marker holds a few kB; a larger one is damaged, and never read whole
+INLINE_BYTES = 64 << 10  # an entry's files of this many bytes at most are held in its marker, in place of a data
+# folder, and by a hit in memory: a one-line file's are ~200 bytes, whose four reads and links cost more than them
 USE_BYTES = 16 << 20  # a use lists its rank's keys, 72 bytes each: 230,000 input files a rank
 KEY = re.compile(r"[0-9a-f]{64}")  # an entry's key (a sha256): nothing else under entries/ and data/ is an entry
 WRITER = re.compile(r"[0-9a-f]{12}")  # a data folder's name

@@ -53,15 +53,15 @@ def second_pass(
     document permutation (or input order), then, with chunks, in the chunk permutation; each a byte move. A
     mixture's files (``sources``: its source names) each get the source of every document (``formats.sidecar``);
     with the plan's ``choice`` of them, only those it uses are moved (``builds.choice``)."""
-    paths = [str(s.path) for s in segments]
+    paths, of_source = _families(segments)
     documents = Units.documents(paths, encoder.token_size)
     if not len(documents.ends):
-        _check_choice(config.rank, segments, documents, choice)
+        _check_choice(config.rank, segments, of_source, documents, choice)
         return []
     rng = orderings.generator(config.seed)
     chunks = config.shuffle_chunk_size
     kind = RankFileKind.DOC_SHUFFLED if config.shuffle_documents else RankFileKind.UNSHUFFLED
-    mix = None if sources is None else _Mix(np.array([s.source for s in segments], dtype=np.int64), sources)
+    mix = None if sources is None else _Mix(of_source, sources)
     expected = counts.contents
     with SourcePool(paths, encoder.token_size, config.save_loss) as pool:
         if config.num_buckets:
@@ -72,8 +72,8 @@ def second_pass(
                 order = orderings.shuffled(rng, len(documents.ends))
             name_for = (lambda _: names.working_file_name(kind)) if chunks else config.output_name
             if choice is not None:
-                chosen = order[_check_choice(config.rank, segments, documents.take(order), choice)]
-                with meanwhile(_chosen_contents, pool, segments, documents, chosen) as proof:
+                chosen = order[_check_choice(config.rank, segments, of_source, documents.take(order), choice)]
+                with meanwhile(_chosen_contents, pool, of_source, documents, chosen) as proof:
                     written = _write(config, encoder, pool, documents.take(chosen), work, name_for, last=True, mix=mix)
                     expected = proof.result()
             elif mix is not None and config.output_format == "megatron":
@@ -87,13 +87,27 @@ def second_pass(
     return _chunk_shuffle(config, encoder, whole.path, rng, counts, work, chunks)
 
 
-def _check_choice(rank: int, segments: list[Segment], documents: Units, choice: RankChoice | None) -> np.ndarray:
+def _families(segments: list[Segment]) -> tuple[list[str], np.ndarray]:
+    """The ``.ds`` families that hold the rank's segments, in order, each once (a run of small cache hits shares
+    one, ``first_pass``), with the source of each (a run's hits are of one)."""
+    paths: list[str] = []
+    sources: list[int] = []
+    for segment in segments:
+        if not paths or paths[-1] != str(segment.path):
+            paths.append(str(segment.path))
+            sources.append(segment.source)
+    return paths, np.array(sources, dtype=np.int64)
+
+
+def _check_choice(
+    rank: int, segments: list[Segment], of_source: np.ndarray, documents: Units, choice: RankChoice | None
+) -> np.ndarray:
     """Which of the rank's ``documents`` (in the order its files hold them) the plan's ``choice`` keeps, once they
-    are the very documents it chose from: the same tokens each, of the same sources; else the rank stops, since
-    another document's bytes in a chosen one's place would change the mixture."""
+    are the very documents it chose from: the same tokens each, of the same sources (``of_source``: each file's);
+    else the rank stops, since another document's bytes in a chosen one's place would change the mixture."""
     if choice is None:
         return np.arange(len(documents.ends))
-    sources = np.array([s.source for s in segments], dtype=np.int64)[documents.source]
+    sources = of_source[documents.source]
     lengths = documents.ends - documents.starts
     if not (np.array_equal(lengths, choice.lengths) and np.array_equal(sources, choice.sources)):
         files = ", ".join(s.file.url for s in segments if s.encoded) or "none"
@@ -105,15 +119,15 @@ def _check_choice(rank: int, segments: list[Segment], documents: Units, choice: 
     return np.flatnonzero(choice.uses > 0)
 
 
-def _chosen_contents(pool: SourcePool, segments: list[Segment], documents: Units, chosen: np.ndarray) -> Contents:
+def _chosen_contents(pool: SourcePool, of_source: np.ndarray, documents: Units, chosen: np.ndarray) -> Contents:
     """What the rank's files must hold: the chosen documents (``chosen``: their numbers among ``documents``, in
-    the segments' order), each of its file's source, read from the segments on a thread while they move; the others
-    are never read."""
+    the files' order), each of its file's source (``of_source``), read from the files on a thread while they move;
+    the others are never read."""
     used = Contents()
-    for i, segment in enumerate(segments):
+    for i, source in enumerate(of_source.tolist()):
         mine = np.sort(chosen[documents.source[chosen] == i])
         if len(mine):
-            sources = np.full(len(mine), segment.source, np.int64)
+            sources = np.full(len(mine), source, np.int64)
             used += pieces_contents(pool, i, documents.starts[mine], documents.ends[mine], sources)
     return used
 
@@ -232,7 +246,7 @@ def _scatter(
 
 
 class _Mix(NamedTuple):
-    """A mixture rank's sources: each segment's (in the rank's file order), and their names."""
+    """A mixture rank's sources: each family's (``_families``, in the rank's file order), and their names."""
 
     segment_sources: np.ndarray
     names: list[str]

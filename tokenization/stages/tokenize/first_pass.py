@@ -20,9 +20,9 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import closing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import cast
@@ -32,7 +32,7 @@ import orjson
 
 from tokenization.formats import contents as hashed
 from tokenization.formats.contents import ContentsHasher
-from tokenization.formats.ds import TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
+from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter, WrittenTokenFile
 from tokenization.inputs.content import rank_hashes
 from tokenization.inputs.formats import file_format, text_bytes_about
 from tokenization.output.attempts import Attempt
@@ -41,13 +41,17 @@ from tokenization.records import CacheEntry, FileSum, InputFile, Rejected
 from tokenization.rendering.renderer import Renderer
 from tokenization.stages.tokenize.hits import HitCheck, Sample
 from tokenization.stages.tokenize.segments import (
+    PLACES,
+    QUARANTINE,
     CacheOwner,
     Found,
     Held,
+    Loaded,
     Read,
     Reading,
     Segment,
     file_key,
+    lines_of,
     ones_file,
     places_of,
     served,
@@ -69,11 +73,20 @@ log = logging.getLogger(__name__)
 SEGMENTS = "segments"  # in the attempt's working folder: one folder a file, numbered in input order
 SEGMENT = "segment.ds"
 LOSS = f"{SEGMENT}.loss"
-QUARANTINE = "quarantine.jsonl"
-PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``hits``)
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
 AHEAD = 1024  # hits checked together, their samples encoded in one batch (``_check_ahead``): ~45 MB of text at most
-_Checked = tuple[dict[str, Path], Held, float]  # a hit checked ahead: its files, what they hold, its seconds
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A hit checked ahead: what its segment holds, its quarantine's bytes (None: it has none), its segment's path
+    (None while it is ``loaded`` in memory, before its run is written: ``_write_runs``) and its seconds."""
+
+    held: Held
+    quarantine: bytes | None
+    path: Path | None
+    loaded: Loaded | None
+    seconds: float = 0.0
 
 
 class FirstPass:
@@ -211,37 +224,38 @@ class FirstPass:
         them."""
         if i not in self._ahead:
             self._check_ahead(i)
-        if (checked := self._ahead.pop(i)) is None:
+        if (checked := self._ahead.pop(i)) is None or checked.path is None:
             return None
-        fetched, held, seconds = checked
         started = time.perf_counter()
-        folder = fetched[SEGMENT].parent.parent
+        folder = self.attempt.work / SEGMENTS / f"{i:05d}"
         quarantine = folder / QUARANTINE
         tally = self.tally.next_file()
-        if QUARANTINE in fetched:  # else none is written: the rank's quarantine gathers those there are
-            with writing(quarantine), open(quarantine, "wb") as out, open(fetched[QUARANTINE], "rb") as lines:
-                for line in lines:
-                    item = replace(Rejected.loads(line, str(fetched[QUARANTINE])), file=file.url)
+        if checked.quarantine is not None:  # else none is written: the rank's quarantine gathers those there are
+            folder.mkdir(parents=True, exist_ok=True)
+            with writing(quarantine), open(quarantine, "wb") as out:
+                for line in lines_of(checked.quarantine):
+                    item = replace(Rejected.loads(line, QUARANTINE), file=file.url)
                     out.write(_line(item))
                     tally(item)
         self.tally.add(tally)
+        held = checked.held
         counts = Counts.of(entry.counts)
         counts.contents = held.contents
         if held.plain is not None:  # this build saves no loss
             counts = without_loss(counts, held.plain)
         shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
-        read = self._cache.cache.signer is None and (PLACES not in fetched or file_format(file.url)[1] is not None)
-        seconds += time.perf_counter() - started
+        read = self._cache.cache.signer is None and (PLACES not in entry.files or file_format(file.url)[1] is not None)
+        seconds = checked.seconds + time.perf_counter() - started
         how = served(file, entry.key, counts, hit=True, seconds=seconds, read=read)
-        return Segment(file, fetched[SEGMENT], counts, quarantine, how)
+        return Segment(file, checked.path, counts, quarantine, how)
 
     def _check_ahead(self, i: int) -> None:
-        """Hit ``i`` and the next ones, ``AHEAD`` at most, checked together: each fetched and held against its
-        marker and its counts, and, without a key, its sample read from its input, on threads (each a few small
-        reads that wait for the disk, for the cache's files as for an input out of the page cache: one-line files
-        are as many waits as hits); then their samples encoded in one batch a source (``stages.tokenize.hits``), not one
-        encoder call a hit. A hit found unfit is removed from the cache (its file is tokenized again, in its
-        turn)."""
+        """Hit ``i`` and the next ones, ``AHEAD`` at most, checked together: each loaded (a small entry, in memory)
+        or fetched and held against its marker and its counts, and, without a key, its sample read from its input,
+        on threads (each a few small reads that wait for the disk, for the cache's files as for an input out of the
+        page cache: one-line files are as many waits as hits); then their samples encoded in one batch a source
+        (``stages.tokenize.hits``), not one encoder call a hit. A hit found unfit is removed from the cache (its file
+        is tokenized again, in its turn). The small hits left are written to pass 2 a file a run (``_write_runs``)."""
         hits = [k for k in range(i, len(self._found)) if self._found[k][2] is not None][:AHEAD]
         signed = self._cache.cache.signer is not None  # markers whose signatures verified: no sample is read
         checks = {} if signed else {k: self._hits(self._found[k][0]) for k in hits}  # the first loads HF's tokenizer
@@ -250,7 +264,7 @@ class FirstPass:
         share = (time.perf_counter() - started) / max(1, len(hits))
         by_source: dict[int, list[tuple[int, Sample]]] = {}
         for k, (checked, sample) in zip(hits, found, strict=True):
-            self._ahead[k] = None if checked is None else (checked[0], checked[1], share)
+            self._ahead[k] = None if checked is None else replace(checked, seconds=share)
             if isinstance(sample, str):
                 self._unfit(k, sample)
             elif sample is not None:
@@ -263,17 +277,62 @@ class FirstPass:
                 self._spent(k, share)
                 if problem is not None:
                     self._unfit(k, problem)
+        self._write_runs(hits)
+
+    def _write_runs(self, hits: list[int]) -> None:
+        """The small hits among ``hits`` that passed, held in memory, into pass 2's files: one ``.ds`` family a run
+        of them (files next to each other in input order, of one source), their documents end to end, where a
+        folder and four links a hit cost more than its bytes."""
+        runs: list[list[int]] = []
+        for k in hits:
+            checked = self._ahead.get(k)
+            if checked is None or checked.loaded is None:
+                continue
+            if runs and runs[-1][-1] == k - 1 and self._source(k) == self._source(k - 1):
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        for run in runs:
+            started = time.perf_counter()
+            path = self.attempt.work / SEGMENTS / f"{run[0]:05d}-hits.ds"
+            with writing(path.parent):
+                path.parent.mkdir(parents=True, exist_ok=True)
+            loaded = [cast("Loaded", cast("_Checked", self._ahead[k]).loaded) for k in run]
+            sizes = np.array([each.num_tokens for each in loaded], dtype=np.int64)
+            at = (np.cumsum(sizes) - sizes).tolist()
+            ends = np.concatenate([e.ends.astype(np.int64) + s for e, s in zip(loaded, at, strict=True)])
+            tokens = np.concatenate([each.tokens for each in loaded])
+            loss = None
+            if self.save_loss:
+                loss = np.concatenate([np.ones(e.num_tokens, LOSS_DTYPE) if e.loss is None else e.loss for e in loaded])
+            writer = TokenFileWriter(
+                path,
+                tokenizer=self.options.tokenizer,
+                token_size=self.encoder.token_size,
+                save_loss=self.save_loss,
+                durable=False,
+            )
+            with writer:
+                writer.write(tokens, ends, loss)
+            share = (time.perf_counter() - started) / len(run)
+            for k in run:
+                self._ahead[k] = replace(cast("_Checked", self._ahead[k]), path=path, loaded=None)
+                self._spent(k, share)
+
+    def _source(self, k: int) -> int:
+        return self._reading(self._found[k][0]).source
 
     def _one_ahead(self, k: int, check: HitCheck | None) -> tuple[_Checked | None, Sample | str | None]:
-        """Hit ``k`` fetched and held against its marker and counts (``_checked``), with its sample read from its
-        input when ``check`` is given (``HitCheck.sample``: or how the hit disagrees with its input)."""
+        """Hit ``k`` loaded or fetched and held against its marker and counts (``_checked``), with its sample read
+        from its input when ``check`` is given (``HitCheck.sample``: or how the hit disagrees with its input)."""
         file, _, entry = self._found[k]
-        checked = self._checked(cast("CacheEntry", entry), self.attempt.work / SEGMENTS / f"{k:05d}")
-        if checked is None or check is None:
+        found = self._checked(cast("CacheEntry", entry), self.attempt.work / SEGMENTS / f"{k:05d}")
+        if found is None:
+            return None, None
+        checked, places = found
+        if check is None:
             return checked, None
-        fetched, held, _ = checked
-        quarantine, places = fetched.get(QUARANTINE), fetched.get(PLACES)
-        return checked, check.sample(cast("CacheEntry", entry), held.segment, quarantine, file, places)
+        return checked, check.sample(cast("CacheEntry", entry), checked.held.segment, checked.quarantine, file, places)
 
     def _unfit(self, k: int, problem: str) -> None:
         """Hit ``k`` found unfit: its entry removed, its file to be tokenized in its turn."""
@@ -283,35 +342,62 @@ class FirstPass:
     def _spent(self, k: int, seconds: float) -> None:
         """Seconds more that checking hit ``k`` took, as its manifest counts them."""
         if (checked := self._ahead.get(k)) is not None:
-            self._ahead[k] = (checked[0], checked[1], checked[2] + seconds)
+            self._ahead[k] = replace(checked, seconds=checked.seconds + seconds)
 
-    def _checked(self, entry: CacheEntry, folder: Path) -> _Checked | None:
-        """A hit's files fetched into ``folder`` (an earlier try's removed) and what its segment holds (``Held``);
-        or None when its files disagree with its marker or with its counts (a marker edited by hand,
+    def _checked(self, entry: CacheEntry, folder: Path) -> tuple[_Checked, np.ndarray | None] | None:
+        """A hit's files, in memory when its marker holds them (a small entry: ``CacheEntry.inline``), else
+        fetched into ``folder`` (an earlier try's removed), what its segment holds (``Held``), and its places; or
+        None when its files disagree with its marker or with its counts (a marker edited by hand,
         ``Held.against``), and the entry is removed."""
-        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
-        fetched = self._cache.cache.fetch(entry, folder / CACHED)
-        if fetched is None:
-            return None
-        held = self._held(entry, fetched)
+        cache = self._cache.cache
+        path: Path | None = None
+        if entry.inline is not None:
+            files = cache.load(entry)
+            if files is None:
+                return None
+            quarantine, places = files.get(QUARANTINE), files.get(PLACES)
+            held = self._held(entry, files, quarantine, lambda: Loaded.of(files, SEGMENT, self.encoder.token_size))
+            table = None if places is None else np.frombuffer(places[: len(places) // 8 * 8], dtype="<i8")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
+            if (fetched := cache.fetch(entry, folder / CACHED)) is None:
+                return None
+            path = fetched.get(SEGMENT)
+            quarantine = fetched[QUARANTINE].read_bytes() if QUARANTINE in fetched else None
+            held = self._held(entry, fetched, quarantine, lambda: self._on_disk(fetched))
+            table = np.fromfile(fetched[PLACES], dtype="<i8") if PLACES in fetched else None
         if isinstance(held, str):
-            self._cache.cache.discard(entry, held)
+            cache.discard(entry, held)
             return None
-        return fetched, held, 0.0
+        loaded = held.segment if isinstance(held.segment, Loaded) else None
+        return _Checked(held, quarantine, path, loaded), table
 
-    def _held(self, entry: CacheEntry, fetched: dict[str, Path]) -> Held | str:
-        """What a fetched hit's segment holds, or how it disagrees with its counts."""
+    def _on_disk(self, fetched: dict[str, Path]) -> TokenFile:
+        """A fetched hit's segment, with a loss file of ones when this build saves loss and the entry has none
+        (every byte 1: its counts must say so, ``Held.against``)."""
+        if self.save_loss and LOSS not in fetched:
+            size = TokenFile(str(fetched[SEGMENT]), self.encoder.token_size).num_tokens
+            fetched[LOSS] = ones_file(fetched[SEGMENT].with_name(LOSS), size)
+        return TokenFile(str(fetched[SEGMENT]), self.encoder.token_size)
+
+    def _held(
+        self,
+        entry: CacheEntry,
+        names: Collection[str],
+        quarantine: bytes | None,
+        segment: Callable[[], TokenFile | Loaded],
+    ) -> Held | str:
+        """What a hit's segment holds (its files ``names``, read as ``segment`` gives them), or how it and its
+        ``quarantine`` disagree with its counts."""
         family = [SEGMENT, f"{SEGMENT}.index", f"{SEGMENT}.metadata"]
-        if missing := [name for name in family if name not in fetched]:
+        if missing := [name for name in family if name not in names]:
             return f"it holds no {missing[0]}"
         try:
-            if self.save_loss and LOSS not in fetched:  # every byte 1 (its counts must say so: ``Held.against``)
-                size = TokenFile(str(fetched[SEGMENT]), self.encoder.token_size).num_tokens
-                fetched[LOSS] = ones_file(fetched[SEGMENT].with_name(LOSS), size)
-            held = Held.read(TokenFile(str(fetched[SEGMENT]), self.encoder.token_size), plain=not self.save_loss)
+            held = Held.read(segment(), plain=not self.save_loss)
         except TokenFileError as exc:
             return str(exc)
-        return held.against(entry.counts, fetched.get(QUARANTINE), self.encoder.vocab_size) or held
+        lines = len(lines_of(quarantine or b""))
+        return held.against(entry.counts, lines, self.encoder.vocab_size) or held
 
     def _hits(self, file: InputFile) -> HitCheck:
         """What the hits of ``file``'s source are held against, made at its first hit: it loads HF's tokenizer, to

@@ -9,7 +9,7 @@ does not grow with its input file: a sample of its documents is read from the in
 start, and encoded again with HF, and must be the hit's, tokens and loss bytes.
 
 - The places: a miss records, beside its segment, where each document's record starts in its input
-  (``first_pass.PLACES``: the byte offset of its line in the file's decompressed bytes, or its row in a parquet
+  (``segments.PLACES``: the byte offset of its line in the file's decompressed bytes, or its row in a parquet
   file, and its line or row number). They must go forward through the file, a document each, on lines the
   entry's quarantine does not name.
 - The sample: the first document, then others, ``SAMPLE_DOCS`` at most, drawn from the entry's key and the
@@ -45,7 +45,6 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -53,6 +52,7 @@ from tokenization.formats.ds import TokenFile
 from tokenization.inputs.reader import Record
 from tokenization.records import CacheEntry, InputFile, RecordError, Rejected
 from tokenization.rendering.renderer import Renderer
+from tokenization.stages.tokenize.segments import QUARANTINE, Loaded, lines_of
 from tokenization.tokenizer.cutting import NO_EXACT_CUT
 from tokenization.tokenizer.documents import DocumentOptions, utf8_length
 from tokenization.tokenizer.encoding import Encoded, Encoder
@@ -89,12 +89,17 @@ class HitCheck:
     build: str  # the run folder of the build that reads the hits: each build draws its own sample
 
     def sample(
-        self, entry: CacheEntry, segment: TokenFile, quarantine: Path | None, file: InputFile, places: Path | None
+        self,
+        entry: CacheEntry,
+        segment: TokenFile | Loaded,
+        quarantine: bytes | None,
+        file: InputFile,
+        places: np.ndarray | None,
     ) -> Sample | str:
-        """The sample of the hit ``entry`` (its ``segment``, its ``quarantine`` file, if any, and its ``places``, all
-        checked against its marker), read from the input ``file`` it stands for, to be encoded with the rank's
-        others (``verdicts``); or how the hit already disagrees with its input. An entry stored before places were
-        recorded has none: its input is read whole (``_read_again``)."""
+        """The sample of the hit ``entry`` (its ``segment``, its ``quarantine`` file's bytes, if any, and its
+        ``places`` table, all checked against its marker), read from the input ``file`` it stands for, to be encoded
+        with the rank's others (``verdicts``); or how the hit already disagrees with its input. An entry stored
+        before places were recorded has none: its input is read whole (``_read_again``)."""
         c = entry.counts
         seed = f"{self.build}\n{entry.key}"
         drawn = _drawn(seed, c.docs_written)
@@ -125,12 +130,17 @@ class HitCheck:
         return _chosen(segment, read.sampled, drawn, silent, seed)
 
     def _at_places(
-        self, segment: TokenFile, quarantine: Path | None, file: InputFile, places: Path, drawn: list[int], seed: str
+        self,
+        segment: TokenFile | Loaded,
+        quarantine: bytes | None,
+        file: InputFile,
+        table: np.ndarray,
+        drawn: list[int],
+        seed: str,
     ) -> Sample | str:
         """The drawn documents' records, read from the input where the hit's places say they start (there, and
         nowhere else: ``DocumentReader.at``), or how the places disagree with it. The places must go forward
         through the file, a document each, on lines that its quarantine does not name."""
-        table = np.fromfile(places, dtype="<i8")
         documents = len(segment.ends)
         if len(table) != 2 * documents:
             return f"its places file holds {len(table) * 8:,} bytes, for {documents:,} documents"
@@ -156,7 +166,7 @@ class HitCheck:
             sampled[k] = item
         return _chosen(segment, sampled, drawn, 0, seed)
 
-    def _read_again(self, file: InputFile, quarantine: Path | None, drawn: set[int]) -> tuple[_Read, str | None]:
+    def _read_again(self, file: InputFile, quarantine: bytes | None, drawn: set[int]) -> tuple[_Read, str | None]:
         """Read the input file as its rank does, checking the hit's quarantine line by line on the way; keep the
         drawn records of at most ``SAMPLE_BYTES``. Returns what was read, and the first difference found."""
         uncut = {item.line: _digest(item.raw) for item in _quarantined(quarantine) if item.reason == NO_EXACT_CUT}
@@ -254,12 +264,14 @@ class Sample:
     ``segment``, and the records ``chosen`` (``(k, record, window)``: record ``k``, whole or a window of it), of
     which ``silent`` texts before each may have encoded to no token."""
 
-    segment: TokenFile
+    segment: TokenFile | Loaded
     chosen: list[tuple[int, Record, bool]]
     silent: int
 
 
-def _chosen(segment: TokenFile, sampled: dict[int, Record], drawn: list[int], silent: int, seed: str) -> Sample:
+def _chosen(
+    segment: TokenFile | Loaded, sampled: dict[int, Record], drawn: list[int], silent: int, seed: str
+) -> Sample:
     """The sampled records to encode, in order of preference: whole while ``SAMPLE_BYTES`` of text last, and a
     record beyond them, of any length, by a window of ``WINDOW_CHARS`` or so drawn by ``seed`` (``_window``)."""
     chosen, room = [], SAMPLE_BYTES
@@ -328,10 +340,7 @@ def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
-def _quarantined(path: Path | None) -> Iterator[Rejected]:
+def _quarantined(data: bytes | None) -> Iterator[Rejected]:
     """A hit's quarantine, record by record (``RecordError`` on a line that is none)."""
-    if path is None:
-        return
-    with open(path, "rb") as lines:
-        for line in lines:
-            yield Rejected.loads(line, str(path))
+    for line in lines_of(data or b""):
+        yield Rejected.loads(line, QUARANTINE)

@@ -6,14 +6,14 @@ what a segment taken from the cache holds, read once to check it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
-from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError
+from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFile, TokenFileError, token_dtype
 from tokenization.formats.source_pool import SourcePool
 from tokenization.inputs.content import content_identity
 from tokenization.inputs.reader import DocumentReader, Record
@@ -28,12 +28,15 @@ from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.pipeline import ReadAhead
 
+QUARANTINE = "quarantine.jsonl"  # a segment's rejected records; an entry's too
+PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``hits``)
+
 
 @dataclass(frozen=True)
 class Segment:
-    """One input file's first pass: its documents' ``.ds`` family (``path``), its counts, and its rejected records
-    (``quarantine``: one JSON line each, naming the file as this rank reads it); ``cached``: how the cache served
-    it (None without a cache)."""
+    """One input file's first pass: its documents' ``.ds`` family (``path``: a run of small cache hits shares one,
+    their documents end to end in input order), its counts, and its rejected records (``quarantine``: one JSON line
+    each, naming the file as this rank reads it); ``cached``: how the cache served it (None without a cache)."""
 
     file: InputFile
     path: Path
@@ -104,12 +107,45 @@ class CacheOwner:
 
 
 @dataclass(frozen=True)
+class Loaded:
+    """A small cache hit's segment in memory, from its entry's files (``Cache.load``): what a ``TokenFile`` of it
+    on disk gives (its tokens, index and loss bytes, or None without a ``.loss``: every byte 1)."""
+
+    tokens: np.ndarray
+    ends: np.ndarray
+    loss: np.ndarray | None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def of(cls, files: Mapping[str, bytes], name: str, token_size: int) -> Loaded:
+        """The family ``name`` (``segment.ds``) among ``files``, read as a ``TokenFile`` is: its metadata's token
+        size must be ``token_size``, and each file whole entries; else a ``TokenFileError``."""
+        metadata = Metadata.parse(files[f"{name}.metadata"].decode("utf-8", "replace"), f"{name}.metadata")
+        if metadata.token_size != token_size:
+            raise TokenFileError(f"{name}: metadata says token_size {metadata.token_size}, caller expects {token_size}")
+        loss = files.get(f"{name}.loss")
+        arrays = [(files[name], token_dtype(token_size)), (files[f"{name}.index"], INDEX_DTYPE)]
+        if loss is not None:
+            arrays.append((loss, LOSS_DTYPE))
+        for data, dtype in arrays:
+            if len(data) % dtype.itemsize:
+                raise TokenFileError(f"{name}: a file of {len(data):,} bytes, not whole entries of {dtype.itemsize}")
+        tokens, ends, *rest = (np.frombuffer(data, dtype=dtype) for data, dtype in arrays)
+        if rest and len(rest[0]) != len(tokens):
+            raise TokenFileError(f"its loss file holds {len(rest[0]):,} bytes for {len(tokens):,} tokens")
+        return cls(tokens, ends, rest[0] if rest else None)
+
+
+@dataclass(frozen=True)
 class Held:
     """What a cache hit's segment holds, read once, in blocks: its index, its highest id, its loss bytes' highest
     value and how many are 1, and its contents (``formats.contents``) with its loss bytes, as its counts record
     them; ``plain``: the contents of its tokens alone, when asked (a build that saves no loss)."""
 
-    segment: TokenFile
+    segment: TokenFile | Loaded
     ends: np.ndarray
     top: int
     loss_top: int
@@ -118,20 +154,34 @@ class Held:
     plain: Contents | None
 
     @classmethod
-    def read(cls, segment: TokenFile, *, plain: bool) -> Held:
+    def read(cls, segment: TokenFile | Loaded, *, plain: bool) -> Held:
         """The segment's facts; its loss bytes are its ``.loss`` file's, or every one 1 without one (an entry's
         whose bytes are all 1). A loss file that does not cover its tokens is a ``TokenFileError``."""
+        if isinstance(segment, Loaded):
+            loss = segment.loss
+            return cls._scan(segment, lambda a, b: (segment.tokens[a:b], None if loss is None else loss[a:b]), plain)
         with_file = segment.exists(".loss")
         if with_file and segment.size(".loss") != segment.num_tokens:
             raise TokenFileError(
                 f"its loss file holds {segment.size('.loss'):,} bytes for {segment.num_tokens:,} tokens"
             )
+        with SourcePool([segment.url], segment.token_size, with_file) as pool:
+            return cls._scan(segment, lambda a, b: pool.read(0, a, b), plain)
+
+    @classmethod
+    def _scan(
+        cls,
+        segment: TokenFile | Loaded,
+        blocks: Callable[[int, int], tuple[np.ndarray, np.ndarray | None]],
+        plain: bool,
+    ) -> Held:
+        """The facts of a segment whose tokens and loss bytes (None: every one 1) ``blocks`` reads."""
         ends = np.asarray(segment.ends, dtype=np.int64)
         seen = {"top": -1, "loss_top": 0, "loss_ones": 0}
         alone = ContentsHasher() if plain else None
 
         def read(start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-            tokens, loss = pool.read(0, start, stop)
+            tokens, loss = blocks(start, stop)
             loss = np.ones(len(tokens), dtype=LOSS_DTYPE) if loss is None else loss
             seen["top"] = max(seen["top"], int(tokens.max()))
             seen["loss_top"] = max(seen["loss_top"], int(loss.max()))
@@ -140,14 +190,13 @@ class Held:
                 alone.add(tokens, within(ends, start, stop))
             return tokens, loss
 
-        with SourcePool([segment.url], segment.token_size, with_file) as pool:
-            (contents,) = stream_contents(read, [(ends, segment.num_tokens)])
+        (contents,) = stream_contents(read, [(ends, segment.num_tokens)])
         return cls(segment, ends, contents=contents, plain=None if alone is None else alone.result(), **seen)
 
-    def against(self, c: RankCounts, quarantine: Path | None, vocab_size: int) -> str | None:
-        """How the segment and its ``quarantine`` disagree with their counts ``c``, or None: every id within the
-        vocabulary, every loss byte 0 or 1, every document of a token at least, and the documents, tokens, lengths,
-        contents and quarantined records the counts say."""
+    def against(self, c: RankCounts, quarantined: int, vocab_size: int) -> str | None:
+        """How the segment and its ``quarantined`` records (lines) disagree with their counts ``c``, or None: every
+        id within the vocabulary, every loss byte 0 or 1, every document of a token at least, and the documents,
+        tokens, lengths, contents and quarantined records the counts say."""
         if self.top >= vocab_size:
             return f"its documents hold id {self.top:,}, outside the tokenizer's {vocab_size:,}"
         if self.loss_top > 1:
@@ -163,7 +212,7 @@ class Held:
             "documents of no token (its index goes back)": (int(np.count_nonzero(lengths <= 0)), 0),
             "tokens in its longest document": (shape.longest, c.longest),
             "tokens with loss": (self.loss_ones, c.loss_tokens),
-            "quarantined records": (lines_in(quarantine) if quarantine else 0, c.rejected_total),
+            "quarantined records": (quarantined, c.rejected_total),
         }
         for what, (value, said) in found.items():
             if said is not None and value != said:
@@ -220,6 +269,7 @@ def places_of(records: Sequence[Record], lengths: np.ndarray) -> np.ndarray:
     return texts[lengths > 0]
 
 
-def lines_in(path: Path) -> int:
-    with open(path, "rb") as lines:
-        return sum(1 for _ in lines)
+def lines_of(data: bytes) -> list[bytes]:
+    """The lines of a quarantine's bytes, as reading its file line by line gives them (split at newlines only)."""
+    *whole, last = data.split(b"\n")
+    return [line + b"\n" for line in whole] + ([last] if last else [])

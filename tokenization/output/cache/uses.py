@@ -11,14 +11,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-import fsspec
-
 from tokenization.errors import reaching
 from tokenization.output.cache.claim import claim
 from tokenization.output.cache.names import IN_FLIGHT_SECONDS, USE_BYTES
 from tokenization.output.cache.store import Store
 from tokenization.records import CacheUse, RecordError
 from tokenization.storage.folder import Folder, StorageOptions, file_at
+from tokenization.storage.locations import split_protocol
 
 log = logging.getLogger("tokenization.output.cache")
 
@@ -104,7 +103,7 @@ def builds_there(runs: set[str], storage_options: StorageOptions | None) -> dict
 
 def _storage_of(url: str) -> str:
     """The store a URL is on, as retention names it: ``s3://bucket``, or the path itself on this machine."""
-    protocol, path = fsspec.core.split_protocol(url)
+    protocol, path = split_protocol(url)
     return f"{protocol}://{path.split('/', 1)[0]}" if protocol else url
 
 

@@ -13,7 +13,9 @@ from datetime import datetime, timezone
 import orjson
 import pytest
 
+import tokenization.stages.tokenize as stage
 from tests.support.builds import config_of, in_process
+from tests.support.stages import cache_of
 from tokenization.builds.accounting import incomplete_ranks
 from tokenization.builds.complete import summary
 from tokenization.builds.config import tokenizer_folder
@@ -135,6 +137,36 @@ def test_a_planned_file_that_changes_or_vanishes_fails_its_rank_naming_it(tmp_pa
     with pytest.raises(InputError, match=r"part-00003.jsonl.gz: gone since the build was planned"):
         build.tokenize(1, progress=False)
     assert incomplete_ranks(build.layout.ranks, 2) == {0: "no completion marker", 1: "no completion marker"}
+
+
+def test_a_file_changed_while_its_rank_read_it_fails_the_rank_and_a_hit_is_not_looked_at_again(
+    tmp_path, inputs, sample_tokenizer, monkeypatch
+) -> None:
+    """A rank looks at the files it read again once it has read them: one that changed meanwhile fails it, naming
+    the file. A cache hit was not read whole (a sample at most, which a change fails): its tokens are the planned
+    bytes', so it is not looked at again (a next night's rank of 25,000 hits stat-ed each twice), and the build is the
+    first night's."""
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    first = Build.start(config, "first").run()
+    uncached = Build.start(config_of(inputs, tmp_path / "off", sample_tokenizer, cache="off"), "b")
+    cached = Build.start(config, "next")
+    rank_0 = inputs / "part-00000.jsonl.gz"  # rank 0 takes files 0 and 2
+    data = rank_0.read_bytes()
+    original = stage.second_pass
+
+    def changing(*args, **kwargs):
+        rewritten(rank_0, data[:-1] + bytes([data[-1] ^ 1]))  # after pass 1 read it, before the rank ends
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(stage, "second_pass", changing)
+    with pytest.raises(InputError, match=rf"^{rank_0}: changed since the build was planned: "):
+        uncached.tokenize(0, progress=False)
+    rewritten(rank_0, data)
+    served = cached.tokenize(0, progress=False).record
+    assert [f.hit for f in cache_of(served).files] == [True, True]
+    rewritten(rank_0, data)
+    monkeypatch.undo()
+    assert cached.run().record.digest == first.record.digest
 
 
 def test_a_chmod_or_a_copy_keeping_the_mtime_is_the_same_file(tmp_path, inputs, sample_tokenizer, monkeypatch):

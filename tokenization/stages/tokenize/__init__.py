@@ -287,7 +287,9 @@ def tokenize_rank(
         log.info("rank %d: pass 2 done, %s, %s", config.rank, counted(len(written), "file"), config.kind)
         counts.tokens_written = sum(w.tokens for w in written)
         not_chosen = None if choice is None else counts.tokens - counts.tokens_written
-        check_unchanged(files, config.storage_options, remembered)  # nor one that changed while it was read
+        # nor one that changed while it was read; a hit was not read whole (a sample at most, which a change fails):
+        # what it gave is the planned bytes' tokens, so only the encoded files are looked at again
+        check_unchanged([s.file for s in segments if s.encoded], config.storage_options, remembered)
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
         encoded = total([s for s in segments if s.encoded])  # the rates are of encoding: the cache's hits aside
         record = RankManifest(

@@ -44,6 +44,7 @@ from tokenization.records import (
     MdsOutput,
     MergeCounts,
     Mixture,
+    RankManifest,
     ReportFiles,
     Retention,
     SourceAccount,
@@ -113,12 +114,13 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
         footprint.remove(Layout(folder), done.record.removed)
         return done
     try:
-        record = build_record(config, run)
+        ranks = accounting.rank_manifests(Layout(folder).ranks, config.num_ranks)  # read once: each is a file's row
+        record = build_record(config, run, ranks)
     except Exception:
         unpublish(config, run)
         raise
     record = replace(record, report=ReportFiles(html=REPORT_HTML, json=REPORT_JSON))
-    write_report(folder, record)  # before the record that declares the build complete
+    write_report(folder, record, ranks=ranks)  # before the record that declares the build complete
     if config.output_format == "megatron":
         _write_data_path(folder, config.folder(record.dataset), config.mixed)
     folder.put(BUILD_MANIFEST, record.dumps())
@@ -127,7 +129,7 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
     deleted = expire(output, keep, {newest, folder.url}) if keep else []
     cleaned = _clean_cache(config) if keep else None
     if keep and (deleted or (cleaned and cleaned.entries)):  # (neither without keep)
-        write_report(folder, record, Retention(keep=keep, deleted=deleted, cache=cleaned))
+        write_report(folder, record, Retention(keep=keep, deleted=deleted, cache=cleaned), ranks)
     footprint.remove(Layout(folder), record.removed)
     for stage in Layout(folder).stages.values():
         remove_staging(stage)
@@ -200,8 +202,9 @@ def unpublish(config: BuildConfig, run: Run) -> None:
         log.warning("%s removed: the build is incomplete until it is published again", folder.url_of(BUILD_MANIFEST))
 
 
-def build_record(config: BuildConfig, run: Run) -> BuildRecord:
-    """The record of a build whose dataset verifies and whose books hold; a BuildError says what does not."""
+def build_record(config: BuildConfig, run: Run, ranks: list[RankManifest]) -> BuildRecord:
+    """The record of a build whose dataset verifies and whose books hold, by its ``ranks``' manifests
+    (``accounting.rank_manifests``); a BuildError says what does not."""
     layout = Layout(config.folder(run.run_dir))
     merged = accounting.stage_counts(layout.merged, MergeCounts)
     context = accounting.stage_counts(layout.context, ContextCounts)
@@ -216,7 +219,6 @@ def build_record(config: BuildConfig, run: Run) -> BuildRecord:
         found = f"{len(checked.problems)} problem{'s' * (len(checked.problems) != 1)}"
         raise BuildError(f"verify found {found} in {dataset.url}; the build is not published")
     recorded = Run.of(run.spec, config.storage_options).plan  # read again: a run folder replaced since is refused
-    ranks = accounting.rank_manifests(layout.ranks, config.num_ranks)
     balance = accounting.conservation(ranks, recorded.shared)
     if balance.inputs_problem:
         raise BuildError(f"the ranks did not read exactly the plan's input files: {balance.inputs_problem}")

@@ -56,11 +56,18 @@ SETTINGS = (
 RENDERING = ("template", "loss_fields", "messages_key", "chat_template", "loss_roles")  # when records are rendered
 
 
-def report_data(run: Folder, build: BuildRecord | None = None, retention: Retention | None = None) -> dict[str, Any]:
+def report_data(
+    run: Folder,
+    build: BuildRecord | None = None,
+    retention: Retention | None = None,
+    ranks: list[RankManifest] | None = None,
+) -> dict[str, Any]:
     """Everything the report shows: the build record itself (``build``, when it is not written yet), and what the
-    run's rank manifests add to it, with the builds that retention deleted when there were any."""
+    run's rank manifests (``ranks``, when they were read already) add to it, with the builds that retention deleted
+    when there were any."""
     build = build or _build_record(run)
-    ranks = rank_manifests(Layout(run).ranks, build.stages.tokenize.ranks)
+    if ranks is None:
+        ranks = rank_manifests(Layout(run).ranks, build.stages.tokenize.ranks)
     lengths: Counter[int] = Counter()
     for rank in ranks:
         for row in rank.counts.length_histogram:
@@ -245,11 +252,16 @@ def _rank_row(rank: RankManifest) -> dict[str, Any]:
     }
 
 
-def write_report(run: Folder, build: BuildRecord | None = None, retention: Retention | None = None) -> BuildRecord:
+def write_report(
+    run: Folder,
+    build: BuildRecord | None = None,
+    retention: Retention | None = None,
+    ranks: list[RankManifest] | None = None,
+) -> BuildRecord:
     """Write ``report.json`` and ``report.html`` into the run folder, each atomically; return the build record they
     show."""
     build = build or _build_record(run)
-    data = report_data(run, build, retention)
+    data = report_data(run, build, retention, ranks)
     run.put(REPORT_JSON, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     run.put(REPORT_HTML, render_html(data).encode())
     return build

@@ -36,7 +36,7 @@ from tokenization.builds.run import Build
 from tokenization.errors import TokenizationError
 from tokenization.output.cache import DATA, ENTRIES, IN_FLIGHT_SECONDS, USES, Cache, names
 from tokenization.records import RankManifest
-from tokenization.stages.tokenize import first_pass
+from tokenization.stages.tokenize import from_cache
 from tokenization.stages.tokenize.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
 from tokenization.storage.checksums import BLAKE3, SHA256, checksum, file_checksum
 from tokenization.storage.folder import Folder
@@ -947,7 +947,7 @@ def test_a_doctored_small_file_among_many_hits_is_the_one_caught(
     a doctored entry among them (a token changed, every checksum rewritten) is still the one that misses and is
     named, whichever batch holds it, and the build is that of an empty cache: a small entry's files held in its
     marker, as a one-line file's are, or in a data folder, as a large one's (and every one of an earlier version)."""
-    monkeypatch.setattr(first_pass, "AHEAD", 4)  # 12 hits in three batches
+    monkeypatch.setattr(from_cache, "AHEAD", 4)  # 12 hits in three batches
     if where == "in a data folder":
         monkeypatch.setattr(names, "INLINE_BYTES", -1)
     for k in range(12):

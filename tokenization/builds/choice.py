@@ -37,7 +37,7 @@ from tokenization.builds.shortfall import planned_entries
 from tokenization.formats.ds import INDEX_DTYPE
 from tokenization.formats.names import rank_stem
 from tokenization.output.cache import Cache
-from tokenization.stages.tokenize.first_pass import SEGMENT
+from tokenization.stages.tokenize.segments import SEGMENT
 from tokenization.storage.concurrent import map_concurrently
 from tokenization.storage.folder import Folder
 from tokenization.tokenizer.encoding import Encoder

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFile, TokenFileError, token_dtype
@@ -28,6 +29,9 @@ from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.pipeline import ReadAhead
 
+SEGMENTS = "segments"  # in the attempt's working folder: one folder a file, numbered in input order
+SEGMENT = "segment.ds"
+LOSS = f"{SEGMENT}.loss"
 QUARANTINE = "quarantine.jsonl"  # a segment's rejected records; an entry's too
 PLACES = "places.i64"  # where each document's record starts in the input, a hit's sample read there (``hits``)
 
@@ -273,3 +277,8 @@ def lines_of(data: bytes) -> list[bytes]:
     """The lines of a quarantine's bytes, as reading its file line by line gives them (split at newlines only)."""
     *whole, last = data.split(b"\n")
     return [line + b"\n" for line in whole] + ([last] if last else [])
+
+
+def quarantine_line(item: Rejected) -> bytes:
+    """A rejected record as its line in a quarantine."""
+    return orjson.dumps(item.to_json()) + b"\n"

@@ -4,6 +4,7 @@ the tokenization cache hold are recorded, reported and shown."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -99,7 +100,10 @@ def test_a_published_build_holds_one_copy_of_its_dataset(published) -> None:
     cache = record.footprint.cache  # the default one, {output}/.cache: the build's 4 input files
     assert cache.location == str(run_dir.parent / ".cache") and cache.entries == 4
     assert cache.tokens == record.tokens == 64_522
-    assert cache.bytes == sum(files(run_dir.parent / ".cache" / "data").values())
+    markers = [json.loads(path.read_bytes()) for path in (run_dir.parent / ".cache" / "entries").glob("*.json")]
+    inline = sum(len(base64.b64decode(data)) for marker in markers for data in (marker.get("inline") or {}).values())
+    assert inline > 0  # a small entry's files are held in its marker (cache-entry/4), the others in data folders
+    assert cache.bytes == sum(files(run_dir.parent / ".cache" / "data").values()) + inline
 
     done = cli("verify", str(run_dir))
     assert done.returncode == 0 and done.stdout.splitlines()[-1].endswith("4 files, 64,522 tokens: OK"), done.stderr

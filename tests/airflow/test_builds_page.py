@@ -357,7 +357,9 @@ def test_a_mixture_typed_into_the_trigger_form_survives_or_the_form_says_to_past
     wait.until(expected_conditions.element_to_be_clickable(trigger)).click()
     field = wait.until(expected_conditions.presence_of_element_located((By.XPATH, FORM_FIELD.format("Mixture"))))
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", field)
-    field.find_element(By.CSS_SELECTOR, ".view-lines").click()  # the editor (Monaco) takes the focus
+    # the editor (Monaco) renders after its field: waited for, then it takes the focus
+    editor = (By.XPATH, FORM_FIELD.format("Mixture") + "//*[contains(concat(' ', @class, ' '), ' view-lines ')]")
+    wait.until(expected_conditions.element_to_be_clickable(editor)).click()
     ActionChains(browser).key_down(Keys.CONTROL).send_keys("a").key_up(Keys.CONTROL).perform()
     spec = {"tokens": 1000, "sources": [{"name": "web", "input": "/data/web", "weight": 1}]}
     typed = '{"tokens": 1000,\n"sources": [{"name": "web",\n"input": "/data/web",\n"weight": 1}]}'

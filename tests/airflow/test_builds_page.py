@@ -382,31 +382,41 @@ FORM_FIELD = "//label[normalize-space()='{}']/ancestor::div[@role='group'][1]"  
 
 @contextlib.contextmanager
 def api_server() -> Iterator[str]:
-    """``airflow api-server`` on a free port, with this repo's plugins and the tests' database; its base URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    """``airflow api-server`` on a free port, with this repo's plugins and the tests' database; its base URL. The
+    port is free when probed, and another process may take it before the server binds it: a server that exits
+    before it answers is started again on another port."""
     ARTIFACTS.mkdir(exist_ok=True)
     log = ARTIFACTS / "api-server.log"
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "airflow", "api-server", "--port", str(port), "--workers", "1"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=os.environ.copy(),
-            start_new_session=True,
-        )
+    for _ in range(SERVER_STARTS):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        with open(log, "wb") as out:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "airflow", "api-server", "--port", str(port), "--workers", "1"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=os.environ.copy(),
+                start_new_session=True,
+            )
         try:
             base = f"http://127.0.0.1:{port}"
             deadline = time.time() + 120
-            while not _answers(f"{base}/api/v2/monitor/health"):
-                if server.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"the api-server did not come up; see {log}")
+            while server.poll() is None and not _answers(f"{base}/api/v2/monitor/health"):
+                if time.time() > deadline:
+                    raise RuntimeError(f"the api-server did not come up in 120 s; see {log}")
                 time.sleep(1)
-            yield base
+            if server.poll() is None:
+                yield base
+                return
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(timeout=30)
+    raise RuntimeError(f"the api-server exited before it answered, {SERVER_STARTS} times; see {log}")
+
+
+SERVER_STARTS = 3  # ports tried: each probed free, then bound by the server
 
 
 def _answers(url: str) -> bool:

@@ -157,7 +157,7 @@ class Gathered:
 
     def _read(self) -> None:
         latest: dict[str, tuple[int, int, dict[str, int]]] = {}
-        while (message := self.queue.get()) is not None:
+        while (message := self._next()) is not None:
             key, done, total, counts = message
             latest[key] = (done, total, counts)
             if not self.fixed:
@@ -166,6 +166,14 @@ class Gathered:
             for _, _, each in latest.values():
                 summed.update(each)
             self.progress.update(sum(done for done, _, _ in latest.values()), **summed)
+
+    def _next(self) -> tuple[str, int, int, dict[str, int]] | None:
+        """The next message; None at the end, or once no process can send one: after Ctrl-C the reader is left, and
+        the build's own process, which relays its own step's progress too, closes its end of the queue as it exits."""
+        try:
+            return cast(tuple[str, int, int, dict[str, int]] | None, self.queue.get())
+        except (EOFError, OSError):
+            return None
 
 
 def _size(amount: int, unit: str) -> str:

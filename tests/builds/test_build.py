@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import pstats
 import re
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 
 import orjson
 import pytest
@@ -26,7 +29,7 @@ from tokenization.builds.accounting import (
     token_flow,
 )
 from tokenization.builds.config import BuildConfig
-from tokenization.builds.run import BUILD_LEASE, Build
+from tokenization.builds.run import BUILD_LEASE, Build, _longest_first
 from tokenization.errors import AttemptConflict, UsageError
 from tokenization.formats.ds import TokenFileError
 from tokenization.output import manifest
@@ -47,19 +50,48 @@ from tokenization.storage.folder import Folder
 
 def test_a_worker_writes_its_profile_where_asked(tmp_path, sample_corpus, sample_tokenizer, monkeypatch) -> None:
     """Issue 52, 6: with TOKENIZATION_PROFILE naming a folder, each step a worker process runs leaves its cProfile
-    statistics there (py-spy does not follow the fork server's workers); the bytes are a build's without it."""
+    statistics there (py-spy does not follow the fork server's workers); the bytes are a build's without it. The
+    first rank runs in the build's own process, which has planned while the fork server imported: it starts at
+    once, and the second in a worker."""
     from tokenization.builds import workers
 
     monkeypatch.setenv(workers.PROFILE, str(tmp_path / "profiles"))
     profiled = Build.start(config_of(sample_corpus, tmp_path, sample_tokenizer), "profiled").run(parallel=2)
     names = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "profiles").glob("*.prof"))
-    assert names == ["tokenize-0", "tokenize-1"]  # the ranks' workers (a context window of 0: no shards)
+    assert names == ["tokenize-0", "tokenize-1"]  # the ranks (a context window of 0: no shards)
+    pids = {p.name.rsplit("-", 1)[0]: int(p.stem.rsplit("-", 1)[1]) for p in (tmp_path / "profiles").glob("*.prof")}
+    assert pids["tokenize-0"] == os.getpid() != pids["tokenize-1"]
     (rank,) = (tmp_path / "profiles").glob("tokenize-0-*.prof")
     profile = pstats.Stats(str(rank)).stats  # type: ignore[attr-defined]  # typeshed leaves out Stats' table
     assert any(name == "tokenize_rank" for _, _, name in profile)
     monkeypatch.delenv(workers.PROFILE)
     plain = Build.start(config_of(sample_corpus, tmp_path / "plain", sample_tokenizer), "plain").run(parallel=2)
     assert profiled.record.digest == plain.record.digest
+
+
+def test_a_rank_failed_in_the_build_process_is_raised_once_the_workers_ranks_end(
+    tmp_path, sample_corpus, sample_tokenizer, monkeypatch
+) -> None:
+    """The build's own process runs the first rank beside the workers: its failure lets the workers' ranks under way
+    finish, takes no rank that has not started (each is taken when a process is free), and is what the build
+    raises."""
+    build = Build.start(config_of(sample_corpus, tmp_path, sample_tokenizer, num_ranks=3), "failing")
+    first = _longest_first({rank: build.plan.share(rank, 3) for rank in build.ranks})[0]
+    staging = Path(build.layout.run_dir) / "ranks" / ".staging"
+
+    def failing(self, rank, progress=None, owner=None):  # in this process only: the workers run their own code
+        assert rank == first
+        deadline = time.monotonic() + 60
+        while not (staging.exists() and any(staging.iterdir())):  # fails once the worker's rank is under way
+            assert time.monotonic() < deadline, "the worker's rank never started"
+            time.sleep(0.005)
+        raise BuildError(f"rank {rank} failed here")
+
+    monkeypatch.setattr(Build, "tokenize", failing)
+    with pytest.raises(BuildError, match=f"^rank {first} failed here$"):
+        build.run(parallel=2)
+    done = list((Path(build.layout.run_dir) / "ranks" / "_completions").glob("*.json"))
+    assert len(done) == 1  # the worker's rank, finished; the third was never started
 
 
 def test_run_ids_map_to_folders_one_to_one() -> None:

@@ -1,11 +1,12 @@
 """The fork server a build's workers on one machine are forked from (``workers``): it imported the stages once, so
-a worker starts in milliseconds, where a spawned one imported them again (0.5-1 s a process; a build starts two for
-its ranks and two for its context shards).
+a worker starts in milliseconds, where a spawned one imported them again (0.5-1 s a process; a build starts one for
+its ranks and one for its context shards with ``--parallel 2``, the build's own process taking the first of each).
 
-The server's own start is an interpreter importing the stages: 1-3 s, all before the first rank could begin when it
-is started then. ``start``, called first by whatever runs a whole build (``tokenization build``), has it import on
-another core while the build's own process imports and plans: a next night, which tokenizes little, is that much
-shorter. This module imports nothing heavy, so that calling it is the first thing a command does.
+The server's own start is an interpreter importing the stages: 0.3 s on a quiet machine, 1-3 s on a loaded one, all
+before its first worker could begin when it is started then. ``start``, called first by whatever runs a whole build
+(``tokenization build``), has it import on another core while the build's own process imports and plans: a next
+night, which tokenizes little, is that much shorter. This module imports nothing heavy, so that calling it is the
+first thing a command does.
 """
 
 from __future__ import annotations
@@ -44,12 +45,11 @@ def start() -> None:
 
 @contextmanager
 def interrupts_blocked() -> Iterator[None]:
-    """SIGINT held back meanwhile, while the workers (or their server) start, and handled once the block ends.
-    Blocked in this thread, so the fork server started here is born with it blocked until it ignores it, and each
-    worker blocks it again as it starts (``workers._started``). Deferred: the pool's other threads do not block it, and
-    one that takes it would have the KeyboardInterrupt raised here mid-start, a worker forked but not yet the
-    pool's, which no stop ends and which then fails to read the semaphores of a parent gone (a FileNotFoundError
-    traceback after Ctrl-C)."""
+    """SIGINT held back meanwhile, while the fork server starts, and handled once the block ends. Blocked in this
+    thread, so the server started here is born with it blocked until it ignores it; each worker blocks it again as
+    it starts (``workers._started``), and the threads that start workers block it for good (``workers._Calls``).
+    Deferred: the process's other threads do not all block it, and one that takes it would have the
+    KeyboardInterrupt raised here mid-start."""
     handler = signal.getsignal(signal.SIGINT)  # a Python handler is set in the main thread only
     deferred = handler if callable(handler) and threading.current_thread() is threading.main_thread() else None
     caught: list[tuple[int, FrameType | None]] = []

@@ -145,15 +145,19 @@ def rejoined_contents(
     kept = int(ends.max()) if len(ends) else 0
     lo, hi, after = unit_pieces(cuts, starts, ends, np.argsort(starts, kind="stable"), kept, cuts.end)
     through, every = (int(n) for n in after)  # the pieces up to the last unit's end, and all of them
-    ahead = np.cumsum(hi - lo)  # the written pieces up to each unit's end
-    del hi
+    hi -= lo  # each unit's pieces
+    ahead = np.cumsum(hi)  # the written pieces up to each unit's end
     if written.pieces != (int(ahead[-1]) if len(ahead) else 0) or len(parts) != len(chosen):
         return None
     if len(tail) != every - through:  # the tail's pieces follow the parts: numbers through, through + 1, ...
         return None
     unit = np.searchsorted(ahead, chosen, side="right")
-    numbers = lo[unit] + (chosen - np.concatenate([[0], ahead])[unit])  # each part's number in the source
-    del lo, ahead, unit  # arrays of a unit or a part each: what the join holds at its peak is what bounds it
+    ahead -= hi  # the written pieces before each unit
+    lo -= ahead  # each unit's first piece's number in the source, less its number as written
+    del hi, ahead  # arrays of a unit or a part each, in place where they can be: they bound the proof's peak
+    numbers = lo[unit]
+    numbers += chosen  # each part's number in the source
+    del lo, unit
     by_number = np.argsort(numbers, kind="stable")
     numbers = numbers[by_number]
     if np.any(numbers[1:] == numbers[:-1]):

@@ -53,9 +53,11 @@ class Cuts:
         lo, entries, ahead, before = 0, int(np.searchsorted(index, 0, side="right")), 0, 0
         while entries < len(index) or ahead < len(edges):
             ends = [a[k + self.span - 1] for a, k in ((index, entries), (edges, ahead)) if k + self.span <= len(a)]
-            hi = int(min(ends)) if ends else self.end
+            hi = max(lo, int(min(ends)) if ends else self.end)
             upto = int(np.searchsorted(index, hi, side="right"))
             edges_upto = int(np.searchsorted(edges, hi, side="right"))
+            if upto <= entries and edges_upto == ahead:  # an index out of order (a damaged file): one entry on, so
+                upto = entries + 1  # that the walk ends; the proof fails, and the file read again names it
             inside = index[entries:upto]
             cuts = sorted_union(inside, edges[ahead:edges_upto])
             yield Span(lo, hi, cuts, before, inside, entries)

@@ -302,8 +302,8 @@ def _one_file(
     grid = full * config.context_window  # whole windows' ends are not documents' ends; the output holds them all
     pseudo: PseudoEnds | Literal["unknown"] | None
     pseudo = "unknown" if nested else manifest.pseudo_ends(0, grid, config.context_window, grid)
-    rejoin = recorded is not None and cuts is not None
-    parts = cut_pieces(cuts, units[1], units[2]) if rejoin and cuts is not None else None  # what the proof keeps
+    rejoin = recorded is not None and cuts is not None  # cut windows, proved from the record
+    parts = cut_pieces(cuts, units[1], units[2]) if cuts is not None and rejoin else None  # the pieces it keeps
     writer = SplitWriter(
         attempt.work,
         lambda _: name,

@@ -541,18 +541,27 @@ def packing_rows(work: Path, docs: int, pack_documents: int, repeats: int) -> li
 def memory_rows(work: Path, base: dict, text_mb: float, scale: int, docs: int) -> list[dict]:
     """Peak RSS of each stage on 1x and ``scale``x the input: flat, apart from the index arrays. The tokenize rows
     read generated web text of that size (``bench.text``), which keeps bringing new words: the corpus repeated
-    would bring none after its first copy, and hide what an encoder's caches hold at scale."""
+    would bring none after its first copy, and hide what an encoder's caches hold at scale. The context shuffle
+    runs again on the same documents as a build leaves them, with records, in 8 files and in one (a merge's
+    largest output holds millions): its proof from records walks a file's cuts in spans, so that what one file
+    adds to the peak is its index and its windows' arrays, not copies of its pieces."""
     rows = []
     for copies in sorted({1, scale}):
         corpus = work / f"generated-x{copies}"
         generated_mb = generate(corpus, text_mb * copies / 1000) / 1e6
         ranks = work / f"ranks-x{copies}"
         token_mb = synthetic_ranks(ranks, 8, uniform(docs * copies // 4, 200, 600)) / 1e6
-        for label, workload, args, mb in (
+        stages = [
             ("tokenize + doc shuffle", workloads.ours_tokenize, base | {"corpus": str(corpus)}, generated_mb),
             ("merge", workloads.ours_merge, {"ranks": str(ranks)}, token_mb),
             ("context shuffle", workloads.ours_context, {"ranks": str(ranks)}, token_mb),
-        ):
+        ]
+        for files in (8, 1):
+            recorded = work / f"recorded-{files}-x{copies}"
+            mb = recorded_ranks(recorded, files, uniform(docs * copies * 2 // files, 200, 600)) / 1e6
+            label = f"context shuffle, with records, {files} file{'s' * (files > 1)} of {docs * copies * 2:,} documents"
+            stages.append((label, workloads.ours_context, {"ranks": str(recorded)}, mb))
+        for label, workload, args, mb in stages:
             out = work / f"{workload.__name__}-x{copies}"
             r = measure(workload, args | {"out": str(out)})
             rows.append(
@@ -560,6 +569,8 @@ def memory_rows(work: Path, base: dict, text_mb: float, scale: int, docs: int) -
             )
             print(rows[-1], flush=True)
             shutil.rmtree(out, ignore_errors=True)
+            if "records" in label:
+                shutil.rmtree(args["ranks"], ignore_errors=True)
         shutil.rmtree(ranks, ignore_errors=True)
         shutil.rmtree(corpus, ignore_errors=True)
     return rows
@@ -1081,7 +1092,10 @@ def report(
             "way, made first and untimed; bytes a piece: its peak RSS above what the process held before it.",
         )
     if memory:
-        grows = "tokenize: generated web text of that size, `bench/text.py`; merge and context shuffle: ~400-token docs"
+        grows = (
+            "tokenize: generated web text of that size, `bench/text.py`; merge and context shuffle: ~400-token docs; "
+            "with records: the same documents as a merge leaves them, in 8 files and in one, proved from the records"
+        )
         lines += ["", f"Peak RSS as the input grows ({grows}):", ""]
         lines += markdown_table(MEMORY_COLUMNS, memory)
     if scale:

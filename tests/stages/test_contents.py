@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import tracemalloc
 from dataclasses import replace
 
 import numpy as np
@@ -203,45 +204,99 @@ def test_a_rank_smaller_than_a_chunk_with_its_tail_dropped_writes_nothing(tmp_pa
     assert counts["contents_out"] == {"pieces": 0, "tokens": 0, "sum": "0" * 16}
 
 
-def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents() -> None:
-    """What a context shuffle proves without reading its input again: the pieces it wrote that window edges cut (two
-    a window at most), put back in the input's order and joined at the input's index with the dropped tail, stand
-    for the input's documents they were cut from, and the whole is the input's documents' contents."""
-    rng = np.random.default_rng(1)
-    tokens = rng.integers(0, 50_000, 100_000).astype(np.uint16)
-    loss = rng.integers(0, 2, len(tokens)).astype(np.uint8)
-    index = np.append(np.sort(rng.integers(1, len(tokens), 300)), len(tokens))
-    index = np.union1d(index[(index < 1994) | (index > 6000)], [1994, 6000])  # a document ending on a window's
-    index = np.sort(np.append(index, index[:3]))  # edge, one across four windows, and empty documents
-    documents = contents(tokens, index, loss)
-    window = 997
-    edges = np.arange(window, len(tokens) + 1, window)
-    cuts = np.union1d(index, edges)
-    kept = int(edges[-1])  # the tail after the last window, dropped: hashed alone
+class Windowed:
+    """A stream of ``documents`` random documents (a document ending on a window's edge, one across four windows,
+    empty ones), cut into windows of 997 tokens and their pieces (``rejoin.Cuts``, walked in spans of ``span``),
+    the tail after the last window dropped and hashed alone, as a context shuffle does."""
 
-    def shuffled(order: np.ndarray, swap: bool = False):
-        starts, ends = edges[order] - window, edges[order]
-        parts = rejoin.cut_pieces(cuts, starts, ends, index)
+    window = 997
+
+    def __init__(self, documents: int, span: int = rejoin.SPAN, length: int = 100_000) -> None:
+        rng = np.random.default_rng(1)
+        self.tokens = rng.integers(0, 50_000, length).astype(np.uint16)
+        self.loss = rng.integers(0, 2, length).astype(np.uint8)
+        index = np.append(np.sort(rng.integers(1, length, documents)), length)
+        index = np.union1d(index[(index < 1994) | (index > 6000)], [1994, 6000])
+        self.index = np.sort(np.append(index, index[:3]))
+        self.edges = np.arange(self.window, length + 1, self.window)
+        self.cuts = rejoin.Cuts(self.index, self.edges, span)
+        self.kept = int(self.edges[-1])
+        behind = self.cuts.after(self.kept)
+        tail = ContentsHasher(keep=np.arange(len(behind)))
+        tail.add(self.tokens[self.kept :], behind - self.kept, self.loss[self.kept :])
+        tail.result()
+        self.tail = tail.kept_pieces()
+        self.documents = contents(self.tokens, self.index, self.loss)
+
+    def shuffled(self, order: np.ndarray, swap: tuple[int, int] | None = None):
+        """The windows written in ``order`` (with ``swap``, two windows' bytes exchanged, their index kept), each
+        cut at the cuts inside it, the pieces the proof keeps kept."""
+        window, every = self.window, self.cuts.every()
+        starts, ends = self.edges[order] - window, self.edges[order]
+        parts = rejoin.cut_pieces(self.cuts, starts, ends)
         assert len(parts) <= 2 * len(order)
         hasher = ContentsHasher(keep=parts)
-        for a, b in zip(starts, ends, strict=True):  # the windows in order, each cut at the cuts inside it
-            a2, b2 = (window - a, 2 * window - b) if swap and a in (0, window) else (a, b)  # bytes exchanged
-            hasher.add(tokens[a2:b2], cuts[(cuts > a) & (cuts <= b)] - a, loss[a2:b2])
+        exchanged = dict(zip(swap, swap[::-1], strict=True)) if swap else {}
+        for a, b in zip(starts, ends, strict=True):
+            w = exchanged.get(a // window, a // window) * window  # where its bytes are read
+            hasher.add(self.tokens[w : w + window], every[(every > a) & (every <= b)] - a, self.loss[w : w + window])
         return hasher.result(), hasher.kept_pieces(), parts, starts, ends
 
-    tail = ContentsHasher(keep=np.arange(np.count_nonzero(cuts > kept)))
-    tail.add(tokens[kept:], cuts[cuts > kept] - kept, loss[kept:])
-    tail.result()
+    def rejoined(self, written: Contents, parts, chosen, starts: np.ndarray, ends: np.ndarray) -> Contents | None:
+        return rejoin.rejoined_contents(written, parts, chosen, self.cuts, starts, ends, self.tail)
 
-    def rejoined(written: Contents, parts, chosen, starts: np.ndarray, ends: np.ndarray) -> Contents | None:
-        return rejoin.rejoined_contents(written, parts, chosen, cuts, starts, ends, tail.kept_pieces(), index)
 
-    order = rng.permutation(len(edges))
-    written, parts, chosen, starts, ends = shuffled(order)
-    assert written == contents(tokens[:kept], cuts[cuts <= kept], loss[:kept])
-    assert rejoined(written, parts, chosen, starts, ends) == documents
-    assert rejoined(*shuffled(order, swap=True)) != documents  # two windows' bytes exchanged, their index kept
-    assert rejoined(*shuffled(np.append(order[:-1], order[0]))) != documents  # a window twice, another never
+@pytest.mark.parametrize("span", [rejoin.SPAN, 16])
+def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents(byte_path, span) -> None:
+    """What a context shuffle proves without reading its input again: the pieces it wrote that window edges cut (two
+    a window at most), put back in the input's order and joined at the input's index with the dropped tail, stand
+    for the input's documents they were cut from, and the whole is the input's documents' contents; the same when
+    the cuts are walked in many spans (16 entries each) as in one."""
+    stream = Windowed(300, span)
+    assert stream.cuts.every().tolist() == np.union1d(stream.index, stream.edges).tolist()
+    assert len(list(stream.cuts.spans())) == 1 if span == rejoin.SPAN else len(list(stream.cuts.spans())) > 10
+    order = np.random.default_rng(2).permutation(len(stream.edges))
+    written, parts, chosen, starts, ends = stream.shuffled(order)
+    every = stream.cuts.every()
+    assert written == contents(stream.tokens[: stream.kept], every[every <= stream.kept], stream.loss[: stream.kept])
+    assert stream.rejoined(written, parts, chosen, starts, ends) == stream.documents
+    assert stream.rejoined(*stream.shuffled(order, swap=(0, 1))) != stream.documents  # two windows' bytes exchanged
+    assert stream.rejoined(*stream.shuffled(np.append(order[:-1], order[0]))) != stream.documents  # one twice
+
+
+@pytest.mark.parametrize("fault", ["swap", "twice"])
+def test_a_fault_in_a_later_span_of_the_cuts_is_caught(byte_path, fault) -> None:
+    """Windows far into the stream, whose cuts are walked in a later span than the first: two of their bytes
+    exchanged, or one written twice and its neighbour never, do not join again into the documents."""
+    stream = Windowed(3_000, span=64)
+    spans = list(stream.cuts.spans())
+    late = int(np.searchsorted(stream.edges, spans[len(spans) // 2].lo))  # a window of a middle span
+    assert late > 2 * len(stream.edges) // 5
+    order = np.arange(len(stream.edges))
+    if fault == "swap":
+        shuffled = stream.shuffled(order, swap=(late, late + 1))
+    else:
+        shuffled = stream.shuffled(np.where(order == late + 1, late, order))
+    assert stream.rejoined(*stream.shuffled(order)) == stream.documents
+    assert stream.rejoined(*shuffled) != stream.documents
+
+
+def test_the_proofs_working_memory_does_not_grow_with_the_documents_of_a_file() -> None:
+    """The same windows over a hundred times the documents: the join holds a span of the cuts at a time, so what it
+    allocates beyond its inputs grows by less than the index it walks (8 bytes a document), where holding the cuts
+    whole takes that and more."""
+    peaks = []
+    for documents in (300, 30_000):
+        stream = Windowed(documents, span=256)
+        order = np.random.default_rng(2).permutation(len(stream.edges))
+        shuffled = stream.shuffled(order)
+        tracemalloc.start()
+        try:
+            assert stream.rejoined(*shuffled) == stream.documents
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    assert peaks[1] - peaks[0] < 8 * 30_000 / 4, peaks
 
 
 def test_a_context_shuffle_refuses_an_input_that_is_not_the_file_its_stage_wrote(
@@ -256,3 +311,12 @@ def test_a_context_shuffle_refuses_an_input_that_is_not_the_file_its_stage_wrote
     with pytest.raises(TokenFileError, match=rf"^{ds}: holds .* its manifest records .*: it is not the file its stage"):
         context_shuffle.context_shuffle(config)
     assert not list((tmp_path / "context").glob("*.ds*"))
+
+
+def test_cuts_of_an_index_out_of_order_are_walked_to_its_end() -> None:
+    """A damaged file's index, entries out of order where a span ends: the walk still ends, every entry walked once
+    (the proof then fails, and the file read again names it)."""
+    index = np.arange(1, 101, dtype=np.int64)
+    index[15] = 0  # the first span's last entry, below where the span starts
+    cuts = rejoin.Cuts(index, np.array([50, 100]), span=16)
+    assert sum(len(span.entries) for span in cuts.spans()) == len(index)

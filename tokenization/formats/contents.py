@@ -180,15 +180,6 @@ class Pieces:
             int(counts.sum()), int((self.lengths * counts).sum()), int((self._hashes() * counts).sum(dtype=_U64))
         )
 
-    def replacing(self, whole: Contents, parts: Pieces) -> Contents:
-        """``whole``'s contents with its pieces ``parts`` replaced by these: the parts out, these in."""
-        out, into = parts.contents(), self.contents()
-        return Contents(
-            whole.pieces - out.pieces + into.pieces,
-            whole.tokens - out.tokens + into.tokens,
-            (whole.sum - out.sum + into.sum) & MASK,
-        )
-
 
 _PIECE_FIELDS = ("sums", "weighted", "lengths")
 

@@ -39,16 +39,16 @@ from tokenization.errors import UsageError
 from tokenization.formats import sidecar
 from tokenization.formats.block_checks import Checks
 from tokenization.formats.checks import OwnCheck
-from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept, within
+from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept
 from tokenization.formats.ds import (
     SplitWriter,
     TokenFile,
     TokenFileError,
     WrittenTokenFile,
 )
-from tokenization.formats.moves import fixed_units, move_units, prefix_end, sorted_union, starts_of
+from tokenization.formats.moves import fixed_units, move_units, prefix_end, starts_of
 from tokenization.formats.packing import PackedFile, pack
-from tokenization.formats.rejoin import cut_pieces, rejoined_contents
+from tokenization.formats.rejoin import Cuts, cut_pieces, rejoined_contents
 from tokenization.formats.source_pool import Blocks, SourcePool, contents_of
 from tokenization.options import Options, option
 from tokenization.output import manifest
@@ -218,6 +218,7 @@ def context_shuffle(
                 recorded = found.contents.value if found is not None and found.contents is not None else None
                 moved = _one_file(config, url, name, source, rng, attempt, shown, own, nested, recorded, blocks)
                 proof = proving.submit(moved)
+                del moved  # the proof's call holds the file's arrays (its index, its pieces): gone once it has run
                 if proved is not None:  # the file before, proved while this one moved
                     tally_file(*proved[:3], proved[3].result())
                 proved = url, source, recorded, proof
@@ -280,14 +281,14 @@ def _one_file(
     total = int(ends[-1]) if len(ends) else 0
     if source.num_tokens != total:
         raise TokenFileError(f"{url}: {source.num_tokens} tokens, but its index ends at {total}")
-    packed = None
+    packed, cuts = None, None
     if config.context_mode == "packed":
         if source.sources is not None:
             raise UsageError(f"{url}: a mixture's file; packed windows do not carry its documents' sources yet")
         packed = _packed(config, url, source, ends, rng)
         padding = padding_file(attempt.work / "padding" / "pad.ds", source, config.padding_id, packed.padding_tokens)
         urls, units, inner, full = [url, padding], (packed.source, packed.starts, packed.ends), None, packed.windows
-        kept, cuts = total, np.asarray(packed.pieces.ends, dtype=np.int64)  # the pieces in stream order
+        kept, every = total, np.asarray(packed.pieces.ends, dtype=np.int64)  # the pieces in stream order
     else:
         windows, full = fixed_units(total, config.context_window)
         keep_tail = total > full * config.context_window and not config.drop_tail
@@ -296,14 +297,13 @@ def _one_file(
         of_source = np.zeros(len(order), np.uint8)  # every window's source, 0: a byte each, not 8
         urls, units, inner = [url], (of_source, starts[order], windows[order]), [ends]
         kept = prefix_end(windows, len(order))  # the dropped tail aside
-        cuts = sorted_union(ends, windows[: len(order)])  # every piece's end: its document's or its window's
-        cuts = cuts[cuts > 0]
+        cuts = Cuts(ends, windows[: len(order)])  # every piece's end, its document's or its window's: never whole
     with_loss = source.loss is not None
     grid = full * config.context_window  # whole windows' ends are not documents' ends; the output holds them all
     pseudo: PseudoEnds | Literal["unknown"] | None
     pseudo = "unknown" if nested else manifest.pseudo_ends(0, grid, config.context_window, grid)
-    rejoin = recorded is not None and packed is None
-    parts = cut_pieces(cuts, units[1], units[2], ends) if rejoin else None  # the pieces the proof keeps
+    rejoin = recorded is not None and cuts is not None  # cut windows, proved from the record
+    parts = cut_pieces(cuts, units[1], units[2]) if cuts is not None and rejoin else None  # the pieces it keeps
     writer = SplitWriter(
         attempt.work,
         lambda _: name,
@@ -320,18 +320,20 @@ def _one_file(
     )
     with ExitStack() as opened:
         opened.enter_context(pool)
-        if parts is not None and recorded is not None:  # (rejoin)
+        if parts is not None and recorded is not None and cuts is not None:  # (rejoin)
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
 
-            def prove(held: ExitStack, parts: np.ndarray, recorded: Contents) -> _Shuffled:
+            def prove(held: ExitStack, parts: np.ndarray, cuts: Cuts, recorded: Contents) -> _Shuffled:
                 with held:
                     written = _with_sources(writer.written, source, ends, units[1], config.context_window, parts)
-                    read = _rejoined(url, pool, written, parts, cuts, units, kept, ends, recorded, source.sources)
+                    read = _rejoined(url, pool, written, parts, cuts, units, kept, recorded, source.sources)
                 return _Shuffled(written, full, packed, read, pseudo)
 
-            return partial(prove, opened.pop_all(), parts, recorded)
-        spans = (ends, total), (cuts[cuts <= kept], kept)
+            return partial(prove, opened.pop_all(), parts, cuts, recorded)
+        if cuts is not None:
+            every = cuts.every()
+        spans = (ends, total), (every[every <= kept], kept)
         sourced = None if source.sources is None else [_of_pieces(source.sources, ends, c) for c, _ in spans]
         with meanwhile(partial(contents_of, sources=sourced), pool, 0, *spans) as contents:  # read again
             with writer:
@@ -385,10 +387,9 @@ def _rejoined(
     pool: SourcePool,
     written: WrittenTokenFile | None,
     chosen: np.ndarray,
-    cuts: np.ndarray,
+    cuts: Cuts,
     units: tuple[np.ndarray, np.ndarray, np.ndarray],
     kept: int,
-    ends: np.ndarray,
     recorded: Contents,
     sources: np.ndarray | None,
 ) -> Contents:
@@ -397,18 +398,19 @@ def _rejoined(
     mixture source where the file has ``sources`` (one a document). When they are not its
     record, the file is read to tell a bug of the shuffle (refused here) from a file that is not the one its stage
     wrote (its contents returned, which the caller refuses)."""
+    ends = cuts.index
     total = int(ends[-1])
-    behind = cuts[cuts > kept]
+    behind = cuts.after(kept)
     of_tail = None if sources is None else _of_pieces(sources, ends, np.concatenate([[kept], behind]))[1:]
     tail = ContentsHasher(keep=np.arange(len(behind)), sources=of_tail)  # every piece of it
     tokens, loss = pool.read(0, kept, total)
-    tail.add(tokens, within(cuts, kept, total), loss)
+    tail.add(tokens, behind - kept, loss)
     tail.result()
     parts = written.pieces if written is not None else Pieces.concatenate([])
     if parts is None:  # a writer keeps the pieces it is asked to keep (``keep_pieces``)
         raise RuntimeError(f"context shuffle of {url}: its windows were written without their pieces")
     done = written.contents if written is not None else Contents()
-    read = rejoined_contents(done, parts, chosen, cuts, units[1], units[2], tail.kept_pieces(), ends)
+    read = rejoined_contents(done, parts, chosen, cuts, units[1], units[2], tail.kept_pieces())
     if read == recorded:
         return read
     (held,) = contents_of(pool, 0, (ends, total), sources=None if sources is None else [sources])

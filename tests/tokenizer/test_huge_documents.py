@@ -438,6 +438,26 @@ def test_a_reload_waits_for_the_calls_under_way(monkeypatch) -> None:
         np.testing.assert_array_equal(lengths, expected_lengths)
 
 
+def test_after_pass_1_the_engine_is_dropped_only_where_the_budget_needs_its_room(monkeypatch) -> None:
+    """``release`` after pass 1: a process that holds little enough that the budget's room is left keeps the engine
+    and its cache (dropping them would only cost time); one that holds more drops them, and the next call loads the
+    tokenizer again, with the same ids."""
+    data = shared_path("tokenizers", "gpt2", "tokenizer.json").read_bytes()
+    resident = {"now": 200 << 20}
+    monkeypatch.setattr(fast_engine, "resident_bytes", lambda: resident["now"])
+    engine = FastEngine(data, 2, fast_engine.MemoryBudget(1024 << 20))
+    ids = engine.encode(["some words, and some more"])[0]
+    loaded = engine._tokenizer
+    resident["now"] = engine.budget.limit - engine.budget.room
+    engine.release()
+    assert engine._tokenizer is loaded
+    resident["now"] += 1
+    engine.release()
+    assert engine._tokenizer is None
+    np.testing.assert_array_equal(engine.encode(["some words, and some more"])[0], ids)
+    assert engine._tokenizer is not None and engine.reloads == 0  # loaded again, not a reload for the budget
+
+
 def test_the_fast_engine_drops_its_cache_before_the_budget_is_reached(monkeypatch) -> None:
     """gigatoken's pre-token cache grows with text that does not repeat its words, by doubling: the engine loads its
     tokenizer again once the process, plus as much again as the engine grew since its load, plus the room of the

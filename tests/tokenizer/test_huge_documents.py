@@ -385,11 +385,16 @@ def test_a_50_mb_document_with_no_exact_cut_is_quarantined_under_1_gb(tmp_path) 
     )
 
 
-def test_the_utf8_bytes_of_a_text_are_counted_in_slices(monkeypatch) -> None:
-    """Counting a huge document's bytes held a second copy of it; slices give the same count."""
+@pytest.mark.parametrize("whole", [True, False])
+def test_the_utf8_bytes_of_a_text_are_counted_in_slices(monkeypatch, whole: bool) -> None:
+    """Counting a huge document's bytes held a second copy of it; slices give the same count, as does the UTF-8
+    that CPython keeps with a text encoded whole; a text that has no UTF-8 (a lone surrogate) is refused both ways."""
     monkeypatch.setattr(documents, "UTF8_SLICE_CHARS", 7)
+    monkeypatch.setattr(documents, "PIECE_CHARS", 1 << 20 if whole else 5)
     for text in ("", "plain ascii", "中文。" * 11, "a😀é" * 13):
         assert documents.utf8_length(text) == len(text.encode("utf-8"))
+    with pytest.raises(UnicodeEncodeError):
+        documents.utf8_length("text \ud800 here")
 
 
 def test_a_reload_waits_for_the_calls_under_way(monkeypatch) -> None:

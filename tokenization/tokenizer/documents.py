@@ -397,7 +397,7 @@ def utf8_length(text: str) -> int:
     that is encoded whole (at most ``cutting.PIECE_CHARS``) is made UTF-8 once, into the copy that CPython keeps
     with a str (``PyUnicode_AsUTF8AndSize``): the engines take a str's UTF-8 from there (gigatoken and HF both read
     it so), and no longer encode it again, as they did after this had encoded it for its length alone (~30 ms of
-    a 97 MB GPT-2 rank, with the GIL held both times)."""
+    the bench's 42 MB GPT-2 rank, with the GIL held both times)."""
     if text.isascii():
         return len(text)
     if len(text) <= PIECE_CHARS:

@@ -287,3 +287,20 @@ def test_every_record_kind_is_defined_once_and_exported_by_the_package() -> None
                 kinds[name] = value
     missing = sorted(name for name, kind in kinds.items() if getattr(records, name, None) is not kind)
     assert not missing, f"not exported by tokenization.records: {missing}"
+
+
+def test_a_topic_is_loaded_when_a_kind_of_it_is_first_asked_for() -> None:
+    """The package imports a topic's module when one of its kinds is first asked for, so that a rank (the tokenize
+    stage, with the output and cache modules it uses) never loads the build records; a name it does not export is
+    an AttributeError."""
+    code = (
+        "import sys; import tokenization.stages.tokenize; import tokenization.records as records\n"
+        "print('tokenization.records.builds' in sys.modules, records.RunClaim.__module__)\n"
+        "try: records.NotAKind\nexcept AttributeError as e: print(e)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "False tokenization.records.builds",
+        "module 'tokenization.records' has no attribute 'NotAKind'",
+    ]

@@ -385,11 +385,16 @@ def test_a_50_mb_document_with_no_exact_cut_is_quarantined_under_1_gb(tmp_path) 
     )
 
 
-def test_the_utf8_bytes_of_a_text_are_counted_in_slices(monkeypatch) -> None:
-    """Counting a huge document's bytes held a second copy of it; slices give the same count."""
+@pytest.mark.parametrize("whole", [True, False])
+def test_the_utf8_bytes_of_a_text_are_counted_in_slices(monkeypatch, whole: bool) -> None:
+    """Counting a huge document's bytes held a second copy of it; slices give the same count, as does the UTF-8
+    that CPython keeps with a text encoded whole; a text that has no UTF-8 (a lone surrogate) is refused both ways."""
     monkeypatch.setattr(documents, "UTF8_SLICE_CHARS", 7)
+    monkeypatch.setattr(documents, "PIECE_CHARS", 1 << 20 if whole else 5)
     for text in ("", "plain ascii", "中文。" * 11, "a😀é" * 13):
         assert documents.utf8_length(text) == len(text.encode("utf-8"))
+    with pytest.raises(UnicodeEncodeError):
+        documents.utf8_length("text \ud800 here")
 
 
 def test_a_reload_waits_for_the_calls_under_way(monkeypatch) -> None:
@@ -436,6 +441,26 @@ def test_a_reload_waits_for_the_calls_under_way(monkeypatch) -> None:
         expected, expected_lengths = fresh.encode(texts[n])
         np.testing.assert_array_equal(ids, expected)
         np.testing.assert_array_equal(lengths, expected_lengths)
+
+
+def test_after_pass_1_the_engine_is_dropped_only_where_the_budget_needs_its_room(monkeypatch) -> None:
+    """``release`` after pass 1: a process that holds little enough that the budget's room is left keeps the engine
+    and its cache (dropping them would only cost time); one that holds more drops them, and the next call loads the
+    tokenizer again, with the same ids."""
+    data = shared_path("tokenizers", "gpt2", "tokenizer.json").read_bytes()
+    resident = {"now": 200 << 20}
+    monkeypatch.setattr(fast_engine, "resident_bytes", lambda: resident["now"])
+    engine = FastEngine(data, 2, fast_engine.MemoryBudget(1024 << 20))
+    ids = engine.encode(["some words, and some more"])[0]
+    loaded = engine._tokenizer
+    resident["now"] = engine.budget.limit - engine.budget.room
+    engine.release()
+    assert engine._tokenizer is loaded
+    resident["now"] += 1
+    engine.release()
+    assert engine._tokenizer is None
+    np.testing.assert_array_equal(engine.encode(["some words, and some more"])[0], ids)
+    assert engine._tokenizer is not None and engine.reloads == 0  # loaded again, not a reload for the budget
 
 
 def test_the_fast_engine_drops_its_cache_before_the_budget_is_reached(monkeypatch) -> None:

@@ -24,12 +24,15 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import quote
 
 from tokenization.errors import TokenizationError, UsageError
-from tokenization.records import BuildRecord, PlanReading, PlanRecord, RunClaim, TokenizerFacts
+from tokenization.records import PlanReading, TokenizerFacts
 from tokenization.storage.folder import Folder, PutMode
+
+if TYPE_CHECKING:  # imported where used: a rank imports this module for its names, and not the build records
+    from tokenization.records import BuildRecord, PlanRecord, RunClaim
 
 BUILD_MANIFEST = "_BUILD.json"
 RUN_CLAIM = "_RUN.json"
@@ -101,6 +104,8 @@ def claim(
     holding files that no run claims, is never written into. Returns the claim as stored; a retry or a resume of
     this run finds its own claim, with the plan it made first (the caller compares the two), and when it was
     claimed, the start of the build's wall time."""
+    from tokenization.records import RunClaim
+
     owner = read_claim(folder)
     if owner is None:
         found = sorted(folder.list())
@@ -130,6 +135,8 @@ def claim(
 def read_claim(run: Folder) -> RunClaim | None:
     """The run folder's claim, or None when it has none; a damaged one, or one that records no plan (an older
     version's), is one line naming the file, since no plan can be resumed without it."""
+    from tokenization.records import RunClaim
+
     where = run.url_of(RUN_CLAIM)
     owner = RunClaim.read(run, RUN_CLAIM)
     if owner is not None and owner.plan is None:
@@ -142,6 +149,8 @@ def read_claim(run: Folder) -> RunClaim | None:
 
 def read_build(run: Folder) -> BuildRecord | None:
     """The run's build record, checked, or None while the build is not complete."""
+    from tokenization.records import BuildRecord
+
     return BuildRecord.read(run, BUILD_MANIFEST)
 
 

@@ -172,8 +172,9 @@ class Encoder:
         return self._engine
 
     def release(self) -> None:
-        """Drop the fast engine's tokenizer and cache, their memory back to the system: a rank's pass 2 then has
-        the whole budget (a batch encoded after this loads it again)."""
+        """Drop the fast engine's tokenizer and cache, their memory back to the system, unless the process holds
+        little enough that the budget's room is left (``FastEngine.release``): a rank's pass 2 then has that room (a
+        batch encoded after this loads it again)."""
         if (fast := self._fast) is not None:
             fast.release()
 

@@ -276,7 +276,7 @@ def tokenize_rank(
         except TooManyRejects:
             attempt.place(quarantined(attempt.work), manifest.quarantine_name(config.stem))
             raise
-        encoder.release()  # pass 2 has the whole memory budget
+        encoder.release()  # pass 2 has the memory budget's room
         counts = total(segments)
         log.info("rank %d: pass 1 done, %d documents, %d tokens", config.rank, counts.docs_written, counts.tokens)
         source_names = share.mixture.names if share is not None and share.mixture is not None else None

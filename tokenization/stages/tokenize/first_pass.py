@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,7 +35,6 @@ from tokenization.output.attempts import Attempt
 from tokenization.progress import Progress, ProgressMode
 from tokenization.records import CacheEntry, FileSum, InputFile, Rejected
 from tokenization.rendering.renderer import Renderer
-from tokenization.stages.tokenize.from_cache import CacheHits
 from tokenization.stages.tokenize.segments import (
     LOSS,
     PLACES,
@@ -63,6 +63,9 @@ from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.pipeline import Threads
 from tokenization.wording import counted
 
+if TYPE_CHECKING:
+    from tokenization.stages.tokenize.from_cache import CacheHits
+
 log = logging.getLogger(__name__)
 
 
@@ -87,6 +90,8 @@ class FirstPass:
         self.readings = readings or {}
         self._hits: CacheHits | None = None  # the cache's hits, served as segments
         if cache is not None:
+            from tokenization.stages.tokenize.from_cache import CacheHits  # a rank without a cache goes without it
+
             self._hits = CacheHits(
                 cache,
                 work=attempt.work,

@@ -220,7 +220,7 @@ def _ds_frame(listed: Listing, name: str, entry: OutputEntry | None, checks: Che
         return None
     try:
         index = map_array(folder, name + ".index", INDEX_DTYPE, f"{label}.index", sizes[name + ".index"])
-        ends = np.asarray(index, dtype=np.int64)
+        ends = index.view("<i8")  # not a copy: an entry above 2**63 reads negative, so out of order
     except TokenFileError as exc:
         report.problem(f"{label}.index", str(exc))
         return None

@@ -160,6 +160,7 @@ class _Key:
     hint: Any
     unless_none: bool
     has_default: bool
+    direct: frozenset[type]  # the JSON types it reads as they are (``_direct``)
 
 
 @cache
@@ -167,9 +168,29 @@ def _keys(cls: type) -> tuple[tuple[_Key, ...], frozenset[str]]:
     """A record class's fields as read, and their JSON names."""
     hints = _hints(cls)
     keys = tuple(
-        _Key(f.name, _name(f), hints[f.name], bool(f.metadata.get("unless_none")), _has_default(f)) for f in _typed(cls)
+        _Key(
+            f.name,
+            _name(f),
+            hints[f.name],
+            bool(f.metadata.get("unless_none")),
+            _has_default(f),
+            _direct(hints[f.name]),
+        )
+        for f in _typed(cls)
     )
     return keys, frozenset(k.key for k in keys)
+
+
+def _direct(hint: Any) -> frozenset[type]:
+    """The JSON types that a field of ``hint`` reads as they are, with no check but their type: its own plain type
+    (an int where an int is read), or, of a union, each plain one and null where it may be null (most of a
+    manifest's values, decoded without a call)."""
+    if hint in _PLAIN:
+        return frozenset((hint,))
+    origin, args, _ = _shape(hint)
+    if origin in (Union, types.UnionType):
+        return frozenset(arg for arg in args if arg in _PLAIN or arg is type(None))
+    return frozenset()
 
 
 @cache
@@ -237,8 +258,7 @@ def _decode_record(cls: type, data: dict[str, Any], reading: _Reading, at: At) -
     for f in keys:
         if f.key in data:
             value = data[f.key]
-            plain = type(value) is f.hint and f.hint in _PLAIN  # ``_decode``'s first case, without its call
-            values[f.name] = value if plain else _decode(f.hint, value, reading, (at, ".", f.key))
+            values[f.name] = value if type(value) in f.direct else _decode(f.hint, value, reading, (at, ".", f.key))
         elif f.unless_none:
             values[f.name] = None
         elif is_open and f.has_default:

@@ -340,11 +340,13 @@ def _encode(value: object) -> Any:
             if not (f.name in value.absent and getattr(value, f.name) == _default(f))
         }
     if hasattr(kind, "__dataclass_fields__"):  # a record (dataclasses.is_dataclass, less its checks)
-        return {
-            key: _encode(getattr(value, name))
-            for name, key, unless_none in _written(kind)
-            if not (unless_none and getattr(value, name) is None)
-        }
+        written = {}
+        for name, key, unless_none in _written(kind):
+            field_value = getattr(value, name)
+            if field_value is None and unless_none:
+                continue
+            written[key] = field_value if type(field_value) in _LEAVES else _encode(field_value)  # a leaf: no call
+        return written
     if isinstance(value, list | tuple):
         return [_encode(v) for v in value]
     if isinstance(value, dict):

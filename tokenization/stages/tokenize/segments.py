@@ -24,7 +24,7 @@ from tokenization.records import CachedInput, CacheEntry, InputFile, Mixture, Ra
 from tokenization.rendering.renderer import Renderer
 from tokenization.storage.folder import writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
-from tokenization.tokenizer.counts import Counts
+from tokenization.tokenizer.counts import Counts, histogram_buckets
 from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.pipeline import ReadAhead
@@ -252,7 +252,7 @@ class Held:
         for what, (value, said) in found.items():
             if said is not None and value != said:
                 return f"its files hold {value:,} {what}, its counts say {said:,}"
-        if not np.array_equal(shape.length_buckets, Counts.of(c).length_buckets):
+        if not np.array_equal(shape.length_buckets, histogram_buckets(c.length_histogram)):
             return "its documents' lengths are not those its counts' histogram says"
         if c.contents_in is not None and c.contents_in.value != self.contents:
             return f"its files hold {self.contents.describe()}, its counts say {c.contents_in.value.describe()}"

@@ -136,14 +136,18 @@ class CacheHits:
         started = time.perf_counter()
         found = map_concurrently(lambda k: self._one_ahead(k, checks.get(k)), hits)
         share = (time.perf_counter() - started) / max(1, len(hits))
-        for k, (checked, _) in zip(hits, found, strict=True):
+        for k, (checked, _, _) in zip(hits, found, strict=True):
             self._ahead[k] = None if checked is None else replace(checked, seconds=share)
-        self._held_together(hits)
+        small = self._held_together(hits)
+        samples = {k: sample for k, (_, _, sample) in zip(hits, found, strict=True)}
+        places = {k: table for k, (_, table, _) in zip(hits, found, strict=True)}
+        held = [k for k in small if k in checks and self._ahead[k] is not None]
+        samples |= self._samples_of(held, checks, places)
         by_source: dict[int, list[tuple[int, Sample]]] = {}
-        for k, (_, sample) in zip(hits, found, strict=True):
+        for k in hits:
             if self._ahead[k] is None:
                 continue  # found unfit already
-            if isinstance(sample, str):
+            if isinstance(sample := samples[k], str):
                 self._unfit(k, sample)
             elif sample is not None:
                 by_source.setdefault(self._source(k), []).append((k, sample))
@@ -157,12 +161,12 @@ class CacheHits:
                     self._unfit(k, problem)
         self._write_runs(hits)
 
-    def _held_together(self, hits: list[int]) -> None:
+    def _held_together(self, hits: list[int]) -> list[int]:
         """What the small hits among ``hits`` hold, their segments in memory read together (``Held.read_many``), each
-        held against its marker's counts; one that disagrees is removed from the cache."""
+        held against its marker's counts; one that disagrees is removed from the cache. Returns the small hits."""
         small = [k for k in hits if (checked := self._ahead.get(k)) is not None and checked.held is None]
         if not small:
-            return
+            return small
         started = time.perf_counter()
         loaded = [cast("Loaded", cast("_Checked", self._ahead[k]).loaded) for k in small]
         for k, held in zip(small, Held.read_many(loaded, plain=not self.save_loss), strict=True):
@@ -174,6 +178,20 @@ class CacheHits:
         share = (time.perf_counter() - started) / len(small)
         for k in small:
             self._spent(k, share)
+        return small
+
+    def _samples_of(
+        self, hits: list[int], checks: dict[int, HitCheck], places: dict[int, np.ndarray | None]
+    ) -> dict[int, Sample | str]:
+        """The samples of small ``hits`` that held, read from their inputs on threads (``_sample``)."""
+        if not hits:
+            return {}
+        started = time.perf_counter()
+        read = map_concurrently(lambda k: self._sample(k, checks[k], cast("_Checked", self._ahead[k]), places[k]), hits)
+        share = (time.perf_counter() - started) / len(hits)
+        for k in hits:
+            self._spent(k, share)
+        return dict(zip(hits, read, strict=True))
 
     def _write_runs(self, hits: list[int]) -> None:
         """The small hits among ``hits`` that passed, held in memory, into pass 2's files: one ``.ds`` family a run
@@ -218,17 +236,26 @@ class CacheHits:
     def _source(self, k: int) -> int:
         return self._reading(self._found[k][0]).source
 
-    def _one_ahead(self, k: int, check: HitCheck | None) -> tuple[_Checked | None, Sample | str | None]:
-        """Hit ``k`` loaded or fetched and held against its marker and counts (``_checked``), with its sample read
-        from its input when ``check`` is given (``HitCheck.sample``: or how the hit disagrees with its input)."""
-        file, _, entry = self._found[k]
+    def _one_ahead(
+        self, k: int, check: HitCheck | None
+    ) -> tuple[_Checked | None, np.ndarray | None, Sample | str | None]:
+        """Hit ``k`` loaded or fetched (``_checked``), with its places; a fetched one held against its marker and
+        counts, and its sample read from its input when ``check`` is given (``_sample``). A small one's sample is
+        read once its segment has held, with the others' (``_held_together``)."""
+        entry = self._found[k][2]
         found = self._checked(cast("CacheEntry", entry), self.work / SEGMENTS / f"{k:05d}")
         if found is None:
-            return None, None
+            return None, None, None
         checked, places = found
-        if check is None:
-            return checked, None
-        return checked, check.sample(cast("CacheEntry", entry), checked.segment, checked.quarantine, file, places)
+        if check is None or checked.held is None:
+            return checked, places, None
+        return checked, places, self._sample(k, check, checked, places)
+
+    def _sample(self, k: int, check: HitCheck, checked: _Checked, places: np.ndarray | None) -> Sample | str:
+        """The sample of hit ``k`` (``checked``: held), read from its input (``HitCheck.sample``), or how the hit
+        disagrees with its input."""
+        file, _, entry = self._found[k]
+        return check.sample(cast("CacheEntry", entry), checked.segment, checked.quarantine, file, places)
 
     def _unfit(self, k: int, problem: str) -> None:
         """Hit ``k`` found unfit: its entry removed, its file to be tokenized in its turn."""

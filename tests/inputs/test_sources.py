@@ -19,7 +19,7 @@ from tests.support.corpus import write_jsonl
 from tests.support.paths import SAMPLE_TOKENIZER
 from tokenization.errors import StorageError
 from tokenization.inputs.formats import InputError
-from tokenization.inputs.listing import list_input_files, shard
+from tokenization.inputs.listing import list_input_files, may_hold_others, shard
 from tokenization.inputs.reader import DocumentReader, Record
 from tokenization.records import Rejected
 
@@ -88,6 +88,19 @@ def test_folders_globs_and_lists_are_sorted_and_skip_markers(tmp_path) -> None:
         list_input_files([str(tmp_path / "notes.txt")])
     with pytest.raises(InputError, match="missing: no such file or folder"):
         list_input_files([str(tmp_path / "missing")])
+
+
+def test_a_folder_whose_names_are_all_known_holds_no_other_file(tmp_path) -> None:
+    for name in ("a.jsonl", "sub/b.jsonl.gz", "_manifests/m.jsonl", ".tmp.jsonl", "notes.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b'{"text": "x"}\n')
+    listed = {f.url for f in list_input_files([str(tmp_path)]).files}
+    assert listed == {str(tmp_path / "a.jsonl"), str(tmp_path / "sub/b.jsonl.gz")}
+    assert not may_hold_others([str(tmp_path)], listed, None)  # hidden and unsupported files are not inputs
+    assert may_hold_others([str(tmp_path)], listed - {str(tmp_path / "a.jsonl")}, None)
+    assert may_hold_others([str(tmp_path / "*.jsonl")], listed, None)  # a glob: the listing tells
+    (tmp_path / "sub/c.parquet").write_bytes(b"")
+    assert may_hold_others([str(tmp_path)], listed, None)
 
 
 def test_a_folder_nested_1100_deep_is_listed_and_a_glob_over_it_is_one_line(tmp_path) -> None:

@@ -973,6 +973,29 @@ def test_a_doctored_small_file_among_many_hits_is_the_one_caught(
     assert caplog.text.count("is not what the input's record") == 1
 
 
+def test_a_small_entrys_counts_that_its_files_do_not_hold_are_caught_before_its_sample_is_read(
+    tmp_path, sample_tokenizer, caplog
+) -> None:
+    """A rank's small hits are held against their counts together, then sampled: a marker that says a document more
+    than its files hold (its places too) is refused by its counts, the one miss among the hits, and its sample,
+    which would draw a document that is not there, is never read."""
+    for k in range(6):
+        write_jsonl(tmp_path / "corpus" / f"line-{k:02d}.jsonl", [{"text": f"document {k}: {k * 7919 % 10007} words"}])
+    cache = tmp_path / "cache"
+    clean = run([tmp_path / "corpus"], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    key, _ = entry_of(cache, "line-03.jsonl")
+    marker = cache / ENTRIES / f"{key}.json"
+    edited = json.loads(marker.read_text())
+    assert edited.get("inline") is not None
+    edited["counts"]["docs_written"] += 1
+    marker.write_text(json.dumps(edited))
+    caplog.set_level(logging.WARNING)
+    again = run([tmp_path / "corpus"], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [k != 3 for k in range(6)]
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
+    assert "its files hold 1 documents, its counts say 2" in caplog.text
+
+
 def test_a_byte_flipped_in_a_small_entrys_marker_is_never_used(tmp_path, sample_tokenizer, caplog) -> None:
     """A small entry's files are held in its marker, each with its size and checksum: a byte of one flipped there
     is found before any is used, the entry removed and its file tokenized again, and the build is that of an empty

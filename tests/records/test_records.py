@@ -131,6 +131,18 @@ def _damaged(path: Path, edit) -> None:
             r'params\.num_buckets is "4", not an integer',
         ),
         (
+            "ranks/_manifests/00001.json",
+            RankManifest,
+            lambda r: r["counts"]["rejected"].__setitem__('a "b"', 1.5),
+            r'counts\.rejected\["a \\"b\\""\] is 1\.5, not an integer',
+        ),
+        (
+            "ranks/_manifests/00001.json",
+            RankManifest,
+            lambda r: r["outputs"][0].pop("tokens"),
+            r"outputs\[0\]\.tokens is missing",
+        ),
+        (
             "_BUILD.json",
             BuildRecord,
             lambda r: r.__setitem__("format", "datatrove/build/1"),

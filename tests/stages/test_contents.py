@@ -19,7 +19,7 @@ from tokenization.builds.accounting import contents_flow
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
 from tokenization.formats import moves, rejoin
-from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheckFailed, stream_contents
+from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheckFailed, contents_each, stream_contents
 from tokenization.formats.ds import TokenFileError
 from tokenization.output.runs import BuildError
 from tokenization.records import BuildRecord, ContentsSum
@@ -27,6 +27,7 @@ from tokenization.stages import context_shuffle
 from tokenization.stages.context_shuffle import ContextShuffleConfig
 from tokenization.stages.merge import moves as merge_moves
 from tokenization.stages.tokenize import document_shuffle
+from tokenization.stages.tokenize.segments import Held, Loaded
 from tokenization.stages.verify import verify
 from tokenization.storage.folder import Folder
 
@@ -59,6 +60,42 @@ def test_the_contents_are_those_of_the_pieces_in_any_order() -> None:
     assert contents(tokens, [0, *ends[:2], ends[1], *ends[2:]]) == whole  # empty pieces hold nothing
     for block in (3, 4096):  # read in blocks, a piece spanning many
         assert stream_contents(lambda a, b: (tokens[a:b], None), [(np.asarray(ends), len(tokens))], block) == [whole]
+
+
+def test_streams_end_to_end_hashed_in_one_pass_each_have_their_own_contents() -> None:
+    streams = [stream(pieces(lengths, seed)) for seed, lengths in enumerate([[3], [1, 1, 2], [700, 5], [9]])]
+    streams[1][1].insert(0, 0)  # an entry at its start, and two equal ones: empty pieces, which hold nothing
+    streams[2][1].insert(1, streams[2][1][0])
+    sizes = [len(tokens) for tokens, _ in streams]
+    starts = np.cumsum(sizes) - sizes
+    cuts = np.concatenate([np.asarray(ends, np.int64) + at for (_, ends), at in zip(streams, starts, strict=True)])
+    firsts = np.cumsum([len(ends) for _, ends in streams]) - [len(ends) for _, ends in streams]
+    tokens = np.concatenate([tokens for tokens, _ in streams])
+    loss = np.random.default_rng(9).integers(0, 2, len(tokens)).astype(np.uint8)
+    alone = [contents(t, e, loss[a : a + len(t)]) for (t, e), a in zip(streams, starts, strict=True)]
+    assert contents_each(tokens, loss, cuts, firsts) == alone
+    assert contents_each(tokens, None, cuts, firsts) == [contents(t, e) for t, e in streams]
+
+
+def test_small_segments_read_together_hold_what_each_holds_read_alone() -> None:
+    segments = [
+        Loaded(tokens, np.asarray(ends, np.uint64), loss)
+        for (tokens, ends), loss in [
+            (stream(pieces([4, 2], 1)), None),
+            (stream(pieces([1], 2)), np.zeros(1, np.uint8)),
+            ((np.zeros(0, np.uint32), []), None),  # no token: read alone
+            ((pieces([6], 3)[0], [4, 2]), None),  # its index goes back (damaged): read alone
+            ((pieces([6], 4)[0], [3]), None),  # tokens after its index: read alone
+            (stream(pieces([3, 5, 1], 5)), np.array([1, 0, 1, 1, 1, 0, 1, 1, 0], np.uint8)),
+        ]
+    ]
+    for plain in (False, True):
+        together = Held.read_many(segments, plain=plain)
+        alone = [Held.read(segment, plain=plain) for segment in segments]
+        for a, b in zip(together, alone, strict=True):
+            facts = [(h.top, h.loss_top, h.loss_ones, h.contents, h.plain) for h in (a, b)]
+            assert facts[0] == facts[1]
+            assert a.segment is b.segment and np.array_equal(a.ends, b.ends)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from tokenization.errors import TokenizationError
 from tokenization.formats import MEGATRON, names, token_file_names
 from tokenization.formats.block_checks import Checks
 from tokenization.inputs.formats import InputError
+from tokenization.inputs.listing import may_hold_others
 from tokenization.options import params
 from tokenization.output import manifest
 from tokenization.output.attempts import remove_staging
@@ -286,12 +287,16 @@ def dataset_checks(config: BuildConfig, run: Run) -> Checks:
 
 
 def _arrived_after(config: BuildConfig, recorded: Plan) -> Arrived:
-    """The input files that arrived after the plan was made, which this build leaves out: for the report."""
+    """The input files that arrived after the plan was made, which this build leaves out: for the report. Listed
+    again only when the inputs may hold one (``may_hold_others``): a next night's publish looked at every input
+    file's ``stat`` again to find none (~1 s for 20,000 files)."""
+    known = {f.url for f in recorded.files}
+    if not may_hold_others(config.inputs, known, config.storage_options):
+        return Arrived(files=0, first=[])
     try:
         listing, _ = list_inputs(config.inputs, config.source_names, config.storage_options, quiet=True)
     except InputError:  # the input is gone, or empty now: nothing arrived
         return Arrived(files=0, first=[])
-    known = {f.url for f in recorded.files}
     arrived = [f.url for f in listing.files if f.url not in known]
     return Arrived(files=len(arrived), first=arrived[:ARRIVED_LISTED])
 

@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from tokenization.errors import reaching
 from tokenization.inputs.formats import InputError, file_format
@@ -14,10 +15,11 @@ from tokenization.inputs.local import LocalFile
 from tokenization.records import FilePart, InputFile
 from tokenization.storage.folder import StorageOptions, file_at
 from tokenization.storage.locations import resolve
-from tokenization.storage.matching import Info, Matched, Unlistable, matched
+from tokenization.storage.matching import Info, Matched, Unlistable, local_folder_files, matched
 from tokenization.wording import counted
 
 MB = 1_000_000  # of split_input_mb
+V = TypeVar("V")
 log = logging.getLogger(__name__)
 
 
@@ -131,6 +133,20 @@ def idle_ranks(ranks: int, shared: Sequence[InputFile], split_mb: int | None) ->
     )
 
 
+def may_hold_others(inputs: Sequence[str], known: set[str], storage_options: StorageOptions | None) -> bool:
+    """Whether the inputs may hold a file that ``known`` (URLs) does not name. Local folders' files are looked at by
+    their names alone (``local_folder_files``, no ``stat`` each: a tenth of ``list_input_files``' time), those the
+    listing keeps (visible, of a supported format): all known, and no other input, say there is none. A glob, a file
+    named, an object store or a name not known may be one (``list_input_files`` tells)."""
+    for spec in inputs:
+        if (found := local_folder_files(spec, storage_options)) is None:
+            return True
+        root, paths = found
+        if any(p not in known and _is_supported(p) for p in _visible(dict.fromkeys(paths), root, set())):
+            return True
+    return False
+
+
 def _list(
     spec: str, skipped: list[str], hidden: set[str], storage_options: StorageOptions | None
 ) -> dict[str, tuple[InputFile, Hashable]]:
@@ -150,11 +166,13 @@ def _list(
     entries = found.files if found.kind == "file" else _visible(found.files, found.root, hidden)
     for p in entries:
         _check_name(p)
-    if found.kind == "folder":
-        skipped += sorted(found.url(p) for p in entries if not _is_supported(p))
-        entries = {p: i for p, i in entries.items() if _is_supported(p)}
-    for p in entries:
-        file_format(found.url(p))  # a named or globbed file of another format is an error
+    if found.kind == "folder":  # each name looked at once: a folder of 100,000 files
+        supported = {p: i for p, i in entries.items() if _is_supported(p)}
+        skipped += sorted(found.url(p) for p in entries if p not in supported)
+        entries = supported
+    else:
+        for p in entries:
+            file_format(found.url(p))  # a named or globbed file of another format is an error
     return dict(_listed(found, p, info) for p, info in entries.items())
 
 
@@ -183,7 +201,7 @@ def key_of(file: InputFile, storage_options: StorageOptions | None) -> Hashable:
     return file_key(file, LocalFile.of(folder.path_of(name)) if folder.on_disk else None)
 
 
-def _visible(entries: dict[str, Info], root: str, hidden: set[str]) -> dict[str, Info]:
+def _visible(entries: dict[str, V], root: str, hidden: set[str]) -> dict[str, V]:
     """The entries with no name below ``root`` starting with ``.`` or ``_``; the others go to ``hidden``. Only
     names below ``root``: a folder the user named may itself be ``_private``."""
     shown = {}

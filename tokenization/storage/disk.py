@@ -118,6 +118,17 @@ class Disk:
                     found[name] = info
         return dict(sorted(found.items()))
 
+    def names_under(self, path: str) -> list[str]:
+        """The paths of every file under a folder, as ``find`` finds them, without its infos: a folder's entries
+        from their directory listing alone, no ``stat`` each. A folder that cannot be listed raises."""
+        found: list[str] = []
+        folders = [self._strip_protocol(path)]
+        while folders:
+            with os.scandir(folders.pop()) as listing:
+                for entry in listing:
+                    (folders if entry.is_dir(follow_symlinks=False) else found).append(entry.path)
+        return found
+
     def glob(self, path: str, **options: Any) -> Any:
         """fsspec's glob, its rules its own."""
         from fsspec.implementations.local import LocalFileSystem

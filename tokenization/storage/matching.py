@@ -60,6 +60,19 @@ def matched(spec: str, storage_options: StorageOptions | None) -> Matched:
     return Matched("missing", path, {}, local, local and os.path.islink(path), fs)
 
 
+def local_folder_files(spec: str, storage_options: StorageOptions | None) -> tuple[str, list[str]] | None:
+    """When ``spec`` names a local folder (not a glob), its path and the paths of every file under it, by their
+    names alone (``Disk.names_under``: no ``stat`` a file, which ``matched`` makes); else, or when a folder under it
+    cannot be listed, None."""
+    fs, path = open_fs(spec, storage_options)
+    if not is_local(fs) or any(ch in path for ch in GLOB_CHARS) or not os.path.isdir(path):
+        return None
+    try:
+        return path, DISK.names_under(path)
+    except OSError:
+        return None
+
+
 def _files_under(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Info]:
     """Every file under the folder ``path``, as ``fs.find(path, detail=True)`` gives them. A local folder is listed
     by ``Disk.find``, which never recurses a Python call a level, and a folder it cannot list is an error

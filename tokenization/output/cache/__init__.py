@@ -63,7 +63,7 @@ from tokenization.errors import reaching
 from tokenization.output.cache import cleaning
 from tokenization.output.cache.claim import check, claim
 from tokenization.output.cache.entries import Entries
-from tokenization.output.cache.listing import Listed, listed, markers
+from tokenization.output.cache.listing import Listed, listed
 from tokenization.output.cache.names import (
     DATA,
     DEFAULT_FOLDER,
@@ -78,6 +78,7 @@ from tokenization.output.cache.names import (
     NotACache,
     chosen_location,
 )
+from tokenization.output.cache.sizes import measured
 from tokenization.output.cache.store import Store
 from tokenization.output.cache.uses import using
 from tokenization.output.signing import Signer
@@ -164,14 +165,14 @@ class Cache:
             return listed(self.store)
 
     def size(self) -> CacheSize:
-        """Its entries, their files' bytes and the tokens they hold, summed from the markers as they are read, a
-        batch at a time (no row is kept); damaged markers are logged and left out."""
+        """Its entries, their files' bytes and the tokens they hold, as their markers show them: those remembered
+        from the last measure, of markers unchanged since, and those read now (``sizes``); damaged markers are
+        logged and left out."""
         self.check()
-        entries = held = tokens = 0
         with reaching(self.location):
-            for _, shown in markers(self.store):
-                entries, held, tokens = entries + 1, held + shown.bytes, tokens + shown.tokens
-        return CacheSize(location=self.location, entries=entries, bytes=held, tokens=tokens)
+            rows = measured(self.store)
+        held, tokens = sum(row[2] for row in rows), sum(row[3] for row in rows)
+        return CacheSize(location=self.location, entries=len(rows), bytes=held, tokens=tokens)
 
     def collect(self) -> CacheCleaning:
         """Retention's part (``cleaning.collect``), in a folder that is a cache."""

@@ -4,7 +4,7 @@ decoding it whole, with the newest use that names it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import orjson
@@ -62,17 +62,17 @@ def listed(store: Store) -> list[Listed]:
     return sorted(rows, key=lambda item: item.recency, reverse=True)
 
 
-def markers(store: Store) -> Iterator[tuple[str, Shown]]:
-    """Every readable entry's key and what its marker shows, read a batch at a time; a damaged marker is logged and
-    left out."""
-    keys = {marker_name(key): key for key in store.marker_keys()}
-    for name, data in store.read_all(store.entries, list(keys), MARKER_BYTES):
+def markers(store: Store, keys: Iterable[str] | None = None) -> Iterator[tuple[str, Shown]]:
+    """Every readable entry's key (or those of ``keys``) and what its marker shows, read a batch at a time; a
+    damaged marker is logged and left out."""
+    names = {marker_name(key): key for key in (store.marker_keys() if keys is None else keys)}
+    for name, data in store.read_all(store.entries, list(names), MARKER_BYTES):
         try:
             shown = _shown(data, store.entries.url_of(name))
         except RecordError as exc:
             log.warning("%s; left out", exc)
             continue
-        yield keys[name], shown
+        yield names[name], shown
 
 
 def _shown(data: bytes, url: str) -> Shown:

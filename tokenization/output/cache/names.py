@@ -10,6 +10,7 @@ from tokenization.errors import TokenizationError
 
 ENTRIES, DATA, USES = "entries", "data", "uses"
 KNOWN = "inputs"  # what plans found of their local input files (``output.known``)
+SIZES = "sizes.json"  # what its markers showed, by their names, sizes and times (``output.cache.sizes``)
 OWN_FILE = "_CACHE.json"  # the cache's own file, at its top (``records.CacheFolder``)
 DEFAULT_FOLDER = ".cache"  # under a build's output: a dot name, which no run's folder has (``runs.folder_for``)
 OFF = "off"  # the cache setting that turns it off
@@ -24,7 +25,7 @@ OWNER = re.compile(r"[0-9a-f]{16}")  # a use folder's name
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # an entry's file: a plain name, never a path
 CACHE_FILE = re.compile(  # every file a cache writes, by its path under the cache (a use's temporary file too)
     rf"{ENTRIES}/{KEY.pattern}\.json|{DATA}/{KEY.pattern}/{WRITER.pattern}/{FILE_NAME.pattern}"
-    rf"|{USES}/{OWNER.pattern}/[^/]+|{KNOWN}/[^/]+"
+    rf"|{USES}/{OWNER.pattern}/[^/]+|{KNOWN}/[^/]+|{re.escape(SIZES)}"
 )
 NOT_THERE = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # an entry's file missing, or a folder, or under a file
 

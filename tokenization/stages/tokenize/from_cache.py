@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -46,19 +46,25 @@ from tokenization.tokenizer.counts import Counts, RejectTally
 from tokenization.tokenizer.encoding import Encoder
 
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
+S = TypeVar("S", TokenFile, Loaded)
 AHEAD = 1024  # hits checked together, their samples encoded in one batch (``_check_ahead``): ~45 MB of text at most
 
 
 @dataclass(frozen=True)
 class _Checked:
-    """A hit checked ahead: what its segment holds, its quarantine's bytes (None: it has none), its segment's path
-    (None while it is ``loaded`` in memory, before its run is written: ``_write_runs``) and its seconds."""
+    """A hit checked ahead: what its segment holds (None for a small one, in memory, until the rank's are read
+    together: ``Held.read_many``), its quarantine's bytes (None: it has none), its segment's path (None while it is
+    ``loaded`` in memory, before its run is written: ``_write_runs``) and its seconds."""
 
-    held: Held
+    held: Held | None
     quarantine: bytes | None
     path: Path | None
     loaded: Loaded | None
     seconds: float = 0.0
+
+    @property
+    def segment(self) -> TokenFile | Loaded:
+        return cast("Loaded", self.loaded) if self.held is None else self.held.segment
 
 
 class CacheHits:
@@ -106,7 +112,7 @@ class CacheHits:
                     out.write(quarantine_line(item))
                     rejected(item)
         tally.add(rejected)
-        held = checked.held
+        held = cast("Held", checked.held)
         counts = Counts.of(entry.counts)
         counts.contents = held.contents
         if held.plain is not None:  # this build saves no loss
@@ -130,10 +136,18 @@ class CacheHits:
         started = time.perf_counter()
         found = map_concurrently(lambda k: self._one_ahead(k, checks.get(k)), hits)
         share = (time.perf_counter() - started) / max(1, len(hits))
-        by_source: dict[int, list[tuple[int, Sample]]] = {}
-        for k, (checked, sample) in zip(hits, found, strict=True):
+        for k, (checked, _, _) in zip(hits, found, strict=True):
             self._ahead[k] = None if checked is None else replace(checked, seconds=share)
-            if isinstance(sample, str):
+        small = self._held_together(hits)
+        samples = {k: sample for k, (_, _, sample) in zip(hits, found, strict=True)}
+        places = {k: table for k, (_, table, _) in zip(hits, found, strict=True)}
+        held = [k for k in small if k in checks and self._ahead[k] is not None]
+        samples |= self._samples_of(held, checks, places)
+        by_source: dict[int, list[tuple[int, Sample]]] = {}
+        for k in hits:
+            if self._ahead[k] is None:
+                continue  # found unfit already
+            if isinstance(sample := samples[k], str):
                 self._unfit(k, sample)
             elif sample is not None:
                 by_source.setdefault(self._source(k), []).append((k, sample))
@@ -146,6 +160,38 @@ class CacheHits:
                 if problem is not None:
                     self._unfit(k, problem)
         self._write_runs(hits)
+
+    def _held_together(self, hits: list[int]) -> list[int]:
+        """What the small hits among ``hits`` hold, their segments in memory read together (``Held.read_many``), each
+        held against its marker's counts; one that disagrees is removed from the cache. Returns the small hits."""
+        small = [k for k in hits if (checked := self._ahead.get(k)) is not None and checked.held is None]
+        if not small:
+            return small
+        started = time.perf_counter()
+        loaded = [cast("Loaded", cast("_Checked", self._ahead[k]).loaded) for k in small]
+        for k, held in zip(small, Held.read_many(loaded, plain=not self.save_loss), strict=True):
+            checked = cast("_Checked", self._ahead[k])
+            if problem := self._against(cast("CacheEntry", self._found[k][2]), held, checked.quarantine):
+                self._unfit(k, problem)
+            else:
+                self._ahead[k] = replace(checked, held=held)
+        share = (time.perf_counter() - started) / len(small)
+        for k in small:
+            self._spent(k, share)
+        return small
+
+    def _samples_of(
+        self, hits: list[int], checks: dict[int, HitCheck], places: dict[int, np.ndarray | None]
+    ) -> dict[int, Sample | str]:
+        """The samples of small ``hits`` that held, read from their inputs on threads (``_sample``)."""
+        if not hits:
+            return {}
+        started = time.perf_counter()
+        read = map_concurrently(lambda k: self._sample(k, checks[k], cast("_Checked", self._ahead[k]), places[k]), hits)
+        share = (time.perf_counter() - started) / len(hits)
+        for k in hits:
+            self._spent(k, share)
+        return dict(zip(hits, read, strict=True))
 
     def _write_runs(self, hits: list[int]) -> None:
         """The small hits among ``hits`` that passed, held in memory, into pass 2's files: one ``.ds`` family a run
@@ -190,17 +236,26 @@ class CacheHits:
     def _source(self, k: int) -> int:
         return self._reading(self._found[k][0]).source
 
-    def _one_ahead(self, k: int, check: HitCheck | None) -> tuple[_Checked | None, Sample | str | None]:
-        """Hit ``k`` loaded or fetched and held against its marker and counts (``_checked``), with its sample read
-        from its input when ``check`` is given (``HitCheck.sample``: or how the hit disagrees with its input)."""
-        file, _, entry = self._found[k]
+    def _one_ahead(
+        self, k: int, check: HitCheck | None
+    ) -> tuple[_Checked | None, np.ndarray | None, Sample | str | None]:
+        """Hit ``k`` loaded or fetched (``_checked``), with its places; a fetched one held against its marker and
+        counts, and its sample read from its input when ``check`` is given (``_sample``). A small one's sample is
+        read once its segment has held, with the others' (``_held_together``)."""
+        entry = self._found[k][2]
         found = self._checked(cast("CacheEntry", entry), self.work / SEGMENTS / f"{k:05d}")
         if found is None:
-            return None, None
+            return None, None, None
         checked, places = found
-        if check is None:
-            return checked, None
-        return checked, check.sample(cast("CacheEntry", entry), checked.held.segment, checked.quarantine, file, places)
+        if check is None or checked.held is None:
+            return checked, places, None
+        return checked, places, self._sample(k, check, checked, places)
+
+    def _sample(self, k: int, check: HitCheck, checked: _Checked, places: np.ndarray | None) -> Sample | str:
+        """The sample of hit ``k`` (``checked``: held), read from its input (``HitCheck.sample``), or how the hit
+        disagrees with its input."""
+        file, _, entry = self._found[k]
+        return check.sample(cast("CacheEntry", entry), checked.segment, checked.quarantine, file, places)
 
     def _unfit(self, k: int, problem: str) -> None:
         """Hit ``k`` found unfit: its entry removed, its file to be tokenized in its turn."""
@@ -213,32 +268,32 @@ class CacheHits:
             self._ahead[k] = replace(checked, seconds=checked.seconds + seconds)
 
     def _checked(self, entry: CacheEntry, folder: Path) -> tuple[_Checked, np.ndarray | None] | None:
-        """A hit's files, in memory when its marker holds them (a small entry: ``CacheEntry.inline``), else
-        fetched into ``folder`` (an earlier try's removed), what its segment holds (``Held``), and its places; or
-        None when its files disagree with its marker or with its counts (a marker edited by hand,
-        ``Held.against``), and the entry is removed."""
+        """A hit's files, in memory when its marker holds them (a small entry: ``CacheEntry.inline``, whose
+        segment is read with the rank's others: ``_held_together``), else fetched into ``folder`` (an earlier try's
+        removed) and what its segment holds (``Held``); and its places. None when its files disagree with its marker
+        or with its counts (a marker edited by hand, ``Held.against``), and the entry is removed."""
         cache = self.cache.cache
-        path: Path | None = None
         if entry.inline is not None:
             files = cache.load(entry)
             if files is None:
                 return None
             quarantine, places = files.get(QUARANTINE), files.get(PLACES)
-            held = self._held(entry, files, quarantine, lambda: Loaded.of(files, SEGMENT, self.encoder.token_size))
-            table = None if places is None else np.frombuffer(places[: len(places) // 8 * 8], dtype="<i8")
-        else:
-            shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
-            if (fetched := cache.fetch(entry, folder / CACHED)) is None:
+            loaded = self._segment(files, lambda: Loaded.of(files, SEGMENT, self.encoder.token_size))
+            if isinstance(loaded, str):
+                cache.discard(entry, loaded)
                 return None
-            path = fetched.get(SEGMENT)
-            quarantine = fetched[QUARANTINE].read_bytes() if QUARANTINE in fetched else None
-            held = self._held(entry, fetched, quarantine, lambda: self._on_disk(fetched))
-            table = np.fromfile(fetched[PLACES], dtype="<i8") if PLACES in fetched else None
+            table = None if places is None else np.frombuffer(places[: len(places) // 8 * 8], dtype="<i8")
+            return _Checked(None, quarantine, None, loaded), table
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
+        if (fetched := cache.fetch(entry, folder / CACHED)) is None:
+            return None
+        quarantine = fetched[QUARANTINE].read_bytes() if QUARANTINE in fetched else None
+        held = self._held(entry, fetched, quarantine)
         if isinstance(held, str):
             cache.discard(entry, held)
             return None
-        loaded = held.segment if isinstance(held.segment, Loaded) else None
-        return _Checked(held, quarantine, path, loaded), table
+        table = np.fromfile(fetched[PLACES], dtype="<i8") if PLACES in fetched else None
+        return _Checked(held, quarantine, fetched.get(SEGMENT), None), table
 
     def _on_disk(self, fetched: dict[str, Path]) -> TokenFile:
         """A fetched hit's segment, with a loss file of ones when this build saves loss and the entry has none
@@ -248,24 +303,31 @@ class CacheHits:
             fetched[LOSS] = ones_file(fetched[SEGMENT].with_name(LOSS), size)
         return TokenFile(str(fetched[SEGMENT]), self.encoder.token_size)
 
-    def _held(
-        self,
-        entry: CacheEntry,
-        names: Collection[str],
-        quarantine: bytes | None,
-        segment: Callable[[], TokenFile | Loaded],
-    ) -> Held | str:
-        """What a hit's segment holds (its files ``names``, read as ``segment`` gives them), or how it and its
-        ``quarantine`` disagree with its counts."""
+    def _held(self, entry: CacheEntry, fetched: dict[str, Path], quarantine: bytes | None) -> Held | str:
+        """What a fetched hit's segment holds, or how it and its ``quarantine`` disagree with its counts."""
+        segment = self._segment(fetched, lambda: self._on_disk(fetched))
+        if isinstance(segment, str):
+            return segment
+        try:
+            held = Held.read(segment, plain=not self.save_loss)
+        except TokenFileError as exc:
+            return str(exc)
+        return self._against(entry, held, quarantine) or held
+
+    def _segment(self, names: Collection[str], segment: Callable[[], S]) -> S | str:
+        """A hit's segment (its files ``names``, read as ``segment`` gives them), or what is wrong with them."""
         family = [SEGMENT, f"{SEGMENT}.index", f"{SEGMENT}.metadata"]
         if missing := [name for name in family if name not in names]:
             return f"it holds no {missing[0]}"
         try:
-            held = Held.read(segment(), plain=not self.save_loss)
+            return segment()
         except TokenFileError as exc:
             return str(exc)
+
+    def _against(self, entry: CacheEntry, held: Held, quarantine: bytes | None) -> str | None:
+        """How a hit's segment (``held``) and its ``quarantine`` disagree with its counts, or None."""
         lines = len(lines_of(quarantine or b""))
-        return held.against(entry.counts, lines, self.encoder.vocab_size) or held
+        return held.against(entry.counts, lines, self.encoder.vocab_size)
 
     def _hits(self, file: InputFile) -> HitCheck:
         """What the hits of ``file``'s source are held against, made at its first hit: it loads HF's tokenizer, to

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from tokenization.formats.contents import Contents, ContentsHasher, stream_contents, within
+from tokenization.formats.contents import Contents, ContentsHasher, contents_each, stream_contents, within
 from tokenization.formats.ds import INDEX_DTYPE, LOSS_DTYPE, Metadata, TokenFile, TokenFileError, token_dtype
 from tokenization.formats.source_pool import SourcePool
 from tokenization.inputs.content import content_identity
@@ -24,7 +24,7 @@ from tokenization.records import CachedInput, CacheEntry, InputFile, Mixture, Ra
 from tokenization.rendering.renderer import Renderer
 from tokenization.storage.folder import writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
-from tokenization.tokenizer.counts import Counts
+from tokenization.tokenizer.counts import Counts, histogram_buckets
 from tokenization.tokenizer.documents import DocumentOptions
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.pipeline import ReadAhead
@@ -173,6 +173,37 @@ class Held:
             return cls._scan(segment, lambda a, b: pool.read(0, a, b), plain)
 
     @classmethod
+    def read_many(cls, segments: Sequence[Loaded], *, plain: bool) -> list[Held]:
+        """``read`` of many segments in memory (a rank's small hits), their facts found in one pass over all of
+        their tokens (``contents_each``): a scan a hit of a one-line file cost more than the rest of its check. A
+        segment whose index does not go up to its last token, in order (damaged, which ``against`` refuses), or that
+        holds none, is read alone, as ``read`` reads it."""
+        alone = {k: cls.read(s, plain=plain) for k, s in enumerate(segments) if not _tidy(s)}
+        together = [s for k, s in enumerate(segments) if k not in alone]
+        if not together:
+            return [alone[k] for k in range(len(segments))]
+        sizes = np.array([s.num_tokens for s in together], dtype=np.int64)
+        starts = np.cumsum(sizes) - sizes
+        ends = [np.asarray(s.ends, dtype=np.int64) for s in together]
+        entries = np.array([len(e) for e in ends], dtype=np.int64)
+        cuts = np.concatenate([e + at for e, at in zip(ends, starts.tolist(), strict=True)])
+        firsts = np.cumsum(entries) - entries
+        tokens = np.concatenate([s.tokens for s in together])
+        loss = np.concatenate([np.ones(s.num_tokens, LOSS_DTYPE) if s.loss is None else s.loss for s in together])
+        contents = contents_each(tokens, loss, cuts, firsts)
+        plains = contents_each(tokens, None, cuts, firsts) if plain else [None] * len(together)
+        tops = np.maximum.reduceat(tokens, starts).tolist()
+        loss_tops = np.maximum.reduceat(loss, starts).tolist()
+        ones = np.add.reduceat((loss != 0).astype(np.int64), starts).tolist()
+        made = iter(
+            cls(s, e, top, loss_top, n, c, p)
+            for s, e, top, loss_top, n, c, p in zip(
+                together, ends, tops, loss_tops, ones, contents, plains, strict=True
+            )
+        )
+        return [alone[k] if k in alone else next(made) for k in range(len(segments))]
+
+    @classmethod
     def _scan(
         cls,
         segment: TokenFile | Loaded,
@@ -221,11 +252,17 @@ class Held:
         for what, (value, said) in found.items():
             if said is not None and value != said:
                 return f"its files hold {value:,} {what}, its counts say {said:,}"
-        if not np.array_equal(shape.length_buckets, Counts.of(c).length_buckets):
+        if not np.array_equal(shape.length_buckets, histogram_buckets(c.length_histogram)):
             return "its documents' lengths are not those its counts' histogram says"
         if c.contents_in is not None and c.contents_in.value != self.contents:
             return f"its files hold {self.contents.describe()}, its counts say {c.contents_in.value.describe()}"
         return None
+
+
+def _tidy(segment: Loaded) -> bool:
+    """Whether a segment holds tokens and its index goes up to its last one, in order (``Held.read_many``)."""
+    ends, tokens = segment.ends, segment.num_tokens
+    return bool(tokens and len(ends) and ends[-1] == tokens and ends[0] >= 0 and (ends[1:] >= ends[:-1]).all())
 
 
 def ones_file(path: Path, tokens: int) -> Path:

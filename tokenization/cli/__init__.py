@@ -160,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _above_bars():
             return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:  # Ctrl-C: what stopped, not where
+        # Stopped: a later Ctrl-C (pressed again, or one held back meanwhile) is ignored, so that the exit ends as
+        # 130; the interpreter's exit puts SIGINT's default action back, and one then ended a CI run's build on it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(interrupted(args), file=sys.stderr)
         return INTERRUPTED
     except BrokenPipeError:  # its output piped into a reader that stopped early (``| head``): nothing to report

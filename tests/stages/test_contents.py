@@ -8,6 +8,7 @@ import json
 import shutil
 import tracemalloc
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ from tests.support.tokenizers import EOS
 from tokenization.builds.accounting import contents_flow
 from tokenization.builds.config import BuildConfig
 from tokenization.builds.run import Build
-from tokenization.formats import moves, rejoin
+from tokenization.formats import kept, moves, rejoin
 from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheckFailed, contents_each, stream_contents
 from tokenization.formats.ds import TokenFileError
+from tokenization.formats.kept import KeptPieces
 from tokenization.output.runs import BuildError
 from tokenization.records import BuildRecord, ContentsSum
 from tokenization.stages import context_shuffle
@@ -248,7 +250,8 @@ class Windowed:
 
     window = 997
 
-    def __init__(self, documents: int, span: int = rejoin.SPAN, length: int = 100_000) -> None:
+    def __init__(self, folder: Path, documents: int, span: int = rejoin.SPAN, length: int = 100_000) -> None:
+        self.folder, self.written = folder, 0  # where each shuffle's writer keeps its pieces, one folder each
         rng = np.random.default_rng(1)
         self.tokens = rng.integers(0, 50_000, length).astype(np.uint16)
         self.loss = rng.integers(0, 2, length).astype(np.uint8)
@@ -267,45 +270,55 @@ class Windowed:
 
     def shuffled(self, order: np.ndarray, swap: tuple[int, int] | None = None):
         """The windows written in ``order`` (with ``swap``, two windows' bytes exchanged, their index kept), each
-        cut at the cuts inside it, the pieces the proof keeps kept."""
+        cut at the cuts inside it, the pieces the proof keeps kept (on disk, as a writer keeps them)."""
         window, every = self.window, self.cuts.every()
         starts, ends = self.edges[order] - window, self.edges[order]
-        parts = rejoin.cut_pieces(self.cuts, starts, ends)
-        assert len(parts) <= 2 * len(order)
-        hasher = ContentsHasher(keep=parts)
+        plan = rejoin.cut_pieces(self.cuts, starts, ends)
+        assert len(plan.chosen) <= 2 * len(order)
+        self.written += 1
+        parts = KeptPieces(self.folder / str(self.written), plan.chosen, plan.numbers, plan.counts.every)
+        hasher = ContentsHasher(keep=plan.chosen, into=parts.add)
         exchanged = dict(zip(swap, swap[::-1], strict=True)) if swap else {}
         for a, b in zip(starts, ends, strict=True):
             w = exchanged.get(a // window, a // window) * window  # where its bytes are read
             hasher.add(self.tokens[w : w + window], every[(every > a) & (every <= b)] - a, self.loss[w : w + window])
-        return hasher.result(), hasher.kept_pieces(), parts, starts, ends
+        written = hasher.result()
+        parts.sealed()
+        return written, parts, plan.counts
 
-    def rejoined(self, written: Contents, parts, chosen, starts: np.ndarray, ends: np.ndarray) -> Contents | None:
-        return rejoin.rejoined_contents(written, parts, chosen, self.cuts, starts, ends, self.tail)
+    def rejoined(self, written: Contents, parts: KeptPieces, counts: rejoin.PieceCounts) -> Contents | None:
+        return rejoin.rejoined_contents(written, parts.reader(), counts, self.cuts, self.tail)
 
 
-@pytest.mark.parametrize("span", [rejoin.SPAN, 16])
-def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents(byte_path, span) -> None:
+@pytest.mark.parametrize(("span", "bucket"), [(rejoin.SPAN, kept.BUCKET), (16, kept.BUCKET), (16, 8)])
+def test_pieces_cut_smaller_and_shuffled_join_again_into_the_documents(
+    byte_path, tmp_path, monkeypatch, span, bucket
+) -> None:
     """What a context shuffle proves without reading its input again: the pieces it wrote that window edges cut (two
     a window at most), put back in the input's order and joined at the input's index with the dropped tail, stand
     for the input's documents they were cut from, and the whole is the input's documents' contents; the same when
-    the cuts are walked in many spans (16 entries each) as in one."""
-    stream = Windowed(300, span)
+    the cuts are walked in many spans (16 entries each) as in one, and when the kept pieces wait in many bucket
+    files (8 numbers each) as in one."""
+    monkeypatch.setattr(kept, "BUCKET", bucket)
+    stream = Windowed(tmp_path, 300, span)
     assert stream.cuts.every().tolist() == np.union1d(stream.index, stream.edges).tolist()
     assert len(list(stream.cuts.spans())) == 1 if span == rejoin.SPAN else len(list(stream.cuts.spans())) > 10
     order = np.random.default_rng(2).permutation(len(stream.edges))
-    written, parts, chosen, starts, ends = stream.shuffled(order)
+    written, parts, counts = stream.shuffled(order)
+    files = len(list(parts.folder.iterdir()))
+    assert files == 1 if bucket > counts.every else files > 10
     every = stream.cuts.every()
     assert written == contents(stream.tokens[: stream.kept], every[every <= stream.kept], stream.loss[: stream.kept])
-    assert stream.rejoined(written, parts, chosen, starts, ends) == stream.documents
+    assert stream.rejoined(written, parts, counts) == stream.documents
     assert stream.rejoined(*stream.shuffled(order, swap=(0, 1))) != stream.documents  # two windows' bytes exchanged
     assert stream.rejoined(*stream.shuffled(np.append(order[:-1], order[0]))) != stream.documents  # one twice
 
 
 @pytest.mark.parametrize("fault", ["swap", "twice"])
-def test_a_fault_in_a_later_span_of_the_cuts_is_caught(byte_path, fault) -> None:
+def test_a_fault_in_a_later_span_of_the_cuts_is_caught(byte_path, tmp_path, fault) -> None:
     """Windows far into the stream, whose cuts are walked in a later span than the first: two of their bytes
     exchanged, or one written twice and its neighbour never, do not join again into the documents."""
-    stream = Windowed(3_000, span=64)
+    stream = Windowed(tmp_path, 3_000, span=64)
     spans = list(stream.cuts.spans())
     late = int(np.searchsorted(stream.edges, spans[len(spans) // 2].lo))  # a window of a middle span
     assert late > 2 * len(stream.edges) // 5
@@ -318,13 +331,13 @@ def test_a_fault_in_a_later_span_of_the_cuts_is_caught(byte_path, fault) -> None
     assert stream.rejoined(*shuffled) != stream.documents
 
 
-def test_the_proofs_working_memory_does_not_grow_with_the_documents_of_a_file() -> None:
+def test_the_proofs_working_memory_does_not_grow_with_the_documents_of_a_file(tmp_path) -> None:
     """The same windows over a hundred times the documents: the join holds a span of the cuts at a time, so what it
     allocates beyond its inputs grows by less than the index it walks (8 bytes a document), where holding the cuts
     whole takes that and more."""
     peaks = []
     for documents in (300, 30_000):
-        stream = Windowed(documents, span=256)
+        stream = Windowed(tmp_path / str(documents), documents, span=256)
         order = np.random.default_rng(2).permutation(len(stream.edges))
         shuffled = stream.shuffled(order)
         tracemalloc.start()

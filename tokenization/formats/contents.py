@@ -186,12 +186,19 @@ _PIECE_FIELDS = ("sums", "weighted", "lengths")
 
 class ContentsHasher:
     """Hashes a stream given in consecutive parts, each with its index entries; a piece may span parts. With
-    ``keep`` (the numbers of pieces in the stream, sorted; None: none) it keeps those pieces (``kept_pieces``). With
+    ``keep`` (the numbers of pieces in the stream, sorted; None: none) it keeps those pieces (``kept_pieces``), or
+    hands them, in order, to ``into`` (``formats.kept``: a writer's, to disk). With
     ``sources`` (one an index entry, in order) each piece is of its entry's source; with ``hashes`` it keeps each
     entry's hash (``entry_hashes``), to give it its source once that is known (``formats.sidecar``). (Its sums are
     one-element arrays: numpy warns when a scalar wraps around, never when an array does.)"""
 
-    def __init__(self, keep: np.ndarray | None = None, sources: np.ndarray | None = None, hashes: bool = False) -> None:
+    def __init__(
+        self,
+        keep: np.ndarray | None = None,
+        sources: np.ndarray | None = None,
+        hashes: bool = False,
+        into: Callable[[Pieces], None] | None = None,
+    ) -> None:
         self.pieces = 0
         self.tokens = 0
         self._entries = 0  # pieces closed, empty ones too: the index entries hashed
@@ -199,6 +206,7 @@ class ContentsHasher:
         self._open = (np.zeros(1, _U64), np.zeros(1, _U64), np.zeros(1, _U64))  # the piece not closed: sums, length
         self._keep = None if keep is None else np.asarray(keep, dtype=np.int64)
         self._kept: list[Pieces] = []
+        self._into = into
         self._sources = None if sources is None else np.asarray(sources, dtype=np.int64)
         self._hashes: list[np.ndarray] | None = [] if hashes else None
 
@@ -244,7 +252,11 @@ class ContentsHasher:
         if self._keep is not None:
             lo, hi = np.searchsorted(self._keep, [self.pieces, self.pieces + len(n)])
             chosen = self._keep[lo:hi] - self.pieces
-            self._kept.append(Pieces(sa[chosen], sb[chosen], n[chosen], None if scaled is None else scaled[chosen]))
+            chosen_pieces = Pieces(sa[chosen], sb[chosen], n[chosen], None if scaled is None else scaled[chosen])
+            if self._into is not None:
+                self._into(chosen_pieces)
+            else:
+                self._kept.append(chosen_pieces)
         if self._hashes is not None:
             every = np.zeros(len(kept), _U64)
             every[kept] = hashes

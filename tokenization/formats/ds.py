@@ -25,8 +25,9 @@ from typing import Literal, Protocol
 import numpy as np
 
 from tokenization.errors import TokenizationError
-from tokenization.formats.contents import Contents, ContentsHasher, Found, Pieces
+from tokenization.formats.contents import Contents, ContentsHasher, Found
 from tokenization.formats.hashed_file import FinishOrAbandon, HashedFile, InOrder, WrittenFile, written_whole
+from tokenization.formats.kept import KeptPieces
 from tokenization.storage.folder import Folder, StorageOptions, file_at, writing
 
 INDEX_DTYPE = np.dtype("<u8")
@@ -122,7 +123,6 @@ class WrittenTokenFile:
     files: tuple[WrittenFile, ...]
     contents: Contents
     folder: str = ""  # where in its output it is published: a bucket's folder for a rank's bucket files, else ""
-    pieces: Pieces | None = field(default=None, compare=False, repr=False)  # those its writer was asked to keep
     hashes: np.ndarray | None = field(default=None, compare=False, repr=False)  # each entry's, when it was asked
 
     @property
@@ -166,12 +166,12 @@ class TokenFileWriter(FinishOrAbandon):
         save_loss: bool,
         durable: bool = True,
         observe: Observer | None = None,
-        keep_pieces: np.ndarray | None = None,
+        keep_pieces: KeptPieces | None = None,
         keep_hashes: bool = False,
     ):
         """``observe(tokens, ends, loss, found)``: called with every block written, in order, on the contents' thread (a
         stage's own check, ``stages.verify.OwnCheck``, checks the blocks there instead of reading the file back).
-        ``keep_pieces``: the numbers of the pieces whose sums what is written keeps too (``formats.contents``);
+        ``keep_pieces``: where the pieces it names (``chosen``) go as they are hashed (``formats.kept``);
         ``keep_hashes``: each index entry's hash too, which a mixture's sidecar gives its source
         (``formats.sidecar``)."""
         self.path = Path(path)
@@ -184,7 +184,8 @@ class TokenFileWriter(FinishOrAbandon):
         self._ds = HashedFile(self.path, durable)
         self._index = HashedFile(self.path.with_name(self.path.name + ".index"), durable)
         self._loss = HashedFile(self.path.with_name(self.path.name + ".loss"), durable) if save_loss else None
-        self.contents = ContentsHasher(keep=keep_pieces, hashes=keep_hashes)
+        keep, into = (None, None) if keep_pieces is None else (keep_pieces.chosen, keep_pieces.add)
+        self.contents = ContentsHasher(keep=keep, hashes=keep_hashes, into=into)
         self._hashing = InOrder("contents")
         self.written: WrittenTokenFile | None = None
 
@@ -224,10 +225,9 @@ class TokenFileWriter(FinishOrAbandon):
             meta_path.write_bytes(meta)
         files.append(written_whole(meta_path.name, meta))
         contents = self.contents.result()
-        pieces = self.contents.kept_pieces() if self.contents.keeps else None
         hashes = self.contents.entry_hashes() if self.contents.keeps_hashes else None
         self.written = WrittenTokenFile(
-            self.path, self.tokens, self.index_entries, tuple(files), contents, pieces=pieces, hashes=hashes
+            self.path, self.tokens, self.index_entries, tuple(files), contents, hashes=hashes
         )
         return self.written
 
@@ -378,7 +378,7 @@ class SplitWriter(FinishOrAbandon):
         on_close: Callable[[WrittenTokenFile, int], None] | None = None,
         writer_class: type = TokenFileWriter,
         observe: Callable[[Path], Observer] | None = None,
-        keep_pieces: np.ndarray | None = None,
+        keep_pieces: KeptPieces | None = None,
         keep_hashes: bool = False,
     ):
         self.directory = Path(directory)

@@ -3,8 +3,9 @@ edge cuts (``cut_pieces``), which its writer keeps, and their join back into the
 (``rejoined_contents``).
 
 Both walk the source's cuts (its index entries and its units' edges, ``Cuts``) in spans of positions, never whole:
-what they hold beside the index is an array or two a unit and a kept piece, and a span's cuts, not arrays of the
-source's pieces (at 4 M documents in one file, ~76 bytes a document had made the shuffle's peak 300 MB)."""
+what the plan holds beside the index is an array or two a unit and a kept piece, and a span's cuts, not arrays of
+the source's pieces (at 4 M documents in one file, ~76 bytes a document had made the shuffle's peak 300 MB); the
+join holds a span's cuts and a bucket of the kept pieces, which wait on disk (``formats.kept``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tokenization.formats.contents import Contents, Pieces
+from tokenization.formats.kept import KeptReader
 from tokenization.formats.moves import sorted_union
 from tokenization.records.contents import MASK
 
@@ -97,16 +99,42 @@ def _ascending(positions: np.ndarray) -> bool:
     return not np.any(positions[1:] < positions[:-1])
 
 
-def cut_pieces(cuts: Cuts, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The numbers, in the stream they are written to, of the pieces of units ``[starts[i], ends[i])`` (in this
-    order, each cut at ``cuts``) that are parts of a document a unit's edge cuts: a unit's first piece when it
-    starts inside a document, its last when it ends inside one (at most two a unit). The other pieces are whole
-    documents of the source cut at ``cuts.index``."""
+class PieceCounts(NamedTuple):
+    """What the proof expects of a one-file shuffle's units: the pieces they hold as written; the source's pieces
+    up to the last unit's end (``through``); all its pieces (``every``)."""
+
+    written: int
+    through: int
+    every: int
+
+
+class CutPlan(NamedTuple):
+    """Which pieces of a one-file shuffle's units its writer keeps: ``chosen``, their numbers as written (sorted),
+    and ``numbers``, theirs in the source (one each); and the ``counts`` the proof expects."""
+
+    chosen: np.ndarray
+    numbers: np.ndarray
+    counts: PieceCounts
+
+
+def cut_pieces(cuts: Cuts, starts: np.ndarray, ends: np.ndarray) -> CutPlan:
+    """The pieces of units ``[starts[i], ends[i])`` (in this order, each cut at ``cuts``) that are parts of a
+    document a unit's edge cuts: a unit's first piece when it starts inside a document, its last when it ends
+    inside one (at most two a unit). The other pieces are whole documents of the source cut at ``cuts.index``."""
     by = np.argsort(starts, kind="stable")
-    lo, hi, _ = unit_pieces(cuts, starts, ends, by)
-    first = np.cumsum(hi - lo) - (hi - lo)
+    kept = int(ends.max()) if len(ends) else 0
+    lo, hi, after = unit_pieces(cuts, starts, ends, by, kept, cuts.end)
+    count = hi - lo
+    first = np.cumsum(count) - count  # each unit's first piece as written
     inside = [(e > 0) & ~_entries(cuts.index, e, by) for e in (starts, ends)]  # 0 and the entries start documents
-    return sorted_union(first[inside[0]], (first + hi - lo - 1)[inside[1]])
+    del by
+    chosen = np.concatenate([first[inside[0]], (first + count - 1)[inside[1]]])
+    numbers = np.concatenate([lo[inside[0]], (hi - 1)[inside[1]]])
+    order = np.argsort(chosen, kind="stable")
+    chosen, numbers = chosen[order], numbers[order]
+    once = np.concatenate([[True], chosen[1:] != chosen[:-1]]) if len(chosen) else np.zeros(0, bool)
+    through, every = (int(n) for n in after)
+    return CutPlan(chosen[once], numbers[once], PieceCounts(int(count.sum()), through, every))
 
 
 def unit_pieces(cuts: Cuts, starts: np.ndarray, ends: np.ndarray, by: np.ndarray, *more: int) -> list[np.ndarray]:
@@ -129,52 +157,25 @@ def _entries(index: np.ndarray, positions: np.ndarray, by: np.ndarray) -> np.nda
 
 
 def rejoined_contents(
-    written: Contents,
-    parts: Pieces,
-    chosen: np.ndarray,
-    cuts: Cuts,
-    starts: np.ndarray,
-    ends: np.ndarray,
-    tail: Pieces,
+    written: Contents, parts: KeptReader, counts: PieceCounts, cuts: Cuts, tail: Pieces
 ) -> Contents | None:
     """What a source held, cut at its ``cuts.index``, from what a one-file shuffle wrote: ``written``, the contents
-    of its units ``[starts[i], ends[i])`` in this order, each cut at ``cuts`` (every unit edge among them, to the
-    source's end); ``parts``, the written pieces ``chosen``, which ``cut_pieces`` names; ``tail``, the source's
-    pieces after its last unit (a dropped tail). The parts and the tail go back to the source's order and are joined
-    into its documents, which take the parts' place, a span of the cuts at a time: the proof reads no byte of the
-    source again, and holds two pieces a unit, not one a document. None when what was written cannot be these units'
-    pieces."""
-    kept = int(ends.max()) if len(ends) else 0
-    lo, hi, after = unit_pieces(cuts, starts, ends, np.argsort(starts, kind="stable"), kept, cuts.end)
-    through, every = (int(n) for n in after)  # the pieces up to the last unit's end, and all of them
-    hi -= lo  # each unit's pieces
-    ahead = np.cumsum(hi)  # the written pieces up to each unit's end
-    if written.pieces != (int(ahead[-1]) if len(ahead) else 0) or len(parts) != len(chosen):
+    of its units, each cut at ``cuts`` (every unit edge among them, to the source's end); ``parts``, the written
+    pieces its plan names (``cut_pieces``), in the source's order; ``tail``, the source's pieces after its last unit
+    (a dropped tail). The parts and the tail are joined into the source's documents, which take the parts' place, a
+    span of the cuts at a time: the proof reads no byte of the source again, and holds a span's parts, not one a
+    document. None when what was written cannot be these units' pieces."""
+    if written.pieces != counts.written or len(tail) != counts.every - counts.through:  # tail: through, through + 1..
         return None
-    if len(tail) != every - through:  # the tail's pieces follow the parts: numbers through, through + 1, ...
+    joined = _joined(parts, tail, cuts, counts.through)
+    if joined is None or not parts.whole():
         return None
-    unit = np.searchsorted(ahead, chosen, side="right")
-    ahead -= hi  # the written pieces before each unit
-    lo -= ahead  # each unit's first piece's number in the source, less its number as written
-    del hi, ahead  # arrays of a unit or a part each, in place where they can be: they bound the proof's peak
-    numbers = lo[unit]
-    numbers += chosen  # each part's number in the source
-    del lo, unit
-    by_number = np.argsort(numbers, kind="stable")
-    numbers = numbers[by_number]
-    if np.any(numbers[1:] == numbers[:-1]):
-        return None
-    out, into = _contents(parts), _joined(parts, tail, cuts, numbers, by_number, through)
+    out, into = joined
     return Contents(
         written.pieces - out.pieces + into.pieces,
         written.tokens - out.tokens + into.tokens,
         (written.sum - out.sum + into.sum) & MASK,
     )
-
-
-def _contents(pieces: Pieces) -> Contents:
-    """The contents of ``pieces``, a span's worth at a time (a piece's hash takes arrays of its own)."""
-    return Contents.total(_sliced(pieces, a, a + SPAN).contents() for a in range(0, len(pieces), SPAN))
 
 
 def _sliced(pieces: Pieces, start: int, stop: int) -> Pieces:
@@ -183,24 +184,27 @@ def _sliced(pieces: Pieces, start: int, stop: int) -> Pieces:
     return Pieces(pieces.sums[start:stop], pieces.weighted[start:stop], pieces.lengths[start:stop], scale)
 
 
-def _joined(
-    parts: Pieces, tail: Pieces, cuts: Cuts, numbers: np.ndarray, by_number: np.ndarray, through: int
-) -> Contents:
-    """The contents of the parts (``numbers``: their numbers in the source, sorted, as ``by_number`` orders them)
-    and the tail (the source's pieces from number ``through`` on) joined into their documents, a span of the cuts
-    at a time; the last document of a span is held open, one piece, until a span's pieces belong to another."""
-    done, held = Contents(), parts.take(by_number[:0])
-    document = np.zeros(0, np.int64)  # the held piece's
+def _joined(parts: KeptReader, tail: Pieces, cuts: Cuts, through: int) -> tuple[Contents, Contents] | None:
+    """The contents of the parts, and of the parts and the tail (the source's pieces from number ``through`` on)
+    joined into their documents, a span of the cuts at a time; the last document of a span is held open, one
+    piece, until a span's pieces belong to another. None when two parts have one number."""
+    out = done = Contents()
+    held = document = None
     for span in cuts.spans():
         first, last = span.before, span.before + len(span.cuts)  # the numbers of the span's pieces
-        a, b = np.searchsorted(numbers, [first, last])
+        numbers, given = parts.below(last)
+        if np.any(numbers[1:] == numbers[:-1]) or np.any(numbers < first):
+            return None
+        out += given.contents()
         t = np.arange(max(first, through), max(last, through)) - through  # the tail's pieces in the span
-        pieces = Pieces.concatenate([held, parts.take(by_number[a:b]), tail.take(t)])
-        ending = span.cuts[np.concatenate([numbers[a:b], t + through]) - first]  # where each piece ends
-        documents = np.concatenate([document, span.entries_before + np.searchsorted(span.entries, ending)])
+        pieces = Pieces.concatenate([p for p in (held, given, tail.take(t)) if p is not None])
+        ending = span.cuts[np.concatenate([numbers, t + through]) - first]  # where each piece ends
+        documents = span.entries_before + np.searchsorted(span.entries, ending)
+        if document is not None:
+            documents = np.concatenate([document, documents])
         if not len(pieces):
             continue
         joined = pieces.joined(np.flatnonzero(np.diff(documents, prepend=-1)))
         done += _sliced(joined, 0, len(joined) - 1).contents()
         held, document = _sliced(joined, len(joined) - 1, len(joined)), documents[-1:]
-    return done + held.contents()
+    return out, done + (held.contents() if held is not None else Contents())

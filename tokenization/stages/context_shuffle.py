@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
@@ -39,16 +39,17 @@ from tokenization.errors import UsageError
 from tokenization.formats import sidecar
 from tokenization.formats.block_checks import Checks
 from tokenization.formats.checks import OwnCheck
-from tokenization.formats.contents import Contents, ContentsHasher, Pieces, ShuffleCheckFailed, check_kept
+from tokenization.formats.contents import Contents, ContentsHasher, ShuffleCheckFailed, check_kept
 from tokenization.formats.ds import (
     SplitWriter,
     TokenFile,
     TokenFileError,
     WrittenTokenFile,
 )
+from tokenization.formats.kept import KeptPieces
 from tokenization.formats.moves import fixed_units, move_units, prefix_end, starts_of
 from tokenization.formats.packing import PackedFile, pack
-from tokenization.formats.rejoin import Cuts, cut_pieces, rejoined_contents
+from tokenization.formats.rejoin import Cuts, PieceCounts, cut_pieces, rejoined_contents
 from tokenization.formats.source_pool import Blocks, SourcePool, contents_of
 from tokenization.options import Options, option
 from tokenization.output import manifest
@@ -277,7 +278,7 @@ def _one_file(
     again, which the caller makes: the windows hold the file's pieces, cut at their edges, each once. Cut windows
     of a file whose contents are ``recorded`` are joined again into its documents (``_rejoined``), by that call,
     which closes the file's sources; others are proved by reading the file again as they move, before it returns."""
-    ends = np.asarray(source.ends, dtype=np.int64)
+    ends = _positions(source.ends)
     total = int(ends[-1]) if len(ends) else 0
     if source.num_tokens != total:
         raise TokenFileError(f"{url}: {source.num_tokens} tokens, but its index ends at {total}")
@@ -303,7 +304,9 @@ def _one_file(
     pseudo: PseudoEnds | Literal["unknown"] | None
     pseudo = "unknown" if nested else manifest.pseudo_ends(0, grid, config.context_window, grid)
     rejoin = recorded is not None and cuts is not None  # cut windows, proved from the record
-    parts = cut_pieces(cuts, units[1], units[2]) if cuts is not None and rejoin else None  # the pieces it keeps
+    plan = cut_pieces(cuts, units[1], units[2]) if cuts is not None and rejoin else None  # the pieces it keeps
+    kept_at = attempt.work / "kept" / name
+    parts = None if plan is None else KeptPieces(kept_at, plan.chosen, plan.numbers, plan.counts.every)
     writer = SplitWriter(
         attempt.work,
         lambda _: name,
@@ -320,17 +323,24 @@ def _one_file(
     )
     with ExitStack() as opened:
         opened.enter_context(pool)
-        if parts is not None and recorded is not None and cuts is not None:  # (rejoin)
+        if parts is not None and plan is not None and recorded is not None and cuts is not None:  # (rejoin)
+            opened.callback(parts.remove)
             with writer:
                 move_units(pool, *units, writer, inner, progress=shown)
+            mixed = units[1] if source.sources is not None else None  # a mixture's, to find its pieces' sources
+            if mixed is None:
+                parts.sealed()  # the numbers it kept by let go before the proof runs
+            del units, inner  # the proof holds the plan's counts, the cuts and the kept pieces (on disk)
 
-            def prove(held: ExitStack, parts: np.ndarray, cuts: Cuts, recorded: Contents) -> _Shuffled:
+            def prove(
+                held: ExitStack, parts: KeptPieces, counts: PieceCounts, cuts: Cuts, recorded: Contents
+            ) -> _Shuffled:
                 with held:
-                    written = _with_sources(writer.written, source, ends, units[1], config.context_window, parts)
-                    read = _rejoined(url, pool, written, parts, cuts, units, kept, recorded, source.sources)
+                    written = _with_sources(writer.written, source, ends, mixed, config.context_window, parts)
+                    read = _rejoined(url, pool, written, parts, counts, cuts, kept, recorded, source.sources)
                 return _Shuffled(written, full, packed, read, pseudo)
 
-            return partial(prove, opened.pop_all(), parts, cuts, recorded)
+            return partial(prove, opened.pop_all(), parts, plan.counts, cuts, recorded)
         if cuts is not None:
             every = cuts.every()
         spans = (ends, total), (every[every <= kept], kept)
@@ -346,6 +356,13 @@ def _one_file(
     return partial(_Shuffled, written, full, packed, read, pseudo)
 
 
+def _positions(index: np.ndarray) -> np.ndarray:
+    """An index's entries as int64, the mapped file viewed, not copied (8 bytes a document): a damaged entry past
+    2^63 reads as negative either way."""
+    index = np.asarray(index)
+    return index.view(np.int64) if index.dtype == np.uint64 else index.astype(np.int64)
+
+
 def _of_pieces(sources: np.ndarray, ends: np.ndarray, cuts: np.ndarray) -> np.ndarray:
     """The source of each piece of a stream cut at ``cuts`` (the pieces' ends, sorted): that of the document whose
     index entry in ``ends`` comes first after the piece's first token."""
@@ -357,28 +374,28 @@ def _with_sources(
     written: list[WrittenTokenFile],
     source: TokenFile,
     ends: np.ndarray,
-    starts: np.ndarray,
+    starts: np.ndarray | None,
     window: int,
-    parts: np.ndarray | None = None,
+    parts: KeptPieces | None = None,
 ) -> WrittenTokenFile | None:
     """The file's windows (None: none), with a mixture's ``.source`` sidecar when its input has one: each piece's
     source is that of the document its first token comes from, found from where its window starts in the input
     (``starts``: in output order; every window is whole but a kept tail, which comes last). The pieces its writer
-    kept (``parts``: their numbers) get theirs too, for the proof that joins them again."""
-    if not written:
-        return None
-    (family,) = written
+    kept (``parts``) get theirs too, for the proof that joins them again; they are sealed either way."""
     sources = source.sources
-    if sources is None or source.metadata is None:
-        return family
+    if not written or sources is None or source.metadata is None or starts is None:
+        if parts is not None:
+            parts.sealed()
+        return written[0] if written else None
+    (family,) = written
     pieces = np.asarray(TokenFile(str(family.path), source.token_size).ends, dtype=np.int64)
     first = np.concatenate([[0], pieces[:-1]])  # each piece's first token in the output
     at = starts[first // window] + first % window  # and in the input
     documents = np.searchsorted(ends, at, side="right")
     of_pieces = np.asarray(sources)[documents]
     (family,) = sidecar.attach([family], of_pieces, source.metadata.sources)
-    if parts is not None and family.pieces is not None:  # every piece of a window holds a token: one an entry
-        family = replace(family, pieces=family.pieces.with_sources(of_pieces[parts]))
+    if parts is not None:  # every piece of a window holds a token: one an entry
+        parts.sealed(of_pieces)
     return family
 
 
@@ -386,16 +403,16 @@ def _rejoined(
     url: str,
     pool: SourcePool,
     written: WrittenTokenFile | None,
-    chosen: np.ndarray,
+    parts: KeptPieces,
+    counts: PieceCounts,
     cuts: Cuts,
-    units: tuple[np.ndarray, np.ndarray, np.ndarray],
     kept: int,
     recorded: Contents,
     sources: np.ndarray | None,
 ) -> Contents:
-    """The file's contents, from its windows as written (None: no window), the pieces ``chosen`` of them that
-    window edges cut, and its dropped tail, read alone (``formats.rejoin.rejoined_contents``), each piece of its
-    mixture source where the file has ``sources`` (one a document). When they are not its
+    """The file's contents, from its windows as written (None: no window), the pieces of them that window edges cut,
+    which its writer kept (``parts``), and its dropped tail, read alone (``formats.rejoin.rejoined_contents``),
+    each piece of its mixture source where the file has ``sources`` (one a document). When they are not its
     record, the file is read to tell a bug of the shuffle (refused here) from a file that is not the one its stage
     wrote (its contents returned, which the caller refuses)."""
     ends = cuts.index
@@ -406,11 +423,8 @@ def _rejoined(
     tokens, loss = pool.read(0, kept, total)
     tail.add(tokens, behind - kept, loss)
     tail.result()
-    parts = written.pieces if written is not None else Pieces.concatenate([])
-    if parts is None:  # a writer keeps the pieces it is asked to keep (``keep_pieces``)
-        raise RuntimeError(f"context shuffle of {url}: its windows were written without their pieces")
     done = written.contents if written is not None else Contents()
-    read = rejoined_contents(done, parts, chosen, cuts, units[1], units[2], tail.kept_pieces())
+    read = rejoined_contents(done, parts.reader(), counts, cuts, tail.kept_pieces())
     if read == recorded:
         return read
     (held,) = contents_of(pool, 0, (ends, total), sources=None if sources is None else [sources])

@@ -38,11 +38,12 @@ TOKENIZE_BYTES_PER_DOC = 32  # bucketed pass 2: index ends, bucket drawn, argsor
 RANK_BYTES_PER_DOC = 16  # a doc-shuffled rank: index ends and the permutation
 INTERLEAVE_BYTES_PER_DOC = 16  # the index, and its concatenated copy while the merge plans (8 + 8)
 BUCKET_BYTES_PER_DOC = 18  # the index (8), the bucket's permutation (8), the file id of each entry (2)
-CONTEXT_BYTES_PER_DOC = 16  # a merged file's index, read (8) and written again (8)
-# the window permutation (8), the window ends in the new index (8), and the proof's parts: the two pieces a window's
-# edges cut, kept as they are written (48), and the arrays that join them again at the end (measured: 143 MB more
-# at its peak for the 800 k windows of 3.27 GB of tokens, 180 a window)
-CONTEXT_BYTES_PER_WINDOW = 200
+CONTEXT_BYTES_PER_DOC = 8  # a merged file's index, mapped and read in place (its windows' index entries stream out)
+# the window permutation's units (17: source, start, end), the window ends (8), the move's block offsets (16), and
+# the proof's plan while the windows move: the two pieces a window's edges cut, by their numbers as written and in
+# the file (32); the pieces themselves wait on disk (formats.kept). Measured: one file of 4 M documents (~780 k
+# windows) peaked at 196 MB, of 2 M at 150 MB: 46 MB for 2 M documents and 390 k windows, 8 a document and ~80 a window
+CONTEXT_BYTES_PER_WINDOW = 80
 INDEX_BYTES_PER_DOC = INDEX_DTYPE.itemsize  # .ds.index: one end offset a document
 METADATA_FILE_BYTES = 100  # a .ds.metadata file
 CACHE_RECORDS = 3  # a cached input's requests besides its token files: its entry, and the rank's use before and after

@@ -370,3 +370,28 @@ def test_cuts_of_an_index_out_of_order_are_walked_to_its_end() -> None:
     index[15] = 0  # the first span's last entry, below where the span starts
     cuts = rejoin.Cuts(index, np.array([50, 100]), span=16)
     assert sum(len(span.entries) for span in cuts.spans()) == len(index)
+
+
+def test_kept_pieces_start_afresh_and_a_piece_never_kept_fails_the_join(byte_path, tmp_path) -> None:
+    """A crashed attempt's bucket files are not appended to; and a plan that names a piece past the stream's end
+    (so that its writer never kept it) does not join into the documents."""
+    stream = Windowed(tmp_path, 300)
+    stale = tmp_path / "1"
+    stale.mkdir()
+    (stale / "000000").write_bytes(b"\0" * kept.RECORD.itemsize)  # one record a crashed writer left
+    order = np.random.default_rng(2).permutation(len(stream.edges))
+    written, parts, counts = stream.shuffled(order)
+    assert parts.folder == stale and stream.rejoined(written, parts, counts) == stream.documents
+    plan = rejoin.cut_pieces(stream.cuts, stream.edges[order] - stream.window, stream.edges[order])
+    more = KeptPieces(tmp_path / "more", np.append(plan.chosen, 10**9), np.append(plan.numbers, 1), 1)
+    hasher = ContentsHasher(keep=more.chosen, into=more.add)
+    every = stream.cuts.every()
+    for a in stream.edges[order] - stream.window:
+        b = a + stream.window
+        hasher.add(stream.tokens[a:b], every[(every > a) & (every <= b)] - a, stream.loss[a:b])
+    written = hasher.result()
+    more.sealed()
+    assert (
+        len(more) == len(plan.chosen)
+        and rejoin.rejoined_contents(written, more.reader(), plan.counts, stream.cuts, stream.tail) is None
+    )

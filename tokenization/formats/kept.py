@@ -26,12 +26,13 @@ FILES = 64  # bucket files at most, open at once while the writer writes
 
 class KeptPieces:
     """The pieces numbered ``chosen`` (sorted) of a stream as written, whose numbers in their source are ``numbers``
-    (one each), kept in ``folder`` (made here, removed by ``remove``) as the writer hashes them (``add``, in order);
-    ``sources`` (``numbered``) of a source of ``count`` pieces."""
+    (one each), kept in ``folder`` (made afresh here: a crashed attempt's files are not appended to; removed by
+    ``remove``) as the writer hashes them (``add``, in order); ``count``, the source's pieces, sizes the buckets."""
 
     def __init__(self, folder: Path, chosen: np.ndarray, numbers: np.ndarray, count: int) -> None:
         self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
         self.chosen: np.ndarray | None = chosen
         self._numbers: np.ndarray | None = numbers
         self.width = max(BUCKET, -(-count // FILES))

@@ -1254,3 +1254,26 @@ def test_an_entry_without_places_is_read_whole_as_before(tmp_path, sample_tokeni
     missed = [f["url"].rsplit("/", 1)[-1] for f in again["cache"]["files"] if not f["hit"]]
     assert missed == ["part-005.jsonl"] and file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean")
     assert re.search(r"its document \d+ is not what the input's record at line \d+ encodes to", caplog.text)
+
+
+@pytest.mark.usefixtures("entries_on_disk")
+def test_a_hit_found_unfit_is_encoded_by_the_engine_a_miss_would_be(tmp_path, sample_tokenizer, monkeypatch) -> None:
+    """A rank whose files are all in the cache expects no text to encode, so HF would do (``FAST_ENGINE_MIN_BYTES``);
+    a hit then found unfit is a file to encode after all, and its text counts for the choice as a miss's does: a
+    doctored entry of a 9.6 MB gzip file had it encoded by HF in 9.8 s, where the fast engine took 1.5 s."""
+    from tokenization.tokenizer import engines
+
+    monkeypatch.setattr(engines, "FAST_ENGINE_MIN_BYTES", 1)  # the fast engine for any text: the sample's is small
+    source = corpus(tmp_path / "corpus", files=3)
+    cache = tmp_path / "cache"
+    clean = run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    assert clean["tokenizer"]["engine"] == "gigatoken"
+    key, folder = entry_of(cache, "part-001.jsonl")
+    tokens = np.fromfile(folder / "segment.ds", dtype=np.uint16)
+    tokens[0] = (int(tokens[0]) + 1) % 4096  # the first document's: always in the sample
+    rewritten(folder / "segment.ds", tokens.tobytes())
+    restamp(cache, key)
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True, False, True]
+    assert again["tokenizer"]["engine"] == "gigatoken"
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean")

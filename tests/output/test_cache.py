@@ -1257,10 +1257,13 @@ def test_an_entry_without_places_is_read_whole_as_before(tmp_path, sample_tokeni
 
 
 @pytest.mark.usefixtures("entries_on_disk")
-def test_a_hit_found_unfit_is_encoded_by_the_engine_a_miss_would_be(tmp_path, sample_tokenizer, monkeypatch) -> None:
+def test_a_hit_found_unfit_is_encoded_by_the_engine_a_miss_would_be(
+    tmp_path, sample_tokenizer, monkeypatch, caplog
+) -> None:
     """A rank whose files are all in the cache expects no text to encode, so HF would do (``FAST_ENGINE_MIN_BYTES``);
     a hit then found unfit is a file to encode after all, and its text counts for the choice as a miss's does: a
-    doctored entry of a 9.6 MB gzip file had it encoded by HF in 9.8 s, where the fast engine took 1.5 s."""
+    doctored entry of a 9.6 MB gzip file had it encoded by HF in 9.8 s, where the fast engine took 1.5 s. The log
+    names the file as it is read now (renamed since), whose lines the problem gives, and the one it was stored from."""
     from tokenization.tokenizer import engines
 
     monkeypatch.setattr(engines, "FAST_ENGINE_MIN_BYTES", 1)  # the fast engine for any text: the sample's is small
@@ -1273,7 +1276,11 @@ def test_a_hit_found_unfit_is_encoded_by_the_engine_a_miss_would_be(tmp_path, sa
     tokens[0] = (int(tokens[0]) + 1) % 4096  # the first document's: always in the sample
     rewritten(folder / "segment.ds", tokens.tobytes())
     restamp(cache, key)
+    (source / "part-001.jsonl").rename(source / "part-001b.jsonl")
+    caplog.set_level(logging.WARNING)
     again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
     assert [f["hit"] for f in again["cache"]["files"]] == [True, False, True]
     assert again["tokenizer"]["engine"] == "gigatoken"
+    now, was = source / "part-001b.jsonl", source / "part-001.jsonl"
+    assert f"{key}.json (of {now}, stored from {was}): its document 0 is not what the input's record" in caplog.text
     assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean")

@@ -259,7 +259,8 @@ class CacheHits:
 
     def _unfit(self, k: int, problem: str) -> None:
         """Hit ``k`` found unfit: its entry removed, its file to be tokenized in its turn."""
-        self.cache.cache.discard(cast("CacheEntry", self._found[k][2]), problem)
+        file, _, entry = self._found[k]
+        self.cache.cache.discard(cast("CacheEntry", entry), problem, file.name)
         self._ahead[k] = None
 
     def _spent(self, k: int, seconds: float) -> None:

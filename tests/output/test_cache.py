@@ -16,12 +16,13 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from tests.support.builds import in_process
 from tests.support.corpus import sample_records, write_jsonl
@@ -40,7 +41,7 @@ from tokenization.stages.tokenize import from_cache
 from tokenization.stages.tokenize.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
 from tokenization.storage.checksums import BLAKE3, SHA256, checksum, file_checksum
 from tokenization.storage.folder import Folder
-from tokenization.tokenizer.counts import TooManyRejects
+from tokenization.tokenizer.counts import Counts, TooManyRejects, histogram_rows
 
 FILES = 24  # the sample's records dealt into this many input files
 
@@ -1284,3 +1285,30 @@ def test_a_hit_found_unfit_is_encoded_by_the_engine_a_miss_would_be(
     now, was = source / "part-001b.jsonl", source / "part-001.jsonl"
     assert f"{key}.json (of {now}, stored from {was}): its document 0 is not what the input's record" in caplog.text
     assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean")
+
+
+@pytest.mark.usefixtures("entries_on_disk")
+def test_a_document_end_moved_in_an_entry_is_caught_by_its_eos(tmp_path, sample_tokenizer, caplog) -> None:
+    """A document's end moved back a token in a hit's index, outside its sample, with its counts (longest,
+    histogram) and every checksum rewritten to match: its tokens are all there, but that document ends without
+    the EOS every document ends with. Used, it failed the build at the context shuffle's check ("document ends
+    without EOS"), night after night, naming no cache entry; now the hit is refused and its file tokenized again."""
+    source = corpus(tmp_path / "corpus", files=3)
+    cache = tmp_path / "cache"
+    clean = run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    key, folder = entry_of(cache, "part-001.jsonl")
+    ends = np.fromfile(folder / "segment.ds.index", dtype=np.uint64).astype(np.int64)
+    moved = ends.copy()
+    moved[len(ends) // 2] -= 1  # that document's EOS now starts the next one
+    rewritten(folder / "segment.ds.index", moved.astype(np.uint64).tobytes())
+    shape = Counts()
+    shape.add_lengths(np.diff(moved, prepend=0))
+    rows = [asdict(row) for row in histogram_rows(shape.length_buckets)]
+    restamp(cache, key, lambda c: c.update(longest=shape.longest, length_histogram=rows))
+    caplog.set_level(logging.WARNING)
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True, False, True]
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
+    eos = Tokenizer.from_file(str(sample_tokenizer)).token_to_id(EOS)
+    shown = f"its document {len(ends) // 2:,} ends with id \\d+, not the EOS {eos} that ends every document"
+    assert re.search(rf"{key}\.json \(of .*part-001\.jsonl\): {shown}; it is removed", caplog.text)

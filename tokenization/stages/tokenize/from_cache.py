@@ -328,7 +328,7 @@ class CacheHits:
     def _against(self, entry: CacheEntry, held: Held, quarantine: bytes | None) -> str | None:
         """How a hit's segment (``held``) and its ``quarantine`` disagree with its counts, or None."""
         lines = len(lines_of(quarantine or b""))
-        return held.against(entry.counts, lines, self.encoder.vocab_size)
+        return held.against(entry.counts, lines, self.encoder.vocab_size, self.encoder.policy.eos_id)
 
     def _hits(self, file: InputFile) -> HitCheck:
         """What the hits of ``file``'s source are held against, made at its first hit: it loads HF's tokenizer, to

@@ -1312,3 +1312,23 @@ def test_a_document_end_moved_in_an_entry_is_caught_by_its_eos(tmp_path, sample_
     eos = Tokenizer.from_file(str(sample_tokenizer)).token_to_id(EOS)
     shown = f"its document {len(ends) // 2:,} ends with id \\d+, not the EOS {eos} that ends every document"
     assert re.search(rf"{key}\.json \(of .*part-001\.jsonl\): {shown}; it is removed", caplog.text)
+
+
+def test_a_prune_leaves_no_rows_of_what_it_removed_in_the_caches_sizes(tmp_path, sample_tokenizer, caplog) -> None:
+    """The cache's size is remembered by marker (``sizes.json``), a record bounded by the markers listed, so that a
+    damaged one is never read whole. A prune left the rows of the entries it removed there, and the next build of
+    fewer files warned that the record was not valid ("it holds more than 512 bytes"); they now go with them."""
+    source = corpus(tmp_path / "corpus", files=12)
+    out = tmp_path / "builds"
+    build(source, out, "first", sample_tokenizer)
+    assert len(json.loads((out / ".cache" / names.SIZES).read_text())["rows"]) == 12
+    pruned = cli("cache", "prune", str(out / ".cache"), "--max-size", "0")
+    assert pruned.returncode == 0 and pruned.stdout.startswith(f"cache {out}/.cache: removed 12 entries, ")
+    assert json.loads((out / ".cache" / names.SIZES).read_text())["rows"] == {}
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "part-000.jsonl").write_bytes((source / "part-000.jsonl").read_bytes())
+    caplog.set_level(logging.INFO, logger="tokenization.output.cache")
+    build(one, out, "second", sample_tokenizer)
+    assert "sizes" not in caplog.text
+    assert len(json.loads((out / ".cache" / names.SIZES).read_text())["rows"]) == 1

@@ -16,12 +16,13 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from tests.support.builds import in_process
 from tests.support.corpus import sample_records, write_jsonl
@@ -40,7 +41,7 @@ from tokenization.stages.tokenize import from_cache
 from tokenization.stages.tokenize.hits import SAMPLE_BYTES, SAMPLE_DOCS, _holds
 from tokenization.storage.checksums import BLAKE3, SHA256, checksum, file_checksum
 from tokenization.storage.folder import Folder
-from tokenization.tokenizer.counts import TooManyRejects
+from tokenization.tokenizer.counts import Counts, TooManyRejects, histogram_rows
 
 FILES = 24  # the sample's records dealt into this many input files
 
@@ -1254,3 +1255,80 @@ def test_an_entry_without_places_is_read_whole_as_before(tmp_path, sample_tokeni
     missed = [f["url"].rsplit("/", 1)[-1] for f in again["cache"]["files"] if not f["hit"]]
     assert missed == ["part-005.jsonl"] and file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean")
     assert re.search(r"its document \d+ is not what the input's record at line \d+ encodes to", caplog.text)
+
+
+@pytest.mark.usefixtures("entries_on_disk")
+def test_a_hit_found_unfit_is_encoded_by_the_engine_a_miss_would_be(
+    tmp_path, sample_tokenizer, monkeypatch, caplog
+) -> None:
+    """A rank whose files are all in the cache expects no text to encode, so HF would do (``FAST_ENGINE_MIN_BYTES``);
+    a hit then found unfit is a file to encode after all, and its text counts for the choice as a miss's does: a
+    doctored entry of a 9.6 MB gzip file had it encoded by HF in 9.8 s, where the fast engine took 1.5 s. The log
+    names the file as it is read now (renamed since), whose lines the problem gives, and the one it was stored from."""
+    from tokenization.tokenizer import engines
+
+    monkeypatch.setattr(engines, "FAST_ENGINE_MIN_BYTES", 1)  # the fast engine for any text: the sample's is small
+    source = corpus(tmp_path / "corpus", files=3)
+    cache = tmp_path / "cache"
+    clean = run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    assert clean["tokenizer"]["engine"] == "gigatoken"
+    key, folder = entry_of(cache, "part-001.jsonl")
+    tokens = np.fromfile(folder / "segment.ds", dtype=np.uint16)
+    tokens[0] = (int(tokens[0]) + 1) % 4096  # the first document's: always in the sample
+    rewritten(folder / "segment.ds", tokens.tobytes())
+    restamp(cache, key)
+    (source / "part-001.jsonl").rename(source / "part-001b.jsonl")
+    caplog.set_level(logging.WARNING)
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True, False, True]
+    assert again["tokenizer"]["engine"] == "gigatoken"
+    now, was = source / "part-001b.jsonl", source / "part-001.jsonl"
+    assert f"{key}.json (of {now}, stored from {was}): its document 0 is not what the input's record" in caplog.text
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean")
+
+
+@pytest.mark.usefixtures("entries_on_disk")
+def test_a_document_end_moved_in_an_entry_is_caught_by_its_eos(tmp_path, sample_tokenizer, caplog) -> None:
+    """A document's end moved back a token in a hit's index, outside its sample, with its counts (longest,
+    histogram) and every checksum rewritten to match: its tokens are all there, but that document ends without
+    the EOS every document ends with. Used, it failed the build at the context shuffle's check ("document ends
+    without EOS"), night after night, naming no cache entry; now the hit is refused and its file tokenized again."""
+    source = corpus(tmp_path / "corpus", files=3)
+    cache = tmp_path / "cache"
+    clean = run([source], tmp_path / "clean", sample_tokenizer, cache=str(cache), seed=3)
+    key, folder = entry_of(cache, "part-001.jsonl")
+    ends = np.fromfile(folder / "segment.ds.index", dtype=np.uint64).astype(np.int64)
+    moved = ends.copy()
+    moved[len(ends) // 2] -= 1  # that document's EOS now starts the next one
+    rewritten(folder / "segment.ds.index", moved.astype(np.uint64).tobytes())
+    shape = Counts()
+    shape.add_lengths(np.diff(moved, prepend=0))
+    rows = [asdict(row) for row in histogram_rows(shape.length_buckets)]
+    restamp(cache, key, lambda c: c.update(longest=shape.longest, length_histogram=rows))
+    caplog.set_level(logging.WARNING)
+    again = run([source], tmp_path / "again", sample_tokenizer, cache=str(cache), seed=3)
+    assert [f["hit"] for f in again["cache"]["files"]] == [True, False, True]
+    assert file_bytes(tmp_path / "again") == file_bytes(tmp_path / "clean") and again["counts"] == clean["counts"]
+    eos = Tokenizer.from_file(str(sample_tokenizer)).token_to_id(EOS)
+    shown = f"its document {len(ends) // 2:,} ends with id \\d+, not the EOS {eos} that ends every document"
+    assert re.search(rf"{key}\.json \(of .*part-001\.jsonl\): {shown}; it is removed", caplog.text)
+
+
+def test_a_prune_leaves_no_rows_of_what_it_removed_in_the_caches_sizes(tmp_path, sample_tokenizer, caplog) -> None:
+    """The cache's size is remembered by marker (``sizes.json``), a record bounded by the markers listed, so that a
+    damaged one is never read whole. A prune left the rows of the entries it removed there, and the next build of
+    fewer files warned that the record was not valid ("it holds more than 512 bytes"); they now go with them."""
+    source = corpus(tmp_path / "corpus", files=12)
+    out = tmp_path / "builds"
+    build(source, out, "first", sample_tokenizer)
+    assert len(json.loads((out / ".cache" / names.SIZES).read_text())["rows"]) == 12
+    pruned = cli("cache", "prune", str(out / ".cache"), "--max-size", "0")
+    assert pruned.returncode == 0 and pruned.stdout.startswith(f"cache {out}/.cache: removed 12 entries, ")
+    assert json.loads((out / ".cache" / names.SIZES).read_text())["rows"] == {}
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "part-000.jsonl").write_bytes((source / "part-000.jsonl").read_bytes())
+    caplog.set_level(logging.INFO, logger="tokenization.output.cache")
+    build(one, out, "second", sample_tokenizer)
+    assert "sizes" not in caplog.text
+    assert len(json.loads((out / ".cache" / names.SIZES).read_text())["rows"]) == 1

@@ -7,8 +7,11 @@ import sys
 import time
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tokenization.cli", *args], capture_output=True, text=True)
+def cli(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """The command line in a process of its own; ``timeout``: seconds before a hang fails the test."""
+    return subprocess.run(
+        [sys.executable, "-m", "tokenization.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 HUGE_RUN = """

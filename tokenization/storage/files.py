@@ -20,6 +20,7 @@ import glob
 import math
 import os
 import shutil
+import stat
 import sys
 import threading
 import uuid
@@ -327,13 +328,23 @@ def read_many(fs: fsspec.AbstractFileSystem, paths: list[str], limit: int | None
     return read
 
 
+class NotAFile(OSError):
+    """A FIFO, a device or a socket where a file was to be read (``read_head``)."""
+
+
 def read_head(fs: fsspec.AbstractFileSystem, path: str, size: int) -> bytes:
     """The first ``size`` bytes of a file, or all of it when it is smaller, in one request. Locally only what the
     file holds is set aside: a read of ``size`` bytes takes that much memory first, whatever it finds."""
     if not is_local(fs):
         return fs.cat_file(path, start=0, end=size)
-    with open(path, "rb") as handle:
-        return handle.read(min(size, os.fstat(handle.fileno()).st_size + 1))
+    # not blocking: a FIFO put in a record's place would hold ``open`` until a writer came, the build with it
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+        found = os.fstat(handle.fileno())
+        if stat.S_ISDIR(found.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(found.st_mode):
+            raise NotAFile(errno.EINVAL, f"not a regular file (mode {found.st_mode:o})", path)
+        return handle.read(min(size, found.st_size + 1))
 
 
 def _attempt(read: Callable[..., T], *args: object) -> T | Exception:

@@ -29,6 +29,7 @@ from tokenization.storage.checksums import file_checksum
 from tokenization.storage.conditions import current_etag, put_if, remove_if
 from tokenization.storage.files import (
     TEMPORARY_MARK,
+    NotAFile,
     StorageOptions,
     download,
     fresh_listing,
@@ -57,6 +58,7 @@ __all__ = [
     "TEMPORARY_MARK",
     "Condition",
     "Folder",
+    "NotAFile",
     "PutMode",
     "Stamped",
     "StorageOptions",

@@ -183,6 +183,12 @@ class Encoder:
         be worth building the fast engine are encoded by HF (``engines.FAST_ENGINE_MIN_BYTES``)."""
         self._expected = text_bytes
 
+    def expect_more(self, text_bytes: int) -> None:
+        """Say that about ``text_bytes`` more will be encoded than expected (a cache hit found unfit, whose file is
+        encoded after all), before the engine is made: the choice weighs them as a miss's."""
+        if self._expected is not None:
+            self._expected += text_bytes
+
     @cached_property
     def tokenizer(self) -> Tokenizer:
         """HF's tokenizer, following the policy (its post-processor appends the EOS, its special-token text reads as

@@ -149,8 +149,8 @@ class Cache:
     def read(self, entry: CacheEntry, name: str) -> bytes | None:
         return self._entries.read(entry, name)
 
-    def discard(self, entry: CacheEntry, problem: str) -> None:
-        self._entries.discard(entry, problem)
+    def discard(self, entry: CacheEntry, problem: str, read_as: str | None = None) -> None:
+        self._entries.discard(entry, problem, read_as)
 
     def commit(self, entry: CacheEntry, files: Mapping[str, Path]) -> CacheEntry | None:
         return self._entries.commit(entry, files)

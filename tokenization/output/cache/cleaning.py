@@ -11,6 +11,7 @@ import time
 from tokenization.output.cache.entries import forget
 from tokenization.output.cache.listing import listed
 from tokenization.output.cache.names import IN_FLIGHT_SECONDS, KEY
+from tokenization.output.cache.sizes import forget_rows
 from tokenization.output.cache.store import Store
 from tokenization.output.cache.uses import builds_there, in_flight, in_flight_keys, read_uses
 from tokenization.records import CacheCleaning
@@ -78,6 +79,7 @@ def _remove(store: Store, keys: list[str]) -> CacheCleaning:
             freed += size
         store.data.sub(key).remove_if_empty()  # unless another writer is storing the key anew
     if keys:
+        forget_rows(store, keys)
         log.info("cache %s: removed %s, %d bytes", store.location, counted(len(keys), "entry", "entries"), freed)
     return CacheCleaning(entries=len(keys), bytes=freed)
 

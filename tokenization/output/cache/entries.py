@@ -130,12 +130,15 @@ class Entries:
             return f"{name} does not have the {recorded.algorithm} its marker records"
         return data
 
-    def discard(self, entry: CacheEntry, problem: str) -> None:
-        """Remove an entry found unfit for use (``problem`` says why, in the log): its file is tokenized again."""
+    def discard(self, entry: CacheEntry, problem: str, read_as: str | None = None) -> None:
+        """Remove an entry found unfit for use (``problem`` says why, in the log): its file is tokenized again.
+        ``read_as``: the file as this rank reads it, when known (a renamed file's entry names it as it was)."""
+        made = entry.source.name
+        of = made if read_as in (None, made) else f"{read_as}, stored from {made}"
         log.warning(
             "cache entry %s (of %s): %s; it is removed, and the file tokenized again",
             self.store.marker_url(entry.key),
-            entry.source.name,
+            of,
             problem,
         )
         forget(self.store, entry.key, entry.data)

@@ -13,6 +13,7 @@ changes again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 import orjson
 
@@ -41,6 +42,17 @@ def measured(store: Store) -> list[Row]:
     if rows != known:
         _write(store, rows)
     return list(rows.values())
+
+
+def forget_rows(store: Store, keys: Collection[str]) -> None:
+    """Drop the rows of entries just removed (``cleaning``): the next measure bounds the record by the markers it
+    lists then, and would find one that still holds theirs larger than those need, so damaged."""
+    gone = {marker_name(key) for key in keys}
+    if not gone:
+        return
+    known = _read(store, len(store.marker_keys()) + len(gone))
+    if known and (rows := {name: row for name, row in known.items() if name not in gone}) != known:
+        _write(store, rows)
 
 
 def _read(store: Store, markers_listed: int) -> dict[str, Row]:

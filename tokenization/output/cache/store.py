@@ -12,7 +12,7 @@ from tokenization.errors import StorageError
 from tokenization.output.cache.names import DATA, ENTRIES, FILE_NAME, KEY, USES, WRITER, marker_name
 from tokenization.records import RecordError
 from tokenization.storage.concurrent import in_batches
-from tokenization.storage.folder import Condition, Folder, PutMode
+from tokenization.storage.folder import Condition, Folder, NotAFile, PutMode
 
 log = logging.getLogger("tokenization.output.cache")
 
@@ -71,6 +71,8 @@ class Store:
             raise RecordError(url, "it is a folder", label) from None
         except NotADirectoryError:
             raise RecordError(url, "a folder of its path is a file", label) from None
+        except NotAFile:
+            raise RecordError(url, "it is not a regular file (a FIFO, a device or a socket)", label) from None
         except OSError as exc:
             raise _looped(exc, url, label) from None
         if len(data) > limit:
@@ -83,8 +85,8 @@ class Store:
         for batch in in_batches(names):
             try:
                 read = folder.read_many(batch, limit)
-            except StorageError as exc:  # a folder in a file's place, which no batch read says: each read alone
-                if not isinstance(exc.__cause__, IsADirectoryError):
+            except StorageError as exc:  # a folder (or a FIFO) in a file's place, which no batch read says: each alone
+                if not isinstance(exc.__cause__, (IsADirectoryError, NotAFile)):
                     raise
                 read = {name: self.file_or_none(folder, name, limit) for name in batch}
             for name, data in read.items():
@@ -95,13 +97,18 @@ class Store:
 
     def file_or_none(self, folder: Folder, name: str, limit: int) -> bytes | None:
         """A small file's first ``limit + 1`` bytes, as ``Folder.read_many`` reads them; None (logged) for a
-        folder."""
+        folder, a FIFO, a device or a socket."""
         try:
             return folder.head(name, limit + 1)
         except FileNotFoundError:
             return None
         except IsADirectoryError:
             log.warning("%s: a folder, so damaged; left out", folder.url_of(name))
+            return None
+        except NotAFile:
+            log.warning(
+                "%s: not a regular file (a FIFO, a device or a socket), so damaged; left out", folder.url_of(name)
+            )
             return None
 
     def remove_marker(self, key: str, condition: Condition = PutMode.OVERWRITE) -> None:

@@ -198,6 +198,8 @@ class FirstPass:
         hit = None if entry is None or self._hits is None else self._hits.serve(i, entry, file, self.tally, shown)
         if hit is not None:
             return replace(hit, source=source)
+        if entry is not None:  # a hit found unfit: its file is encoded after all
+            self.encoder.expect_more(text_bytes_about(file))
         shutil.rmtree(folder, ignore_errors=True)  # an earlier try's, or an entry's found unfit
         started = time.perf_counter()
         with_loss = self.save_loss or key is not None  # an entry holds its loss bytes, whatever this build saves

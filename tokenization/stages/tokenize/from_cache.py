@@ -259,7 +259,8 @@ class CacheHits:
 
     def _unfit(self, k: int, problem: str) -> None:
         """Hit ``k`` found unfit: its entry removed, its file to be tokenized in its turn."""
-        self.cache.cache.discard(cast("CacheEntry", self._found[k][2]), problem)
+        file, _, entry = self._found[k]
+        self.cache.cache.discard(cast("CacheEntry", entry), problem, file.name)
         self._ahead[k] = None
 
     def _spent(self, k: int, seconds: float) -> None:
@@ -327,7 +328,7 @@ class CacheHits:
     def _against(self, entry: CacheEntry, held: Held, quarantine: bytes | None) -> str | None:
         """How a hit's segment (``held``) and its ``quarantine`` disagree with its counts, or None."""
         lines = len(lines_of(quarantine or b""))
-        return held.against(entry.counts, lines, self.encoder.vocab_size)
+        return held.against(entry.counts, lines, self.encoder.vocab_size, self.encoder.policy.eos_id)
 
     def _hits(self, file: InputFile) -> HitCheck:
         """What the hits of ``file``'s source are held against, made at its first hit: it loads HF's tokenizer, to

@@ -147,7 +147,8 @@ class Loaded:
 class Held:
     """What a cache hit's segment holds, read once, in blocks: its index, its highest id, its loss bytes' highest
     value and how many are 1, and its contents (``formats.contents``) with its loss bytes, as its counts record
-    them; ``plain``: the contents of its tokens alone, when asked (a build that saves no loss)."""
+    them; ``plain``: the contents of its tokens alone, when asked (a build that saves no loss); ``lasts``: each
+    document's last id (its EOS), as far as its index goes up."""
 
     segment: TokenFile | Loaded
     ends: np.ndarray
@@ -156,6 +157,7 @@ class Held:
     loss_ones: int
     contents: Contents
     plain: Contents | None
+    lasts: np.ndarray
 
     @classmethod
     def read(cls, segment: TokenFile | Loaded, *, plain: bool) -> Held:
@@ -189,6 +191,7 @@ class Held:
         cuts = np.concatenate([e + at for e, at in zip(ends, starts.tolist(), strict=True)])
         firsts = np.cumsum(entries) - entries
         tokens = np.concatenate([s.tokens for s in together])
+        lasts = np.split(tokens[cuts - 1], firsts[1:])  # tidy: every index entry past its segment's first token
         loss = np.concatenate([np.ones(s.num_tokens, LOSS_DTYPE) if s.loss is None else s.loss for s in together])
         contents = contents_each(tokens, loss, cuts, firsts)
         plains = contents_each(tokens, None, cuts, firsts) if plain else [None] * len(together)
@@ -196,9 +199,9 @@ class Held:
         loss_tops = np.maximum.reduceat(loss, starts).tolist()
         ones = np.add.reduceat((loss != 0).astype(np.int64), starts).tolist()
         made = iter(
-            cls(s, e, top, loss_top, n, c, p)
-            for s, e, top, loss_top, n, c, p in zip(
-                together, ends, tops, loss_tops, ones, contents, plains, strict=True
+            cls(s, e, top, loss_top, n, c, p, last)
+            for s, e, top, loss_top, n, c, p, last in zip(
+                together, ends, tops, loss_tops, ones, contents, plains, lasts, strict=True
             )
         )
         return [alone[k] if k in alone else next(made) for k in range(len(segments))]
@@ -214,9 +217,11 @@ class Held:
         ends = np.asarray(segment.ends, dtype=np.int64)
         seen = {"top": -1, "loss_top": 0, "loss_ones": 0}
         alone = ContentsHasher() if plain else None
+        lasts: list[np.ndarray] = []
 
         def read(start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
             tokens, loss = blocks(start, stop)
+            lasts.append(tokens[ends[(ends > start) & (ends <= stop)] - 1 - start])
             loss = np.ones(len(tokens), dtype=LOSS_DTYPE) if loss is None else loss
             seen["top"] = max(seen["top"], int(tokens.max()))
             seen["loss_top"] = max(seen["loss_top"], int(loss.max()))
@@ -226,12 +231,15 @@ class Held:
             return tokens, loss
 
         (contents,) = stream_contents(read, [(ends, segment.num_tokens)])
-        return cls(segment, ends, contents=contents, plain=None if alone is None else alone.result(), **seen)
+        plain_contents = None if alone is None else alone.result()
+        last = np.concatenate(lasts) if lasts else ends[:0]
+        return cls(segment, ends, contents=contents, plain=plain_contents, lasts=last, **seen)
 
-    def against(self, c: RankCounts, quarantined: int, vocab_size: int) -> str | None:
+    def against(self, c: RankCounts, quarantined: int, vocab_size: int, eos_id: int | None = None) -> str | None:
         """How the segment and its ``quarantined`` records (lines) disagree with their counts ``c``, or None: every
-        id within the vocabulary, every loss byte 0 or 1, every document of a token at least, and the documents,
-        tokens, lengths, contents and quarantined records the counts say."""
+        id within the vocabulary, every loss byte 0 or 1, every document of a token at least and ending with
+        ``eos_id`` (when the build appends one: a document's end moved within the tokens leaves one without), and
+        the documents, tokens, lengths, contents and quarantined records the counts say."""
         if self.top >= vocab_size:
             return f"its documents hold id {self.top:,}, outside the tokenizer's {vocab_size:,}"
         if self.loss_top > 1:
@@ -252,6 +260,11 @@ class Held:
         for what, (value, said) in found.items():
             if said is not None and value != said:
                 return f"its files hold {value:,} {what}, its counts say {said:,}"
+        if eos_id is not None and len(self.lasts) == len(ends) and len(off := np.flatnonzero(self.lasts != eos_id)):
+            k = int(off[0])
+            return (
+                f"its document {k:,} ends with id {int(self.lasts[k]):,}, not the EOS {eos_id} that ends every document"
+            )
         if not np.array_equal(shape.length_buckets, histogram_buckets(c.length_histogram)):
             return "its documents' lengths are not those its counts' histogram says"
         if c.contents_in is not None and c.contents_in.value != self.contents:

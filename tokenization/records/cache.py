@@ -132,6 +132,10 @@ class CacheSummary(Record):
     encode_seconds: float
     plan: PlanReading | None = field(default=None, metadata=unless_none())  # None: a build before plans remembered
     input_bytes_read: int | None = field(default=None, metadata=unless_none())  # by the ranks, of their input files
+    # of the misses, those that grew by lines appended since their earlier bytes' entry (``inputs.grown``), and the
+    # lines of theirs encoded; None: no file did
+    files_grown: int | None = field(default=None, metadata=unless_none())
+    lines_encoded: int | None = field(default=None, metadata=unless_none())
 
     @property
     def reused(self) -> float | None:

@@ -251,15 +251,15 @@ class FirstPass:
         found = appended.earlier(self._cache.cache, entry, hit)
         folder = hit.quarantine.parent / appended.ADDED
         shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
-        added, _, _ = self._encode(file, folder, shown, threads, True, places=True, index=i, tail=tail)
-        o, plain_only = self._reading(file).options, not self.save_loss
-        segment, written, plain = appended.joined(
-            hit, entry, found, added, tokenizer=o.tokenizer, token_size=self.encoder.token_size, plain=plain_only
+        added, _, plain = self._encode(file, folder, shown, threads, True, places=True, index=i, tail=tail)
+        o = self._reading(file).options
+        segment, written = appended.joined(
+            hit, entry, found, added, tokenizer=o.tokenizer, token_size=self.encoder.token_size
         )
         seconds = time.perf_counter() - started
         self._store(segment, written, key, seconds)
-        if plain is not None:  # this build saves no loss: its counts as it counts them
-            segment = replace(segment, counts=without_loss(segment.counts, plain.result()))
+        if plain is not None:  # this build saves no loss: its counts as it counts them (the hit's are so already)
+            segment = replace(segment, counts=without_loss(segment.counts, hit.counts.contents + plain.result()))
         lines = added.counts.docs_read + added.counts.blank_lines
         how = served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
         return replace(segment, cached=replace(how, appended_lines=lines))

@@ -122,7 +122,7 @@ def rank_hashes(files: Sequence[InputFile]) -> tuple[list[InputFile], dict[str, 
 
 def _rank_sha256(file: InputFile) -> tuple[str, grown.Tail | None]:
     """A file's sha256 for its rank, and what was appended to it when its plan records its earlier bytes."""
-    if file.earlier is None:
+    if not grown.provable(file):  # a part's file is read once, whichever part's rank asks first
         return _sha256(file.url, file.identity), None
     try:
         with reaching(file.url):

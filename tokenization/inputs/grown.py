@@ -70,9 +70,14 @@ def hashed(path: str, file: InputFile) -> tuple[str, Tail | None]:
     return digest.hexdigest(), Tail(size, lines, was) if grew else None
 
 
+def provable(file: InputFile) -> bool:
+    """Whether ``file`` records its earlier bytes, and is whole and plain: whether ``hashed`` may find a tail."""
+    return file.earlier is not None and _plain(file)
+
+
 def _earlier(file: InputFile) -> tuple[int, str]:
     """The earlier size and sha256 that ``file`` records (0 and "" when none, or not a whole plain file)."""
-    if file.earlier is None or not _plain(file):
+    if file.earlier is None or not provable(file):
         return 0, ""
     size, sha256 = file.earlier.split(",", 1)
     return int(size), sha256

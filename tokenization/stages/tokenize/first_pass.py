@@ -222,6 +222,8 @@ class FirstPass:
         """The file's segment: its cache ``entry``'s, checked, or else encoded (then stored, under ``key``)."""
         folder = self.attempt.work / SEGMENTS / f"{i:05d}"
         source = self._reading(file).source
+        if i in self._grown:  # an earlier try's join, which a small hit's serving leaves where it has no quarantine
+            (folder / QUARANTINE).unlink(missing_ok=True)
         hit = None if entry is None or self._hits is None else self._hits.serve(i, entry, file, self.tally, shown)
         if hit is not None and key is not None and entry is not None and i in self._grown:
             return replace(self._extended(i, hit, entry, key, shown, threads), source=source)

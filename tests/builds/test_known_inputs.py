@@ -143,14 +143,14 @@ def test_a_file_modified_as_it_was_hashed_is_hashed_again(tmp_path) -> None:
     first = with_content(listing)
     assert (first.hashed, first.recognised, first.bytes_to_hash) == (1, 0, path.stat().st_size)
     assert first.listing == listing  # the plan reads nothing: its rank will
-    files, rows = rank_hashes(first.listing.files)
+    files, rows, _ = rank_hashes(first.listing.files)
     assert files == [with_sha256(listing.files[0], file_checksum(path, algorithm=SHA256))]
     second = with_content(listing, rows)
     assert (second.hashed, second.recognised) == (1, 0)
     clock = time.time_ns
     with pytest.MonkeyPatch.context() as later:
         later.setattr(content.time, "time_ns", lambda: clock() + content.RACY_NS)  # a rank 2 s on
-        _, rows = rank_hashes(second.listing.files)
+        _, rows, _ = rank_hashes(second.listing.files)
     fourth = with_content(listing, rows)
     assert (fourth.hashed, fourth.recognised, fourth.bytes_to_hash) == (0, 1, 0)
     assert fourth.listing.files == files
@@ -174,7 +174,7 @@ def test_a_rank_hashes_its_new_files_at_once(tmp_path, monkeypatch) -> None:
     content._sha256_once.cache_clear()
     files = list_input_files([str(tmp_path)]).files
     known_one = with_sha256(files[0], "0" * 64)
-    found, rows = rank_hashes([known_one, *files[1:], files[1]])
+    found, rows, _ = rank_hashes([known_one, *files[1:], files[1]])
     assert sorted(read) == sorted(f.url for f in files[1:])
     assert found[0] == known_one and sorted(rows) == sorted(f.url for f in files[1:])
 
@@ -186,7 +186,7 @@ def test_a_remembered_row_of_another_stat_is_not_used(tmp_path) -> None:
     then = time.time_ns() - HOUR_NS
     os.utime(path, ns=(then, then))
     listing = list_input_files([str(path)])
-    _, rows = rank_hashes(listing.files)
+    _, rows, _ = rank_hashes(listing.files)
     size, mtime, ctime, ino, dev, when, sha = rows[str(path)].split(",")
     for row in (
         f"{size},{mtime},{ctime},{ino},{int(dev) + 1},{when},{sha}",

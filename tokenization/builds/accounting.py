@@ -183,6 +183,7 @@ def cache_summary(rank_manifests: list[RankManifest], plan: PlanReading | None =
         return None
     served = [f for cache in caches for f in cache.files]
     hits = [f for f in served if f.hit]
+    grown = [f.appended_lines for f in served if f.appended_lines is not None]
     return CacheSummary(
         location=caches[0].location,
         files_hit=len(hits),
@@ -196,6 +197,8 @@ def cache_summary(rank_manifests: list[RankManifest], plan: PlanReading | None =
         input_bytes_read=None
         if any(f.input_read is None for f in served)
         else sum(f.bytes for f in served if f.input_read),
+        files_grown=len(grown) or None,
+        lines_encoded=sum(grown) if grown else None,
     )
 
 

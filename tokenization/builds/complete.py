@@ -317,10 +317,15 @@ def cache_line(cache: CacheSummary, parts: bool = False) -> str:
     files = cache.files_hit + cache.files_missed
     what = counted(files, "input file or part", "input files and parts") if parts else counted(files, "input file")
     share = f"{cache.reused:.1%} of the bytes, " if cache.reused is not None else ""
+    tokenized = f"{cache.files_missed:,} tokenized"
+    if cache.files_grown:
+        tokenized += (
+            f" ({cache.files_grown:,} of them grown by lines appended: {counted(cache.lines_encoded or 0, 'line')} "
+            f"of theirs encoded, the rest taken from the cache)"
+        )
     line = (
         f"{cache.files_hit:,} of {what} from the cache ({share}{cache.tokens_reused:,} tokens), "
-        f"{cache.files_missed:,} tokenized in {cache.encode_seconds:.1f} s; "
-        f"the ranks took {cache.tokenize_seconds:.1f} s"
+        f"{tokenized} in {cache.encode_seconds:.1f} s; the ranks took {cache.tokenize_seconds:.1f} s"
     )
     if cache.input_bytes_read is not None:
         line += f" and read {size(cache.input_bytes_read)} of input"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from tokenization.errors import StorageError, reaching
+from tokenization.inputs import grown
 from tokenization.inputs.formats import InputError
 from tokenization.inputs.listing import InputListing, identity
 from tokenization.inputs.local import MTIME
@@ -58,11 +59,13 @@ def with_content(listing: InputListing, known: Mapping[str, str] | None = None) 
     read of them all. A new file, a changed one, one modified within that margin of its hashing (git's "racy" case:
     a coarse clock could not tell a write during the hash) and one whose change time alone differs (a ``chmod``)
     keep their listed identity (their ``stat``): their ranks hash them before they look them up in the cache
-    (``rank_hashes``), and remember them for the next night. An object store's ETag is a digest of the bytes
-    already."""
+    (``rank_hashes``), and remember them for the next night; one that is larger than it was is planned with its
+    earlier size and sha256 (``InputFile.earlier``), for its rank to tell whether it only grew by lines appended
+    (``inputs.grown``). An object store's ETag is a digest of the bytes already."""
     local = [f for f in listing.files if f.identity.startswith(MTIME)]
     known = known or {}
     digests = {f.url: sha for f in local if (sha := _recognised(f, _stat(f.url), known.get(f.url)))}
+    was = {f.url: row for f in local if f.url not in digests and (row := grown.earlier(f, known.get(f.url)))}
     rows = {url: known[url] for url in digests}  # the recognised: as they were remembered
     unknown = [f for f in local if f.url not in digests]
     if unknown:
@@ -72,7 +75,10 @@ def with_content(listing: InputListing, known: Mapping[str, str] | None = None) 
             counted(len(unknown), "file"),
             sum(f.size for f in unknown),
         )
-    files = [with_sha256(f, digests[f.url]) if f.url in digests else f for f in listing.files]
+    files = [
+        with_sha256(f, digests[f.url]) if f.url in digests else replace(f, earlier=was[f.url]) if f.url in was else f
+        for f in listing.files
+    ]
     return Hashed(replace(listing, files=files), rows, len(rows), len(unknown), sum(f.size for f in unknown))
 
 
@@ -86,17 +92,19 @@ def for_its_rank(file: InputFile) -> bool:
     return file.identity.startswith(MTIME) and "sha256" not in _fields(file.identity)
 
 
-def rank_hashes(files: Sequence[InputFile]) -> tuple[list[InputFile], dict[str, str]]:
+def rank_hashes(files: Sequence[InputFile]) -> tuple[list[InputFile], dict[str, str], dict[str, grown.Tail]]:
     """A rank's ``files``, each local one whose plan records no sha256 (new or changed: ``with_content``) given
     the sha256 of its bytes, which this rank reads here, on a thread a core (hashlib works without the GIL; a file
-    of several parts is read once); and the rows the next night is to remember of them, by URL. A file whose
-    ``stat`` is no longer its planned one gets no row: the rank refuses it (``check_unchanged``)."""
+    of several parts is read once); the rows the next night is to remember of them, by URL; and, by URL, the lines
+    appended to each that only grew by lines (``inputs.grown``, found in the same read). A file whose ``stat`` is
+    no longer its planned one gets no row: the rank refuses it (``check_unchanged``)."""
     todo = {f.url: f for f in files if for_its_rank(f)}
     stats = {url: _stat(url) for url in todo}
     # ``hashed_ns``: before any byte is read, so that a write during the hash is git's racy case
     started, hashed_ns = time.perf_counter(), time.time_ns()
-    found = map_concurrently(lambda f: _sha256(f.url, f.identity), list(todo.values()), workers=os.cpu_count() or 1)
-    digests = dict(zip(todo, found, strict=True))
+    found = map_concurrently(_rank_sha256, list(todo.values()), workers=os.cpu_count() or 1)
+    digests = {url: sha for url, (sha, _) in zip(todo, found, strict=True)}
+    tails = {url: tail for url, (_, tail) in zip(todo, found, strict=True) if tail is not None}
     if todo:
         log.info(
             "hashed %s new or changed since the last night, %d bytes, in %.1f s",
@@ -109,7 +117,20 @@ def rank_hashes(files: Sequence[InputFile]) -> tuple[list[InputFile], dict[str, 
         for url, st in stats.items()
         if st is not None and _as_listed(todo[url], st)
     }
-    return [with_sha256(f, digests[f.url]) if f.url in digests else f for f in files], rows
+    return [with_sha256(f, digests[f.url]) if f.url in digests else f for f in files], rows, tails
+
+
+def _rank_sha256(file: InputFile) -> tuple[str, grown.Tail | None]:
+    """A file's sha256 for its rank, and what was appended to it when its plan records its earlier bytes."""
+    if not grown.provable(file):  # a part's file is read once, whichever part's rank asks first
+        return _sha256(file.url, file.identity), None
+    try:
+        with reaching(file.url):
+            return grown.hashed(file.url, file)
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"{file.url}: could not be read to identify its content; {exc}") from exc
 
 
 RACY_NS = 2 * 10**9  # a file modified this close to its hashing is hashed again: coarse filesystems keep 1-2 s mtimes

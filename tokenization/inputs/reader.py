@@ -93,6 +93,13 @@ class DocumentReader:
         self._done_bytes = 0
         self._raw: io.IOBase | None = None
         self._span = (0, 0)  # of the file being read
+        self._tails: dict[str, tuple[int, int]] = {}  # by URL: where a file's lines are read from, and those before
+
+    def resume(self, url: str, offset: int, lines: int) -> None:
+        """Read the plain JSON-lines file ``url`` from byte ``offset`` on, the start of a line, after ``lines``
+        lines (its lines appended since the last night: ``inputs.grown``), numbering and placing its lines as a
+        read of the whole file does."""
+        self._tails[url] = (offset, lines)
 
     @property
     def total_bytes(self) -> int:
@@ -112,7 +119,7 @@ class DocumentReader:
     def __iter__(self) -> Generator[Record | Rejected, None, None]:  # (a generator: callers close it)
         for file in self.files:
             kind, compression = file_format(file.url)
-            self._span = file.span
+            self._span = (self._tails[file.url][0], file.size) if file.url in self._tails else file.span
             yield from self._parquet(file) if kind == "parquet" else self._jsonl(file, compression)
             self._done_bytes += file.span_bytes
             self._raw = None
@@ -169,8 +176,12 @@ class DocumentReader:
         with _open(folder, name) as raw:
             self._raw = raw
             try:
-                start, end, before = line_span(raw, file) if file.part else (0, file.size, 0)
-                source = Window(raw, start, end) if file.part else raw
+                tail = None if file.part or compression else self._tails.get(url)
+                if file.part:
+                    start, end, before = line_span(raw, file)
+                else:
+                    start, end, before = (tail[0], file.size, tail[1]) if tail else (0, file.size, 0)
+                source = Window(raw, start, end) if file.part or tail else raw
                 stream = decompressed(source, compression)  # (held: freeing it would close ``raw``)
                 offset = start if not compression else 0  # of the line, in the bytes the lines are read from
                 for line_no, line in enumerate(bounded_lines(stream, limit), before + 1):

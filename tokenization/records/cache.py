@@ -23,6 +23,9 @@ class CachedInput(Record):
     tokens: int  # of its documents, EOS included
     seconds: float  # encoding it (a miss), or fetching and checking it (a hit)
     input_read: bool | None = field(default=None, metadata=unless_none())  # whether it was read (None: before)
+    # a miss that grew by lines appended since its earlier bytes' entry (``inputs.grown``): the lines encoded, its
+    # other documents taken from that entry; None: encoded whole, or a hit
+    appended_lines: int | None = field(default=None, metadata=unless_none())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +132,10 @@ class CacheSummary(Record):
     encode_seconds: float
     plan: PlanReading | None = field(default=None, metadata=unless_none())  # None: a build before plans remembered
     input_bytes_read: int | None = field(default=None, metadata=unless_none())  # by the ranks, of their input files
+    # of the misses, those that grew by lines appended since their earlier bytes' entry (``inputs.grown``), and the
+    # lines of theirs encoded; None: no file did
+    files_grown: int | None = field(default=None, metadata=unless_none())
+    lines_encoded: int | None = field(default=None, metadata=unless_none())
 
     @property
     def reused(self) -> float | None:

@@ -63,6 +63,9 @@ class InputFile(Record):
     size: int = field(metadata=json_name("bytes"))
     identity: str = ""  # rank manifests before plans were fixed held none
     part: FilePart | None = field(default=None, metadata=unless_none())  # None: the whole file
+    # a local file that changed since the last night: its size and sha256 then (``{size},{sha256}``), for its rank to
+    # tell whether it only grew by lines appended (``inputs.grown``); None: new, unchanged, or not known
+    earlier: str | None = field(default=None, metadata=unless_none())
 
     @property
     def name(self) -> str:

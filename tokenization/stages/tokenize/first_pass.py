@@ -31,10 +31,12 @@ from tokenization.formats.contents import ContentsHasher
 from tokenization.formats.ds import TokenFileWriter, WrittenTokenFile
 from tokenization.inputs.content import rank_hashes
 from tokenization.inputs.formats import text_bytes_about
+from tokenization.inputs.grown import Tail
 from tokenization.output.attempts import Attempt
 from tokenization.progress import Progress, ProgressMode
 from tokenization.records import CacheEntry, FileSum, InputFile, Rejected
 from tokenization.rendering.renderer import Renderer
+from tokenization.stages.tokenize import appended
 from tokenization.stages.tokenize.segments import (
     LOSS,
     PLACES,
@@ -56,7 +58,7 @@ from tokenization.stages.tokenize.segments import (
 from tokenization.storage.checksums import ALGORITHM, file_checksum
 from tokenization.storage.concurrent import map_concurrently
 from tokenization.storage.folder import writing
-from tokenization.tokenizer.cache_key import CacheKey
+from tokenization.tokenizer.cache_key import CacheKey, cache_key
 from tokenization.tokenizer.counts import Counts, RejectTally
 from tokenization.tokenizer.documents import DocumentOptions, encoded_batches, read_ahead
 from tokenization.tokenizer.encoding import Encoder
@@ -102,6 +104,7 @@ class FirstPass:
             )
         self._found: list[Found] = []  # the files of the try under way (``_pass``)
         self._next: dict[int, Read] = {}  # a file's reading, started while the file before it still encoded
+        self._grown: dict[int, Tail] = {}  # the files that grew by lines appended, by number, their earlier entry found
         self.tally: RejectTally  # of a try at the rank's files (``_pass``), with the entries it stored
         self.stored: list[CacheEntry] = []
 
@@ -126,18 +129,40 @@ class FirstPass:
         cache is recorded before it looks anything up, and lasts as long as ``held``."""
         if self.cache is None:
             return [(file, None, None) for file in files]
-        identified, rows = rank_hashes(files)  # the files new or changed since the last night: the plan read none
+        # the files new or changed since the last night: the plan read none
+        identified, rows, tails = rank_hashes(files)
         keys = [self._key(file) for file in identified]
+        earlier = {i: self._earlier_key(f, tails[f.url]) for i, f in enumerate(identified) if f.url in tails}
         c = self.cache
-        held.enter_context(c.cache.using(c.owner, c.keeps, c.stem, [key.digest for key in keys]))
+        used = [key.digest for key in [*keys, *earlier.values()]]
+        held.enter_context(c.cache.using(c.owner, c.keeps, c.stem, used))
         c.remember(rows)  # once the folder is known to be a cache (``using``)
         entries = map_concurrently(lambda key: c.cache.lookup(key.digest), keys)  # reads that wait, at once
+        self._grown = {}
+        for i, key in earlier.items():  # a grown file's earlier bytes' entry serves as a hit, its places with it
+            if entries[i] is None and (entry := c.cache.lookup(key.digest)) is not None and PLACES in entry.files:
+                entries[i], self._grown[i] = entry, tails[identified[i].url]
         missed = [f for f, entry in zip(files, entries, strict=True) if entry is None]
-        hits = len(files) - len(missed)
+        hits = len(files) - len(missed) - len(self._grown)
         listed = counted(len(files), "input file")
-        log.info("%s: %d of %s in the cache, %d to tokenize", self.where, hits, listed, len(missed))
-        self.encoder.expect(sum(text_bytes_about(f) for f in missed))
+        log.info(
+            "%s: %d of %s in the cache, %d grown by lines appended (those encoded), %d to tokenize",
+            self.where,
+            hits,
+            listed,
+            len(self._grown),
+            len(missed),
+        )
+        added = sum(files[i].size - tail.offset for i, tail in self._grown.items())
+        self.encoder.expect(sum(text_bytes_about(f) for f in missed) + added)
         return list(zip(files, keys, entries, strict=True))
+
+    def _earlier_key(self, file: InputFile, tail: Tail) -> CacheKey:
+        """The cache key of a grown file's earlier bytes (``inputs.grown``), read as the file is."""
+        reading = self._reading(file)
+        return cache_key(
+            f"sha256={tail.sha256}", file.url, encoder=self.encoder, renderer=reading.renderer, options=reading.options
+        )
 
     def _pass(self, found: list[Found], threads: Threads, progress: ProgressMode) -> list[Segment]:
         """One try at every file, in input order: a fresh tally of rejects, and what it stores in the cache."""
@@ -149,7 +174,7 @@ class FirstPass:
         self.stored = []
         self._found = found
         if self._hits is not None:
-            self._hits.start(found)
+            self._hits.start(found, alone=self._grown)
         try:
             with Progress(self.where, sum(file.span_bytes for file, _, _ in found), "B", progress) as shown:
                 segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
@@ -160,14 +185,16 @@ class FirstPass:
         self.tally.check(total(segments))
         return segments
 
-    def _read(self, i: int, threads: Threads) -> Read:
+    def _read(self, i: int, threads: Threads, tail: Tail | None = None) -> Read:
         """File ``i``'s reader and the read-ahead of its records: started already when the file before it was read
-        to its end (``_read_next``), else new."""
-        if (started := self._next.pop(i, None)) is not None:
+        to its end (``_read_next``), else new; with ``tail``, of its lines appended since the last night."""
+        if tail is None and (started := self._next.pop(i, None)) is not None:
             return started
         file = self._found[i][0]
         reading = self._reading(file)
         reader = reading.options.reader([file], reading.renderer)
+        if tail is not None:
+            reader.resume(file.url, tail.offset, tail.lines)
         return reader, read_ahead(reader, threads)
 
     def _read_next(self, i: int, threads: Threads) -> None:
@@ -195,7 +222,11 @@ class FirstPass:
         """The file's segment: its cache ``entry``'s, checked, or else encoded (then stored, under ``key``)."""
         folder = self.attempt.work / SEGMENTS / f"{i:05d}"
         source = self._reading(file).source
+        if i in self._grown:  # an earlier try's join, which a small hit's serving leaves where it has no quarantine
+            (folder / QUARANTINE).unlink(missing_ok=True)
         hit = None if entry is None or self._hits is None else self._hits.serve(i, entry, file, self.tally, shown)
+        if hit is not None and key is not None and entry is not None and i in self._grown:
+            return replace(self._extended(i, hit, entry, key, shown, threads), source=source)
         if hit is not None:
             return replace(hit, source=source)
         if entry is not None:  # a hit found unfit: its file is encoded after all
@@ -213,6 +244,30 @@ class FirstPass:
         how = served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
         return replace(segment, cached=how, source=source)
 
+    def _extended(
+        self, i: int, hit: Segment, entry: CacheEntry, key: CacheKey, shown: Progress, threads: Threads
+    ) -> Segment:
+        """File ``i``, grown by lines appended since the last night (``inputs.grown``): ``hit``, its earlier bytes'
+        ``entry``'s documents (checked as a hit), then its appended lines encoded, joined (``appended``) and stored
+        under its own ``key``, as a miss's segment."""
+        started = time.perf_counter()
+        file, tail = hit.file, self._grown[i]
+        found = appended.earlier(self._cache.cache, entry, hit)
+        folder = hit.quarantine.parent / appended.ADDED
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier try's
+        added, _, plain = self._encode(file, folder, shown, threads, True, places=True, index=i, tail=tail)
+        o = self._reading(file).options
+        segment, written = appended.joined(
+            hit, entry, found, added, tokenizer=o.tokenizer, token_size=self.encoder.token_size
+        )
+        seconds = time.perf_counter() - started
+        self._store(segment, written, key, seconds)
+        if plain is not None:  # this build saves no loss: its counts as it counts them (the hit's are so already)
+            segment = replace(segment, counts=without_loss(segment.counts, hit.counts.contents + plain.result()))
+        lines = added.counts.docs_read + added.counts.blank_lines
+        how = served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
+        return replace(segment, cached=replace(how, appended_lines=lines))
+
     def _encode(
         self,
         file: InputFile,
@@ -223,18 +278,20 @@ class FirstPass:
         *,
         places: bool,
         index: int,
+        tail: Tail | None = None,
     ) -> tuple[Segment, WrittenTokenFile, ContentsHasher | None]:
         """A miss (or no cache): the file's documents (file ``index`` of the pass) encoded into the segment, rejects
         to its quarantine, and with ``places`` (to store) where each document starts in the input (``PLACES``, a
         batch at a time); an attempt whose lease is found lost stops at the next batch (its successor does the
         work). ``with_loss``: with loss bytes, and their counts; when this build saves none, the contents of its
-        tokens alone are hashed too (the hasher returned), on the writer's own thread, as it writes."""
+        tokens alone are hashed too (the hasher returned), on the writer's own thread, as it writes. With ``tail``,
+        only the file's lines appended since the last night."""
         with writing(folder):
             folder.mkdir(parents=True, exist_ok=True)
         counts, tally = Counts(), self.tally.next_file()
         quarantine = folder / QUARANTINE
         o = self._reading(file).options
-        reader, ahead = self._read(index, threads)
+        reader, ahead = self._read(index, threads, tail)
         plain = ContentsHasher() if with_loss and not self.save_loss else None
 
         def observe(tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: hashed.Found) -> None:

@@ -86,11 +86,13 @@ class CacheHits:
         self._checks: dict[int, HitCheck] = {}  # what each source's hits are held against, made at its first hit
         self._found: list[Found] = []  # the files of the try under way (``start``)
         self._ahead: dict[int, _Checked | None] = {}  # its hits checked ahead, by number (``_check_ahead``)
+        self._alone: Collection[int] = ()  # hits whose segment is a file of their own, never in a run of others
 
-    def start(self, found: list[Found]) -> None:
+    def start(self, found: list[Found], alone: Collection[int] = ()) -> None:
         """A new try at the rank's files: none of its hits checked yet (what their sources' hits are held against
-        is kept)."""
-        self._found, self._ahead = found, {}
+        is kept). The hits ``alone`` (a grown file's earlier documents, ``first_pass``) each get a segment of their
+        own, never one shared with the next hits."""
+        self._found, self._ahead, self._alone = found, {}, alone
 
     def serve(self, i: int, entry: CacheEntry, file: InputFile, tally: RejectTally, shown: Progress) -> Segment | None:
         """Hit ``i``, checked (``_check_ahead``), or None. Its rejected records, naming the file as this rank reads
@@ -202,7 +204,8 @@ class CacheHits:
             checked = self._ahead.get(k)
             if checked is None or checked.loaded is None:
                 continue
-            if runs and runs[-1][-1] == k - 1 and self._source(k) == self._source(k - 1):
+            together = k not in self._alone and k - 1 not in self._alone
+            if together and runs and runs[-1][-1] == k - 1 and self._source(k) == self._source(k - 1):
                 runs[-1].append(k)
             else:
                 runs.append([k])

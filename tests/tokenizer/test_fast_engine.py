@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from itertools import cycle
 from pathlib import Path
 
@@ -178,3 +180,53 @@ def test_encodes_without_importing_awkward_the_same_ids(sample_tokenizer: Path) 
         [sys.executable, "-c", WITHOUT_AWKWARD, str(sample_tokenizer)], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_hf_checks_its_sample_while_the_fast_engine_encodes(sample_tokenizer: Path, monkeypatch) -> None:
+    """Both release the GIL: the run's first sampled piece (up to 128k characters) took HF ~0.1 s, which the first
+    batch waited for before the fast engine began. HF now starts only once the fast engine has (else it times out),
+    and the ids and the checked count are those of HF alone."""
+    fast_started, hf_done = threading.Event(), threading.Event()
+    real_fast, real_hf = FastEngine.encode, engines.HFEngine.encodings
+
+    def fast(self, texts):
+        fast_started.set()
+        return real_fast(self, texts)
+
+    def hf(self, texts, which, *, offsets):
+        assert fast_started.wait(5), "HF checked its sample before the fast engine began"
+        found = real_hf(self, texts, which, offsets=offsets)
+        hf_done.set()
+        return found
+
+    texts = [f"hello world {i}, again and again. " * 200 for i in range(3)]
+    expected = Encoder(str(sample_tokenizer), eos_token=EOS, engine="hf").encode(texts)
+    monkeypatch.setattr(FastEngine, "encode", fast)
+    monkeypatch.setattr(engines.HFEngine, "encodings", hf)
+    encoder = Encoder(str(sample_tokenizer), eos_token=EOS)
+    got = encoder.encode(texts)
+    assert encoder.engine.name == "gigatoken" and hf_done.is_set() and encoder.checked_docs == 1
+    np.testing.assert_array_equal(got.tokens, expected.tokens)
+    np.testing.assert_array_equal(got.lengths, expected.lengths)
+
+
+def test_a_fast_engine_error_is_raised_once_hfs_check_beside_it_ended(sample_tokenizer: Path, monkeypatch) -> None:
+    """The fast engine's error, not the check's; and the check is over when it is raised, not running on."""
+    hf_done = threading.Event()
+    real_hf = engines.HFEngine.encodings
+
+    def fails(self, texts):
+        raise RuntimeError("the fast engine failed")
+
+    def hf(self, texts, which, *, offsets):
+        time.sleep(0.2)
+        found = real_hf(self, texts, which, offsets=offsets)
+        hf_done.set()
+        return found
+
+    monkeypatch.setattr(FastEngine, "encode", fails)
+    monkeypatch.setattr(engines.HFEngine, "encodings", hf)
+    encoder = Encoder(str(sample_tokenizer), eos_token=EOS)
+    with pytest.raises(RuntimeError, match=r"^the fast engine failed$"):
+        encoder.encode(["hello world, again and again. " * 200])
+    assert hf_done.is_set()

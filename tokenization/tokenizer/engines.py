@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import chain
 from typing import ClassVar, Literal, NamedTuple, Protocol
@@ -109,8 +110,7 @@ class CheckedEngine:
             for j in range(len(group.texts))
             if j in group.hf_ids or j in group.offsets or (group.first + j) % CHECK_EVERY == 0
         ]
-        encodings = self.reference.encodings(group.texts, sampled, offsets=bool(group.offsets))
-        ids, lengths = self.fast.encode(group.texts)
+        ids, lengths, encodings = self._both(group, sampled)
         starts = np.cumsum(lengths) - lengths
         checked = [j for j in sampled if j not in group.hf_ids]
         for j in checked:
@@ -118,6 +118,24 @@ class CheckedEngine:
         if group.hf_ids:
             ids, lengths = replaced(ids, lengths, {j: encodings[j].ids for j in group.hf_ids})
         return GroupIds(ids, lengths, encodings, len(checked))
+
+    def _both(self, group: Group, sampled: list[int]) -> tuple[np.ndarray, np.ndarray, dict[int, Encoding]]:
+        """The fast engine's ids of the group and HF's Encodings of the ``sampled`` pieces, HF's on a thread of its
+        own meanwhile: both release the GIL, and one sampled piece (up to ``cutting.PIECE_CHARS``, the run's first
+        among them) took HF ~0.1 s, which the first batch otherwise waited for before the fast engine began."""
+        if not sampled:
+            return *self.fast.encode(group.texts), {}
+        beside = ThreadPoolExecutor(1, thread_name_prefix="reference")  # one a call: a fork leaves none to reuse
+        try:
+            reference = beside.submit(self.reference.encodings, group.texts, sampled, offsets=bool(group.offsets))
+            try:
+                ids, lengths = self.fast.encode(group.texts)
+            except BaseException:
+                wait([reference])  # ended here, not while the caller goes on; the fast engine's error is raised
+                raise
+            return ids, lengths, reference.result()
+        finally:
+            beside.shutdown(wait=False)
 
 
 def chosen_engine(

@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.builds import config_of, in_process
 from tokenization.builds import run
+from tokenization.builds.accounting import rank_manifests
 from tokenization.builds.complete import summary
 from tokenization.builds.pages import size
 from tokenization.builds.run import Build
@@ -24,7 +25,8 @@ from tokenization.inputs import content
 from tokenization.inputs.content import rank_hashes, with_content, with_sha256
 from tokenization.inputs.listing import list_input_files
 from tokenization.output import known
-from tokenization.output.cache import KNOWN, Cache
+from tokenization.output.cache import ENTRIES, KNOWN, Cache
+from tokenization.stages.tokenize import first_pass
 from tokenization.storage.checksums import SHA256, file_checksum
 from tokenization.storage.folder import Folder
 
@@ -330,3 +332,122 @@ def test_the_rank_that_holds_a_changed_file_starts_first(tmp_path, inputs, sampl
     first_order = started.pop()
     Build.start(config, "next").run()
     assert started == [[last] + [rank for rank in first_order if rank != last]]
+
+
+# A row forged in the cache (another sha256 for a file, no key set): the plan takes it, unread, and the file's key with
+# it. The rank that misses the file (or finds the hit under that key unfit) reads it anyway, so it hashes it beside
+# its encoding: the entry is stored under the file's real sha256, never the row's, the row is corrected for the next
+# night, and the log names the file. Before, every night stored its entry under the forged sha256, and a real file of
+# that sha256 could later have been served another file's tokens.
+
+FUTURE_NS = 10**19 - 1  # a hashed_ns no rank writes: it must not let the forged row win over the corrected one
+
+
+def sha256_of(path) -> str:
+    return file_checksum(path, None, SHA256)
+
+
+def forge(cache, url: str, sha256: str, hashed_ns: int | None = None) -> None:
+    """Rewrite the rows of ``url`` in the records the cache holds (a rank's each, for a split file), as whoever can
+    write the cache can."""
+    forged = 0
+    for record in sorted((cache / KNOWN).iterdir()):
+        data = orjson.loads(record.read_bytes())
+        if url in data["files"]:
+            fields = data["files"][url].split(",")
+            fields[5] = str(hashed_ns or fields[5])
+            fields[6] = sha256
+            data["files"][url] = ",".join(fields)
+            record.write_bytes(orjson.dumps(data))
+            forged += 1
+    assert forged, f"no row of {url}"
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == first_pass.__name__ and r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("kind", ["unknown", "another input's, hashed in the future"])
+def test_a_forged_row_does_not_outlive_its_forging(tmp_path, inputs, sample_tokenizer, caplog, kind) -> None:
+    """A sha256 no file has (a miss) or another input's (that file's entry, which its sample finds unfit): the build
+    gives the bytes of a build without a cache, the entry is stored under the real sha256 (every marker's content is
+    its source's bytes'), the row is corrected (the next plan takes the real sha256), and the next night, which hits
+    every file, says nothing."""
+    content._sha256_once.cache_clear()
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    cache = tmp_path / "out/.cache"
+    night(config, "first")
+    victim, other, *_ = sorted(inputs.iterdir())
+    real = sha256_of(victim)
+    forged = "f" * 64 if kind == "unknown" else sha256_of(other)
+    forge(cache, str(victim), forged, None if kind == "unknown" else FUTURE_NS)
+    content._sha256_once.cache_clear()
+
+    with caplog.at_level(logging.WARNING, logger=first_pass.__name__):
+        nightly = Build.start(config, "next")
+        (taken,) = [f.identity for f in nightly.plan.files if f.url == str(victim)]
+        assert taken.endswith(f",sha256={forged}")  # the plan took the forged row, as it takes any
+        published = in_process(nightly)
+    without = in_process(Build.start(config_of(inputs, tmp_path / "off", sample_tokenizer, cache="off"), "next"))
+    assert published.record.digest == without.record.digest
+    if kind != "unknown":  # the hit under the other's sha256 was found unfit by its sample, and removed
+        unfit = [r.getMessage() for r in caplog.records if "it is removed, and the file tokenized again" in r.message]
+        assert [f"(of {victim}, stored from {other})" in message for message in unfit] == [True]
+    (rank,) = [r for r in nightly.ranks if str(victim) in {f.url for f in nightly.plan.share(r, 2)}]
+    assert warnings_of(caplog) == [
+        f"rank {rank}: {victim}: its bytes' sha256 is {real}, not the {forged} its plan took from the cache's record "
+        "of known input files (a row forged or damaged); its entry is stored under its bytes' sha256, and its row "
+        "corrected"
+    ]
+    markers = [orjson.loads(path.read_bytes()) for path in (cache / ENTRIES).glob("*.json")]
+    assert f"sha256={forged}" not in {m["content"] for m in markers if m["source"]["url"] == str(victim)}
+    assert all(m["content"] == f"sha256={sha256_of(inputs / os.path.basename(m['source']['url']))}" for m in markers)
+    assert f"sha256={real}" in {m["content"] for m in markers}
+    manifests = rank_manifests(nightly.layout.ranks, 2)
+    (served,) = [f for m in manifests if m.cache for f in m.cache.files if f.url == str(victim)]
+    assert (served.hit, served.content) == (False, f"sha256={real}")
+
+    caplog.clear()
+    content._sha256_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=first_pass.__name__):
+        third = Build.start(config, "third")
+        (taken,) = [f.identity for f in third.plan.files if f.url == str(victim)]
+        assert taken.endswith(f",sha256={real}")  # the row its rank corrected
+        done = in_process(third)
+    assert warnings_of(caplog) == []
+    assert (done.record.cache.files_hit, done.record.cache.files_missed) == (4, 0)
+    assert done.record.digest == without.record.digest
+
+
+def test_a_split_file_is_hashed_whole_and_said_once_a_rank(tmp_path, sample_tokenizer, caplog) -> None:
+    """A file split between ranks (``split_input_mb``): each rank that misses a part hashes the whole file, once,
+    and stores each part under the real sha256; a rank that holds two of its parts warns once."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    big = inputs / "big.jsonl"
+    big.write_bytes(b"".join(b'{"text": "document %d of a file split between ranks"}\n' % n for n in range(60_000)))
+    then = time.time_ns() - HOUR_NS
+    os.utime(big, ns=(then, then))
+    content._sha256_once.cache_clear()
+    config = config_of(inputs, tmp_path, sample_tokenizer, split_input_mb=1)
+    cache = tmp_path / "out/.cache"
+    in_process(Build.start(config, "first"))
+    forge(cache, str(big), "e" * 64)
+    content._sha256_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=first_pass.__name__):
+        nightly = Build.start(config, "next")
+        parts = [f.part.count for f in nightly.plan.shared if f.part]
+        published = in_process(nightly)
+    assert parts == [4, 4, 4, 4]  # ranks 0 and 1 hold two each
+    assert [m.split(": ")[0] for m in warnings_of(caplog)] == ["rank 0", "rank 1"]
+    off = config_of(inputs, tmp_path / "off", sample_tokenizer, split_input_mb=1, cache="off")
+    without = in_process(Build.start(off, "next"))
+    assert published.record.digest == without.record.digest
+    markers = [orjson.loads(path.read_bytes()) for path in (cache / ENTRIES).glob("*.json")]
+    real = sha256_of(big)
+    assert sorted(m["content"] for m in markers) == [f"sha256={real},part={n}/4" for n in (1, 2, 3, 4)]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=first_pass.__name__):
+        done = in_process(Build.start(config, "third"))
+    assert warnings_of(caplog) == []
+    assert (done.record.cache.files_hit, done.record.cache.files_missed) == (4, 0)

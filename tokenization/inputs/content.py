@@ -83,8 +83,25 @@ def with_content(listing: InputListing, known: Mapping[str, str] | None = None) 
 
 
 def with_sha256(file: InputFile, sha256: str) -> InputFile:
-    """A local file's identity, as listed, ending in the sha256 of its bytes (``content_identity`` takes it)."""
-    return replace(file, identity=f"{file.identity},sha256={sha256}")
+    """A local file's identity, as listed, ending in the sha256 of its bytes (``content_identity`` takes it), in
+    place of any its plan recorded."""
+    listed = ",".join(field for field in file.identity.split(",") if not field.startswith("sha256="))
+    return replace(file, identity=f"{listed},sha256={sha256}")
+
+
+def taken_from_row(file: InputFile) -> str | None:
+    """The sha256 of a local ``file`` that its plan took from a remembered row (``with_content``), unread; None
+    when its rank hashes it (``for_its_rank``) or it is no local file. A row is a memo that whoever can write the
+    cache can forge: a rank that reads the file anyway (a miss) tells its real sha256 (``hashed_now``)."""
+    return _fields(file.identity).get("sha256") if file.identity.startswith(MTIME) else None
+
+
+def hashed_now(file: InputFile) -> tuple[str, str | None]:
+    """The sha256 of a local ``file``'s bytes, read now, and the row the next night is to remember it by (None when
+    its ``stat`` is no longer its planned one: the rank refuses it, ``check_unchanged``)."""
+    st, hashed_ns = _stat(file.url), time.time_ns()  # before any byte is read: git's racy case
+    sha256 = _sha256(file.url, file.identity)
+    return sha256, _row(st, hashed_ns, sha256) if st is not None and _as_listed(file, st) else None
 
 
 def for_its_rank(file: InputFile) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -125,9 +126,11 @@ def _parts(cache: Cache, inputs: Sequence[str]) -> list[str]:
 
 
 def _hashed_ns(row: str) -> int:
-    """When a row's sha256 was computed (0 when it cannot tell: any other row of the file is preferred)."""
+    """When a row's sha256 was computed; 0 when it cannot tell, or tells a time to come, which no rank wrote: any
+    other row of the file is preferred (a forged row must not outlast the row its rank corrected it with)."""
     fields = row.split(",")
-    return int(fields[5]) if len(fields) > 5 and fields[5].isdigit() else 0
+    hashed_ns = int(fields[5]) if len(fields) > 5 and fields[5].isdigit() else 0
+    return hashed_ns if hashed_ns <= time.time_ns() else 0
 
 
 def _key(inputs: Sequence[str]) -> str:

@@ -26,6 +26,9 @@ class CachedInput(Record):
     # a miss that grew by lines appended since its earlier bytes' entry (``inputs.grown``): the lines encoded, its
     # other documents taken from that entry; None: encoded whole, or a hit
     appended_lines: int | None = field(default=None, metadata=unless_none())
+    # a miss whose bytes' sha256 is not the one its plan took from a remembered row (a row forged or damaged): its
+    # content identity as its rank read it (``sha256=...``), the one its key covers; None: the plan's is
+    content: str | None = field(default=None, metadata=unless_none())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,6 +19,7 @@ import logging
 import shutil
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,7 @@ import numpy as np
 from tokenization.formats import contents as hashed
 from tokenization.formats.contents import ContentsHasher
 from tokenization.formats.ds import TokenFileWriter, WrittenTokenFile
-from tokenization.inputs.content import rank_hashes
+from tokenization.inputs.content import hashed_now, rank_hashes, taken_from_row, with_sha256
 from tokenization.inputs.formats import text_bytes_about
 from tokenization.inputs.grown import Tail
 from tokenization.output.attempts import Attempt
@@ -105,6 +106,9 @@ class FirstPass:
         self._found: list[Found] = []  # the files of the try under way (``_pass``)
         self._next: dict[int, Read] = {}  # a file's reading, started while the file before it still encoded
         self._grown: dict[int, Tail] = {}  # the files that grew by lines appended, by number, their earlier entry found
+        self._rows: dict[str, str] = {}  # what this rank leaves the next night of the files it hashed, by URL
+        self._corrected: set[str] = set()  # the files whose rows named another sha256 than their bytes' (URLs)
+        self._hashing: ThreadPoolExecutor | None = None  # a miss's sha256, beside its encoding (``_as_it_is``)
         self.tally: RejectTally  # of a try at the rank's files (``_pass``), with the entries it stored
         self.stored: list[CacheEntry] = []
 
@@ -115,6 +119,7 @@ class FirstPass:
         with contextlib.ExitStack() as held:
             found = self._look_up(files, held)
             threads = held.enter_context(Threads())
+            self._hashing = held.enter_context(ThreadPoolExecutor(1, thread_name_prefix="hash"))
             return self.encoder.exactly(lambda: self._pass(found, threads, progress))
 
     @property
@@ -136,6 +141,7 @@ class FirstPass:
         c = self.cache
         used = [key.digest for key in [*keys, *earlier.values()]]
         held.enter_context(c.cache.using(c.owner, c.keeps, c.stem, used))
+        self._rows = dict(rows)
         c.remember(rows)  # once the folder is known to be a cache (``using``)
         entries = map_concurrently(lambda key: c.cache.lookup(key.digest), keys)  # reads that wait, at once
         self._grown = {}
@@ -233,16 +239,49 @@ class FirstPass:
             self.encoder.expect_more(text_bytes_about(file))
         shutil.rmtree(folder, ignore_errors=True)  # an earlier try's, or an entry's found unfit
         started = time.perf_counter()
+        hashing, planned = None, file
+        if key is not None and taken_from_row(file) and self._hashing is not None:  # read anyway: its sha256 too
+            hashing = self._hashing.submit(hashed_now, file)
         with_loss = self.save_loss or key is not None  # an entry holds its loss bytes, whatever this build saves
         segment, written, plain = self._encode(file, folder, shown, threads, with_loss, places=key is not None, index=i)
         seconds = time.perf_counter() - started
         if key is None:
             return replace(segment, source=source)
+        if hashing is not None:
+            file, key = self._as_it_is(file, key, *hashing.result())
+            segment = replace(segment, file=file)
         self._store(segment, written, key, seconds)  # its counts with loss, as every entry's
         if plain is not None:  # this build saves no loss: its counts as it counts them
             segment = replace(segment, counts=without_loss(segment.counts, plain.result()))
         how = served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
+        if file is not planned:  # its content as read, where the plan's is not
+            how = replace(how, content=key.described["content"])
         return replace(segment, cached=how, source=source)
+
+    def _as_it_is(self, file: InputFile, key: CacheKey, sha256: str, row: str | None) -> tuple[InputFile, CacheKey]:
+        """A miss whose plan took its sha256 from a remembered row (``inputs.content.taken_from_row``), and its
+        key: as planned when its bytes, read beside its encoding, have that ``sha256``; else as they are, named in
+        the log (the entry is stored under its real sha256, never the row's), and its ``row`` (``hashed_now``)
+        left for the next night. A forged row would otherwise outlive its forging: every night's entry stored under
+        the sha256 it names. Said once a file, however many of its parts the rank holds or tries it makes."""
+        if sha256 == taken_from_row(file):
+            return file, key
+        real = with_sha256(file, sha256)
+        if file.url in self._corrected:
+            return real, self._key(real)
+        self._corrected.add(file.url)
+        log.warning(
+            "%s: %s: its bytes' sha256 is %s, not the %s its plan took from the cache's record of known input files "
+            "(a row forged or damaged); its entry is stored under its bytes' sha256, and its row corrected",
+            self.where,
+            file.url,
+            sha256,
+            taken_from_row(file),
+        )
+        if row is not None:
+            self._rows[file.url] = row
+            self._cache.remember(self._rows)
+        return real, self._key(real)
 
     def _extended(
         self, i: int, hit: Segment, entry: CacheEntry, key: CacheKey, shown: Progress, threads: Threads

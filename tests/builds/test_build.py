@@ -443,3 +443,30 @@ def test_runs_of_one_build_started_at_once_on_s3_claim_once_and_one_holds_it(s3,
     for round in range(4):
         outcomes = race_for_the_build(config, f"same-{round}")
         assert outcomes[0] == "held" and " is writing this output" in outcomes[1], outcomes
+
+
+@pytest.mark.parametrize(
+    ("files", "output_format", "held"),
+    [
+        ({"a.jsonl": b"", "b.jsonl": b"\n  \n"}, "ds", "2 blank lines and no record"),
+        ({"a.jsonl": b""}, "megatron", "no record"),
+    ],
+)
+def test_an_input_of_empty_or_blank_files_fails_saying_so(tmp_path, sample_tokenizer, files, output_format, held):
+    """A build whose input held no record failed at its merge with "no .ds files to merge" (Megatron's at verify,
+    "no .ds or .bin files"), which did not say why; a nightly build that published an empty dataset would pass
+    unnoticed. It fails naming its input, its files and what they held; nothing is published."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name, data in files.items():
+        (inputs / name).write_bytes(data)
+    config = config_of(inputs, tmp_path, sample_tokenizer, output_format=output_format)
+    build = Build.start(config, "empty")
+    with pytest.raises(BuildError) as failed:
+        in_process(build)
+    size = sum(map(len, files.values()))
+    assert str(failed.value) == (
+        f"no document was read from the input ({inputs}): its {len(files)} file{'s' if len(files) > 1 else ''} "
+        f"({size} bytes) held {held} (empty files, or blank lines only); a build publishes no empty dataset"
+    )
+    assert not (Path(build.layout.run_dir) / "_BUILD.json").exists()

@@ -43,6 +43,7 @@ from tokenization.records import (
 from tokenization.storage.checksums import checksum
 from tokenization.storage.concurrent import in_batches, map_concurrently
 from tokenization.storage.folder import Folder
+from tokenization.wording import counted
 
 C = TypeVar("C", MergeCounts, ContextCounts)
 
@@ -300,6 +301,22 @@ def token_flow(rank_tokens: int, stages: StageSummary, dataset_tokens: int) -> d
     if dataset_tokens != written:
         raise BuildError(f"the dataset's files hold {dataset_tokens} tokens, its manifests say {written}")
     return flow
+
+
+def nothing_read(rank_manifests: list[RankManifest], inputs: list[str]) -> str | None:
+    """Why the build holds no document when its ranks read no record from its ``inputs`` (every file empty, or
+    blank lines only), else None: a nightly build must fail, saying so, rather than publish an empty dataset. (A
+    rank that read records and wrote none failed already, naming their reasons and publishing its quarantine.)"""
+    if any(m.counts.docs_read for m in rank_manifests):
+        return None
+    files = {f.url: f.size for m in rank_manifests for f in m.inputs}
+    blank = sum(m.counts.blank_lines for m in rank_manifests)
+    held = f"{counted(blank, 'blank line')} and no record" if blank else "no record"
+    return (
+        f"no document was read from the input ({', '.join(inputs)}): its {counted(len(files), 'file')} "
+        f"({sum(files.values()):,} bytes) held {held} (empty files, or blank lines only); a build publishes no "
+        "empty dataset"
+    )
 
 
 def rank_manifests(ranks: Folder, num_ranks: int) -> list[RankManifest]:

@@ -206,6 +206,8 @@ def unpublish(config: BuildConfig, run: Run) -> None:
 def build_record(config: BuildConfig, run: Run, ranks: list[RankManifest]) -> BuildRecord:
     """The record of a build whose dataset verifies and whose books hold, by its ``ranks``' manifests
     (``accounting.rank_manifests``); a BuildError says what does not."""
+    if problem := accounting.nothing_read(ranks, config.inputs):  # Megatron's: the rank files are the dataset
+        raise BuildError(problem)
     layout = Layout(config.folder(run.run_dir))
     merged = accounting.stage_counts(layout.merged, MergeCounts)
     context = accounting.stage_counts(layout.context, ContextCounts)

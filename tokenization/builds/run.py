@@ -52,6 +52,7 @@ from tokenization.records import (
 from tokenization.stages.context_shuffle import ContextOptions, ContextShuffleConfig, context_shuffle
 from tokenization.stages.merge import merge
 from tokenization.stages.merge.config import MergeConfig, MergeOptions
+from tokenization.stages.merge.inputs import NoInputs
 from tokenization.stages.tokenize import RankOptions, RankShare, TokenizeConfig, tokenize_rank
 from tokenization.storage.folder import Folder
 from tokenization.storage.locations import AllowedLocations
@@ -187,7 +188,15 @@ class Build:
             record = self._recorded(self.layout.merged, config.stem, MergeManifest)
             return StageResult(record.counts, record)
         dataset = not self.config.context_window  # no context shuffle follows: the merge's files are the dataset
-        return merge(config, progress, owner, complete.dataset_checks(self.config, self.claimed) if dataset else None)
+        try:
+            return merge(
+                config, progress, owner, complete.dataset_checks(self.config, self.claimed) if dataset else None
+            )
+        except NoInputs:  # the ranks' manifests say why, when their input held no record
+            ranks = accounting.rank_manifests(self.layout.ranks, self.config.num_ranks)
+            if problem := accounting.nothing_read(ranks, self.config.inputs):
+                raise BuildError(problem) from None
+            raise
 
     def context_shards(self) -> list[int]:
         """The context-shuffle tasks to run: at most one a merged file, none when the window is 0. Once the build is

@@ -53,6 +53,10 @@ class MergeInputs:
         return self.ends.astype(np.int64) - starts
 
 
+class NoInputs(TokenFileError):
+    """A merge finds no rank file: a build says why (``builds.accounting.nothing_read``)."""
+
+
 def validate_inputs(
     urls: list[str],
     save_loss: bool,
@@ -64,7 +68,7 @@ def validate_inputs(
     those of the inputs that their manifests describe; ``storage_options`` open the URLs. A mixture's inputs
     (``sources``: its names) each hold a ``.source`` sidecar naming those sources, read too."""
     if not urls:
-        raise TokenFileError("no .ds files to merge")
+        raise NoInputs("no .ds files to merge")
     listing = file_at(urls[0], storage_options)[0].sizes()  # the sizes of every file, not a HEAD each
 
     def opened(url: str) -> tuple[TokenFile, np.ndarray]:  # raises when a .metadata is missing: never assumed

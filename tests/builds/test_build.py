@@ -446,21 +446,23 @@ def test_runs_of_one_build_started_at_once_on_s3_claim_once_and_one_holds_it(s3,
 
 
 @pytest.mark.parametrize(
-    ("files", "output_format", "held"),
+    ("files", "options", "held"),
     [
-        ({"a.jsonl": b"", "b.jsonl": b"\n  \n"}, "ds", "2 blank lines and no record"),
-        ({"a.jsonl": b""}, "megatron", "no record"),
+        ({"a.jsonl": b"", "b.jsonl": b"\n  \n"}, {}, "2 blank lines and no record"),
+        ({"a.jsonl": b""}, {"output_format": "megatron"}, "no record"),
+        ({"a.jsonl": b"\n"}, {"num_buckets": 2, "merge_mode": "bucketed"}, "1 blank line and no record"),
     ],
 )
-def test_an_input_of_empty_or_blank_files_fails_saying_so(tmp_path, sample_tokenizer, files, output_format, held):
+def test_an_input_of_empty_or_blank_files_fails_saying_so(tmp_path, sample_tokenizer, files, options, held):
     """A build whose input held no record failed at its merge with "no .ds files to merge" (Megatron's at verify,
-    "no .ds or .bin files"), which did not say why; a nightly build that published an empty dataset would pass
-    unnoticed. It fails naming its input, its files and what they held; nothing is published."""
+    "no .ds or .bin files"; a bucketed one's: "use fewer buckets"), which did not say why; a nightly build that
+    published an empty dataset would pass unnoticed. It fails naming its input, its files and what they held;
+    nothing is published."""
     inputs = tmp_path / "in"
     inputs.mkdir()
     for name, data in files.items():
         (inputs / name).write_bytes(data)
-    config = config_of(inputs, tmp_path, sample_tokenizer, output_format=output_format)
+    config = config_of(inputs, tmp_path, sample_tokenizer, **options)
     build = Build.start(config, "empty")
     with pytest.raises(BuildError) as failed:
         in_process(build)

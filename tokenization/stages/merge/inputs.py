@@ -158,7 +158,7 @@ def bucket_inputs(config: MergeConfig, bucket: int) -> tuple[list[str], dict[str
         raise UsageError(f"bucket {bucket} is outside 0..{num_buckets - 1}: the ranks drew {num_buckets} buckets")
     urls = manifest.token_files(given, within)
     if not urls:
-        raise TokenFileError(
+        raise NoInputs(
             f"{config.input}: no rank drew a document for bucket {bucket} of {num_buckets}: use fewer buckets"
         )
     return urls, manifest.entries_by_name(records)

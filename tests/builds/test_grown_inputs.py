@@ -22,6 +22,7 @@ from tokenization.builds.complete import cache_line
 from tokenization.builds.run import Build
 from tokenization.inputs import content, grown
 from tokenization.output.cache import ENTRIES, names
+from tokenization.progress import Progress
 from tokenization.records import InputFile
 from tokenization.storage.checksums import BLAKE3, checksum
 
@@ -279,3 +280,25 @@ def test_a_rank_redone_on_hf_takes_its_grown_file_again_and_counts_it_once(
     third = night(inputs, tmp_path / "on", sample_tokenizer, "third", num_ranks=1)
     assert all(f["hit"] for f in served(third).values())
     assert dataset(third) | {"digest": b""} == dataset(cold) | {"digest": b""}
+
+
+def test_a_grown_files_progress_counts_its_bytes_once(tmp_path, sample_tokenizer, monkeypatch) -> None:
+    """A rank's progress over a grown file counts its earlier bytes as the hit is served and its appended ones as
+    they are read: each rank ends at its total, the input's bytes, with the tokens it wrote, not past them."""
+    inputs = corpus(tmp_path / "in")
+    night(inputs, tmp_path / "on", sample_tokenizer, "first")
+    appended(inputs / "a.jsonl", MORE)
+    appended(inputs / "d.jsonl.gz", MORE[:1], gz=True)
+    ended: list[tuple[int, int, int]] = []
+    real = Progress.__exit__
+
+    def recorded(self, exc_type, exc, tb) -> None:
+        if self.unit == "B" and exc_type is None:
+            ended.append((self.done, self.total, self.counts.get("tokens", 0)))
+        real(self, exc_type, exc, tb)
+
+    monkeypatch.setattr(Progress, "__exit__", recorded)
+    nightly = night(inputs, tmp_path / "on", sample_tokenizer, "next")
+    assert len(ended) == 2 and all(done == total for done, total, _ in ended)
+    assert sum(total for _, total, _ in ended) == sum(p.stat().st_size for p in inputs.iterdir())
+    assert sum(tokens for _, _, tokens in ended) == sum(f["tokens"] for f in served(nightly).values())

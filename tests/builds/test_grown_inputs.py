@@ -22,6 +22,7 @@ from tokenization.builds.complete import cache_line
 from tokenization.builds.run import Build
 from tokenization.inputs import content, grown
 from tokenization.output.cache import ENTRIES, names
+from tokenization.progress import Progress
 from tokenization.records import InputFile
 from tokenization.storage.checksums import BLAKE3, checksum
 
@@ -223,3 +224,81 @@ def test_the_proof_is_of_the_earlier_bytes_and_their_last_newline(tmp_path) -> N
     assert grown.earlier(InputFile(str(path) + ".gz", 99, listed.identity), f"10,1,1,1,1,1,{sha}") is None
     assert grown.earlier(listed, f"{path.stat().st_size},1,1,1,1,1,{sha}") is None  # not larger: not grown
     assert content.for_its_rank(listed)
+
+
+@pytest.mark.parametrize("where", ["in its marker", "in a data folder"])
+@pytest.mark.parametrize("on", ["its appended lines", "a file after it"])
+def test_a_rank_redone_on_hf_takes_its_grown_file_again_and_counts_it_once(
+    tmp_path, sample_tokenizer, monkeypatch, caplog, on, where
+) -> None:
+    """The fast engine disagrees with HF in the next night's rank holding the grown ``a.jsonl`` and ``c.jsonl``
+    (the one with records quarantined before its appended lines, the other none): on ``a.jsonl``'s appended lines,
+    or on the gzip file after them, once their joins are stored. The rank is redone on HF, its grown files taken
+    from their earlier entries again: the build is the one without a cache, the grown files and their lines counted
+    once, and the entries stored for the grown bytes (the fast engine's removed, HF's stored) a cold build's.
+    The earlier entry's files held in its marker or in a data folder."""
+    from tokenization.tokenizer import engines
+
+    if where == "in a data folder":
+        monkeypatch.setattr(names, "INLINE_BYTES", -1)
+    monkeypatch.setattr(engines, "FAST_ENGINE_MIN_BYTES", 0)  # the fast engine even for the sample's few bytes
+    inputs = corpus(tmp_path / "in")
+    night(inputs, tmp_path / "on", sample_tokenizer, "first", num_ranks=1)
+    appended(inputs / "a.jsonl", MORE)
+    appended(inputs / "c.jsonl", MORE)
+    appended(inputs / "d.jsonl.gz", [{"text": "the gzip file's appended document"}], gz=True)
+    marker = {"its appended lines": "appended the next night", "a file after it": "the gzip file's"}[on]
+    real, failed = engines.CheckedEngine.encode, list[engines.Group]()
+
+    def disagrees_once(self, group):
+        if not failed and any(marker in text for text in group.texts):
+            failed.append(group)
+            raise engines.EngineMismatch("a disagreement a test made")
+        return real(self, group)
+
+    monkeypatch.setattr(engines.CheckedEngine, "encode", disagrees_once)
+    caplog.set_level(logging.WARNING)
+    nightly = night(inputs, tmp_path / "on", sample_tokenizer, "next", num_ranks=1)
+    assert failed and "falling back to HF tokenizers: a disagreement a test made" in caplog.text
+    removed = "made by the fast engine in a rank where it then disagreed with HF" in caplog.text
+    assert removed == (on == "a file after it")  # the grown file's entry, stored before the disagreement
+    monkeypatch.setattr(engines.CheckedEngine, "encode", real)
+    cold = night(inputs, tmp_path / "off", sample_tokenizer, "next", num_ranks=1, cache="off")
+    assert dataset(nightly) == dataset(cold)
+    assert {name: (f["hit"], f.get("appended_lines")) for name, f in served(nightly).items()} == {
+        "a.jsonl": (False, 4),
+        "b.jsonl": (True, None),
+        "c.jsonl": (False, 4),
+        "d.jsonl.gz": (False, None),
+    }
+    assert (nightly.record.cache.files_grown, nightly.record.cache.lines_encoded) == (2, 8)
+    done = json.loads((Path(nightly.latest) / "_BUILD.json").read_text())
+    assert (done["cache"]["files_grown"], done["cache"]["lines_encoded"]) == (2, 8)
+    night(inputs, tmp_path / "fresh", sample_tokenizer, "next", num_ranks=1)
+    for name in ("a.jsonl", "c.jsonl"):
+        assert entries(tmp_path / "on", name)[1:] == entries(tmp_path / "fresh", name)
+    third = night(inputs, tmp_path / "on", sample_tokenizer, "third", num_ranks=1)
+    assert all(f["hit"] for f in served(third).values())
+    assert dataset(third) | {"digest": b""} == dataset(cold) | {"digest": b""}
+
+
+def test_a_grown_files_progress_counts_its_bytes_once(tmp_path, sample_tokenizer, monkeypatch) -> None:
+    """A rank's progress over a grown file counts its earlier bytes as the hit is served and its appended ones as
+    they are read: each rank ends at its total, the input's bytes, with the tokens it wrote, not past them."""
+    inputs = corpus(tmp_path / "in")
+    night(inputs, tmp_path / "on", sample_tokenizer, "first")
+    appended(inputs / "a.jsonl", MORE)
+    appended(inputs / "d.jsonl.gz", MORE[:1], gz=True)
+    ended: list[tuple[int, int, int]] = []
+    real = Progress.__exit__
+
+    def recorded(self, exc_type, exc, tb) -> None:
+        if self.unit == "B" and exc_type is None:
+            ended.append((self.done, self.total, self.counts.get("tokens", 0)))
+        real(self, exc_type, exc, tb)
+
+    monkeypatch.setattr(Progress, "__exit__", recorded)
+    nightly = night(inputs, tmp_path / "on", sample_tokenizer, "next")
+    assert len(ended) == 2 and all(done == total for done, total, _ in ended)
+    assert sum(total for _, total, _ in ended) == sum(p.stat().st_size for p in inputs.iterdir())
+    assert sum(tokens for _, _, tokens in ended) == sum(f["tokens"] for f in served(nightly).values())

@@ -16,7 +16,7 @@ from tests.support.paths import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from tests.support.stages import merged, run
 from tokenization.builds.accounting import conservation, rank_manifests, stage_counts
 from tokenization.builds.pages import date, duration, environment, integer, number, render, size
-from tokenization.builds.report import INPUTS_SHOWN, _bar_svg, render_html, report_data, write_report
+from tokenization.builds.report import INPUTS_SHOWN, _bar_svg, _unencoded, render_html, report_data, write_report
 from tokenization.formats.native import CACHE
 from tokenization.records import (
     Arrived,
@@ -30,6 +30,7 @@ from tokenization.records import (
     VerifySummary,
 )
 from tokenization.storage.folder import Folder
+from tokenization.tokenizer.encoding import NO_ENGINE
 
 HOSTILE = "<script>alert(1)</script>"
 NEW_FIELDS: dict[str, Any] = {
@@ -106,6 +107,16 @@ def test_the_verdict_comes_first_and_figures_are_written_for_people(small_build)
     assert f'<td class="num">{rank["peak_rss_mb"]:,.0f} MiB</td>\n<td class="num">0</td>' in page
     data["ranks"][0] |= {"engine_reloads": 3, "engine_reload_seconds": 1.5}
     assert '<td class="num">3 (1.5 s)</td>' in render_html(data)
+
+
+def test_ranks_that_encoded_nothing_show_why_not_a_rate(small_build) -> None:
+    """A rank that built no engine encoded no text: without a cache (a rank of no file, or of no text), the page
+    says "nothing encoded" where a rate of nothing would be; a rank that encoded shows its rate."""
+    run_dir, _ = small_build
+    ranks = rank_manifests(Folder(run_dir + "/ranks"), 2)
+    assert ranks[0].cache is None and ranks[0].tokenizer.engine == "gigatoken" and _unencoded(ranks) is None
+    idle = replace(ranks[0], tokenizer=replace(ranks[0].tokenizer, engine=NO_ENGINE))
+    assert _unencoded([idle]) == "nothing encoded" and _unencoded([idle, ranks[1]]) is None
 
 
 def test_values_from_manifests_are_escaped(small_build) -> None:

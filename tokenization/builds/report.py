@@ -29,6 +29,7 @@ from tokenization.tokenizer.encoding import NO_ENGINE
 REPORT_FORMAT = "corpus-tokenization/report/5"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
+NO_RATES = Throughput(text_mb_per_s=None, tokens_per_s=None)
 INPUTS_SHOWN = 20  # the page lists this many input files, then how many more; report.json has them all
 CHART_W, CHART_H = 900, 320  # a chart's size in pixels (the page scales it down to fit)
 CHART_LEFT, CHART_RIGHT, CHART_TOP, CHART_BOTTOM = 80, 10, 10, 90  # its margins: the axes' labels
@@ -169,9 +170,18 @@ def _engines(ranks: list[RankManifest]) -> list[str]:
     return sorted({r.tokenizer.engine for r in ranks} - {NO_ENGINE}) or [NO_ENGINE]
 
 
+def _unencoded(ranks: list[RankManifest]) -> str | None:
+    """What the page says instead of the ``ranks``' rates when they encoded no text (they built no engine), whose
+    rates would be of nothing: every file taken from the cache, or no text to encode; None when they encoded."""
+    if not ranks or any(r.tokenizer.engine != NO_ENGINE for r in ranks):
+        return None
+    served = [f.hit for r in ranks if r.cache for f in r.cache.files]
+    return "all from the cache" if served and all(served) else "nothing encoded"
+
+
 def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | None) -> dict[str, Any]:
     """The build's rates over its wall time, and a rank's over its own time tokenizing (loading apart), of the
-    text it encoded: the cache's hits aside."""
+    text it encoded: the cache's hits aside (none when the ranks encoded nothing, ``unencoded`` says why)."""
     text_bytes = sum(r.counts.text_bytes for r in ranks)
     hits = [f for r in ranks if r.cache for f in r.cache.files if f.hit]
     ranks_rate = manifest.throughput(
@@ -180,10 +190,12 @@ def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | No
         text_bytes - sum(f.text_bytes for f in hits),
         sum(r.counts.tokens for r in ranks) - sum(f.tokens for f in hits),
     )
+    unencoded = _unencoded(ranks)
     return {
         "text_bytes": text_bytes,
         "build": manifest.throughput(wall_seconds, 0, text_bytes, tokens).to_json() if wall_seconds else None,
-        "ranks": ranks_rate.to_json(),
+        "ranks": (NO_RATES if unencoded else ranks_rate).to_json(),
+        "unencoded": unencoded,
     }
 
 
@@ -227,7 +239,8 @@ def _loss(ranks: list[RankManifest]) -> dict[str, Any]:
 
 def _rank_row(rank: RankManifest) -> dict[str, Any]:
     c = rank.counts
-    rates = rank.throughput or Throughput(text_mb_per_s=None, tokens_per_s=None)
+    unencoded = _unencoded([rank])
+    rates = NO_RATES if unencoded or rank.throughput is None else rank.throughput
     return {
         "rank": rank.rank,
         "docs_read": c.docs_read,
@@ -244,6 +257,7 @@ def _rank_row(rank: RankManifest) -> dict[str, Any]:
         "load_seconds": None if rank.tokenizer.engine == NO_ENGINE else rank.tokenizer.load_seconds,
         "text_mb_per_s": rates.text_mb_per_s,
         "tokens_per_s": rates.tokens_per_s,
+        "unencoded": unencoded,
         "engine": rank.tokenizer.engine,
         "peak_rss_mb": rank.peak_rss_mb,
         "engine_reloads": rank.tokenizer.engine_reloads,

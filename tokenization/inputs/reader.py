@@ -103,7 +103,12 @@ class DocumentReader:
 
     @property
     def total_bytes(self) -> int:
-        return sum(f.span_bytes for f in self.files)
+        """The bytes its files' reads cover (a resumed file's from where it resumes): progress's total."""
+        return sum(end - start for start, end in map(self._read_span, self.files))
+
+    def _read_span(self, file: InputFile) -> tuple[int, int]:
+        """The bytes of ``file`` read: its span, or from where it resumes (``resume``) to its end."""
+        return (self._tails[file.url][0], file.size) if file.url in self._tails else file.span
 
     @property
     def bytes_read(self) -> int:
@@ -119,9 +124,9 @@ class DocumentReader:
     def __iter__(self) -> Generator[Record | Rejected, None, None]:  # (a generator: callers close it)
         for file in self.files:
             kind, compression = file_format(file.url)
-            self._span = (self._tails[file.url][0], file.size) if file.url in self._tails else file.span
+            self._span = start, end = self._read_span(file)
             yield from self._parquet(file) if kind == "parquet" else self._jsonl(file, compression)
-            self._done_bytes += file.span_bytes
+            self._done_bytes += end - start
             self._raw = None
 
     def _parse(

@@ -230,7 +230,10 @@ class FirstPass:
         source = self._reading(file).source
         if i in self._grown:  # an earlier try's join, which a small hit's serving leaves where it has no quarantine
             (folder / QUARANTINE).unlink(missing_ok=True)
-        hit = None if entry is None or self._hits is None else self._hits.serve(i, entry, file, self.tally, shown)
+        hit = None
+        if entry is not None and self._hits is not None:  # a grown file's hit stands for its earlier bytes alone
+            covers = self._grown[i].offset if i in self._grown else None
+            hit = self._hits.serve(i, entry, file, self.tally, shown, covers)
         if hit is not None and key is not None and entry is not None and i in self._grown:
             return replace(self._extended(i, hit, entry, key, shown, threads), source=source)
         if hit is not None:

@@ -94,10 +94,13 @@ class CacheHits:
         own, never one shared with the next hits."""
         self._found, self._ahead, self._alone = found, {}, alone
 
-    def serve(self, i: int, entry: CacheEntry, file: InputFile, tally: RejectTally, shown: Progress) -> Segment | None:
+    def serve(
+        self, i: int, entry: CacheEntry, file: InputFile, tally: RejectTally, shown: Progress, covers: int | None = None
+    ) -> Segment | None:
         """Hit ``i``, checked (``_check_ahead``), or None. Its rejected records, naming the file as this rank reads
         it, count in ``tally`` as they would if it were read again; its contents are hashed from its bytes, as pass
-        2 will read them."""
+        2 will read them. It advances ``shown`` by the input bytes it stands for, ``covers`` (a grown file's earlier
+        ones: its appended ones are shown as they are read), by default the file's."""
         if i not in self._ahead:
             self._check_ahead(i)
         if (checked := self._ahead.pop(i)) is None or checked.path is None:
@@ -119,7 +122,7 @@ class CacheHits:
         counts.contents = held.contents
         if held.plain is not None:  # this build saves no loss
             counts = without_loss(counts, held.plain)
-        shown.advance(file.span_bytes, docs=counts.docs_written, tokens=counts.tokens)
+        shown.advance(file.span_bytes if covers is None else covers, docs=counts.docs_written, tokens=counts.tokens)
         read = self.cache.cache.signer is None and (PLACES not in entry.files or file_format(file.url)[1] is not None)
         seconds = checked.seconds + time.perf_counter() - started
         how = served(file, entry.key, counts, hit=True, seconds=seconds, read=read)

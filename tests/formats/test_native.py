@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.support.stages import run
-from tokenization.formats import moves, native, source_pool
+from tokenization.formats import contents, moves, native, source_pool
 from tokenization.formats.contents import ContentsHasher, hash_parts, within
 from tokenization.formats.ds import SplitWriter, TokenFileError
 from tokenization.records import ContentsSum
@@ -76,6 +76,20 @@ def test_the_helper_gives_the_numpy_paths_values(monkeypatch, dtype, with_loss, 
     (id_top, loss_top, _), *_ = results["c"][0][-1]  # one part
     assert id_top == (tokens.max() if size else 0)
     assert loss_top == (loss.max() if size and loss is not None else 0)
+
+
+def test_the_numpy_path_gives_the_same_values_in_chunks(monkeypatch) -> None:
+    """The numpy path sums a block's weights a chunk at a time: pieces across chunk edges, entries on them, empty
+    pieces and parts that end inside a chunk hash as in one chunk, and as the helper hashes them."""
+    rng = np.random.default_rng(7)
+    tokens, loss, cuts = block(rng, 50_000, np.uint32, True)
+    cuts = np.sort(np.concatenate([cuts, np.arange(0, 50_000, 1000), [999, 1001, 1001]]))  # on and beside edges
+    on_path(monkeypatch, "numpy")
+    whole = [hashed(tokens, loss, cuts, parts) for parts in (1, 3)]  # one chunk: 50,000 tokens
+    monkeypatch.setattr(contents, "CHUNK", 1000)
+    assert [hashed(tokens, loss, cuts, parts) for parts in (1, 3)] == whole  # 50 chunks, and 17 a part
+    on_path(monkeypatch, "c")
+    assert [hashed(tokens, loss, cuts, parts) for parts in (1, 3)] == whole
 
 
 def test_a_damaged_index_gets_the_numpy_paths_values_on_both(monkeypatch) -> None:

@@ -2,7 +2,7 @@
 
 A *unit* is a contiguous token range ``[start, end)`` of one source file: a document, a fixed-size chunk or a
 context window. :func:`move_units` writes units in a given order over bounded blocks: it reads a block's units
-with large or batched ``pread`` calls, puts them in order with Arrow's ``take`` (one memcpy a unit, looped in C),
+with large or batched ``pread`` calls straight into their places (or puts them in order with Arrow's ``take``),
 and rebuilds the index: every unit end becomes an entry, and the source index entries that fall strictly inside a
 moved unit move with it. No Python runs per unit or per token.
 """
@@ -76,14 +76,6 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     index = np.arange(total, dtype=np.int64)
     index += np.repeat(np.asarray(starts, dtype=np.int64) - out_starts, lengths)
     return index
-
-
-def sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The sorted entries of two sorted index arrays, each once: ``np.union1d``'s result, whose hashing took 1.4 s
-    for 1.1 million document ends and 0.2 million window ends (numpy 2.4), where sorting the two runs takes 6 ms."""
-    both = np.concatenate([np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)])
-    both.sort(kind="stable")  # a merge of the two runs
-    return both[np.concatenate([[True], both[1:] != both[:-1]])] if len(both) else both
 
 
 def prefix_end(ends: np.ndarray, count: int) -> int:
@@ -178,9 +170,11 @@ def _gathered(
     rel_ends: np.ndarray,
     inner: Sequence[np.ndarray] | None,
 ) -> _Block:
-    """Read one block of units, one source file at a time, then put them in output order: by the C helper's
-    ``tk_copy`` straight into the block's buffers (one call a source, no Python a unit), else with Arrow's ``take``
-    (one memcpy a unit, looped in C: 0.2 us a unit, read included, where a Python loop of slices cost ~1 us)."""
+    """Read one block of units, one source file at a time, in output order: straight into the block's buffers
+    (``_copied``), by the C helper, or without it where every source's units lie apart (a shuffle's: one ``preadv``
+    a unit, as they would be read anyway, but no second copy and no new buffer); else read as spans and put in order
+    with Arrow's ``take`` (one memcpy a unit, looped in C: 0.2 us a unit, read included, where a Python loop of
+    slices cost ~1 us)."""
     out_starts = rel_ends - (ends - starts)
     by_source = np.argsort(source, kind="stable")
     ids, firsts = np.unique(source[by_source], return_index=True)
@@ -189,7 +183,7 @@ def _gathered(
     if inner is not None:
         moved += [_moved_inner_ends(inner[s], starts[g], ends[g], out_starts[g]) for s, g in groups]
     lib = native.helper()
-    if lib is not None:
+    if lib is not None or not any(_spanned(starts[g], ends[g]) for _, g in groups):  # no tk_copy is needed
         tokens, loss = _copied(lib, pool, groups, starts, ends, out_starts, int(rel_ends[-1]))
     else:
         tokens, loss = _taken(pool, groups, starts, ends, len(by_source))
@@ -208,8 +202,8 @@ def _copied(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The block's tokens and loss bytes (or None) as uint8 arrays of the pool's ``blocks``, each source's units
     in their places: read straight there by ``tk_pread`` (one ``preadv`` a run of units that lie end to end, as a
-    merge's do: no copy but the kernel's), or read as one span where they lie close together but apart
-    (``_spanned``) and copied there by ``tk_copy``."""
+    merge's do: no copy but the kernel's; without the helper, one a unit), or read as one span where they lie close
+    together but apart (``_spanned``) and copied there by ``tk_copy`` (``lib``: the helper, never None then)."""
     sizes = (pool.dtype.itemsize, LOSS_DTYPE.itemsize)
     tokens = pool.blocks[0].take(total * sizes[0])
     outs = [tokens, pool.blocks[1].take(total * sizes[1]) if pool.with_loss else None]

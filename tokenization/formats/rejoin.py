@@ -15,9 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tokenization.formats.contents import Contents, Pieces
+from tokenization.formats.contents import Contents, Pieces, sorted_union
 from tokenization.formats.kept import KeptReader
-from tokenization.formats.moves import sorted_union
 from tokenization.records.contents import MASK
 
 SPAN = 1 << 18  # index entries (and unit edges) a span of cuts holds at most: 2-4 MiB of its arrays, about 3 ms

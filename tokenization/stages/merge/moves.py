@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenization.formats.contents import Contents, check_kept
+from tokenization.formats.contents import Contents, check_kept, sorted_union
 from tokenization.formats.ds import SplitWriter
-from tokenization.formats.moves import move_units, sorted_union
+from tokenization.formats.moves import move_units
 from tokenization.formats.source_pool import SourcePool, contents_of, uses_contents
 from tokenization.output.attempts import Attempt
 from tokenization.progress import Progress, ProgressMode

@@ -16,7 +16,7 @@ import numpy as np
 
 from tokenization import orderings
 from tokenization.formats import names, sidecar
-from tokenization.formats.contents import Contents, check_kept
+from tokenization.formats.contents import Contents, check_kept, sorted_union
 from tokenization.formats.ds import SplitWriter, TokenFile, TokenFileWriter, WrittenTokenFile
 from tokenization.formats.moves import (
     Units,
@@ -24,7 +24,6 @@ from tokenization.formats.moves import (
     move_units,
     permute_units,
     prefix_end,
-    sorted_union,
     written_contents,
 )
 from tokenization.formats.names import RankFileKind

@@ -19,6 +19,7 @@ from tests.support.corpus import write_jsonl
 from tests.support.paths import SAMPLE_TOKENIZER
 from tokenization.errors import StorageError
 from tokenization.inputs.formats import InputError
+from tokenization.inputs.lines import GZIP_BUFFER
 from tokenization.inputs.listing import list_input_files, may_hold_others, shard
 from tokenization.inputs.reader import DocumentReader, Record
 from tokenization.records import Rejected
@@ -199,6 +200,26 @@ def test_bad_records_are_rejected_with_reasons_and_raw_lines(tmp_path) -> None:
         (10, "masked", [(0, 3)]),
     ]
     assert reader.blank_lines == 1
+
+
+def test_lines_of_ascii_whitespace_alone_are_blank(tmp_path) -> None:
+    """A blank line is one of ASCII whitespace alone (what ``bytes.strip`` removes), after a first line's BOM; a
+    line with any other byte is parsed (a lone 0xA0 is invalid UTF-8, not a space)."""
+    path = tmp_path / "blank.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf\n" + b" \t\r\n" + b"\x0b\x0c\n" + b'{"text": "a"}\n' + b"\xa0\n" + b"\n")
+    reader = DocumentReader(list_input_files([str(path)]).files)
+    items = list(reader)
+    assert [(r.line, r.text) for r in items if isinstance(r, Record)] == [(4, "a")]
+    assert [(r.line, r.reason) for r in items if isinstance(r, Rejected)] == [(5, "invalid_utf8")]
+    assert reader.blank_lines == 4
+
+
+def test_gzip_lines_longer_than_its_read_buffer_come_whole(tmp_path) -> None:
+    texts = ["x" * (3 * GZIP_BUFFER + 7), "short", "y" * (GZIP_BUFFER - 20), "z" * GZIP_BUFFER]
+    path = tmp_path / "long.jsonl.gz"
+    path.write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in texts).encode()))
+    reader = DocumentReader(list_input_files([str(path)]).files)
+    assert [r.text for r in reader if isinstance(r, Record)] == texts
 
 
 @pytest.mark.parametrize("compression", ["gz", "zst"])

@@ -21,11 +21,13 @@ JSON).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import types
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 import orjson
 
@@ -93,12 +95,20 @@ class Record:
         return _decode_record(cls, fields_of, _Reading(path, cls.LABEL, strict), "")
 
     @classmethod
-    def loads(cls: type[R], data: bytes, path: str) -> R:
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise RecordError(path, f"not JSON ({exc})", cls.LABEL) from None
-        return cls.from_json(parsed, path)
+    def loads(cls: type[R], data: bytes, path: str, parsed: object = None) -> R:
+        """The record in ``data`` (``parsed``: its JSON, when the caller parsed it already); a large one read again
+        with the same bytes is the one decoded then (``_decoded``)."""
+        if (found := decoded(cls, data)) is not None:
+            return found
+        if parsed is None:
+            try:
+                parsed = orjson.loads(data)
+            except orjson.JSONDecodeError as exc:
+                raise RecordError(path, f"not JSON ({exc})", cls.LABEL) from None
+        record = cls.from_json(parsed, path)
+        if len(data) >= DECODED_BYTES:
+            _decoded.put(cls, bytes(data), record)
+        return record
 
     @classmethod
     def read(cls: type[R], folder: Folder, name: str, label: str | None = None) -> R | None:
@@ -112,6 +122,42 @@ class Record:
     def write(self, folder: Folder, name: str, mode: Condition = PutMode.OVERWRITE) -> None:
         """Write the record whole as ``name`` of ``folder``, under ``mode`` (``Folder.put``)."""
         folder.put(name, self.dumps(), mode)
+
+
+DECODED_BYTES = 1 << 16  # records this large are kept decoded, by their bytes: a plan of 100,000 files is ~0.5 s
+DECODED_KEPT = 8  # records kept decoded, the least recently read dropped first
+
+
+class _Decoded:
+    """The last large records decoded, by kind and bytes. A build's process reads its claim (its plan, every input
+    file's row), its ranks' manifests and the builds' records several times, each time checked afresh (a replaced run
+    folder is refused): the same bytes decode to the same record, which is immutable, so only the read is repeated.
+    Different bytes are decoded, and checked, as the first were."""
+
+    def __init__(self) -> None:
+        self._records: OrderedDict[tuple[type, bytes], Record] = OrderedDict()
+        self._lock = threading.Lock()  # a stage's threads read records too
+
+    def get(self, kind: type, data: bytes) -> Record | None:
+        with self._lock:
+            found = self._records.get((kind, data))
+            if found is not None:
+                self._records.move_to_end((kind, data))
+            return found
+
+    def put(self, kind: type, data: bytes, record: Record) -> None:
+        with self._lock:
+            self._records[(kind, data)] = record
+            while len(self._records) > DECODED_KEPT:
+                self._records.popitem(last=False)
+
+
+_decoded = _Decoded()
+
+
+def decoded(kind: type[R], data: bytes) -> R | None:
+    """The record of ``kind`` decoded lately from these very bytes, while it is kept (``_Decoded``)."""
+    return cast("R | None", _decoded.get(kind, data)) if len(data) >= DECODED_BYTES else None
 
 
 P = TypeVar("P", bound="OpenRecord")

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import errno
 import glob
+import itertools
 import math
 import os
 import shutil
@@ -356,10 +357,29 @@ def _attempt(read: Callable[..., T], *args: object) -> T | Exception:
 
 
 def map_concurrently(fn: Callable[[T], U], items: Sequence[T], workers: int = CONCURRENT_READS) -> list[U]:
-    """``fn`` of each item, in order, on up to ``workers`` threads (for requests that wait, not for computing)."""
-    with ThreadPoolExecutor(workers, thread_name_prefix="storage") as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        return [future.result() for future in futures]
+    """``fn`` of each item, in order, on up to ``workers`` threads (for requests that wait, not for computing);
+    every item is done, and the first item's error in their order is raised. Each thread takes the next item
+    itself, not a future an item: the executor's future, queue and semaphore each item cost ~0.1 ms under a rank's
+    GIL, its threads queuing on the semaphore's lock (a rank of 25,000 one-line hits maps each hit twice)."""
+    done: list[tuple[bool, Any]] = [(False, None)] * len(items)
+    taken = itertools.count()  # its ``next`` is atomic: each item is taken once
+
+    def take() -> None:
+        while (k := next(taken)) < len(items):
+            try:
+                done[k] = (True, fn(items[k]))
+            except Exception as exc:
+                done[k] = (False, exc)
+
+    threads = min(max(1, workers), len(items))
+    if threads:
+        with ThreadPoolExecutor(threads, thread_name_prefix="storage") as pool:
+            for future in [pool.submit(take) for _ in range(threads)]:
+                future.result()
+    for ok, value in done:
+        if not ok:
+            raise value
+    return [value for _, value in done]
 
 
 @contextmanager

@@ -349,5 +349,6 @@ def test_a_run_read_again_is_refused_once_its_claim_is_another_plans(tmp_path, s
     spec = first.claimed.spec
     assert Run.of(spec).plan.digest == Run.of(spec).plan.digest == spec.digest
     (tmp_path / "a" / "night" / "_RUN.json").write_bytes((tmp_path / "b" / "night" / "_RUN.json").read_bytes())
-    with pytest.raises(BuildError, match=f"records plan {other.claimed.spec.digest}, not this run's plan {spec.digest}"):
+    said = f"records plan {other.claimed.spec.digest}, not this run's plan {spec.digest}"
+    with pytest.raises(BuildError, match=said):
         Run.of(spec)

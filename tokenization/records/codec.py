@@ -21,6 +21,7 @@ JSON).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 import types
 from collections import OrderedDict
@@ -95,19 +96,21 @@ class Record:
         return _decode_record(cls, fields_of, _Reading(path, cls.LABEL, strict), "")
 
     @classmethod
-    def loads(cls: type[R], data: bytes, path: str, parsed: object = None) -> R:
-        """The record in ``data`` (``parsed``: its JSON, when the caller parsed it already); a large one read again
-        with the same bytes is the one decoded then (``_decoded``)."""
-        if (found := decoded(cls, data)) is not None:
-            return found
+    def loads(cls: type[R], data: bytes, path: str, parsed: object = None, digest: bytes | None = None) -> R:
+        """The record in ``data`` (``parsed`` and ``digest``: its JSON and ``decoded``'s digest, when the caller
+        has them); a large one read again with the same bytes is the one decoded then (``_Decoded``)."""
+        if digest is None:
+            found, digest = decoded((cls,), data)
+            if found is not None:
+                return found
         if parsed is None:
             try:
                 parsed = orjson.loads(data)
             except orjson.JSONDecodeError as exc:
                 raise RecordError(path, f"not JSON ({exc})", cls.LABEL) from None
         record = cls.from_json(parsed, path)
-        if len(data) >= DECODED_BYTES:
-            _decoded.put(cls, bytes(data), record)
+        if digest is not None:
+            _decoded.put(digest, record)
         return record
 
     @classmethod
@@ -129,25 +132,26 @@ DECODED_KEPT = 8  # records kept decoded, the least recently read dropped first
 
 
 class _Decoded:
-    """The last large records decoded, by kind and bytes. A build's process reads its claim (its plan, every input
-    file's row), its ranks' manifests and the builds' records several times, each time checked afresh (a replaced run
-    folder is refused): the same bytes decode to the same record, which is immutable, so only the read is repeated.
-    Different bytes are decoded, and checked, as the first were."""
+    """The last large records decoded, by the sha256 of their bytes (not the bytes: a plan of 100,000 files is
+    21 MB of them). A build's process reads its claim (its plan, every input file's row) and its ranks' manifests
+    several times, each time checked afresh (a replaced run folder is refused): the same bytes decode to the same
+    record, which is immutable, so only the read and the hash are repeated. Other bytes are decoded, and checked, as
+    the first were."""
 
     def __init__(self) -> None:
-        self._records: OrderedDict[tuple[type, bytes], Record] = OrderedDict()
+        self._records: OrderedDict[bytes, Record] = OrderedDict()
         self._lock = threading.Lock()  # a stage's threads read records too
 
-    def get(self, kind: type, data: bytes) -> Record | None:
+    def get(self, digest: bytes) -> Record | None:
         with self._lock:
-            found = self._records.get((kind, data))
+            found = self._records.get(digest)
             if found is not None:
-                self._records.move_to_end((kind, data))
+                self._records.move_to_end(digest)
             return found
 
-    def put(self, kind: type, data: bytes, record: Record) -> None:
+    def put(self, digest: bytes, record: Record) -> None:
         with self._lock:
-            self._records[(kind, data)] = record
+            self._records[digest] = record
             while len(self._records) > DECODED_KEPT:
                 self._records.popitem(last=False)
 
@@ -155,9 +159,12 @@ class _Decoded:
 _decoded = _Decoded()
 
 
-def decoded(kind: type[R], data: bytes) -> R | None:
-    """The record of ``kind`` decoded lately from these very bytes, while it is kept (``_Decoded``)."""
-    return cast("R | None", _decoded.get(kind, data)) if len(data) >= DECODED_BYTES else None
+def decoded(kinds: tuple[type[R], ...], data: bytes) -> tuple[R | None, bytes | None]:
+    """The record of one of ``kinds`` decoded lately from these very bytes, while it is kept (``_Decoded``), or
+    None; and the bytes' digest, for ``Record.loads`` to keep what it decodes (None: too small to be kept)."""
+    digest = hashlib.sha256(data).digest() if len(data) >= DECODED_BYTES else None
+    found = None if digest is None else _decoded.get(digest)
+    return (cast(R, found) if type(found) in kinds else None), digest
 
 
 P = TypeVar("P", bound="OpenRecord")

@@ -343,9 +343,9 @@ def stage_manifest(data: bytes, path: str) -> StageManifest | MergeOutput:
     """A file of a ``_manifests`` folder: a stage manifest of any stage, or a merge checkpoint, by its format (one
     read before with the same bytes: as it was decoded then, ``Record.loads``)."""
     kinds: tuple[type[StageManifest | MergeOutput], ...] = (*STAGE_MANIFESTS, MergeOutput)
-    for kind in kinds:
-        if (found := decoded(kind, data)) is not None:
-            return found
+    found, digest = decoded(kinds, data)
+    if found is not None:
+        return found
     try:
         parsed = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -353,9 +353,9 @@ def stage_manifest(data: bytes, path: str) -> StageManifest | MergeOutput:
     tag = parsed.get("format") if isinstance(parsed, dict) else None
     for kind in kinds:
         if isinstance(tag, str) and tag.startswith(f"{PROJECT}/{kind.KIND}/"):
-            return kind.loads(data, path, parsed)
+            return kind.loads(data, path, parsed, digest)
     if isinstance(parsed, dict) and tag is None:
-        return MergeOutput.loads(data, path, parsed)  # a checkpoint written before checkpoints had a tag
+        return MergeOutput.loads(data, path, parsed, digest)  # a checkpoint written before checkpoints had a tag
     formats = ", ".join(f"{PROJECT}/{kind.KIND}/N" for kind in kinds)
     raise RecordError(path, f"format {shown(tag)}, not one of {formats}")
 

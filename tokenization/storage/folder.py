@@ -98,6 +98,16 @@ def _digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+class _Opened:
+    """A folder's filesystem and path, found the first time they are asked for and kept in the folder: what
+    ``cached_property`` does, without the lock that Python 3.11's holds for every instance of the class while one
+    computes (a rank's threads, each opening a hit's input, a folder each, waited on one another there)."""
+
+    def __get__(self, folder: Folder, owner: type | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+        opened = folder.__dict__["_opened"] = open_fs(folder.url.rstrip("/"), folder.options)
+        return opened  # kept in the folder's own attributes, which are looked up before this (no ``__set__``)
+
+
 @dataclass(frozen=True)
 class Folder:
     """A folder on a local path or an fsspec URL, with the storage options that open it (None: the environment's
@@ -106,15 +116,7 @@ class Folder:
     url: str
     options: StorageOptions | None = field(default=None, compare=False, repr=False)
 
-    @property
-    def _opened(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        """The filesystem and path, found once a folder. Not a ``cached_property``: on Python 3.11 that holds one
-        lock for every instance of the class while it computes, and a rank's threads that each open a hit's input
-        (a folder each) waited on one another there (~0.1 ms a hit of one-line files, most of the sample's read)."""
-        opened = self.__dict__.get("_filesystem")
-        if opened is None:
-            opened = self.__dict__["_filesystem"] = open_fs(self.url.rstrip("/"), self.options)
-        return opened
+    _opened = _Opened()
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:

@@ -171,3 +171,7 @@ def test_map_concurrently_does_every_item_and_raises_the_first_error_in_their_or
     with pytest.raises(ValueError, match="item 3"):
         map_concurrently(slow_square, list(range(20)), workers=4)
     assert sorted(seen) == list(range(20)) and len(threads) > 1
+    seen.clear()
+    with pytest.raises(ValueError, match="item 3"):  # fewer items than threads: a future each
+        map_concurrently(slow_square, list(range(8)), workers=16)
+    assert sorted(seen) == list(range(8))

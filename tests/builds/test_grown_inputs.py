@@ -121,6 +121,9 @@ def test_a_file_grown_by_lines_encodes_only_them_and_builds_the_same_bytes(
     assert "2 tokenized (1 of them grown by lines appended: 4 lines of theirs encoded, the rest taken from the " in (
         cache_line(cache)
     )
+    shown = (Path(nightly.latest) / "report.html").read_text()
+    assert '<th>of them, grown by lines appended</th><td data-key="files_grown">1</td>' in shown
+    assert '<th>their new lines, encoded (the rest from the cache)</th><td data-key="lines_encoded">4</td>' in shown
     night(inputs, tmp_path / "fresh", sample_tokenizer, "next", save_loss=save_loss)
     assert entries(tmp_path / "on", "a.jsonl")[-1] == entries(tmp_path / "fresh", "a.jsonl")[0]
     third = night(inputs, tmp_path / "on", sample_tokenizer, "third", save_loss=save_loss)
@@ -167,6 +170,7 @@ def test_a_file_changed_otherwise_is_encoded_whole(tmp_path, sample_tokenizer, c
     nightly = night(inputs, tmp_path / "on", sample_tokenizer, "next")
     assert (served(nightly)["c.jsonl"]["hit"], served(nightly)["c.jsonl"].get("appended_lines")) == (False, None)
     assert nightly.record.cache.files_grown is None
+    assert 'data-key="files_grown"' not in (Path(nightly.latest) / "report.html").read_text()
     assert dataset(nightly) == dataset(night(inputs, tmp_path / "off", sample_tokenizer, "next", cache="off"))
 
 

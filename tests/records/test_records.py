@@ -316,3 +316,39 @@ def test_a_topic_is_loaded_when_a_kind_of_it_is_first_asked_for() -> None:
         "False tokenization.records.builds",
         "module 'tokenization.records' has no attribute 'NotAKind'",
     ]
+
+
+def test_a_large_record_read_again_with_its_bytes_is_decoded_once_and_other_bytes_afresh() -> None:
+    """A build's process reads its plan and its ranks' manifests again and again: the same bytes give the record
+    decoded the first time, while bytes that differ in one field are decoded (and checked) as the first were."""
+    from tokenization.records import InputFile, PlannedInputs
+    from tokenization.records.codec import DECODED_BYTES
+
+    files = [InputFile(url=f"/in/{k:05d}.jsonl", size=k, identity=f"mtime_ns={k}") for k in range(2000)]
+    data = orjson.dumps(PlannedInputs(files=files, skipped=[], hidden=0).to_json())
+    assert len(data) >= DECODED_BYTES
+    first = PlannedInputs.loads(data, "a.json")
+    assert first.files == files
+    assert PlannedInputs.loads(bytes(bytearray(data)), "b.json") is first  # equal bytes, read again
+    changed = PlannedInputs.loads(data.replace(b'"/in/00007.jsonl"', b'"/in/00008.jsonl"'), "c.json")
+    assert [f.url for f in changed.files[6:9]] == ["/in/00006.jsonl", "/in/00008.jsonl", "/in/00008.jsonl"]
+    with pytest.raises(RecordError, match=r"^d\.json: .*bytes"):
+        PlannedInputs.loads(data.replace(b'"bytes":7,', b'"bytes":"7",'), "d.json")
+    small = orjson.dumps(PlannedInputs(files=files[:3], skipped=[], hidden=0).to_json())
+    assert PlannedInputs.loads(small, "e.json") is not PlannedInputs.loads(small, "e.json")  # cheap: not kept
+
+
+def test_a_run_read_again_is_refused_once_its_claim_is_another_plans(tmp_path, sample_corpus, sample_tokenizer) -> None:
+    """Each step reads the run's claim again (``Run.of``), kept decoded between reads: a claim replaced meanwhile
+    by another plan's is refused, naming both digests, however often the first was read."""
+    from tokenization.builds.plan import Run
+    from tokenization.output.runs import BuildError
+
+    first = Build.start(_config(tmp_path / "a", sample_corpus, sample_tokenizer), "night")
+    other = Build.start(_config(tmp_path / "b", sample_corpus, sample_tokenizer, text_key="body"), "night")
+    spec = first.claimed.spec
+    assert Run.of(spec).plan.digest == Run.of(spec).plan.digest == spec.digest
+    (tmp_path / "a" / "night" / "_RUN.json").write_bytes((tmp_path / "b" / "night" / "_RUN.json").read_bytes())
+    said = f"records plan {other.claimed.spec.digest}, not this run's plan {spec.digest}"
+    with pytest.raises(BuildError, match=said):
+        Run.of(spec)

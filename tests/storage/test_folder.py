@@ -145,3 +145,33 @@ def test_a_local_folder_links_files_in_and_out(tmp_path) -> None:
 @ON_BOTH_STORES
 def test_an_s3_folder_copies_files_in_and_out(s3, tmp_path) -> None:
     _files_in_and_out(Folder("s3://corpus/cache", s3.options), tmp_path)
+
+
+def test_map_concurrently_does_every_item_and_raises_the_first_error_in_their_order() -> None:
+    """Each item once, results in the items' order, on threads; an error leaves no item undone, and the error of
+    the first failing item (not the first to fail in time) is the one raised."""
+    import threading
+    import time
+
+    from tokenization.storage.concurrent import map_concurrently
+
+    seen: list[int] = []
+    threads: set[int] = set()
+
+    def slow_square(k: int) -> int:
+        threads.add(threading.get_ident())
+        time.sleep(0.001 * (k % 3))
+        seen.append(k)
+        if k in (7, 3):
+            raise ValueError(f"item {k}")
+        return k * k
+
+    assert map_concurrently(lambda k: k * k, list(range(50)), workers=4) == [k * k for k in range(50)]
+    assert map_concurrently(lambda k: k, [], workers=4) == []
+    with pytest.raises(ValueError, match="item 3"):
+        map_concurrently(slow_square, list(range(20)), workers=4)
+    assert sorted(seen) == list(range(20)) and len(threads) > 1
+    seen.clear()
+    with pytest.raises(ValueError, match="item 3"):  # fewer items than threads: a future each
+        map_concurrently(slow_square, list(range(8)), workers=16)
+    assert sorted(seen) == list(range(8))

@@ -181,15 +181,23 @@ class Run:
         """The run ``spec`` names, read from its claim (opened with ``storage_options``), when the claim records the
         plan with the spec's digest (the plan the run was started with); else an error saying the run folder was
         replaced since."""
+        global _last_run
         run_dir = Folder(spec.run_dir, storage_options)
         claimed = read_claim(run_dir)
-        run = None if claimed is None else cls(spec.run_dir, claimed)
+        if _last_run is not None and _last_run.claim is claimed and _last_run.run_dir == spec.run_dir:
+            run: Run | None = _last_run  # the same bytes, decoded once (``Record.loads``): its plan's digest is known
+        else:
+            run = None if claimed is None else cls(spec.run_dir, claimed)
         if run is None or run.plan.digest != spec.digest:
             raise BuildError(
                 f"{run_dir.url_of(RUN_CLAIM)}: {'missing' if run is None else f'records plan {run.plan.digest}'}, "
                 f"not this run's plan {spec.digest}: the run folder was replaced after the run started"
             )
+        _last_run = run
         return run
+
+
+_last_run: Run | None = None  # the run ``Run.of`` read last: the steps of a build's process read it again and again
 
 
 def _setting_differences(recorded: PlanRecord, proposed: PlanRecord) -> list[str]:

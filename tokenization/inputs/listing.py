@@ -181,7 +181,7 @@ def _listed(found: Matched, path: str, info: Info) -> tuple[str, tuple[InputFile
     one (``LocalFile``)."""
     url = found.url(path)
     if found.local:
-        local = LocalFile.of(path)
+        local = LocalFile.listed(path, info)
         file = InputFile(url, local.size, local.identity)
         return url, (file, file_key(file, local))
     file = InputFile(url, int(info.get("size") or 0), identity(path, info, local=False))

@@ -7,6 +7,7 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
+from typing import Any
 
 from tokenization.inputs.formats import InputError
 
@@ -36,6 +37,14 @@ class LocalFile:
         if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{_shown(path)} is {_kind(st.st_mode)}; {ONLY_REGULAR}")
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    @classmethod
+    def listed(cls, path: str, info: dict[str, Any]) -> LocalFile:
+        """``of``, from what a local listing saw of ``path`` (``storage.disk``'s ``info``) when that was a regular
+        file, not a link: its ``stat`` already (a plan of 100,000 files took each's twice)."""
+        if info.get("type") == "file" and not info.get("islink") and "mtime_ns" in info:
+            return cls(info["dev"], info["ino"], info["size"], info["mtime_ns"], info["ctime_ns"])
+        return cls.of(path)
 
     @property
     def key(self) -> tuple[int, int]:

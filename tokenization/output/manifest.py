@@ -11,6 +11,7 @@ Layout inside an output folder, beside the token files::
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import platform
 import resource
@@ -56,6 +57,12 @@ def quarantine_name(stem: str) -> str:
 
 def versions() -> dict[str, Any]:
     """Library versions that decide the bytes: numpy's Generator streams may change between releases."""
+    return dict(_versions())
+
+
+@functools.cache
+def _versions() -> dict[str, Any]:
+    """Looked up once a process: each package's metadata parsed costs ~2 ms, and every manifest names them."""
     return {
         "corpus-tokenization": importlib.metadata.version("corpus-tokenization"),
         "numpy": np.__version__,

@@ -21,11 +21,14 @@ JSON).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import threading
 import types
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 import orjson
 
@@ -93,12 +96,22 @@ class Record:
         return _decode_record(cls, fields_of, _Reading(path, cls.LABEL, strict), "")
 
     @classmethod
-    def loads(cls: type[R], data: bytes, path: str) -> R:
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise RecordError(path, f"not JSON ({exc})", cls.LABEL) from None
-        return cls.from_json(parsed, path)
+    def loads(cls: type[R], data: bytes, path: str, parsed: object = None, digest: bytes | None = None) -> R:
+        """The record in ``data`` (``parsed`` and ``digest``: its JSON and ``decoded``'s digest, when the caller
+        has them); a large one read again with the same bytes is the one decoded then (``_Decoded``)."""
+        if digest is None:
+            found, digest = decoded((cls,), data)
+            if found is not None:
+                return found
+        if parsed is None:
+            try:
+                parsed = orjson.loads(data)
+            except orjson.JSONDecodeError as exc:
+                raise RecordError(path, f"not JSON ({exc})", cls.LABEL) from None
+        record = cls.from_json(parsed, path)
+        if digest is not None:
+            _decoded.put(digest, record)
+        return record
 
     @classmethod
     def read(cls: type[R], folder: Folder, name: str, label: str | None = None) -> R | None:
@@ -112,6 +125,46 @@ class Record:
     def write(self, folder: Folder, name: str, mode: Condition = PutMode.OVERWRITE) -> None:
         """Write the record whole as ``name`` of ``folder``, under ``mode`` (``Folder.put``)."""
         folder.put(name, self.dumps(), mode)
+
+
+DECODED_BYTES = 1 << 16  # records this large are kept decoded, by their bytes: a plan of 100,000 files is ~0.5 s
+DECODED_KEPT = 8  # records kept decoded, the least recently read dropped first
+
+
+class _Decoded:
+    """The last large records decoded, by the sha256 of their bytes (not the bytes: a plan of 100,000 files is
+    21 MB of them). A build's process reads its claim (its plan, every input file's row) and its ranks' manifests
+    several times, each time checked afresh (a replaced run folder is refused): the same bytes decode to the same
+    record, which is immutable, so only the read and the hash are repeated. Other bytes are decoded, and checked, as
+    the first were."""
+
+    def __init__(self) -> None:
+        self._records: OrderedDict[bytes, Record] = OrderedDict()
+        self._lock = threading.Lock()  # a stage's threads read records too
+
+    def get(self, digest: bytes) -> Record | None:
+        with self._lock:
+            found = self._records.get(digest)
+            if found is not None:
+                self._records.move_to_end(digest)
+            return found
+
+    def put(self, digest: bytes, record: Record) -> None:
+        with self._lock:
+            self._records[digest] = record
+            while len(self._records) > DECODED_KEPT:
+                self._records.popitem(last=False)
+
+
+_decoded = _Decoded()
+
+
+def decoded(kinds: tuple[type[R], ...], data: bytes) -> tuple[R | None, bytes | None]:
+    """The record of one of ``kinds`` decoded lately from these very bytes, while it is kept (``_Decoded``), or
+    None; and the bytes' digest, for ``Record.loads`` to keep what it decodes (None: too small to be kept)."""
+    digest = hashlib.sha256(data).digest() if len(data) >= DECODED_BYTES else None
+    found = None if digest is None else _decoded.get(digest)
+    return (cast(R, found) if type(found) in kinds else None), digest
 
 
 P = TypeVar("P", bound="OpenRecord")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import orjson
 
 from tokenization.records.cache import RankCache
-from tokenization.records.codec import PROJECT, Record, RecordError, shown, unless_none
+from tokenization.records.codec import PROJECT, Record, RecordError, decoded, shown, unless_none
 from tokenization.records.contents import ContentsSum
 from tokenization.records.inputs import FileSum, HistogramRow, InputFile, RankCounts, SizedInput
 from tokenization.records.mixtures import SourceCounts, SourceMix
@@ -340,18 +340,22 @@ STAGE_MANIFESTS: tuple[type[StageManifest], ...] = (RankManifest, MergeManifest,
 
 
 def stage_manifest(data: bytes, path: str) -> StageManifest | MergeOutput:
-    """A file of a ``_manifests`` folder: a stage manifest of any stage, or a merge checkpoint, by its format."""
+    """A file of a ``_manifests`` folder: a stage manifest of any stage, or a merge checkpoint, by its format (one
+    read before with the same bytes: as it was decoded then, ``Record.loads``)."""
+    kinds: tuple[type[StageManifest | MergeOutput], ...] = (*STAGE_MANIFESTS, MergeOutput)
+    found, digest = decoded(kinds, data)
+    if found is not None:
+        return found
     try:
         parsed = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise RecordError(path, f"not JSON ({exc})") from None
     tag = parsed.get("format") if isinstance(parsed, dict) else None
-    kinds: tuple[type[StageManifest | MergeOutput], ...] = (*STAGE_MANIFESTS, MergeOutput)
     for kind in kinds:
         if isinstance(tag, str) and tag.startswith(f"{PROJECT}/{kind.KIND}/"):
-            return kind.from_json(parsed, path)
+            return kind.loads(data, path, parsed, digest)
     if isinstance(parsed, dict) and tag is None:
-        return MergeOutput.from_json(parsed, path)  # a checkpoint written before checkpoints had a tag
+        return MergeOutput.loads(data, path, parsed, digest)  # a checkpoint written before checkpoints had a tag
     formats = ", ".join(f"{PROJECT}/{kind.KIND}/N" for kind in kinds)
     raise RecordError(path, f"format {shown(tag)}, not one of {formats}")
 

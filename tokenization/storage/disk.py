@@ -72,8 +72,8 @@ class Disk:
             "created": getattr(out, "st_birthtime", out.st_ctime),
             "islink": link,
         }
-        for key in ("mode", "uid", "gid", "mtime", "ino", "nlink"):
-            result[key] = getattr(out, f"st_{key}")
+        for key in ("mode", "uid", "gid", "mtime", "ino", "nlink", "dev", "mtime_ns", "ctime_ns"):
+            result[key] = getattr(out, f"st_{key}")  # the last three fsspec does not give: ``inputs.local`` takes them
         if link:
             result["destination"] = os.readlink(name)
         return result

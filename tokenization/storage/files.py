@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import errno
 import glob
+import itertools
 import math
 import os
 import shutil
@@ -356,10 +357,33 @@ def _attempt(read: Callable[..., T], *args: object) -> T | Exception:
 
 
 def map_concurrently(fn: Callable[[T], U], items: Sequence[T], workers: int = CONCURRENT_READS) -> list[U]:
-    """``fn`` of each item, in order, on up to ``workers`` threads (for requests that wait, not for computing)."""
+    """``fn`` of each item, in order, on up to ``workers`` threads (for requests that wait, not for computing);
+    every item is done, and the first item's error in their order is raised. Up to ``workers`` items, a future
+    each, on the executor's threads, which it starts only while none is idle; more, and each of ``workers``
+    threads takes the next item itself: a future, its queue and the executor's semaphore cost ~0.1 ms an item
+    under a rank's GIL, its threads queuing on the semaphore's lock (a rank of 25,000 one-line hits maps each hit
+    twice)."""
+    if len(items) <= workers:
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="storage") as pool:
+            futures = [pool.submit(fn, item) for item in items]
+            return [future.result() for future in futures]
+    done: list[tuple[bool, Any]] = [(False, None)] * len(items)
+    taken = itertools.count()  # its ``next`` is atomic: each item is taken once
+
+    def take() -> None:
+        while (k := next(taken)) < len(items):
+            try:
+                done[k] = (True, fn(items[k]))
+            except Exception as exc:
+                done[k] = (False, exc)
+
     with ThreadPoolExecutor(workers, thread_name_prefix="storage") as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        return [future.result() for future in futures]
+        for future in [pool.submit(take) for _ in range(workers)]:
+            future.result()
+    for ok, value in done:
+        if not ok:
+            raise value
+    return [value for _, value in done]
 
 
 @contextmanager

@@ -21,7 +21,6 @@ import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import cached_property
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -99,6 +98,16 @@ def _digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+class _Opened:
+    """A folder's filesystem and path, found the first time they are asked for and kept in the folder: what
+    ``cached_property`` does, without the lock that Python 3.11's holds for every instance of the class while one
+    computes (a rank's threads, each opening a hit's input, a folder each, waited on one another there)."""
+
+    def __get__(self, folder: Folder, owner: type | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+        opened = folder.__dict__["_opened"] = open_fs(folder.url.rstrip("/"), folder.options)
+        return opened  # kept in the folder's own attributes, which are looked up before this (no ``__set__``)
+
+
 @dataclass(frozen=True)
 class Folder:
     """A folder on a local path or an fsspec URL, with the storage options that open it (None: the environment's
@@ -107,9 +116,7 @@ class Folder:
     url: str
     options: StorageOptions | None = field(default=None, compare=False, repr=False)
 
-    @cached_property
-    def _opened(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        return open_fs(self.url.rstrip("/"), self.options)
+    _opened = _Opened()
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:

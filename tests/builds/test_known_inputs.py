@@ -451,3 +451,33 @@ def test_a_split_file_is_hashed_whole_and_said_once_a_rank(tmp_path, sample_toke
         done = in_process(Build.start(config, "third"))
     assert warnings_of(caplog) == []
     assert (done.record.cache.files_hit, done.record.cache.files_missed) == (4, 0)
+
+
+def test_a_folder_named_as_a_ranks_record_is_left_alone(tmp_path, inputs, sample_tokenizer) -> None:
+    """A folder planted under a rank's record's name is no record: the next plan merges the real ones, removes them,
+    and leaves the folder (a plan that tried to remove it failed with a traceback, night after night)."""
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    night(config, "first")
+    records = tmp_path / "out/.cache/inputs"
+    planted = records / sorted(path.name for path in records.iterdir())[0].replace(".00000.", ".planted.")
+    planted.mkdir()
+    assert reading(Build.start(config, "next"))[:2] == (4, 0)
+    assert sorted(path.name for path in records.iterdir() if path.is_file()) == [f"{planted.name.split('.')[0]}.json"]
+    assert planted.is_dir()
+
+
+def test_a_folder_in_place_of_the_inputs_record_is_named_and_its_files_hashed(
+    tmp_path, inputs, sample_tokenizer, caplog
+) -> None:
+    """A folder where the input's record goes: named in the log (the error alone named a file descriptor), and the
+    rows the ranks left beside it are still recognised."""
+    config = config_of(inputs, tmp_path, sample_tokenizer)
+    night(config, "first")
+    records = tmp_path / "out/.cache/inputs"
+    planted = records / f"{sorted(path.name for path in records.iterdir())[0].split('.')[0]}.json"
+    planted.mkdir()
+    with caplog.at_level(logging.WARNING, logger=known.__name__):
+        assert reading(Build.start(config, "next"))[:2] == (4, 0)
+    warnings = [r.getMessage() for r in caplog.records if r.name == known.__name__]
+    assert warnings[0].startswith(f"{planted}: not read (")
+    assert warnings[0].endswith("; its local input files are hashed")

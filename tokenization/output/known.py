@@ -83,8 +83,11 @@ def _read(cache: Cache, name: str, inputs: Sequence[str], files: int) -> dict[st
         known = KnownInputs.loads(data, _url(cache, name))
         if cache.signer is not None and (problem := cache.signer.problem(data)):
             raise RecordError(_url(cache, name), problem, KnownInputs.LABEL)
-    except (OSError, RecordError) as exc:  # a storage error too (StorageError): the ranks hash its files instead
+    except RecordError as exc:  # it names the record
         log.warning("%s; its local input files are hashed", exc)
+        return {}
+    except OSError as exc:  # a storage error too (StorageError), which may not name it (a folder in its place)
+        log.warning("%s: not read (%s); its local input files are hashed", _url(cache, name), exc)
         return {}
     return dict(known.files) if known.inputs == list(inputs) else {}
 
@@ -114,11 +117,12 @@ def _write(cache: Cache, name: str, inputs: Sequence[str], rows: Mapping[str, st
 
 
 def _parts(cache: Cache, inputs: Sequence[str]) -> list[str]:
-    """The ranks' records of ``inputs`` (``remember_part``), by name."""
+    """The ranks' records of ``inputs`` (``remember_part``), by name: files only, since the plan removes those it
+    merged (a folder planted under a record's name would fail every plan that tried)."""
     folder, prefix = _folder(cache), f"{_key(inputs)}.{PART}."
     try:
         with reaching(cache.location):
-            names = folder.list()
+            names = folder.files()
     except OSError as exc:
         log.warning("%s: not listed (%s); the ranks' records of known input files are not read", folder.url, exc)
         return []

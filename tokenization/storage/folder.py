@@ -289,8 +289,16 @@ class Folder:
 
     def folders(self) -> builtins.list[str]:
         """Names of the folders directly inside, from one fresh listing; empty when the folder does not exist."""
+        return self._names(folders=True)
+
+    def files(self) -> builtins.list[str]:
+        """Names of everything directly inside but folders, from one fresh listing: what a file's removal can remove
+        (a folder in a file's name would fail it); empty when the folder does not exist."""
+        return self._names(folders=False)
+
+    def _names(self, folders: bool) -> builtins.list[str]:
         entries = fresh_listing(self.fs, self.path)
-        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory"]
+        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if (e["type"] == "directory") == folders]
 
     def put(
         self, name: str, data: bytes, mode: Condition = PutMode.OVERWRITE, staging: Path | None = None

@@ -1332,3 +1332,24 @@ def test_a_prune_leaves_no_rows_of_what_it_removed_in_the_caches_sizes(tmp_path,
     build(one, out, "second", sample_tokenizer)
     assert "sizes" not in caplog.text
     assert len(json.loads((out / ".cache" / names.SIZES).read_text())["rows"]) == 1
+
+
+@pytest.mark.parametrize("damage", ["folder", "garbage"])
+def test_a_damaged_record_of_sizes_is_named_once_and_the_markers_read(
+    tmp_path, sample_tokenizer, caplog, damage
+) -> None:
+    """A ``sizes.json`` that is a folder (a ``RecordError``, which names it) or no such record (a ``ValueError``,
+    which does not) is warned of with its path once, and the cache is measured from its markers."""
+    source = corpus(tmp_path / "corpus", files=3)
+    out = tmp_path / "builds"
+    build(source, out, "first", sample_tokenizer)
+    sizes = out / ".cache" / names.SIZES
+    sizes.unlink()
+    if damage == "folder":
+        sizes.mkdir()
+    else:
+        sizes.write_text('{"format": "something else"}')
+    caplog.set_level(logging.WARNING, logger="tokenization.output.cache")
+    build(source, out, "second", sample_tokenizer)
+    [line] = [r.getMessage() for r in caplog.records if names.SIZES in r.getMessage()]
+    assert line.count(str(sizes)) == 1 and line.endswith("; the cache's markers are read to measure it")

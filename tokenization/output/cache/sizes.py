@@ -20,6 +20,7 @@ import orjson
 from tokenization.output.cache.listing import markers
 from tokenization.output.cache.names import KEY, SIZES, marker_name
 from tokenization.output.cache.store import Store
+from tokenization.records import RecordError
 
 log = logging.getLogger("tokenization.output.cache")
 
@@ -67,8 +68,9 @@ def _read(store: Store, markers_listed: int) -> dict[str, Row]:
         if not (isinstance(found, dict) and found.get("format") == FORMAT and isinstance(found.get("rows"), dict)):
             raise ValueError(f"not a {FORMAT} record")
         rows = {name: _row(row) for name, row in found["rows"].items()}
-    except (OSError, ValueError, TypeError) as exc:  # a RecordError, a JSON error too
-        log.warning("%s: %s; the cache's markers are read to measure it", url, exc)
+    except (OSError, ValueError, TypeError) as exc:  # a JSON error too
+        problem = exc if isinstance(exc, RecordError) else f"{url}: {exc}"  # a RecordError names the record itself
+        log.warning("%s; the cache's markers are read to measure it", problem)
         return {}
     return rows
 

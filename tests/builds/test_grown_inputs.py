@@ -98,7 +98,7 @@ def test_a_file_grown_by_lines_encodes_only_them_and_builds_the_same_bytes(
     if where == "in a data folder":
         monkeypatch.setattr(names, "INLINE_BYTES", -1)
     inputs = corpus(tmp_path / "in")
-    night(inputs, tmp_path / "on", sample_tokenizer, "first", save_loss=save_loss)
+    first = night(inputs, tmp_path / "on", sample_tokenizer, "first", save_loss=save_loss)
     appended(inputs / "a.jsonl", MORE)
     appended(inputs / "d.jsonl.gz", MORE[:1], gz=True)
     nightly = night(inputs, tmp_path / "on", sample_tokenizer, "next", save_loss=save_loss)
@@ -116,6 +116,9 @@ def test_a_file_grown_by_lines_encodes_only_them_and_builds_the_same_bytes(
         ("a.jsonl", 8, "missing_text"),
         ("a.jsonl", 18, "malformed_json"),
     ]
+    earlier, grown = served(first)["a.jsonl"], how["a.jsonl"]  # what a rate of encoding leaves out: the earlier part
+    assert (grown["reused_text_bytes"], grown["reused_tokens"]) == (earlier["text_bytes"], earlier["tokens"])
+    assert grown["text_bytes"] - grown["reused_text_bytes"] == sum(len(r["text"]) for r in MORE if isinstance(r, dict))
     cache = nightly.record.cache
     assert (cache.files_grown, cache.lines_encoded) == (1, 4)
     assert "2 tokenized (1 of them grown by lines appended: 4 lines of theirs encoded, the rest taken from the " in (

@@ -181,14 +181,14 @@ def _unencoded(ranks: list[RankManifest]) -> str | None:
 
 def _throughput(ranks: list[RankManifest], tokens: int, wall_seconds: float | None) -> dict[str, Any]:
     """The build's rates over its wall time, and a rank's over its own time tokenizing (loading apart), of the
-    text it encoded: the cache's hits aside (none when the ranks encoded nothing, ``unencoded`` says why)."""
+    text it encoded: what the cache gave aside (none when the ranks encoded nothing, ``unencoded`` says why)."""
     text_bytes = sum(r.counts.text_bytes for r in ranks)
-    hits = [f for r in ranks if r.cache for f in r.cache.files if f.hit]
+    taken = [f.taken() for r in ranks if r.cache for f in r.cache.files]  # a hit's, a grown file's earlier part
     ranks_rate = manifest.throughput(
         sum(r.seconds for r in ranks),
         sum(r.tokenizer.load_seconds or 0 for r in ranks),
-        text_bytes - sum(f.text_bytes for f in hits),
-        sum(r.counts.tokens for r in ranks) - sum(f.tokens for f in hits),
+        text_bytes - sum(t for t, _ in taken),
+        sum(r.counts.tokens for r in ranks) - sum(n for _, n in taken),
     )
     unencoded = _unencoded(ranks)
     return {

@@ -291,7 +291,11 @@ def tokenize_rank(
         # what it gave is the planned bytes' tokens, so only the encoded files are looked at again
         check_unchanged([s.file for s in segments if s.encoded], config.storage_options, remembered)
         seconds = round(time.time() - started, 3)  # the manifest's and the rates' figure: work, not publishing
-        encoded = total([s for s in segments if s.encoded])  # the rates are of encoding: the cache's hits aside
+        taken = [s.cached.taken() for s in segments if s.cached is not None]  # the rates are of encoding alone
+        encoded_text, encoded_tokens = (
+            counts.text_bytes - sum(t for t, _ in taken),
+            counts.tokens - sum(n for _, n in taken),
+        )
         record = RankManifest(
             stage="tokenize",
             **manifest.provenance(config, seconds, RankParams),
@@ -308,7 +312,7 @@ def tokenize_rank(
                 counts.record(), contents_out=ContentsSum.of(written_contents(written)), tokens_not_chosen=not_chosen
             ),
             outputs=_outputs(config, counts, written),
-            throughput=manifest.throughput(seconds, encoder.load_seconds, encoded.text_bytes, encoded.tokens),
+            throughput=manifest.throughput(seconds, encoder.load_seconds, encoded_text, encoded_tokens),
             # cast: with a cache, every segment says how the cache served it (``FirstPass``)
             cache=RankCache(location=location, files=cast("list[CachedInput]", [s.cached for s in segments]))
             if location

@@ -308,7 +308,9 @@ class FirstPass:
             segment = replace(segment, counts=without_loss(segment.counts, hit.counts.contents + plain.result()))
         lines = added.counts.docs_read + added.counts.blank_lines
         how = served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
-        return replace(segment, cached=replace(how, appended_lines=lines))
+        earlier = hit.counts  # taken from the cache: no rate of encoding counts them
+        how = replace(how, appended_lines=lines, reused_text_bytes=earlier.text_bytes, reused_tokens=earlier.tokens)
+        return replace(segment, cached=how)
 
     def _encode(
         self,

@@ -9,6 +9,7 @@ import functools
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -18,7 +19,7 @@ from tokenization.errors import StorageError, reaching
 from tokenization.inputs import grown
 from tokenization.inputs.formats import InputError
 from tokenization.inputs.listing import InputListing, identity
-from tokenization.inputs.local import MTIME, LocalFile
+from tokenization.inputs.local import MTIME
 from tokenization.records import InputFile, PlanReading
 from tokenization.storage import checksums
 from tokenization.storage.concurrent import map_concurrently
@@ -241,12 +242,10 @@ def difference(planned: InputFile, now: InputFile, remembered: Remembered | None
 def _as_planned(planned: InputFile, path: str) -> bool:
     """Whether the local file at ``path`` is, by its ``stat``, the one ``planned`` (``difference`` has nothing to
     say of it); False for any other (changed, gone, no regular file), which ``check_unchanged`` then names."""
-    try:
-        now = LocalFile.of(path)
-    except InputError:
-        return False
-    listed = now.identity
-    return now.size == planned.size and (planned.identity == listed or planned.identity.startswith(f"{listed},"))
+    st = _stat(path)
+    return (
+        st is not None and stat.S_ISREG(st.st_mode) and planned.identity.startswith(MTIME) and _as_listed(planned, st)
+    )
 
 
 def _fields(local: str) -> dict[str, str]:

@@ -464,6 +464,25 @@ def test_ctrl_c_at_any_moment_of_a_build_is_one_line(tmp_path, sample_tokenizer,
     }, done.stderr
 
 
+def test_ctrl_c_inside_code_made_from_a_string_exits_130(tmp_path) -> None:
+    """A Ctrl-C landing while a lazy import makes a dataclass (``exec`` of its methods' source) left CPython's mark of
+    an unhandled interrupt set: the command said its one line, then killed itself with SIGINT (-2, not 130)."""
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import dataclasses, sys\n"
+        "from tokenization.cli import main\n"
+        "from tokenization.cli.commands import COMMANDS\n"
+        'stopped = dataclasses.replace(COMMANDS["verify"], run=lambda args: exec("raise KeyboardInterrupt"))\n'
+        'COMMANDS["verify"] = stopped\n'
+        "sys.exit(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_exec", "verify", "out"], capture_output=True, text=True, cwd=tmp_path
+    )
+    said = "interrupted: tokenization verify stopped; an unfinished attempt's files stay for the next run to resume or "
+    said += "clear"
+    assert (done.returncode, done.stderr.splitlines()) == (130, [said]), done.stderr
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.3])
 def test_ctrl_c_stops_any_command_in_one_line(tmp_path, sample_tokenizer, delay: float) -> None:
     """Interrupted as its attempt begins, and as the tokenizer loads: gigatoken, in the main thread, turned a

@@ -137,6 +137,14 @@ def interrupted(args: argparse.Namespace) -> str:
     )
 
 
+def _forget_unhandled_interrupt() -> None:
+    """CPython marks a KeyboardInterrupt as unhandled when it leaves code run from a string (``exec``, ``eval``: each
+    dataclass and namedtuple a module makes as it imports) even when a caller catches it, and ``python -m`` then
+    ends by killing itself with SIGINT: exit status -2, not 130 (a Ctrl-C landing in a lazy import did, one build in
+    ten on a loaded machine). Any string run to its end clears the mark."""
+    eval("None")
+
+
 def _above_bars() -> contextlib.AbstractContextManager[Any]:
     """Log lines above a progress bar, not through it. Bars are drawn only on a terminal (``progress``), so
     elsewhere (a task log, a pipe) nothing is redirected and tqdm is not imported: a stage starts sooner."""
@@ -163,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Stopped: a later Ctrl-C (pressed again, or one held back meanwhile) is ignored, so that the exit ends as
         # 130; the interpreter's exit puts SIGINT's default action back, and one then ended a CI run's build on it
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _forget_unhandled_interrupt()
         print(interrupted(args), file=sys.stderr)
         return INTERRUPTED
     except BrokenPipeError:  # its output piped into a reader that stopped early (``| head``): nothing to report

@@ -7,6 +7,7 @@ a rank fails, or not, at the same record either way.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Callable, Collection
@@ -18,6 +19,7 @@ from typing import TypeVar, cast
 import numpy as np
 
 from tokenization.formats.ds import LOSS_DTYPE, TokenFile, TokenFileError, TokenFileWriter
+from tokenization.inputs.content import hashed_now, taken_from_row
 from tokenization.inputs.formats import file_format
 from tokenization.progress import Progress
 from tokenization.records import CacheEntry, InputFile, Rejected
@@ -44,6 +46,8 @@ from tokenization.storage.concurrent import map_concurrently
 from tokenization.storage.folder import writing
 from tokenization.tokenizer.counts import Counts, RejectTally
 from tokenization.tokenizer.encoding import Encoder
+
+log = logging.getLogger(__name__)
 
 CACHED = "cached"  # a hit's files as fetched, in a folder of their own: read, never written through (hard links)
 S = TypeVar("S", TokenFile, Loaded)
@@ -153,7 +157,7 @@ class CacheHits:
             if self._ahead[k] is None:
                 continue  # found unfit already
             if isinstance(sample := samples[k], str):
-                self._unfit(k, sample)
+                self._unfit(k, sample, of_its_input=True)
             elif sample is not None:
                 by_source.setdefault(self._source(k), []).append((k, sample))
         for source, sampled in by_source.items():
@@ -163,7 +167,7 @@ class CacheHits:
             for (k, _), problem in zip(sampled, verdicts, strict=True):
                 self._spent(k, share)
                 if problem is not None:
-                    self._unfit(k, problem)
+                    self._unfit(k, problem, of_its_input=True)
         self._write_runs(hits)
 
     def _held_together(self, hits: list[int]) -> list[int]:
@@ -263,11 +267,23 @@ class CacheHits:
         file, _, entry = self._found[k]
         return check.sample(cast("CacheEntry", entry), checked.segment, checked.quarantine, file, places)
 
-    def _unfit(self, k: int, problem: str) -> None:
-        """Hit ``k`` found unfit: its entry removed, its file to be tokenized in its turn."""
+    def _unfit(self, k: int, problem: str, of_its_input: bool = False) -> None:
+        """Hit ``k`` found unfit: its file to be tokenized in its turn, and its entry removed, unless the entry
+        disagrees ``of_its_input`` (its sample) only because it is another file's: its plan took the file's sha256
+        from a remembered row (``taken_from_row``) that its bytes, hashed now, belie (a row forged or damaged). That
+        entry is sound, its own file's; the miss then stores this file's under its real sha256, and corrects the row
+        (``first_pass``)."""
         file, _, entry = self._found[k]
-        self.cache.cache.discard(cast("CacheEntry", entry), problem, file.name)
         self._ahead[k] = None
+        if of_its_input and (taken := taken_from_row(file)) is not None and hashed_now(file)[0] != taken:
+            log.info(
+                "%s: the cache entry its plan's sha256 %s named is another file's, kept: %s",
+                file.url,
+                taken,
+                problem,
+            )
+            return
+        self.cache.cache.discard(cast("CacheEntry", entry), problem, file.name)
 
     def _spent(self, k: int, seconds: float) -> None:
         """Seconds more that checking hit ``k`` took, as its manifest counts them."""

@@ -79,3 +79,22 @@ def test_a_row_forged_with_another_inputs_sha256_removes_no_entry(tmp_path, samp
     assert (after["cache"]["files_hit"], after["cache"]["files_missed"]) == (3, 0)
     without = build(inputs, tmp_path / "off", sample_tokenizer, "forged", "--cache", "off")
     assert forged["digest"] == without["digest"]
+
+
+def test_the_summary_and_the_report_count_the_rows_corrected(tmp_path, sample_tokenizer) -> None:
+    """Rows found wrong by hashing (one naming another input's sha256, one naming none) are counted in
+    ``_BUILD.json``'s cache record, and said in the summary and the report; the next night, none is."""
+    inputs = corpus(tmp_path / "in")
+    out, cache = tmp_path / "out", tmp_path / "out/.cache"
+    build(inputs, out, sample_tokenizer, "first")
+    forge(cache, str(inputs / "a.jsonl"), hashlib.sha256((inputs / "b.jsonl").read_bytes()).hexdigest())
+    forge(cache, str(inputs / "c.jsonl"), "f" * 64)
+
+    forged = build(inputs, out, sample_tokenizer, "forged")
+    assert forged["cache"]["rows_corrected"] == 2
+    assert "cache: 2 remembered identities were wrong and corrected" in forged["stdout"].splitlines()
+    report = (out / "forged/report.html").read_text()
+    assert '<th>remembered identities wrong and corrected</th><td data-key="rows_corrected">2</td>' in report
+    after = build(inputs, out, sample_tokenizer, "after")
+    assert "rows_corrected" not in after["cache"] and "corrected" not in after["stdout"]
+    assert 'data-key="rows_corrected"' not in (out / "after/report.html").read_text()

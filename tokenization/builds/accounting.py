@@ -185,6 +185,7 @@ def cache_summary(rank_manifests: list[RankManifest], plan: PlanReading | None =
     served = [f for cache in caches for f in cache.files]
     hits = [f for f in served if f.hit]
     grown = [f.appended_lines for f in served if f.appended_lines is not None]
+    corrected = {f.url for f in served if f.content is not None}  # a split file's parts name it once
     return CacheSummary(
         location=caches[0].location,
         files_hit=len(hits),
@@ -200,6 +201,7 @@ def cache_summary(rank_manifests: list[RankManifest], plan: PlanReading | None =
         else sum(f.bytes for f in served if f.input_read),
         files_grown=len(grown) or None,
         lines_encoded=sum(grown) if grown else None,
+        rows_corrected=len(corrected) or None,
     )
 
 

@@ -340,6 +340,13 @@ def cache_line(cache: CacheSummary, parts: bool = False) -> str:
     return line
 
 
+def _corrected(rows: int) -> str:
+    """``1 remembered identity was wrong and corrected``: rows of known input files that named another sha256 than
+    their files' bytes (forged or damaged), which the ranks that read those files corrected."""
+    identities = counted(rows, "remembered identity", "remembered identities")
+    return f"{identities} {'was' if rows == 1 else 'were'} wrong and corrected"
+
+
 def _kept(build: BuildRecord) -> list[str]:
     """The summary's line on the shuffles' proof (none for a build made before contents were recorded)."""
     read, merge = build.stages.tokenize.contents_in, build.stages.merge
@@ -402,6 +409,8 @@ def summary(build: BuildRecord) -> str:
         lines.insert(3, f"inputs: the plan's {counted(inputs.files, 'file')}, {read} read once{later}")
     if build.cache:
         lines.append(f"cache: {cache_line(build.cache, parts=bool(split_mb))}")
+        if build.cache.rows_corrected:  # a line of its own: a forged or damaged row is news
+            lines.append(f"cache: {_corrected(build.cache.rows_corrected)}")
     if build.footprint:
         lines.append(f"storage: {footprint.described(build.footprint)}")
     folder, _ = file_at(build.dataset)  # the run folder: it holds the dataset's folder, the report and the data path

@@ -149,6 +149,9 @@ class CacheSummary(Record):
     # lines of theirs encoded; None: no file did
     files_grown: int | None = field(default=None, metadata=unless_none())
     lines_encoded: int | None = field(default=None, metadata=unless_none())
+    # the local files whose remembered row named another sha256 than their bytes' (forged or damaged), found by their
+    # ranks' hashing and corrected for the next night; None: none was
+    rows_corrected: int | None = field(default=None, metadata=unless_none())
 
     @property
     def reused(self) -> float | None:

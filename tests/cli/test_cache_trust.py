@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -98,3 +99,27 @@ def test_the_summary_and_the_report_count_the_rows_corrected(tmp_path, sample_to
     after = build(inputs, out, sample_tokenizer, "after")
     assert "rows_corrected" not in after["cache"] and "corrected" not in after["stdout"]
     assert 'data-key="rows_corrected"' not in (out / "after/report.html").read_text()
+
+
+def test_a_grown_files_earlier_part_counts_as_reused_and_its_ranks_loading_is_said(tmp_path, sample_tokenizer) -> None:
+    """A file grown by a line: its earlier bytes and tokens, taken from the cache, count as input and tokens reused
+    (they counted as none); its rank took HF's tokenizer as its process held it (the plan's), so its "tokenizer
+    loading" of 0.00 s says so."""
+    inputs = tmp_path / "in"
+    corpus(inputs)
+    for name in ["b.jsonl", "c.jsonl"]:
+        (inputs / name).unlink()
+    grown = inputs / "a.jsonl"
+    first = build(inputs, tmp_path / "out", sample_tokenizer, "first")
+    earlier = grown.stat().st_size
+    with open(grown, "a") as out:
+        out.write('{"text": "one more line appended"}\n')
+
+    record = build(inputs, tmp_path / "out", sample_tokenizer, "next")
+    cache = record["cache"]
+    assert (cache["files_hit"], cache["files_missed"], cache["files_grown"]) == (0, 1, 1)
+    assert (cache["bytes_reused"], cache["tokens_reused"]) == (earlier, first["tokens"])
+    assert "(0.0% of the bytes, 0 tokens)" not in record["stdout"]
+    report = (tmp_path / "out/next/report.html").read_text()
+    assert f'data-key="bytes_reused">{earlier / 1000:.1f} kB ({earlier / grown.stat().st_size:.1%})' in report
+    assert re.search(r"[0-9.]+ s \(HF&#39;s, loaded earlier in its process\)</td>", report)

@@ -255,6 +255,8 @@ def _rank_row(rank: RankManifest) -> dict[str, Any]:
         # a rank that took every file from the cache built no engine: its reading of the tokenizer file is no
         # "tokenizer loading" (the engine column says none)
         "load_seconds": None if rank.tokenizer.engine == NO_ENGINE else rank.tokenizer.load_seconds,
+        # HF's tokenizer taken as its process held it (the plan's, or an earlier rank's): not loaded by this rank
+        "tokenizer_held": bool(rank.tokenizer.tokenizer_held) and rank.tokenizer.engine != NO_ENGINE,
         "text_mb_per_s": rates.text_mb_per_s,
         "tokens_per_s": rates.tokens_per_s,
         "unencoded": unencoded,

@@ -26,9 +26,10 @@ class CachedInput(Record):
     # a miss that grew by lines appended since its earlier bytes' entry (``inputs.grown``): the lines encoded, its
     # other documents taken from that entry; None: encoded whole, or a hit
     appended_lines: int | None = field(default=None, metadata=unless_none())
-    # and of its text bytes and tokens, those of the earlier documents, taken from that entry, not encoded
+    # and of its bytes, text bytes and tokens, those of the earlier documents, taken from that entry, not encoded
     reused_text_bytes: int | None = field(default=None, metadata=unless_none())
     reused_tokens: int | None = field(default=None, metadata=unless_none())
+    reused_bytes: int | None = field(default=None, metadata=unless_none())  # None: before it was recorded
     # a miss whose bytes' sha256 is not the one its plan took from a remembered row (a row forged or damaged): its
     # content identity as its rank read it (``sha256=...``), the one its key covers; None: the plan's is
     content: str | None = field(default=None, metadata=unless_none())
@@ -39,6 +40,12 @@ class CachedInput(Record):
         if self.hit:
             return self.text_bytes, self.tokens
         return self.reused_text_bytes or 0, self.reused_tokens or 0
+
+    def reused(self) -> tuple[int, int]:
+        """The input bytes and tokens of the file that the cache gave: a hit's all, a grown file's earlier ones."""
+        if self.hit:
+            return self.bytes, self.tokens
+        return self.reused_bytes or 0, self.reused_tokens or 0
 
 
 @dataclass(frozen=True, kw_only=True)

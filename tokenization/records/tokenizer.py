@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenization.records.codec import Record
+from tokenization.records.codec import Record, unless_none
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +26,9 @@ class TokenizerInfo(Record):
     engine_note: str | None = None
     self_checked_docs: int = 0
     load_seconds: float | None = None
+    # HF's tokenizer was not loaded but taken as the process held it (its plan's, or an earlier rank's): loading it
+    # cost this stage nothing; None: loaded, or never needed
+    tokenizer_held: bool | None = field(default=None, metadata=unless_none())
     memory_budget_mb: int | None = None  # the resident memory the fast engine kept its process within
     engine_reloads: int = 0  # times it dropped its cache to stay within it
     engine_reload_seconds: float = 0.0

@@ -152,6 +152,7 @@ class Encoder:
         self.checked_docs = 0  # pieces HF encoded again to check the engine, in the batches taken so far
         self._docs_prepared = 0  # the run's documents and pieces prepared so far: where the next batch starts
         self._pieces_prepared = 0
+        self.tokenizer_held = False  # HF's tokenizer taken as this process held it, loaded by its plan or a rank
         self.load_seconds = round(time.perf_counter() - started, 3)  # reported apart from the work's rates
 
     @property
@@ -195,6 +196,7 @@ class Encoder:
         the policy says), loaded when first used; loading counts as loading."""
         started = time.perf_counter()
         if self._planned:  # the one an earlier rank of this process loaded
+            self.tokenizer_held = reused.held(self.file, self.policy)
             tokenizer = reused.policy_applied(self.file, self.policy)
         else:
             tokenizer = self.file.tokenizer
@@ -289,6 +291,7 @@ class Encoder:
             engine_note=self.engine_note if self._engine else NO_ENGINE_NOTE,
             self_checked_docs=self.checked_docs,
             load_seconds=self.load_seconds,
+            tokenizer_held=self.tokenizer_held or None,
             memory_budget_mb=self.budget.limit >> 20,
             engine_reloads=fast.reloads if (fast := self._fast) else 0,
             engine_reload_seconds=round(fast.reload_seconds, 3) if fast else 0.0,

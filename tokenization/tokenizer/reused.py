@@ -21,10 +21,16 @@ _last: tuple[tuple[str, str], Tokenizer] | None = None  # (sha256, policy), and 
 def policy_applied(file: TokenizerFile, policy: EncodingPolicy) -> Tokenizer:
     """HF's tokenizer of ``file`` with ``policy`` applied: the one this process made last when both are the same."""
     global _last
-    key = (file.sha256, repr(policy))
-    if _last is not None and _last[0] == key:
+    if _last is not None and held(file, policy):
         return _last[1]
+    key = (file.sha256, repr(policy))
     tokenizer = file.tokenizer
     policy.apply_to(tokenizer)
     _last = (key, tokenizer)
     return tokenizer
+
+
+def held(file: TokenizerFile, policy: EncodingPolicy) -> bool:
+    """Whether this process holds HF's tokenizer of ``file`` with ``policy`` applied already (``policy_applied``
+    then loads nothing)."""
+    return _last is not None and _last[0] == (file.sha256, repr(policy))

@@ -309,7 +309,13 @@ class FirstPass:
         lines = added.counts.docs_read + added.counts.blank_lines
         how = served(file, key.digest, segment.counts, hit=False, seconds=seconds, read=True)
         earlier = hit.counts  # taken from the cache: no rate of encoding counts them
-        how = replace(how, appended_lines=lines, reused_text_bytes=earlier.text_bytes, reused_tokens=earlier.tokens)
+        how = replace(
+            how,
+            appended_lines=lines,
+            reused_text_bytes=earlier.text_bytes,
+            reused_tokens=earlier.tokens,
+            reused_bytes=self._grown[i].offset,
+        )
         return replace(segment, cached=how)
 
     def _encode(

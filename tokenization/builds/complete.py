@@ -126,7 +126,7 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
         _write_data_path(folder, config.folder(record.dataset), config.mixed)
     folder.put(BUILD_MANIFEST, record.dumps())
     output = config.folder(config.output)
-    newest = point_latest(output)
+    newest = point_latest(output, folder.name)
     deleted = expire(output, keep, {newest, folder.url}) if keep else []
     cleaned = _clean_cache(config) if keep else None
     if keep and (deleted or (cleaned and cleaned.entries)):  # (neither without keep)

@@ -338,6 +338,42 @@ def test_a_large_record_read_again_with_its_bytes_is_decoded_once_and_other_byte
     assert PlannedInputs.loads(small, "e.json") is not PlannedInputs.loads(small, "e.json")  # cheap: not kept
 
 
+def test_a_decoded_record_shared_by_its_readers_cannot_be_changed_by_one() -> None:
+    """The same bytes give every reader one record (kept decoded): a frozen dataclass, whose lists and dicts were
+    plain ones, so a reader that sorted or appended to them changed every other's record, and what it held was no
+    longer what the file holds. Its lists and dicts (typed fields, an open record's extra keys, ``Any`` values)
+    refuse any change; they are read, compared, copied, pickled and written back as ever."""
+    import copy
+    import pickle
+
+    from tokenization.records import InputFile, PlannedInputs, StageParams
+
+    files = [InputFile(url=f"/in/{k:05d}.jsonl", size=k, identity=f"mtime_ns={k}") for k in range(2000)]
+    data = orjson.dumps(PlannedInputs(files=files, skipped=[], hidden=0).to_json())
+    shared = PlannedInputs.loads(data, "a.json")
+    changes = [
+        lambda: shared.files.append(files[0]),
+        lambda: shared.files.sort(key=lambda f: f.size, reverse=True),
+        lambda: shared.files.__setitem__(0, files[1]),
+        lambda: shared.files.__delitem__(slice(0, 10)),
+        lambda: shared.files.clear(),
+    ]
+    for change in changes:
+        with pytest.raises(TypeError, match=r"a decoded record's .* cannot be changed"):
+            change()
+    again = PlannedInputs.loads(data, "b.json")
+    assert again is shared and again.files == files and again.dumps() == PlannedInputs.loads(data, "c").dumps()
+    assert copy.deepcopy(shared) == pickle.loads(pickle.dumps(shared)) == shared
+    assert sorted(shared.files, key=lambda f: -f.size)[0] == files[-1] and [*shared.files] == files
+
+    params = StageParams.from_json({"user": {"tags": ["a"], "n": 1}}, "p.json")
+    with pytest.raises(TypeError):
+        params.extra["user"]["tags"].append("b")
+    with pytest.raises(TypeError):
+        params.extra["other"] = 1
+    assert orjson.loads(orjson.dumps(params.to_json()))["user"] == {"tags": ["a"], "n": 1}
+
+
 def test_a_run_read_again_is_refused_once_its_claim_is_another_plans(tmp_path, sample_corpus, sample_tokenizer) -> None:
     """Each step reads the run's claim again (``Run.of``), kept decoded between reads: a claim replaced meanwhile
     by another plan's is refused, naming both digests, however often the first was read."""

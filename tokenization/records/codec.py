@@ -16,6 +16,9 @@ An open record (``OpenRecord``: a stage's params) names the keys its readers use
 as it read it: a key it does not name is no error, and a field its JSON did not hold reads as its default and is
 not written back, so that a record an older version wrote is written back byte for byte (a plan's digest is of its
 JSON).
+
+A decoded record is read, never changed: the same bytes give every reader the one record (``_Decoded``), so its
+lists and dicts, at any depth, refuse any change (a ``TypeError``); a reader builds what it needs of them anew.
 """
 
 from __future__ import annotations
@@ -28,7 +31,19 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, ClassVar, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Literal,
+    NoReturn,
+    TypeVar,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 import orjson
 
@@ -52,6 +67,46 @@ class RecordError(TokenizationError, ValueError):
 
 
 R = TypeVar("R", bound="Record")
+
+
+def _refused(self: object, *args: object, **kwargs: object) -> NoReturn:
+    raise TypeError(f"a decoded record's {type(self).__name__} cannot be changed: it may be shared (``_Decoded``)")
+
+
+if TYPE_CHECKING:  # to a type checker, what they are read as
+    _FrozenList = list
+    _FrozenDict = dict
+else:
+
+    class _FrozenList(list):
+        """A decoded record's list: a list to every reader (orjson writes it as one), which nothing can change. The
+        same bytes decode to one record, shared by every caller while it is kept (``_Decoded``): a change one made
+        would be every other's, and no longer what the file holds."""
+
+        __slots__ = ()
+        append = extend = insert = pop = remove = clear = sort = reverse = _refused
+        __setitem__ = __delitem__ = __iadd__ = __imul__ = _refused
+
+        def __reduce__(self) -> tuple[type, tuple[list]]:  # a copy or a pickle, made whole
+            return _FrozenList, (list(self),)
+
+    class _FrozenDict(dict):
+        """A decoded record's dict (``_FrozenList``'s reasons)."""
+
+        __slots__ = ()
+        __setitem__ = __delitem__ = __ior__ = setdefault = update = pop = popitem = clear = _refused
+
+        def __reduce__(self) -> tuple[type, tuple[dict]]:
+            return _FrozenDict, (dict(self),)
+
+
+def _frozen(value: Any) -> Any:
+    """A JSON value as read (an open record's extra keys, an ``Any`` field), its arrays and objects frozen."""
+    if type(value) is list:
+        return _FrozenList([_frozen(v) for v in value])
+    if type(value) is dict:
+        return _FrozenDict({k: _frozen(v) for k, v in value.items()})
+    return value
 
 
 def json_name(name: str) -> dict[str, Any]:
@@ -135,8 +190,8 @@ class _Decoded:
     """The last large records decoded, by the sha256 of their bytes (not the bytes: a plan of 100,000 files is
     21 MB of them). A build's process reads its claim (its plan, every input file's row) and its ranks' manifests
     several times, each time checked afresh (a replaced run folder is refused): the same bytes decode to the same
-    record, which is immutable, so only the read and the hash are repeated. Other bytes are decoded, and checked, as
-    the first were."""
+    record, which is immutable (its lists and dicts too: ``_FrozenList``), so only the read and the hash are
+    repeated. Other bytes are decoded, and checked, as the first were."""
 
     def __init__(self) -> None:
         self._records: OrderedDict[bytes, Record] = OrderedDict()
@@ -319,7 +374,7 @@ def _decode_record(cls: type, data: dict[str, Any], reading: _Reading, at: At) -
         elif reading.strict or not f.has_default:
             raise reading.error((at, ".", f.key), "is missing")
     if is_open:
-        values |= {"extra": {k: v for k, v in data.items() if k not in known}, "absent": frozenset(absent)}
+        values |= {"extra": _frozen({k: v for k, v in data.items() if k not in known}), "absent": frozenset(absent)}
     elif reading.strict and (unknown := set(data) - known):
         first = min(unknown)
         raise reading.error((at, ".", first), "is not a field of this format")
@@ -341,7 +396,7 @@ def _decode(hint: Any, value: object, reading: _Reading, at: At) -> Any:
         fitting = [option for option in options if _fits(option, value)] or options[-1:]
         return _decode(fitting[0], value, reading, at)
     if hint is Any:
-        return value
+        return _frozen(value)
     if origin is Literal:
         if value not in args:
             raise reading.error(at, f"is {shown(value)}, not one of {', '.join(map(shown, args))}")
@@ -354,12 +409,12 @@ def _decode(hint: Any, value: object, reading: _Reading, at: At) -> Any:
         if not isinstance(value, list):
             raise reading.error(at, f"is {shown(value)}, not an array")
         (item,) = args
-        return [_decode(item, v, reading, (at, "[]", i)) for i, v in enumerate(value)]
+        return _FrozenList([_decode(item, v, reading, (at, "[]", i)) for i, v in enumerate(value)])
     if origin is dict:
         if not isinstance(value, dict):
             raise reading.error(at, f"is {shown(value)}, not an object")
         _, item = args
-        return {k: _decode(item, v, reading, (at, "{}", k)) for k, v in value.items()}
+        return _FrozenDict({k: _decode(item, v, reading, (at, "{}", k)) for k, v in value.items()})
     expected = (int, float) if hint is float else hint
     if not isinstance(value, expected) or (isinstance(value, bool) and hint is not bool):
         raise reading.error(at, f"is {shown(value)}, not {JSON_TYPES[hint]}")

@@ -168,6 +168,21 @@ def test_three_nightly_builds_keep_two_and_name_the_last(tmp_path, sample_corpus
     assert str(tmp_path / "night-1") in (tmp_path / "night-3" / "report.html").read_text().replace("<wbr>", "")
 
 
+def test_a_publish_killed_before_it_pointed_latest_points_it_when_run_again(
+    tmp_path, sample_corpus, sample_tokenizer
+) -> None:
+    """A build killed between its ``_BUILD.json`` and ``LATEST`` is complete; run again under its build id, it was
+    "published already" and left ``LATEST`` on the build before it, until another build published."""
+    config = BuildConfig(
+        input=str(sample_corpus), output=str(tmp_path), tokenizer=str(sample_tokenizer), num_ranks=1, context_window=0
+    )
+    Build.start(config, "night-1").run()
+    Build.start(config, "night-2").run()
+    (tmp_path / LATEST).write_text("night-1\n")  # where the killed publish left it
+    again = Build.start(config, "night-2").run()
+    assert again.latest == str(tmp_path / "night-2") and (tmp_path / LATEST).read_text() == "night-2\n"
+
+
 @pytest.mark.parametrize("build_id", ["LATEST", "latest"])
 def test_latest_is_refused_as_a_build_id_before_any_work(tmp_path, sample_corpus, sample_tokenizer, build_id) -> None:
     """Issue 37: a build under the id LATEST ran every stage, then failed to publish (IsADirectoryError), and so did

@@ -108,12 +108,13 @@ def publish(config: BuildConfig, run: Run, keep: int | None = None) -> Published
     complete build and, with ``keep``, delete the complete builds older than the newest ``keep`` (listed in the
     report); last, remove the intermediate token files the record names. A publish that fails leaves no
     ``_BUILD.json`` behind, not even an earlier one. A build published already is returned as it is, once the
-    removal its record names is done (one cut short is finished then)."""
+    removal its record names is done and ``LATEST`` pointed (either cut short is finished then)."""
     folder = config.folder(run.run_dir)
     if (done := published(config, run)) is not None:
         log.info("%s is published already: nothing to publish again", folder.url)
         footprint.remove(Layout(folder), done.record.removed)
-        return done
+        # a publish cut short before it pointed LATEST (killed): pointed now, at the cost of two records
+        return replace(done, latest=point_latest(config.folder(config.output), folder.name))
     try:
         ranks = accounting.rank_manifests(Layout(folder).ranks, config.num_ranks)  # read once: each is a file's row
         record = build_record(config, run, ranks)

@@ -21,6 +21,10 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
+# As the CLI and the deployment run the stages (``tokenization.cli``, docker-compose.yaml): numpy's OpenBLAS threads,
+# which spin after its import and serve no stage, held to one. datatrove's workloads run under the same setting.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 
 @dataclass(frozen=True)
 class Inputs:

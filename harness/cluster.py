@@ -351,6 +351,7 @@ class Cluster:
                 "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
                 "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "OPENBLAS_NUM_THREADS": "1",  # as docker-compose.yaml sets it for the tasks
                 "AIRFLOW__CORE__HOSTNAME_CALLABLE": "harness.cluster.worker_hostname",
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",

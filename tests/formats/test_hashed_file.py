@@ -44,3 +44,25 @@ def test_a_durable_files_writeback_starts_once_its_bytes_add_up_to_a_mib(tmp_pat
     assert [offset for offset, _ in started] == [0, *ends[:-1]]  # contiguous, in order
     assert all(length >= WRITEBACK_BYTES for _, length in started)
     assert ends[-1] == sum(sizes) - 2_005 and len(started) == 2  # a MiB of small blocks; the rest with the large one
+
+
+@pytest.mark.parametrize("given_mib", [3, 40])
+def test_a_files_expected_bytes_are_allocated_before_they_come_and_the_rest_freed_at_close(tmp_path, given_mib) -> None:
+    """Told it will hold 40 MiB, a durable file has their blocks before its first byte (its size still 0, so no
+    reader sees bytes that never came); given 3 MiB only, it keeps no block past its end once closed."""
+    path, expected = tmp_path / "f.bin", 40 << 20
+    block = np.random.default_rng(0).integers(0, 256, given_mib << 20, dtype=np.uint8)
+    with HashedFile(path, expected=expected) as hashed:
+        if not hashed._reserved:
+            pytest.skip(f"{tmp_path}'s filesystem allocates no blocks ahead (fallocate)")
+        assert path.stat().st_size == 0 and path.stat().st_blocks * 512 >= expected
+        hashed.write(block)
+    assert path.read_bytes() == block.tobytes()
+    assert path.stat().st_blocks * 512 < block.nbytes + (1 << 20)  # 40 MiB allocated, 3 MiB kept
+
+
+def test_a_working_file_allocates_nothing_ahead(tmp_path) -> None:
+    """Nothing publishes a working file (``durable=False``): it is written as it comes, without a reservation."""
+    with HashedFile(tmp_path / "f.bin", durable=False, expected=40 << 20) as hashed:
+        assert hashed._reserved == 0 and (tmp_path / "f.bin").stat().st_blocks == 0
+        hashed.write(np.zeros(10, np.uint8))

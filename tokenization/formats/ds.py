@@ -168,12 +168,14 @@ class TokenFileWriter(FinishOrAbandon):
         observe: Observer | None = None,
         keep_pieces: KeptPieces | None = None,
         keep_hashes: bool = False,
+        expected_tokens: int = 0,
     ):
         """``observe(tokens, ends, loss, found)``: called with every block written, in order, on the contents' thread (a
         stage's own check, ``stages.verify.OwnCheck``, checks the blocks there instead of reading the file back).
         ``keep_pieces``: where the pieces it names (``chosen``) go as they are hashed (``formats.kept``);
         ``keep_hashes``: each index entry's hash too, which a mixture's sidecar gives its source
-        (``formats.sidecar``)."""
+        (``formats.sidecar``); ``expected_tokens``: the tokens it will be given, when the caller knows (their files'
+        blocks are allocated at once: ``HashedFile``)."""
         self.path = Path(path)
         self.observe = observe
         self.dtype = token_dtype(token_size)
@@ -181,9 +183,10 @@ class TokenFileWriter(FinishOrAbandon):
         self.token_size = token_size
         self.tokens = 0
         self.index_entries = 0
-        self._ds = HashedFile(self.path, durable)
+        self._ds = HashedFile(self.path, durable, expected_tokens * token_size)
         self._index = HashedFile(self.path.with_name(self.path.name + ".index"), durable)
-        self._loss = HashedFile(self.path.with_name(self.path.name + ".loss"), durable) if save_loss else None
+        loss_path = self.path.with_name(self.path.name + ".loss")
+        self._loss = HashedFile(loss_path, durable, expected_tokens * LOSS_DTYPE.itemsize) if save_loss else None
         keep, into = (None, None) if keep_pieces is None else (keep_pieces.chosen, keep_pieces.add)
         self.contents = ContentsHasher(keep=keep, hashes=keep_hashes, into=into)
         self._hashing = InOrder("contents")
@@ -362,7 +365,8 @@ class SplitWriter(FinishOrAbandon):
     that brings it to ``max_tokens`` with ``close_at_limit`` (datatrove's merger rule); either way a file
     exceeds the limit by less than one unit. The next file opens only when another unit arrives, so there is
     never an empty trailing file. ``on_close(file, units)`` is called as each file is finished, with the number
-    of units written so far: the merge publishes and checkpoints there.
+    of units written so far: the merge publishes and checkpoints there. ``expected_tokens``: the stream's, when the
+    caller knows them, which each file is told of as it opens (as many as it can take).
     """
 
     def __init__(
@@ -380,6 +384,7 @@ class SplitWriter(FinishOrAbandon):
         observe: Callable[[Path], Observer] | None = None,
         keep_pieces: KeptPieces | None = None,
         keep_hashes: bool = False,
+        expected_tokens: int = 0,
     ):
         self.directory = Path(directory)
         self.name_for = name_for
@@ -395,6 +400,7 @@ class SplitWriter(FinishOrAbandon):
         self.observe = observe  # the observer of each file, by its path (``TokenFileWriter``)
         self.written: list[WrittenTokenFile] = []
         self.units = 0
+        self._expected = expected_tokens  # of the stream, less those given to the files closed already
         self._current: TokenWriter | None = None  # a writer_class: TokenFileWriter or one with its interface
 
     def write(self, tokens: np.ndarray, unit_ends: np.ndarray, index_ends: np.ndarray, loss: np.ndarray | None) -> None:
@@ -405,7 +411,8 @@ class SplitWriter(FinishOrAbandon):
             if self._current is None:
                 path = self.directory / self.name_for(len(self.written))
                 watched = {} if self.observe is None else {"observe": self.observe(path)}
-                self._current = self.writer_class(path, **self.options, **watched)
+                expected = {"expected_tokens": min(self._expected, self.max_tokens or self._expected)}
+                self._current = self.writer_class(path, **self.options, **watched, **expected)
             cut, full = len(tokens), False
             if self.max_tokens:
                 room = self.max_tokens - self._current.tokens
@@ -424,6 +431,7 @@ class SplitWriter(FinishOrAbandon):
             raise RuntimeError("SplitWriter: no file is open to finish")
         written = self._current.close()
         self._current = None
+        self._expected -= written.tokens
         self.written.append(written)
         if self.on_close is not None:
             self.on_close(written, self.units)

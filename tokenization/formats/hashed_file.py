@@ -17,7 +17,7 @@ import numpy as np
 
 from tokenization.records.inputs import FileSum
 from tokenization.storage.checksums import ALGORITHM, checksum, hasher
-from tokenization.storage.folder import start_writeback, writing
+from tokenization.storage.folder import reserve_space, start_writeback, writing
 
 if TYPE_CHECKING:
     from typing import Self
@@ -120,13 +120,16 @@ class HashedFile(FinishOrAbandon):
     waits, so memory stays bounded by two blocks. A ``durable`` file's blocks go to the kernel's writeback at once,
     so ``close``'s fsync waits for the last blocks, not for the whole file (small blocks go once they add up to
     ``WRITEBACK_BYTES``); a working file that nothing publishes is not synced (a crash loses its attempt anyway).
+    A durable file's ``expected`` bytes, when its writer knows them, have their blocks allocated at once
+    (``reserve_space``); what is left past its end at ``close`` is freed.
     """
 
-    def __init__(self, path: Path, durable: bool = True):
+    def __init__(self, path: Path, durable: bool = True, expected: int = 0):
         self.path = path
         self.durable = durable
         with writing(path):
             self.handle = open(path, "wb")  # noqa: SIM115 - closed in close()
+            self._reserved = expected if durable and reserve_space(self.handle.fileno(), expected) else 0
         self.digest = hasher()
         self.size = 0
         self._unsynced = 0  # where the bytes whose writeback is not started yet begin
@@ -157,6 +160,8 @@ class HashedFile(FinishOrAbandon):
                 self._writer.wait()
                 self._hasher.wait()
                 self.handle.flush()
+                if self._reserved > self.size:  # blocks allocated past the end: freed
+                    os.ftruncate(self.handle.fileno(), self.size)
                 if self.durable:
                     os.fsync(self.handle.fileno())
         finally:

@@ -39,13 +39,13 @@ class MegatronWriter(FinishOrAbandon):
     Memory: 4 bytes a sequence for the lengths, until close.
     """
 
-    def __init__(self, path: Path, *, tokenizer: str, token_size: int, save_loss: bool):
+    def __init__(self, path: Path, *, tokenizer: str, token_size: int, save_loss: bool, expected_tokens: int = 0):
         if save_loss:
             raise TokenFileError("Megatron's indexed dataset has no loss mask: use the .ds format to save loss")
         self.path = Path(path)
         self.code, self.dtype = CODES[token_size]
         self.tokens = 0
-        self._bin = HashedFile(self.path)
+        self._bin = HashedFile(self.path, expected=expected_tokens * token_size)
         self._lengths: list[np.ndarray] = []
         self._last_end = 0
         self.contents = ContentsHasher()

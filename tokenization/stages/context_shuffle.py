@@ -317,6 +317,7 @@ def _one_file(
         observe=lambda path: own.watch(path, pseudo),
         keep_pieces=parts,
         keep_hashes=source.sources is not None,  # a mixture's: its sidecar gives them their sources
+        expected_tokens=int((units[2] - units[1]).sum()),
     )
     inputs = attempt.work / "inputs" / name  # a file's own: its proof, which deletes it, runs beside the next's moves
     pool = SourcePool(

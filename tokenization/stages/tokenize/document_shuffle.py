@@ -143,7 +143,8 @@ def _write(
     mix: _Mix | None = None,
 ) -> list[WrittenTokenFile]:
     """These units, in this order, into the files ``_writer`` makes (with a mixture's sidecars, given ``mix``)."""
-    with _writer(config, encoder, work, name_for, last=last, mixed=mix is not None) as writer:
+    tokens = int((units.ends - units.starts).sum())
+    with _writer(config, encoder, work, name_for, tokens, last=last, mixed=mix is not None) as writer:
         move_units(pool, *units, writer)
     if mix is None:
         return writer.written
@@ -169,13 +170,14 @@ def _writer(
     encoder: Encoder,
     work: Path,
     name_for: Callable[[int], str],
+    tokens: int,
     *,
     last: bool,
     mixed: bool = False,
 ) -> SplitWriter:
-    """A writer of files named ``name_for(sub)``: the rank's own (``last``: split at ``max_tokens_per_file``, in
-    its format), or one working file for the pass after; a mixture's (``mixed``) keeps each entry's hash, which
-    its sidecar gives its source."""
+    """A writer of ``tokens`` into files named ``name_for(sub)``: the rank's own (``last``: split at
+    ``max_tokens_per_file``, in its format), or one working file for the pass after; a mixture's (``mixed``) keeps
+    each entry's hash, which its sidecar gives its source."""
     return SplitWriter(
         work,
         name_for,
@@ -185,6 +187,7 @@ def _writer(
         max_tokens=config.max_tokens_per_file if last else None,
         writer_class=config.writer_class if last else TokenFileWriter,
         keep_hashes=mixed,
+        expected_tokens=tokens,
     )
 
 
@@ -210,8 +213,8 @@ def _chunk_shuffle(
         counts.tokens_dropped += tail
     elif tail:
         counts.partial_chunk_tokens = tail
-    writer = _writer(config, encoder, work, config.output_name, last=True)
     kept = prefix_end(chunk_ends, len(order))  # the dropped tail aside
+    writer = _writer(config, encoder, work, config.output_name, kept, last=True)
     cuts = sorted_union(doc_ends[doc_ends <= kept], chunk_ends[: len(order)])
     pool = SourcePool([str(source)], encoder.token_size, config.save_loss)
     with pool, meanwhile(contents_of, pool, 0, (cuts, kept)) as contents:  # the rank file read again, meanwhile

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from functools import partial
 from typing import Any
 from unittest.mock import patch
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -141,3 +145,30 @@ def test_a_block_buffer_is_given_again_only_once_nothing_holds_it() -> None:
         assert blocks.take(800).ctypes.data != address
         held.pop()
     assert blocks.take(800).ctypes.data == address
+
+
+def test_blocks_are_gathered_two_at_once_and_handed_on_in_their_order() -> None:
+    """The moves gather two blocks at once (their reads release the GIL) and never more ahead of the writer; the
+    writer takes them in their order, and a block that fails to gather fails the move where it comes, after the
+    blocks before it."""
+    running, most, made = [0], [0], list[int]()
+    lock = threading.Lock()
+
+    def gathered(k: int) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            made.append(k)
+        time.sleep(0.002 * (k % 3))  # later blocks often done first
+        with lock:
+            running[0] -= 1
+        if k == 7:
+            raise ValueError("block 7 cannot be read")
+        return k
+
+    taken: list[int] = []
+    with pytest.raises(ValueError, match="block 7"):
+        for k in moves._ahead((partial(gathered, k) for k in range(12)), moves.GATHERED_AT_ONCE):
+            assert len(made) <= len(taken) + 1 + moves.GATHERED_AT_ONCE  # this one, and two ahead at most
+            taken.append(k)
+    assert taken == list(range(7)) and most[0] == moves.GATHERED_AT_ONCE

@@ -9,8 +9,11 @@ moved unit move with it. No Python runs per unit or per token.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -30,6 +33,7 @@ BLOCK_TOKENS = 1 << 22  # tokens gathered per write: 8-16 MiB of output; 1 Mi-to
 # cheaper than one call a unit as soon as units are a few hundred bytes. (Memory maps cost more here: ~6-20 us a
 # scattered unit in faults and in dropping the pages again to keep resident memory flat.)
 SPAN_READ_MAX_WASTE = 2
+GATHERED_AT_ONCE = 2  # blocks gathered at once, each on a thread, where no file is closed meanwhile (``move_units``)
 
 T = TypeVar("T")
 
@@ -107,11 +111,13 @@ def move_units(
 
     ``inner[s]`` (sorted) are the index entries of source ``s`` to carry along, such as document ends inside
     chunks. A unit longer than ``block_tokens`` is copied in slices, so memory is bounded by the block size,
-    not by the largest unit. Each block is gathered on a thread of its own while the caller hands the one before
+    not by the largest unit. Blocks are gathered on threads of their own while the caller hands the one before
     to the writer (``_ahead``): the reads, one a unit in a shuffle, are most of the caller's work, and they release
-    the GIL.
+    the GIL. Two are gathered at once where the pool never closes a file (``SourcePool.closes_files``): one
+    gathering thread was busy ~75% of a context shuffle, the writing and hashing threads waiting on it.
     """
-    for block in _ahead(_blocks(pool, source, starts, ends, inner, block_tokens)):
+    depth = 1 if pool.closes_files else GATHERED_AT_ONCE
+    for block in _ahead(_blocks(pool, source, starts, ends, inner, block_tokens), depth):
         writer.write(block.tokens, block.unit_ends, block.entries, block.loss)
         if progress is not None:
             progress.advance(len(block.tokens), units=block.units, tokens=len(block.tokens))
@@ -135,8 +141,9 @@ def _blocks(
     ends: np.ndarray,
     inner: Sequence[np.ndarray] | None,
     block_tokens: int,
-) -> Iterator[_Block]:
-    """``move_units``' blocks, in order: whole units of at most ``block_tokens`` tokens, or slices of a longer one."""
+) -> Iterator[Callable[[], _Block]]:
+    """``move_units``' blocks, in order, each as the call that gathers it: whole units of at most ``block_tokens``
+    tokens, or slices of a longer one."""
     source = np.asarray(source)  # any integer type: packed windows name their two sources in a byte
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
@@ -148,17 +155,19 @@ def _blocks(
         if b == a + 1 and out_ends[a] - base > block_tokens:
             yield from _long_unit(pool, int(source[a]), int(starts[a]), int(ends[a]), inner, block_tokens)
         else:
-            yield _gathered(pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, inner)
+            yield partial(_gathered, pool, source[a:b], starts[a:b], ends[a:b], out_ends[a:b] - base, inner)
         a = b
 
 
-def _ahead(items: Iterator[T]) -> Iterator[T]:
-    """``items``, each made on a thread of its own while the caller uses the one before (at most one ahead); an
-    error making one is raised where the caller asks for it."""
-    with ThreadPoolExecutor(1, thread_name_prefix="gather") as thread:
-        following = thread.submit(next, items, None)
-        while (item := following.result()) is not None:
-            following = thread.submit(next, items, None)
+def _ahead(makers: Iterator[Callable[[], T]], depth: int) -> Iterator[T]:
+    """What ``makers`` make, in order, each made on a thread of its own while the caller uses the ones before (at
+    most ``depth`` ahead); an error making one is raised where the caller asks for it."""
+    with ThreadPoolExecutor(depth, thread_name_prefix="gather") as threads:
+        pending = deque(threads.submit(make) for make in islice(makers, depth))
+        while pending:
+            item = pending.popleft().result()
+            if (make := next(makers, None)) is not None:
+                pending.append(threads.submit(make))
             yield item
 
 
@@ -322,18 +331,25 @@ def _moved_inner_ends(inner: np.ndarray, starts: np.ndarray, ends: np.ndarray, o
 
 def _long_unit(
     pool: SourcePool, s: int, start: int, end: int, inner: Sequence[np.ndarray] | None, block_tokens: int
-) -> Iterator[_Block]:
-    """One unit too large for a block as consecutive slices; it stays one unit for file splitting."""
+) -> Iterator[Callable[[], _Block]]:
+    """One unit too large for a block as consecutive slices, each the call that reads it; it stays one unit for
+    file splitting."""
     for piece_start in range(start, end, block_tokens):
-        piece_end = min(end, piece_start + block_tokens)
-        entries = np.empty(0, dtype=np.int64)
-        if inner is not None:
-            lo, hi = np.searchsorted(inner[s], [piece_start, piece_end], side="right")
-            entries = inner[s][lo:hi].astype(np.int64)
-            entries = entries[entries < end] - piece_start
-        unit_ends = np.array([piece_end - piece_start] if piece_end == end else [], dtype=np.int64)
-        tokens, loss = pool.read(s, piece_start, piece_end)
-        yield _Block(tokens, unit_ends, np.concatenate([entries, unit_ends]), loss, len(unit_ends))
+        yield partial(_slice, pool, s, piece_start, min(end, piece_start + block_tokens), end, inner)
+
+
+def _slice(
+    pool: SourcePool, s: int, piece_start: int, piece_end: int, end: int, inner: Sequence[np.ndarray] | None
+) -> _Block:
+    """Tokens ``[piece_start, piece_end)`` of source ``s``, a slice of the long unit that ends at ``end``."""
+    entries = np.empty(0, dtype=np.int64)
+    if inner is not None:
+        lo, hi = np.searchsorted(inner[s], [piece_start, piece_end], side="right")
+        entries = inner[s][lo:hi].astype(np.int64)
+        entries = entries[entries < end] - piece_start
+    unit_ends = np.array([piece_end - piece_start] if piece_end == end else [], dtype=np.int64)
+    tokens, loss = pool.read(s, piece_start, piece_end)
+    return _Block(tokens, unit_ends, np.concatenate([entries, unit_ends]), loss, len(unit_ends))
 
 
 def permute_units(

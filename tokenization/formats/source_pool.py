@@ -34,23 +34,25 @@ class Blocks:
     """Buffers of blocks of bytes, each used again once nothing holds it (no view of it is alive: its reference
     count says so), so that a block's bytes go to pages already mapped. A new buffer of a few MiB costs the
     kernel's faults and the zeroing of its pages (huge pages here): ~7% of a context shuffle's CPU, and on the
-    thread that moves the bytes. A writer holds a block until its threads have written and hashed it: a few are in
-    use at once; past ``keep`` buffers, a block gets a new one."""
+    thread that moves the bytes. A writer holds a block until its threads have written and hashed it, and two are
+    gathered at once: a few are in use at once; past ``keep`` buffers, a block gets a new one."""
 
-    def __init__(self, keep: int = 4):
+    def __init__(self, keep: int = 6):
         self.keep = keep
         self._made: list[np.ndarray] = []
         self._idle = _references([np.empty(0, np.uint8)])[0]  # a buffer only the list holds, on this Python
+        self._taking = threading.Lock()  # blocks are gathered on two threads at once: one buffer to one of them
 
     def take(self, nbytes: int) -> np.ndarray:
         """``nbytes`` uint8 bytes nothing else holds (their content left as it was)."""
-        for buffer, references in zip(self._made, _references(self._made), strict=True):
-            if references == self._idle and buffer.nbytes >= nbytes:
-                return buffer[:nbytes]
-        buffer = np.empty(-(-nbytes // BLOCK_ROUND) * BLOCK_ROUND, np.uint8)
-        if len(self._made) < self.keep:
-            self._made.append(buffer)
-        return buffer[:nbytes]
+        with self._taking:
+            for buffer, references in zip(self._made, _references(self._made), strict=True):
+                if references == self._idle and buffer.nbytes >= nbytes:
+                    return buffer[:nbytes]
+            buffer = np.empty(-(-nbytes // BLOCK_ROUND) * BLOCK_ROUND, np.uint8)
+            if len(self._made) < self.keep:
+                self._made.append(buffer)
+            return buffer[:nbytes]
 
 
 def _references(arrays: list[np.ndarray]) -> list[int]:
@@ -89,19 +91,27 @@ class SourcePool:
         self.max_open = max_open
         self.cache_dir = cache_dir
         self._open: OrderedDict[int, _Source] = OrderedDict()
+        self._opening = threading.Lock()  # blocks are gathered on two threads at once where no file is closed
         self._checked: set[int] = set()  # sources whose files were checked once: opening one again is two opens
         self._fetching = threading.Lock()  # a remote source is copied once, whichever thread asks first
         self._loss_reader = ThreadPoolExecutor(1, thread_name_prefix="read-loss") if with_loss else None
         self.blocks = blocks or (Blocks(), Blocks())
 
+    @property
+    def closes_files(self) -> bool:
+        """Whether the pool may close a file to open another (more sources than ``max_open``): a file read by one
+        thread could be closed by another, so its blocks are gathered one at a time (``moves.move_units``)."""
+        return len(self.urls) > self.max_open
+
     def _source(self, i: int) -> _Source:
-        if i in self._open:
-            self._open.move_to_end(i)
+        with self._opening:
+            if i in self._open:
+                self._open.move_to_end(i)
+                return self._open[i]
+            while len(self._open) >= self.max_open:
+                self._open.popitem(last=False)[1].close()
+            self._open[i] = self.private(i)
             return self._open[i]
-        while len(self._open) >= self.max_open:
-            self._open.popitem(last=False)[1].close()
-        self._open[i] = self.private(i)
-        return self._open[i]
 
     def private(self, i: int) -> _Source:
         """Source ``i`` opened with descriptors of its own, outside the pool's: the caller closes it. A thread may

@@ -65,13 +65,13 @@ ASSUMED = "assumption"
 # one rank on generated web text (whose vocabulary grows as web text's; the corpus repeated warms the encoder's
 # caches), the context shuffle of its 4 GB result's merged file, and the merge of 8 ranks of ~400-token documents
 # at 2.4 GB (a bucket merge interleaves many ranks' documents; the scale table's merge reads one rank's file).
-SCALE_RUN = "2026-12-04"
+SCALE_RUN = "2026-12-06"
 SCALE_TABLE = f"bench/RESULTS.md of {SCALE_RUN}, table 'Cost as the work grows'"
 MEMORY_TABLE = f"bench/RESULTS.md of {SCALE_RUN}, table 'Peak RSS as the input grows'"
 TOKENIZE_ROW = f"{SCALE_TABLE}, row tokenize + doc shuffle, gpt2, 4.00 GB of text"
 CONTEXT_ROW = f"{SCALE_TABLE}, row context shuffle, 3.27 GB of tokens (the 4.00 GB of text)"
 MERGE_ROW = f"{MEMORY_TABLE}, row merge, 2397.1"
-VERIFY_ROW = "bench/RESULTS.md of 2026-12-04 (make bench), row verify"
+VERIFY_ROW = "bench/RESULTS.md of 2026-12-06 (make bench), row verify"
 SAMPLE_RANK = "measured: a sample rank, 16 vs 64 buckets"
 GPT2_LOAD = "bench/RESULTS.md, tokenizer load, gpt2"
 S3_GUIDELINES = "AWS, S3 performance guidelines: a request a 85-90 MB/s"
@@ -145,15 +145,15 @@ class Scenario:
     max_map_length: int = arg(4096, "Airflow's [core] max_map_length (compose and make airflow set 4096)")
     poke_s: float = arg(10, "wait_for_shards poke interval, s (dags/tokenize_corpus.py)")
     # Measured on the 2-core benchmark VM
-    tokenize_mb_s: float = arg(52.8, "tokenize: MB of text a second", TOKENIZE_ROW)
-    tokenize_rss_mb: float = arg(847, "tokenize: peak RSS, MB (within its memory budget, 1,024 MB)", TOKENIZE_ROW)
+    tokenize_mb_s: float = arg(65.4, "tokenize: MB of text a second", TOKENIZE_ROW)
+    tokenize_rss_mb: float = arg(839, "tokenize: peak RSS, MB (within its memory budget, 1,024 MB)", TOKENIZE_ROW)
     rank_load_s: float = arg(0.16, "tokenize: loading the tokenizer (HF and gigatoken), s", GPT2_LOAD)
-    merge_mb_s: float = arg(428.8, "merge: MB of tokens a second", MERGE_ROW)
-    merge_rss_mb: float = arg(287, "merge: peak RSS besides its arrays, MB", MERGE_ROW)
-    context_mb_s: float = arg(320.7, "context shuffle: MB of tokens a second", CONTEXT_ROW)
-    context_rss_mb: float = arg(328, "context shuffle: peak RSS, MB", CONTEXT_ROW)
-    verify_mb_s: float = arg(693.7, "verify (in publish): MB of tokens a second", VERIFY_ROW)
-    verify_rss_mb: float = arg(165, "verify: peak RSS, MB", VERIFY_ROW)
+    merge_mb_s: float = arg(613.9, "merge: MB of tokens a second", MERGE_ROW)
+    merge_rss_mb: float = arg(219, "merge: peak RSS besides its arrays, MB", MERGE_ROW)
+    context_mb_s: float = arg(885.3, "context shuffle: MB of tokens a second", CONTEXT_ROW)
+    context_rss_mb: float = arg(184, "context shuffle: peak RSS, MB", CONTEXT_ROW)
+    verify_mb_s: float = arg(1124.8, "verify (in publish): MB of tokens a second", VERIFY_ROW)
+    verify_rss_mb: float = arg(167, "verify: peak RSS, MB", VERIFY_ROW)
     marker_bytes: float = arg(391, "a rank's completion marker, bytes a bucket", SAMPLE_RANK)
     manifest_bytes: float = arg(682, "a rank's manifest, bytes a bucket", SAMPLE_RANK)
     marker_ram_bytes: float = arg(1333, "markers, parsed, bytes of RAM a bucket", "measured: tracemalloc")

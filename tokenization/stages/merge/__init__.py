@@ -45,7 +45,7 @@ from tokenization.records import (
 )
 from tokenization.stages.merge.config import MergeConfig
 from tokenization.stages.merge.inputs import MergeInputs
-from tokenization.stages.merge.moves import move
+from tokenization.stages.merge.moves import InputNotAsRecorded, move
 from tokenization.stages.merge.plan import Mixed, Prepared, prepare
 from tokenization.stages.merge.resume import Checkpoints, completed_files, remove_outputs
 from tokenization.storage.checksums import ALGORITHM, checksum
@@ -78,7 +78,7 @@ def merge(
         )
         try:
             read = move(config, prepared, attempt, checkpoints, progress)
-        except ShuffleCheckFailed:  # a resumed merge would keep the files: none of them may be trusted
+        except (ShuffleCheckFailed, InputNotAsRecorded):  # a resumed merge would keep the files: none is trusted
             remove_outputs(attempt, config, keep=set())
             raise
         tails = int(prepared.tails.sum())

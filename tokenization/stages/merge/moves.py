@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tokenization.formats.contents import Contents, check_kept, sorted_union
-from tokenization.formats.ds import SplitWriter
+from tokenization.formats.ds import SplitWriter, TokenFileError
 from tokenization.formats.moves import move_units
 from tokenization.formats.source_pool import SourcePool, contents_of, uses_contents
 from tokenization.output.attempts import Attempt
@@ -17,6 +17,10 @@ from tokenization.stages.merge.resume import Checkpoints
 from tokenization.storage.concurrent import meanwhile
 
 UNITS_PER_SLICE = 1 << 20  # ordering entries turned into byte moves at a time
+
+
+class InputNotAsRecorded(TokenFileError):
+    """An input of the merge is not the file its record describes: the files merged from it are not trusted."""
 
 
 def move(
@@ -67,8 +71,25 @@ def move(
                     chunk_starts = units.counts[pending] * units.chunk
                     move_units(pool, pending, chunk_starts, prepared.tokens[pending], writer, inner, progress=shown)
             read, kept = contents.result()
+        if kept != checkpoints.contents and mix is None:  # a bug, unless an input is not what its record says
+            _refuse_inputs_not_as_recorded(prepared, pool)
     check_kept(f"merge {config.stem}", kept, checkpoints.contents)
     return read
+
+
+def _refuse_inputs_not_as_recorded(prepared: Prepared, pool: SourcePool) -> None:
+    """Read every input that has a record again, and refuse the first whose bytes are not what it records: the
+    proof took the inputs' contents from their records, so an input changed since its stage wrote it would
+    otherwise read as a bug of the merge."""
+    for f, recorded in enumerate(prepared.recorded):
+        if recorded is None:
+            continue
+        (held,) = contents_of(pool, f, (prepared.inputs.file_ends(f), int(prepared.tokens[f])))
+        if held != recorded.value:
+            raise InputNotAsRecorded(
+                f"{prepared.inputs.urls[f]}: holds {held.describe()}, its manifest records "
+                f"{recorded.value.describe()}: it is not the file its stage wrote"
+            )
 
 
 def _input_contents(prepared: Prepared, pool: SourcePool) -> tuple[Contents, Contents]:

@@ -169,13 +169,15 @@ class TokenFileWriter(FinishOrAbandon):
         keep_pieces: KeptPieces | None = None,
         keep_hashes: bool = False,
         expected_tokens: int = 0,
+        cached: bool = True,
     ):
         """``observe(tokens, ends, loss, found)``: called with every block written, in order, on the contents' thread (a
         stage's own check, ``stages.verify.OwnCheck``, checks the blocks there instead of reading the file back).
         ``keep_pieces``: where the pieces it names (``chosen``) go as they are hashed (``formats.kept``);
         ``keep_hashes``: each index entry's hash too, which a mixture's sidecar gives its source
         (``formats.sidecar``); ``expected_tokens``: the tokens it will be given, when the caller knows (their files'
-        blocks are allocated at once: ``HashedFile``)."""
+        blocks are allocated at once: ``HashedFile``); ``cached``: False for a build's last files, whose tokens and
+        loss bytes go past the page cache (``HashedFile``)."""
         self.path = Path(path)
         self.observe = observe
         self.dtype = token_dtype(token_size)
@@ -183,10 +185,11 @@ class TokenFileWriter(FinishOrAbandon):
         self.token_size = token_size
         self.tokens = 0
         self.index_entries = 0
-        self._ds = HashedFile(self.path, durable, expected_tokens * token_size)
+        self._ds = HashedFile(self.path, durable, expected_tokens * token_size, cached)
         self._index = HashedFile(self.path.with_name(self.path.name + ".index"), durable)
         loss_path = self.path.with_name(self.path.name + ".loss")
-        self._loss = HashedFile(loss_path, durable, expected_tokens * LOSS_DTYPE.itemsize) if save_loss else None
+        loss_bytes = expected_tokens * LOSS_DTYPE.itemsize
+        self._loss = HashedFile(loss_path, durable, loss_bytes, cached) if save_loss else None
         keep, into = (None, None) if keep_pieces is None else (keep_pieces.chosen, keep_pieces.add)
         self.contents = ContentsHasher(keep=keep, hashes=keep_hashes, into=into)
         self._hashing = InOrder("contents")
@@ -366,7 +369,8 @@ class SplitWriter(FinishOrAbandon):
     exceeds the limit by less than one unit. The next file opens only when another unit arrives, so there is
     never an empty trailing file. ``on_close(file, units)`` is called as each file is finished, with the number
     of units written so far: the merge publishes and checkpoints there. ``expected_tokens``: the stream's, when the
-    caller knows them, which each file is told of as it opens (as many as it can take).
+    caller knows them, which each file is told of as it opens (as many as it can take); ``cached``: as
+    ``TokenFileWriter``'s.
     """
 
     def __init__(
@@ -385,6 +389,7 @@ class SplitWriter(FinishOrAbandon):
         keep_pieces: KeptPieces | None = None,
         keep_hashes: bool = False,
         expected_tokens: int = 0,
+        cached: bool = True,
     ):
         self.directory = Path(directory)
         self.name_for = name_for
@@ -393,6 +398,8 @@ class SplitWriter(FinishOrAbandon):
             self.options["keep_pieces"] = keep_pieces
         if keep_hashes:  # a TokenFileWriter's option: a mixture's files
             self.options["keep_hashes"] = True
+        if not cached:  # a TokenFileWriter's option: a build's last files
+            self.options["cached"] = False
         self.max_tokens = max_tokens
         self.side: Literal["left", "right"] = "left" if close_at_limit else "right"
         self.on_close = on_close

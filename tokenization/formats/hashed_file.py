@@ -11,12 +11,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
 from tokenization.records.inputs import FileSum
 from tokenization.storage.checksums import ALGORITHM, checksum, hasher
+from tokenization.storage.direct import DirectFile
 from tokenization.storage.folder import reserve_space, start_writeback, writing
 
 if TYPE_CHECKING:
@@ -121,14 +122,16 @@ class HashedFile(FinishOrAbandon):
     so ``close``'s fsync waits for the last blocks, not for the whole file (small blocks go once they add up to
     ``WRITEBACK_BYTES``); a working file that nothing publishes is not synced (a crash loses its attempt anyway).
     A durable file's ``expected`` bytes, when its writer knows them, have their blocks allocated at once
-    (``reserve_space``); what is left past its end at ``close`` is freed.
+    (``reserve_space``); what is left past its end at ``close`` is freed. A durable file not ``cached`` is written
+    past the page cache (``storage.direct``): a build's last files, which nothing on this machine reads next.
     """
 
-    def __init__(self, path: Path, durable: bool = True, expected: int = 0):
+    def __init__(self, path: Path, durable: bool = True, expected: int = 0, cached: bool = True):
         self.path = path
         self.durable = durable
         with writing(path):
-            self.handle = open(path, "wb")  # noqa: SIM115 - closed in close()
+            direct = None if cached or not durable else DirectFile.create(path)
+            self.handle: BinaryIO | DirectFile = direct or open(path, "wb")  # noqa: SIM115 - closed in close()
             self._reserved = expected if durable and reserve_space(self.handle.fileno(), expected) else 0
         self.digest = hasher()
         self.size = 0
@@ -146,6 +149,9 @@ class HashedFile(FinishOrAbandon):
         self.size += len(view)
 
     def _append(self, view: memoryview, offset: int) -> None:
+        if isinstance(self.handle, DirectFile):  # whole: it writes a stage at a time, each on its way to the disk
+            self.handle.write(view)
+            return
         for start in range(0, len(view), WRITE_PIECE):
             self.handle.write(view[start : start + WRITE_PIECE])
         self.handle.flush()
@@ -159,7 +165,10 @@ class HashedFile(FinishOrAbandon):
             with writing(self.path):
                 self._writer.wait()
                 self._hasher.wait()
-                self.handle.flush()
+                if isinstance(self.handle, DirectFile):
+                    self.handle.finish()
+                else:
+                    self.handle.flush()
                 if self._reserved > self.size:  # blocks allocated past the end: freed
                     os.ftruncate(self.handle.fileno(), self.size)
                 if self.durable:

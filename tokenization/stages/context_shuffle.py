@@ -318,7 +318,7 @@ def _one_file(
         keep_pieces=parts,
         keep_hashes=source.sources is not None,  # a mixture's: its sidecar gives them their sources
         expected_tokens=int((units[2] - units[1]).sum()),
-        cached=False,  # a build's last files: nothing here reads them next (publish and verify: the checks above)
+        cached=False,  # a build's last files: read again only by publish's MDS export, when asked (in order)
     )
     inputs = attempt.work / "inputs" / name  # a file's own: its proof, which deletes it, runs beside the next's moves
     pool = SourcePool(

@@ -19,6 +19,7 @@ from tests.support.checksums import resum
 from tokenization.builds.accounting import dataset_digest
 from tokenization.builds.run import Build
 from tokenization.formats.contents import ContentsHasher, factors, sourced
+from tokenization.formats.ds import TokenFileError
 from tokenization.records import Contents
 from tokenization.storage.folder import Folder
 
@@ -145,3 +146,22 @@ def test_two_swapped_sources_fail_verify_naming_their_file(run_dir) -> None:
     assert [line.split(": ")[0] for line in lines if " its manifest records " in line] == [
         str(sidecar.parent / family)
     ], lines
+
+
+def test_a_mixture_merge_input_changed_since_its_rank_wrote_it_is_named_and_nothing_published(
+    tmp_path, sample_tokenizer
+) -> None:
+    """A mixture's merge hashes its inputs as it reads them: one whose bytes are not what its rank recorded (one bit
+    of a token flipped after the rank wrote it) is refused naming it, before a window is cut, where publish alone
+    noticed it (as a piece changed somewhere on the way); no merged file stays behind for a resume to keep."""
+    build = Build.start(config(tmp_path, sample_tokenizer, spec(write_sources(tmp_path / "sources"), 60_000)), "mix")
+    for rank in build.ranks:
+        build.tokenize(rank, progress=False)
+    changed = sorted(Path(build.layout.ranks.path).glob("*.ds"))[1]
+    data = bytearray(changed.read_bytes())
+    data[1001] ^= 1
+    changed.write_bytes(bytes(data))
+    with pytest.raises(TokenFileError, match=rf"^{changed}: holds .*, its manifest records .*: it is not the file"):
+        build.merge(progress=False)
+    merged = Path(build.layout.merged.path)
+    assert not list(merged.glob("*.ds")) and not list(merged.glob("_completions/*"))

@@ -72,7 +72,7 @@ def move(
                     move_units(pool, pending, chunk_starts, prepared.tokens[pending], writer, inner, progress=shown)
             read, kept = contents.result()
         if kept != checkpoints.contents and mix is None:  # a bug, unless an input is not what its record says
-            _refuse_inputs_not_as_recorded(prepared, pool)
+            _refuse_inputs_not_as_recorded(prepared, pool)  # (a mixture's were held to their records as they were read)
     check_kept(f"merge {config.stem}", kept, checkpoints.contents)
     return read
 
@@ -85,11 +85,17 @@ def _refuse_inputs_not_as_recorded(prepared: Prepared, pool: SourcePool) -> None
         if recorded is None:
             continue
         (held,) = contents_of(pool, f, (prepared.inputs.file_ends(f), int(prepared.tokens[f])))
-        if held != recorded.value:
-            raise InputNotAsRecorded(
-                f"{prepared.inputs.urls[f]}: holds {held.describe()}, its manifest records "
-                f"{recorded.value.describe()}: it is not the file its stage wrote"
-            )
+        _refuse_unless_recorded(prepared, f, held)
+
+
+def _refuse_unless_recorded(prepared: Prepared, f: int, held: Contents) -> None:
+    """Refuse input ``f`` when it has a record and its bytes, which hold ``held``, are not what it records."""
+    recorded = prepared.recorded[f]
+    if recorded is not None and held != recorded.value:
+        raise InputNotAsRecorded(
+            f"{prepared.inputs.urls[f]}: holds {held.describe()}, its manifest records "
+            f"{recorded.value.describe()}: it is not the file its stage wrote"
+        )
 
 
 def _input_contents(prepared: Prepared, pool: SourcePool) -> tuple[Contents, Contents]:
@@ -121,12 +127,13 @@ def _input_contents(prepared: Prepared, pool: SourcePool) -> tuple[Contents, Con
 def _mixed_contents(prepared: Prepared, mix: Mixed, pool: SourcePool) -> tuple[Contents, Contents]:
     """What a mixture's merge read (its inputs whole), and what its files must hold: each document as many times
     as it is used, each of its source, hashed from the input files (a document's hash is not in its rank's
-    records)."""
+    records); an input whose record says otherwise is refused, naming it (its whole is what its rank recorded)."""
     read = kept = Contents()
     offsets = prepared.inputs.offsets
     for f in range(len(prepared.inputs.urls)):
         uses, sources = (mine[offsets[f] : offsets[f + 1]] for mine in (mix.uses, mix.sources))
         whole, used = uses_contents(pool, f, prepared.inputs.file_ends(f), int(prepared.tokens[f]), uses, sources)
+        _refuse_unless_recorded(prepared, f, whole)
         read, kept = read + whole, kept + used
     return read, kept
 

@@ -19,6 +19,7 @@ from pathlib import Path
 # The layers of tokenization/, from the bottom, as the rows of docs/architecture.md's table: each imports only
 # layers before it, never one after it.
 LAYERS = (
+    "version",
     "errors",
     "progress",
     "wording",

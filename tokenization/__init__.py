@@ -2,7 +2,7 @@
 
 The public API, as ``tokenization.NAME``: a whole build (``Build``, ``BuildConfig``), each stage as a function and
 its config, ``verify``, ``export_mds`` (a build's windows as MDS), and ``TokenFile`` to read what they write. The
-layers, from the bottom: ``errors``, ``progress``, ``storage``, ``options``, ``records``, ``orderings``,
+layers, from the bottom: ``version``, ``errors``, ``progress``, ``storage``, ``options``, ``records``, ``orderings``,
 ``formats``, ``rendering``, ``inputs``, ``tokenizer``, ``output`` (the output protocol), ``stages`` and ``builds``;
 each name is loaded on first use, so that importing one layer does not load them all.
 """
@@ -10,6 +10,8 @@ each name is loaded on first use, so that importing one layer does not load them
 from __future__ import annotations
 
 from importlib import import_module
+
+from tokenization.version import __version__ as __version__  # the public API names it
 
 PUBLIC = {  # name -> the module that defines it
     "Build": "tokenization.builds.run",

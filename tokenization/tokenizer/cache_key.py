@@ -13,13 +13,12 @@ holds its documents' loss bytes whatever the build that made it saved (``stages.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import tokenizers
 
 from tokenization.inputs.formats import file_format
 from tokenization.rendering.renderer import Renderer
@@ -55,7 +54,7 @@ def cache_key(
         "tokenizer": {
             "sha256": encoder.sha256,
             "token_size": encoder.token_size,
-            "tokenizers": _tokenizers_version(),
+            "tokenizers": tokenizers.__version__,  # the engine whose ids the cache keeps
         },
         "policy": {
             "eos_id": policy.eos_id,
@@ -68,9 +67,3 @@ def cache_key(
         "max_record_bytes": options.max_record_bytes,
     }
     return CacheKey(hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest(), described)
-
-
-@functools.cache
-def _tokenizers_version() -> str:
-    """HF tokenizers' version, looked up once: each look parses its package metadata (~0.2 ms, a file's key)."""
-    return importlib.metadata.version("tokenizers")

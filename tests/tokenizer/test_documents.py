@@ -12,15 +12,18 @@ from typing import Any
 
 import pytest
 
-from tests.support.corpus import write_jsonl
+from tests.support.corpus import sample_records, write_jsonl
 from tests.support.tokenizers import EOS
 from tokenization import progress
 from tokenization.errors import LeaseLost
+from tokenization.formats.ds import TokenFileWriter
 from tokenization.output.attempts import FileLease
 from tokenization.stages.count import CountConfig, count_tokens
 from tokenization.stages.merge import merge
 from tokenization.stages.merge.config import MergeConfig
 from tokenization.stages.tokenize import TokenizeConfig, tokenize_rank
+from tokenization.stages.tokenize.first_pass import FirstPass
+from tokenization.stages.tokenize.segments import SEGMENTS
 from tokenization.tokenizer import documents
 from tokenization.tokenizer.counts import TooManyRejects
 from tokenization.tokenizer.pipeline import ReadAhead
@@ -100,6 +103,51 @@ def test_a_rank_reads_its_next_file_while_one_encodes_and_stops_reading_it_when_
         tokenize_rank(config)
     assert len(started) == 1 and started[0].stop.is_set()
     assert not [t for t in threading.enumerate() if t.name.startswith("read")]
+
+
+def test_a_rank_hands_the_engine_each_files_first_batch_before_it_writes_the_file_before(
+    tmp_path, sample_tokenizer, monkeypatch
+) -> None:
+    """Files one after another keep the engine busy: a file's first batch is in the engine before the file before it
+    is written (``documents.prime``), and the rank writes what it writes taking each file alone on its turn: the same
+    bytes, counts and quarantine, where a bad line that tops a file is quarantined under that file."""
+    monkeypatch.setattr(documents, "SMALL_INPUT_BYTES", 0)  # every file is read ahead, as a real one is
+    records = sample_records()
+    for k in range(3):
+        write_jsonl(tmp_path / "corpus" / f"{k}.jsonl.gz", [*["{not json"] * (k == 1), *records[k::3]])
+    events: list[tuple[str, int]] = []
+    real_prime, real_close = FirstPass._prime_next, TokenFileWriter.close
+
+    def prime_next(self, i: int, threads) -> None:
+        real_prime(self, i, threads)
+        if (read := self._next.get(i + 1)) is not None and read.primed is not None and read.primed.pending:
+            events.append(("in the engine", i + 1))
+
+    def close(self):
+        if self.path.parent.parent.name == SEGMENTS:
+            events.append(("written", int(self.path.parent.name)))
+        return real_close(self)
+
+    def tokenized(out: str) -> tuple[dict[str, bytes], dict]:
+        config = TokenizeConfig(
+            inputs=[str(tmp_path / "corpus")],
+            output=str(tmp_path / out),
+            tokenizer=str(sample_tokenizer),
+            eos_token=EOS,
+            batch_bytes=8_000,  # several batches a file
+        )
+        counts = tokenize_rank(config).record.counts
+        files = {p.name: p.read_bytes() for p in (tmp_path / out).rglob("*") if p.is_file() and "_" not in p.parts[-2]}
+        return files | {"quarantine": (tmp_path / out / "_quarantine" / "00000.jsonl").read_bytes()}, counts.to_json()
+
+    monkeypatch.setattr(TokenFileWriter, "close", close)
+    monkeypatch.setattr(FirstPass, "_prime_next", prime_next)
+    primed = tokenized("primed")
+    assert events == [("in the engine", 1), ("written", 0), ("in the engine", 2), ("written", 1), ("written", 2)]
+    monkeypatch.setattr(FirstPass, "_prime_next", lambda self, i, threads: None)
+    assert primed == tokenized("one-at-a-time")
+    assert primed[0]["quarantine"].endswith(b'/1.jsonl.gz","line":1,"reason":"malformed_json","raw":"{not json"}\n')
+    assert primed[1]["rejected"] == {"malformed_json": 1} and primed[1]["docs_read"] == len(records) + 1
 
 
 def test_progress_lines_for_task_logs(tmp_path, sample_corpus, sample_tokenizer, caplog, monkeypatch) -> None:

@@ -55,6 +55,7 @@ class ReadAhead(Generic[T]):
         self.queue: Queue[Any] = Queue(depth)
         self.stop = threading.Event()
         self.mark = 0
+        self.read_all = False  # the producer has read the items to their end (some may wait in the queue yet)
         self._producing: Future[None] | None = None
 
     def start(self) -> None:
@@ -93,6 +94,7 @@ class ReadAhead(Generic[T]):
                     if not self._put((group, self.where())):
                         return
                     group, filled = [], 0
+            self.read_all = True
             self._put((group, self.where())) and self._put(_END)
         except BaseException as exc:  # the items before it first, then the error, which the consumer raises
             self._put((group, self.where())) and self._put(exc)

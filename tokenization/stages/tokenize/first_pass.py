@@ -61,7 +61,7 @@ from tokenization.storage.concurrent import map_concurrently
 from tokenization.storage.folder import writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
 from tokenization.tokenizer.counts import Counts, RejectTally
-from tokenization.tokenizer.documents import DocumentOptions, encoded_batches, read_ahead
+from tokenization.tokenizer.documents import DocumentOptions, encoded_batches, prime, read_ahead
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.pipeline import Threads
 from tokenization.wording import counted
@@ -185,8 +185,8 @@ class FirstPass:
             with Progress(self.where, sum(file.span_bytes for file, _, _ in found), "B", progress) as shown:
                 segments = [self._segment(i, *each, shown, threads) for i, each in enumerate(found)]
         finally:  # a file's reading started ahead, and never reached: a failed try's
-            for _, ahead in self._next.values():
-                ahead.close()
+            for read in self._next.values():
+                read.close()
             self._next.clear()
         self.tally.check(total(segments))
         return segments
@@ -201,14 +201,28 @@ class FirstPass:
         reader = reading.options.reader([file], reading.renderer)
         if tail is not None:
             reader.resume(file.url, tail.offset, tail.lines)
-        return reader, read_ahead(reader, threads)
+        return Read(reader, read_ahead(reader, threads))
 
     def _read_next(self, i: int, threads: Threads) -> None:
-        """Start reading file ``i`` + 1 while file ``i``'s last batches encode, when it has no cache entry (a hit
-        is not read): its first batch is then ready as soon as file ``i`` is written."""
+        """Start reading file ``i`` + 1 once file ``i`` is read to its end, when it has no cache entry (a hit is not
+        read): its first batch is then read while file ``i``'s last batches are prepared and encoded."""
         if i + 1 < len(self._found) and self._found[i + 1][2] is None:
             self._next[i + 1] = read = self._read(i + 1, threads)
-            read[1].start()
+            read.ahead.start()
+
+    def _prime_next(self, i: int, threads: Threads) -> None:
+        """Hand the engine file ``i`` + 1's first batch once file ``i``'s last is in it (``documents.prime``), when
+        its reading has started: the engine goes on from one file to the next without waiting for file ``i`` to be
+        written."""
+        if (read := self._next.get(i + 1)) is not None and read.primed is None:
+            file, key, _ = self._found[i + 1]
+            options, with_loss = self._reading(file).options, self._with_loss(key)
+            primed = prime(read.ahead, encoder=self.encoder, options=options, save_loss=with_loss, threads=threads)
+            self._next[i + 1] = read._replace(primed=primed)
+
+    def _with_loss(self, key: CacheKey | None) -> bool:
+        """Whether a miss is encoded with loss bytes: an entry holds its loss bytes, whatever this build saves."""
+        return self.save_loss or key is not None
 
     def _reading(self, file: InputFile) -> Reading:
         return self.readings.get(file.url) or Reading(self.options, self.renderer)
@@ -245,7 +259,7 @@ class FirstPass:
         hashing, planned = None, file
         if key is not None and taken_from_row(file) and self._hashing is not None:  # read anyway: its sha256 too
             hashing = self._hashing.submit(hashed_now, file)
-        with_loss = self.save_loss or key is not None  # an entry holds its loss bytes, whatever this build saves
+        with_loss = self._with_loss(key)
         segment, written, plain = self._encode(file, folder, shown, threads, with_loss, places=key is not None, index=i)
         seconds = time.perf_counter() - started
         if key is None:
@@ -338,10 +352,10 @@ class FirstPass:
         only the file's lines appended since the last night."""
         with writing(folder):
             folder.mkdir(parents=True, exist_ok=True)
-        counts, tally = Counts(), self.tally.next_file()
+        reader, ahead, primed = self._read(index, threads, tail)
+        counts, tally = Counts() if primed is None else primed.counts, self.tally.next_file()
         quarantine = folder / QUARANTINE
         o = self._reading(file).options
-        reader, ahead = self._read(index, threads, tail)
         plain = ContentsHasher() if with_loss and not self.save_loss else None
 
         def observe(tokens: np.ndarray, ends: np.ndarray, loss: np.ndarray | None, found: hashed.Found) -> None:
@@ -382,7 +396,9 @@ class FirstPass:
                 progress=shown,
                 threads=threads,
                 ahead=ahead,
-                then=lambda: self._read_next(index, threads),
+                read_next=lambda: self._read_next(index, threads),
+                then=lambda: self._prime_next(index, threads),
+                primed=primed,
             )
             with closing(batches):  # a write error stops the reading and encoding threads here, not at exit
                 for batch in batches:

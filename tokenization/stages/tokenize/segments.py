@@ -9,6 +9,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import orjson
@@ -25,7 +26,7 @@ from tokenization.rendering.renderer import Renderer
 from tokenization.storage.folder import writing
 from tokenization.tokenizer.cache_key import CacheKey, cache_key
 from tokenization.tokenizer.counts import Counts, histogram_buckets
-from tokenization.tokenizer.documents import DocumentOptions
+from tokenization.tokenizer.documents import DocumentOptions, Primed
 from tokenization.tokenizer.encoding import Encoder
 from tokenization.tokenizer.pipeline import ReadAhead
 
@@ -56,7 +57,20 @@ class Segment:
 
 
 Found = tuple[InputFile, CacheKey | None, CacheEntry | None]  # a file, its key and its cache entry, when it has them
-Read = tuple[DocumentReader, ReadAhead[Record | Rejected]]  # a file's reader, and the read-ahead of its records
+
+
+class Read(NamedTuple):
+    """A file's reader, the read-ahead of its records, and its first batch when the engine has it already."""
+
+    reader: DocumentReader
+    ahead: ReadAhead[Record | Rejected]
+    primed: Primed | None = None
+
+    def close(self) -> None:
+        """Stop it, never encoded (a try that failed before the file's turn)."""
+        if self.primed is not None:
+            self.primed.close()
+        self.ahead.close()
 
 
 @dataclass(frozen=True)

@@ -315,15 +315,15 @@ def encoded_batches(
         room = ENCODING_AT_ONCE * options.batch_bytes  # characters in the engine at once; a bigger batch goes alone
         items = ahead or read_ahead(reader, threads)
         small = isinstance(items, ReadInline)  # read and encoded on this thread: no hand-off to wait for
-        if primed is not None:
-            if counts is not primed.counts:
-                raise ValueError("a primed file's batches are counted in its own counts: give counts=primed.counts")
-            primed.rejects.to(reject)
         batches = primed.batches if primed else _record_batches(items, counts, options, reject)
         pending = primed.pending if primed else deque()  # batches in the engine, with their characters
         try:
-            if primed is not None and primed.error is not None:
-                raise primed.error
+            if primed is not None:
+                if counts is not primed.counts:
+                    raise ValueError("a primed file's batches are counted in its own counts: give counts=primed.counts")
+                primed.rejects.to(reject)  # may find too many: its batch in the engine ends below all the same
+                if primed.error is not None:
+                    raise primed.error
             for records in batches:
                 records, ready = _prepared(records, encoder, counts, reject, save_loss)  # while the engine encodes
                 if small:  # the batches before

@@ -54,7 +54,7 @@ def cache_key(
         "tokenizer": {
             "sha256": encoder.sha256,
             "token_size": encoder.token_size,
-            "tokenizers": tokenizers.__version__,  # the engine whose ids the cache keeps
+            "tokenizers": tokenizers.__version__,  # HF's, whose ids the entries hold (the fast engine is held to them)
         },
         "policy": {
             "eos_id": policy.eos_id,

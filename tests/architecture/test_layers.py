@@ -142,7 +142,9 @@ def test_a_table_whose_layers_differ_is_named(copy: Path, capsys: pytest.Capture
         "".join(line for line in doc.read_text().splitlines(keepends=True) if "| `orderings.py`" not in line)
     )
     status, lines = run(copy, capsys, "--write")
-    assert status == 1 and lines[0].startswith("docs/architecture.md: the table's layers are ['errors', 'progress',")
+    assert status == 1 and lines[0].startswith(
+        "docs/architecture.md: the table's layers are ['version', 'errors', 'progress',"
+    )
     assert "'records', 'formats', 'mixing'" in lines[0] and "'records', 'orderings', 'formats'" in lines[0]
 
 

@@ -352,8 +352,7 @@ class FirstPass:
         only the file's lines appended since the last night."""
         with writing(folder):
             folder.mkdir(parents=True, exist_ok=True)
-        reader, ahead, primed = self._read(index, threads, tail)
-        counts, tally = Counts() if primed is None else primed.counts, self.tally.next_file()
+        tally = self.tally.next_file()
         quarantine = folder / QUARANTINE
         o = self._reading(file).options
         plain = ContentsHasher() if with_loss and not self.save_loss else None
@@ -385,6 +384,10 @@ class FirstPass:
                 bad.write(quarantine_line(item))
                 tally(item)
 
+            # taken last, once nothing can fail before its batches are iterated (and closed): until then a failed
+            # try closes a reading started ahead, and its batch in the engine, with the rest (``_pass``)
+            reader, ahead, primed = self._read(index, threads, tail)
+            counts = Counts() if primed is None else primed.counts
             batches = encoded_batches(
                 reader,
                 encoder=self.encoder,
